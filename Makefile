@@ -1,0 +1,53 @@
+# Two commands: `make run` runs the default trial, `make test` runs the tests.
+# Both build the venv first when it is missing or older than the requirement sets.
+#
+# VENV      the virtual environment to use (default .venv, created when missing)
+# SERVING   cpu or cuda: which serving set to install (default: cuda when nvidia-smi
+#           lists a GPU, else cpu)
+# ARGS      extra snakemake arguments for `make run`, e.g. ARGS="--configfile config/trials/x.yaml"
+
+VENV ?= .venv
+PYTHON ?= python3
+SERVING ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo cuda || echo cpu)
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.llmtrial-$(SERVING)
+CONSTRAINTS := $(wildcard envs/constraints-$(SERVING).txt)
+CHROMIUM ?= $(shell command -v chromium || command -v chromium-browser || echo /usr/bin/chromium)
+
+.PHONY: run test lint lock chromium clean-venv
+
+run: $(STAMP)
+	$(VENV)/bin/snakemake --cores all $(ARGS)
+
+test: $(STAMP) chromium
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/snakemake --lint
+
+$(STAMP): envs/workflow.txt envs/serving-$(SERVING).txt envs/tests.txt $(CONSTRAINTS) pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install -r envs/serving-$(SERVING).txt -r envs/workflow.txt -r envs/tests.txt \
+		$(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+ifeq ($(SERVING),cpu)
+	# torchvision/torchaudio/torchcodec from PyPI break `import vllm` beside torch 2.13.0+cpu
+	$(PY) -m pip uninstall --yes torchvision torchaudio torchcodec
+endif
+	$(PY) -m pip install --no-deps -e .
+	$(PY) -c "import vllm, snakemake, llmtrial"
+	touch $@
+
+# Headless Chromium renders the report in the tests (Debian's package; needs root to install).
+chromium:
+	@test -x "$(CHROMIUM)" || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+		echo "chromium not installed (not root): the browser test of the report will be skipped"
+
+lock: $(STAMP)
+	{ echo "# Exact versions of every package in a working $(SERVING) venv (pip freeze); used as constraints"; \
+	  echo "# by \`make\` so a fresh install reproduces it. Regenerate with \`make lock\` after changing a set."; \
+	  $(PY) -m pip freeze --exclude-editable | grep -v '^llmtrial'; } > envs/constraints-$(SERVING).txt
+
+clean-venv:
+	rm -rf $(VENV)

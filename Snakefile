@@ -1,0 +1,33 @@
+# llmtrial: reproducible serving trials of LLMs with vLLM.
+# This file is the table of contents; the stages live in workflow/rules/.
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+# ---- configuration (validated against workflow/schemas/config.schema.yaml in common.smk)
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+
+
+# ---- stages, in the order data flows
+include: "workflow/rules/preflight.smk"
+include: "workflow/rules/model.smk"
+include: "workflow/rules/trial.smk"
+include: "workflow/rules/cleanup.smk"
+include: "workflow/rules/report.smk"
+
+
+# ---- target: the report (which needs every configuration and the cleanup)
+rule all:
+    default_target: True
+    input:
+        report_path(),
+
+
+# ---- a failed job still gives the host back
+onerror:
+    cleanup_on_error()

@@ -1,0 +1,57 @@
+"""Shared fixtures: the repository paths and a free loopback port."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from llmtrial.server import ServerProcess
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+
+
+@pytest.fixture
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+#: A loopback HTTP server whose /health answers 200 after ``delay`` seconds, with one
+#: child process in its group (like vLLM's engine core), and that ignores SIGTERM when
+#: asked to (to exercise the SIGKILL path).
+SERVER_SCRIPT = r"""
+import http.server, os, signal, subprocess, sys, time
+port, delay, stubborn = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1"
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(f"child {child.pid}", flush=True)
+if stubborn:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+time.sleep(delay)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def fake_server(tmp_path: Path, port: int, delay: float = 0.5, stubborn: bool = False, **kw) -> ServerProcess:
+    script = tmp_path / "fake_server.py"
+    script.write_text(SERVER_SCRIPT)
+    argv = [sys.executable, str(script), str(port), str(delay), "1" if stubborn else "0"]
+    return ServerProcess(argv, host="127.0.0.1", port=port, log_path=tmp_path / "server.log", **kw)
+
+
+def child_pid(log: Path) -> int:
+    for _ in range(50):
+        for line in log.read_text().splitlines():
+            if line.startswith("child "):
+                return int(line.split()[1])
+        time.sleep(0.1)
+    raise AssertionError("fake server did not report its child")

@@ -1,0 +1,132 @@
+"""The trial configuration: schema, defaults, error messages, per-configuration params."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import yaml
+
+from llmtrial.config import (
+    SCHEMA_PATH,
+    ConfigError,
+    configuration_port,
+    configuration_spec,
+    load_config,
+    load_schema,
+    validate_config,
+)
+
+from conftest import REPO
+
+
+def minimal() -> dict:
+    return {
+        "trial": "t",
+        "model": {"name": "m", "source": {"kind": "tiny"}},
+        "configurations": {"a": {}, "b": {"args": {"tensor_parallel_size": 2}, "env": {"X": "1"}}},
+        "scenarios": {"s": {}},
+    }
+
+
+def schema_keys(node: dict, prefix: str = "") -> list[tuple[str, dict]]:
+    out = []
+    for name, sub in node.get("properties", {}).items():
+        out.append((prefix + name, sub))
+        out.extend(schema_keys(sub, prefix + name + "."))
+    extra = node.get("additionalProperties")
+    if isinstance(extra, dict) and "properties" in extra:
+        out.extend(schema_keys(extra, prefix + "<name>."))
+    return out
+
+
+def test_defaults_fill_nested_keys_even_when_parents_are_missing():
+    config = validate_config(minimal())
+    assert config["serving"]["base_port"] == 8100
+    assert config["serving"]["args"] == {}
+    assert config["model"]["source"]["tiny"]["hidden_size"] == 256
+    assert config["scenarios"]["s"] == {
+        "concurrency": 1, "num_prompts": 8, "input_len": 32, "output_len": 16,
+        "request_rate": "inf", "passes": 1, "timeout_s": 900,
+    }
+    assert config["configurations"]["a"] == {"args": {}, "env": {}, "description": ""}
+
+
+def test_unknown_key_is_named_with_its_full_path():
+    config = minimal()
+    config["serving"] = {"bas_port": 9000}
+    with pytest.raises(ConfigError) as err:
+        validate_config(config)
+    assert "'serving.bas_port'" in str(err.value)
+
+
+def test_wrong_type_is_named_and_every_error_is_listed():
+    config = minimal()
+    config["scenarios"]["s"] = {"concurrency": "two"}
+    config["configurations"]["a"] = {"env": {"N": 1}}
+    with pytest.raises(ConfigError) as err:
+        validate_config(config)
+    msg = str(err.value)
+    assert "'scenarios.s.concurrency': 'two' is not of type 'integer'" in msg
+    assert "'configurations.a.env.N'" in msg
+
+
+def test_missing_required_key_is_named():
+    config = minimal()
+    del config["scenarios"]
+    with pytest.raises(ConfigError, match="'scenarios'"):
+        validate_config(config)
+
+
+def test_bad_configuration_name_is_rejected():
+    config = minimal()
+    config["configurations"]["../x"] = {}
+    with pytest.raises(ConfigError, match="configurations"):
+        validate_config(config)
+
+
+def test_every_schema_key_has_a_description_and_a_default():
+    missing = [key for key, sub in schema_keys(load_schema()) if "description" not in sub or "default" not in sub]
+    assert missing == []
+
+
+def test_config_readme_documents_every_key():
+    readme = (REPO / "config" / "README.md").read_text()
+    undocumented = [key for key, _ in schema_keys(load_schema()) if f"`{key}`" not in readme]
+    assert undocumented == []
+
+
+def test_default_trial_is_valid_and_has_two_configurations_and_two_scenarios():
+    config = load_config(REPO / "config" / "config.yaml")
+    assert len(config["configurations"]) == 2 and len(config["scenarios"]) == 2
+    assert config["model"]["source"]["kind"] == "tiny"
+
+
+def test_load_config_names_the_file(tmp_path):
+    bad = tmp_path / "trial.yaml"
+    bad.write_text(yaml.safe_dump({**minimal(), "extra": 1}))
+    with pytest.raises(ConfigError, match=re.escape(str(bad)) + " key 'extra'"):
+        load_config(bad)
+
+
+def test_configuration_spec_merges_common_and_own_settings():
+    config = minimal()
+    config["serving"] = {"args": {"max_model_len": 512, "tensor_parallel_size": 1}, "env": {"A": "x", "X": "0"}}
+    validate_config(config)
+    spec = configuration_spec(config, "b")
+    assert spec["args"] == {"max_model_len": 512, "tensor_parallel_size": 2}
+    assert spec["env"] == {"A": "x", "X": "1"}
+    assert spec["port"] == 8101 == configuration_port(config, "b")
+
+
+def test_editing_one_configuration_leaves_the_others_spec_unchanged():
+    config = validate_config(minimal())
+    edited = copy.deepcopy(config)
+    edited["configurations"]["b"]["args"]["max_num_seqs"] = 4
+    assert configuration_spec(edited, "a") == configuration_spec(config, "a")
+    assert configuration_spec(edited, "b") != configuration_spec(config, "b")
+
+
+def test_schema_path_points_at_the_workflow_schema():
+    assert SCHEMA_PATH == REPO / "workflow" / "schemas" / "config.schema.yaml"

@@ -1,0 +1,521 @@
+"""Tests for llmtrial.logs: startup facts and failure diagnosis from vLLM server logs.
+
+The log lines are copied from real vLLM runs (several releases) and a field report.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from llmtrial.logs import (
+    FAILURE_PATTERNS,
+    FailurePattern,
+    diagnose_failure,
+    parse_startup,
+    strip_ansi,
+    tail,
+)
+
+# A 0.10-era TP=4 startup, prefixes as vLLM prints them (the field report lines included).
+FIELD_STARTUP = """\
+INFO 08-21 18:16:50 [__init__.py:241] Automatically detected platform cuda.
+(APIServer pid=380) INFO 08-21 18:16:55 [api_server.py:1805] vLLM API server version 0.10.1.1
+(APIServer pid=380) INFO 08-21 18:16:55 [utils.py:326] non-default args: {'model': 'Qwen/Qwen3-32B', 'tensor_parallel_size': 4}
+(APIServer pid=380) INFO 08-21 18:17:05 [__init__.py:1750] Using max model len 32768
+(EngineCore pid=558) INFO 08-21 18:17:12 [core.py:636] Waiting for init message from front-end.
+(Worker_TP0 pid=770) INFO 08-21 18:17:20 [default_loader.py:262] Loading weights took 46.80 seconds
+(Worker_TP0 pid=770) INFO 08-21 18:18:05 [gpu_model_runner.py:5405] Model loading took 55.19 GiB memory and 48.502592 seconds
+(Worker_TP1 pid=771) INFO 08-21 18:18:05 [default_loader.py:262] Loading weights took 46.95 seconds
+(Worker_TP1 pid=771) INFO 08-21 18:18:06 [gpu_model_runner.py:5405] Model loading took 55.19 GiB memory and 48.61 seconds
+(Worker_TP2 pid=772) INFO 08-21 18:18:06 [gpu_model_runner.py:5405] Model loading took 55.20 GiB memory and 48.70 seconds
+(Worker_TP3 pid=773) INFO 08-21 18:18:07 [gpu_model_runner.py:5405] Model loading took 55.21 GiB memory and 49.01 seconds
+(Worker_TP0 pid=770) INFO 08-21 18:21:40 [gpu_worker.py:276] Available KV cache memory: 75.86 GiB
+
+(EngineCore pid=558) INFO 08-21 18:21:55 [kv_cache_utils.py:2235] GPU KV cache size: 621,392 tokens
+(EngineCore pid=558) INFO 08-21 18:21:55 [kv_cache_utils.py:2236] Maximum concurrency for 32,768 tokens per request: 18.96x
+(EngineCore pid=558) INFO 08-21 18:22:30 [core.py:214] init engine (profile, create kv cache, warmup model) took 265.12 seconds
+(APIServer pid=380) INFO 08-21 18:22:41 [api_server.py:1880] Starting vLLM API server 0 on http://0.0.0.0:8000
+"""
+
+
+# ------------------------------------------------------------------ strip_ansi / tail
+
+
+def test_strip_ansi_removes_colour_codes_only():
+    assert strip_ansi("\x1b[32mINFO\x1b[0m 06-19 \x1b[1;31mboom\x1b[0m") == "INFO 06-19 boom"
+    assert strip_ansi("\x1b]0;title\x07plain \x1b[2K") == "plain "
+    assert strip_ansi("no escapes [x] (y)") == "no escapes [x] (y)"
+
+
+def test_tail_last_non_empty_lines_stripped_of_ansi():
+    text = "a\n\n\x1b[31mb\x1b[0m\n   \nc\n  Traceback indent kept\n\n"
+    assert tail(text, 3) == ["b", "c", "  Traceback indent kept"]
+    assert tail(text) == ["a", "b", "c", "  Traceback indent kept"]
+    assert tail(text, 0) == []
+    assert tail("") == []
+
+
+def test_tail_default_is_forty_lines():
+    text = "\n".join(f"line {i}" for i in range(100))
+    got = tail(text)
+    assert len(got) == 40
+    assert got[0] == "line 60" and got[-1] == "line 99"
+
+
+# ------------------------------------------------------------------ parse_startup
+
+
+def test_parse_field_report_startup_values_and_sources():
+    facts = parse_startup(FIELD_STARTUP, source="logs/server.log")
+
+    load = facts["model_load_gib"]
+    assert load["value"] == pytest.approx(55.19)
+    assert load["unit"] == "GiB"
+    assert load["kind"] == "measured"
+    assert load["source"] == "logs/server.log:7"
+    assert load["line"].startswith("(Worker_TP0 pid=770) INFO 08-21 18:18:05")
+    assert facts["model_load_seconds"]["value"] == pytest.approx(48.502592)
+    assert facts["model_load_seconds"]["unit"] == "s"
+    assert facts["model_load_seconds"]["source"] == "logs/server.log:7"
+
+    assert facts["loading_weights_seconds"]["value"] == pytest.approx(46.80)
+    assert facts["loading_weights_seconds"]["source"] == "logs/server.log:6"
+
+    assert facts["available_kv_gib"]["value"] == pytest.approx(75.86)
+    assert facts["available_kv_gib"]["unit"] == "GiB"
+    assert facts["available_kv_gib"]["source"] == "logs/server.log:12"
+
+    # Line 13 is blank: numbering must still count it.
+    tokens = facts["kv_cache_tokens"]
+    assert tokens["value"] == 621392 and isinstance(tokens["value"], int)
+    assert tokens["unit"] == "tokens"
+    assert tokens["source"] == "logs/server.log:14"
+    assert facts["kv_pool"]["value"] == "GPU"
+    assert facts["kv_pool"]["source"] == "logs/server.log:14"
+    assert "unit" not in facts["kv_pool"]
+
+    assert facts["max_concurrency"]["value"] == pytest.approx(18.96)
+    assert facts["max_concurrency"]["unit"] == "x"
+    assert facts["max_concurrency"]["source"] == "logs/server.log:15"
+    assert facts["max_concurrency_tokens_per_request"]["value"] == 32768
+    assert facts["max_concurrency_tokens_per_request"]["source"] == "logs/server.log:15"
+
+    assert facts["engine_init_seconds"]["value"] == pytest.approx(265.12)
+    assert facts["engine_init_seconds"]["unit"] == "s"
+    assert facts["engine_init_seconds"]["source"] == "logs/server.log:16"
+
+    assert facts["max_model_len"]["value"] == 32768
+    assert facts["max_model_len"]["source"] == "logs/server.log:4"
+    assert facts["vllm_version"]["value"] == "0.10.1.1"
+    assert facts["vllm_version"]["source"] == "logs/server.log:2"
+
+    assert set(facts) == {
+        "model_load_gib",
+        "model_load_seconds",
+        "loading_weights_seconds",
+        "available_kv_gib",
+        "kv_cache_tokens",
+        "kv_pool",
+        "max_concurrency",
+        "max_concurrency_tokens_per_request",
+        "engine_init_seconds",
+        "max_model_len",
+        "vllm_version",
+    }
+
+
+def test_per_rank_duplicates_keep_first_and_list_all():
+    facts = parse_startup(FIELD_STARTUP)
+    load = facts["model_load_gib"]
+    assert load["value"] == pytest.approx(55.19)
+    assert load["source"] == "server.log:7"
+    assert load["per_rank"] == pytest.approx([55.19, 55.19, 55.20, 55.21])
+    assert facts["model_load_seconds"]["per_rank"] == pytest.approx([48.502592, 48.61, 48.70, 49.01])
+    assert facts["loading_weights_seconds"]["per_rank"] == pytest.approx([46.80, 46.95])
+    # Facts printed once carry no per_rank.
+    assert "per_rank" not in facts["kv_cache_tokens"]
+    assert "per_rank" not in facts["engine_init_seconds"]
+
+
+def test_line_field_is_the_stripped_log_line():
+    text = "  (EngineCore pid=1) INFO 01-01 00:00:00 [core.py:1] init engine (profile, create kv cache, warmup model) took 1.5 s  \n"
+    f = parse_startup(text)["engine_init_seconds"]
+    assert f["line"] == (
+        "(EngineCore pid=1) INFO 01-01 00:00:00 [core.py:1] "
+        "init engine (profile, create kv cache, warmup model) took 1.5 s"
+    )
+    assert f == {
+        "value": 1.5,
+        "kind": "measured",
+        "source": "server.log:1",
+        "unit": "s",
+        "line": f["line"],
+    }
+
+
+def test_merged_one_line_cpu_form():
+    text = (
+        "(EngineCore pid=123) INFO 11-29 16:00:00 [cpu_worker.py:100] Available KV cache memory: 4.00 GiB\n"
+        "(EngineCore pid=123) INFO 11-29 16:00:00 [kv_cache_utils.py:1150] CPU KV cache size: 524,288 tokens, "
+        "Maximum concurrency for 512 tokens per request: 1024.00x\n"
+    )
+    facts = parse_startup(text, source="cpu.log")
+    assert facts["kv_pool"]["value"] == "CPU"
+    assert facts["kv_cache_tokens"]["value"] == 524288
+    assert facts["max_concurrency"]["value"] == pytest.approx(1024.0)
+    assert facts["max_concurrency_tokens_per_request"]["value"] == 512
+    for key in ("kv_pool", "kv_cache_tokens", "max_concurrency", "max_concurrency_tokens_per_request"):
+        assert facts[key]["source"] == "cpu.log:2", key
+    assert facts["available_kv_gib"]["source"] == "cpu.log:1"
+
+
+def test_older_release_wording_and_prefix():
+    # 0.6-0.8 style: level-first prefix, "GiB and" without "memory".
+    text = (
+        "INFO 06-19 23:04:10 [__init__.py:239] Automatically detected platform cuda.\n"
+        "INFO 06-19 23:04:40 [loader.py:458] Loading weights took 30.88 seconds\n"
+        "INFO 06-19 23:04:41 [gpu_model_runner.py:1347] Model loading took 14.9934 GiB and 31.456 seconds\n"
+        "INFO 06-19 23:05:01 [kv_cache_utils.py:634] GPU KV cache size: 1,071,264 tokens\n"
+        "INFO 06-19 23:05:01 [kv_cache_utils.py:637] Maximum concurrency for 32,768 tokens per request: 32.69x\n"
+        "INFO 06-19 23:05:30 [core.py:159] init engine (profile, create kv cache, warmup model) took 48.77 seconds\n"
+    )
+    facts = parse_startup(text)
+    assert facts["model_load_gib"]["value"] == pytest.approx(14.9934)
+    assert facts["model_load_seconds"]["value"] == pytest.approx(31.456)
+    assert facts["model_load_gib"]["source"] == "server.log:3"
+    assert facts["loading_weights_seconds"]["value"] == pytest.approx(30.88)
+    assert facts["kv_cache_tokens"]["value"] == 1071264
+    assert facts["kv_cache_tokens"]["source"] == "server.log:4"
+    assert facts["max_concurrency"]["value"] == pytest.approx(32.69)
+    assert facts["max_concurrency"]["source"] == "server.log:5"
+    assert facts["engine_init_seconds"]["value"] == pytest.approx(48.77)
+    assert "vllm_version" not in facts and "max_model_len" not in facts
+
+
+def test_message_without_any_prefix():
+    facts = parse_startup("Model loading took 7.5 GiB memory and 2 seconds\n")
+    assert facts["model_load_gib"]["value"] == pytest.approx(7.5)
+    assert facts["model_load_seconds"]["value"] == pytest.approx(2.0)
+    assert facts["model_load_gib"]["line"] == "Model loading took 7.5 GiB memory and 2 seconds"
+
+
+@pytest.mark.parametrize(
+    ("tail_text", "seconds"),
+    [
+        ("took 12.34 s", 12.34),
+        ("took 12.34 seconds", 12.34),
+        ("took 3.10 s (compilation: 1.20 s)", 3.10),
+    ],
+)
+def test_init_engine_variants(tail_text, seconds):
+    text = "noise\n(EngineCore pid=9) INFO 10-01 12:00:00 [core.py:250] init engine (profile, create kv cache, warmup model) " + tail_text
+    f = parse_startup(text)["engine_init_seconds"]
+    assert f["value"] == pytest.approx(seconds)
+    assert f["source"] == "server.log:2"
+
+
+def test_ansi_coloured_lines():
+    text = (
+        "\x1b[32mINFO\x1b[0m 06-19 23:05:01 [gpu_worker.py:227] Available KV cache memory: 27.85 GiB\n"
+        "\x1b[1;36m(EngineCore pid=558)\x1b[0;0m \x1b[32mINFO\x1b[0m 06-19 23:05:01 [kv_cache_utils.py:716] "
+        "GPU KV cache size: 228,112 tokens\n"
+    )
+    facts = parse_startup(text)
+    assert facts["available_kv_gib"]["value"] == pytest.approx(27.85)
+    assert facts["available_kv_gib"]["line"] == (
+        "INFO 06-19 23:05:01 [gpu_worker.py:227] Available KV cache memory: 27.85 GiB"
+    )
+    assert facts["kv_cache_tokens"]["value"] == 228112
+    assert facts["kv_cache_tokens"]["source"] == "server.log:2"
+    assert "\x1b" not in facts["kv_cache_tokens"]["line"]
+
+
+def test_pool_with_host_offload_and_negative_available_kv():
+    text = (
+        "(Worker pid=5) INFO 09-09 09:09:09 [gpu_worker.py:300] Available KV cache memory: -1.25 GiB\n"
+        "(EngineCore pid=4) INFO 09-09 09:09:10 [kv_cache_utils.py:900] GPU + host KV cache size: 2,000,000 tokens\n"
+    )
+    facts = parse_startup(text)
+    assert facts["available_kv_gib"]["value"] == pytest.approx(-1.25)
+    assert facts["kv_pool"]["value"] == "GPU + host"
+    assert facts["kv_cache_tokens"]["value"] == 2000000
+
+
+def test_carriage_return_progress_bars_do_not_shift_line_numbers():
+    text = (
+        "Loading safetensors checkpoint shards:   0% Completed | 0/4\r"
+        "Loading safetensors checkpoint shards: 100% Completed | 4/4\r\n"
+        "INFO 06-19 23:04:41 [gpu_model_runner.py:1347] Model loading took 14.99 GiB and 31.4 seconds\r\n"
+    )
+    f = parse_startup(text)["model_load_gib"]
+    assert f["source"] == "server.log:2"
+    assert f["line"].endswith("31.4 seconds")
+    assert tail(text) == [
+        "Loading safetensors checkpoint shards: 100% Completed | 4/4",
+        "INFO 06-19 23:04:41 [gpu_model_runner.py:1347] Model loading took 14.99 GiB and 31.4 seconds",
+    ]
+
+
+def test_nothing_relevant():
+    text = (
+        "INFO 08-21 18:16:50 [__init__.py:241] Automatically detected platform cuda.\n"
+        "(APIServer pid=380) INFO 08-21 18:22:41 [launcher.py:29] Available routes are:\n"
+        "(APIServer pid=380) INFO:     Started server process [380]\n"
+        "the kv cache size: 12 tokens\n"  # lowercase: not vLLM's message
+    )
+    assert parse_startup(text) == {}
+    assert diagnose_failure(text) is None
+    assert parse_startup("") == {}
+    assert diagnose_failure("") is None
+
+
+def test_healthy_startup_has_no_diagnosis():
+    assert diagnose_failure(FIELD_STARTUP) is None
+
+
+# ------------------------------------------------------------------ diagnose_failure
+
+
+def test_tp_divisibility_wrapped_over_two_lines_beats_later_exceptions():
+    text = (
+        "(APIServer pid=1) INFO 08-21 18:00:00 [utils.py:326] non-default args: {'tensor_parallel_size': 3}\n"
+        "Traceback (most recent call last):\n"
+        '  File "/usr/local/bin/vllm", line 10, in <module>\n'
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig\n"
+        "  Value error, Total number of attention heads (64) must be divisible by tensor\n"
+        "  parallel size (3). [type=value_error, input_value=ArgsKwargs((), {...}), input_type=ArgsKwargs]\n"
+        "RuntimeError: Engine core initialization failed. See root cause above.\n"
+    )
+    d = diagnose_failure(text, source="trial/server.log")
+    assert d is not None
+    assert d["pattern"] == "tp_divisibility"
+    assert d["source"] == "trial/server.log:5"
+    assert d["line"].startswith("Value error, Total number of attention heads (64) must be divisible by tensor")
+    assert "parallel size (3)" in d["line"]
+    assert "tensor_parallel_size" in d["diagnosis"]
+
+
+def test_tp_divisibility_on_one_line():
+    text = "ValueError: Total number of attention heads (40) must be divisible by tensor parallel size (3).\n"
+    d = diagnose_failure(text)
+    assert d["pattern"] == "tp_divisibility"
+    assert d["source"] == "server.log:1"
+    assert d["line"] == text.strip()
+
+
+def test_weights_oom_field_line_beats_generic_exception_after_it():
+    text = (
+        "(Worker_TP0 pid=770) INFO 08-21 18:17:20 [gpu_model_runner.py:2007] Starting to load model\n"
+        "(Worker_TP0 pid=770) ERROR [gpu_model_runner.py:5403] Failed to load model - not enough GPU memory.\n"
+        "(Worker_TP0 pid=770) ERROR 08-21 18:17:30 [multiproc_executor.py:585] WorkerProc failed to start.\n"
+        "(EngineCore pid=558) ERROR 08-21 18:17:31 [core.py:700] RuntimeError: Worker failed with error 'x'\n"
+    )
+    d = diagnose_failure(text)
+    assert d["pattern"] == "weights_oom"
+    assert d["source"] == "server.log:2"
+    assert d["line"] == "(Worker_TP0 pid=770) ERROR [gpu_model_runner.py:5403] Failed to load model - not enough GPU memory."
+
+
+def test_cuda_oom_is_weights_oom():
+    text = (
+        "INFO 06-19 23:04:10 [loader.py:1] loading\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 79.19 GiB\n"
+    )
+    d = diagnose_failure(text)
+    assert d["pattern"] == "weights_oom"
+    assert d["source"] == "server.log:2"
+
+
+def test_weights_oom_takes_priority_over_no_kv_memory():
+    text = (
+        "(EngineCore pid=1) ERROR 01-01 00:00:00 [core.py:1] ValueError: No available memory for the cache blocks. "
+        "Try increasing `gpu_memory_utilization` when initializing the engine.\n"
+        "(Worker pid=2) ERROR 01-01 00:00:01 [w.py:1] torch.OutOfMemoryError: CUDA out of memory.\n"
+    )
+    d = diagnose_failure(text)
+    assert d["pattern"] == "weights_oom"
+    assert d["source"] == "server.log:2"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "(EngineCore pid=558) ERROR 08-21 18:20:00 [core.py:700] ValueError: No available memory for the cache blocks. "
+        "Try increasing `gpu_memory_utilization` when initializing the engine.",
+        "ValueError: To serve at least one request with the models's max seq len (131072), (16.0 GiB KV cache is "
+        "needed, which is larger than the available KV cache memory (9.5 GiB). Based on the available memory, the "
+        "estimated maximum model length is 77808. Try increasing `gpu_memory_utilization` or decreasing `max_model_len`",
+        "(Worker pid=5) INFO 09-09 09:09:09 [gpu_worker.py:300] Available KV cache memory: -3.02 GiB",
+    ],
+)
+def test_no_kv_memory(line):
+    text = f"INFO 01-01 00:00:00 [a.py:1] start\n{line}\nRuntimeError: Engine core initialization failed.\n"
+    d = diagnose_failure(text)
+    assert d["pattern"] == "no_kv_memory"
+    assert d["source"] == "server.log:2"
+    assert d["line"] == line
+    assert "max_model_len" in d["diagnosis"]
+
+
+def test_positive_available_kv_is_not_a_failure():
+    assert diagnose_failure("INFO 1 [g.py:1] Available KV cache memory: 3.02 GiB\n") is None
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "api_server.py: error: unrecognized arguments: --not-a-flag",
+        "vllm serve: error: argument --compilation-config/-cc: Invalid JSON: expected value at line 2",
+        "vllm serve: error: argument --dtype: invalid choice: 'fp13' (choose from 'auto', 'half', 'float16')",
+    ],
+)
+def test_argparse_rejection(line):
+    text = (
+        "INFO 08-21 18:16:50 [__init__.py:241] Automatically detected platform cuda.\n"
+        "usage: vllm serve [model_tag] [options]\n"
+        f"{line}\n"
+    )
+    d = diagnose_failure(text, source="s.log")
+    assert d == {
+        "line": line,
+        "source": "s.log:3",
+        "pattern": "argparse",
+        "diagnosis": d["diagnosis"],
+    }
+    assert "--help" in d["diagnosis"]
+
+
+def test_exception_containing_error_word_is_not_argparse():
+    d = diagnose_failure("ValueError: error: something odd\n")
+    assert d["pattern"] == "exception"
+    assert d["source"] == "server.log:1"
+
+
+def test_deepgemm_field_report():
+    text = (
+        "(Worker_TP0 pid=770) INFO 08-21 18:19:00 [deep_gemm.py:1] warming up DeepGEMM\n"
+        "RuntimeError: Assertion error (/workspace/.deps/deepgemm-src/csrc/apis/layout.hpp:60):\n"
+        "Unknown SF transformation\n"
+    )
+    d = diagnose_failure(text)
+    assert d["pattern"] == "deepgemm"
+    assert d["source"] == "server.log:3"
+    assert d["line"] == "Unknown SF transformation"
+    assert "VLLM_USE_DEEP_GEMM=0" in d["diagnosis"]
+
+
+@pytest.mark.parametrize(
+    ("line", "pattern"),
+    [
+        (
+            "(EngineCore pid=123) ERROR 11-29 16:00:00 [core.py:708] ValueError: Unsupported CPU attention "
+            "configuration: head_size=80, dtype=torch.float16",
+            "cpu_attention",
+        ),
+        (
+            "(EngineCore pid=123) ERROR 11-29 16:00:00 [core.py:708] RuntimeError: Not enough allowed NUMA nodes to "
+            "bind threads of 4 CPUWorkers. Allowed NUMA nodes are [0]. Please try to bind threads manually.",
+            "numa_bind",
+        ),
+        (
+            "(EngineCore pid=558) INFO 08-21 18:30:00 [shm_broadcast.py:466] No available shared memory broadcast "
+            "block found in 60 second. This typically happens when some processes are hanging.",
+            "shm_broadcast",
+        ),
+        (
+            "(APIServer pid=1) ERROR 08-21 18:22:41 [api_server.py:1] OSError: [Errno 98] Address already in use",
+            "port_in_use",
+        ),
+        (
+            "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use",
+            "port_in_use",
+        ),
+    ],
+)
+def test_specific_patterns(line, pattern):
+    text = f"INFO 01-01 00:00:00 [a.py:1] start\n\n{line}\nRuntimeError: something later\n"
+    d = diagnose_failure(text)
+    assert d["pattern"] == pattern
+    assert d["source"] == "server.log:3"
+    assert d["line"] == line
+
+
+def test_shm_broadcast_is_weakest_known_pattern():
+    text = (
+        "(EngineCore pid=558) INFO 08-21 18:30:00 [shm_broadcast.py:466] No available shared memory broadcast block found in 60 second.\n"
+        "(Worker_TP1 pid=771) ERROR 08-21 18:30:05 [w.py:1] torch.OutOfMemoryError: CUDA out of memory.\n"
+    )
+    assert diagnose_failure(text)["pattern"] == "weights_oom"
+
+
+def test_first_occurrence_of_a_pattern_wins():
+    text = (
+        "(Worker_TP0 pid=1) ERROR [gpu_model_runner.py:5403] Failed to load model - not enough GPU memory.\n"
+        "(Worker_TP1 pid=2) ERROR [gpu_model_runner.py:5403] Failed to load model - not enough GPU memory.\n"
+    )
+    assert diagnose_failure(text)["source"] == "server.log:1"
+
+
+def test_generic_last_exception_after_log_prefix():
+    text = (
+        "(EngineCore pid=558) ERROR 08-21 18:20:00 [core.py:700] EngineCore failed to start.\n"
+        "(EngineCore pid=558) ERROR 08-21 18:20:00 [core.py:700] Traceback (most recent call last):\n"
+        "(EngineCore pid=558) ERROR 08-21 18:20:00 [core.py:700] KeyError: 'model.layers.0.mlp.gate'\n"
+        "(EngineCore pid=558) ERROR 08-21 18:20:00 [core.py:700] huggingface_hub.errors.HFValidationError: bad repo id\n"
+        "(APIServer pid=380) INFO 08-21 18:20:01 [api_server.py:1] shutting down\n"
+    )
+    d = diagnose_failure(text)
+    assert d["pattern"] == "exception"
+    assert d["source"] == "server.log:4"
+    assert d["line"].endswith("HFValidationError: bad repo id")
+
+
+def test_generic_prefers_root_cause_over_wrapper_exception():
+    text = (
+        "(EngineCore pid=558) ERROR 08-21 18:20:00 [core.py:700] ImportError: libcudart.so.12: cannot open shared object file\n"
+        "Traceback (most recent call last):\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+    )
+    d = diagnose_failure(text)
+    assert d["pattern"] == "exception"
+    assert d["source"] == "server.log:1"
+    # With only the wrapper, the wrapper is reported.
+    d = diagnose_failure("RuntimeError: Engine core initialization failed. See root cause above.\n")
+    assert d["pattern"] == "exception"
+    assert d["source"] == "server.log:1"
+
+
+def test_generic_error_level_line_when_no_exception():
+    text = (
+        "INFO 01-01 00:00:00 [a.py:1] start\n"
+        "(EngineCore pid=558) ERROR 08-21 18:20:00 [core.py:700] EngineCore failed to start.\n"
+        "ERROR 08-21 18:20:01 [launcher.py:1] Engine process died unexpectedly\n"
+        "INFO 08-21 18:20:02 [a.py:1] bye\n"
+    )
+    d = diagnose_failure(text)
+    assert d["pattern"] == "error"
+    assert d["source"] == "server.log:3"
+    assert d["line"] == "ERROR 08-21 18:20:01 [launcher.py:1] Engine process died unexpectedly"
+
+
+def test_diagnose_strips_ansi():
+    text = "\x1b[31mERROR\x1b[0m 08-21 18:18:05 [gpu_model_runner.py:5403] Failed to load model - not enough GPU memory.\n"
+    d = diagnose_failure(text)
+    assert d["pattern"] == "weights_oom"
+    assert d["line"] == "ERROR 08-21 18:18:05 [gpu_model_runner.py:5403] Failed to load model - not enough GPU memory."
+
+
+def test_failure_patterns_are_named_and_extensible():
+    names = [p.name for p in FAILURE_PATTERNS]
+    assert names[:3] == ["tp_divisibility", "weights_oom", "no_kv_memory"]
+    assert len(names) == len(set(names))
+    assert all(p.diagnosis.endswith(".") for p in FAILURE_PATTERNS)
+
+    custom = FailurePattern("nccl", re.compile(r"NCCL error"), "NCCL failed; check the interconnect.")
+    text = "RuntimeError: NCCL error in: ../csrc/nccl.cpp:1, unhandled system error\n"
+    assert diagnose_failure(text)["pattern"] == "exception"
+    d = diagnose_failure(text, patterns=(custom, *FAILURE_PATTERNS))
+    assert d["pattern"] == "nccl"
+    assert d["diagnosis"] == "NCCL failed; check the interconnect."

@@ -1,0 +1,169 @@
+"""Benchmark scenarios: vLLM's serving benchmark per pass, /metrics around it, the cold request.
+
+The load generator is vLLM's own (random dataset, ``ignore_eos``, a distinct seed per
+pass, per-request detail kept). Server-side counters come from the server's Prometheus
+``/metrics``, parsed with prometheus_client, scraped before and after each pass.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Mapping
+
+from prometheus_client.parser import text_string_to_metric_families
+
+#: Counters scraped around each pass, by the name vLLM exposes (sample name, summed over labels).
+METRIC_COUNTERS = {
+    "preemptions": "vllm:num_preemptions_total",
+    "prompt_tokens": "vllm:prompt_tokens_total",
+    "generation_tokens": "vllm:generation_tokens_total",
+    "requests_finished": "vllm:request_success_total",
+}
+
+#: Summary fields copied from vLLM's result file into the record.
+SUMMARY_FIELDS = (
+    "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
+    "request_throughput", "output_throughput", "total_token_throughput", "max_concurrency",
+)
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+def pass_seed(base: int, scenario_index: int, pass_index: int) -> int:
+    """The dataset seed of one pass: distinct for every scenario and pass."""
+    return base + 1000 * scenario_index + pass_index
+
+
+def bench_argv(
+    *,
+    host: str,
+    port: int,
+    served_model_name: str,
+    tokenizer: str,
+    scenario: Mapping[str, Any],
+    seed: int,
+    result_dir: str,
+    result_filename: str,
+    percentiles: list[float],
+    python: str = sys.executable,
+) -> list[str]:
+    """The argv of one benchmark pass (vLLM serving benchmark flags, no shell)."""
+    return [
+        python, "-m", "llmtrial.vllm_bench",
+        "--backend", "vllm",
+        "--host", host,
+        "--port", str(port),
+        "--endpoint", "/v1/completions",
+        "--model", served_model_name,
+        "--served-model-name", served_model_name,
+        "--tokenizer", tokenizer,
+        "--dataset-name", "random",
+        "--random-input-len", str(scenario["input_len"]),
+        "--random-output-len", str(scenario["output_len"]),
+        "--num-prompts", str(scenario["num_prompts"]),
+        "--max-concurrency", str(scenario["concurrency"]),
+        "--request-rate", str(scenario["request_rate"]),
+        "--ignore-eos",
+        "--seed", str(seed),
+        "--percentile-metrics", ",".join(LATENCY_METRICS),
+        "--metric-percentiles", ",".join(_fmt_pct(p) for p in percentiles),
+        "--save-result",
+        "--save-detailed",
+        "--result-dir", result_dir,
+        "--result-filename", result_filename,
+        "--disable-tqdm",
+    ]
+
+
+def _fmt_pct(p: float) -> str:
+    return str(int(p)) if float(p).is_integer() else str(p)
+
+
+def summarize_result(result: Mapping[str, Any], percentiles: list[float]) -> dict[str, Any]:
+    """The figures the report shows, taken from vLLM's result file as they are."""
+    out: dict[str, Any] = {k: result.get(k) for k in SUMMARY_FIELDS}
+    if out["failed"] is None and result.get("num_prompts") is not None and out["completed"] is not None:
+        out["failed"] = result["num_prompts"] - out["completed"]
+    for metric in LATENCY_METRICS:
+        for stat in ("mean", "median", "std"):
+            out[f"{stat}_{metric}_ms"] = result.get(f"{stat}_{metric}_ms")
+        for p in percentiles:
+            key = f"p{_fmt_pct(p)}_{metric}_ms"
+            out[key] = result.get(key)
+    return out
+
+
+def stall_flag(mean: float | None, median: float | None, ratio: float = 1.5) -> bool:
+    """True when a mean sits far above its median: a few requests stalled."""
+    if mean is None or median is None or median <= 0 or math.isnan(mean):
+        return False
+    return mean > ratio * median
+
+
+def run_pass(argv: list[str], *, log_path: Path, timeout: float) -> dict[str, Any]:
+    """Run one benchmark pass; return start/end times, exit code and whether it timed out."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as logf:
+        start = time.time()
+        try:
+            proc = subprocess.run(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  timeout=timeout, check=False)
+            rc: int | None = proc.returncode
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            rc, timed_out = None, True
+        end = time.time()
+    return {"start": start, "end": end, "returncode": rc, "timed_out": timed_out}
+
+
+def scrape_metrics(host: str, port: int, timeout: float = 5.0) -> dict[str, float]:
+    """Read the server's /metrics and sum each counter of METRIC_COUNTERS over its labels."""
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout) as resp:
+        text = resp.read().decode("utf-8", "replace")
+    return parse_metrics(text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    wanted = {sample: key for key, sample in METRIC_COUNTERS.items()}
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = wanted.get(sample.name)
+            if key is not None:
+                out[key] = out.get(key, 0.0) + float(sample.value)
+    return out
+
+
+def metrics_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    return {k: after[k] - before.get(k, 0.0) for k in after}
+
+
+def first_request(host: str, port: int, *, model: str, prompt: str, max_tokens: int,
+                  timeout: float) -> dict[str, Any]:
+    """Send one streaming completion and time it: TTFT and total, in seconds."""
+    body = json.dumps({
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+        "temperature": 0.0, "ignore_eos": True,
+    }).encode()
+    req = urllib.request.Request(f"http://{host}:{port}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    start = time.time()
+    ttft = None
+    chunks = 0
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        for raw in resp:
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            payload = json.loads(line[5:])
+            text = "".join(c.get("text", "") for c in payload.get("choices", []))
+            if text:
+                chunks += 1
+                if ttft is None:
+                    ttft = time.time() - start
+    return {"start": start, "ttft_s": ttft, "total_s": time.time() - start, "chunks": chunks}

@@ -1,0 +1,103 @@
+"""Trial configuration: validation against the JSON Schema, defaults, and derived values.
+
+The schema (``workflow/schemas/config.schema.yaml``) is the single description of every
+key. :func:`validate_config` fills defaults in place and raises :class:`ConfigError`
+listing every problem by its dotted key, so a typo names itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import ValidationError
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """The trial configuration does not match the schema."""
+
+
+def _with_defaults(validator_class: type) -> type:
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema) -> Iterator[ValidationError]:  # type: ignore[no-untyped-def]
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub:
+                    instance.setdefault(name, copy.deepcopy(sub["default"]))
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return validators.extend(validator_class, {"properties": set_defaults})
+
+
+def key_path(error: ValidationError) -> str:
+    """Dotted key of a validation error, naming the unexpected key where there is one."""
+    parts = [str(p) for p in error.absolute_path]
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = set(error.schema.get("properties", {}))
+        extra = sorted(k for k in error.instance if k not in allowed)
+        if extra:
+            parts.append(extra[0])
+    if error.validator == "required":
+        match = re.match(r"'([^']+)' is a required property", error.message)
+        if match:
+            parts.append(match.group(1))
+    return ".".join(parts) or "(top level)"
+
+
+def load_schema(path: Path = SCHEMA_PATH) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH, *, source: str = "config") -> dict[str, Any]:
+    """Fill defaults into ``config`` in place and check it; raise ConfigError naming each bad key."""
+    schema = load_schema(schema_path)
+    validator = _with_defaults(Draft202012Validator)(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path])
+    if errors:
+        lines = [f"{source} key '{key_path(e)}': {e.message}" for e in errors]
+        raise ConfigError("invalid trial configuration:\n  " + "\n  ".join(lines))
+    return config
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config file and validate it (used by the command line)."""
+    p = Path(path)
+    with open(p, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping")
+    return validate_config(data, source=str(p))
+
+
+def configuration_port(config: dict[str, Any], name: str) -> int:
+    """The port of configuration ``name``: base_port plus its position in the file."""
+    names = list(config["configurations"])
+    return int(config["serving"]["base_port"]) + names.index(name)
+
+
+def configuration_spec(config: dict[str, Any], name: str) -> dict[str, Any]:
+    """Everything one configuration's job needs, and nothing another configuration changes.
+
+    This is what the trial rule passes as a param, so editing one configuration's args
+    reruns only that configuration.
+    """
+    serving = config["serving"]
+    entry = config["configurations"][name]
+    return {
+        "name": name,
+        "description": entry.get("description", ""),
+        "host": serving["host"],
+        "port": configuration_port(config, name),
+        "args": {**serving["args"], **entry["args"]},
+        "env": {**serving["env"], **entry["env"]},
+        "startup_timeout_s": serving["startup_timeout_s"],
+        "stop_timeout_s": serving["stop_timeout_s"],
+    }

@@ -1,0 +1,25 @@
+"""Logging for one workflow job or command: everything to one log file, with timestamps."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+
+def open_job_log(path: str | Path | None, level: int = logging.INFO) -> None:
+    """Send the ``logging`` records (and anything printed to stderr) to ``path``.
+
+    With ``path`` None, log to stderr only (the command line).
+    """
+    handlers: list[logging.Handler]
+    if path is not None:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        stream = open(p, "a", buffering=1, encoding="utf-8")
+        sys.stderr = stream
+        handlers = [logging.StreamHandler(stream)]
+    else:
+        handlers = [logging.StreamHandler(sys.stderr)]
+    logging.basicConfig(level=level, handlers=handlers, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")

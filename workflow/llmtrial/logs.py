@@ -1,0 +1,337 @@
+"""Read a vLLM server's log: startup facts and the reason a server failed.
+
+vLLM's log format changes between releases: the prefix in front of a message may be
+``(EngineCore pid=558) INFO 08-21 18:21:55 [kv_cache_utils.py:2235] ``,
+``(Worker_TP0 pid=770) INFO ...``, ``INFO 06-19 23:05:01 [...] `` or nothing at all,
+lines may carry ANSI colour codes, and some messages were merged or reworded. So every
+pattern here is searched *anywhere* in an ANSI-stripped line, and each one accepts the
+wordings seen so far.
+
+* :func:`parse_startup` turns the startup log into facts (see :func:`llmtrial.records.fact`)
+  whose ``source`` is ``"<file>:<line>"`` (1-based), so a reader can open the very line.
+* :func:`diagnose_failure` finds the line that explains why a server died, and says
+  what to change. Its known patterns live in :data:`FAILURE_PATTERNS`, in priority
+  order, so other code can extend the tuple.
+* :func:`tail` gives the last lines of a log for a report.
+
+Line numbers count ``\\n``-separated lines, as ``sed -n Np`` and editors do. Within a
+line, carriage returns (progress bars redrawing themselves) are resolved the way a
+terminal shows them: the last non-empty ``\\r``-separated segment is the line's text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from llmtrial.records import fact
+
+__all__ = [
+    "AVAIL_KV",
+    "CPU_KV_SPACE",
+    "MODEL_INIT",
+    "FAILURE_PATTERNS",
+    "FailurePattern",
+    "INIT_ENGINE",
+    "KV_TOKENS",
+    "LOAD_WTS",
+    "MAX_CONC",
+    "MAX_MODEL_LEN",
+    "MODEL_LOAD",
+    "VLLM_VERSION",
+    "diagnose_failure",
+    "parse_startup",
+    "strip_ansi",
+    "tail",
+]
+
+# --------------------------------------------------------------------------- text
+
+_ANSI = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves (ESC [ ... final byte)
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"  # OSC: ESC ] ... BEL or ESC \
+    r"|\x1b[@-Z\\-_]"  # other two-byte escapes
+)
+
+#: The logger prefix vLLM puts before a message, in any of the forms seen so far:
+#: an optional ``(ProcName pid=N[, ip=...])``, an optional level, an optional
+#: ``MM-DD HH:MM:SS`` time and an optional ``[file.py:line]``.
+_PREFIX = re.compile(
+    r"^(?:\([^)]*\)\s+)?"
+    r"(?:(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+"
+    r"(?:\d\d-\d\d\s+\d\d:\d\d:\d\d(?:[.,]\d+)?\s+)?"
+    r"(?:\[[^\]]*\]\s*)?)?"
+)
+
+
+def strip_ansi(text: str) -> str:
+    """Remove ANSI escape sequences (colours, cursor movement) from ``text``."""
+    return _ANSI.sub("", text)
+
+
+def _clean(raw: str, keep_indent: bool = False) -> str:
+    """One raw log line as a terminal shows it: ANSI removed, ``\\r`` resolved, stripped
+    (trailing whitespace only, with ``keep_indent``)."""
+    segments = [s for s in strip_ansi(raw).split("\r") if s.strip()]
+    if not segments:
+        return ""
+    return segments[-1].rstrip() if keep_indent else segments[-1].strip()
+
+
+def _lines(text: str) -> list[str]:
+    """All lines of ``text``, cleaned; index ``i`` is line number ``i + 1``."""
+    return [_clean(raw) for raw in text.split("\n")]
+
+
+def _message(line: str) -> str:
+    """A cleaned line without its logger prefix (process, level, time, ``[file:line]``)."""
+    m = _PREFIX.match(line)
+    return line[m.end():].lstrip() if m else line
+
+
+# ------------------------------------------------------------------ startup facts
+
+_NUM = r"\d+(?:\.\d+)?"
+
+MODEL_LOAD = re.compile(
+    rf"Model loading took (?P<gib>-?{_NUM}) GiB(?: memory)? and (?P<sec>{_NUM}) seconds"
+)
+AVAIL_KV = re.compile(rf"Available KV cache memory: (?P<gib>-?{_NUM}) GiB")
+KV_TOKENS = re.compile(r"\b(?P<pool>[A-Z]+(?: \+ host)?) KV cache size: (?P<tokens>[\d,]+) tokens")
+MAX_CONC = re.compile(rf"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<x>{_NUM})x")
+INIT_ENGINE = re.compile(
+    rf"init engine \(profile, create kv cache, warmup model\) took (?P<sec>{_NUM}) (?:s|seconds)\b"
+)
+LOAD_WTS = re.compile(rf"Loading weights took (?P<sec>{_NUM}) seconds")
+MAX_MODEL_LEN = re.compile(r"Using max model len (?P<len>[\d,]+)")
+#: "vLLM API server version X" (older) or the banner's "... version X" (0.2x and later).
+VLLM_VERSION = re.compile(r"(?:vLLM API server version|\u2588\s+version) (?P<version>\d[\w.+\-]*\w)")
+#: CPU build: the KV space it was told to use, per worker ("Explicitly set (1.0/8.21) GiB ...").
+CPU_KV_SPACE = re.compile(rf"Explicitly set \((?P<gib>{_NUM})/(?P<total>{_NUM})\) GiB for KV cache")
+#: CPU build and newer loaders: building the model before its weights are read.
+MODEL_INIT = re.compile(rf"Initializing model took (?P<sec>{_NUM}) seconds")
+
+
+def _int(s: str) -> int:
+    return int(s.replace(",", ""))
+
+
+#: For each pattern: the facts it yields as ``(key, group, converter, unit)``.
+_STARTUP: tuple[tuple[re.Pattern[str], tuple[tuple[str, str, Callable[[str], Any], str | None], ...]], ...] = (
+    (MODEL_LOAD, (("model_load_gib", "gib", float, "GiB"), ("model_load_seconds", "sec", float, "s"))),
+    (LOAD_WTS, (("loading_weights_seconds", "sec", float, "s"),)),
+    (AVAIL_KV, (("available_kv_gib", "gib", float, "GiB"),)),
+    (CPU_KV_SPACE, (("available_kv_gib", "gib", float, "GiB"),)),
+    (MODEL_INIT, (("model_init_seconds", "sec", float, "s"),)),
+    (KV_TOKENS, (("kv_cache_tokens", "tokens", _int, "tokens"), ("kv_pool", "pool", str, None))),
+    (
+        MAX_CONC,
+        (
+            ("max_concurrency", "x", float, "x"),
+            ("max_concurrency_tokens_per_request", "len", _int, "tokens"),
+        ),
+    ),
+    (INIT_ENGINE, (("engine_init_seconds", "sec", float, "s"),)),
+    (MAX_MODEL_LEN, (("max_model_len", "len", _int, "tokens"),)),
+    (VLLM_VERSION, (("vllm_version", "version", str, None),)),
+)
+
+
+def parse_startup(text: str, source: str = "server.log") -> dict[str, dict[str, Any]]:
+    """Facts read from a vLLM server's startup log, keyed by name (only those found).
+
+    Each value is ``fact(value, "<source>:<lineno>", unit=...)`` plus ``"line"`` (the
+    ANSI-stripped log line it came from). When a fact appears on several lines (each
+    tensor-parallel worker prints its own ``Model loading took ...``), the first one is
+    the value and ``"per_rank"`` lists every value in log order.
+
+    Keys: ``model_load_gib``, ``model_load_seconds``, ``loading_weights_seconds``,
+    ``available_kv_gib``, ``kv_cache_tokens``, ``kv_pool`` (``"GPU"``, ``"CPU"``,
+    ``"GPU + host"``, ...), ``max_concurrency``, ``max_concurrency_tokens_per_request``,
+    ``engine_init_seconds``, ``max_model_len``, ``vllm_version``; on the CPU build also
+    ``model_init_seconds`` and ``available_kv_gib`` from the KV space it was given.
+    """
+    facts: dict[str, dict[str, Any]] = {}
+    for lineno, line in enumerate(_lines(text), start=1):
+        if not line:
+            continue
+        for regex, fields in _STARTUP:
+            m = regex.search(line)
+            if m is None:
+                continue
+            for key, group, convert, unit in fields:
+                value = convert(m.group(group))
+                if key not in facts:
+                    facts[key] = {**fact(value, f"{source}:{lineno}", unit=unit), "line": line}
+                else:
+                    first = facts[key]
+                    first.setdefault("per_rank", [first["value"]]).append(value)
+    return facts
+
+
+# ------------------------------------------------------------------ failure causes
+
+
+@dataclass(frozen=True)
+class FailurePattern:
+    """A known way for a vLLM server to fail.
+
+    ``regex`` is searched in each ANSI-stripped line; the first line that matches is
+    the explanation. With ``join_next`` the line is also tried joined to the next one,
+    for messages that wrap (the match must start on the first line).
+    """
+
+    name: str
+    regex: re.Pattern[str]
+    diagnosis: str
+    join_next: bool = False
+
+    def find(self, lines: list[str]) -> tuple[int, str] | None:
+        """The 0-based index and text of the first line matching, or ``None``."""
+        for i, line in enumerate(lines):
+            if not line:
+                continue
+            if self.regex.search(line):
+                return i, line
+            if self.join_next and i + 1 < len(lines) and lines[i + 1]:
+                joined = f"{line} {lines[i + 1]}"
+                m = self.regex.search(joined)
+                if m is not None and m.start() < len(line):
+                    return i, joined
+        return None
+
+
+def _any(*alternatives: str) -> re.Pattern[str]:
+    return re.compile("|".join(f"(?:{a})" for a in alternatives))
+
+
+#: Known failure patterns, most specific first; :func:`diagnose_failure` tries them in
+#: this order and only then falls back to the last exception or ERROR line.
+FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
+    FailurePattern(
+        "tp_divisibility",
+        _any(r"must be divisible by\s+tensor\s+parallel\s+size"),
+        "A model dimension (usually the attention-head count) is not divisible by the "
+        "tensor parallel size; choose a tensor_parallel_size that divides it (e.g. 1, 2, 4 or 8).",
+        join_next=True,
+    ),
+    FailurePattern(
+        "weights_oom",
+        _any(r"Failed to load model - not enough GPU memory", r"(?:CUDA|HIP) out of memory"),
+        "The GPUs ran out of memory while loading the model; use more GPUs (a larger "
+        "tensor_parallel_size), a smaller or quantised model, or free the GPUs of other processes.",
+    ),
+    FailurePattern(
+        "no_kv_memory",
+        _any(
+            r"No available memory for the cache blocks",
+            r"larger than the available KV cache memory",
+            r"larger than the maximum number of tokens that can be stored in KV cache",
+            r"Available KV cache memory: -\d",
+        ),
+        "No memory is left for the KV cache after loading the weights; raise "
+        "gpu_memory_utilization, lower max_model_len, or add GPUs (tensor_parallel_size).",
+    ),
+    FailurePattern(
+        "argparse",
+        _any(r"(?:^|\s)(?![\w.]*(?:Error|Exception|Warning):)[\w.\-/]+(?: [\w.\-]+)?: error: "),
+        "vLLM rejected a command-line argument; check the flag name and value against "
+        "`vllm serve --help` for the installed vLLM version.",
+    ),
+    FailurePattern(
+        "deepgemm",
+        _any(r"Unknown SF transformation"),
+        "DeepGEMM does not support the scaling-factor layout on this GPU; disable it "
+        "(VLLM_USE_DEEP_GEMM=0) or use a vLLM build made for this GPU.",
+    ),
+    FailurePattern(
+        "cpu_attention",
+        _any(r"Unsupported CPU attention configuration"),
+        "The CPU backend does not support this attention configuration; change dtype or "
+        "block size, or run the model on a GPU.",
+    ),
+    FailurePattern(
+        "numa_bind",
+        _any(r"Not enough allowed NUMA nodes to bind threads"),
+        "There are fewer allowed NUMA nodes than CPU workers; lower the parallel size or "
+        "set VLLM_CPU_OMP_THREADS_BIND to CPUs the process may use.",
+    ),
+    FailurePattern(
+        "port_in_use",
+        _any(r"(?i:address already in use)"),
+        "The server's port is already taken; stop the process holding it or choose a free port.",
+    ),
+    # Last of the known ones: a symptom (a rank hung or died), not a cause of its own.
+    FailurePattern(
+        "shm_broadcast",
+        _any(r"No available shared memory broadcast block found"),
+        "Workers stopped answering over shared memory, so one rank hung or died; look for "
+        "its error earlier in the log and check /dev/shm size.",
+    ),
+)
+
+_EXCEPTION = re.compile(r"^\w+(?:\.\w+)*(?:Error|Exception): ")
+_ERROR_LEVEL = re.compile(r"(?:^|\s)ERROR(?:\s|$)")
+#: Exceptions that only point elsewhere; used only when no other exception line exists.
+_WRAPPER = re.compile(r"See root cause above|Engine core initialization failed")
+
+_GENERIC_EXCEPTION = (
+    "The server stopped on this exception; read the traceback above it for the cause."
+)
+_GENERIC_ERROR = "The server logged this error before stopping; read the lines around it for the cause."
+
+
+def _generic(lines: list[str]) -> tuple[int, str, str, str] | None:
+    """The last exception line (preferring ones that are not mere wrappers), else the
+    last ERROR-level line, as ``(index, line, pattern, diagnosis)``."""
+    exceptions = [i for i, line in enumerate(lines) if line and _EXCEPTION.search(_message(line))]
+    if exceptions:
+        causes = [i for i in exceptions if not _WRAPPER.search(lines[i])]
+        i = (causes or exceptions)[-1]
+        return i, lines[i], "exception", _GENERIC_EXCEPTION
+    errors = [i for i, line in enumerate(lines) if _ERROR_LEVEL.search(line)]
+    if errors:
+        return errors[-1], lines[errors[-1]], "error", _GENERIC_ERROR
+    return None
+
+
+def diagnose_failure(
+    text: str,
+    source: str = "server.log",
+    *,
+    patterns: tuple[FailurePattern, ...] = FAILURE_PATTERNS,
+) -> dict[str, str] | None:
+    """The log line that explains why a vLLM server failed, or ``None``.
+
+    Returns ``{"line", "source": "<source>:<lineno>", "pattern", "diagnosis"}``. The
+    known ``patterns`` are tried in order and the first line matching the first pattern
+    that matches anywhere wins, so a specific cause beats a generic error printed later.
+    Without a known pattern: the last Python exception line (``pattern="exception"``),
+    else the last ERROR-level line (``pattern="error"``).
+    """
+    lines = _lines(text)
+    for pattern in patterns:
+        found = pattern.find(lines)
+        if found is not None:
+            i, line = found
+            return {
+                "line": line,
+                "source": f"{source}:{i + 1}",
+                "pattern": pattern.name,
+                "diagnosis": pattern.diagnosis,
+            }
+    generic = _generic(lines)
+    if generic is None:
+        return None
+    i, line, name, diagnosis = generic
+    return {"line": line, "source": f"{source}:{i + 1}", "pattern": name, "diagnosis": diagnosis}
+
+
+def tail(text: str, n: int = 40) -> list[str]:
+    """The last ``n`` non-empty lines of ``text``, ANSI-stripped (indentation kept)."""
+    if n <= 0:
+        return []
+    lines = (_clean(raw, keep_indent=True) for raw in text.split("\n"))
+    return [line for line in lines if line][-n:]
+

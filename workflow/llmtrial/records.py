@@ -1,0 +1,62 @@
+"""Stage records: the JSON files that stages hand to each other and to the report.
+
+Every number a record carries can say where it came from: ``measured`` (read from a
+log line, a benchmark result or a sampler), ``predicted`` (computed before launch) or
+``estimated`` (computed from an assumption). :func:`fact` builds that shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+Kind = Literal["measured", "predicted", "estimated"]
+
+#: Environment variable names whose values never reach a record, a log or the report.
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|CREDENTIAL", re.IGNORECASE)
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    """Environment for records: values of secret-looking names replaced by ``<redacted>``."""
+    return {k: ("<redacted>" if SECRET_NAME.search(k) else v) for k, v in env.items()}
+
+
+def fact(value: Any, source: str, kind: Kind = "measured", unit: str | None = None) -> dict[str, Any]:
+    """A number with its provenance: ``{"value", "kind", "source"[, "unit"]}``."""
+    out: dict[str, Any] = {"value": value, "kind": kind, "source": source}
+    if unit is not None:
+        out["unit"] = unit
+    return out
+
+
+def write_record(path: str | os.PathLike[str], data: Any) -> Path:
+    """Write ``data`` as JSON atomically (temporary file, fsync, rename)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, sort_keys=False, default=str)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def read_record(path: str | os.PathLike[str]) -> Any:
+    """Read a record, naming the file when it is missing or not valid JSON."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"record not found: {p}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"record {p} is not valid JSON: {exc}") from None

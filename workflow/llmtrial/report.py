@@ -1,0 +1,112 @@
+"""The trial report: one self-contained HTML file rendered from the stage records only.
+
+jinja2 with autoescaping on; inline CSS, no scripts, no network. Every measured number
+is shown with its source (log line, result file or sampler) so an auditor can trace it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import jinja2
+
+from llmtrial.records import read_record
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+
+
+def fmt_num(value: Any, digits: int = 2) -> str:
+    """Numbers for tables: thousands separators, fixed decimals; '—' for missing."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def fmt_bytes(value: Any) -> str:
+    if value is None:
+        return "—"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.2f} {unit}"
+        size /= 1024
+    return str(value)
+
+
+def fmt_time(value: Any) -> str:
+    if value is None:
+        return "—"
+    return dt.datetime.fromtimestamp(float(value), tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def build_context(*, trial: str, environment: Mapping[str, Any], manifest: Mapping[str, Any],
+                  configurations: list[Mapping[str, Any]], cleanup: Mapping[str, Any]) -> dict[str, Any]:
+    """What the template sees: the records, plus tables regrouped by scenario."""
+    scenario_names: list[str] = []
+    for rec in configurations:
+        for sc in rec.get("scenarios", []):
+            if sc["name"] not in scenario_names:
+                scenario_names.append(sc["name"])
+    scenarios = []
+    for name in scenario_names:
+        rows, spec = [], None
+        for rec in configurations:
+            for sc in rec.get("scenarios", []):
+                if sc["name"] != name:
+                    continue
+                spec = spec or sc["spec"]
+                for one in sc["passes"]:
+                    rows.append({"configuration": rec["configuration"], "pass": one,
+                                 "agreement": sc.get("agreement", {})})
+        scenarios.append({"name": name, "spec": spec, "rows": rows})
+    failed = [r for r in configurations if r.get("status") != "ok"]
+    return {
+        "trial": trial,
+        "generated": fmt_time(dt.datetime.now(tz=dt.timezone.utc).timestamp()),
+        "environment": environment,
+        "manifest": manifest,
+        "configurations": configurations,
+        "scenarios": scenarios,
+        "failures": failed,
+        "cleanup": cleanup,
+        "n_ok": len(configurations) - len(failed),
+    }
+
+
+def render_report(context: Mapping[str, Any], template_dir: Path = TEMPLATES) -> str:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir)),
+        autoescape=jinja2.select_autoescape(["html", "j2"], default=True),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(num=fmt_num, bytes=fmt_bytes, time=fmt_time)
+    return env.get_template("report.html.j2").render(**context)
+
+
+def write_report(out: Path, *, trial: str, environment: Path, manifest: Path,
+                 configurations: Iterable[Path], cleanup: Path) -> Path:
+    """Read the records named, render, and write the report atomically."""
+    context = build_context(
+        trial=trial,
+        environment=read_record(environment),
+        manifest=read_record(manifest),
+        configurations=[read_record(p) for p in configurations],
+        cleanup=read_record(cleanup),
+    )
+    html = render_report(context)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(html, encoding="utf-8")
+    tmp.replace(out)
+    return out

@@ -1,0 +1,220 @@
+"""One serving configuration's job: start vLLM, measure cold start, run every scenario, stop.
+
+The outcome is always a record. A server that fails to start, times out, or dies during
+the benchmark gives ``status: failed`` with the phase, the log tail and the line that
+explains it; only faults of the workflow itself raise.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from llmtrial import bench, logs
+from llmtrial.ledger import Ledger
+from llmtrial.records import fact, read_record, redact_env, write_record
+from llmtrial.server import ServerProcess, ServerStartError, build_server_argv
+from llmtrial.telemetry import HostSource, Sampler, read_samples, summarize_window
+
+log = logging.getLogger(__name__)
+
+def agreement(values: list[float]) -> float | None:
+    """Spread of a figure across passes, (max - min) / mean; None with fewer than two."""
+    vals = [v for v in values if v is not None]
+    if len(vals) < 2 or statistics.fmean(vals) == 0:
+        return None
+    return (max(vals) - min(vals)) / statistics.fmean(vals)
+
+
+def run_configuration(
+    *,
+    trial: str,
+    spec: Mapping[str, Any],
+    manifest: Mapping[str, Any],
+    served_model_name: str,
+    scenarios: Mapping[str, Mapping[str, Any]],
+    bench_settings: Mapping[str, Any],
+    cold_start: Mapping[str, Any],
+    telemetry_interval: float,
+    out_dir: Path,
+    record_path: Path,
+    telemetry_path: Path,
+    server_log: Path,
+    ledger_path: Path,
+) -> dict[str, Any]:
+    """Run one configuration end to end and write its record; returns the record."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bench_dir = out_dir / "bench"
+    shutil.rmtree(bench_dir, ignore_errors=True)  # never mix passes of an earlier run
+    bench_dir.mkdir(parents=True)
+    server_log.unlink(missing_ok=True)
+    model_dir = manifest["model_dir"]
+    host, port = spec["host"], int(spec["port"])
+    argv = build_server_argv(model_dir=model_dir, served_model_name=served_model_name,
+                             host=host, port=port, args=spec["args"])
+    record: dict[str, Any] = {
+        "trial": trial,
+        "configuration": spec["name"],
+        "description": spec.get("description", ""),
+        "status": "running",
+        "failure": None,
+        "server": {"argv": argv, "env": redact_env(spec["env"]), "host": host, "port": port,
+                   "log": _rel(server_log, out_dir)},
+        "startup": {},
+        "cold_start": {},
+        "scenarios": [],
+        "telemetry": {"file": _rel(telemetry_path, out_dir)},
+        "timing": {"job_start": time.time()},
+    }
+    host_source = HostSource()
+    server = ServerProcess(argv, host=host, port=port, log_path=server_log, env=spec["env"],
+                           ledger=Ledger(ledger_path), stop_timeout=float(spec["stop_timeout_s"]),
+                           label=f"{trial}/{spec['name']}")
+    windows: list[tuple[dict[str, Any], float, float]] = []
+    with Sampler(telemetry_path, [host_source], interval=telemetry_interval) as sampler:
+        try:
+            _serve_and_measure(record, server, host_source, spec, served_model_name, model_dir,
+                               scenarios, bench_settings, cold_start, bench_dir, out_dir, windows)
+        finally:
+            record["server"]["stop"] = server.stop()
+            record["server"]["pid"] = server.proc.pid if server.proc else None
+        record["telemetry"]["sampler"] = sampler.stats()
+        record["telemetry"]["errors"] = dict(sampler.errors)
+    _summarize_telemetry(record, telemetry_path, server, windows)
+    _finish(record, server_log, out_dir)
+    write_record(record_path, record)
+    return record
+
+
+def _serve_and_measure(record: dict[str, Any], server: ServerProcess, host_source: HostSource,
+                       spec: Mapping[str, Any], served_model_name: str, model_dir: str,
+                       scenarios: Mapping[str, Mapping[str, Any]], bench_settings: Mapping[str, Any],
+                       cold_start: Mapping[str, Any], bench_dir: Path, out_dir: Path,
+                       windows: list[tuple[dict[str, Any], float, float]]) -> None:
+    log_name = record["server"]["log"]
+    host, port = server.host, server.port
+    try:
+        server.start()
+        host_source.pid = server.proc.pid if server.proc else None
+        ready_s = server.wait_ready(float(spec["startup_timeout_s"]))
+    except ServerStartError as exc:
+        _fail(record, "startup", exc.reason, str(exc), exc.returncode)
+        return
+    record["server"]["launched_at"] = server.launched_at
+    record["server"]["ready_at"] = server.ready_at
+    record["cold_start"]["ready_seconds"] = fact(round(ready_s, 3), "launch to first /health 200", unit="s")
+    record["startup"] = logs.parse_startup(server.log_path.read_text(errors="replace"), source=log_name)
+    log.info("%s ready in %.1f s", spec["name"], ready_s)
+
+    try:
+        first = bench.first_request(host, port, model=served_model_name, prompt=cold_start["prompt"],
+                                    max_tokens=int(cold_start["max_tokens"]), timeout=float(cold_start["timeout_s"]))
+    except Exception as exc:  # the server answered /health but cannot serve: a result, not a fault
+        _fail(record, "cold_start", "request_failed", f"first request failed: {exc}", None)
+        return
+    record["cold_start"]["first_ttft_s"] = fact(first["ttft_s"], "first streamed completion after ready", unit="s")
+    record["cold_start"]["first_total_s"] = fact(first["total_s"], "first streamed completion after ready", unit="s")
+
+    percentiles = list(bench_settings["percentiles"])
+    for s_index, (name, scenario) in enumerate(scenarios.items()):
+        entry: dict[str, Any] = {"name": name, "spec": dict(scenario), "passes": []}
+        record["scenarios"].append(entry)
+        for p in range(1, int(scenario["passes"]) + 1):
+            seed = bench.pass_seed(int(bench_settings["seed"]), s_index, p)
+            stem = f"{name}-pass{p}"
+            argv = bench.bench_argv(host=host, port=port, served_model_name=served_model_name, tokenizer=model_dir,
+                                    scenario=scenario, seed=seed, result_dir=str(bench_dir),
+                                    result_filename=f"{stem}.json", percentiles=percentiles)
+            log.info("%s: scenario %s pass %d (seed %d)", spec["name"], name, p, seed)
+            before = _scrape(host, port)
+            run = bench.run_pass(argv, log_path=bench_dir / f"{stem}.log", timeout=float(scenario["timeout_s"]))
+            after = _scrape(host, port)
+            result_file = bench_dir / f"{stem}.json"
+            one: dict[str, Any] = {
+                "pass": p, "seed": seed, "start": run["start"], "end": run["end"],
+                "argv": argv, "log": _rel(bench_dir / f"{stem}.log", out_dir),
+                "returncode": run["returncode"], "timed_out": run["timed_out"],
+            }
+            if run["returncode"] == 0 and result_file.exists():
+                result = read_record(result_file)
+                one["status"] = "ok"
+                one["result_file"] = _rel(result_file, out_dir)
+                one["summary"] = bench.summarize_result(result, percentiles)
+                one["stall"] = bench.stall_flag(one["summary"].get("mean_ttft_ms"), one["summary"].get("median_ttft_ms"))
+            else:
+                one["status"] = "failed"
+            if before is not None and after is not None:
+                one["server_metrics"] = bench.metrics_delta(before, after)
+            entry["passes"].append(one)
+            windows.append((one, run["start"], run["end"]))
+            if not server.alive():
+                _fail(record, "benchmark", "exited", f"server exited with code {server.proc.poll() if server.proc else None} "
+                      f"during scenario {name} pass {p}", server.proc.poll() if server.proc else None)
+                return
+            if one["status"] == "failed":
+                _fail(record, "benchmark", "pass_failed", f"benchmark pass {name}/{p} failed "
+                      f"(exit {run['returncode']}{', timed out' if run['timed_out'] else ''})", None, keep_going=True)
+        ok = [q["summary"] for q in entry["passes"] if q["status"] == "ok"]
+        entry["agreement"] = {
+            "output_throughput": agreement([s["output_throughput"] for s in ok]),
+            "median_ttft_ms": agreement([s["median_ttft_ms"] for s in ok]),
+        }
+
+
+def _scrape(host: str, port: int) -> dict[str, float] | None:
+    try:
+        return bench.scrape_metrics(host, port)
+    except Exception as exc:  # a dead server: the pass records no server counters
+        log.warning("could not scrape /metrics: %s", exc)
+        return None
+
+
+def _fail(record: dict[str, Any], phase: str, reason: str, message: str, returncode: int | None,
+          keep_going: bool = False) -> None:
+    if record["failure"] is not None and keep_going:
+        return
+    record["status"] = "failed"
+    record["failure"] = {"phase": phase, "reason": reason, "message": message, "returncode": returncode}
+    log.warning("configuration %s failed in %s: %s", record["configuration"], phase, message)
+
+
+def _finish(record: dict[str, Any], server_log: Path, out_dir: Path) -> None:
+    text = server_log.read_text(errors="replace") if server_log.exists() else ""
+    if record["failure"] is not None:
+        record["failure"]["error_line"] = logs.diagnose_failure(text, source=record["server"]["log"])
+        record["failure"]["log_tail"] = logs.tail(text, 40)
+    else:
+        record["status"] = "ok"
+    if not record["startup"] and text:
+        record["startup"] = logs.parse_startup(text, source=record["server"]["log"])
+    t = record["timing"]
+    t["job_end"] = time.time()
+    t["wall_s"] = t["job_end"] - t["job_start"]
+    ready = record["cold_start"].get("ready_seconds")
+    t["startup_s"] = ready["value"] if ready else None
+    t["bench_s"] = sum(p["end"] - p["start"] for s in record["scenarios"] for p in s["passes"])
+
+
+def _summarize_telemetry(record: dict[str, Any], telemetry_path: Path, server: ServerProcess,
+                         windows: list[tuple[dict[str, Any], float, float]]) -> None:
+    if not telemetry_path.exists():
+        return
+    df = read_samples(telemetry_path)
+    if server.launched_at is not None:
+        end = server.ready_at or time.time()
+        record["telemetry"]["startup_window"] = {"start": server.launched_at, "end": end,
+                                                 "figures": summarize_window(df, server.launched_at, end)}
+    for one, start, end in windows:
+        one["telemetry"] = summarize_window(df, start, end)
+
+
+def _rel(path: Path, base: Path) -> str:
+    try:
+        return str(path.relative_to(base))
+    except ValueError:
+        return str(path)
+

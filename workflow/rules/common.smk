@@ -1,0 +1,59 @@
+# Config loading, validation and target helpers. No rules here.
+
+import re
+from pathlib import Path
+
+from llmtrial.cleanup import run_cleanup
+from llmtrial.config import configuration_port, configuration_spec, validate_config
+
+
+validate_config(
+    config, Path(workflow.current_basedir) / ".." / "schemas" / "config.schema.yaml"
+)
+
+TRIAL = config["trial"]
+CONFIGURATIONS = list(config["configurations"])
+
+
+wildcard_constraints:
+    trial=re.escape(TRIAL),
+    configuration="|".join(re.escape(name) for name in CONFIGURATIONS),
+
+
+def results_dir():
+    return Path("results") / TRIAL
+
+
+def report_path():
+    return str(results_dir() / "report.html")
+
+
+def ledger_path(wildcards):
+    return str(results_dir() / "ledger.jsonl")
+
+
+def staging_path(wildcards):
+    return str(Path(config["staging_dir"]) / TRIAL / config["model"]["name"])
+
+
+def configuration_records(wildcards):
+    return expand(
+        rules.trial.output.record, trial=TRIAL, configuration=CONFIGURATIONS
+    )
+
+
+def configuration_params(wildcards):
+    """Only this configuration's settings: editing another one does not rerun this."""
+    return configuration_spec(config, wildcards.configuration)
+
+
+def trial_ports():
+    return [configuration_port(config, name) for name in CONFIGURATIONS]
+
+
+def cleanup_on_error():
+    record = run_cleanup(
+        results_dir(), ports=trial_ports(), host=config["serving"]["host"]
+    )
+    state = "restored" if record["restored"] else f"NOT restored: {record['residues']}"
+    print(f"llmtrial cleanup after error: host {state}")

@@ -1,0 +1,24 @@
+# One job per serving configuration: start vLLM, cold start, scenarios, stop.
+rule trial:
+    input:
+        manifest=rules.stage_model.output.manifest,
+    output:
+        record="results/{trial}/configs/{configuration}/record.json",
+        telemetry="results/{trial}/configs/{configuration}/telemetry.csv",
+    log:
+        job="results/{trial}/logs/trial/{configuration}.log",
+        server="results/{trial}/configs/{configuration}/server.log",
+    conda:
+        "../../envs/serving.yaml"
+    resources:
+        serving=1,
+    params:
+        spec=configuration_params,
+        served_model_name=config["model"]["name"],
+        scenarios=config["scenarios"],
+        bench=config["bench"],
+        cold_start=config["cold_start"],
+        telemetry=config["telemetry"],
+        ledger=ledger_path,
+    script:
+        "../scripts/run_trial.py"

@@ -1,0 +1,16 @@
+"""Render results/<trial>/report.html from the records."""
+
+from pathlib import Path
+
+from llmtrial.joblog import open_job_log
+from llmtrial.report import write_report
+
+open_job_log(snakemake.log[0])
+write_report(
+    Path(snakemake.output.report),
+    trial=snakemake.wildcards.trial,
+    environment=Path(snakemake.input.environment),
+    manifest=Path(snakemake.input.manifest),
+    configurations=[Path(p) for p in snakemake.input.records],
+    cleanup=Path(snakemake.input.cleanup),
+)

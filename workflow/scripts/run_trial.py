@@ -1,0 +1,25 @@
+"""One serving configuration: serve, measure, stop; the outcome is always a record."""
+
+from pathlib import Path
+
+from llmtrial.joblog import open_job_log
+from llmtrial.records import read_record
+from llmtrial.trial import run_configuration
+
+open_job_log(snakemake.log.job)
+record = Path(snakemake.output.record)
+run_configuration(
+    trial=snakemake.wildcards.trial,
+    spec=snakemake.params.spec,
+    manifest=read_record(snakemake.input.manifest),
+    served_model_name=snakemake.params.served_model_name,
+    scenarios=snakemake.params.scenarios,
+    bench_settings=snakemake.params.bench,
+    cold_start=snakemake.params.cold_start,
+    telemetry_interval=float(snakemake.params.telemetry["interval_s"]),
+    out_dir=record.parent,
+    record_path=record,
+    telemetry_path=Path(snakemake.output.telemetry),
+    server_log=Path(snakemake.log.server),
+    ledger_path=Path(snakemake.params.ledger),
+)

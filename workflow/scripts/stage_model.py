@@ -1,0 +1,11 @@
+"""Stage the model's weights outside results/ and write their manifest."""
+
+from pathlib import Path
+
+from llmtrial.joblog import open_job_log
+from llmtrial.records import write_record
+from llmtrial.staging import stage_model
+
+open_job_log(snakemake.log[0])
+manifest = stage_model(snakemake.params.source, Path(snakemake.params.staging))
+write_record(snakemake.output.manifest, manifest)
