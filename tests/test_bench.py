@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from conftest import DATA
 from llmtrial.bench import (
     bench_argv,
     metrics_delta,
@@ -12,8 +13,6 @@ from llmtrial.bench import (
     stall_flag,
     summarize_result,
 )
-
-from conftest import DATA
 
 SCENARIO = {"input_len": 64, "output_len": 32, "num_prompts": 12, "concurrency": 4, "request_rate": "inf"}
 

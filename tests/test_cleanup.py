@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import socket
 
+from conftest import child_pid, fake_server
 from llmtrial.cleanup import LEDGER_NAME, run_cleanup
 from llmtrial.cli import main as cli_main
 from llmtrial.ledger import Ledger
 from llmtrial.server import group_members, port_open
-
-from conftest import child_pid, fake_server
 
 
 def abandoned_server(tmp_path, port):

@@ -8,6 +8,7 @@ import re
 import pytest
 import yaml
 
+from conftest import REPO
 from llmtrial.config import (
     SCHEMA_PATH,
     ConfigError,
@@ -17,8 +18,6 @@ from llmtrial.config import (
     load_schema,
     validate_config,
 )
-
-from conftest import REPO
 
 
 def minimal() -> dict:

@@ -14,6 +14,7 @@ from llmtrial.logs import (
     FailurePattern,
     diagnose_failure,
     parse_startup,
+    read_log,
     strip_ansi,
     tail,
 )
@@ -519,3 +520,33 @@ def test_failure_patterns_are_named_and_extensible():
     d = diagnose_failure(text, patterns=(custom, *FAILURE_PATTERNS))
     assert d["pattern"] == "nccl"
     assert d["diagnosis"] == "NCCL failed; check the interconnect."
+
+
+# ------------------------------------------------- whole logs from the installed vLLM
+
+def _data(name: str) -> str:
+    from pathlib import Path
+
+    return read_log(Path(__file__).parent / "data" / name)
+
+
+def test_real_cpu_tp2_startup_log_from_vllm_0_32():
+    facts = parse_startup(_data("vllm-0.32.0-cpu-tp2-server.log"), source="server.log")
+    assert facts["vllm_version"]["value"] == "0.32.0" and facts["vllm_version"]["source"] == "server.log:8"
+    assert facts["kv_cache_tokens"]["value"] == 1_048_576 and facts["kv_cache_tokens"]["source"] == "server.log:73"
+    assert facts["kv_pool"]["value"] == "CPU"
+    assert facts["max_concurrency"]["value"] == 2048.0
+    assert facts["max_concurrency_tokens_per_request"]["value"] == 512
+    assert facts["available_kv_gib"]["value"] == 1.0 and facts["available_kv_gib"]["per_rank"] == [1.0, 1.0]
+    assert facts["engine_init_seconds"]["value"] == 15.39 and facts["engine_init_seconds"]["source"] == "server.log:74"
+    assert facts["max_model_len"]["value"] == 512
+    assert "model_load_gib" not in facts  # the CPU build prints no "Model loading took"
+
+
+def test_real_cpu_log_of_an_unknown_flag_names_the_argparse_line():
+    text = _data("vllm-0.32.0-cpu-bad-arg-server.log")
+    found = diagnose_failure(text, source="server.log")
+    assert found["pattern"] == "argparse"
+    assert found["line"] == "api_server.py: error: unrecognized arguments: --not-a-vllm-flag"
+    assert found["source"] == f"server.log:{text.split(chr(10)).index(found['line']) + 1}"
+    assert parse_startup(text) == {}

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-from pathlib import Path
 
 import psutil
 import pytest
 
+from conftest import child_pid, fake_server
 from llmtrial.ledger import Ledger
 from llmtrial.server import (
     ServerProcess,
@@ -24,7 +23,6 @@ from llmtrial.server import (
     port_open,
 )
 
-from conftest import child_pid, fake_server
 
 class TestArgs:
     def test_flags_from_a_mapping(self):

@@ -11,9 +11,9 @@ from llmtrial.joblog import open_job_log
 
 
 def _parse_log(args: argparse.Namespace) -> int:
-    from llmtrial.logs import diagnose_failure, parse_startup
+    from llmtrial.logs import diagnose_failure, parse_startup, read_log
 
-    text = Path(args.log).read_text(errors="replace")
+    text = read_log(args.log)
     out = {"startup": parse_startup(text, source=args.log), "failure": diagnose_failure(text, source=args.log)}
     if args.json:
         print(json.dumps(out, indent=2))

@@ -21,6 +21,7 @@ terminal shows them: the last non-empty ``\\r``-separated segment is the line's 
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -42,6 +43,7 @@ __all__ = [
     "VLLM_VERSION",
     "diagnose_failure",
     "parse_startup",
+    "read_log",
     "strip_ansi",
     "tail",
 ]
@@ -63,6 +65,16 @@ _PREFIX = re.compile(
     r"(?:\d\d-\d\d\s+\d\d:\d\d:\d\d(?:[.,]\d+)?\s+)?"
     r"(?:\[[^\]]*\]\s*)?)?"
 )
+
+
+def read_log(path: str | os.PathLike[str]) -> str:
+    """A log file's text with its line breaks as written.
+
+    ``Path.read_text`` turns the ``\r`` of progress bars into line breaks, which would
+    shift line numbers away from what ``sed -n Np`` shows; this keeps them.
+    """
+    with open(path, encoding="utf-8", errors="replace", newline="") as fh:
+        return fh.read()
 
 
 def strip_ansi(text: str) -> str:

@@ -83,29 +83,13 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken
 # --------------------------------------------------------------------------- tiny model
 
 
-def _validate_tiny(
-    *,
-    hidden_size: int,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    intermediate_size: int,
-    vocab_size: int,
-    max_position_embeddings: int,
-) -> None:
+def _validate_tiny(values: Mapping[str, int]) -> None:
     """Raise ValueError naming the offending parameter when the sizes cannot work."""
-    values = {
-        "hidden_size": hidden_size,
-        "num_layers": num_layers,
-        "num_heads": num_heads,
-        "num_kv_heads": num_kv_heads,
-        "intermediate_size": intermediate_size,
-        "vocab_size": vocab_size,
-        "max_position_embeddings": max_position_embeddings,
-    }
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"tiny model parameter {name} must be a positive integer, got {value!r}")
+    hidden_size, num_heads, num_kv_heads = values["hidden_size"], values["num_heads"], values["num_kv_heads"]
+    vocab_size = values["vocab_size"]
     if hidden_size % num_heads != 0 or hidden_size // num_heads != REQUIRED_HEAD_DIM:
         raise ValueError(
             f"head_dim = hidden_size / num_heads must be {REQUIRED_HEAD_DIM} "
@@ -208,28 +192,17 @@ def _sibling_dir(dest: Path, tag: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{dest.name}.{tag}-", dir=dest.parent))
 
 
-def _write_tiny_model(
-    out: Path,
-    *,
-    seed: int,
-    hidden_size: int,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    intermediate_size: int,
-    vocab_size: int,
-    max_position_embeddings: int,
-) -> None:
+def _write_tiny_model(out: Path, *, seed: int, sizes: Mapping[str, int]) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    tokenizer = _train_tokenizer(seed, vocab_size)
+    tokenizer = _train_tokenizer(seed, sizes["vocab_size"])
     hf_tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token="<s>",
         eos_token="</s>",
         unk_token="<unk>",
-        model_max_length=max_position_embeddings,
+        model_max_length=sizes["max_position_embeddings"],
         clean_up_tokenization_spaces=False,
     )
     hf_tokenizer.chat_template = _CHAT_TEMPLATE
@@ -237,13 +210,13 @@ def _write_tiny_model(
 
     config = LlamaConfig(
         vocab_size=trained_vocab,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        head_dim=hidden_size // num_heads,
-        max_position_embeddings=max_position_embeddings,
+        hidden_size=sizes["hidden_size"],
+        intermediate_size=sizes["intermediate_size"],
+        num_hidden_layers=sizes["num_layers"],
+        num_attention_heads=sizes["num_heads"],
+        num_key_value_heads=sizes["num_kv_heads"],
+        head_dim=sizes["hidden_size"] // sizes["num_heads"],
+        max_position_embeddings=sizes["max_position_embeddings"],
         bos_token_id=hf_tokenizer.bos_token_id,
         eos_token_id=hf_tokenizer.eos_token_id,
         tie_word_embeddings=False,
@@ -303,7 +276,7 @@ def generate_tiny_model(
         vocab_size=vocab_size,
         max_position_embeddings=max_position_embeddings,
     )
-    _validate_tiny(**sizes)
+    _validate_tiny(sizes)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
 
@@ -312,7 +285,7 @@ def generate_tiny_model(
     logger.info("generating tiny Llama model (seed %d, %s) into %s", seed, sizes, dest)
     tmp = _sibling_dir(dest, "tmp")
     try:
-        _write_tiny_model(tmp, seed=seed, **sizes)
+        _write_tiny_model(tmp, seed=seed, sizes=sizes)
         _replace_dir(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -7,8 +7,10 @@ explains it; only faults of the workflow itself raise.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
+import signal
 import statistics
 import time
 from pathlib import Path
@@ -28,6 +30,20 @@ def agreement(values: list[float]) -> float | None:
     if len(vals) < 2 or statistics.fmean(vals) == 0:
         return None
     return (max(vals) - min(vals)) / statistics.fmean(vals)
+
+
+@contextlib.contextmanager
+def sigterm_as_exit():
+    """Turn SIGTERM (Snakemake stopping a job) into SystemExit so ``finally`` blocks run
+    and the server's process group is stopped before the job goes."""
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_configuration(
@@ -75,7 +91,7 @@ def run_configuration(
                            ledger=Ledger(ledger_path), stop_timeout=float(spec["stop_timeout_s"]),
                            label=f"{trial}/{spec['name']}")
     windows: list[tuple[dict[str, Any], float, float]] = []
-    with Sampler(telemetry_path, [host_source], interval=telemetry_interval) as sampler:
+    with sigterm_as_exit(), Sampler(telemetry_path, [host_source], interval=telemetry_interval) as sampler:
         try:
             _serve_and_measure(record, server, host_source, spec, served_model_name, model_dir,
                                scenarios, bench_settings, cold_start, bench_dir, out_dir, windows)
@@ -107,7 +123,7 @@ def _serve_and_measure(record: dict[str, Any], server: ServerProcess, host_sourc
     record["server"]["launched_at"] = server.launched_at
     record["server"]["ready_at"] = server.ready_at
     record["cold_start"]["ready_seconds"] = fact(round(ready_s, 3), "launch to first /health 200", unit="s")
-    record["startup"] = logs.parse_startup(server.log_path.read_text(errors="replace"), source=log_name)
+    record["startup"] = logs.parse_startup(logs.read_log(server.log_path), source=log_name)
     log.info("%s ready in %.1f s", spec["name"], ready_s)
 
     try:
@@ -183,7 +199,7 @@ def _fail(record: dict[str, Any], phase: str, reason: str, message: str, returnc
 
 
 def _finish(record: dict[str, Any], server_log: Path, out_dir: Path) -> None:
-    text = server_log.read_text(errors="replace") if server_log.exists() else ""
+    text = logs.read_log(server_log) if server_log.exists() else ""
     if record["failure"] is not None:
         record["failure"]["error_line"] = logs.diagnose_failure(text, source=record["server"]["log"])
         record["failure"]["log_tail"] = logs.tail(text, 40)

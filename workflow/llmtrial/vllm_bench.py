@@ -11,7 +11,8 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vllm.benchmarks.serve import add_cli_args, main as bench_main
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.benchmarks.serve import main as bench_main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = FlexibleArgumentParser(prog="llmtrial.vllm_bench", description=__doc__)

@@ -1,9 +1,13 @@
 """Render results/<trial>/report.html from the records."""
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmtrial.joblog import open_job_log
 from llmtrial.report import write_report
+
+if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
+    from snakemake.iocontainers import snakemake
 
 open_job_log(snakemake.log[0])
 write_report(

@@ -1,10 +1,14 @@
 """One serving configuration: serve, measure, stop; the outcome is always a record."""
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmtrial.joblog import open_job_log
 from llmtrial.records import read_record
 from llmtrial.trial import run_configuration
+
+if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
+    from snakemake.iocontainers import snakemake
 
 open_job_log(snakemake.log.job)
 record = Path(snakemake.output.record)

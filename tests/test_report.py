@@ -1,0 +1,86 @@
+"""The report renders from records alone, escapes what it shows, and traces numbers."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import DATA
+from llmtrial.records import read_record, write_record
+from llmtrial.report import build_context, fmt_bytes, fmt_num, render_report, write_report
+
+DEMO = DATA / "demo"
+
+
+def context(**changes):
+    configs = [read_record(DEMO / "tp1.json"), read_record(DEMO / "tp2.json")]
+    for rec in configs:
+        rec.update(changes.get(rec["configuration"], {}))
+    return build_context(trial="demo", environment=read_record(DEMO / "environment.json"),
+                         manifest=read_record(DEMO / "manifest.json"), configurations=configs,
+                         cleanup=read_record(DEMO / "cleanup.json"))
+
+
+def test_numbers_are_shown_with_their_source_line():
+    html = render_report(context())
+    tp2 = read_record(DEMO / "tp2.json")
+    kv = tp2["startup"]["kv_cache_tokens"]
+    assert f"{kv['value']:,}" in html and kv["source"] in html
+    p = tp2["scenarios"][0]["passes"][0]
+    assert f"{p['summary']['median_ttft_ms']:,.2f}" in html and p["result_file"] in html
+
+
+def test_one_table_per_scenario_with_a_row_per_configuration_and_pass():
+    ctx = context()
+    assert [s["name"] for s in ctx["scenarios"]] == ["c1", "c4"]
+    assert [(r["configuration"], r["pass"]["pass"]) for r in ctx["scenarios"][0]["rows"]] == [
+        ("tp1", 1), ("tp1", 2), ("tp2", 1), ("tp2", 2)]
+
+
+def test_text_from_records_is_escaped():
+    html = render_report(context(tp1={"description": "<script>alert(1)</script>"}))
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_a_failed_configuration_shows_its_phase_line_and_diagnosis():
+    failure = {
+        "phase": "startup", "reason": "exited", "message": "server exited with code 2 before it was ready",
+        "returncode": 2, "log_tail": ["usage: ...", "api_server.py: error: unrecognized arguments: --x"],
+        "error_line": {"line": "api_server.py: error: unrecognized arguments: --x", "source": "server.log:307",
+                       "pattern": "argparse", "diagnosis": "vLLM rejected a command-line argument."},
+    }
+    ctx = context(tp2={"status": "failed", "failure": failure, "scenarios": [], "startup": {}, "cold_start": {}})
+    html = render_report(ctx)
+    assert ctx["n_ok"] == 1 and [r["configuration"] for r in ctx["failures"]] == ["tp2"]
+    assert "tp2: failed in startup (exited)" in html
+    assert "server.log:307" in html and "vLLM rejected a command-line argument." in html
+
+
+def test_residues_are_shown_and_the_host_marked_not_restored():
+    ctx = context()
+    ctx["cleanup"] = {**ctx["cleanup"], "restored": False,
+                      "residues": [{"kind": "port", "what": "127.0.0.1:8100", "tried": "checked", "seen": "still listening"}]}
+    html = render_report(ctx)
+    assert "no, 1 residue(s)" in html and "still listening" in html
+
+
+def test_environment_lists_exact_versions():
+    html = render_report(context())
+    env = read_record(DEMO / "environment.json")
+    for name, version in env["key_packages"].items():
+        assert f"{name}</th><td>{version}" in html
+
+
+def test_write_report_reads_the_record_files(tmp_path):
+    paths = {}
+    for name in ("environment", "manifest", "cleanup", "tp1", "tp2"):
+        paths[name] = write_record(tmp_path / f"{name}.json", json.loads((DEMO / f"{name}.json").read_text()))
+    out = write_report(tmp_path / "report.html", trial="demo", environment=paths["environment"],
+                       manifest=paths["manifest"], configurations=[paths["tp1"], paths["tp2"]],
+                       cleanup=paths["cleanup"])
+    assert "Serving trial: demo" in out.read_text()
+
+
+def test_formatting():
+    assert fmt_num(None) == "—" and fmt_num(1234567) == "1,234,567" and fmt_num(3.14159, 3) == "3.142"
+    assert fmt_num(float("nan")) == "—" and fmt_num(True) == "yes"
+    assert fmt_bytes(512) == "512 B" and fmt_bytes(5 * 2**20) == "5.00 MiB"
