@@ -47,3 +47,54 @@ def test_lint_passes():
 
     out = snakemake(REPO, "--lint")
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_python_code_passes_ruff():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import REPO
+
+    ruff = Path(sys.executable).parent / "ruff"
+    out = subprocess.run([str(ruff), "check", "workflow", "tests", "benchmarks"], cwd=REPO,
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout
+
+
+def test_a_failing_stage_stops_the_run_and_onerror_cleans_up(tmp_path):
+    import json
+
+    config = default_config()
+    config["model"]["source"] = {"kind": "hub", "repo_id": "org/model"}
+    write_config(tmp_path, config)
+    out = snakemake(tmp_path, "--cores", "1")
+    assert out.returncode != 0
+    assert "llmtrial cleanup after error: host restored" in out.stdout + out.stderr
+    record = json.loads((tmp_path / "results/demo/cleanup/on-error.json").read_text())
+    assert record["restored"] and {p["port"] for p in record["ports"]} == {8100, 8101}
+    log = (tmp_path / "results/demo/logs/stage_model.log").read_text()
+    assert "source kind 'hub' is not implemented yet" in log
+
+
+def test_snakemake_cleanup_stops_what_a_killed_run_left(tmp_path, free_port):
+    import json
+
+    from conftest import fake_server
+    from llmtrial.ledger import Ledger
+    from llmtrial.server import group_members, port_open
+
+    config = default_config()
+    config["serving"]["base_port"] = free_port
+    write_config(tmp_path, config)
+    results = tmp_path / "results" / "demo"
+    server = fake_server(tmp_path, free_port, ledger=Ledger(results / "ledger.jsonl"))
+    server.start()
+    server.wait_ready(timeout=20, poll=0.1)
+    out = snakemake(tmp_path, "cleanup", "--cores", "1")
+    server.proc.poll()
+    assert out.returncode == 0, out.stdout + out.stderr
+    record = json.loads((results / "cleanup" / "on-demand.json").read_text())
+    assert record["restored"] and record["servers"][0]["action"] == "stopped"
+    assert group_members(server.pgid) == [] and not port_open("127.0.0.1", free_port)
+    assert not (results / "configs").exists()  # no trial ran first

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from llmtrial.cleanup import run_cleanup
 from llmtrial.config import configuration_port, configuration_spec, validate_config
+from llmtrial.records import write_record
 
 
 validate_config(
@@ -55,5 +56,6 @@ def cleanup_on_error():
     record = run_cleanup(
         results_dir(), ports=trial_ports(), host=config["serving"]["host"]
     )
+    write_record(results_dir() / "cleanup" / "on-error.json", record)
     state = "restored" if record["restored"] else f"NOT restored: {record['residues']}"
     print(f"llmtrial cleanup after error: host {state}")
