@@ -33,8 +33,30 @@ def fact(value: Any, source: str, kind: Kind = "measured", unit: str | None = No
     return out
 
 
-def write_record(path: str | os.PathLike[str], data: Any) -> Path:
-    """Write ``data`` as JSON atomically (temporary file, fsync, rename)."""
+SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
+
+
+def check_record(data: Any, schema: str) -> None:
+    """Raise ValueError naming every field of ``data`` that breaks ``<schema>.record.schema.yaml``.
+
+    A record that does not match is a fault of the workflow, never of the trial.
+    """
+    import yaml
+    from jsonschema import Draft202012Validator
+
+    with open(SCHEMAS / f"{schema}.record.schema.yaml", encoding="utf-8") as fh:
+        validator = Draft202012Validator(yaml.safe_load(fh))
+    errors = [f"{'.'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message}"
+              for e in validator.iter_errors(json.loads(json.dumps(data, default=str)))]
+    if errors:
+        raise ValueError(f"{schema} record does not match its schema:\n  " + "\n  ".join(errors))
+
+
+def write_record(path: str | os.PathLike[str], data: Any, schema: str | None = None) -> Path:
+    """Write ``data`` as JSON atomically (temporary file, fsync, rename), after checking it
+    against the record schema named ``schema`` when one is given."""
+    if schema is not None:
+        check_record(data, schema)
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")

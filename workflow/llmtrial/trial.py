@@ -102,7 +102,7 @@ def run_configuration(
         record["telemetry"]["errors"] = dict(sampler.errors)
     _summarize_telemetry(record, telemetry_path, server, windows)
     _finish(record, server_log, out_dir)
-    write_record(record_path, record)
+    write_record(record_path, record, schema="configuration")
     return record
 
 
