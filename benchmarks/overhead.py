@@ -24,7 +24,7 @@ def main() -> None:
     records = sorted(root.glob("configs/*/record.json"))
     if not records:
         raise SystemExit(f"no configuration records under {root}/configs/")
-    env = json.loads((root / "preflight" / "environment.json").read_text())
+    env = json.loads((root / "preflight" / "record.json").read_text())["environment"]
     trial_start = env["recorded_at"]
     ends = [json.loads(p.read_text())["timing"]["job_end"] for p in records]
     cleanup = root / "cleanup" / "record.json"
@@ -45,7 +45,7 @@ def main() -> None:
         wall = t["wall_s"]
         over = wall - startup - bench
         tot_startup, tot_bench, tot_load, tot_jobs = tot_startup + startup, tot_bench + bench, tot_load + load, tot_jobs + wall
-        print(f"{rec['configuration']:14} {wall:8.1f} {startup:10.1f} {bench:9.1f} {load:8.1f} {over:11.1f} {100 * over / wall:8.1f}%")
+        print(f"{rec['configuration']:14} {wall:8.1f} {startup:10.1f} {bench:9.1f} {load:8.1f} {over:11.1f} {100 * over / wall if wall else 0.0:8.1f}%")
     trial_wall = trial_end - trial_start
     useful = tot_startup + tot_bench
     print(f"\ntrial wall time (preflight record to last record or report): {trial_wall:.1f} s")

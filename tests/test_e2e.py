@@ -6,6 +6,7 @@ One session-scoped run (a few minutes) is shared by every test here.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,20 @@ pytestmark = pytest.mark.e2e
 
 BASE_PORT = 18300
 BAD = "badarg"
+#: Configurations the test adds to the default trial: an uneven pipeline split, an invalid
+#: flag, one the planner rejects, and the same one forced past the planner.
+EXTRA = {
+    "pp2": {"description": "Pipeline parallel 2 with an uneven split, 3 layers then 1.",
+            "args": {"pipeline_parallel_size": 2},
+            "env": {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_PP_LAYER_PARTITION": "3,1"}},
+    BAD: {"description": "A flag vLLM does not know: must become a failure record.",
+          "args": {"not_a_vllm_flag": 1}},
+    "tp3": {"description": "4 heads do not divide over 3 ranks: the planner rejects it.",
+            "args": {"tensor_parallel_size": 3}, "env": {"VLLM_CPU_OMP_THREADS_BIND": "0|1|0"}},
+    "tp3force": {"description": "The same, forced past the planner to reproduce vLLM's error.",
+                 "args": {"tensor_parallel_size": 3}, "env": {"VLLM_CPU_OMP_THREADS_BIND": "0|1|0"}, "force": True},
+}
+LAUNCHED = ["tp1", "tp2", "pp2", BAD, "tp3force"]
 
 
 def free_base_port(start: int, count: int) -> int:
@@ -36,10 +51,7 @@ def free_base_port(start: int, count: int) -> int:
 def trial(tmp_path_factory):
     work = tmp_path_factory.mktemp("trial")
     config = default_config()
-    config["configurations"][BAD] = {
-        "description": "A flag vLLM does not know: must become a failure record.",
-        "args": {"not_a_vllm_flag": 1},
-    }
+    config["configurations"].update(EXTRA)
     config["serving"]["base_port"] = free_base_port(BASE_PORT, len(config["configurations"]))
     write_config(work, config)
     t0 = time.time()
@@ -60,14 +72,14 @@ def test_the_workflow_finishes_despite_a_failed_configuration(trial):
     assert (trial["results"] / "report.html").exists()
 
 
-@pytest.mark.parametrize("name", ["tp1", "tp2"])
-def test_each_configuration_has_real_startup_and_benchmark_numbers(trial, name):
+@pytest.mark.parametrize("name,kv_tokens", [("tp1", 524_288), ("tp2", 1_048_576), ("pp2", 699_008)])
+def test_each_configuration_has_real_startup_and_benchmark_numbers(trial, name, kv_tokens):
     rec = record(trial, name)
     assert rec["status"] == "ok", rec["failure"]
     startup = rec["startup"]
-    tp = rec["server"]["argv"][rec["server"]["argv"].index("--tensor-parallel-size") + 1]
-    # 1 GiB of KV per worker, 4 layers x 2 KV heads x 64 x 2 (K,V) x 2 bytes = 2 KiB per token, split by TP
-    assert startup["kv_cache_tokens"]["value"] == 524_288 * int(tp)
+    # 1 GiB of KV per worker; 4 layers x 2 KV heads x 64 x 2 (K,V) x 2 bytes = 2 KiB per token,
+    # split by TP; under PP the stage with 3 of the 4 layers sets the count (in 128-token blocks)
+    assert startup["kv_cache_tokens"]["value"] == kv_tokens
     assert startup["kv_cache_tokens"]["source"].startswith("server.log:")
     assert startup["max_concurrency_tokens_per_request"]["value"] == 512
     assert startup["engine_init_seconds"]["value"] > 0
@@ -92,7 +104,41 @@ def test_each_configuration_has_real_startup_and_benchmark_numbers(trial, name):
     assert rec["server"]["stop"]["port_closed"] and rec["server"]["stop"]["survivors"] == []
 
 
-@pytest.mark.parametrize("name", ["tp1", "tp2"])
+@pytest.mark.parametrize("name", ["tp1", "tp2", "pp2"])
+def test_the_plan_predicted_what_vllm_logged(trial, name):
+    rec = record(trial, name)
+    plan = json.loads((trial["results"] / "plans" / f"{name}.json").read_text())
+    assert plan["verdict"] == "fits" and rec["plan"]["verdict"] == "fits"
+    row = next(r for r in rec["prediction"] if r["name"] == "KV cache tokens")
+    assert row["predicted"] == plan["plan"]["predicted_kv_cache_tokens"]
+    assert row["measured"] == rec["startup"]["kv_cache_tokens"]["value"]
+    assert abs(row["relative_error"]) < 0.001
+
+
+def test_a_rejected_configuration_is_not_launched(trial):
+    rec = record(trial, "tp3")
+    assert rec["status"] == "skipped" and rec["plan"]["verdict"] == "does_not_fit"
+    assert any("must be divisible by tensor parallel size (3)" in r for r in rec["plan"]["reasons"])
+    labels = [e.get("label") for e in Ledger(trial["results"] / "ledger.jsonl").entries()]
+    server_log = trial["results"] / "configs" / "tp3" / "server.log"
+    assert "demo/tp3" not in labels and (not server_log.exists() or server_log.stat().st_size == 0)
+
+
+def test_a_forced_configuration_reproduces_vllms_error(trial):
+    rec = record(trial, "tp3force")
+    assert rec["plan"]["forced"] and rec["status"] == "failed" and rec["failure"]["phase"] == "startup"
+    assert rec["failure"]["error_line"]["pattern"] == "tp_divisibility"
+
+
+def test_preflight_record_lists_environment_and_checks(trial):
+    pre = json.loads((trial["results"] / "preflight" / "record.json").read_text())
+    assert pre["environment"]["key_packages"]["vllm-cpu"] == "0.32.0"
+    assert pre["environment"]["gpus"]["present"] is False
+    assert {c["name"] for c in pre["checks"]} >= {"allocator", "dev_shm", "open_files", "disk_headroom"}
+    assert pre["disk"]["ok"]
+
+
+@pytest.mark.parametrize("name", ["tp1", "tp2", "pp2"])
 def test_server_counters_line_up_with_each_pass(trial, name):
     """/metrics scraped around a pass counts exactly the pass's own generated tokens."""
     for sc in record(trial, name)["scenarios"]:
@@ -102,7 +148,7 @@ def test_server_counters_line_up_with_each_pass(trial, name):
             assert p["server_metrics"]["preemptions"] == 0
 
 
-@pytest.mark.parametrize("name", ["tp1", "tp2"])
+@pytest.mark.parametrize("name", ["tp1", "tp2", "pp2"])
 def test_host_telemetry_covers_startup_and_every_pass(trial, name):
     rec = record(trial, name)
     df = read_samples(trial["results"] / "configs" / name / "telemetry.csv")
@@ -129,14 +175,16 @@ def test_an_invalid_argument_becomes_a_failure_record(trial):
 
 def test_the_report_shows_every_configuration_scenario_and_failure(trial):
     html = (trial["results"] / "report.html").read_text()
-    for text in ("tp1", "tp2", BAD, "Scenario c1", "Scenario c4", "unrecognized arguments: --not-a-vllm-flag",
-                 "vllm-cpu", "0.32.0", "524,288", "1,048,576"):
+    for text in ("tp1", "tp2", "pp2", BAD, "Scenario c1", "Scenario c4", "unrecognized arguments: --not-a-vllm-flag",
+                 "vllm-cpu", "0.32.0", "524,288", "1,048,576", "699,008", "tp3: the planner said does_not_fit",
+                 "Prediction against measurement", "forced past the planner"):
         assert text in html, text
     tp1 = record(trial, "tp1")
     median = tp1["scenarios"][1]["passes"][0]["summary"]["median_ttft_ms"]
     assert f"{median:,.2f}" in html
-    assert "<script" not in html and "http://" not in html.replace("http://127.0.0.1", "")
-    assert "https://" not in html
+    # self-contained: no scripts, no stylesheets or images fetched from anywhere
+    assert "<script" not in html and "<link" not in html
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium not installed (make test installs it)")
@@ -156,9 +204,10 @@ def test_the_report_renders_in_headless_chromium(trial, tmp_path):
 def test_cleanup_left_nothing_running(trial):
     cleanup = json.loads((trial["results"] / "cleanup" / "record.json").read_text())
     assert cleanup["restored"] and cleanup["residues"] == []
-    assert {p["port"] for p in cleanup["ports"]} == {trial["config"]["serving"]["base_port"] + i for i in range(3)}
+    n = len(trial["config"]["configurations"])
+    assert {p["port"] for p in cleanup["ports"]} == {trial["config"]["serving"]["base_port"] + i for i in range(n)}
     started = [e for e in Ledger(trial["results"] / "ledger.jsonl").entries() if e["action"] == "server_started"]
-    assert len(started) == 3
+    assert sorted(e["label"] for e in started) == sorted(f"demo/{c}" for c in LAUNCHED)
     for e in started:
         assert group_members(e["pgid"], not_before=e["launched_at"]) == []
         assert not port_open("127.0.0.1", e["port"])
@@ -176,8 +225,8 @@ def test_editing_one_configuration_reruns_only_it(trial, tmp_path):
     path.write_text(json.dumps(config))
     out = snakemake(trial["work"], "-n", configfile=path)
     assert out.returncode == 0, out.stderr
-    assert job_counts(out.stdout) == {"trial": 1, "cleanup_trial": 1, "report": 1, "all": 1}
-    assert "configuration=tp2" in out.stdout and "configuration=tp1" not in out.stdout
+    assert job_counts(out.stdout) == {"plan": 1, "trial": 1, "cleanup_trial": 1, "report": 1, "all": 1}
+    assert "configuration=tp2" in out.stdout and "configuration=tp1" not in out.stdout and "configuration=pp2" not in out.stdout
 
 
 def test_forcing_one_configuration_runs_only_it(trial):

@@ -15,9 +15,10 @@ def context(**changes):
     configs = [read_record(DEMO / "tp1.json"), read_record(DEMO / "tp2.json")]
     for rec in configs:
         rec.update(changes.get(rec["configuration"], {}))
-    return build_context(trial="demo", environment=read_record(DEMO / "environment.json"),
-                         manifest=read_record(DEMO / "manifest.json"), configurations=configs,
-                         cleanup=read_record(DEMO / "cleanup.json"))
+    return build_context(trial="demo", preflight=read_record(DEMO / "preflight.json"),
+                         manifest=read_record(DEMO / "manifest.json"),
+                         plans=[read_record(DEMO / "plan-tp1.json"), read_record(DEMO / "plan-tp2.json")],
+                         configurations=configs, cleanup=read_record(DEMO / "cleanup.json"))
 
 
 def test_numbers_are_shown_with_their_source_line():
@@ -65,18 +66,18 @@ def test_residues_are_shown_and_the_host_marked_not_restored():
 
 def test_environment_lists_exact_versions():
     html = render_report(context())
-    env = read_record(DEMO / "environment.json")
+    env = read_record(DEMO / "preflight.json")["environment"]
     for name, version in env["key_packages"].items():
         assert f"{name}</th><td>{version}" in html
 
 
 def test_write_report_reads_the_record_files(tmp_path):
     paths = {}
-    for name in ("environment", "manifest", "cleanup", "tp1", "tp2"):
+    for name in ("preflight", "manifest", "cleanup", "tp1", "tp2", "plan-tp1", "plan-tp2"):
         paths[name] = write_record(tmp_path / f"{name}.json", json.loads((DEMO / f"{name}.json").read_text()))
-    out = write_report(tmp_path / "report.html", trial="demo", environment=paths["environment"],
-                       manifest=paths["manifest"], configurations=[paths["tp1"], paths["tp2"]],
-                       cleanup=paths["cleanup"])
+    out = write_report(tmp_path / "report.html", trial="demo", preflight=paths["preflight"],
+                       manifest=paths["manifest"], plans=[paths["plan-tp1"], paths["plan-tp2"]],
+                       configurations=[paths["tp1"], paths["tp2"]], cleanup=paths["cleanup"])
     assert "Serving trial: demo" in out.read_text()
 
 
@@ -84,3 +85,24 @@ def test_formatting():
     assert fmt_num(None) == "—" and fmt_num(1234567) == "1,234,567" and fmt_num(3.14159, 3) == "3.142"
     assert fmt_num(float("nan")) == "—" and fmt_num(True) == "yes"
     assert fmt_bytes(512) == "512 B" and fmt_bytes(5 * 2**20) == "5.00 MiB"
+
+
+def test_preflight_checks_plans_and_prediction_errors_are_shown():
+    html = render_report(context())
+    preflight = read_record(DEMO / "preflight.json")
+    for c in preflight["checks"]:
+        assert c["detail"] in html.replace("&#39;", "'")
+    assert "Plans: will it fit?" in html and "Prediction against measurement" in html
+    tp2 = read_record(DEMO / "tp2.json")
+    row = tp2["prediction"][0]
+    assert row["name"] == "KV cache tokens" and row["measured_source"] in html
+    assert "+0.000 %" in html
+
+
+def test_a_skipped_configuration_lists_the_planner_reasons():
+    reason = "Total number of attention heads (4) must be divisible by tensor parallel size (3)."
+    ctx = context(tp2={"status": "skipped", "scenarios": [], "startup": {}, "cold_start": {}, "prediction": [],
+                       "plan": {"verdict": "does_not_fit", "reasons": [reason], "forced": False}})
+    html = render_report(ctx)
+    assert [r["configuration"] for r in ctx["skipped"]] == ["tp2"] and ctx["n_ok"] == 1
+    assert "tp2: the planner said does_not_fit" in html and reason in html

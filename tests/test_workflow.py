@@ -12,7 +12,7 @@ def test_dry_run_has_one_trial_job_per_configuration(tmp_path):
     out = snakemake(tmp_path, "-n")
     assert out.returncode == 0, out.stderr
     assert job_counts(out.stdout) == {
-        "preflight": 1, "stage_model": 1, "trial": 3, "cleanup_trial": 1, "report": 1, "all": 1}
+        "preflight": 1, "plan": 3, "stage_model": 1, "trial": 3, "cleanup_trial": 1, "report": 1, "all": 1}
     for name in ("tp1", "tp2", "tp4"):
         assert f"results/demo/configs/{name}/record.json" in out.stdout
 
@@ -21,7 +21,7 @@ def test_one_configuration_can_be_asked_for_alone(tmp_path):
     write_config(tmp_path, default_config())
     out = snakemake(tmp_path, "-n", "results/demo/configs/tp2/record.json")
     assert out.returncode == 0, out.stderr
-    assert job_counts(out.stdout) == {"preflight": 1, "stage_model": 1, "trial": 1}
+    assert job_counts(out.stdout) == {"preflight": 1, "plan": 1, "stage_model": 1, "trial": 1}
 
 
 def test_an_unknown_key_fails_the_dry_run_naming_it(tmp_path):
@@ -98,3 +98,14 @@ def test_snakemake_cleanup_stops_what_a_killed_run_left(tmp_path, free_port):
     assert record["restored"] and record["servers"][0]["action"] == "stopped"
     assert group_members(server.pgid) == [] and not port_open("127.0.0.1", free_port)
     assert not (results / "configs").exists()  # no trial ran first
+
+
+def test_short_disk_stops_the_trial_before_staging(tmp_path):
+    config = default_config()
+    config["disk"] = {"reserve_min_gib": 10**7}
+    write_config(tmp_path, config)
+    out = snakemake(tmp_path, "--cores", "1")
+    assert out.returncode != 0
+    log = (tmp_path / "results/demo/logs/preflight.log").read_text()
+    assert "not enough disk for the weights" in log and "staging needs" in log and "free" in log
+    assert not (tmp_path / "staging").exists() and not (tmp_path / "results/demo/model").exists()

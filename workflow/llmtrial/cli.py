@@ -54,6 +54,61 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _set_pairs(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set expects KEY=VALUE, got {pair!r}")
+        out[key] = value
+    return out
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from llmtrial.plan import Extras, Hardware, PlanError, ServingArgs, plan, read_model_config, weights_size
+
+    try:
+        config = read_model_config(args.model_config)
+        sets = _set_pairs(args.set)
+        env = {k: v for k, v in sets.items() if k.startswith("VLLM_")}
+        serving = ServingArgs.from_config({k: v for k, v in sets.items() if k not in env}, env)
+        hardware = Hardware(gpus=args.gpus, gpu_memory_gib=args.gpu_memory_gib, cpu_kv_space_gib=args.cpu_kv_space_gib)
+        model_dir = Path(args.model_config)
+        weights = args.weights_gib * 2**30 if args.weights_gib else weights_size(model_dir if model_dir.is_dir() else model_dir.parent)
+        result = plan(config, hardware, serving, weights_bytes=int(weights) if weights else None,
+                      available_kv_gib=args.available_kv_gib, contexts=args.context or None,
+                      extras=Extras(last_stage_bytes=int(args.last_stage_extra_gib * 2**30),
+                                    pinned_last_layers=args.pinned_last_layers))
+    except PlanError as exc:
+        print(f"llmtrial plan: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+        return 0 if result.verdict != "does_not_fit" else 1
+    d = result.data
+    gib = 2**30
+    rows = [
+        ("verdict", result.verdict),
+        ("TP x PP", f"{d['tensor_parallel_size']} x {d['pipeline_parallel_size']} (layers per stage {d['stage_layers']})"),
+        ("weights", f"{d['weights_bytes'] / gib:,.2f} GiB ({result.facts['weights_bytes']['kind']})"),
+        ("weights per rank", ", ".join(f"{w / gib:,.2f} GiB" for w in d["weights_bytes_per_rank"])),
+        ("KV bytes per token", f"{d['kv_cache_bytes_per_token']:,} B"),
+        ("KV bytes per token per rank", f"{d['kv_cache_bytes_per_token_per_rank']} B"),
+        ("KV memory per rank", ", ".join(f"{a / gib:,.2f} GiB" for a in d["available_kv_bytes_per_rank"])
+         + f" ({result.facts['available_kv_bytes_per_rank']['kind']})"),
+        ("KV cache tokens", f"{d['predicted_kv_cache_tokens']:,} (block size {d['block_size']})"),
+        (f"max concurrency at {d['max_model_len']:,}", f"{d['max_concurrency']:.2f}x"),
+        ("preemption boundary", ", ".join(f"{n} requests of {c} tokens" for c, n in d["preemption_boundary"].items())),
+        ("recommended VLLM_PP_LAYER_PARTITION", d["pp_layer_partition"] or "(PP=1)"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    for reason in result.reasons:
+        print(f"- {reason}")
+    return 0 if result.verdict != "does_not_fit" else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llmtrial", description="Serving trials of LLMs with vLLM.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -69,6 +124,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--stop-timeout", type=float, default=30.0)
     p.set_defaults(func=_cleanup)
+
+    p = sub.add_parser("plan", help="will it fit? memory arithmetic before launch")
+    p.add_argument("--model-config", required=True, help="config.json, or a model folder")
+    p.add_argument("--gpus", type=int, default=0, help="GPUs (0: a CPU host)")
+    p.add_argument("--gpu-memory-gib", type=float, help="usable memory per GPU")
+    p.add_argument("--cpu-kv-space-gib", type=float, help="VLLM_CPU_KVCACHE_SPACE per worker (CPU host)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a vLLM arg (tensor_parallel_size=4) or VLLM_PP_LAYER_PARTITION=...; repeatable")
+    p.add_argument("--available-kv-gib", type=float, help="vLLM's logged Available KV cache memory, per rank")
+    p.add_argument("--weights-gib", type=float, help="weight size, when no weight files are beside the config")
+    p.add_argument("--context", type=int, action="append", default=[], help="context length for the preemption boundary")
+    p.add_argument("--last-stage-extra-gib", type=float, default=0.0, help="memory only on the last PP stage (draft module)")
+    p.add_argument("--pinned-last-layers", type=int, default=0, help="layers that must sit on the last PP stage")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_plan)
 
     p = sub.add_parser("validate", help="check a trial configuration file against the schema")
     p.add_argument("config")

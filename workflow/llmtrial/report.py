@@ -31,6 +31,13 @@ def fmt_num(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
+def fmt_pct(value: Any) -> str:
+    """A relative error as a signed percentage."""
+    if value is None:
+        return "—"
+    return f"{100 * float(value):+.3f} %"
+
+
 def fmt_bytes(value: Any) -> str:
     if value is None:
         return "—"
@@ -48,8 +55,9 @@ def fmt_time(value: Any) -> str:
     return dt.datetime.fromtimestamp(float(value), tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def build_context(*, trial: str, environment: Mapping[str, Any], manifest: Mapping[str, Any],
-                  configurations: list[Mapping[str, Any]], cleanup: Mapping[str, Any]) -> dict[str, Any]:
+def build_context(*, trial: str, preflight: Mapping[str, Any], manifest: Mapping[str, Any],
+                  plans: list[Mapping[str, Any]], configurations: list[Mapping[str, Any]],
+                  cleanup: Mapping[str, Any]) -> dict[str, Any]:
     """What the template sees: the records, plus tables regrouped by scenario."""
     scenario_names: list[str] = []
     for rec in configurations:
@@ -68,17 +76,21 @@ def build_context(*, trial: str, environment: Mapping[str, Any], manifest: Mappi
                     rows.append({"configuration": rec["configuration"], "pass": one,
                                  "agreement": sc.get("agreement", {})})
         scenarios.append({"name": name, "spec": spec, "rows": rows})
-    failed = [r for r in configurations if r.get("status") != "ok"]
+    failed = [r for r in configurations if r.get("status") == "failed"]
+    skipped = [r for r in configurations if r.get("status") == "skipped"]
     return {
         "trial": trial,
         "generated": fmt_time(dt.datetime.now(tz=dt.timezone.utc).timestamp()),
-        "environment": environment,
+        "environment": preflight["environment"],
+        "preflight": preflight,
+        "plans": plans,
+        "skipped": skipped,
         "manifest": manifest,
         "configurations": configurations,
         "scenarios": scenarios,
         "failures": failed,
         "cleanup": cleanup,
-        "n_ok": len(configurations) - len(failed),
+        "n_ok": sum(1 for r in configurations if r.get("status") == "ok"),
     }
 
 
@@ -90,17 +102,18 @@ def render_report(context: Mapping[str, Any], template_dir: Path = TEMPLATES) ->
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(num=fmt_num, bytes=fmt_bytes, time=fmt_time)
+    env.filters.update(num=fmt_num, bytes=fmt_bytes, time=fmt_time, pct=fmt_pct)
     return env.get_template("report.html.j2").render(**context)
 
 
-def write_report(out: Path, *, trial: str, environment: Path, manifest: Path,
+def write_report(out: Path, *, trial: str, preflight: Path, manifest: Path, plans: Iterable[Path],
                  configurations: Iterable[Path], cleanup: Path) -> Path:
     """Read the records named, render, and write the report atomically."""
     context = build_context(
         trial=trial,
-        environment=read_record(environment),
+        preflight=read_record(preflight),
         manifest=read_record(manifest),
+        plans=[read_record(p) for p in plans],
         configurations=[read_record(p) for p in configurations],
         cleanup=read_record(cleanup),
     )

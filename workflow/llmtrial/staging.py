@@ -48,6 +48,9 @@ __all__ = [
     "build_manifest",
     "verify_manifest",
     "stage_model",
+    "model_config_for",
+    "staged_size_estimate",
+    "tiny_sizes",
 ]
 
 #: Name of the manifest that :func:`stage_model` writes inside a staged folder. Hidden,
@@ -192,6 +195,57 @@ def _sibling_dir(dest: Path, tag: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{dest.name}.{tag}-", dir=dest.parent))
 
 
+def _llama_config_values(sizes: Mapping[str, int]) -> dict[str, Any]:
+    """The config.json values of a tiny model with these sizes (what the planner reads)."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": sizes["vocab_size"],
+        "hidden_size": sizes["hidden_size"],
+        "intermediate_size": sizes["intermediate_size"],
+        "num_hidden_layers": sizes["num_layers"],
+        "num_attention_heads": sizes["num_heads"],
+        "num_key_value_heads": sizes["num_kv_heads"],
+        "head_dim": sizes["hidden_size"] // sizes["num_heads"],
+        "max_position_embeddings": sizes["max_position_embeddings"],
+        "tie_word_embeddings": False,
+    }
+
+
+def tiny_sizes(source: Mapping[str, Any]) -> dict[str, int]:
+    """The tiny generator's sizes: its defaults, overridden by ``source["tiny"]``."""
+    defaults = inspect.signature(generate_tiny_model).parameters
+    return {name: int((source.get("tiny") or {}).get(name, defaults[name].default)) for name in TINY_PARAMETERS}
+
+
+def model_config_for(source: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The model's config.json before anything is staged, where that is possible without
+    network: computed for ``tiny``, read for ``local``; None for ``hub``."""
+    kind = source.get("kind")
+    if kind == "tiny":
+        return {**_llama_config_values(tiny_sizes(source)), "torch_dtype": "bfloat16"}
+    if kind == "local":
+        path = check_local_model(Path(str(source.get("path"))))
+        return json.loads((path / "config.json").read_text(encoding="utf-8"))
+    return None
+
+
+def staged_size_estimate(source: Mapping[str, Any]) -> tuple[int, int]:
+    """(bytes, files) staging will write, for the disk-headroom check before staging.
+
+    ``tiny``: its bf16 weights plus 1 MiB for the tokenizer and configs; ``local``:
+    nothing (served in place); ``hub``: not known yet (0).
+    """
+    if source.get("kind") != "tiny":
+        return 0, 0
+    s = tiny_sizes(source)
+    h, layers, inter, vocab = s["hidden_size"], s["num_layers"], s["intermediate_size"], s["vocab_size"]
+    head_dim = h // s["num_heads"]
+    per_layer = h * h * 2 + 2 * h * s["num_kv_heads"] * head_dim + 3 * h * inter + 2 * h
+    params = layers * per_layer + 2 * vocab * h + h
+    return params * 2 + (1 << 20), 8
+
+
 def _write_tiny_model(out: Path, *, seed: int, sizes: Mapping[str, int]) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -209,18 +263,9 @@ def _write_tiny_model(out: Path, *, seed: int, sizes: Mapping[str, int]) -> None
     trained_vocab = len(hf_tokenizer)
 
     config = LlamaConfig(
-        vocab_size=trained_vocab,
-        hidden_size=sizes["hidden_size"],
-        intermediate_size=sizes["intermediate_size"],
-        num_hidden_layers=sizes["num_layers"],
-        num_attention_heads=sizes["num_heads"],
-        num_key_value_heads=sizes["num_kv_heads"],
-        head_dim=sizes["hidden_size"] // sizes["num_heads"],
-        max_position_embeddings=sizes["max_position_embeddings"],
+        **{**_llama_config_values(sizes), "vocab_size": trained_vocab},
         bos_token_id=hf_tokenizer.bos_token_id,
         eos_token_id=hf_tokenizer.eos_token_id,
-        tie_word_embeddings=False,
-        architectures=["LlamaForCausalLM"],
     )
     # fork_rng: seeding for construction must not disturb the caller's global RNG.
     with torch.random.fork_rng(devices=[]):

@@ -18,9 +18,10 @@ from typing import Any, Mapping
 
 from llmtrial import bench, logs
 from llmtrial.ledger import Ledger
+from llmtrial.plan import predict_kv_tokens
 from llmtrial.records import fact, read_record, redact_env, write_record
 from llmtrial.server import ServerProcess, ServerStartError, build_server_argv
-from llmtrial.telemetry import HostSource, Sampler, read_samples, summarize_window
+from llmtrial.telemetry import CSV_HEADER, HostSource, Sampler, read_samples, summarize_window
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ def run_configuration(
     trial: str,
     spec: Mapping[str, Any],
     manifest: Mapping[str, Any],
+    plan: Mapping[str, Any],
     served_model_name: str,
     scenarios: Mapping[str, Mapping[str, Any]],
     bench_settings: Mapping[str, Any],
@@ -85,7 +87,17 @@ def run_configuration(
         "scenarios": [],
         "telemetry": {"file": _rel(telemetry_path, out_dir)},
         "timing": {"job_start": time.time()},
+        "plan": {"verdict": plan["verdict"], "reasons": plan["reasons"], "forced": bool(spec.get("force"))},
+        "prediction": [],
     }
+    if plan["verdict"] == "does_not_fit" and not spec.get("force"):
+        log.warning("%s not launched: the planner says it cannot work: %s", spec["name"], "; ".join(plan["reasons"]))
+        record["status"] = "skipped"
+        record["timing"]["job_end"] = time.time()
+        record["timing"]["wall_s"] = record["timing"]["job_end"] - record["timing"]["job_start"]
+        telemetry_path.write_text(",".join(CSV_HEADER) + "\n")
+        write_record(record_path, record, schema="configuration")
+        return record
     host_source = HostSource()
     server = ServerProcess(argv, host=host, port=port, log_path=server_log, env=spec["env"],
                            ledger=Ledger(ledger_path), stop_timeout=float(spec["stop_timeout_s"]),
@@ -102,6 +114,7 @@ def run_configuration(
         record["telemetry"]["errors"] = dict(sampler.errors)
     _summarize_telemetry(record, telemetry_path, server, windows)
     _finish(record, server_log, out_dir)
+    record["prediction"] = compare_with_plan(plan, record["startup"])
     write_record(record_path, record, schema="configuration")
     return record
 
@@ -179,6 +192,42 @@ def _serve_and_measure(record: dict[str, Any], server: ServerProcess, host_sourc
             "output_throughput": agreement([s["output_throughput"] for s in ok]),
             "median_ttft_ms": agreement([s["median_ttft_ms"] for s in ok]),
         }
+
+
+def relative_error(predicted: float | None, measured: float | None) -> float | None:
+    if predicted is None or measured in (None, 0):
+        return None
+    return (predicted - measured) / measured
+
+
+def compare_with_plan(plan: Mapping[str, Any], startup: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The planner's figures beside what vLLM logged, with the relative error of each."""
+    data, facts = plan.get("plan") or {}, plan.get("facts") or {}
+    rows: list[dict[str, Any]] = []
+
+    def add(name: str, predicted: Any, kind: str, measured_key: str) -> None:
+        measured = startup.get(measured_key)
+        if predicted is None or measured is None:
+            return
+        value = measured["value"]
+        rows.append({"name": name, "predicted": predicted, "predicted_kind": kind, "measured": value,
+                     "measured_source": measured["source"], "relative_error": relative_error(predicted, value)})
+
+    if not data:
+        return rows
+    add("KV cache tokens", data.get("predicted_kv_cache_tokens"), facts["predicted_kv_cache_tokens"]["kind"], "kv_cache_tokens")
+    add("max concurrency", data.get("max_concurrency"), facts["max_concurrency"]["kind"], "max_concurrency")
+    weights = data.get("weights_bytes_per_rank") or []
+    if weights:
+        add("weights per rank (GiB)", round(weights[0] / 2**30, 2), facts["weights_bytes_per_rank"]["kind"], "model_load_gib")
+    avail = startup.get("available_kv_gib")
+    per_rank = data.get("kv_cache_bytes_per_token_per_rank")
+    if avail and per_rank:
+        per_rank = per_rank if isinstance(per_rank, list) else [per_rank]
+        _, tokens, _ = predict_kv_tokens([avail["value"] * 2**30] * len(per_rank), per_rank, data["block_size"],
+                                         data["max_model_len"])
+        add("KV cache tokens from the logged KV memory", tokens, "predicted", "kv_cache_tokens")
+    return rows
 
 
 def _scrape(host: str, port: int) -> dict[str, float] | None:

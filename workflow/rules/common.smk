@@ -4,7 +4,12 @@ import re
 from pathlib import Path
 
 from llmtrial.cleanup import run_cleanup
-from llmtrial.config import configuration_port, configuration_spec, validate_config
+from llmtrial.config import (
+    configuration_port,
+    configuration_spec,
+    scenario_contexts,
+    validate_config,
+)
 from llmtrial.records import write_record
 
 
@@ -41,6 +46,10 @@ def configuration_records(wildcards):
     return expand(
         rules.trial.output.record, trial=TRIAL, configuration=CONFIGURATIONS
     )
+
+
+def configuration_plans(wildcards):
+    return expand(rules.plan.output.record, trial=TRIAL, configuration=CONFIGURATIONS)
 
 
 def configuration_params(wildcards):

@@ -1,6 +1,6 @@
 rule stage_model:
     input:
-        environment=rules.preflight.output.environment,
+        preflight=rules.preflight.output.record,
     output:
         manifest="results/{trial}/model/manifest.json",
     log:

@@ -1,9 +1,35 @@
+# Before anything changes the host: environment, host checks, disk headroom for the weights.
 rule preflight:
     output:
-        environment="results/{trial}/preflight/environment.json",
+        record="results/{trial}/preflight/record.json",
     log:
         "results/{trial}/logs/preflight.log",
     conda:
         "../../envs/workflow.yaml"
+    params:
+        source=config["model"]["source"],
+        staging=staging_path,
+        disk=config["disk"],
     script:
         "../scripts/preflight.py"
+
+
+# Will it fit? One plan per configuration, so editing one configuration replans only it.
+rule plan:
+    input:
+        preflight=rules.preflight.output.record,
+    output:
+        record="results/{trial}/plans/{configuration}.json",
+    log:
+        "results/{trial}/logs/plan/{configuration}.log",
+    priority: 10
+    conda:
+        "../../envs/workflow.yaml"
+    params:
+        spec=configuration_params,
+        source=config["model"]["source"],
+        hardware=config["hardware"],
+        settings=config["plan"],
+        contexts=scenario_contexts(config),
+    script:
+        "../scripts/plan_configuration.py"

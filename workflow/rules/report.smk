@@ -1,7 +1,8 @@
 rule report:
     input:
-        environment=rules.preflight.output.environment,
+        preflight=rules.preflight.output.record,
         manifest=rules.stage_model.output.manifest,
+        plans=configuration_plans,
         records=configuration_records,
         cleanup=rules.cleanup_trial.output.record,
     output:

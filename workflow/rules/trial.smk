@@ -2,6 +2,7 @@
 rule trial:
     input:
         manifest=rules.stage_model.output.manifest,
+        plan=rules.plan.output.record,
     output:
         record="results/{trial}/configs/{configuration}/record.json",
         telemetry="results/{trial}/configs/{configuration}/telemetry.csv",

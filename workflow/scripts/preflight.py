@@ -1,13 +1,15 @@
-"""Record the environment the trial runs on."""
+"""Record the environment and the host checks; stop the trial when one must."""
 
 from typing import TYPE_CHECKING
 
 from llmtrial.joblog import open_job_log
-from llmtrial.preflight import environment_record
+from llmtrial.preflight import run_preflight
 from llmtrial.records import write_record
 
 if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
     from snakemake.iocontainers import snakemake
 
 open_job_log(snakemake.log[0])
-write_record(snakemake.output.environment, environment_record())
+record = run_preflight(source=snakemake.params.source, staging_dir=snakemake.params.staging,
+                       disk=snakemake.params.disk)
+write_record(snakemake.output.record, record)

@@ -13,8 +13,9 @@ open_job_log(snakemake.log[0])
 write_report(
     Path(snakemake.output.report),
     trial=snakemake.wildcards.trial,
-    environment=Path(snakemake.input.environment),
+    preflight=Path(snakemake.input.preflight),
     manifest=Path(snakemake.input.manifest),
+    plans=[Path(p) for p in snakemake.input.plans],
     configurations=[Path(p) for p in snakemake.input.records],
     cleanup=Path(snakemake.input.cleanup),
 )

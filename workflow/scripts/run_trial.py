@@ -16,6 +16,7 @@ run_configuration(
     trial=snakemake.wildcards.trial,
     spec=snakemake.params.spec,
     manifest=read_record(snakemake.input.manifest),
+    plan=read_record(snakemake.input.plan),
     served_model_name=snakemake.params.served_model_name,
     scenarios=snakemake.params.scenarios,
     bench_settings=snakemake.params.bench,

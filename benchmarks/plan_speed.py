@@ -1,0 +1,47 @@
+"""How long the planner takes: 100 configurations of seed 003's model, and of the tiny model.
+
+    python benchmarks/plan_speed.py [N]
+
+Prints the total and per-plan time. The point of planning is that rejecting an impossible
+configuration costs a fraction of a second, not a model load.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from llmtrial.plan import GiB, Hardware, ServingArgs, plan
+from llmtrial.staging import model_config_for
+
+SEED_003 = {"num_hidden_layers": 94, "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128,
+            "hidden_size": 4096, "vocab_size": 151936, "torch_dtype": "bfloat16", "num_experts": 128,
+            "moe_intermediate_size": 1536}
+
+
+def configurations(n: int) -> list[tuple[dict, Hardware, ServingArgs]]:
+    out = []
+    for i in range(n):
+        tp, pp = (1, 2, 3, 4, 8)[i % 5], (1, 2, 3)[i % 3]
+        out.append((SEED_003, Hardware(gpus=tp * pp, gpu_memory_gib=95),
+                    ServingArgs(tensor_parallel_size=tp, pipeline_parallel_size=pp, max_model_len=4096 * (1 + i % 8),
+                                gpu_memory_utilization=0.85 + 0.01 * (i % 10))))
+    return out
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 100
+    for label, config, hardware in (("seed 003 (235B MoE, GPUs)", SEED_003, None),
+                                    ("tiny (CPU)", model_config_for({"kind": "tiny"}), Hardware(cpu_kv_space_gib=1))):
+        cases = configurations(n)
+        verdicts: dict[str, int] = {}
+        t0 = time.perf_counter()
+        for cfg, hw, args in cases:
+            result = plan(config, hardware or hw, args, weights_bytes=int(220 * GiB) if hardware is None else None)
+            verdicts[result.verdict] = verdicts.get(result.verdict, 0) + 1
+        elapsed = time.perf_counter() - t0
+        print(f"{label}: {n} plans in {elapsed * 1000:.1f} ms ({elapsed / n * 1e6:.0f} us per plan); verdicts {verdicts}")
+
+
+if __name__ == "__main__":
+    main()
