@@ -7,8 +7,6 @@ import json
 from conftest import DATA
 from llmtrial.bench import (
     bench_argv,
-    metrics_delta,
-    parse_metrics,
     pass_seed,
     stall_flag,
     summarize_result,
@@ -54,17 +52,6 @@ def test_vllm_accepts_the_bench_argv():
 def test_every_pass_of_every_scenario_has_its_own_seed():
     seeds = {pass_seed(1000, s, p) for s in range(5) for p in range(1, 6)}
     assert len(seeds) == 25
-
-
-def test_metrics_from_a_real_vllm_endpoint_are_summed_over_labels():
-    text = (DATA / "vllm-0.32.0-cpu-metrics.txt").read_text()
-    m = parse_metrics(text)
-    assert m == {"preemptions": 0.0, "prompt_tokens": 15.0, "generation_tokens": 16.0, "requests_finished": 1.0}
-
-
-def test_metrics_delta():
-    assert metrics_delta({"generation_tokens": 16.0}, {"generation_tokens": 400.0, "preemptions": 2.0}) == {
-        "generation_tokens": 384.0, "preemptions": 2.0}
 
 
 def test_summary_of_a_real_vllm_result_file():

@@ -140,9 +140,10 @@ def test_preflight_record_lists_environment_and_checks(trial):
 
 @pytest.mark.parametrize("name", ["tp1", "tp2", "pp2"])
 def test_server_counters_line_up_with_each_pass(trial, name):
-    """/metrics scraped around a pass counts exactly the pass's own generated tokens."""
+    """The /metrics series over a pass's window counts exactly the benchmark's own tokens."""
     for sc in record(trial, name)["scenarios"]:
         for p in sc["passes"]:
+            assert p["telemetry"]["deltas"]["metrics.generation_tokens_total"] == p["summary"]["total_output_tokens"]
             assert p["server_metrics"]["generation_tokens"] == p["summary"]["total_output_tokens"]
             assert p["server_metrics"]["requests_finished"] == p["summary"]["completed"]
             assert p["server_metrics"]["preemptions"] == 0
@@ -153,13 +154,18 @@ def test_host_telemetry_covers_startup_and_every_pass(trial, name):
     rec = record(trial, name)
     df = read_samples(trial["results"] / "configs" / name / "telemetry.csv")
     assert {"cpu_percent", "mem_used_bytes", "tree_rss_bytes"} <= set(df["metric"])
+    assert {"generation_tokens_total", "kv_cache_usage", "running"} <= set(df[df.source == "metrics"]["metric"])
     sw = rec["telemetry"]["startup_window"]
-    assert sw["figures"]["host.tree_rss_bytes"]["max"] > 100 * 2**20
+    assert sw["summary"]["host.tree_rss_bytes"]["max"] > 100 * 2**20
     for sc in rec["scenarios"]:
         for p in sc["passes"]:
-            assert p["telemetry"]["host.tree_rss_bytes"]["n"] >= 1
-            assert p["start"] >= sw["end"]
+            assert p["telemetry"]["summary"]["host.tree_rss_bytes"]["n"] >= 1
+            assert p["window"]["start"] >= sw["end"]
+    sources = rec["telemetry"]["sources"]
+    assert sources["host"]["status"] == sources["metrics"]["status"] == "sampled"
+    assert sources["nvml"]["status"] == "absent" and sources["nvml"]["reason"]
     assert rec["telemetry"]["sampler"]["host"]["errors"] == 0
+    assert rec["telemetry"]["sampler"]["host"]["cpu_seconds_per_sample"] > 0
 
 
 def test_an_invalid_argument_becomes_a_failure_record(trial):

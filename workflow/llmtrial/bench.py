@@ -1,8 +1,8 @@
-"""Benchmark scenarios: vLLM's serving benchmark per pass, /metrics around it, the cold request.
+"""Benchmark scenarios: vLLM's serving benchmark per pass, and the cold first request.
 
 The load generator is vLLM's own (random dataset, ``ignore_eos``, a distinct seed per
-pass, per-request detail kept). Server-side counters come from the server's Prometheus
-``/metrics``, parsed with prometheus_client, scraped before and after each pass.
+pass, per-request detail kept). Server-side counters around each pass come from the
+telemetry's /metrics series (:class:`llmtrial.telemetry.MetricsSource`).
 """
 
 from __future__ import annotations
@@ -15,16 +15,6 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Mapping
-
-from prometheus_client.parser import text_string_to_metric_families
-
-#: Counters scraped around each pass, by the name vLLM exposes (sample name, summed over labels).
-METRIC_COUNTERS = {
-    "preemptions": "vllm:num_preemptions_total",
-    "prompt_tokens": "vllm:prompt_tokens_total",
-    "generation_tokens": "vllm:generation_tokens_total",
-    "requests_finished": "vllm:request_success_total",
-}
 
 #: Summary fields copied from vLLM's result file into the record.
 SUMMARY_FIELDS = (
@@ -119,28 +109,6 @@ def run_pass(argv: list[str], *, log_path: Path, timeout: float) -> dict[str, An
             rc, timed_out = None, True
         end = time.time()
     return {"start": start, "end": end, "returncode": rc, "timed_out": timed_out}
-
-
-def scrape_metrics(host: str, port: int, timeout: float = 5.0) -> dict[str, float]:
-    """Read the server's /metrics and sum each counter of METRIC_COUNTERS over its labels."""
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout) as resp:
-        text = resp.read().decode("utf-8", "replace")
-    return parse_metrics(text)
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    wanted = {sample: key for key, sample in METRIC_COUNTERS.items()}
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            key = wanted.get(sample.name)
-            if key is not None:
-                out[key] = out.get(key, 0.0) + float(sample.value)
-    return out
-
-
-def metrics_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
-    return {k: after[k] - before.get(k, 0.0) for k in after}
 
 
 def first_request(host: str, port: int, *, model: str, prompt: str, max_tokens: int,

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import csv
 import math
+import re
+import subprocess
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -45,6 +47,10 @@ __all__ = [
     "MAX_ERRORS_KEPT",
     "WINDOW_SOURCE",
     "HostSource",
+    "KernelLogSource",
+    "MetricsSource",
+    "NvmlSource",
+    "window_figures",
     "Sampler",
     "Source",
     "read_samples",
@@ -174,13 +180,205 @@ class HostSource:
         return rss, len(seen), cpu
 
 
+class NvmlSource:
+    """Per-GPU figures from NVML (nvidia-ml-py's ``pynvml``; ``nvml`` lets tests pass a double).
+
+    Metrics are named ``gpu<i>.<field>``: ``util_percent``, ``mem_util_percent``,
+    ``mem_used_bytes``, ``mem_total_bytes``, ``power_w``, ``power_limit_w``,
+    ``energy_mj`` (the board's cumulative counter), ``temp_c``, ``sm_clock_mhz``,
+    ``mem_clock_mhz``, ``throttle_reasons`` (bitmask), ``pcie_tx_kbps``, ``pcie_rx_kbps``,
+    ``processes`` and ``processes_mem_bytes``. A field NVML refuses is left out of that
+    sample and counted in :attr:`field_errors`; a GPU that stops answering every field
+    is marked ``gpu<i>.lost = 1`` once and no longer polled. On a host without the
+    library or the driver the source is :attr:`available` False with the reason, and the
+    sampler is not given it.
+    """
+
+    FIELDS = (
+        ("util_percent", "nvmlDeviceGetUtilizationRates", lambda r: r.gpu),
+        ("mem_util_percent", "nvmlDeviceGetUtilizationRates", lambda r: r.memory),
+        ("mem_used_bytes", "nvmlDeviceGetMemoryInfo", lambda r: r.used),
+        ("mem_total_bytes", "nvmlDeviceGetMemoryInfo", lambda r: r.total),
+        ("power_w", "nvmlDeviceGetPowerUsage", lambda mw: mw / 1000.0),
+        ("power_limit_w", "nvmlDeviceGetEnforcedPowerLimit", lambda mw: mw / 1000.0),
+        ("energy_mj", "nvmlDeviceGetTotalEnergyConsumption", lambda mj: mj),
+        ("temp_c", "nvmlDeviceGetTemperature", lambda c: c),
+        ("sm_clock_mhz", "nvmlDeviceGetClockInfo", lambda c: c),
+        ("mem_clock_mhz", "nvmlDeviceGetClockInfo", lambda c: c),
+        ("throttle_reasons", "nvmlDeviceGetCurrentClocksEventReasons", lambda r: r),
+        ("pcie_tx_kbps", "nvmlDeviceGetPcieThroughput", lambda k: k),
+        ("pcie_rx_kbps", "nvmlDeviceGetPcieThroughput", lambda k: k),
+    )
+
+    def __init__(self, nvml: Any | None = None, name: str = "nvml") -> None:
+        self.name = name
+        self.available = False
+        self.reason: str | None = None
+        self.field_errors = 0
+        self.lost: list[int] = []
+        self._nvml = nvml
+        self._handles: list[Any] = []
+        if self._nvml is None:
+            try:
+                import pynvml  # type: ignore[import-not-found]
+
+                self._nvml = pynvml
+            except ImportError:
+                self.reason = "nvidia-ml-py (pynvml) is not installed"
+                return
+        try:
+            self._nvml.nvmlInit()
+            count = self._nvml.nvmlDeviceGetCount()
+            self._handles = [self._nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            self.reason = f"NVML unavailable: {exc}"
+            return
+        if not self._handles:
+            self.reason = "NVML lists no GPU"
+            return
+        self.available = True
+
+    def _args(self, field: str, handle: Any) -> tuple[Any, ...]:
+        n = self._nvml
+        extra = {
+            "temp_c": (getattr(n, "NVML_TEMPERATURE_GPU", 0),),
+            "sm_clock_mhz": (getattr(n, "NVML_CLOCK_SM", 1),),
+            "mem_clock_mhz": (getattr(n, "NVML_CLOCK_MEM", 2),),
+            "pcie_tx_kbps": (getattr(n, "NVML_PCIE_UTIL_TX_BYTES", 0),),
+            "pcie_rx_kbps": (getattr(n, "NVML_PCIE_UTIL_RX_BYTES", 1),),
+        }
+        return (handle, *extra.get(field, ()))
+
+    def sample(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for i, handle in enumerate(self._handles):
+            if i in self.lost:
+                continue
+            got = 0
+            for field, fn, convert in self.FIELDS:
+                try:
+                    out[f"gpu{i}.{field}"] = float(convert(getattr(self._nvml, fn)(*self._args(field, handle))))
+                    got += 1
+                except Exception:  # one field NVML refuses: leave it out, keep the rest
+                    self.field_errors += 1
+            try:
+                procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                out[f"gpu{i}.processes"] = float(len(procs))
+                out[f"gpu{i}.processes_mem_bytes"] = float(sum(getattr(p, "usedGpuMemory", 0) or 0 for p in procs))
+                got += 1
+            except Exception:
+                self.field_errors += 1
+            if got == 0:
+                self.lost.append(i)
+                out[f"gpu{i}.lost"] = 1.0
+        return out
+
+    def close(self) -> None:
+        if self.available:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:
+                pass
+
+
+class MetricsSource:
+    """The vLLM server's Prometheus ``/metrics``, parsed with prometheus_client.
+
+    Gauges: ``kv_cache_usage`` (0-1), ``running``, ``waiting``; counters (summed over
+    label sets): ``preemptions_total``, ``prompt_tokens_total``,
+    ``generation_tokens_total``, ``prefix_cache_queries_total``,
+    ``prefix_cache_hits_total``, ``requests_finished_total``. Before the server first answers, a sample is empty
+    (start-up is not a failure); once it has answered, a failed scrape is an error.
+    """
+
+    NAMES = {
+        "vllm:kv_cache_usage_perc": "kv_cache_usage",
+        "vllm:gpu_cache_usage_perc": "kv_cache_usage",
+        "vllm:num_requests_running": "running",
+        "vllm:num_requests_waiting": "waiting",
+        "vllm:num_preemptions_total": "preemptions_total",
+        "vllm:prompt_tokens_total": "prompt_tokens_total",
+        "vllm:generation_tokens_total": "generation_tokens_total",
+        "vllm:prefix_cache_queries_total": "prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total": "prefix_cache_hits_total",
+        "vllm:request_success_total": "requests_finished_total",
+    }
+
+    def __init__(self, host: str, port: int, name: str = "metrics", timeout: float = 2.0) -> None:
+        self.name = name
+        self.url = f"http://{host}:{port}/metrics"
+        self.timeout = timeout
+        self.seen = False
+
+    def sample(self) -> dict[str, float]:
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        try:
+            with urllib.request.urlopen(self.url, timeout=self.timeout) as resp:
+                text = resp.read().decode("utf-8", "replace")
+        except OSError:
+            if not self.seen:
+                return {}
+            raise
+        self.seen = True
+        out: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                key = self.NAMES.get(sample.name)
+                if key is not None:
+                    out[key] = out.get(key, 0.0) + float(sample.value)
+        return out
+
+
+class KernelLogSource:
+    """GPU driver errors in the kernel log (``dmesg``): Xid and other NVRM lines.
+
+    The lines present when the source starts are the baseline; each sample reports
+    ``xid_events`` and ``nvrm_events`` seen since, and keeps the new lines in
+    :attr:`events`. Where the kernel log cannot be read (no permission, no dmesg) the
+    source is :attr:`available` False with the reason, never retried with more rights.
+    """
+
+    XID = re.compile(r"NVRM: Xid \(([^)]*)\): (\d+)")
+
+    def __init__(self, name: str = "kernel_log", command: list[str] | None = None) -> None:
+        self.name = name
+        self.command = command or ["dmesg"]
+        self.available = False
+        self.reason: str | None = None
+        self.events: list[str] = []
+        try:
+            self._baseline = set(self._read())
+            self.available = True
+        except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+            self.reason = f"kernel log unreadable: {exc}"
+
+    def _read(self) -> list[str]:
+        out = subprocess.run(self.command, capture_output=True, text=True, timeout=10, check=False)
+        if out.returncode != 0:
+            raise RuntimeError(out.stderr.strip() or f"{self.command[0]} exited {out.returncode}")
+        return out.stdout.splitlines()
+
+    def sample(self) -> dict[str, float]:
+        for line in self._read():
+            if line not in self._baseline and ("NVRM" in line or "Xid" in line):
+                self._baseline.add(line)
+                if len(self.events) < 200:
+                    self.events.append(line)
+        return {"xid_events": float(sum(1 for e in self.events if self.XID.search(e))),
+                "nvrm_events": float(len(self.events))}
+
+
 class _SourceState:
     """Book-keeping for one source's thread (guarded by the sampler's lock)."""
 
-    __slots__ = ("source", "thread", "samples", "errors", "cpu_seconds", "skipped", "first_t", "last_t")
+    __slots__ = ("source", "thread", "samples", "errors", "cpu_seconds", "skipped", "first_t", "last_t", "calling")
 
     def __init__(self, source: Source) -> None:
         self.source = source
+        self.calling = threading.Lock()  # one sample() at a time: the thread's or sample_now's
         self.thread: threading.Thread | None = None
         self.samples = 0
         self.errors = 0
@@ -329,6 +527,26 @@ class Sampler:
 
     # -- internals ---------------------------------------------------------------------
 
+    @staticmethod
+    def _call(source: Source, t: float) -> tuple[list[tuple[float, str, str, float]], str | None]:
+        """One sample() as rows, or an error row and the message."""
+        try:
+            values = source.sample()
+            return [(t, source.name, str(metric), float(value)) for metric, value in values.items()], None
+        except Exception as exc:  # noqa: BLE001 - any failure of a source is data
+            failure = f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(t))} {type(exc).__name__}: {exc}"
+            return [(t, source.name, ERROR_METRIC, math.nan)], failure
+
+    def sample_now(self, name: str) -> None:
+        """Sample source ``name`` at once, outside its schedule (at a window's edges, so a
+        counter's change over the window is exact). Not counted in :meth:`stats`."""
+        state = self._states[name]
+        with state.calling:
+            rows, failure = self._call(state.source, time.time())
+        if failure is not None:
+            self._note_error(name, failure)
+        self._write(rows)
+
     def _note_error(self, name: str, message: str) -> None:
         with self._lock:
             kept = self.errors.setdefault(name, [])
@@ -363,12 +581,8 @@ class Sampler:
             cpu0 = time.thread_time()
             failure: str | None = None
             rows: list[tuple[float, str, str, float]] = []
-            try:
-                values = source.sample()
-                rows = [(t, name, str(metric), float(value)) for metric, value in values.items()]
-            except Exception as exc:  # noqa: BLE001 - any failure of a source is data
-                failure = f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(t))} {type(exc).__name__}: {exc}"
-                rows = [(t, name, ERROR_METRIC, math.nan)]
+            with state.calling:
+                rows, failure = self._call(source, t)
             cpu = time.thread_time() - cpu0
             with self._lock:
                 state.samples += 1
@@ -452,3 +666,30 @@ def summarize_window(
             "n": int(v.size),
         }
     return out
+
+
+def window_figures(df: pandas.DataFrame | Mapping[str, Any], start: float, end: float) -> dict[str, Any]:
+    """What one window (a scenario pass, or start-up) shows: :func:`summarize_window`
+    plus, for counters, the change over the window (``<source>.<metric>`` ending in
+    ``_total``, or a GPU's ``energy_mj``, under ``"deltas"``), per-GPU energy in joules
+    and tokens per joule where energy and generated tokens are both known."""
+    import numpy as np
+
+    figures: dict[str, Any] = {"summary": summarize_window(df, start, end), "deltas": {}}
+    t = np.asarray(df["t"], dtype=float)
+    src = np.asarray(df["source"], dtype=object).astype(str)
+    met = np.asarray(df["metric"], dtype=object).astype(str)
+    val = np.asarray(df["value"], dtype=float)
+    inside = (t >= start) & (t <= end) & ~np.isnan(val) & (met != ERROR_METRIC)
+    for key in sorted({f"{a}.{b}" for a, b in zip(src[inside], met[inside]) if b.endswith(("_total", "energy_mj"))}):
+        source, metric = key.split(".", 1)
+        sel = inside & (src == source) & (met == metric)
+        v = val[sel][np.argsort(t[sel], kind="stable")]
+        figures["deltas"][key] = float(v[-1] - v[0])
+    energy_j = sum(d / 1000.0 for k, d in figures["deltas"].items() if k.endswith("energy_mj"))
+    tokens = figures["deltas"].get("metrics.generation_tokens_total")
+    if energy_j > 0:
+        figures["energy_j"] = energy_j
+        if tokens:
+            figures["tokens_per_joule"] = tokens / energy_j
+    return figures

@@ -21,9 +21,27 @@ from llmtrial.ledger import Ledger
 from llmtrial.plan import predict_kv_tokens
 from llmtrial.records import fact, read_record, redact_env, write_record
 from llmtrial.server import ServerProcess, ServerStartError, build_server_argv
-from llmtrial.telemetry import CSV_HEADER, HostSource, Sampler, read_samples, summarize_window
+from llmtrial.telemetry import (
+    CSV_HEADER,
+    HostSource,
+    KernelLogSource,
+    MetricsSource,
+    NvmlSource,
+    Sampler,
+    read_samples,
+    window_figures,
+)
 
 log = logging.getLogger(__name__)
+
+#: Per-pass server counters (deltas of the /metrics series over the pass's window).
+SERVER_COUNTERS = {
+    "preemptions": "preemptions_total",
+    "prompt_tokens": "prompt_tokens_total",
+    "generation_tokens": "generation_tokens_total",
+    "requests_finished": "requests_finished_total",
+}
+
 
 def agreement(values: list[float]) -> float | None:
     """Spread of a figure across passes, (max - min) / mean; None with fewer than two."""
@@ -99,19 +117,33 @@ def run_configuration(
         write_record(record_path, record, schema="configuration")
         return record
     host_source = HostSource()
+    optional = [NvmlSource(), KernelLogSource()]
+    sources: list[Any] = [host_source, MetricsSource(host, port)] + [o for o in optional if o.available]
+    record["telemetry"]["sources"] = {src.name: {"status": "sampled"} for src in sources}
+    for o in optional:
+        if not o.available:
+            record["telemetry"]["sources"][o.name] = {"status": "absent", "reason": o.reason}
     server = ServerProcess(argv, host=host, port=port, log_path=server_log, env=spec["env"],
                            ledger=Ledger(ledger_path), stop_timeout=float(spec["stop_timeout_s"]),
                            label=f"{trial}/{spec['name']}")
     windows: list[tuple[dict[str, Any], float, float]] = []
-    with sigterm_as_exit(), Sampler(telemetry_path, [host_source], interval=telemetry_interval) as sampler:
+    with sigterm_as_exit(), Sampler(telemetry_path, sources, interval=telemetry_interval) as sampler:
         try:
-            _serve_and_measure(record, server, host_source, spec, served_model_name, model_dir,
+            _serve_and_measure(record, server, host_source, sampler, spec, served_model_name, model_dir,
                                scenarios, bench_settings, cold_start, bench_dir, out_dir, windows)
         finally:
             record["server"]["stop"] = server.stop()
             record["server"]["pid"] = server.proc.pid if server.proc else None
         record["telemetry"]["sampler"] = sampler.stats()
         record["telemetry"]["errors"] = dict(sampler.errors)
+    for src in sources:
+        if record["telemetry"]["errors"].get(src.name):
+            record["telemetry"]["sources"][src.name]["status"] = "failed at times"
+    for o in optional:
+        if o.available and isinstance(o, KernelLogSource):
+            record["telemetry"]["sources"][o.name]["events"] = o.events
+        if o.available and isinstance(o, NvmlSource):
+            record["telemetry"]["sources"][o.name].update(field_errors=o.field_errors, lost_gpus=o.lost)
     _summarize_telemetry(record, telemetry_path, server, windows)
     _finish(record, server_log, out_dir)
     record["prediction"] = compare_with_plan(plan, record["startup"])
@@ -119,7 +151,7 @@ def run_configuration(
     return record
 
 
-def _serve_and_measure(record: dict[str, Any], server: ServerProcess, host_source: HostSource,
+def _serve_and_measure(record: dict[str, Any], server: ServerProcess, host_source: HostSource, sampler: Sampler,
                        spec: Mapping[str, Any], served_model_name: str, model_dir: str,
                        scenarios: Mapping[str, Mapping[str, Any]], bench_settings: Mapping[str, Any],
                        cold_start: Mapping[str, Any], bench_dir: Path, out_dir: Path,
@@ -159,9 +191,13 @@ def _serve_and_measure(record: dict[str, Any], server: ServerProcess, host_sourc
                                     scenario=scenario, seed=seed, result_dir=str(bench_dir),
                                     result_filename=f"{stem}.json", percentiles=percentiles)
             log.info("%s: scenario %s pass %d (seed %d)", spec["name"], name, p, seed)
-            before = _scrape(host, port)
+            # the window opens before its first /metrics sample and closes after its last, so a
+            # counter's change over the window is exactly the pass's own
+            w_start = time.time()
+            sampler.sample_now("metrics")
             run = bench.run_pass(argv, log_path=bench_dir / f"{stem}.log", timeout=float(scenario["timeout_s"]))
-            after = _scrape(host, port)
+            sampler.sample_now("metrics")
+            w_end = time.time()
             result_file = bench_dir / f"{stem}.json"
             one: dict[str, Any] = {
                 "pass": p, "seed": seed, "start": run["start"], "end": run["end"],
@@ -176,10 +212,9 @@ def _serve_and_measure(record: dict[str, Any], server: ServerProcess, host_sourc
                 one["stall"] = bench.stall_flag(one["summary"].get("mean_ttft_ms"), one["summary"].get("median_ttft_ms"))
             else:
                 one["status"] = "failed"
-            if before is not None and after is not None:
-                one["server_metrics"] = bench.metrics_delta(before, after)
             entry["passes"].append(one)
-            windows.append((one, run["start"], run["end"]))
+            one["window"] = {"start": w_start, "end": w_end}
+            windows.append((one, w_start, w_end))
             if not server.alive():
                 _fail(record, "benchmark", "exited", f"server exited with code {server.proc.poll() if server.proc else None} "
                       f"during scenario {name} pass {p}", server.proc.poll() if server.proc else None)
@@ -230,14 +265,6 @@ def compare_with_plan(plan: Mapping[str, Any], startup: Mapping[str, Mapping[str
     return rows
 
 
-def _scrape(host: str, port: int) -> dict[str, float] | None:
-    try:
-        return bench.scrape_metrics(host, port)
-    except Exception as exc:  # a dead server: the pass records no server counters
-        log.warning("could not scrape /metrics: %s", exc)
-        return None
-
-
 def _fail(record: dict[str, Any], phase: str, reason: str, message: str, returncode: int | None,
           keep_going: bool = False) -> None:
     if record["failure"] is not None and keep_going:
@@ -272,9 +299,12 @@ def _summarize_telemetry(record: dict[str, Any], telemetry_path: Path, server: S
     if server.launched_at is not None:
         end = server.ready_at or time.time()
         record["telemetry"]["startup_window"] = {"start": server.launched_at, "end": end,
-                                                 "figures": summarize_window(df, server.launched_at, end)}
+                                                 **window_figures(df, server.launched_at, end)}
     for one, start, end in windows:
-        one["telemetry"] = summarize_window(df, start, end)
+        one["telemetry"] = window_figures(df, start, end)
+        deltas = one["telemetry"]["deltas"]
+        one["server_metrics"] = {name: deltas[f"metrics.{counter}"] for name, counter in SERVER_COUNTERS.items()
+                                 if f"metrics.{counter}" in deltas}
 
 
 def _rel(path: Path, base: Path) -> str:

@@ -1,0 +1,64 @@
+"""The telemetry sampler's own cost: CPU time per sample and the achieved interval.
+
+    python benchmarks/sampler_cost.py [SECONDS]
+
+Samples the host source and the /metrics source (against a loopback server serving a
+real vLLM /metrics page) at 1 Hz and at 10 Hz for SECONDS each (default 10), and prints
+per source the CPU time one sample costs and the interval actually achieved, plus the
+CSV's size per hour of sampling (the storage question: long-format CSV against its
+read-back time with pandas).
+"""
+
+from __future__ import annotations
+
+import http.server
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from llmtrial.telemetry import HostSource, MetricsSource, Sampler, read_samples
+
+METRICS = Path(__file__).resolve().parent.parent / "tests" / "data" / "vllm-0.32.0-cpu-metrics.txt"
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    body = METRICS.read_bytes()
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def main() -> None:
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 10.0
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        for hz in (1, 10):
+            csv = Path(tmp) / f"{hz}hz.csv"
+            sources = [HostSource(), MetricsSource("127.0.0.1", port)]
+            with Sampler(csv, sources, interval=1.0 / hz) as sampler:
+                time.sleep(seconds)
+            stats = sampler.stats()
+            t0 = time.perf_counter()
+            df = read_samples(csv)
+            read_s = time.perf_counter() - t0
+            size_per_hour = csv.stat().st_size / seconds * 3600
+            print(f"{hz:>2} Hz over {seconds:g} s:")
+            for name, st in stats.items():
+                print(f"   {name:8} {st['samples']:5.0f} samples, {st['cpu_seconds_per_sample'] * 1000:7.3f} ms CPU per sample, "
+                      f"achieved interval {st['achieved_interval_s']:.4f} s (target {1 / hz:.3f} s), "
+                      f"{st['skipped_slots']} skipped slots, {st['errors']} errors")
+            print(f"   CSV: {len(df)} rows, {size_per_hour / 2**20:.1f} MiB per hour, read back in {read_s * 1000:.0f} ms")
+    server.shutdown()
+
+
+if __name__ == "__main__":
+    main()
