@@ -207,3 +207,14 @@ def test_sample_now_takes_an_immediate_sample_between_scheduled_ones(tmp_path, m
     times = sorted(set(df[df.metric == "generation_tokens_total"].t))
     assert len(times) == 2 and times[1] >= t0 - 0.001
     assert sampler.stats()["metrics"]["samples"] == 1
+
+
+def test_a_retired_source_is_not_sampled_again(tmp_path, metrics_server):
+    src = MetricsSource("127.0.0.1", metrics_server)
+    with Sampler(tmp_path / "t.csv", [src], interval=0.05) as sampler:
+        time.sleep(0.2)
+        sampler.retire("metrics")
+        retired_at = time.time()
+        time.sleep(0.3)
+    df = read_samples(tmp_path / "t.csv")
+    assert len(df) > 0 and (df.t <= retired_at).all()

@@ -374,11 +374,13 @@ class KernelLogSource:
 class _SourceState:
     """Book-keeping for one source's thread (guarded by the sampler's lock)."""
 
-    __slots__ = ("source", "thread", "samples", "errors", "cpu_seconds", "skipped", "first_t", "last_t", "calling")
+    __slots__ = ("source", "thread", "samples", "errors", "cpu_seconds", "skipped", "first_t", "last_t", "calling",
+                 "retired")
 
     def __init__(self, source: Source) -> None:
         self.source = source
         self.calling = threading.Lock()  # one sample() at a time: the thread's or sample_now's
+        self.retired = False  # set by Sampler.retire: no more samples
         self.thread: threading.Thread | None = None
         self.samples = 0
         self.errors = 0
@@ -547,6 +549,13 @@ class Sampler:
             self._note_error(name, failure)
         self._write(rows)
 
+    def retire(self, name: str) -> None:
+        """Stop sampling source ``name`` now (waiting for a sample in flight), for a source
+        whose subject is about to go away on purpose, such as a server being stopped."""
+        state = self._states[name]
+        with state.calling:
+            state.retired = True
+
     def _note_error(self, name: str, message: str) -> None:
         with self._lock:
             kept = self.errors.setdefault(name, [])
@@ -582,6 +591,8 @@ class Sampler:
             failure: str | None = None
             rows: list[tuple[float, str, str, float]] = []
             with state.calling:
+                if state.retired:
+                    return
                 rows, failure = self._call(source, t)
             cpu = time.thread_time() - cpu0
             with self._lock:

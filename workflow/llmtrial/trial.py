@@ -132,6 +132,7 @@ def run_configuration(
             _serve_and_measure(record, server, host_source, sampler, spec, served_model_name, model_dir,
                                scenarios, bench_settings, cold_start, bench_dir, out_dir, windows)
         finally:
+            sampler.retire("metrics")  # the server is going away: its /metrics with it
             record["server"]["stop"] = server.stop()
             record["server"]["pid"] = server.proc.pid if server.proc else None
         record["telemetry"]["sampler"] = sampler.stats()
