@@ -14,10 +14,20 @@ STAMP := $(VENV)/.llmtrial-$(SERVING)
 CONSTRAINTS := $(wildcard envs/constraints-$(SERVING).txt)
 CHROMIUM ?= $(shell command -v chromium || command -v chromium-browser || echo /usr/bin/chromium)
 
-.PHONY: run test lint lock chromium clean-venv
+DEMO := python -m llmtrial.demo_service --port 8190 --state .demo-service
+VENV_PATH := PATH="$(abspath $(VENV))/bin:$$PATH"
 
-run: $(STAMP)
-	$(VENV)/bin/snakemake --cores all $(ARGS)
+.PHONY: run test lint lock chromium clean-venv demo-service stop-demo-service
+
+# The default trial quiets and restores a resident demo service: start it when it is not running.
+run: $(STAMP) demo-service
+	$(VENV_PATH) snakemake --cores all $(ARGS)
+
+demo-service: $(STAMP)
+	$(VENV_PATH) $(DEMO) start
+
+stop-demo-service: $(STAMP)
+	$(VENV_PATH) $(DEMO) stop
 
 test: $(STAMP) chromium
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -16,6 +16,7 @@ include: "workflow/rules/common.smk"
 # ---- stages, in the order data flows
 include: "workflow/rules/preflight.smk"
 include: "workflow/rules/model.smk"
+include: "workflow/rules/services.smk"
 include: "workflow/rules/trial.smk"
 include: "workflow/rules/cleanup.smk"
 include: "workflow/rules/report.smk"
@@ -28,6 +29,10 @@ rule all:
         report_path(),
 
 
-# ---- a failed job still gives the host back
+# ---- the host is always given back: after a failed job, and after a run that left it changed
+onsuccess:
+    cleanup_if_unfinished()
+
+
 onerror:
     cleanup_on_error()

@@ -54,3 +54,57 @@ def test_cleanup_with_no_ledger_checks_ports_only(tmp_path, free_port):
     record = run_cleanup(tmp_path, ports=[free_port])
     assert record["restored"] and record["servers"] == [] and record["ports"] == [
         {"port": free_port, "listening": False}]
+
+
+def test_cleanup_restores_quieted_services_and_records_them(tmp_path, free_port):
+    import subprocess
+
+    from llmtrial.cleanup import quiet_host
+    from workflow_helpers import demo_service
+
+    svc = demo_service(tmp_path / "demo", free_port)
+    subprocess.run(svc["start"], check=True, timeout=30)
+    try:
+        quieted = quiet_host(tmp_path, {"demo": svc})
+        assert quieted["services"][0]["action"] == "stopped" and not port_open("127.0.0.1", free_port)
+        record = run_cleanup(tmp_path)
+        assert record["restored"] and port_open("127.0.0.1", free_port)
+        [row] = record["services"]
+        assert row["was_running"] and row["down"] and row["healthy"] and row["restarted_at"] > row["stopped_at"]
+        assert run_cleanup(tmp_path)["services_restored"] == []  # nothing left to do
+    finally:
+        subprocess.run(svc["stop"], timeout=30)
+
+
+def test_a_new_run_restores_what_a_crashed_run_left_before_quieting(tmp_path, free_port):
+    import os
+
+    import psutil
+
+    from llmtrial.cleanup import ensure_quiet, unfinished
+
+    ledger = Ledger(tmp_path / LEDGER_NAME)
+    server = abandoned_server(tmp_path, free_port)  # a crashed run's server, still up
+    ledger.append("job_started", label="demo/tp1", pid=os.getpid() + 10**6, create_time=psutil.Process().create_time())
+    assert unfinished(ledger.entries())
+    record = ensure_quiet(tmp_path, {})
+    server.proc.poll()
+    assert record["restored_first"]["restored"] and record["restored_first"]["servers"][0]["action"] == "stopped"
+    assert not port_open("127.0.0.1", free_port) and not unfinished(Ledger(tmp_path / LEDGER_NAME).entries())
+    assert ensure_quiet(tmp_path, {}) is None  # nothing left to do
+
+
+def test_an_orphaned_configuration_job_is_stopped(tmp_path):
+    import subprocess
+    import sys
+
+    import psutil
+
+    from llmtrial.ledger import Ledger as L
+
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    L(tmp_path / LEDGER_NAME).append("job_started", label="demo/tp1", pid=job.pid,
+                                     create_time=psutil.Process(job.pid).create_time())
+    record = run_cleanup(tmp_path, stop_timeout=5)
+    assert record["jobs"] == [{"label": "demo/tp1", "pid": job.pid, "action": "stopped"}]
+    assert job.wait(timeout=10) is not None and record["restored"]

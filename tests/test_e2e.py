@@ -18,7 +18,7 @@ from conftest import REPO
 from llmtrial.ledger import Ledger
 from llmtrial.server import group_members, port_open
 from llmtrial.telemetry import read_samples
-from workflow_helpers import default_config, job_counts, snakemake, write_config
+from workflow_helpers import default_config, demo_service, job_counts, snakemake, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -53,13 +53,17 @@ def trial(tmp_path_factory):
     config = default_config()
     config["configurations"].update(EXTRA)
     config["serving"]["base_port"] = free_base_port(BASE_PORT, len(config["configurations"]))
+    demo_port = free_base_port(BASE_PORT + 90, 1)
+    config["services"] = {"demo-web": demo_service(work / "demo", demo_port)}
+    subprocess.run(config["services"]["demo-web"]["start"], check=True, timeout=60)  # the host's resident service
     write_config(work, config)
     t0 = time.time()
     run = snakemake(work, "--cores", "all", timeout=1800)
     elapsed = time.time() - t0
     results = work / "results" / "demo"
     print(f"default trial took {elapsed:.0f} s", file=sys.stderr)
-    return {"work": work, "run": run, "results": results, "config": config}
+    yield {"work": work, "run": run, "results": results, "config": config, "demo_port": demo_port}
+    subprocess.run(config["services"]["demo-web"]["stop"], timeout=60)
 
 
 def record(trial, name):
@@ -217,6 +221,28 @@ def test_cleanup_left_nothing_running(trial):
     for e in started:
         assert group_members(e["pgid"], not_before=e["launched_at"]) == []
         assert not port_open("127.0.0.1", e["port"])
+
+
+def test_the_resident_service_was_quieted_during_the_trial_and_restored(trial):
+    entries = Ledger(trial["results"] / "ledger.jsonl").entries()
+    actions = [e["action"] for e in entries]
+    quiet_at = actions.index("service_quiet")
+    assert entries[quiet_at]["was_running"] and quiet_at < actions.index("server_launch")
+    assert actions.index("service_restored") > max(i for i, a in enumerate(actions) if a == "server_stopped")
+    [row] = json.loads((trial["results"] / "cleanup" / "record.json").read_text())["services"]
+    assert row["name"] == "demo-web" and row["was_running"] and row["down"] and row["healthy"]
+    assert port_open("127.0.0.1", trial["demo_port"])
+    html = (trial["results"] / "report.html").read_text()
+    assert "demo-web" in html and "healthy</span> after" in html
+
+
+def test_a_second_cleanup_changes_nothing(trial):
+    out = snakemake(trial["work"], "cleanup", "--cores", "1")
+    assert out.returncode == 0, out.stderr
+    record = json.loads((trial["results"] / "cleanup" / "on-demand.json").read_text())
+    assert record["restored"] and record["services_restored"] == [] and record["jobs"] == []
+    assert all(s["action"] == "none (already stopped)" for s in record["servers"])
+    assert port_open("127.0.0.1", trial["demo_port"])
 
 
 def test_a_finished_trial_has_nothing_left_to_do(trial):

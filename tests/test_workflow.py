@@ -12,7 +12,7 @@ def test_dry_run_has_one_trial_job_per_configuration(tmp_path):
     out = snakemake(tmp_path, "-n")
     assert out.returncode == 0, out.stderr
     assert job_counts(out.stdout) == {
-        "preflight": 1, "plan": 3, "stage_model": 1, "trial": 3, "cleanup_trial": 1, "report": 1, "all": 1}
+        "preflight": 1, "plan": 3, "stage_model": 1, "quiet": 1, "trial": 3, "cleanup_trial": 1, "report": 1, "all": 1}
     for name in ("tp1", "tp2", "tp4"):
         assert f"results/demo/configs/{name}/record.json" in out.stdout
 
@@ -21,7 +21,7 @@ def test_one_configuration_can_be_asked_for_alone(tmp_path):
     write_config(tmp_path, default_config())
     out = snakemake(tmp_path, "-n", "results/demo/configs/tp2/record.json")
     assert out.returncode == 0, out.stderr
-    assert job_counts(out.stdout) == {"preflight": 1, "plan": 1, "stage_model": 1, "trial": 1}
+    assert job_counts(out.stdout) == {"preflight": 1, "plan": 1, "stage_model": 1, "quiet": 1, "trial": 1}
 
 
 def test_an_unknown_key_fails_the_dry_run_naming_it(tmp_path):

@@ -46,3 +46,12 @@ def job_counts(output: str) -> dict[str, int]:
         if m.group(1) != "total":
             counts[m.group(1)] = int(m.group(2))
     return counts
+
+
+def demo_service(state_dir: Path, port: int) -> dict:
+    """The resident demo service as a trial config's ``command`` service, run by this venv."""
+    base = [sys.executable, "-m", "llmtrial.demo_service"]
+    opts = ["--port", str(port), "--state", str(state_dir)]
+    return {"kind": "command", "status": [*base, "status", *opts], "stop": [*base, "stop", *opts],
+            "start": [*base, "start", *opts], "health": {"kind": "http", "url": f"http://127.0.0.1:{port}/health"},
+            "timeouts": {"stop_s": 10, "start_s": 20, "health_s": 20}}

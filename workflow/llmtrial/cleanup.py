@@ -1,15 +1,18 @@
 """Cleanup: give the host back, from the trial's ledger alone.
 
-Idempotent: it can run after a finished trial, after a failed job, or on demand after a
-crash or ``kill -9``. Today it stops any trial server still alive (by process group,
-then confirms its port closed) and checks that no trial port listens. Later stages add
-their own ledger entries (staged weights, quieted services, patches) and the undo for
-each here. What cannot be undone without force is recorded as a residue.
+Idempotent: it runs after a finished trial, from ``onerror`` when a job fails, after a
+successful partial run, and on demand after a crash or ``kill -9``. In reverse order of
+what the trial did: stop any trial server still alive (by process group, then confirm
+its port closed), check that no trial port listens, then restart and health-check each
+service the trial quieted. Later stages add their own ledger entries (staged weights,
+patches) and the undo for each here. What cannot be undone without force is recorded as
+a residue.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -18,10 +21,75 @@ import psutil
 
 from llmtrial.ledger import Ledger
 from llmtrial.server import group_members, port_open, stop_group
+from llmtrial.services import Service, quiet, restore
 
 log = logging.getLogger(__name__)
 
 LEDGER_NAME = "ledger.jsonl"
+#: Ledger actions that change the host and need an undo.
+CHANGES = ("job_started", "server_started", "service_quiet")
+
+
+class HostNotRestored(RuntimeError):
+    """Cleanup left residues: the workflow must not report success."""
+
+
+def unfinished(entries: list[dict[str, Any]]) -> bool:
+    """True when the ledger holds changes made after its last completed cleanup."""
+    return any(e.get("action") in CHANGES for e in _since_last_cleanup(entries))
+
+
+def _since_last_cleanup(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    last = max((i for i, e in enumerate(entries) if e.get("action") == "cleanup_done"), default=-1)
+    return entries[last + 1:]
+
+
+def ensure_quiet(results_dir: Path, services: dict[str, Any], *, ports: Iterable[int] = (),
+                 host: str = "127.0.0.1") -> dict[str, Any] | None:
+    """Before a configuration job launches its server: quiet the host unless this run
+    already has. A configuration rerun on its own after a cleanup gave the host back quiets
+    it again; one that finds a job of an earlier run that never finished (a crash) has the
+    host restored first. Returns the quiet record, or None when nothing was needed."""
+    recent = _since_last_cleanup(Ledger(Path(results_dir) / LEDGER_NAME).entries())
+    finished = {e.get("pid") for e in recent if e.get("action") == "job_finished"}
+    crashed = [e for e in recent if e.get("action") == "job_started" and e.get("pid") not in finished]
+    quieted = any(e.get("action") == "service_quiet" for e in recent)
+    if (quieted or not services) and not crashed:
+        return None
+    log.info("quieting the host first (%s)", "an earlier job never finished" if crashed else "a rerun after cleanup")
+    return quiet_host(results_dir, services, ports=ports, host=host)
+
+
+def services_table(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per quieted service: state before, stopped at, restarted at, health, from the ledger."""
+    rows: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        action = e.get("action")
+        if action == "service_quiet":
+            name = e["service"]["name"]
+            rows[name] = {"name": name, "kind": e["service"]["kind"], "was_running": e["was_running"],
+                          "stopped_at": e["t"] if e["was_running"] else None, "down": None,
+                          "restarted_at": None, "healthy": None}
+        elif action == "service_stopped" and e["name"] in rows:
+            rows[e["name"]]["down"] = e["down"]
+        elif action == "service_restored" and e["name"] in rows:
+            rows[e["name"]].update(restarted_at=e["t"], healthy=True, healthy_after_s=e.get("healthy_after_s"))
+    return list(rows.values())
+
+
+def quiet_host(results_dir: Path, services: dict[str, Any], *, ports: Iterable[int] = (), host: str = "127.0.0.1") -> dict[str, Any]:
+    """The quiet stage: restore first if an earlier run of this trial left the host changed,
+    then stop every configured service that runs (ledger first)."""
+    ledger = Ledger(Path(results_dir) / LEDGER_NAME)
+    record: dict[str, Any] = {"restored_first": None}
+    if unfinished(ledger.entries()):
+        log.warning("an earlier run of this trial left the host changed (ledger %s): restoring it first", ledger.path)
+        record["restored_first"] = run_cleanup(results_dir, ports=ports, host=host)
+        if not record["restored_first"]["restored"]:
+            raise HostNotRestored("an earlier run of this trial left residues that cleanup could not undo: "
+                                  f"{record['restored_first']['residues']}; fix them, then run `snakemake cleanup`")
+    record.update(quiet([Service.from_config(name, entry) for name, entry in services.items()], ledger))
+    return record
 
 
 def _listener_pids(port: int) -> list[int]:
@@ -31,6 +99,35 @@ def _listener_pids(port: int) -> list[int]:
         return []
     return sorted({c.pid for c in conns if c.laddr and c.laddr.port == port
                    and c.status == psutil.CONN_LISTEN and c.pid})
+
+
+def stop_orphaned_jobs(entries: list[dict[str, Any]], timeout: float, residues: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Stop configuration jobs still running without their workflow (after ``kill -9`` of
+    snakemake): SIGTERM first, which makes a job stop its own server, then SIGKILL."""
+    finished = {e.get("pid") for e in entries if e.get("action") == "job_finished"}
+    out = []
+    for e in entries:
+        if e.get("action") != "job_started" or e.get("pid") in finished or e.get("pid") == os.getpid():
+            continue
+        try:
+            proc = psutil.Process(int(e["pid"]))
+            alive = abs(proc.create_time() - float(e["create_time"])) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
+        except (psutil.Error, KeyError, ValueError):
+            alive = False
+        if not alive:
+            continue
+        log.warning("configuration job %s (pid %s) outlived its workflow: stopping it", e.get("label"), e["pid"])
+        proc.terminate()
+        gone, left = psutil.wait_procs([proc], timeout=timeout)
+        if left:
+            proc.kill()
+            gone, left = psutil.wait_procs([proc], timeout=10)
+        item = {"label": e.get("label"), "pid": e["pid"], "action": "stopped" if not left else "would not stop"}
+        if left:
+            residues.append({"kind": "process", "what": f"job {e.get('label')} pid {e['pid']}",
+                             "tried": "SIGTERM, SIGKILL", "seen": "still alive"})
+        out.append(item)
+    return out
 
 
 def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1",
@@ -43,6 +140,7 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
     servers: list[dict[str, Any]] = []
     residues: list[dict[str, Any]] = []
     trial_ports = set(ports)
+    jobs = stop_orphaned_jobs(entries, stop_timeout, residues)
     for entry in reversed(entries):
         if entry.get("action") != "server_started":
             continue
@@ -70,13 +168,18 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
             residues.append({"kind": "port", "what": f"{host}:{port}", "tried": "checked after stopping trial servers",
                              "seen": f"still listening (pids {check['pids'] or 'unknown'})"})
         port_checks.append(check)
+    back = restore(entries, ledger)
+    residues.extend(back["residues"])
     record = {
         "started": started,
         "finished": time.time(),
         "ledger": str(ledger.path),
         "ledger_entries": len(entries),
+        "jobs": jobs,
         "servers": servers,
         "ports": port_checks,
+        "services_restored": back["services"],
+        "services": services_table(ledger.entries()),
         "residues": residues,
         "restored": not residues,
     }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import signal
 import statistics
@@ -16,7 +17,10 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+import psutil
+
 from llmtrial import bench, logs
+from llmtrial.cleanup import ensure_quiet
 from llmtrial.ledger import Ledger
 from llmtrial.plan import predict_kv_tokens
 from llmtrial.records import fact, read_record, redact_env, write_record
@@ -71,6 +75,7 @@ def run_configuration(
     spec: Mapping[str, Any],
     manifest: Mapping[str, Any],
     plan: Mapping[str, Any],
+    services: Mapping[str, Any],
     served_model_name: str,
     scenarios: Mapping[str, Mapping[str, Any]],
     bench_settings: Mapping[str, Any],
@@ -116,6 +121,12 @@ def run_configuration(
         telemetry_path.write_text(",".join(CSV_HEADER) + "\n")
         write_record(record_path, record, schema="configuration")
         return record
+    requiet = ensure_quiet(ledger_path.parent, dict(services), ports=[port], host=host)
+    if requiet is not None:
+        record["services_requieted"] = requiet["services"]
+    ledger = Ledger(ledger_path)
+    ledger.append("job_started", label=f"{trial}/{spec['name']}", pid=os.getpid(),
+                  create_time=psutil.Process().create_time())
     host_source = HostSource()
     optional = [NvmlSource(), KernelLogSource()]
     sources: list[Any] = [host_source, MetricsSource(host, port)] + [o for o in optional if o.available]
@@ -124,7 +135,7 @@ def run_configuration(
         if not o.available:
             record["telemetry"]["sources"][o.name] = {"status": "absent", "reason": o.reason}
     server = ServerProcess(argv, host=host, port=port, log_path=server_log, env=spec["env"],
-                           ledger=Ledger(ledger_path), stop_timeout=float(spec["stop_timeout_s"]),
+                           ledger=ledger, stop_timeout=float(spec["stop_timeout_s"]),
                            label=f"{trial}/{spec['name']}")
     windows: list[tuple[dict[str, Any], float, float]] = []
     with sigterm_as_exit(), Sampler(telemetry_path, sources, interval=telemetry_interval) as sampler:
@@ -149,6 +160,7 @@ def run_configuration(
     _finish(record, server_log, out_dir)
     record["prediction"] = compare_with_plan(plan, record["startup"])
     write_record(record_path, record, schema="configuration")
+    ledger.append("job_finished", label=f"{trial}/{spec['name']}", pid=os.getpid())
     return record
 
 

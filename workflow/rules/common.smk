@@ -3,7 +3,8 @@
 import re
 from pathlib import Path
 
-from llmtrial.cleanup import run_cleanup
+from llmtrial.cleanup import LEDGER_NAME, HostNotRestored, run_cleanup, unfinished
+from llmtrial.ledger import Ledger
 from llmtrial.config import (
     configuration_port,
     configuration_spec,
@@ -68,3 +69,25 @@ def cleanup_on_error():
     write_record(results_dir() / "cleanup" / "on-error.json", record)
     state = "restored" if record["restored"] else f"NOT restored: {record['residues']}"
     print(f"llmtrial cleanup after error: host {state}")
+
+
+def cleanup_if_unfinished():
+    """After a successful run: give back what a partial run left changed, and fail the
+    run when the host could not be fully restored."""
+    entries = Ledger(results_dir() / LEDGER_NAME).entries()
+    if unfinished(entries):
+        record = run_cleanup(
+            results_dir(), ports=trial_ports(), host=config["serving"]["host"]
+        )
+        write_record(results_dir() / "cleanup" / "on-success.json", record)
+        restored = record["restored"]
+        residues = record["residues"]
+    else:
+        done = [e for e in entries if e.get("action") == "cleanup_done"]
+        restored = not done or done[-1].get("restored", True)
+        residues = done[-1].get("residues") if done else 0
+    if not restored:
+        raise HostNotRestored(
+            f"the host was not fully restored ({residues} residue(s)); see "
+            f"{results_dir() / 'cleanup'} and the report, fix them, then run `snakemake cleanup`"
+        )

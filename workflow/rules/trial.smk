@@ -3,6 +3,8 @@ rule trial:
     input:
         manifest=rules.stage_model.output.manifest,
         plan=rules.plan.output.record,
+        # existence, not age: the job re-quiets the host itself when a cleanup gave it back
+        quieted=ancient(rules.quiet.output.record),
     output:
         record="results/{trial}/configs/{configuration}/record.json",
         telemetry="results/{trial}/configs/{configuration}/telemetry.csv",
@@ -20,6 +22,7 @@ rule trial:
         bench=config["bench"],
         cold_start=config["cold_start"],
         telemetry=config["telemetry"],
+        services=config["services"],
         ledger=ledger_path,
     script:
         "../scripts/run_trial.py"

@@ -17,6 +17,7 @@ run_configuration(
     spec=snakemake.params.spec,
     manifest=read_record(snakemake.input.manifest),
     plan=read_record(snakemake.input.plan),
+    services=snakemake.params.services,
     served_model_name=snakemake.params.served_model_name,
     scenarios=snakemake.params.scenarios,
     bench_settings=snakemake.params.bench,

@@ -1,0 +1,142 @@
+"""Fault injection with real vLLM: the host is always given back.
+
+Each test runs a one-configuration trial with a resident demo service and breaks it: a
+server crash mid-benchmark, SIGTERM to snakemake mid-trial, ``kill -9`` of snakemake
+followed by ``snakemake cleanup``. Each must end with the service restored and healthy
+and no trial process left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import REPO
+from llmtrial.ledger import Ledger
+from llmtrial.server import group_members, port_open
+from workflow_helpers import SNAKEMAKE, default_config, demo_service, snakemake, write_config
+
+pytestmark = pytest.mark.e2e
+
+
+def free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@pytest.fixture
+def small_trial(tmp_path):
+    """A one-configuration trial and a running demo service; the service is stopped after."""
+    server_port, demo_port = free_ports(2)
+    config = default_config()
+    config["configurations"] = {"tp1": config["configurations"]["tp1"]}
+    config["scenarios"] = {"c1": {"concurrency": 1, "num_prompts": 200, "input_len": 64, "output_len": 64, "passes": 1}}
+    config["serving"]["base_port"] = server_port
+    config["services"] = {"demo-web": demo_service(tmp_path / "demo", demo_port)}
+    subprocess.run(config["services"]["demo-web"]["start"], check=True, timeout=60)
+    write_config(tmp_path, config)
+    yield {"work": tmp_path, "results": tmp_path / "results" / "demo", "config": config, "demo_port": demo_port,
+           "server_port": server_port}
+    subprocess.run(config["services"]["demo-web"]["stop"], timeout=60)
+
+
+def start_workflow(trial) -> subprocess.Popen:
+    return subprocess.Popen([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(trial["work"]),
+                             "--cores", "all"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def ledger_entries(trial) -> list[dict]:
+    return Ledger(trial["results"] / "ledger.jsonl").entries()
+
+
+def started(trial, action: str) -> dict | None:
+    return next((e for e in ledger_entries(trial) if e["action"] == action), None)
+
+
+def assert_host_given_back(trial) -> None:
+    status = subprocess.run(trial["config"]["services"]["demo-web"]["status"], timeout=30)
+    assert status.returncode == 0 and port_open("127.0.0.1", trial["demo_port"]), "demo service not restored"
+    server = started(trial, "server_started")
+    assert group_members(server["pgid"], not_before=server["launched_at"]) == [], "a trial server survived"
+    assert not port_open("127.0.0.1", trial["server_port"])
+    for job in (e for e in ledger_entries(trial) if e["action"] == "job_started"):
+        try:
+            import psutil
+
+            proc = psutil.Process(job["pid"])
+            alive = abs(proc.create_time() - job["create_time"]) < 1 and proc.status() != psutil.STATUS_ZOMBIE
+        except Exception:
+            alive = False
+        assert not alive, f"configuration job {job['pid']} survived"
+
+
+def test_a_server_crash_mid_benchmark_is_a_result_and_the_host_is_restored(small_trial):
+    wf = start_workflow(small_trial)
+    try:
+        bench_log = small_trial["results"] / "configs" / "tp1" / "bench" / "c1-pass1.log"
+        wait_for(bench_log.exists, 600, "the first benchmark pass")
+        time.sleep(3)
+        server = started(small_trial, "server_started")
+        os.killpg(server["pgid"], signal.SIGKILL)  # the server dies mid-benchmark
+        assert wf.wait(timeout=600) == 0  # a failed configuration is a result: the workflow finishes
+    finally:
+        if wf.poll() is None:
+            wf.kill()
+    record = json.loads((small_trial["results"] / "configs" / "tp1" / "record.json").read_text())
+    assert record["status"] == "failed" and record["failure"]["phase"] == "benchmark"
+    assert (small_trial["results"] / "report.html").exists()
+    assert json.loads((small_trial["results"] / "cleanup" / "record.json").read_text())["restored"]
+    assert_host_given_back(small_trial)
+
+
+def test_sigterm_to_snakemake_mid_trial_gives_the_host_back(small_trial):
+    wf = start_workflow(small_trial)
+    try:
+        wait_for(lambda: started(small_trial, "server_started") is not None, 600, "the trial server")
+        time.sleep(2)
+        wf.send_signal(signal.SIGTERM)
+        assert wf.wait(timeout=300) != 0
+    finally:
+        if wf.poll() is None:
+            wf.kill()
+    assert_host_given_back(small_trial)
+    assert json.loads((small_trial["results"] / "cleanup" / "on-error.json").read_text())["restored"]
+
+
+def test_kill_9_of_snakemake_then_snakemake_cleanup_gives_the_host_back(small_trial):
+    wf = start_workflow(small_trial)
+    try:
+        wait_for(lambda: started(small_trial, "server_started") is not None, 600, "the trial server")
+        time.sleep(2)
+        wf.kill()  # SIGKILL: no onerror, the job and its server are orphaned
+        wf.wait(timeout=60)
+    finally:
+        if wf.poll() is None:
+            wf.kill()
+    assert not port_open("127.0.0.1", small_trial["demo_port"])  # still quieted
+    out = snakemake(small_trial["work"], "cleanup", "--cores", "1", timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    record = json.loads((small_trial["results"] / "cleanup" / "on-demand.json").read_text())
+    assert record["restored"], record["residues"]
+    assert_host_given_back(small_trial)

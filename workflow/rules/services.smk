@@ -1,0 +1,20 @@
+# Quiet the host's other services before any server starts. Its record stays after cleanup
+# restores the host: a configuration rerun on its own quiets the host again itself (from the
+# ledger), because a regenerated input here would rerun every configuration.
+rule quiet:
+    input:
+        # as late as possible: services stay up while the weights are staged
+        manifest=rules.stage_model.output.manifest,
+    output:
+        record="results/{trial}/services/quieted.json",
+    log:
+        "results/{trial}/logs/quiet.log",
+    conda:
+        "../../envs/workflow.yaml"
+    params:
+        services=config["services"],
+        results=str(results_dir()),
+        ports=trial_ports(),
+        host=config["serving"]["host"],
+    script:
+        "../scripts/quiet_services.py"

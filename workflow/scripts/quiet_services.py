@@ -1,0 +1,16 @@
+"""Quiet the host's services (restoring first what an earlier run left changed)."""
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from llmtrial.cleanup import quiet_host
+from llmtrial.joblog import open_job_log
+from llmtrial.records import write_record
+
+if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
+    from snakemake.iocontainers import snakemake
+
+open_job_log(snakemake.log[0])
+record = quiet_host(Path(snakemake.params.results), dict(snakemake.params.services),
+                    ports=snakemake.params.ports, host=snakemake.params.host)
+write_record(snakemake.output.record, record)
