@@ -108,3 +108,42 @@ def test_an_orphaned_configuration_job_is_stopped(tmp_path):
     record = run_cleanup(tmp_path, stop_timeout=5)
     assert record["jobs"] == [{"label": "demo/tp1", "pid": job.pid, "action": "stopped"}]
     assert job.wait(timeout=10) is not None and record["restored"]
+
+
+def test_quieting_on_a_gpu_host_records_the_memory_freed(tmp_path):
+    from types import SimpleNamespace
+
+    from llmtrial.cleanup import quiet_host
+
+    class NvmlDouble:
+        """A double of nvidia-ml-py's pynvml: one GPU whose memory use drops when the service stops."""
+
+        def __init__(self, flag):
+            self.flag = flag
+
+        def nvmlInit(self):
+            pass
+
+        def nvmlShutdown(self):
+            pass
+
+        def nvmlDeviceGetCount(self):
+            return 1
+
+        def nvmlDeviceGetHandleByIndex(self, i):
+            return i
+
+        def nvmlDeviceGetMemoryInfo(self, h):
+            return SimpleNamespace(used=(30 if self.flag.exists() else 2) * 2**30, total=80 * 2**30)
+
+        def nvmlDeviceGetComputeRunningProcesses(self, h):
+            return [SimpleNamespace(usedGpuMemory=28 * 2**30)] if self.flag.exists() else []
+
+    flag = tmp_path / "up"
+    flag.write_text("")
+    svc = {"kind": "command", "status": ["test", "-f", str(flag)], "stop": ["rm", str(flag)],
+           "start": ["touch", str(flag)], "timeouts": {"stop_s": 5}}
+    record = quiet_host(tmp_path, {"tts": svc}, nvml=NvmlDouble(flag))
+    assert record["gpu"]["memory_freed_bytes"] == 28 * 2**30
+    assert record["gpu"]["before"]["compute_processes"] == {"gpu0": 1}
+    assert record["gpu"]["after"]["compute_processes"] == {"gpu0": 0}

@@ -109,3 +109,22 @@ def test_short_disk_stops_the_trial_before_staging(tmp_path):
     log = (tmp_path / "results/demo/logs/preflight.log").read_text()
     assert "not enough disk for the weights" in log and "staging needs" in log and "free" in log
     assert not (tmp_path / "staging").exists() and not (tmp_path / "results/demo/model").exists()
+
+
+def test_a_service_that_will_not_restart_fails_the_run_with_a_residue(tmp_path):
+    import json
+
+    from llmtrial.ledger import Ledger
+    from llmtrial.services import Service
+
+    config = default_config()
+    write_config(tmp_path, config)
+    broken = Service.from_config("tts", {"kind": "command", "status": ["false"], "stop": ["true"], "start": ["false"],
+                                         "timeouts": {"health_s": 1}})
+    ledger = Ledger(tmp_path / "results/demo/ledger.jsonl")
+    ledger.append("service_quiet", service=broken.to_json(), was_running=True)  # quieted by a run that then died
+    out = snakemake(tmp_path, "cleanup", "--cores", "1")
+    assert out.returncode != 0
+    assert "not fully restored" in out.stdout + out.stderr
+    record = json.loads((tmp_path / "results/demo/cleanup/on-demand.json").read_text())
+    assert not record["restored"] and record["residues"][0]["what"] == "tts"

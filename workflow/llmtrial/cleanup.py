@@ -22,6 +22,7 @@ import psutil
 from llmtrial.ledger import Ledger
 from llmtrial.server import group_members, port_open, stop_group
 from llmtrial.services import Service, quiet, restore
+from llmtrial.telemetry import NvmlSource
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +78,25 @@ def services_table(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(rows.values())
 
 
-def quiet_host(results_dir: Path, services: dict[str, Any], *, ports: Iterable[int] = (), host: str = "127.0.0.1") -> dict[str, Any]:
+def gpu_snapshot(nvml: Any | None = None) -> dict[str, Any] | None:
+    """GPU memory in use and the compute processes on each GPU, or None without NVML."""
+    source = NvmlSource(nvml)
+    if not source.available:
+        return None
+    try:
+        sample = source.sample()
+    finally:
+        source.close()
+    used = sum(v for k, v in sample.items() if k.endswith(".mem_used_bytes"))
+    procs = {k.split(".")[0]: v for k, v in sample.items() if k.endswith(".processes")}
+    return {"mem_used_bytes": used, "compute_processes": procs}
+
+
+def quiet_host(results_dir: Path, services: dict[str, Any], *, ports: Iterable[int] = (), host: str = "127.0.0.1",
+               nvml: Any | None = None) -> dict[str, Any]:
     """The quiet stage: restore first if an earlier run of this trial left the host changed,
-    then stop every configured service that runs (ledger first)."""
+    then stop every configured service that runs (ledger first), and on a GPU host record
+    the GPU memory and compute processes before and after, and the memory freed."""
     ledger = Ledger(Path(results_dir) / LEDGER_NAME)
     record: dict[str, Any] = {"restored_first": None}
     if unfinished(ledger.entries()):
@@ -88,7 +105,11 @@ def quiet_host(results_dir: Path, services: dict[str, Any], *, ports: Iterable[i
         if not record["restored_first"]["restored"]:
             raise HostNotRestored("an earlier run of this trial left residues that cleanup could not undo: "
                                   f"{record['restored_first']['residues']}; fix them, then run `snakemake cleanup`")
+    before = gpu_snapshot(nvml)
     record.update(quiet([Service.from_config(name, entry) for name, entry in services.items()], ledger))
+    after = gpu_snapshot(nvml)
+    record["gpu"] = None if before is None or after is None else {
+        "before": before, "after": after, "memory_freed_bytes": before["mem_used_bytes"] - after["mem_used_bytes"]}
     return record
 
 
