@@ -55,3 +55,26 @@ def child_pid(log: Path) -> int:
                 return int(line.split()[1])
         time.sleep(0.1)
     raise AssertionError("fake server did not report its child")
+
+
+class NvmlDoubleBase:
+    """The part of a double of nvidia-ml-py's pynvml every NVML test needs: a driver that
+    initialises and lists ``count`` GPUs whose handles are their indexes. Tests subclass it
+    with the device calls they exercise."""
+
+    count = 2
+
+    def __init__(self):
+        self.shut = False
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        self.shut = True
+
+    def nvmlDeviceGetCount(self):
+        return self.count
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i

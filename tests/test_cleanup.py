@@ -113,25 +113,17 @@ def test_an_orphaned_configuration_job_is_stopped(tmp_path):
 def test_quieting_on_a_gpu_host_records_the_memory_freed(tmp_path):
     from types import SimpleNamespace
 
+    from conftest import NvmlDoubleBase
     from llmtrial.cleanup import quiet_host
 
-    class NvmlDouble:
+    class NvmlDouble(NvmlDoubleBase):
         """A double of nvidia-ml-py's pynvml: one GPU whose memory use drops when the service stops."""
 
+        count = 1
+
         def __init__(self, flag):
+            super().__init__()
             self.flag = flag
-
-        def nvmlInit(self):
-            pass
-
-        def nvmlShutdown(self):
-            pass
-
-        def nvmlDeviceGetCount(self):
-            return 1
-
-        def nvmlDeviceGetHandleByIndex(self, i):
-            return i
 
         def nvmlDeviceGetMemoryInfo(self, h):
             return SimpleNamespace(used=(30 if self.flag.exists() else 2) * 2**30, total=80 * 2**30)

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import NvmlDoubleBase
 from llmtrial.plan import ServingArgs
 from llmtrial.preflight import (
     PreflightError,
@@ -33,27 +34,15 @@ class NVMLError(Exception):
     pass
 
 
-class NvmlDouble:
+class NvmlDouble(NvmlDoubleBase):
     """A double of nvidia-ml-py's pynvml: two GPUs; GPU 1 will not report its PCIe width."""
 
     NVML_P2P_CAPS_INDEX_READ = 0
     NVML_P2P_STATUS_OK = 0
 
     def __init__(self, cc=(9, 0)):
+        super().__init__()
         self.cc = cc
-        self.shut = False
-
-    def nvmlInit(self):
-        pass
-
-    def nvmlShutdown(self):
-        self.shut = True
-
-    def nvmlDeviceGetCount(self):
-        return 2
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return i
 
     def nvmlDeviceGetName(self, h):
         return b"NVIDIA H200"

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import DATA
+from conftest import DATA, NvmlDoubleBase
 from llmtrial.telemetry import KernelLogSource, MetricsSource, NvmlSource, Sampler, read_samples, window_figures
 
 
@@ -18,7 +18,7 @@ class NVMLError(Exception):
     pass
 
 
-class NvmlTelemetryDouble:
+class NvmlTelemetryDouble(NvmlDoubleBase):
     """A double of nvidia-ml-py's pynvml for sampling: two GPUs; GPU 0 refuses its
     temperature; GPU 1 disappears (every call raises) once ``lose_gpu1`` is set."""
 
@@ -27,25 +27,13 @@ class NvmlTelemetryDouble:
     NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES = 0, 1
 
     def __init__(self):
+        super().__init__()
         self.lose_gpu1 = False
         self.energy = [1_000_000, 2_000_000]
-        self.shut = False
 
     def _check(self, h):
         if h == 1 and self.lose_gpu1:
             raise NVMLError("GPU is lost")
-
-    def nvmlInit(self):
-        pass
-
-    def nvmlShutdown(self):
-        self.shut = True
-
-    def nvmlDeviceGetCount(self):
-        return 2
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return i
 
     def nvmlDeviceGetUtilizationRates(self, h):
         self._check(h)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from llmtrial.records import fact
+from llmtrial.records import fact, read_record
 
 GiB = 1024**3
 
@@ -485,11 +485,9 @@ def read_model_config(path: str | Path) -> dict[str, Any]:
     if p.is_dir():
         p = p / "config.json"
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PlanError(f"model config not found: {p}") from None
-    except json.JSONDecodeError as exc:
-        raise PlanError(f"{p} is not valid JSON: {exc}") from None
+        return read_record(p)
+    except (FileNotFoundError, ValueError) as exc:
+        raise PlanError(f"model config: {exc}") from None
 
 
 def weights_size(model_dir: str | Path) -> int | None:
