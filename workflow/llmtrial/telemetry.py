@@ -53,6 +53,8 @@ __all__ = [
     "window_figures",
     "Sampler",
     "Source",
+    "describe_sources",
+    "job_sources",
     "read_samples",
     "summarize_window",
 ]
@@ -617,6 +619,29 @@ class Sampler:
                 with self._lock:
                     state.skipped += now_k - k
                 k = now_k
+
+
+def job_sources(*always: Any) -> tuple[list[Any], list[Any]]:
+    """The sources of one configuration's job: ``always`` (host, /metrics) plus NVML and the
+    kernel log where this host has them. Returns (sampled, absent)."""
+    optional = [NvmlSource(), KernelLogSource()]
+    return [*always, *(o for o in optional if o.available)], [o for o in optional if not o.available]
+
+
+def describe_sources(sampled: list[Any], absent: list[Any], sampler: Sampler) -> dict[str, dict[str, Any]]:
+    """Each source's status for the record: sampled, failed at times (with the sampler's
+    errors), or absent with the reason; the kernel log's events and NVML's refusals."""
+    out: dict[str, dict[str, Any]] = {}
+    for src in sampled:
+        item: dict[str, Any] = {"status": "failed at times" if sampler.errors.get(src.name) else "sampled"}
+        if isinstance(src, KernelLogSource):
+            item["events"] = src.events
+        if isinstance(src, NvmlSource):
+            item.update(field_errors=src.field_errors, lost_gpus=src.lost)
+        out[src.name] = item
+    for src in absent:
+        out[src.name] = {"status": "absent", "reason": src.reason}
+    return out
 
 
 def read_samples(csv_path: Path) -> pandas.DataFrame:

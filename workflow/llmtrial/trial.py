@@ -28,10 +28,10 @@ from llmtrial.server import ServerProcess, ServerStartError, build_server_argv
 from llmtrial.telemetry import (
     CSV_HEADER,
     HostSource,
-    KernelLogSource,
     MetricsSource,
-    NvmlSource,
     Sampler,
+    describe_sources,
+    job_sources,
     read_samples,
     window_figures,
 )
@@ -128,12 +128,7 @@ def run_configuration(
     ledger.append("job_started", label=f"{trial}/{spec['name']}", pid=os.getpid(),
                   create_time=psutil.Process().create_time())
     host_source = HostSource()
-    optional = [NvmlSource(), KernelLogSource()]
-    sources: list[Any] = [host_source, MetricsSource(host, port)] + [o for o in optional if o.available]
-    record["telemetry"]["sources"] = {src.name: {"status": "sampled"} for src in sources}
-    for o in optional:
-        if not o.available:
-            record["telemetry"]["sources"][o.name] = {"status": "absent", "reason": o.reason}
+    sources, absent = job_sources(host_source, MetricsSource(host, port))
     server = ServerProcess(argv, host=host, port=port, log_path=server_log, env=spec["env"],
                            ledger=ledger, stop_timeout=float(spec["stop_timeout_s"]),
                            label=f"{trial}/{spec['name']}")
@@ -148,14 +143,7 @@ def run_configuration(
             record["server"]["pid"] = server.proc.pid if server.proc else None
         record["telemetry"]["sampler"] = sampler.stats()
         record["telemetry"]["errors"] = dict(sampler.errors)
-    for src in sources:
-        if record["telemetry"]["errors"].get(src.name):
-            record["telemetry"]["sources"][src.name]["status"] = "failed at times"
-    for o in optional:
-        if o.available and isinstance(o, KernelLogSource):
-            record["telemetry"]["sources"][o.name]["events"] = o.events
-        if o.available and isinstance(o, NvmlSource):
-            record["telemetry"]["sources"][o.name].update(field_errors=o.field_errors, lost_gpus=o.lost)
+        record["telemetry"]["sources"] = describe_sources(sources, absent, sampler)
     _summarize_telemetry(record, telemetry_path, server, windows)
     _finish(record, server_log, out_dir)
     record["prediction"] = compare_with_plan(plan, record["startup"])
