@@ -67,10 +67,6 @@ class ModelShape:
     moe_intermediate_size: int | None = None
     state_bytes_per_layer: int | None = None
 
-    @property
-    def attention_layers(self) -> int:
-        return sum(1 for k in self.layer_kinds if k in ("full_attention", *SLIDING_LAYER_KINDS))
-
 
 def _first(cfg: Mapping[str, Any], *names: str, default: Any = None) -> Any:
     for n in names:

@@ -195,9 +195,11 @@ def _serve_and_measure(record: dict[str, Any], server: ServerProcess, host_sourc
             # the window opens before its first /metrics sample and closes after its last, so a
             # counter's change over the window is exactly the pass's own
             w_start = time.time()
+            sampler.mark(f"{stem}:start")  # the CSV names its own windows
             sampler.sample_now("metrics")
             run = bench.run_pass(argv, log_path=bench_dir / f"{stem}.log", timeout=float(scenario["timeout_s"]))
             sampler.sample_now("metrics")
+            sampler.mark(f"{stem}:end")
             w_end = time.time()
             result_file = bench_dir / f"{stem}.json"
             one: dict[str, Any] = {
