@@ -16,24 +16,12 @@ import time
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, free_ports
 from llmtrial.ledger import Ledger
 from llmtrial.server import group_members, port_open
 from workflow_helpers import SNAKEMAKE, default_config, demo_service, snakemake, write_config
 
 pytestmark = pytest.mark.e2e
-
-
-def free_ports(n: int) -> list[int]:
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import free_ports
 from llmtrial.ledger import Ledger
 from llmtrial.services import Service, healthy, quiet, restore
 
@@ -33,20 +34,12 @@ http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 """
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def supervisor(tmp_path):
     """A real supervisord with two demo programs: ``web`` (running) and ``idle`` (stopped)."""
     script = tmp_path / "demo.py"
     script.write_text(DEMO)
-    ports = {"web": free_port(), "idle": free_port()}
+    ports = dict(zip(("web", "idle"), free_ports(2)))
     conf = tmp_path / "supervisord.conf"
     sock = tmp_path / "supervisor.sock"
     programs = "".join(

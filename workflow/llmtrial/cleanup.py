@@ -20,6 +20,7 @@ from typing import Any, Iterable
 import psutil
 
 from llmtrial.ledger import Ledger
+from llmtrial.records import write_record
 from llmtrial.server import group_members, port_open, stop_group
 from llmtrial.services import Service, quiet, restore
 from llmtrial.telemetry import NvmlSource
@@ -205,4 +206,29 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
         "restored": not residues,
     }
     ledger.append("cleanup_done", restored=record["restored"], residues=len(residues))
+    return record
+
+
+def cleanup_with_record(results_dir: Path, record_path: Path | None = None, *, ports: Iterable[int] = (),
+                        host: str = "127.0.0.1", stop_timeout: float = 30.0) -> dict[str, Any]:
+    """Run cleanup and write its record (default ``<results>/cleanup/on-demand.json``)."""
+    record = run_cleanup(results_dir, ports=ports, host=host, stop_timeout=stop_timeout)
+    write_record(record_path or Path(results_dir) / "cleanup" / "on-demand.json", record)
+    return record
+
+
+def restore_after_run(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1") -> dict[str, Any] | None:
+    """After a successful workflow run: give back what a partial run left changed (recorded
+    as ``cleanup/on-success.json``), and raise HostNotRestored when the last cleanup could
+    not restore the host, so the run's exit status says so. Returns the new record, if any."""
+    results = Path(results_dir)
+    entries = Ledger(results / LEDGER_NAME).entries()
+    record = None
+    if unfinished(entries):
+        record = cleanup_with_record(results, results / "cleanup" / "on-success.json", ports=ports, host=host)
+        entries = Ledger(results / LEDGER_NAME).entries()
+    done = [e for e in entries if e.get("action") == "cleanup_done"]
+    if done and not done[-1].get("restored", True):
+        raise HostNotRestored(f"the host was not fully restored ({done[-1].get('residues')} residue(s)); see "
+                              f"{results / 'cleanup'} and the report, fix them, then run `snakemake cleanup`")
     return record

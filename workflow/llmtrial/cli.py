@@ -28,12 +28,9 @@ def _parse_log(args: argparse.Namespace) -> int:
 
 
 def _cleanup(args: argparse.Namespace) -> int:
-    from llmtrial.cleanup import run_cleanup
-    from llmtrial.records import write_record
+    from llmtrial.cleanup import cleanup_with_record
 
-    results = Path(args.results_dir)
-    record = run_cleanup(results, ports=args.port, host=args.host, stop_timeout=args.stop_timeout)
-    write_record(results / "cleanup" / "on-demand.json", record)
+    record = cleanup_with_record(Path(args.results_dir), ports=args.port, host=args.host, stop_timeout=args.stop_timeout)
     for s in record["servers"]:
         print(f"server {s['label']} (pgid {s['pgid']}, port {s['port']}): {s['action']}")
     for r in record["residues"]:

@@ -335,7 +335,7 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
     if shape.mla_kv_dim is None and tp > shape.num_kv_heads and not blocking:
         reasons.append(f"TP {tp} exceeds the {shape.num_kv_heads} KV heads: each rank replicates one KV head, "
                        "so KV memory does not shrink further with TP.")
-    if shape.num_experts and args.enable_expert_parallel and shape.num_experts % (tp * max(1, 1)):
+    if shape.num_experts and args.enable_expert_parallel and shape.num_experts % tp:
         blocking.append(f"{shape.num_experts} experts cannot be split evenly over an expert parallel size of {tp}.")
     if pp > shape.num_layers:
         blocking.append(f"Pipeline parallel size {pp} exceeds the {shape.num_layers} layers.")
@@ -377,8 +377,6 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
     bounds = [sum(stages[:i]) for i in range(pp + 1)]
     per_token_rank = [sum(layer_rank for j in range(bounds[i], bounds[i + 1])
                           if shape.layer_kinds[j] in ("full_attention", "sliding_attention")) for i in range(pp)]
-    per_token_rank_full = [sum(layer_rank for j in range(bounds[i], bounds[i + 1]) if shape.layer_kinds[j] == "full_attention")
-                           for i in range(pp)]
     if sliding_layers:
         reasons.append(f"{len(sliding_layers)} sliding-window layers (window {shape.sliding_window}) hold at most "
                        "the window per sequence; capacity is counted on all attention layers (a lower bound).")
@@ -456,7 +454,6 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
     data = {
         "kv_cache_bytes_per_token": per_token_whole,
         "kv_cache_bytes_per_token_per_rank": per_token_rank[0] if pp == 1 else per_token_rank,
-        "kv_cache_bytes_per_token_per_rank_full_attention": per_token_rank_full,
         "weights_bytes": int(weights_bytes),
         "weights_bytes_per_rank": [int(w) for w in weights_per_rank],
         "stage_layers": stages,

@@ -3,15 +3,13 @@
 import re
 from pathlib import Path
 
-from llmtrial.cleanup import LEDGER_NAME, HostNotRestored, run_cleanup, unfinished
-from llmtrial.ledger import Ledger
+from llmtrial.cleanup import cleanup_with_record, restore_after_run
 from llmtrial.config import (
     configuration_port,
     configuration_spec,
     scenario_contexts,
     validate_config,
 )
-from llmtrial.records import write_record
 
 
 validate_config(
@@ -63,31 +61,15 @@ def trial_ports():
 
 
 def cleanup_on_error():
-    record = run_cleanup(
-        results_dir(), ports=trial_ports(), host=config["serving"]["host"]
+    record = cleanup_with_record(
+        results_dir(),
+        results_dir() / "cleanup" / "on-error.json",
+        ports=trial_ports(),
+        host=config["serving"]["host"],
     )
-    write_record(results_dir() / "cleanup" / "on-error.json", record)
     state = "restored" if record["restored"] else f"NOT restored: {record['residues']}"
     print(f"llmtrial cleanup after error: host {state}")
 
 
 def cleanup_if_unfinished():
-    """After a successful run: give back what a partial run left changed, and fail the
-    run when the host could not be fully restored."""
-    entries = Ledger(results_dir() / LEDGER_NAME).entries()
-    if unfinished(entries):
-        record = run_cleanup(
-            results_dir(), ports=trial_ports(), host=config["serving"]["host"]
-        )
-        write_record(results_dir() / "cleanup" / "on-success.json", record)
-        restored = record["restored"]
-        residues = record["residues"]
-    else:
-        done = [e for e in entries if e.get("action") == "cleanup_done"]
-        restored = not done or done[-1].get("restored", True)
-        residues = done[-1].get("residues") if done else 0
-    if not restored:
-        raise HostNotRestored(
-            f"the host was not fully restored ({residues} residue(s)); see "
-            f"{results_dir() / 'cleanup'} and the report, fix them, then run `snakemake cleanup`"
-        )
+    restore_after_run(results_dir(), ports=trial_ports(), host=config["serving"]["host"])
