@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import psutil
 
@@ -257,28 +257,70 @@ def check_nccl_interfaces(envs: Mapping[str, Mapping[str, str]]) -> dict[str, An
 
 
 def disk_headroom(path: str | Path, needed_bytes: int, *, reserve_fraction: float, reserve_min_gib: float,
-                  files: int = 0) -> dict[str, Any]:
-    """Free space and inodes where ``path`` lives, against what staging needs plus the reserve."""
+                  files: int = 0, reserve_inodes_fraction: float = 0.05) -> dict[str, Any]:
+    """Free space and inodes where ``path`` lives, against what staging needs plus the reserve.
+
+    The byte reserve is the larger of ``reserve_fraction`` of the filesystem and
+    ``reserve_min_gib``; the inode reserve is ``reserve_inodes_fraction`` of its inodes (the
+    kubelet evicts at nodefs.inodesFree < 5 %) and at least 1000."""
     p = Path(path).resolve()
     while not p.exists():
         p = p.parent
     st = os.statvfs(p)
     total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
     reserve = max(int(reserve_fraction * total), int(reserve_min_gib * GiB))
-    inodes_free = st.f_favail
-    ok = free - needed_bytes >= reserve and (st.f_files == 0 or inodes_free >= files + 1000)
-    return {"path": str(p), "total_bytes": total, "free_bytes": free, "needed_bytes": int(needed_bytes),
-            "reserve_bytes": reserve, "inodes_free": inodes_free, "files": files, "ok": ok}
+    inodes_free, inodes_reserve = st.f_favail, max(int(reserve_inodes_fraction * st.f_files), 1000)
+    bytes_ok = free - needed_bytes >= reserve
+    inodes_ok = st.f_files == 0 or inodes_free - files >= inodes_reserve
+    return {"path": str(p), "device": os.stat(p).st_dev, "total_bytes": total, "free_bytes": free,
+            "needed_bytes": int(needed_bytes), "reserve_bytes": reserve, "inodes_free": inodes_free,
+            "inodes_reserve": inodes_reserve, "files": files, "ok": bytes_ok and inodes_ok,
+            "short_bytes": max(int(needed_bytes) + reserve - free, 0),
+            "short_inodes": 0 if st.f_files == 0 else max(files + inodes_reserve - inodes_free, 0)}
+
+
+def headroom_by_filesystem(needs: Sequence[tuple[str, str | Path, int, int]],
+                           disk: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Headroom of every filesystem a stage writes to. ``needs`` holds (role, path, bytes,
+    files) such as ("staging", dir, bytes to fetch, files to fetch); roles whose paths share a
+    filesystem are summed, so two folders on one disk must fit together."""
+    groups: dict[int, dict[str, Any]] = {}
+    for role, path, needed, files in needs:
+        probe = disk_headroom(path, 0, reserve_fraction=0, reserve_min_gib=0)
+        group = groups.setdefault(probe["device"], {"roles": [], "paths": [], "bytes": 0, "files": 0})
+        group["roles"].append(role)
+        group["paths"].append(str(path))
+        group["bytes"] += int(needed)
+        group["files"] += int(files)
+    out = []
+    for group in groups.values():
+        fs = disk_headroom(group["paths"][0], group["bytes"], files=group["files"],
+                           reserve_fraction=float(disk["reserve_fraction"]),
+                           reserve_min_gib=float(disk["reserve_min_gib"]),
+                           reserve_inodes_fraction=float(disk.get("reserve_inodes_fraction", 0.05)))
+        out.append({**fs, "roles": group["roles"], "paths": group["paths"]})
+    return out
+
+
+def headroom_message(fs: Mapping[str, Any], what: str = "staging") -> str:
+    """One line naming the filesystem, what it must hold, the reserve, and what is free."""
+    gib = lambda b: f"{b / GiB:,.2f} GiB ({b:,} bytes)"  # noqa: E731
+    roles = "/".join(fs.get("roles", [])) or what
+    line = (f"{fs['path']} ({roles}): needs {gib(fs['needed_bytes'])} and must keep a reserve of "
+            f"{gib(fs['reserve_bytes'])}; {gib(fs['free_bytes'])} free of {gib(fs['total_bytes'])}")
+    if fs.get("short_bytes"):
+        line += f"; short by {gib(fs['short_bytes'])}"
+    if fs.get("short_inodes"):
+        line += (f"; needs {fs['files']:,} inodes and a reserve of {fs['inodes_reserve']:,}, "
+                 f"{fs['inodes_free']:,} free (short by {fs['short_inodes']:,})")
+    return line
 
 
 def disk_check(disk: Mapping[str, Any]) -> dict[str, Any]:
-    gib = lambda b: f"{b / GiB:,.2f} GiB"  # noqa: E731
-    detail = (f"{disk['path']}: staging needs {gib(disk['needed_bytes'])} and must leave a reserve of "
-              f"{gib(disk['reserve_bytes'])}; {gib(disk['free_bytes'])} of {gib(disk['total_bytes'])} free")
+    detail = headroom_message(disk)
     if disk["ok"]:
         return check("disk_headroom", "ok", detail)
-    short = disk["needed_bytes"] + disk["reserve_bytes"] - disk["free_bytes"]
-    return check("disk_headroom", "fail", f"not enough disk for the weights: {detail}; free {gib(max(short, 0))} more "
+    return check("disk_headroom", "fail", f"not enough disk for the weights: {detail}; free space "
                  "or lower disk.reserve_* (the default keeps the kubelet's 10 % eviction threshold)")
 
 
@@ -290,8 +332,7 @@ def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: M
 
     host = {"host": dict(os.environ)}
     needed, files = staged_size_estimate(source)
-    headroom = disk_headroom(staging_dir, needed, reserve_fraction=float(disk["reserve_fraction"]),
-                             reserve_min_gib=float(disk["reserve_min_gib"]), files=files)
+    headroom = headroom_by_filesystem([("staging", staging_dir, needed, files)], disk)[0]
     checks = [check_allocator(host), check_shm(), check_open_files(), check_nccl_interfaces(host), disk_check(headroom)]
     record = {"environment": environment_record(nvml), "checks": checks, "disk": headroom}
     failed = [c for c in checks if c["status"] == "fail"]

@@ -13,10 +13,14 @@ Source kinds (the ``source`` dict of the trial config):
 ``local``
     An existing Hugging Face-format folder, checked and manifested in place (no copy).
 ``hub``
-    Not implemented yet.
+    A Hugging Face Hub repository at a revision (resolved to a commit), fetched with
+    huggingface_hub into the staging folder: see :mod:`llmtrial.hub`.
+``archive``
+    The same repository and commit restaged from ``weights.archive_dir`` (see
+    :mod:`llmtrial.weights`); a ``hub`` source uses an archive automatically too.
 
-Heavy imports (torch, transformers, tokenizers) happen inside the functions that need
-them, so importing this module is cheap. No function here touches the network.
+Heavy imports (torch, transformers, tokenizers, huggingface_hub) happen inside the
+functions that need them, so importing this module is cheap.
 """
 
 from __future__ import annotations
@@ -538,7 +542,160 @@ def _reusable(manifest_path: Path, staging_dir: Path, source: Mapping[str, Any],
     return old
 
 
-def stage_model(source: Mapping[str, Any], staging_dir: Path, *, seed_default: int = 0) -> dict[str, Any]:
+def _staged_weights_entry(folder: Path, root: Path | None, weights: Mapping[str, Any] | None,
+                          source: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
+    """The ``weights_staged`` ledger entry: all cleanup needs to keep, archive or delete."""
+    weights = weights or {}
+    archive_dir = weights.get("archive_dir")
+    return {"path": str(folder.resolve()), "root": str(Path(root or folder.parent).resolve()),
+            "after": weights.get("after", "keep"),
+            "archive_dir": str(Path(archive_dir).resolve()) if archive_dir else None,
+            "kind": source.get("kind"), **extra}
+
+
+def _reuse_staged_hub(folder: Path, source: Mapping[str, Any], commit: str | None) -> dict[str, Any] | None:
+    """The manifest of a hub model already staged in ``folder`` from the same repository,
+    commit (or, with no commit known, the same revision) and patterns, if every file is
+    unchanged since it verified."""
+    from llmtrial.hub import VerifiedFiles
+
+    try:
+        manifest = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+        hub = manifest["hub"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    same = (hub.get("repo_id") == source.get("repo_id")
+            and (hub.get("commit") == commit if commit else str(source.get("revision")) in (hub.get("revision"), hub.get("commit")))
+            and all(manifest["source"].get(k) == _json_normal(source.get(k))
+                    for k in ("allow_patterns", "ignore_patterns")))
+    verified = VerifiedFiles(folder)
+    if not same or any(verified.sha256(f["path"], folder / f["path"], sha256=f["sha256"]) is None
+                       for f in manifest["files"]):
+        return None
+    return manifest
+
+
+def _check_headroom(needs: list[tuple[str, Any, int, int]], disk: Mapping[str, Any] | None,
+                    what: str) -> list[dict[str, Any]]:
+    from llmtrial.hub import HeadroomError
+    from llmtrial.preflight import headroom_by_filesystem, headroom_message
+
+    filesystems = headroom_by_filesystem(needs, disk or {"reserve_fraction": 0.10, "reserve_min_gib": 5})
+    short = [fs for fs in filesystems if not fs["ok"]]
+    for fs in filesystems:
+        logger.info("headroom %s", headroom_message(fs))
+    if short:
+        raise HeadroomError(f"not enough disk to stage {what}, nothing was written: "
+                            + "; ".join(headroom_message(fs) for fs in short)
+                            + "; free space or lower disk.reserve_* (the default keeps the kubelet's "
+                            "10 % eviction threshold)", filesystems)
+    return filesystems
+
+
+def _stage_hub(source: Mapping[str, Any], folder: Path, *, disk: Mapping[str, Any] | None,
+               weights: Mapping[str, Any] | None, record_write: Any) -> dict[str, Any]:
+    """Stage a ``hub`` (or ``archive``) source into ``folder``: a staged copy that verifies,
+    else the archive of the same repository and commit, else the Hub. See llmtrial.hub."""
+    from huggingface_hub import constants
+
+    from llmtrial import hub
+    from llmtrial.weights import copy_verified, find_archive
+
+    repo_id = source.get("repo_id")
+    if not repo_id:
+        raise ValueError(f"source kind {source.get('kind')!r} needs 'repo_id' (such as Qwen/Qwen3-8B)")
+    revision = str(source.get("revision") or "main")
+    archive_dir = (weights or {}).get("archive_dir")
+    started = time.monotonic()
+    folder.mkdir(parents=True, exist_ok=True)
+    with hub.stage_lock(folder):
+        orphans = hub.remove_orphans(folder)
+        commit = revision if hub.COMMIT.match(revision) else None
+        why_no_hub = "the source is an archive" if source.get("kind") == "archive" else \
+            "HF_HUB_OFFLINE is set" if hub.offline() else None
+        if commit is None and why_no_hub is None:
+            try:
+                commit = hub.resolve_commit(repo_id, revision)
+                logger.info("%s@%s is commit %s", repo_id, revision, commit)
+            except Exception as exc:
+                if not hub.unreachable(exc):
+                    raise
+                why_no_hub = f"the Hub at {hub.endpoint()} cannot be reached ({type(exc).__name__})"
+        base = {"repo_id": repo_id, "revision": revision, "commit": commit, "endpoint": hub.endpoint(),
+                "token": hub.token_state()}
+        staged = _reuse_staged_hub(folder, source, commit)
+        if staged is not None:
+            record_write(_staged_weights_entry(folder, None, weights, source, repo_id=repo_id, commit=staged["hub"]["commit"]))
+            logger.info("reusing staged %s@%s in %s (every file verified): done in %.1f s",
+                        repo_id, staged["hub"]["commit"], folder, time.monotonic() - started)
+            return {**staged, "fetch": {"files_downloaded": 0, "bytes_downloaded": 0, "reused": True,
+                                        "orphans_removed": orphans[0]}}
+        found = find_archive(archive_dir, repo_id, commit or revision)
+        if found is None and commit is None:
+            raise hub.HubError(f"cannot stage {repo_id}@{revision}: {why_no_hub}, and there is no verified copy "
+                               f"in {folder} and no archive of it in {archive_dir or '(no archive_dir)'}")
+        verified = hub.VerifiedFiles(folder)
+        if found is not None:
+            archive, archived = found
+            entries = list(archived["files"])
+            commit = archived["hub"]["commit"]
+            todo_entries = [f for f in entries if verified.sha256(f["path"], folder / f["path"], sha256=f["sha256"]) is None]
+            needs = [("staging", folder, sum(f["size"] for f in todo_entries), len(todo_entries))]
+            headroom = _check_headroom(needs, disk, f"{repo_id}@{commit} from the archive {archive}")
+            record_write(_staged_weights_entry(folder, None, weights, source, repo_id=repo_id, commit=commit))
+            _remove_stale(folder, {f["path"] for f in entries})
+            logger.info("restaging %s@%s from the archive %s (%d files, %.1f MiB to copy); the Hub is not used",
+                        repo_id, commit, archive, len(todo_entries), sum(f["size"] for f in todo_entries) / (1 << 20))
+            copy_started = time.monotonic()
+            for f in copy_verified(archive, folder, todo_entries):
+                verified.add(f["path"], folder / f["path"], f["sha256"])
+            seconds = time.monotonic() - copy_started
+            files = [{k: f[k] for k in ("path", "size", "sha256", "blob_id") if k in f} for f in entries]
+            fetch = {"files_copied": len(todo_entries), "bytes_copied": sum(f["size"] for f in todo_entries),
+                     "files_downloaded": 0, "bytes_downloaded": 0, "seconds": round(seconds, 3),
+                     "restaged_from": str(archive), "orphans_removed": orphans[0]}
+            hub_info = {**base, "commit": commit, "resolved_by": "archive" if base["commit"] is None else "hub"}
+        else:
+            assert commit is not None
+            remote = hub.list_files(repo_id, commit, allow_patterns=source.get("allow_patterns"),
+                                    ignore_patterns=source.get("ignore_patterns"))
+            record_write(_staged_weights_entry(folder, None, weights, source, repo_id=repo_id, commit=commit))
+            todo, removed_bad = hub.plan_fetch(folder, remote, verified)
+            needs = [("staging", folder, sum(f.size for f in todo), len(todo)),
+                     ("cache", constants.HF_HUB_CACHE, 0, 0)]
+            if (weights or {}).get("after") == "archive" and archive_dir:
+                needs.append(("archive", archive_dir, sum(f.size for f in remote), len(remote)))
+            headroom = _check_headroom(needs, disk, f"{repo_id}@{commit}")
+            _remove_stale(folder, {f.path for f in remote})
+            logger.info("%d of %d files already staged and verified; %d to fetch",
+                        len(remote) - len(todo), len(remote), len(todo))
+            fetch = hub.download(repo_id, commit, todo, folder, verified, **hub.settings(source)) if todo else \
+                {"files_downloaded": 0, "bytes_downloaded": 0, "seconds": 0.0, "bytes_per_s": None, "retries": []}
+            fetch.update(files_reused=len(remote) - len(todo), corrupt_removed=removed_bad, orphans_removed=orphans[0])
+            files = hub.manifest_files(folder, remote, verified)
+            hub_info = {**base, "commit": commit, "resolved_by": "given" if hub.COMMIT.match(revision) else "hub"}
+        manifest = {"model_dir": str(folder.resolve()), "source": _json_normal(source), "hub": hub_info,
+                    "files": files, "total_bytes": sum(f["size"] for f in files),
+                    "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "fetch": fetch, "headroom": headroom}
+        write_record(folder / MANIFEST_NAME, manifest)
+    logger.info("staged %s@%s in %s: done in %.1f s", repo_id, commit, folder, time.monotonic() - started)
+    return manifest
+
+
+def _remove_stale(folder: Path, keep: set[str]) -> None:
+    """Remove visible files that are not part of the model (another revision's shards), so
+    a server never loads them."""
+    from llmtrial.hub import forget_download, stale_files
+
+    for rel in stale_files(folder, keep):
+        logger.warning("removing %s from %s: not part of the selected files", rel, folder)
+        forget_download(folder, rel)
+
+
+def stage_model(source: Mapping[str, Any], staging_dir: Path, *, seed_default: int = 0,
+                ledger: Any | None = None, root: Path | None = None, weights: Mapping[str, Any] | None = None,
+                disk: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Stage the model a trial serves and return its manifest.
 
     Dispatches on ``source["kind"]``:
@@ -551,29 +708,45 @@ def stage_model(source: Mapping[str, Any], staging_dir: Path, *, seed_default: i
       The manifest also carries ``"generator"``: the effective seed and overrides.
     * ``"local"``: check ``source["path"]`` with :func:`check_local_model` and manifest
       it in place (no copy; nothing is written, ``staging_dir`` is unused).
-    * ``"hub"``: not implemented yet (NotImplementedError).
+    * ``"hub"``: resolve ``revision`` to its commit and fetch the selected files with
+      huggingface_hub (a verified staged copy or an archive of that commit is used
+      instead); ``"archive"``: the same from ``weights.archive_dir`` only, never the Hub.
+
+    ``ledger`` (a :class:`llmtrial.ledger.Ledger`) gets a ``weights_staged`` entry before
+    the first byte is written, with ``root`` (the staging root cleanup must stay inside)
+    and ``weights`` (``after``: keep, archive or delete; ``archive_dir``). ``disk`` holds
+    the reserve settings of the headroom check.
 
     Raises:
-        ValueError: unknown kind, missing ``path`` for ``local``, or bad tiny parameters.
-        NotImplementedError: kind ``hub``.
+        ValueError: unknown kind, missing ``path`` or ``repo_id``, or bad tiny parameters.
         FileNotFoundError: a ``local`` model folder or one of its files is missing.
+        llmtrial.hub.HeadroomError: a filesystem would fall below its reserve.
+        llmtrial.hub.HubError, llmtrial.hub.VerificationError: the Hub failed or a file
+            does not match its metadata.
     """
     kind = source.get("kind")
     started = time.monotonic()
+    folder = Path(staging_dir)
+
+    def record_write(entry: dict[str, Any]) -> None:
+        if ledger is not None:
+            entry["root"] = str(Path(root or folder.parent).resolve())
+            ledger.append("weights_staged", **entry)
+
     if kind == "tiny":
-        staging_dir = Path(staging_dir)
         generator = _tiny_parameters(source, seed_default)
-        manifest_path = staging_dir / MANIFEST_NAME
-        reused = _reusable(manifest_path, staging_dir, source, generator)
+        manifest_path = folder / MANIFEST_NAME
+        reused = _reusable(manifest_path, folder, source, generator)
+        record_write(_staged_weights_entry(folder, root, weights, source))
         if reused is not None:
             logger.info("reusing staged tiny model in %s (manifest verifies): done in %.1f s",
-                        staging_dir, time.monotonic() - started)
+                        folder, time.monotonic() - started)
             return reused
-        generate_tiny_model(staging_dir, **generator)
-        manifest = build_manifest(staging_dir, source=_json_normal(source))
+        generate_tiny_model(folder, **generator)
+        manifest = build_manifest(folder, source=_json_normal(source))
         manifest["generator"] = _json_normal(generator)
         write_record(manifest_path, manifest)
-        logger.info("staged tiny model in %s: done in %.1f s", staging_dir, time.monotonic() - started)
+        logger.info("staged tiny model in %s: done in %.1f s", folder, time.monotonic() - started)
         return manifest
     if kind == "local":
         if not source.get("path"):
@@ -582,6 +755,6 @@ def stage_model(source: Mapping[str, Any], staging_dir: Path, *, seed_default: i
         manifest = build_manifest(model_dir, source=_json_normal(source))
         logger.info("staged local model %s in place: done in %.1f s", model_dir, time.monotonic() - started)
         return manifest
-    if kind == "hub":
-        raise NotImplementedError("source kind 'hub' is not implemented yet")
-    raise ValueError(f"unknown model source kind {kind!r}; expected 'tiny', 'local' or 'hub'")
+    if kind in ("hub", "archive"):
+        return _stage_hub(source, folder, disk=disk, weights=weights, record_write=record_write)
+    raise ValueError(f"unknown model source kind {kind!r}; expected 'tiny', 'local', 'hub' or 'archive'")
