@@ -216,7 +216,7 @@ def test_a_file_that_cannot_be_removed_is_a_residue_not_forced(hub, tmp_path):
         pytest.skip(f"no mount namespace here: {done.stderr.strip()}")
     result = json.loads(done.stdout)
     residue = next(r for r in result["residues"] if r["what"].endswith("kept.bin"))
-    assert residue["size"] == 4096 and "EROFS" in residue["reason"] and "not forced" in residue["reason"]
+    assert residue["size"] == 4096 and "EROFS" in residue["seen"] and "not forced" in residue["seen"]
     assert (sub / "kept.bin").read_bytes() == b"y" * 4096  # untouched
     assert not (folder / SHARD).exists()  # everything else went
     assert result["freed_bytes"] >= manifest["total_bytes"]
@@ -253,7 +253,7 @@ def test_kill_9_mid_download_then_a_rerun_fetches_only_what_is_missing(hub, tmp_
     shard1_gets = len(hub.gets(SHARD))
     manifest, _, _ = stage(tmp_path)
     assert len(hub.gets(SHARD)) == shard1_gets  # the completed shard was not fetched again
-    assert manifest["fetch"]["orphans_removed"] == 1 and manifest["fetch"]["files_reused"] >= 1
+    assert manifest["fetch"]["orphans_removed"] >= 1 and manifest["fetch"]["files_reused"] >= 1
     assert not list((folder / hubmod.DOWNLOAD_META).rglob("*.incomplete"))
     assert verify_manifest(manifest) == []
 

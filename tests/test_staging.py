@@ -290,9 +290,10 @@ def test_stage_local_missing_config(model_copy: Path, tmp_path: Path) -> None:
         stage_model({"kind": "local", "path": str(model_copy)}, tmp_path / "s")
 
 
-def test_stage_hub_not_implemented(tmp_path: Path) -> None:
-    with pytest.raises(NotImplementedError, match="source kind 'hub' is not implemented yet"):
-        stage_model({"kind": "hub", "repo": "some/model"}, tmp_path / "s")
+def test_stage_hub_without_a_repository_names_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="source kind 'hub' needs 'repo_id'"):
+        stage_model({"kind": "hub", "revision": "main"}, tmp_path / "s")
+    assert not (tmp_path / "s").exists()
 
 
 def test_stage_unknown_kind(tmp_path: Path) -> None:

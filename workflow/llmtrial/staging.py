@@ -464,11 +464,11 @@ def build_manifest(model_dir: Path, *, source: Mapping[str, Any]) -> dict[str, A
     }
 
 
-def verify_manifest(manifest: Mapping[str, Any]) -> list[str]:
+def verify_manifest(manifest: Mapping[str, Any], *, hashes: bool = True) -> list[str]:
     """Check the files a manifest lists; return the problems found, empty if none.
 
     Each problem is one readable line naming the file: missing, size mismatch or
-    sha256 mismatch (hashes are only compared when sizes agree).
+    sha256 mismatch (hashes are only compared when sizes agree, and with ``hashes``).
     """
     problems: list[str] = []
     try:
@@ -487,6 +487,8 @@ def verify_manifest(manifest: Mapping[str, Any]) -> list[str]:
         size = file.stat().st_size
         if size != entry.get("size"):
             problems.append(f"{rel}: size {size} bytes, manifest says {entry.get('size')}")
+            continue
+        if not hashes:
             continue
         digest = _sha256(file)
         if digest != entry.get("sha256"):
@@ -542,13 +544,12 @@ def _reusable(manifest_path: Path, staging_dir: Path, source: Mapping[str, Any],
     return old
 
 
-def _staged_weights_entry(folder: Path, root: Path | None, weights: Mapping[str, Any] | None,
-                          source: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
-    """The ``weights_staged`` ledger entry: all cleanup needs to keep, archive or delete."""
+def _staged_weights_entry(folder: Path, weights: Mapping[str, Any] | None, source: Mapping[str, Any],
+                          **extra: Any) -> dict[str, Any]:
+    """The ``weights_staged`` ledger entry: what cleanup keeps, archives or deletes, and where."""
     weights = weights or {}
     archive_dir = weights.get("archive_dir")
-    return {"path": str(folder.resolve()), "root": str(Path(root or folder.parent).resolve()),
-            "after": weights.get("after", "keep"),
+    return {"path": str(folder.resolve()), "after": weights.get("after", "keep"),
             "archive_dir": str(Path(archive_dir).resolve()) if archive_dir else None,
             "kind": source.get("kind"), **extra}
 
@@ -625,7 +626,7 @@ def _stage_hub(source: Mapping[str, Any], folder: Path, *, disk: Mapping[str, An
                 "token": hub.token_state()}
         staged = _reuse_staged_hub(folder, source, commit)
         if staged is not None:
-            record_write(_staged_weights_entry(folder, None, weights, source, repo_id=repo_id, commit=staged["hub"]["commit"]))
+            record_write(_staged_weights_entry(folder, weights, source, repo_id=repo_id, commit=staged["hub"]["commit"]))
             logger.info("reusing staged %s@%s in %s (every file verified): done in %.1f s",
                         repo_id, staged["hub"]["commit"], folder, time.monotonic() - started)
             return {**staged, "fetch": {"files_downloaded": 0, "bytes_downloaded": 0, "reused": True,
@@ -642,7 +643,7 @@ def _stage_hub(source: Mapping[str, Any], folder: Path, *, disk: Mapping[str, An
             todo_entries = [f for f in entries if verified.sha256(f["path"], folder / f["path"], sha256=f["sha256"]) is None]
             needs = [("staging", folder, sum(f["size"] for f in todo_entries), len(todo_entries))]
             headroom = _check_headroom(needs, disk, f"{repo_id}@{commit} from the archive {archive}")
-            record_write(_staged_weights_entry(folder, None, weights, source, repo_id=repo_id, commit=commit))
+            record_write(_staged_weights_entry(folder, weights, source, repo_id=repo_id, commit=commit))
             _remove_stale(folder, {f["path"] for f in entries})
             logger.info("restaging %s@%s from the archive %s (%d files, %.1f MiB to copy); the Hub is not used",
                         repo_id, commit, archive, len(todo_entries), sum(f["size"] for f in todo_entries) / (1 << 20))
@@ -659,7 +660,7 @@ def _stage_hub(source: Mapping[str, Any], folder: Path, *, disk: Mapping[str, An
             assert commit is not None
             remote = hub.list_files(repo_id, commit, allow_patterns=source.get("allow_patterns"),
                                     ignore_patterns=source.get("ignore_patterns"))
-            record_write(_staged_weights_entry(folder, None, weights, source, repo_id=repo_id, commit=commit))
+            record_write(_staged_weights_entry(folder, weights, source, repo_id=repo_id, commit=commit))
             todo, removed_bad = hub.plan_fetch(folder, remote, verified)
             needs = [("staging", folder, sum(f.size for f in todo), len(todo)),
                      ("cache", constants.HF_HUB_CACHE, 0, 0)]
@@ -729,15 +730,15 @@ def stage_model(source: Mapping[str, Any], staging_dir: Path, *, seed_default: i
     folder = Path(staging_dir)
 
     def record_write(entry: dict[str, Any]) -> None:
-        if ledger is not None:
-            entry["root"] = str(Path(root or folder.parent).resolve())
+        if ledger is not None:  # with all cleanup needs: the root it stays inside, the archive's reserve
+            entry.update(root=str(Path(root or folder.parent).resolve()), disk=dict(disk) if disk else None)
             ledger.append("weights_staged", **entry)
 
     if kind == "tiny":
         generator = _tiny_parameters(source, seed_default)
         manifest_path = folder / MANIFEST_NAME
         reused = _reusable(manifest_path, folder, source, generator)
-        record_write(_staged_weights_entry(folder, root, weights, source))
+        record_write(_staged_weights_entry(folder, weights, source))
         if reused is not None:
             logger.info("reusing staged tiny model in %s (manifest verifies): done in %.1f s",
                         folder, time.monotonic() - started)

@@ -11,7 +11,7 @@ Cleanup applies the policy from that entry alone:
 * ``delete`` removes only what the trial staged: paths are resolved, anything outside the
   staging root is refused, symlinks are removed and never followed. A file that cannot be
   removed without force (read-only mount, another owner's folder) is a residue with its
-  path, size and reason; nothing is chowned or forced.
+  path, size and what was seen; nothing is chowned or forced.
 
 Both report the bytes freed.
 """
@@ -133,7 +133,7 @@ def delete_staged(folder: str | Path, root: str | Path) -> dict[str, Any]:
     target = given.parent.resolve() / given.name
     if not _inside(target, root_r) or target == root_r or root_r == Path(root_r.anchor):
         residues.append({"kind": "weights", "what": str(target), "size": None,
-                         "reason": f"refused: not inside the staging root {root_r}"})
+                         "tried": "delete", "seen": f"refused: not inside the staging root {root_r}"})
         out["action"] = "refused"
         return out
     if target.is_symlink() or not target.is_dir():
@@ -162,7 +162,8 @@ def _remove(path: Path, out: dict[str, Any]) -> None:
         path.unlink()
     except OSError as exc:
         out["residues"].append({"kind": "weights", "what": str(path), "size": st.st_size,
-                                "reason": f"{errno.errorcode.get(exc.errno or 0, 'error')}: {exc.strerror}; not forced"})
+                                "tried": "remove without force",
+                                "seen": f"{errno.errorcode.get(exc.errno or 0, 'error')}: {exc.strerror}; not forced"})
         return
     out["files_removed"] += 1
     if not path.is_symlink():
@@ -178,7 +179,8 @@ def _rmdir(path: Path, out: dict[str, Any]) -> None:
         if any(r["what"].startswith(str(path) + os.sep) for r in out["residues"]):
             return  # not empty because of a residue already listed
         out["residues"].append({"kind": "weights", "what": str(path), "size": None,
-                                "reason": f"{errno.errorcode.get(exc.errno or 0, 'error')}: {exc.strerror}; not forced"})
+                                "tried": "remove without force",
+                                "seen": f"{errno.errorcode.get(exc.errno or 0, 'error')}: {exc.strerror}; not forced"})
 
 
 # --------------------------------------------------------------------------- archive
@@ -196,7 +198,7 @@ def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, 
             out.update(action="none (already gone)", freed_bytes=0)
             return out
         out["residues"].append({"kind": "weights", "what": str(folder), "size": None,
-                                "reason": f"not archived: no manifest at {manifest_path}; the staged copy is kept"})
+                                "tried": "archive", "seen": f"no manifest at {manifest_path}; the staged copy is kept"})
         out.update(action="kept", freed_bytes=0)
         return out
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
@@ -211,7 +213,7 @@ def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, 
                                        disk or {"reserve_fraction": 0.0, "reserve_min_gib": 0.0})[0]
         if not space["ok"]:
             out["residues"].append({"kind": "weights", "what": str(folder), "size": manifest["total_bytes"],
-                                    "reason": f"not archived, staged copy kept: {headroom_message(space, 'archive')}"})
+                                    "tried": "archive", "seen": f"staged copy kept: {headroom_message(space, 'archive')}"})
             out.update(action="kept", freed_bytes=0)
             return out
         ledger.append("weights_archive_start", path=str(folder), archive=str(dest))
@@ -230,7 +232,7 @@ def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, 
         except (OSError, VerificationError) as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             out["residues"].append({"kind": "weights", "what": str(folder), "size": manifest["total_bytes"],
-                                    "reason": f"not archived, staged copy kept: {exc}"})
+                                    "tried": "archive", "seen": f"staged copy kept: {exc}"})
             out.update(action="kept", freed_bytes=0)
             return out
         out["copy"] = f"copied and verified {len(files)} files, {human_bytes(manifest['total_bytes'])}"
@@ -243,9 +245,9 @@ def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, 
     return out
 
 
-def apply_policy(entries: Sequence[Mapping[str, Any]], ledger: Ledger,
-                 disk: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Apply each staged folder's policy (its latest ``weights_staged`` entry); idempotent."""
+def apply_policy(entries: Sequence[Mapping[str, Any]], ledger: Ledger) -> dict[str, Any]:
+    """Apply each staged folder's policy (its latest ``weights_staged`` entry, which holds the
+    staging root, the archive folder and its reserve); idempotent."""
     latest: dict[str, Mapping[str, Any]] = {}
     for e in entries:
         if e.get("action") == "weights_staged":
@@ -260,7 +262,7 @@ def apply_policy(entries: Sequence[Mapping[str, Any]], ledger: Ledger,
                             "kept_bytes": size, "residues": []})
             continue
         if policy == "archive":
-            item = archive_staged(entry, ledger, disk)
+            item = archive_staged(entry, ledger, entry.get("disk"))
         else:
             ledger.append("weights_delete_start", path=path)
             item = {"policy": "delete", **delete_staged(path, entry["root"])}
