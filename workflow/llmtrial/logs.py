@@ -42,6 +42,7 @@ __all__ = [
     "MODEL_LOAD",
     "VLLM_VERSION",
     "diagnose_failure",
+    "find_lines",
     "parse_startup",
     "read_log",
     "strip_ansi",
@@ -94,6 +95,22 @@ def _clean(raw: str, keep_indent: bool = False) -> str:
 def _lines(text: str) -> list[str]:
     """All lines of ``text``, cleaned; index ``i`` is line number ``i + 1``."""
     return [_clean(raw) for raw in text.split("\n")]
+
+
+#: The process a line came from: ``(EngineCore pid=558)``, ``(Worker_TP0 pid=770)``.
+_PROCESS = re.compile(r"^\((?P<process>[^\s()]+) pid=(?P<pid>\d+)")
+
+
+def find_lines(text: str, regex: re.Pattern[str], source: str = "server.log") -> list[dict[str, Any]]:
+    """Every line where ``regex`` matches: the cleaned line, ``"<source>:<lineno>"`` and the
+    vLLM process that logged it (``process`` and ``pid`` from the prefix, or None)."""
+    out = []
+    for lineno, line in enumerate(_lines(text), start=1):
+        if line and regex.search(line):
+            m = _PROCESS.match(line)
+            out.append({"line": line, "source": f"{source}:{lineno}", "process": m["process"] if m else None,
+                        "pid": int(m["pid"]) if m else None})
+    return out
 
 
 def _message(line: str) -> str:
