@@ -275,3 +275,18 @@ def test_without_the_token_the_stage_says_access_is_missing(hub, tmp_path, monke
     monkeypatch.setattr("huggingface_hub.constants.HF_TOKEN_PATH", str(tmp_path / "no-token"))
     with pytest.raises(HubError, match="repository not found, or HF_TOKEN lacks access"):
         stage(tmp_path)
+
+
+def test_the_planner_reads_config_json_alone_from_the_hub_then_from_the_archive(hub, tmp_path):
+    from llmtrial.staging import model_config_for
+
+    files = model_files(15)
+    hub.add_commit(REPO_ID, files)
+    expected = json.loads(files["config.json"])
+    assert model_config_for(source(), archive_dir=tmp_path / "archive") == expected
+    assert hub.gets(SHARD) == [] and hub.gets(SHARD2) == []  # no weights for a plan
+    _, _, ledger = stage(tmp_path, after="archive")
+    apply_policy(ledger.entries(), ledger)
+    hub.stop()
+    assert model_config_for(source(), archive_dir=tmp_path / "archive") == expected
+    assert model_config_for({**source(), "kind": "archive"}, archive_dir=tmp_path / "archive") == expected

@@ -204,10 +204,12 @@ class TestPlanRecords:
         assert r["hardware"]["gpus"] == 2 and r["hardware"]["gpu_memory_gib"] == 139
         assert r["verdict"] == "does_not_fit" and "4 GPUs asked, 2 available" in r["reasons"][0]
 
-    def test_a_hub_model_is_not_planned_before_staging(self):
+    def test_a_hub_model_offline_without_an_archive_is_unknown_not_an_error(self, monkeypatch, tmp_path):
+        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
         r = plan_record(spec=spec("x", {}), source={"kind": "hub", "repo_id": "a/b"}, environment=CPU_HOST,
-                        hardware={"gpus": None, "gpu_memory_gib": None}, plan_settings=SETTINGS, contexts=[96])
-        assert r["verdict"] == "unknown"
+                        hardware={"gpus": None, "gpu_memory_gib": None}, plan_settings=SETTINGS, contexts=[96],
+                        archive_dir=tmp_path)
+        assert r["verdict"] == "unknown" and "config.json could not be had" in r["reasons"][0]
 
     def test_unset_cpu_kv_space_is_an_estimate(self):
         r = plan_record(spec=spec("tp1", {}, {"X": "1"}), source={"kind": "tiny"}, environment=CPU_HOST,

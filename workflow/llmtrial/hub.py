@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from llmtrial.records import human_bytes
+
 log = logging.getLogger(__name__)
 
 #: Remembers which staged files verified (path -> size, mtime_ns, inode, sha256, blob id).
@@ -181,6 +183,22 @@ def list_files(repo_id: str, commit: str, *, allow_patterns: Sequence[str] | Non
     return sorted(files, key=lambda f: f.path)
 
 
+def fetch_config(repo_id: str, revision: str) -> dict[str, Any] | None:
+    """The repository's config.json alone (for the planner, before the weights are staged),
+    or None with the reason logged when the Hub cannot give it."""
+    from huggingface_hub import hf_hub_download
+
+    if offline():
+        log.warning("no config.json for %s@%s: HF_HUB_OFFLINE is set and no archive holds it", repo_id, revision)
+        return None
+    try:
+        path = hf_hub_download(repo_id, "config.json", revision=revision, endpoint=_endpoint())
+        return dict(json.loads(Path(path).read_text(encoding="utf-8")))
+    except Exception as exc:  # the plan says "unknown" rather than stop the trial
+        log.warning("no config.json for %s", _describe(exc, repo_id, revision))
+        return None
+
+
 # --------------------------------------------------------------------------- verification
 
 
@@ -297,14 +315,6 @@ def forget_download(folder: Path, rel: str) -> None:
 # --------------------------------------------------------------------------- progress
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n):,} B"
-        n /= 1024
-    return f"{n:,.1f} TiB"
-
-
 class Progress:
     """Logs bytes done, rate and time left every ``interval`` seconds while files download.
     Bytes in flight are read from the sizes of huggingface_hub's temporary files."""
@@ -393,7 +403,7 @@ def download(repo_id: str, commit: str, files: Sequence[RemoteFile], folder: Pat
     disable_progress_bars()  # our own progress lines read better in a job log
     total = sum(f.size for f in files)
     attempts: list[dict[str, Any]] = []
-    failures: list[str] = []
+    failures: list[Exception] = []
     started = time.monotonic()
     label = f"{repo_id}@{commit[:12]}"
     log.info("fetching %d file(s), %s, from %s into %s", len(files), human_bytes(total), endpoint(), folder)
@@ -406,7 +416,7 @@ def download(repo_id: str, commit: str, files: Sequence[RemoteFile], folder: Pat
             try:
                 sha256 = future.result()
             except (HubError, VerificationError, OSError) as exc:
-                failures.append(str(exc))
+                failures.append(exc)
                 log.error("%s", exc)
                 continue
             verified.add(remote.path, folder / remote.path, sha256, remote.blob_id)
@@ -414,8 +424,9 @@ def download(repo_id: str, commit: str, files: Sequence[RemoteFile], folder: Pat
             log.info("fetched and verified %s (%s)", remote.path, human_bytes(remote.size))
         final_line = progress.line()
     seconds = time.monotonic() - started
-    if failures:
-        raise VerificationError("staging failed for " + "; ".join(sorted(failures)))
+    if failures:  # files that completed stay staged and verified for the rerun
+        kind = VerificationError if all(isinstance(e, VerificationError) for e in failures) else HubError
+        raise kind("; ".join(sorted(str(e) for e in failures)))
     log.info("%s: done in %.1f s", final_line, seconds)
     return {"files_downloaded": len(files), "bytes_downloaded": total, "seconds": round(seconds, 3),
             "bytes_per_s": round(total / seconds, 1) if seconds > 0 else None, "retries": attempts}

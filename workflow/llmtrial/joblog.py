@@ -7,10 +7,11 @@ import sys
 from pathlib import Path
 
 
-def open_job_log(path: str | Path | None, level: int = logging.INFO) -> None:
+def open_job_log(path: str | Path | None, level: int = logging.INFO, echo: tuple[str, ...] = ()) -> None:
     """Send the ``logging`` records (and anything printed to stderr) to ``path``.
 
-    With ``path`` None, log to stderr only (the command line).
+    With ``path`` None, log to stderr only (the command line). Records of the loggers named
+    in ``echo`` also go to the terminal the workflow runs in (progress of a long step).
     """
     handlers: list[logging.Handler]
     if path is not None:
@@ -23,3 +24,7 @@ def open_job_log(path: str | Path | None, level: int = logging.INFO) -> None:
         handlers = [logging.StreamHandler(sys.stderr)]
     logging.basicConfig(level=level, handlers=handlers, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in echo if path is not None else ():
+        terminal = logging.StreamHandler(sys.__stderr__)
+        terminal.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        logging.getLogger(name).addHandler(terminal)

@@ -430,14 +430,16 @@ def configuration_plan(*, name: str, spec: Mapping[str, Any], model_config: Mapp
 
 
 def plan_record(*, spec: Mapping[str, Any], source: Mapping[str, Any], environment: Mapping[str, Any],
-                hardware: Mapping[str, Any], plan_settings: Mapping[str, Any], contexts: list[int]) -> dict[str, Any]:
+                hardware: Mapping[str, Any], plan_settings: Mapping[str, Any], contexts: list[int],
+                archive_dir: str | Path | None = None) -> dict[str, Any]:
     """The plan record of one configuration, from the model's config before it is staged."""
     from llmtrial.staging import model_config_for
 
-    model_config = model_config_for(source)
+    model_config = model_config_for(source, archive_dir=archive_dir)
     if model_config is None:
         return {"configuration": spec["name"], "verdict": "unknown", "force": spec.get("force", False),
-                "reasons": [f"the model's config.json is not available before staging for source kind {source.get('kind')!r}"],
+                "reasons": [f"the model's config.json could not be had before staging (source kind "
+                            f"{source.get('kind')!r}; see the plan's log)"],
                 "checks": [], "hardware": dict(hardware), "plan": {}, "facts": {}}
     weights = planner.weights_size(source["path"]) if source.get("kind") == "local" else None
     record = configuration_plan(name=spec["name"], spec=spec, model_config=model_config, weights_bytes=weights,

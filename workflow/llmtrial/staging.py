@@ -222,16 +222,29 @@ def tiny_sizes(source: Mapping[str, Any]) -> dict[str, int]:
     return {name: int((source.get("tiny") or {}).get(name, defaults[name].default)) for name in TINY_PARAMETERS}
 
 
-def model_config_for(source: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The model's config.json before anything is staged, where that is possible without
-    network: computed for ``tiny``, read for ``local``; None for ``hub``."""
+def model_config_for(source: Mapping[str, Any], *, archive_dir: str | Path | None = None) -> dict[str, Any] | None:
+    """The model's config.json before the weights are staged: computed for ``tiny``, read for
+    ``local``, read from the archive of the same repository and revision for ``archive`` and
+    ``hub``, else for ``hub`` fetched alone (a few KiB, into the Hugging Face cache). None
+    when it cannot be had (offline, the Hub unreachable), with the reason logged."""
     kind = source.get("kind")
     if kind == "tiny":
         return {**_llama_config_values(tiny_sizes(source)), "torch_dtype": "bfloat16"}
     if kind == "local":
         path = check_local_model(Path(str(source.get("path"))))
         return json.loads((path / "config.json").read_text(encoding="utf-8"))
-    return None
+    if kind not in ("hub", "archive") or not source.get("repo_id"):
+        return None
+    from llmtrial.weights import find_archive
+
+    found = find_archive(archive_dir, str(source["repo_id"]), str(source.get("revision") or "main"))
+    if found is not None and (found[0] / "config.json").is_file():
+        return json.loads((found[0] / "config.json").read_text(encoding="utf-8"))
+    if kind == "archive":
+        return None
+    from llmtrial.hub import fetch_config
+
+    return fetch_config(str(source["repo_id"]), str(source.get("revision") or "main"))
 
 
 def staged_size_estimate(source: Mapping[str, Any]) -> tuple[int, int]:

@@ -30,9 +30,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from llmtrial.hub import PARTIAL_PREFIX, VerificationError, human_bytes
+from llmtrial.hub import PARTIAL_PREFIX, VerificationError
 from llmtrial.ledger import Ledger
-from llmtrial.records import write_record
+from llmtrial.records import human_bytes, write_record
 from llmtrial.staging import MANIFEST_NAME, verify_manifest
 
 log = logging.getLogger(__name__)

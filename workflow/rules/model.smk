@@ -1,3 +1,4 @@
+# Stage the weights outside results/ (never a directory() output) and write their manifest.
 rule stage_model:
     input:
         preflight=rules.preflight.output.record,
@@ -10,5 +11,9 @@ rule stage_model:
     params:
         source=config["model"]["source"],
         staging=staging_path,
+        root=staging_root,
+        weights=config["model"]["weights"],
+        disk=config["disk"],
+        ledger=ledger_path,
     script:
         "../scripts/stage_model.py"

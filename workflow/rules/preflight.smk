@@ -31,5 +31,6 @@ rule plan:
         hardware=config["hardware"],
         settings=config["plan"],
         contexts=scenario_contexts(config),
+        archive_dir=config["model"]["weights"]["archive_dir"],
     script:
         "../scripts/plan_configuration.py"

@@ -17,5 +17,6 @@ record = plan_record(
     hardware=snakemake.params.hardware,
     plan_settings=snakemake.params.settings,
     contexts=list(snakemake.params.contexts),
+    archive_dir=snakemake.params.archive_dir,
 )
 write_record(snakemake.output.record, record)
