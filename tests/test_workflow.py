@@ -12,7 +12,7 @@ def test_dry_run_has_one_trial_job_per_configuration(tmp_path):
     out = snakemake(tmp_path, "-n")
     assert out.returncode == 0, out.stderr
     assert job_counts(out.stdout) == {
-        "preflight": 1, "plan": 3, "stage_model": 1, "quiet": 1, "trial": 3, "cleanup_trial": 1, "report": 1, "all": 1}
+        "preflight": 1, "plan": 3, "stage_model": 1, "quiet": 1, "patch": 1, "trial": 3, "cleanup_trial": 1, "report": 1, "all": 1}
     for name in ("tp1", "tp2", "tp4"):
         assert f"results/demo/configs/{name}/record.json" in out.stdout
 
@@ -21,7 +21,7 @@ def test_one_configuration_can_be_asked_for_alone(tmp_path):
     write_config(tmp_path, default_config())
     out = snakemake(tmp_path, "-n", "results/demo/configs/tp2/record.json")
     assert out.returncode == 0, out.stderr
-    assert job_counts(out.stdout) == {"preflight": 1, "plan": 1, "stage_model": 1, "quiet": 1, "trial": 1}
+    assert job_counts(out.stdout) == {"preflight": 1, "plan": 1, "stage_model": 1, "quiet": 1, "patch": 1, "trial": 1}
 
 
 def test_an_unknown_key_fails_the_dry_run_naming_it(tmp_path):
@@ -62,19 +62,20 @@ def test_python_code_passes_ruff():
     assert out.returncode == 0, out.stdout
 
 
-def test_a_failing_stage_stops_the_run_and_onerror_cleans_up(tmp_path):
+def test_a_failing_stage_stops_the_run_and_onerror_cleans_up(tmp_path, monkeypatch):
     import json
 
     config = default_config()
     config["model"]["source"] = {"kind": "hub", "repo_id": "org/model"}
     write_config(tmp_path, config)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no Hub, no staged copy, no archive: the stage fails
     out = snakemake(tmp_path, "--cores", "1")
     assert out.returncode != 0
     assert "llmtrial cleanup after error: host restored" in out.stdout + out.stderr
     record = json.loads((tmp_path / "results/demo/cleanup/on-error.json").read_text())
     assert record["restored"] and {p["port"] for p in record["ports"]} == {8100, 8101}
     log = (tmp_path / "results/demo/logs/stage_model.log").read_text()
-    assert "source kind 'hub' is not implemented yet" in log
+    assert "cannot stage org/model@main: HF_HUB_OFFLINE is set, and there is no verified copy" in log
 
 
 def test_snakemake_cleanup_stops_what_a_killed_run_left(tmp_path, free_port):
@@ -107,7 +108,7 @@ def test_short_disk_stops_the_trial_before_staging(tmp_path):
     out = snakemake(tmp_path, "--cores", "1")
     assert out.returncode != 0
     log = (tmp_path / "results/demo/logs/preflight.log").read_text()
-    assert "not enough disk for the weights" in log and "staging needs" in log and "free" in log
+    assert "not enough disk for the weights" in log and "(staging): needs" in log and "free of" in log
     assert not (tmp_path / "staging").exists() and not (tmp_path / "results/demo/model").exists()
 
 

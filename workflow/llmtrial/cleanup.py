@@ -3,10 +3,11 @@
 Idempotent: it runs after a finished trial, from ``onerror`` when a job fails, after a
 successful partial run, and on demand after a crash or ``kill -9``. In reverse order of
 what the trial did: stop any trial server still alive (by process group, then confirm
-its port closed), check that no trial port listens, then restart and health-check each
-service the trial quieted. Later stages add their own ledger entries (staged weights,
-patches) and the undo for each here. What cannot be undone without force is recorded as
-a residue.
+its port closed), check that no trial port listens, revert each vLLM patch (restore the
+backups, check the files against RECORD; llmtrial.patching), then restart and health-check
+each service the trial quieted, and (the trial's own cleanup and on demand, not after a
+failed job) apply the staged weights' policy: keep, archive or delete (llmtrial.weights). What
+cannot be undone without force is recorded as a residue.
 """
 
 from __future__ import annotations
@@ -20,16 +21,19 @@ from typing import Any, Iterable
 import psutil
 
 from llmtrial.ledger import Ledger
+from llmtrial.patching import CHANGES as PATCH_CHANGES
+from llmtrial.patching import patches_table, revert_patches
 from llmtrial.records import write_record
 from llmtrial.server import group_members, port_open, stop_group
 from llmtrial.services import Service, quiet, restore
 from llmtrial.telemetry import NvmlSource
+from llmtrial.weights import apply_policy
 
 log = logging.getLogger(__name__)
 
 LEDGER_NAME = "ledger.jsonl"
 #: Ledger actions that change the host and need an undo.
-CHANGES = ("job_started", "server_started", "service_quiet")
+CHANGES = ("job_started", "server_started", "service_quiet", *PATCH_CHANGES)
 
 
 class HostNotRestored(RuntimeError):
@@ -153,8 +157,11 @@ def stop_orphaned_jobs(entries: list[dict[str, Any]], timeout: float, residues: 
 
 
 def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1",
-                stop_timeout: float = 30.0) -> dict[str, Any]:
-    """Undo what the ledger in ``results_dir`` records; return the cleanup record."""
+                stop_timeout: float = 30.0, weights: bool = False) -> dict[str, Any]:
+    """Undo what the ledger in ``results_dir`` records; return the cleanup record. With
+    ``weights``, also apply each staged model's policy (keep, archive or delete): the trial's
+    own cleanup and an on-demand cleanup do, a cleanup after a failed job does not, so that
+    the rerun finds its weights."""
     ledger = Ledger(Path(results_dir) / LEDGER_NAME)
     started = time.time()
     entries = ledger.entries()
@@ -190,8 +197,13 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
             residues.append({"kind": "port", "what": f"{host}:{port}", "tried": "checked after stopping trial servers",
                              "seen": f"still listening (pids {check['pids'] or 'unknown'})"})
         port_checks.append(check)
+    patched = revert_patches(ledger)
+    residues.extend(patched["residues"])
     back = restore(entries, ledger)
     residues.extend(back["residues"])
+    staged = apply_policy(entries, ledger) if weights else None
+    if staged is not None:
+        residues.extend(staged["residues"])
     record = {
         "started": started,
         "finished": time.time(),
@@ -202,7 +214,10 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
         "ports": port_checks,
         "services_restored": back["services"],
         "services": services_table(ledger.entries()),
+        "patches_reverted": patched["items"],
+        "patches": patches_table(ledger.entries()),
         "residues": residues,
+        "weights": staged if staged is not None else "not applied: the trial did not finish (a rerun needs them)",
         "restored": not residues,
     }
     ledger.append("cleanup_done", restored=record["restored"], residues=len(residues))
@@ -210,9 +225,9 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
 
 
 def cleanup_with_record(results_dir: Path, record_path: Path | None = None, *, ports: Iterable[int] = (),
-                        host: str = "127.0.0.1", stop_timeout: float = 30.0) -> dict[str, Any]:
+                        host: str = "127.0.0.1", stop_timeout: float = 30.0, weights: bool = False) -> dict[str, Any]:
     """Run cleanup and write its record (default ``<results>/cleanup/on-demand.json``)."""
-    record = run_cleanup(results_dir, ports=ports, host=host, stop_timeout=stop_timeout)
+    record = run_cleanup(results_dir, ports=ports, host=host, stop_timeout=stop_timeout, weights=weights)
     write_record(record_path or Path(results_dir) / "cleanup" / "on-demand.json", record)
     return record
 

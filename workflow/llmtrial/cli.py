@@ -30,13 +30,32 @@ def _parse_log(args: argparse.Namespace) -> int:
 def _cleanup(args: argparse.Namespace) -> int:
     from llmtrial.cleanup import cleanup_with_record
 
-    record = cleanup_with_record(Path(args.results_dir), ports=args.port, host=args.host, stop_timeout=args.stop_timeout)
+    record = cleanup_with_record(Path(args.results_dir), ports=args.port, host=args.host, stop_timeout=args.stop_timeout,
+                                 weights=not args.keep_weights)
     for s in record["servers"]:
         print(f"server {s['label']} (pgid {s['pgid']}, port {s['port']}): {s['action']}")
+    for w in record["weights"]["folders"] if isinstance(record["weights"], dict) else []:
+        print(f"weights {w['path']}: {w['action']} ({w['policy']}), {w.get('freed_bytes', 0):,} bytes freed")
     for r in record["residues"]:
         print(f"RESIDUE {r['kind']}: {r['what']}: {r['seen']}")
     print("host restored" if record["restored"] else "host NOT fully restored")
     return 0 if record["restored"] else 1
+
+
+def _patches(args: argparse.Namespace) -> int:
+    from llmtrial.patching import PATCHES_DIR, check_patches
+
+    items = check_patches(args.name or None, patches_dir=Path(args.patches_dir) if args.patches_dir else PATCHES_DIR)
+    pristine = True
+    for p in items:
+        print(f"{p['name']}: vLLM {p['vllm_range']} ({'in range' if p['version_ok'] else 'NOT in range'}: "
+              f"{p['installed']}), flag {p['flag']}")
+        for f in p["files"]:
+            pristine &= f["matches"]
+            print(f"  {f['file']}: {'matches RECORD' if f['matches'] else 'DOES NOT MATCH RECORD'} ({f['hash']})")
+        if p["dry_run"] is not None:
+            print(f"  diff: {p['dry_run']}")
+    return 0 if pristine else 1
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -120,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, action="append", default=[], help="a trial port to check (repeatable)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--stop-timeout", type=float, default=30.0)
+    p.add_argument("--keep-weights", action="store_true",
+                   help="do not apply the staged weights' policy (archive or delete) this time")
     p.set_defaults(func=_cleanup)
 
     p = sub.add_parser("plan", help="will it fit? memory arithmetic before launch")
@@ -136,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pinned-last-layers", type=int, default=0, help="layers that must sit on the last PP stage")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_plan)
+
+    p = sub.add_parser("patches", help="the vLLM patches: version range, target files against RECORD, dry run")
+    p.add_argument("name", nargs="*", help="patches to check (default: every folder of workflow/patches)")
+    p.add_argument("--patches-dir", help="folder of patches (default: workflow/patches)")
+    p.set_defaults(func=_patches)
 
     p = sub.add_parser("validate", help="check a trial configuration file against the schema")
     p.add_argument("config")

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping
 
 import jinja2
 
-from llmtrial.records import read_record
+from llmtrial.records import human_bytes, read_record
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
@@ -39,14 +39,7 @@ def fmt_pct(value: Any) -> str:
 
 
 def fmt_bytes(value: Any) -> str:
-    if value is None:
-        return "—"
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.2f} {unit}"
-        size /= 1024
-    return str(value)
+    return "—" if value is None else human_bytes(value)
 
 
 def fmt_time(value: Any) -> str:
@@ -57,7 +50,7 @@ def fmt_time(value: Any) -> str:
 
 def build_context(*, trial: str, preflight: Mapping[str, Any], manifest: Mapping[str, Any],
                   plans: list[Mapping[str, Any]], configurations: list[Mapping[str, Any]],
-                  cleanup: Mapping[str, Any]) -> dict[str, Any]:
+                  cleanup: Mapping[str, Any], patches: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What the template sees: the records, plus tables regrouped by scenario."""
     scenario_names: list[str] = []
     for rec in configurations:
@@ -90,6 +83,7 @@ def build_context(*, trial: str, preflight: Mapping[str, Any], manifest: Mapping
         "scenarios": scenarios,
         "failures": failed,
         "cleanup": cleanup,
+        "patches": patches or {"vllm": None, "patches": []},
         "n_ok": sum(1 for r in configurations if r.get("status") == "ok"),
     }
 
@@ -107,7 +101,7 @@ def render_report(context: Mapping[str, Any], template_dir: Path = TEMPLATES) ->
 
 
 def write_report(out: Path, *, trial: str, preflight: Path, manifest: Path, plans: Iterable[Path],
-                 configurations: Iterable[Path], cleanup: Path) -> Path:
+                 configurations: Iterable[Path], cleanup: Path, patches: Path | None = None) -> Path:
     """Read the records named, render, and write the report atomically."""
     context = build_context(
         trial=trial,
@@ -116,6 +110,7 @@ def write_report(out: Path, *, trial: str, preflight: Path, manifest: Path, plan
         plans=[read_record(p) for p in plans],
         configurations=[read_record(p) for p in configurations],
         cleanup=read_record(cleanup),
+        patches=read_record(patches) if patches is not None else None,
     )
     html = render_report(context)
     out.parent.mkdir(parents=True, exist_ok=True)

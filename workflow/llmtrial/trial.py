@@ -22,9 +22,11 @@ import psutil
 from llmtrial import bench, logs
 from llmtrial.cleanup import ensure_quiet
 from llmtrial.ledger import Ledger
+from llmtrial.patching import ensure_patched, evidence, server_env
 from llmtrial.plan import predict_kv_tokens
 from llmtrial.records import fact, read_record, redact_env, write_record
 from llmtrial.server import ServerProcess, ServerStartError, build_server_argv
+from llmtrial.staging import verify_manifest
 from llmtrial.telemetry import (
     CSV_HEADER,
     HostSource,
@@ -86,8 +88,13 @@ def run_configuration(
     telemetry_path: Path,
     server_log: Path,
     ledger_path: Path,
+    patches: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run one configuration end to end and write its record; returns the record."""
+    """Run one configuration end to end and write its record; returns the record.
+
+    ``patches`` is the trial's ``patches`` config: they are applied again first when a
+    cleanup reverted them, the plugin folder goes on the server's PYTHONPATH, and the record
+    says per patch whether its flag was on and which processes logged its behaviour."""
     out_dir.mkdir(parents=True, exist_ok=True)
     bench_dir = out_dir / "bench"
     shutil.rmtree(bench_dir, ignore_errors=True)  # never mix passes of an earlier run
@@ -121,15 +128,23 @@ def run_configuration(
         telemetry_path.write_text(",".join(CSV_HEADER) + "\n")
         write_record(record_path, record, schema="configuration")
         return record
+    missing = verify_manifest(manifest, hashes=False)
+    if missing:
+        raise FileNotFoundError(
+            f"the staged model is not all there ({'; '.join(missing[:3])}): a finished trial's cleanup archives "
+            "or deletes it when model.weights.after says so; restage it with `snakemake --forcerun stage_model`")
     requiet = ensure_quiet(ledger_path.parent, dict(services), ports=[port], host=host)
     if requiet is not None:
         record["services_requieted"] = requiet["services"]
     ledger = Ledger(ledger_path)
+    patched = ensure_patched(dict(patches or {}), ledger=ledger, work_dir=ledger_path.parent / "patches")
+    env = server_env(spec["env"], patched["plugin_dir"], patched["patches"])
+    record["server"]["env"] = redact_env(env)
     ledger.append("job_started", label=f"{trial}/{spec['name']}", pid=os.getpid(),
                   create_time=psutil.Process().create_time())
     host_source = HostSource()
     sources, absent = job_sources(host_source, MetricsSource(host, port))
-    server = ServerProcess(argv, host=host, port=port, log_path=server_log, env=spec["env"],
+    server = ServerProcess(argv, host=host, port=port, log_path=server_log, env=env,
                            ledger=ledger, stop_timeout=float(spec["stop_timeout_s"]),
                            label=f"{trial}/{spec['name']}")
     windows: list[tuple[dict[str, Any], float, float]] = []
@@ -146,6 +161,8 @@ def run_configuration(
         record["telemetry"]["sources"] = describe_sources(sources, absent, sampler)
     _summarize_telemetry(record, telemetry_path, server, windows)
     _finish(record, server_log, out_dir)
+    record["patches"] = {"reapplied": patched["reapplied"], "plugin_dir": patched["plugin_dir"], "patches": evidence(
+        patched["patches"], logs.read_log(server_log) if server_log.exists() else "", env, record["server"]["log"])}
     record["prediction"] = compare_with_plan(plan, record["startup"])
     write_record(record_path, record, schema="configuration")
     ledger.append("job_finished", label=f"{trial}/{spec['name']}", pid=os.getpid())

@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 from llmtrial.cleanup import cleanup_with_record, restore_after_run
+from llmtrial.patching import patch_inputs
 from llmtrial.config import (
     configuration_port,
     configuration_spec,
@@ -37,8 +38,18 @@ def ledger_path(wildcards):
     return str(results_dir() / "ledger.jsonl")
 
 
+def staging_root(wildcards):
+    """The trial's own staging folder: cleanup never deletes anything outside it."""
+    return str(Path(config["staging_dir"]) / TRIAL)
+
+
 def staging_path(wildcards):
-    return str(Path(config["staging_dir"]) / TRIAL / config["model"]["name"])
+    return str(Path(staging_root(wildcards)) / config["model"]["name"])
+
+
+def patch_files(wildcards):
+    """The files of every enabled patch (an unknown patch name fails here, before any job)."""
+    return patch_inputs(config["patches"])
 
 
 def configuration_records(wildcards):

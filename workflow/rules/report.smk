@@ -2,6 +2,7 @@ rule report:
     input:
         preflight=rules.preflight.output.record,
         manifest=rules.stage_model.output.manifest,
+        patches=rules.patch.output.record,
         plans=configuration_plans,
         records=configuration_records,
         cleanup=rules.cleanup_trial.output.record,

@@ -5,6 +5,8 @@ rule trial:
         plan=rules.plan.output.record,
         # existence, not age: the job re-quiets the host itself when a cleanup gave it back
         quieted=ancient(rules.quiet.output.record),
+        # likewise: the job applies the patches again itself when a cleanup reverted them
+        patched=ancient(rules.patch.output.record),
     output:
         record="results/{trial}/configs/{configuration}/record.json",
         telemetry="results/{trial}/configs/{configuration}/telemetry.csv",
@@ -24,5 +26,6 @@ rule trial:
         telemetry=config["telemetry"],
         services=config["services"],
         ledger=ledger_path,
+        patches=config["patches"],
     script:
         "../scripts/run_trial.py"

@@ -18,4 +18,5 @@ write_report(
     plans=[Path(p) for p in snakemake.input.plans],
     configurations=[Path(p) for p in snakemake.input.records],
     cleanup=Path(snakemake.input.cleanup),
+    patches=Path(snakemake.input.patches),
 )

@@ -28,4 +28,5 @@ run_configuration(
     telemetry_path=Path(snakemake.output.telemetry),
     server_log=Path(snakemake.log.server),
     ledger_path=Path(snakemake.params.ledger),
+    patches=snakemake.params.patches,
 )

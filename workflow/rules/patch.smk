@@ -1,0 +1,20 @@
+# Patch vLLM before any server starts: each patch named under `patches`, as a file patch
+# (checked against vLLM's RECORD, ledger first, all files or none) or as a plugin folder the
+# servers load. Its record stays after cleanup reverts the patches: a configuration rerun
+# on its own applies them again itself (from the ledger), like the quiet stage.
+rule patch:
+    input:
+        quieted=rules.quiet.output.record,
+        # the patches' own files: editing a diff or a hook patches again
+        patch_files=patch_files,
+    output:
+        record="results/{trial}/patches/record.json",
+    log:
+        "results/{trial}/logs/patch.log",
+    conda:
+        "../../envs/serving.yaml"
+    params:
+        patches=config["patches"],
+        results=str(results_dir()),
+    script:
+        "../scripts/patch_vllm.py"
