@@ -192,7 +192,6 @@ def test_delete_removes_only_the_staged_folder_and_never_follows_a_link(hub, tmp
     result = apply_policy(ledger.entries(), ledger)
     assert not folder.exists() and outside.read_bytes() == b"x" * 1000
     assert result["freed_bytes"] >= manifest["total_bytes"] and result["residues"] == []
-    refused = delete_staged(tmp_path / "elsewhere", tmp_path / "staging")
     (tmp_path / "elsewhere").mkdir()
     refused = delete_staged(tmp_path / "elsewhere", tmp_path / "staging")
     assert refused["action"] == "refused" and (tmp_path / "elsewhere").exists()
