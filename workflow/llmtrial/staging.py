@@ -606,14 +606,82 @@ def _check_headroom(needs: list[tuple[str, Any, int, int]], disk: Mapping[str, A
     return filesystems
 
 
+def _hub_commit(source: Mapping[str, Any], revision: str) -> tuple[str | None, str | None]:
+    """(commit, why the Hub is not used): the commit ``revision`` names, from the Hub unless
+    the source is an archive, HF_HUB_OFFLINE is set or the Hub cannot be reached."""
+    from llmtrial import hub
+
+    if hub.COMMIT.match(revision):
+        return revision, None
+    if source.get("kind") == "archive":
+        return None, "the source is an archive"
+    if hub.offline():
+        return None, "HF_HUB_OFFLINE is set"
+    try:
+        commit = hub.resolve_commit(str(source["repo_id"]), revision)
+    except Exception as exc:
+        if not hub.unreachable(exc):
+            raise
+        return None, f"the Hub at {hub.endpoint()} cannot be reached ({type(exc).__name__})"
+    logger.info("%s@%s is commit %s", source["repo_id"], revision, commit)
+    return commit, None
+
+
+def _restage_from_archive(archive: Path, archived: Mapping[str, Any], folder: Path, verified: Any,
+                          disk: Mapping[str, Any] | None, record_write: Any) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
+    """Copy (hashing) what ``folder`` lacks from an archive; (files, fetch figures, headroom)."""
+    from llmtrial.weights import copy_verified
+
+    entries = list(archived["files"])
+    todo = [f for f in entries if verified.sha256(f["path"], folder / f["path"], sha256=f["sha256"]) is None]
+    todo_bytes = sum(f["size"] for f in todo)
+    what = f"{archived['hub']['repo_id']}@{archived['hub']['commit']}"
+    headroom = _check_headroom([("staging", folder, todo_bytes, len(todo))], disk, f"{what} from the archive {archive}")
+    record_write()
+    _remove_stale(folder, {f["path"] for f in entries})
+    logger.info("restaging %s from the archive %s (%d files, %.1f MiB to copy); the Hub is not used",
+                what, archive, len(todo), todo_bytes / (1 << 20))
+    started = time.monotonic()
+    for f in copy_verified(archive, folder, todo):
+        verified.add(f["path"], folder / f["path"], f["sha256"])
+    files = [{k: f[k] for k in ("path", "size", "sha256", "blob_id") if k in f} for f in entries]
+    fetch = {"files_copied": len(todo), "bytes_copied": todo_bytes, "files_downloaded": 0, "bytes_downloaded": 0,
+             "seconds": round(time.monotonic() - started, 3), "restaged_from": str(archive)}
+    return files, fetch, headroom
+
+
+def _fetch_from_hub(source: Mapping[str, Any], commit: str, folder: Path, verified: Any,
+                    disk: Mapping[str, Any] | None, weights: Mapping[str, Any] | None,
+                    record_write: Any) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
+    """Fetch (verifying) what ``folder`` lacks from the Hub; (files, fetch figures, headroom)."""
+    from huggingface_hub import constants
+
+    from llmtrial import hub
+
+    repo_id = str(source["repo_id"])
+    remote = hub.list_files(repo_id, commit, allow_patterns=source.get("allow_patterns"),
+                            ignore_patterns=source.get("ignore_patterns"))
+    record_write()
+    todo, removed_bad = hub.plan_fetch(folder, remote, verified)
+    needs = [("staging", folder, sum(f.size for f in todo), len(todo)), ("cache", constants.HF_HUB_CACHE, 0, 0)]
+    archive_dir = (weights or {}).get("archive_dir")
+    if (weights or {}).get("after") == "archive" and archive_dir:
+        needs.append(("archive", archive_dir, sum(f.size for f in remote), len(remote)))
+    headroom = _check_headroom(needs, disk, f"{repo_id}@{commit}")
+    _remove_stale(folder, {f.path for f in remote})
+    logger.info("%d of %d files already staged and verified; %d to fetch", len(remote) - len(todo), len(remote), len(todo))
+    fetch = hub.download(repo_id, commit, todo, folder, verified, **hub.settings(source)) if todo else \
+        {"files_downloaded": 0, "bytes_downloaded": 0, "seconds": 0.0, "bytes_per_s": None, "retries": []}
+    fetch.update(files_reused=len(remote) - len(todo), corrupt_removed=removed_bad)
+    return hub.manifest_files(folder, remote, verified), fetch, headroom
+
+
 def _stage_hub(source: Mapping[str, Any], folder: Path, *, disk: Mapping[str, Any] | None,
                weights: Mapping[str, Any] | None, record_write: Any) -> dict[str, Any]:
     """Stage a ``hub`` (or ``archive``) source into ``folder``: a staged copy that verifies,
     else the archive of the same repository and commit, else the Hub. See llmtrial.hub."""
-    from huggingface_hub import constants
-
     from llmtrial import hub
-    from llmtrial.weights import copy_verified, find_archive
+    from llmtrial.weights import find_archive
 
     repo_id = source.get("repo_id")
     if not repo_id:
@@ -623,72 +691,33 @@ def _stage_hub(source: Mapping[str, Any], folder: Path, *, disk: Mapping[str, An
     started = time.monotonic()
     folder.mkdir(parents=True, exist_ok=True)
     with hub.stage_lock(folder):
-        orphans = hub.remove_orphans(folder)
-        commit = revision if hub.COMMIT.match(revision) else None
-        why_no_hub = "the source is an archive" if source.get("kind") == "archive" else \
-            "HF_HUB_OFFLINE is set" if hub.offline() else None
-        if commit is None and why_no_hub is None:
-            try:
-                commit = hub.resolve_commit(repo_id, revision)
-                logger.info("%s@%s is commit %s", repo_id, revision, commit)
-            except Exception as exc:
-                if not hub.unreachable(exc):
-                    raise
-                why_no_hub = f"the Hub at {hub.endpoint()} cannot be reached ({type(exc).__name__})"
-        base = {"repo_id": repo_id, "revision": revision, "commit": commit, "endpoint": hub.endpoint(),
-                "token": hub.token_state()}
+        orphans, _ = hub.remove_orphans(folder)
+        commit, why_no_hub = _hub_commit(source, revision)
         staged = _reuse_staged_hub(folder, source, commit)
         if staged is not None:
             record_write(_staged_weights_entry(folder, weights, source, repo_id=repo_id, commit=staged["hub"]["commit"]))
             logger.info("reusing staged %s@%s in %s (every file verified): done in %.1f s",
                         repo_id, staged["hub"]["commit"], folder, time.monotonic() - started)
             return {**staged, "fetch": {"files_downloaded": 0, "bytes_downloaded": 0, "reused": True,
-                                        "orphans_removed": orphans[0]}}
+                                        "orphans_removed": orphans}}
         found = find_archive(archive_dir, repo_id, commit or revision)
         if found is None and commit is None:
             raise hub.HubError(f"cannot stage {repo_id}@{revision}: {why_no_hub}, and there is no verified copy "
                                f"in {folder} and no archive of it in {archive_dir or '(no archive_dir)'}")
+        resolved_by = "given" if hub.COMMIT.match(revision) else "hub" if commit else "archive"
+        commit = commit or found[1]["hub"]["commit"]  # type: ignore[index]
+        ledger_entry = _staged_weights_entry(folder, weights, source, repo_id=repo_id, commit=commit)
         verified = hub.VerifiedFiles(folder)
         if found is not None:
-            archive, archived = found
-            entries = list(archived["files"])
-            commit = archived["hub"]["commit"]
-            todo_entries = [f for f in entries if verified.sha256(f["path"], folder / f["path"], sha256=f["sha256"]) is None]
-            needs = [("staging", folder, sum(f["size"] for f in todo_entries), len(todo_entries))]
-            headroom = _check_headroom(needs, disk, f"{repo_id}@{commit} from the archive {archive}")
-            record_write(_staged_weights_entry(folder, weights, source, repo_id=repo_id, commit=commit))
-            _remove_stale(folder, {f["path"] for f in entries})
-            logger.info("restaging %s@%s from the archive %s (%d files, %.1f MiB to copy); the Hub is not used",
-                        repo_id, commit, archive, len(todo_entries), sum(f["size"] for f in todo_entries) / (1 << 20))
-            copy_started = time.monotonic()
-            for f in copy_verified(archive, folder, todo_entries):
-                verified.add(f["path"], folder / f["path"], f["sha256"])
-            seconds = time.monotonic() - copy_started
-            files = [{k: f[k] for k in ("path", "size", "sha256", "blob_id") if k in f} for f in entries]
-            fetch = {"files_copied": len(todo_entries), "bytes_copied": sum(f["size"] for f in todo_entries),
-                     "files_downloaded": 0, "bytes_downloaded": 0, "seconds": round(seconds, 3),
-                     "restaged_from": str(archive), "orphans_removed": orphans[0]}
-            hub_info = {**base, "commit": commit, "resolved_by": "archive" if base["commit"] is None else "hub"}
+            files, fetch, headroom = _restage_from_archive(found[0], found[1], folder, verified, disk,
+                                                           lambda: record_write(ledger_entry))
         else:
-            assert commit is not None
-            remote = hub.list_files(repo_id, commit, allow_patterns=source.get("allow_patterns"),
-                                    ignore_patterns=source.get("ignore_patterns"))
-            record_write(_staged_weights_entry(folder, weights, source, repo_id=repo_id, commit=commit))
-            todo, removed_bad = hub.plan_fetch(folder, remote, verified)
-            needs = [("staging", folder, sum(f.size for f in todo), len(todo)),
-                     ("cache", constants.HF_HUB_CACHE, 0, 0)]
-            if (weights or {}).get("after") == "archive" and archive_dir:
-                needs.append(("archive", archive_dir, sum(f.size for f in remote), len(remote)))
-            headroom = _check_headroom(needs, disk, f"{repo_id}@{commit}")
-            _remove_stale(folder, {f.path for f in remote})
-            logger.info("%d of %d files already staged and verified; %d to fetch",
-                        len(remote) - len(todo), len(remote), len(todo))
-            fetch = hub.download(repo_id, commit, todo, folder, verified, **hub.settings(source)) if todo else \
-                {"files_downloaded": 0, "bytes_downloaded": 0, "seconds": 0.0, "bytes_per_s": None, "retries": []}
-            fetch.update(files_reused=len(remote) - len(todo), corrupt_removed=removed_bad, orphans_removed=orphans[0])
-            files = hub.manifest_files(folder, remote, verified)
-            hub_info = {**base, "commit": commit, "resolved_by": "given" if hub.COMMIT.match(revision) else "hub"}
-        manifest = {"model_dir": str(folder.resolve()), "source": _json_normal(source), "hub": hub_info,
+            files, fetch, headroom = _fetch_from_hub(source, commit, folder, verified, disk, weights,
+                                                     lambda: record_write(ledger_entry))
+        fetch["orphans_removed"] = orphans
+        manifest = {"model_dir": str(folder.resolve()), "source": _json_normal(source),
+                    "hub": {"repo_id": repo_id, "revision": revision, "commit": commit, "endpoint": hub.endpoint(),
+                            "token": hub.token_state(), "resolved_by": resolved_by},
                     "files": files, "total_bytes": sum(f["size"] for f in files),
                     "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     "fetch": fetch, "headroom": headroom}
