@@ -40,6 +40,7 @@ def hub_trial(tmp_path, *, after="keep", disk=None, shard_bytes=1 << 20) -> dict
     config = default_config()
     config["configurations"] = {"tp1": config["configurations"]["tp1"]}
     config["services"] = {}
+    config["patches"] = {}  # these tests are about the weights
     config["model"] = {"name": "m", "source": {"kind": "hub", "repo_id": REPO_ID, "revision": "main",
                                                "retry_backoff_s": 0.1, "progress_interval_s": 0.5},
                        "weights": {"after": after, "archive_dir": str(tmp_path / "archive")}}
@@ -130,6 +131,11 @@ def test_archive_at_cleanup_then_a_rerun_restages_from_the_archive_without_the_h
     assert not (tmp_path / "staging" / "demo" / "m").exists()
     actions = [e["action"] for e in Ledger(tmp_path / "results" / "demo" / "ledger.jsonl").entries()]
     assert actions.index("weights_staged") < actions.index("weights_archive_start") < actions.index("weights_archived")
+    # a configuration rerun now finds its weights gone and says how to restage them
+    done = snakemake(tmp_path, "--cores", "2", "results/demo/configs/tp1/record.json", timeout=300)
+    assert done.returncode != 0
+    job_log = (tmp_path / "results" / "demo" / "logs" / "trial" / "tp1.log").read_text()
+    assert "the staged model is not all there" in job_log and "--forcerun stage_model" in job_log
     hub.stop()  # no Hub from here on
     done = stage(tmp_path, "--forcerun", "stage_model")
     assert done.returncode == 0, done.stderr[-3000:]

@@ -211,6 +211,13 @@ class TestPlanRecords:
                         archive_dir=tmp_path)
         assert r["verdict"] == "unknown" and "config.json could not be had" in r["reasons"][0]
 
+    def test_a_config_the_planner_cannot_read_is_unknown_not_a_stop(self, tmp_path):
+        (tmp_path / "config.json").write_text('{"model_type": "mystery", "layers": 4}')
+        (tmp_path / "model.safetensors").write_bytes(b"")
+        r = plan_record(spec=spec("x", {}), source={"kind": "local", "path": str(tmp_path)}, environment=CPU_HOST,
+                        hardware={"gpus": None, "gpu_memory_gib": None}, plan_settings=SETTINGS, contexts=[96])
+        assert r["verdict"] == "unknown" and "lacks num_hidden_layers" in r["reasons"][0]
+
     def test_unset_cpu_kv_space_is_an_estimate(self):
         r = plan_record(spec=spec("tp1", {}, {"X": "1"}), source={"kind": "tiny"}, environment=CPU_HOST,
                         hardware={"gpus": None, "gpu_memory_gib": None}, plan_settings=SETTINGS, contexts=[96])

@@ -436,9 +436,15 @@ def plan_record(*, spec: Mapping[str, Any], source: Mapping[str, Any], environme
     from llmtrial.staging import model_config_for
 
     model_config = model_config_for(source, archive_dir=archive_dir)
-    if model_config is None:
+    unreadable = None
+    if model_config is not None:
+        try:
+            planner.model_shape(model_config)
+        except planner.PlanError as exc:  # vLLM may well serve a model the planner cannot read
+            unreadable = f"the planner cannot read the model's config.json: {exc}"
+    if model_config is None or unreadable:
         return {"configuration": spec["name"], "verdict": "unknown", "force": spec.get("force", False),
-                "reasons": [f"the model's config.json could not be had before staging (source kind "
+                "reasons": [unreadable or f"the model's config.json could not be had before staging (source kind "
                             f"{source.get('kind')!r}; see the plan's log)"],
                 "checks": [], "hardware": dict(hardware), "plan": {}, "facts": {}}
     weights = planner.weights_size(source["path"]) if source.get("kind") == "local" else None
