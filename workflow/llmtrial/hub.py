@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -60,10 +60,6 @@ class HubError(RuntimeError):
 
 class HeadroomError(RuntimeError):
     """A filesystem the stage writes to would fall below its reserve."""
-
-    def __init__(self, message: str, filesystems: list[dict[str, Any]]) -> None:
-        super().__init__(message)
-        self.filesystems = filesystems
 
 
 class VerificationError(RuntimeError):
@@ -432,20 +428,6 @@ def download(repo_id: str, commit: str, files: Sequence[RemoteFile], folder: Pat
             "bytes_per_s": round(total / seconds, 1) if seconds > 0 else None, "retries": attempts}
 
 
-def remote_to_dict(files: Sequence[RemoteFile]) -> list[dict[str, Any]]:
-    return [asdict(f) for f in files]
-
-
-def each_file(folder: Path) -> Iterator[str]:
-    """Relative paths of the visible files under ``folder`` (not hidden ones, not links)."""
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for name in filenames:
-            file = Path(dirpath) / name
-            if not name.startswith(".") and file.is_file() and not file.is_symlink():
-                yield file.relative_to(folder).as_posix()
-
-
 def plan_fetch(folder: Path, files: Sequence[RemoteFile], verified: VerifiedFiles) -> tuple[list[RemoteFile], int]:
     """Which ``files`` still need fetching, and how many staged files were removed because
     they fail verification. A staged file verified before is trusted by its stamp; one the
@@ -471,7 +453,11 @@ def plan_fetch(folder: Path, files: Sequence[RemoteFile], verified: VerifiedFile
 
 def stale_files(folder: Path, keep: set[str]) -> list[str]:
     """Visible files in ``folder`` that are not part of the selection (another revision's shards)."""
-    return sorted(rel for rel in each_file(folder) if rel not in keep) if folder.is_dir() else []
+    from llmtrial.staging import visible_files
+
+    if not folder.is_dir():
+        return []
+    return sorted(rel for rel in (f.relative_to(folder).as_posix() for f in visible_files(folder)) if rel not in keep)
 
 
 def manifest_files(folder: Path, files: Sequence[RemoteFile], verified: VerifiedFiles) -> list[dict[str, Any]]:
@@ -490,7 +476,3 @@ def settings(source: Mapping[str, Any]) -> dict[str, Any]:
     return {"max_workers": int(source.get("max_workers") or 8), "retries": int(source.get("retries", 5)),
             "backoff_s": float(source.get("retry_backoff_s", 1.0)),
             "progress_interval": float(source.get("progress_interval_s", 10.0))}
-
-
-def clean_json(value: Any) -> Any:
-    return json.loads(json.dumps(value, sort_keys=True, default=str))

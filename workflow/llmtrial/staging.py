@@ -421,7 +421,7 @@ def check_local_model(path: Path) -> Path:
 # --------------------------------------------------------------------------- manifest
 
 
-def _iter_files(root: Path) -> Iterator[Path]:
+def visible_files(root: Path) -> Iterator[Path]:
     """Regular files under ``root``, sorted, skipping hidden files and folders."""
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
@@ -452,7 +452,7 @@ def build_manifest(model_dir: Path, *, source: Mapping[str, Any]) -> dict[str, A
     if not root.is_dir():
         raise FileNotFoundError(f"model folder not found: {root}")
     started = time.monotonic()
-    paths = sorted(_iter_files(root), key=lambda f: f.relative_to(root).as_posix())
+    paths = sorted(visible_files(root), key=lambda f: f.relative_to(root).as_posix())
     logger.info("hashing %d files in %s", len(paths), root)
     files: list[dict[str, Any]] = []
     for file in paths:
@@ -602,7 +602,7 @@ def _check_headroom(needs: list[tuple[str, Any, int, int]], disk: Mapping[str, A
         raise HeadroomError(f"not enough disk to stage {what}, nothing was written: "
                             + "; ".join(headroom_message(fs) for fs in short)
                             + "; free space or lower disk.reserve_* (the default keeps the kubelet's "
-                            "10 % eviction threshold)", filesystems)
+                            "10 % eviction threshold)")
     return filesystems
 
 

@@ -103,11 +103,6 @@ def copy_verified(src: Path, dest: Path, files: Sequence[Mapping[str, Any]]) -> 
     return copied
 
 
-def verify_copy(folder: Path, files: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Re-read every file of ``folder`` from disk against its manifest entry; problems found."""
-    return verify_manifest({"model_dir": str(folder), "files": list(files)})
-
-
 # --------------------------------------------------------------------------- delete
 
 
@@ -206,7 +201,7 @@ def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, 
     out["archive"] = str(dest)
     files = manifest["files"]
     started = time.monotonic()
-    if (dest / MANIFEST_NAME).is_file() and not verify_copy(dest, files):
+    if (dest / MANIFEST_NAME).is_file() and not verify_manifest({"model_dir": str(dest), "files": files}):
         out["copy"] = "archive already present and verified"
     else:
         space = headroom_by_filesystem([("archive", dest.parent, manifest["total_bytes"], len(files))],
@@ -221,7 +216,7 @@ def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, 
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
         try:
             copy_verified(folder, tmp, files)
-            problems = verify_copy(tmp, files)
+            problems = verify_manifest({"model_dir": str(tmp), "files": files})
             if problems:
                 raise VerificationError("; ".join(problems))
             archived = {**manifest, "model_dir": str(dest), "archived_at": time.time(), "archived_from": str(folder)}
