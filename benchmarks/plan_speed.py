@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-from llmtrial.plan import GiB, Hardware, ServingArgs, plan
+from llmtrial.plan import GiB, Hardware, ServingArgs, WeightsSize, plan
 from llmtrial.staging import model_config_for
 
 SEED_003 = {"num_hidden_layers": 94, "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128,
@@ -37,7 +37,7 @@ def main() -> None:
         verdicts: dict[str, int] = {}
         t0 = time.perf_counter()
         for cfg, hw, args in cases:
-            result = plan(config, hardware or hw, args, weights_bytes=int(220 * GiB) if hardware is None else None)
+            result = plan(config, hardware or hw, args, weights=WeightsSize(int(220 * GiB), "given", "benchmark") if hardware is None else None)
             verdicts[result.verdict] = verdicts.get(result.verdict, 0) + 1
         elapsed = time.perf_counter() - t0
         print(f"{label}: {n} plans in {elapsed * 1000:.1f} ms ({elapsed / n * 1e6:.0f} us per plan); verdicts {verdicts}")

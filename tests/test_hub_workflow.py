@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import REPO
+from conftest import DATA, REPO
 from hub_server import HubServer, model_files
 from llmtrial.hub import DOWNLOAD_META
 from llmtrial.ledger import Ledger
@@ -178,3 +178,29 @@ def test_a_trial_serves_weights_staged_from_the_hub_and_deletes_them_after(hub, 
     assert f"commit <code>{sha}</code>" in report and "<td>deleted</td>" in report
     assert TOKEN not in report and all(TOKEN not in p.read_text(errors="replace")
                                        for p in results.rglob("*") if p.is_file() and p.suffix in (".log", ".json", ".jsonl"))
+
+
+def test_the_plan_of_a_hub_model_rests_on_the_hubs_byte_counts_before_any_download(hub, tmp_path):
+    """A quantized model on the Hub: the plan sizes its weights from the Hub's listing at the
+    resolved commit (only top-level weight files), fetches config.json alone and no weight byte."""
+    files = model_files(4, shards=2, shard_bytes=3 << 20)
+    files["model-00002-of-00002.safetensors"] = files["model-00002-of-00002.safetensors"][: 5 << 19]
+    cfg = json.loads((DATA / "configs" / "Qwen3-30B-A3B.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
+                                  "activation_scheme": "dynamic"}
+    files["config.json"] = json.dumps(cfg).encode()
+    files["original/consolidated.00.pth"] = b"\0" * (7 << 20)  # not what vLLM loads
+    commit = hub.add_commit(REPO_ID, files)
+    config = hub_trial(tmp_path)
+    config["hardware"] = {"gpus": 1, "gpu_memory_gib": 80}
+    write_config(tmp_path, config)
+    done = snakemake(tmp_path, "--cores", "2", "results/demo/plans/tp1.json", timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((tmp_path / "results" / "demo" / "plans" / "tp1.json").read_text())
+    weights = record["facts"]["weights_bytes"]
+    assert weights["value"] == (3 << 20) + (5 << 19)
+    assert weights["kind"] == "measured"
+    assert weights["source"].startswith(f"Hub file sizes of {REPO_ID}@{commit[:12]} (2 weight files")
+    assert record["plan"]["weights_bytes_per_rank"] == [weights["value"]]  # one GPU holds it all
+    assert record["verdict"] == "fits"
+    assert [r.path for r in hub.gets()] and all(r.path.endswith("config.json") for r in hub.gets())

@@ -16,6 +16,7 @@ from llmtrial.plan import (
     Hardware,
     PlanError,
     ServingArgs,
+    WeightsSize,
     kv_bytes_per_token_per_layer,
     model_shape,
     plan,
@@ -24,6 +25,7 @@ from llmtrial.plan import (
     split_layers,
 )
 from llmtrial.staging import model_config_for
+from llmtrial.trial import compare_with_plan
 
 #: Seed 003: Qwen3-235B-A22B-Instruct-2507-FP8 as its runbook describes it.
 SEED_003 = {"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 94, "num_attention_heads": 64,
@@ -33,6 +35,11 @@ SEED_003 = {"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 94, "
 TINY = model_config_for({"kind": "tiny"})
 
 
+def staged(gib: float) -> WeightsSize:
+    """Weights of a known size, as staged files would give them."""
+    return WeightsSize(int(gib * GiB), "measured", "staged files")
+
+
 def logged(name: str) -> dict:
     return parse_startup(read_log(DATA / name))
 
@@ -40,7 +47,7 @@ def logged(name: str) -> dict:
 class TestSeed003:
     def test_kv_bytes_per_token_whole_and_per_gpu_at_tp4(self):
         p = plan(SEED_003, Hardware(gpus=4, gpu_memory_gib=95), ServingArgs(tensor_parallel_size=4, max_model_len=32768),
-                 weights_bytes=int(220 * GiB))
+                 weights=staged(220))
         assert p.data["kv_cache_bytes_per_token"] == 192_512
         assert p.data["kv_cache_bytes_per_token_per_rank"] == 48_128
 
@@ -54,18 +61,148 @@ class TestSeed003:
     def test_tp3_is_rejected_for_head_divisibility_in_under_a_second(self):
         t0 = time.perf_counter()
         p = plan(SEED_003, Hardware(gpus=3, gpu_memory_gib=95), ServingArgs(tensor_parallel_size=3, max_model_len=32768),
-                 weights_bytes=int(220 * GiB))
+                 weights=staged(220))
         assert time.perf_counter() - t0 < 1.0
         assert p.verdict == "does_not_fit"
         assert "Total number of attention heads (64) must be divisible by tensor parallel size (3)" in p.reasons[0]
 
     def test_estimated_memory_is_labelled_as_an_estimate(self):
         p = plan(SEED_003, Hardware(gpus=4, gpu_memory_gib=95), ServingArgs(tensor_parallel_size=4, max_model_len=32768),
-                 weights_bytes=int(220 * GiB))
+                 weights=staged(220))
         assert p.facts["available_kv_bytes_per_rank"]["kind"] == "estimated"
         assert p.facts["predicted_kv_cache_tokens"]["kind"] == "estimated"
         assert p.facts["weights_bytes"]["kind"] == "measured"
-        assert abs(p.data["weights_bytes_per_rank"][0] - 55 * GiB) < 2**20
+        # a quarter of the 220 GiB, plus the MoE routers and norms every rank holds whole
+        assert 55 * GiB < p.data["weights_bytes_per_rank"][0] < 55.1 * GiB
+
+
+SEEDS = DATA.parent.parent.parent / "shared" / "seeds"
+
+
+def real_config(name: str) -> dict:
+    return json.loads((DATA / "configs" / f"{name}.json").read_text())
+
+
+#: Seed 003's vLLM predates CUDA graph memory in the KV budget (its line: 85.51 - 56.89 - 0.76 = 27.86 GiB).
+SEED_003_ENV = {"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0"}
+#: Seed 003, Step 6: the four workers' memory lines and the KV lines vLLM logged at TP4.
+SEED_003_LOG = """\
+(Worker_TP0 pid=770) INFO 08-21 18:18:05 [gpu_model_runner.py:5405] Model loading took 55.19 GiB memory and 48.502592 seconds
+(EngineCore pid=558) INFO 08-21 18:21:55 [kv_cache_utils.py:2235] GPU KV cache size: 621,392 tokens
+(EngineCore pid=558) INFO 08-21 18:21:55 [kv_cache_utils.py:2236] Maximum concurrency for 32,768 tokens per request: 18.96x
+(Worker_TP0 pid=770) INFO 08-21 18:22:06 [gpu_worker.py:789] Free memory on device (94.05/95.01 GiB) on startup. \
+Desired GPU memory utilization is (0.9, 85.51 GiB). Actual usage is 56.89 GiB for consumed memory (weights + non-torch), \
+0.76 GiB for peak activation, and 0.32 GiB for CUDAGraph memory. Replace gpu_memory_utilization config with \
+`--kv-cache-memory=29407858586` (27.39 GiB) to fit into requested memory, or `--kv-cache-memory=38581581312` (35.93 GiB) \
+to fully utilize gpu memory. Current kv cache memory in use is 27.85 GiB.
+"""
+
+
+class TestSeedsFromConfigAlone:
+    """The seeds' quantized models planned from config.json alone, as a Hub trial plans them before download."""
+
+    def seed_003(self, **over):
+        args = ServingArgs.from_config({"tensor_parallel_size": 4, "max_model_len": 32768, **over}, SEED_003_ENV)
+        return plan(real_config("Qwen3-235B-A22B-Instruct-2507-FP8"), Hardware(gpus=4, gpu_memory_gib=95.01), args)
+
+    def test_seed_003_fits_at_tp4_with_the_logged_weights_and_kv_tokens(self):
+        p = self.seed_003()
+        assert p.verdict == "fits", p.reasons
+        assert p.facts["weights_bytes"]["kind"] == "estimated"
+        assert "quantization" in p.facts["weights_bytes"]["source"]
+        assert p.data["weights_bytes_per_rank"][0] / GiB == pytest.approx(55.19, rel=0.005)  # logged 55.19 GiB
+        assert p.data["predicted_kv_cache_tokens"] == pytest.approx(621_392, rel=0.015)  # logged 621,392
+        assert p.data["max_concurrency"] == pytest.approx(18.96, rel=0.015)
+
+    def test_each_memory_term_beside_the_logged_one(self):
+        p = self.seed_003()
+        rows = {r["name"]: r for r in compare_with_plan({"plan": p.data, "facts": p.facts},
+                                                        parse_startup(SEED_003_LOG, "seed003.log"))}
+        assert rows["GPU budget per rank (GiB)"]["measured"] == 85.51
+        assert rows["GPU budget per rank (GiB)"]["predicted"] == pytest.approx(85.51, abs=0.01)
+        assert rows["non-torch memory (GiB)"]["measured"] == pytest.approx(1.70)
+        assert rows["peak activation (GiB)"]["measured"] == 0.76
+        assert rows["peak activation (GiB)"]["predicted_kind"] == "estimated"
+        assert rows["CUDA graph memory (GiB)"]["predicted"] == 0  # this release left it out of the budget
+        assert abs(rows["KV cache memory per rank (GiB)"]["relative_error"]) < 0.015
+        assert rows["KV cache memory per rank (GiB)"]["measured_source"] == "seed003.log:4"
+        assert abs(rows["weights per rank (GiB)"]["relative_error"]) < 0.005
+
+    def test_enforce_eager_has_no_cuda_graph_memory_and_recent_vllm_counts_it(self):
+        eager = self.seed_003(enforce_eager=True)
+        assert eager.facts["cuda_graph_bytes"] == {"value": 0, "kind": "predicted", "unit": "B",
+                                                   "source": "enforce_eager: no CUDA graphs"}
+        recent = plan(real_config("Qwen3-235B-A22B-Instruct-2507-FP8"), Hardware(gpus=4, gpu_memory_gib=95.01),
+                      ServingArgs.from_config({"tensor_parallel_size": 4, "max_model_len": 32768}))
+        assert recent.facts["cuda_graph_bytes"]["value"] > 0
+        assert recent.data["predicted_kv_cache_tokens"] < eager.data["predicted_kv_cache_tokens"]
+
+    def test_seed_001_awq_fits_one_12_gb_gpu_and_bf16_does_not(self):
+        awq = real_config("Qwen2.5-7B-Instruct-AWQ")
+        gpu = Hardware(gpus=1, gpu_memory_gib=11.63)  # the RTX 3060's 12.49 GB
+        p = plan(awq, gpu, ServingArgs(max_model_len=4096))
+        assert p.verdict == "fits" and p.data["weights_bytes_per_rank"][0] / GiB == pytest.approx(5.2, abs=0.05)
+        bf16 = {k: v for k, v in awq.items() if k != "quantization_config"}
+        p = plan({**bf16, "torch_dtype": "bfloat16"}, gpu, ServingArgs(max_model_len=4096))
+        assert p.verdict == "does_not_fit" and any("exceed the budget" in r for r in p.reasons)
+        # split over the two 3060s: "the engine loaded 7.12 GiB of weights onto each GPU"
+        p = plan({**bf16, "torch_dtype": "bfloat16"}, Hardware(gpus=2, gpu_memory_gib=11.63),
+                 ServingArgs(tensor_parallel_size=2, max_model_len=4096))
+        assert p.data["weights_bytes_per_rank"][0] / GiB == pytest.approx(7.12, rel=0.01)
+
+    def test_an_unknown_quantization_on_a_gpu_is_unknown_not_a_bf16_guess(self):
+        cfg = {**real_config("Qwen3-30B-A3B"), "quantization_config": {"quant_method": "hqq"}}
+        p = plan(cfg, Hardware(gpus=1, gpu_memory_gib=80), ServingArgs(max_model_len=4096))
+        assert p.verdict == "unknown" and "quantization method 'hqq'" in p.reasons[0]
+        assert p.facts["weights_bytes"]["kind"] == "unknown"
+
+
+#: Seed 000's model as its report describes it (397B MoE, 17B active, a hybrid KV cache, FP8),
+#: written in Qwen3-Next's config schema; the weight size is the report's safetensors index.
+SEED_000 = {**real_config("Qwen3-Next-80B-A3B-Instruct"), "hidden_size": 4096, "num_hidden_layers": 60,
+            "num_attention_heads": 32, "num_key_value_heads": 2, "num_experts": 512, "moe_intermediate_size": 1024,
+            "shared_expert_intermediate_size": 1024, "linear_num_value_heads": 64, "vocab_size": 248320,
+            "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
+                                    "activation_scheme": "dynamic"}}
+SEED_000_ARGS = {"tensor_parallel_size": 1, "pipeline_parallel_size": 3, "gpu_memory_utilization": 0.92,
+                 "max_model_len": 2048, "max_num_seqs": 4, "max_num_batched_tokens": 8192, "kv_cache_dtype": "fp8",
+                 "enforce_eager": True}
+
+
+class TestSeed000:
+    weights = WeightsSize(int(378.23 * GiB), "measured", "model.safetensors.index.json total_size")
+    gpus = Hardware(gpus=3, gpu_memory_gib=97.9)
+
+    def test_the_model_is_the_size_the_report_gives(self):
+        from llmtrial.checkpoint import parameter_parts
+        assert sum(parameter_parts(SEED_000).values()) == pytest.approx(397e9, rel=0.01)
+
+    def test_pp3_with_64_gib_of_experts_offloaded_per_gpu_fits_with_offload(self):
+        args = ServingArgs.from_config({**SEED_000_ARGS, "cpu_offload_gb": 64, "cpu_offload_params": "experts"})
+        p = plan(SEED_000, self.gpus, args, weights=self.weights)
+        assert p.verdict == "fits_with_offload", p.reasons
+        assert p.data["stage_layers"] == [20, 20, 20]
+        assert p.facts["offload_bytes_per_rank"]["value"] == [64 * GiB] * 3
+        stage = [w / GiB for w in p.data["weights_bytes_per_rank"]]
+        assert all(60 < w < 64 for w in stage)  # a third of 378.23 GiB, less 64 GiB of experts
+        assert min(p.data["available_kv_bytes_per_rank"]) > 20 * GiB
+        assert p.data["max_concurrency"] >= 4
+
+    def test_without_the_offload_it_does_not_fit_and_names_the_shortfall(self):
+        p = plan(SEED_000, self.gpus, ServingArgs.from_config(SEED_000_ARGS), weights=self.weights)
+        assert p.verdict == "does_not_fit"
+        reason = next(r for r in p.reasons if "No memory left" in r)
+        assert "exceed the budget of 90.07 GiB (97.9 GiB x gpu_memory_utilization 0.92)" in reason
+        weights = float(reason.split(": ")[1].split(" GiB")[0])
+        short = float(reason.split(" by ")[1].split(" GiB")[0])
+        assert 126 < weights < 128  # a third of 378.23 GiB, the first stage with the embeddings
+        assert 36 < short < 40
+
+    def test_offload_restricted_to_experts_cannot_exceed_them(self):
+        args = ServingArgs.from_config({**SEED_000_ARGS, "cpu_offload_gb": 200, "cpu_offload_params": "experts"})
+        p = plan(SEED_000, self.gpus, args, weights=self.weights)
+        assert max(p.facts["offload_bytes_per_rank"]["value"]) < 126 * GiB
+        assert any("Expert weights on stage" in r for r in p.reasons)
 
 
 class TestSeed002:
@@ -80,7 +217,7 @@ class TestSeed002:
         cfg = {"num_hidden_layers": 43, "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512,
                "hidden_size": 4096, "vocab_size": 0, "torch_dtype": "bfloat16"}
         p = plan(cfg, Hardware(gpus=3, gpu_memory_gib=63.5), ServingArgs(pipeline_parallel_size=3, max_model_len=4096),
-                 weights_bytes=int(43 * 3.33 * GiB), extras=Extras(last_stage_bytes=12 * GiB, pinned_last_layers=3))
+                 weights=staged(43 * 3.33), extras=Extras(last_stage_bytes=12 * GiB, pinned_last_layers=3))
         parts = [int(x) for x in p.data["pp_layer_partition"].split(",")]
         assert sum(parts) == 43 and parts[-1] <= 12
 
@@ -116,7 +253,7 @@ class TestArithmetic:
         shape = model_shape(SEED_003)
         assert kv_bytes_per_token_per_layer(shape, 8, 2) == (2048, 512)
         p = plan(SEED_003, Hardware(gpus=8, gpu_memory_gib=95), ServingArgs(tensor_parallel_size=8, max_model_len=4096),
-                 weights_bytes=int(220 * GiB))
+                 weights=staged(220))
         assert p.data["kv_heads_per_rank"] == 1
         assert any("replicates" in r for r in p.reasons)
 
@@ -124,7 +261,7 @@ class TestArithmetic:
         cfg = {"num_hidden_layers": 61, "num_attention_heads": 128, "hidden_size": 7168, "vocab_size": 129280,
                "kv_lora_rank": 512, "qk_rope_head_dim": 64, "torch_dtype": "bfloat16"}
         p = plan(cfg, Hardware(gpus=8, gpu_memory_gib=141), ServingArgs(tensor_parallel_size=8, max_model_len=8192),
-                 weights_bytes=int(640 * GiB))
+                 weights=staged(640))
         assert p.data["kv_cache_bytes_per_token"] == 61 * 576 * 2
         assert p.data["kv_cache_bytes_per_token_per_rank"] == 61 * 576 * 2
 
@@ -148,10 +285,10 @@ class TestArithmetic:
 
     def test_weights_that_do_not_fit_give_reasons_and_offload_can_rescue(self):
         args = ServingArgs(tensor_parallel_size=1, max_model_len=4096)
-        p = plan(SEED_003, Hardware(gpus=1, gpu_memory_gib=95), args, weights_bytes=int(220 * GiB))
+        p = plan(SEED_003, Hardware(gpus=1, gpu_memory_gib=95), args, weights=staged(220))
         assert p.verdict == "does_not_fit" and any("No memory left for the KV cache" in r for r in p.reasons)
         args.cpu_offload_gb = 180
-        p = plan(SEED_003, Hardware(gpus=1, gpu_memory_gib=95), args, weights_bytes=int(220 * GiB))
+        p = plan(SEED_003, Hardware(gpus=1, gpu_memory_gib=95), args, weights=staged(220))
         assert p.verdict == "fits_with_offload"
 
     def test_max_model_len_longer_than_the_cache_is_refused(self):
@@ -194,6 +331,24 @@ class TestCommand:
                        "--set", "tensor_parallel_size=3", "--weights-gib", "220"])
         out = capsys.readouterr().out
         assert rc == 1 and "does_not_fit" in out and "must be divisible by tensor parallel size (3)" in out
+
+    def test_weights_are_shown_with_their_kind_and_source(self, tmp_path, capsys):
+        cfg = tmp_path / "config.json"
+        cfg.write_text(json.dumps(real_config("Qwen3-235B-A22B-Instruct-2507-FP8")))
+        base = ["plan", "--model-config", str(cfg), "--gpus", "4", "--gpu-memory-gib", "95.01",
+                "--set", "tensor_parallel_size=4", "--set", "max_model_len=32768"]
+        assert cli_main([*base, "--weights-gib", "220.2"]) == 0
+        out = capsys.readouterr().out
+        assert "220.20 GiB (given: given on the command line (--weights-gib))" in out
+        assert cli_main([*base, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["verdict"] == "fits" and out["weights_kind"] == "estimated"
+        assert "FP8 (block 128x128 scales)" in out["facts"]["weights_bytes"]["source"]
+        for term in ("gpu_budget_bytes", "non_torch_bytes", "peak_activation_bytes", "cuda_graph_bytes"):
+            assert out["facts"][term]["kind"] in ("predicted", "estimated")
+        (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)  # weight files beside the config: measured
+        assert cli_main([*base, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["facts"]["weights_bytes"]["kind"] == "measured"
 
     def test_a_missing_model_config_is_named(self, tmp_path, capsys):
         assert cli_main(["plan", "--model-config", str(tmp_path / "nope.json")]) == 2

@@ -179,7 +179,8 @@ def spec(name, args, env=None, force=False):
     return {"name": name, "args": args, "env": env or {"VLLM_CPU_KVCACHE_SPACE": "1"}, "force": force}
 
 
-SETTINGS = {"activation_reserve_gib": 2.0, "last_stage_extra_gib": 0, "pinned_last_layers": 0}
+SETTINGS = {"non_torch_gib": None, "peak_activation_gib": None, "cuda_graph_gib": None, "last_stage_extra_gib": 0,
+            "pinned_last_layers": 0}
 CPU_HOST = {"gpus": {"present": False, "count": 0, "devices": []}}
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from llmtrial.joblog import open_job_log
 
@@ -80,43 +81,70 @@ def _set_pairs(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+def _plan_inputs(args: argparse.Namespace) -> dict[str, Any]:
+    from llmtrial.plan import Extras, Hardware, MemoryTerms, ServingArgs, WeightsSize, read_model_config, weights_size
+
+    config = read_model_config(args.model_config)
+    sets = _set_pairs(args.set)
+    env = {k: v for k, v in sets.items() if k.startswith("VLLM_")}
+    model_dir = Path(args.model_config)
+    if args.weights_gib:
+        weights = WeightsSize(int(args.weights_gib * 2**30), "given", "given on the command line (--weights-gib)")
+    else:  # the weight files beside the config, else an estimate from config.json
+        weights = weights_size(model_dir if model_dir.is_dir() else model_dir.parent)
+    return {"config": config, "weights": weights,
+            "args": ServingArgs.from_config({k: v for k, v in sets.items() if k not in env}, env),
+            "hardware": Hardware(gpus=args.gpus, gpu_memory_gib=args.gpu_memory_gib, cpu_kv_space_gib=args.cpu_kv_space_gib),
+            "available_kv_gib": args.available_kv_gib, "contexts": args.context or None,
+            "extras": Extras(last_stage_bytes=int(args.last_stage_extra_gib * 2**30),
+                             pinned_last_layers=args.pinned_last_layers),
+            "memory": MemoryTerms(args.non_torch_gib, args.peak_activation_gib, args.cuda_graph_gib)}
+
+
+def _plan_rows(result: Any) -> list[tuple[str, str]]:
+    d, f = result.data, result.facts
+    gib = 2**30
+    w = f["weights_bytes"]
+    rows = [("verdict", result.verdict),
+            ("weights", (f"{w['value'] / gib:,.2f} GiB" if w["value"] is not None else "unknown") +
+             f" ({w['kind']}: {w['source']})")]
+    if not d:
+        return rows
+    rows += [
+        ("TP x PP", f"{d['tensor_parallel_size']} x {d['pipeline_parallel_size']} (layers per stage {d['stage_layers']})"),
+        ("weights per rank", ", ".join(f"{x / gib:,.2f} GiB" for x in d["weights_bytes_per_rank"])),
+    ]
+    if any(f["offload_bytes_per_rank"]["value"]):
+        rows.append(("offloaded per rank", ", ".join(f"{x / gib:,.2f} GiB" for x in f["offload_bytes_per_rank"]["value"])))
+    for key, label in (("gpu_budget_bytes", "GPU budget per rank"), ("non_torch_bytes", "non-torch memory"),
+                       ("peak_activation_bytes", "peak activation"), ("cuda_graph_bytes", "CUDA graph memory")):
+        if key in f:
+            rows.append((label, f"{f[key]['value'] / gib:,.2f} GiB ({f[key]['kind']}: {f[key]['source']})"))
+    rows += [
+        ("KV bytes per token", f"{d['kv_cache_bytes_per_token']:,} B"),
+        ("KV bytes per token per rank", f"{d['kv_cache_bytes_per_token_per_rank']} B"),
+        ("KV memory per rank", ", ".join(f"{a / gib:,.2f} GiB" for a in d["available_kv_bytes_per_rank"])
+         + f" ({f['available_kv_bytes_per_rank']['kind']})"),
+        ("KV cache tokens", f"{d['predicted_kv_cache_tokens']:,} (block size {d['block_size']})"),
+        (f"max concurrency at {d['max_model_len']:,}", f"{d['max_concurrency']:.2f}x"),
+        ("preemption boundary", ", ".join(f"{n} requests of {c} tokens" for c, n in d["preemption_boundary"].items())),
+        ("recommended VLLM_PP_LAYER_PARTITION", d["pp_layer_partition"] or "(PP=1)"),
+    ]
+    return rows
+
+
 def _plan(args: argparse.Namespace) -> int:
-    from llmtrial.plan import Extras, Hardware, PlanError, ServingArgs, plan, read_model_config, weights_size
+    from llmtrial.plan import PlanError, plan
 
     try:
-        config = read_model_config(args.model_config)
-        sets = _set_pairs(args.set)
-        env = {k: v for k, v in sets.items() if k.startswith("VLLM_")}
-        serving = ServingArgs.from_config({k: v for k, v in sets.items() if k not in env}, env)
-        hardware = Hardware(gpus=args.gpus, gpu_memory_gib=args.gpu_memory_gib, cpu_kv_space_gib=args.cpu_kv_space_gib)
-        model_dir = Path(args.model_config)
-        weights = args.weights_gib * 2**30 if args.weights_gib else weights_size(model_dir if model_dir.is_dir() else model_dir.parent)
-        result = plan(config, hardware, serving, weights_bytes=int(weights) if weights else None,
-                      available_kv_gib=args.available_kv_gib, contexts=args.context or None,
-                      extras=Extras(last_stage_bytes=int(args.last_stage_extra_gib * 2**30),
-                                    pinned_last_layers=args.pinned_last_layers))
+        result = plan(**_plan_inputs(args))
     except PlanError as exc:
         print(f"llmtrial plan: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
         return 0 if result.verdict != "does_not_fit" else 1
-    d = result.data
-    gib = 2**30
-    rows = [
-        ("verdict", result.verdict),
-        ("TP x PP", f"{d['tensor_parallel_size']} x {d['pipeline_parallel_size']} (layers per stage {d['stage_layers']})"),
-        ("weights", f"{d['weights_bytes'] / gib:,.2f} GiB ({result.facts['weights_bytes']['kind']})"),
-        ("weights per rank", ", ".join(f"{w / gib:,.2f} GiB" for w in d["weights_bytes_per_rank"])),
-        ("KV bytes per token", f"{d['kv_cache_bytes_per_token']:,} B"),
-        ("KV bytes per token per rank", f"{d['kv_cache_bytes_per_token_per_rank']} B"),
-        ("KV memory per rank", ", ".join(f"{a / gib:,.2f} GiB" for a in d["available_kv_bytes_per_rank"])
-         + f" ({result.facts['available_kv_bytes_per_rank']['kind']})"),
-        ("KV cache tokens", f"{d['predicted_kv_cache_tokens']:,} (block size {d['block_size']})"),
-        (f"max concurrency at {d['max_model_len']:,}", f"{d['max_concurrency']:.2f}x"),
-        ("preemption boundary", ", ".join(f"{n} requests of {c} tokens" for c, n in d["preemption_boundary"].items())),
-        ("recommended VLLM_PP_LAYER_PARTITION", d["pp_layer_partition"] or "(PP=1)"),
-    ]
+    rows = _plan_rows(result)
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
@@ -151,7 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a vLLM arg (tensor_parallel_size=4) or VLLM_PP_LAYER_PARTITION=...; repeatable")
     p.add_argument("--available-kv-gib", type=float, help="vLLM's logged Available KV cache memory, per rank")
-    p.add_argument("--weights-gib", type=float, help="weight size, when no weight files are beside the config")
+    p.add_argument("--weights-gib", type=float,
+                   help="weight size (labelled given); default: the weight files beside the config, else an "
+                        "estimate from config.json and its quantization_config")
+    p.add_argument("--non-torch-gib", type=float, help="non-torch GPU memory per rank (default: the planner's rule)")
+    p.add_argument("--peak-activation-gib", type=float, help="peak activation per rank (default: the planner's rule)")
+    p.add_argument("--cuda-graph-gib", type=float, help="CUDA graph memory per rank (default: the planner's rule)")
     p.add_argument("--context", type=int, action="append", default=[], help="context length for the preemption boundary")
     p.add_argument("--last-stage-extra-gib", type=float, default=0.0, help="memory only on the last PP stage (draft module)")
     p.add_argument("--pinned-last-layers", type=int, default=0, help="layers that must sit on the last PP stage")

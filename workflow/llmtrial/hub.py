@@ -195,6 +195,38 @@ def fetch_config(repo_id: str, revision: str) -> dict[str, Any] | None:
         return None
 
 
+def weight_files(files: Sequence[RemoteFile]) -> list[RemoteFile]:
+    """The files vLLM loads weights from: the top-level ``*.safetensors`` (without a Mistral
+    ``consolidated`` copy beside sharded ones), else the top-level ``*.bin``/``*.pt``; files in
+    subfolders (``original/`` and the like) are not loaded."""
+    top = [f for f in files if "/" not in f.path]
+    safetensors = [f for f in top if f.path.endswith(".safetensors")]
+    sharded = [f for f in safetensors if not f.path.startswith("consolidated")]
+    if safetensors:
+        return sharded or safetensors
+    return [f for f in top if f.path.endswith((".bin", ".pt")) and "training_args" not in f.path]
+
+
+def weight_bytes(repo_id: str, revision: str, *, allow_patterns: Sequence[str] | None = None,
+                 ignore_patterns: Sequence[str] | None = None) -> tuple[int, str] | None:
+    """(bytes, where the figure came from) of the weight files the stage would fetch, from the
+    Hub's file listing at the resolved commit: nothing is downloaded. None, with the reason
+    logged, when the Hub cannot say."""
+    if offline():
+        return None
+    try:
+        commit = resolve_commit(repo_id, revision)
+        chosen = weight_files(list_files(repo_id, commit, allow_patterns=allow_patterns,
+                                         ignore_patterns=ignore_patterns))
+    except Exception as exc:  # the planner falls back to an estimate, labelled as one
+        log.warning("no weight sizes for %s@%s from the Hub: %s", repo_id, revision, exc)
+        return None
+    if not chosen:
+        return None
+    return sum(f.size for f in chosen), (f"Hub file sizes of {repo_id}@{commit[:12]} ({len(chosen)} weight files, "
+                                         f"{human_bytes(sum(f.size for f in chosen))})")
+
+
 # --------------------------------------------------------------------------- verification
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "LOAD_WTS",
     "MAX_CONC",
     "MAX_MODEL_LEN",
+    "MEMORY_PROFILE",
     "MODEL_LOAD",
     "VLLM_VERSION",
     "diagnose_failure",
@@ -138,6 +139,17 @@ MAX_MODEL_LEN = re.compile(r"Using max model len (?P<len>[\d,]+)")
 VLLM_VERSION = re.compile(r"(?:vLLM API server version|\u2588\s+version) (?P<version>\d[\w.+\-]*\w)")
 #: CPU build: the KV space it was told to use, per worker ("Explicitly set (1.0/8.21) GiB ...").
 CPU_KV_SPACE = re.compile(rf"Explicitly set \((?P<gib>{_NUM})/(?P<total>{_NUM})\) GiB for KV cache")
+#: GPU workers of recent vLLM: the memory profile, term by term ("Free memory on device (94.05/95.01
+#: GiB) on startup. Desired GPU memory utilization is (0.9, 85.51 GiB). Actual usage is 56.89 GiB for
+#: consumed memory (weights + non-torch), 0.76 GiB for peak activation, and 0.32 GiB for CUDAGraph
+#: memory. ... Current kv cache memory in use is 27.85 GiB.").
+MEMORY_PROFILE = re.compile(
+    rf"Free memory on device \((?P<free>{_NUM})/(?P<total>{_NUM}) GiB\) on startup\. "
+    rf"Desired GPU memory utilization is \((?P<util>{_NUM}), (?P<requested>{_NUM}) GiB\)\. "
+    rf"Actual usage is (?P<consumed>{_NUM}) GiB for consumed memory \(weights \+ non-torch\), "
+    rf"(?P<activation>{_NUM}) GiB for peak activation, and (?P<graphs>{_NUM}) GiB for CUDAGraph memory\."
+    rf"(?:.*Current kv cache memory in use is (?P<kv>-?{_NUM}) GiB)?"
+)
 #: CPU build and newer loaders: building the model before its weights are read.
 MODEL_INIT = re.compile(rf"Initializing model took (?P<sec>{_NUM}) seconds")
 
@@ -162,6 +174,18 @@ _STARTUP: tuple[tuple[re.Pattern[str], tuple[tuple[str, str, Callable[[str], Any
         ),
     ),
     (INIT_ENGINE, (("engine_init_seconds", "sec", float, "s"),)),
+    (
+        MEMORY_PROFILE,
+        (
+            ("gpu_free_on_startup_gib", "free", float, "GiB"),
+            ("gpu_total_gib", "total", float, "GiB"),
+            ("gpu_requested_gib", "requested", float, "GiB"),
+            ("consumed_gib", "consumed", float, "GiB"),
+            ("peak_activation_gib", "activation", float, "GiB"),
+            ("cuda_graph_gib", "graphs", float, "GiB"),
+            ("kv_cache_in_use_gib", "kv", float, "GiB"),
+        ),
+    ),
     (MAX_MODEL_LEN, (("max_model_len", "len", _int, "tokens"),)),
     (VLLM_VERSION, (("vllm_version", "version", str, None),)),
 )
@@ -179,7 +203,11 @@ def parse_startup(text: str, source: str = "server.log") -> dict[str, dict[str, 
     ``available_kv_gib``, ``kv_cache_tokens``, ``kv_pool`` (``"GPU"``, ``"CPU"``,
     ``"GPU + host"``, ...), ``max_concurrency``, ``max_concurrency_tokens_per_request``,
     ``engine_init_seconds``, ``max_model_len``, ``vllm_version``; on the CPU build also
-    ``model_init_seconds`` and ``available_kv_gib`` from the KV space it was given.
+    ``model_init_seconds`` and ``available_kv_gib`` from the KV space it was given. From a
+    GPU worker's memory profile line: ``gpu_free_on_startup_gib``, ``gpu_total_gib``,
+    ``gpu_requested_gib``, ``consumed_gib`` (weights + non-torch), ``peak_activation_gib``,
+    ``cuda_graph_gib``, ``kv_cache_in_use_gib``, and ``non_torch_gib`` (consumed less the
+    ``Model loading took`` figure, with ``derived`` saying so).
     """
     facts: dict[str, dict[str, Any]] = {}
     for lineno, line in enumerate(_lines(text), start=1):
@@ -190,12 +218,18 @@ def parse_startup(text: str, source: str = "server.log") -> dict[str, dict[str, 
             if m is None:
                 continue
             for key, group, convert, unit in fields:
+                if m.group(group) is None:
+                    continue
                 value = convert(m.group(group))
                 if key not in facts:
                     facts[key] = {**fact(value, f"{source}:{lineno}", unit=unit), "line": line}
                 else:
                     first = facts[key]
                     first.setdefault("per_rank", [first["value"]]).append(value)
+    consumed, loaded = facts.get("consumed_gib"), facts.get("model_load_gib")
+    if consumed and loaded:  # non-torch memory: what the memory profile counts beyond the weights
+        facts["non_torch_gib"] = {**fact(round(consumed["value"] - loaded["value"], 2), consumed["source"], unit="GiB"),
+                                  "line": consumed["line"], "derived": f"consumed_gib - model_load_gib ({loaded['source']})"}
     return facts
 
 

@@ -12,7 +12,11 @@ takes the smallest ``num_blocks`` over ranks, and logs
 ``int(num_blocks / cdiv(max_model_len, block_size) * max_model_len)`` tokens.
 
 Every figure is labelled: ``predicted`` when it follows from the inputs by vLLM's rules,
-``estimated`` when it rests on an assumption (an activation reserve, a parameter count).
+``estimated`` when it rests on an assumption (a parameter count, a memory term's rule). The
+weights come first from real bytes (staged files, the Hub's file sizes: ``measured``), or a
+size a person gave (``given``), and only then from config.json (:mod:`llmtrial.checkpoint`,
+which knows the checkpoint's quantization); a GPU plan without any is ``unknown``. The GPU
+budget follows vLLM's own accounting term by term (:mod:`llmtrial.budget`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from llmtrial import budget, checkpoint
+from llmtrial.budget import MemoryTerms
+from llmtrial.checkpoint import WeightsSize
 from llmtrial.records import fact, read_record
 
 GiB = 1024**3
@@ -36,9 +43,6 @@ DTYPE_BYTES = {
 #: Layer kinds whose state is per sequence, not per token.
 STATE_LAYER_KINDS = ("mamba", "mamba2", "linear_attention", "linear", "gated_deltanet", "ssm", "conv")
 SLIDING_LAYER_KINDS = ("sliding_attention", "sliding_window", "local_attention", "chunked_attention")
-#: Assumed per-GPU reserve for activations, CUDA graphs and the non-torch allocations when no
-#: measured figure is given; figures that depend on it are labelled ``estimated``.
-DEFAULT_ACTIVATION_RESERVE_GIB = 2.0
 DEFAULT_GPU_BLOCK_SIZE = 16
 DEFAULT_CPU_BLOCK_SIZE = 128
 
@@ -143,16 +147,6 @@ def model_shape(config: Mapping[str, Any], *, dtype: str | None = None) -> Model
     )
 
 
-def estimate_parameters(shape: ModelShape) -> int:
-    """Rough parameter count from the shape (attention, MLP or experts, embeddings)."""
-    h, d = shape.hidden_size, shape.head_dim
-    attn = h * shape.num_heads * d * 2 + h * shape.num_kv_heads * d * 2
-    inter = shape.moe_intermediate_size or shape.intermediate_size or 4 * h
-    mlp = 3 * h * int(inter) * (shape.num_experts or 1)
-    embed = shape.vocab_size * h * (1 if shape.tie_word_embeddings else 2)
-    return shape.num_layers * (attn + mlp) + embed
-
-
 # --------------------------------------------------------------------------- inputs
 
 
@@ -170,6 +164,10 @@ class Hardware:
         return self.gpus == 0
 
 
+def _flag(value: Any) -> bool:
+    return value is True or str(value).lower() in ("true", "1", "yes", "")
+
+
 @dataclass
 class ServingArgs:
     """The vLLM arguments that change memory, from a configuration's args and env."""
@@ -180,21 +178,27 @@ class ServingArgs:
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
     max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     kv_cache_dtype: str = "auto"
     cpu_offload_gb: float = 0.0
+    cpu_offload_params: tuple[str, ...] = ()
     kv_cache_memory_bytes: int | None = None
     block_size: int | None = None
     pp_layer_partition: list[int] | None = None
     dtype: str | None = None
+    enforce_eager: bool = False
+    cudagraphs_in_budget: bool = True  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS (vLLM >= 0.21)
 
     @classmethod
     def from_config(cls, args: Mapping[str, Any], env: Mapping[str, str] | None = None) -> "ServingArgs":
         """From a configuration's ``args`` mapping (dashes or underscores) and ``env``."""
         norm = {str(k).lstrip("-").replace("-", "_"): v for k, v in args.items()}
+        norm.setdefault("kv_cache_memory_bytes", norm.get("kv_cache_memory"))
         out = cls()
         for name, conv in (("tensor_parallel_size", int), ("pipeline_parallel_size", int),
                            ("gpu_memory_utilization", float), ("max_model_len", int), ("max_num_seqs", int),
-                           ("cpu_offload_gb", float), ("block_size", int), ("kv_cache_memory_bytes", int)):
+                           ("max_num_batched_tokens", int), ("cpu_offload_gb", float), ("block_size", int),
+                           ("kv_cache_memory_bytes", int)):
             if norm.get(name) is not None:
                 setattr(out, name, conv(norm[name]))
         for short, name in (("tp", "tensor_parallel_size"), ("pp", "pipeline_parallel_size")):
@@ -204,8 +208,14 @@ class ServingArgs:
             out.kv_cache_dtype = str(norm["kv_cache_dtype"])
         if norm.get("dtype") and str(norm["dtype"]) != "auto":
             out.dtype = str(norm["dtype"])
-        out.enable_expert_parallel = bool(norm.get("enable_expert_parallel", False))
-        partition = (env or {}).get("VLLM_PP_LAYER_PARTITION")
+        params = norm.get("cpu_offload_params")
+        if params:
+            out.cpu_offload_params = tuple(params if isinstance(params, (list, tuple)) else str(params).split(","))
+        out.enable_expert_parallel = "enable_expert_parallel" in norm and _flag(norm["enable_expert_parallel"])
+        out.enforce_eager = "enforce_eager" in norm and _flag(norm["enforce_eager"])
+        env = env or {}
+        out.cudagraphs_in_budget = str(env.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1")) != "0"
+        partition = env.get("VLLM_PP_LAYER_PARTITION")
         if partition:
             try:
                 out.pp_layer_partition = [int(x) for x in str(partition).split(",")]
@@ -314,17 +324,13 @@ def predict_kv_tokens(available_bytes_per_rank: list[float], bytes_per_token_per
     return blocks, int(concurrency * max_model_len), concurrency
 
 
-def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, weights_bytes: int | None = None,
-         available_kv_gib: float | None = None, contexts: list[int] | None = None, extras: Extras | None = None,
-         activation_reserve_gib: float = DEFAULT_ACTIVATION_RESERVE_GIB) -> Plan:
-    """Plan one configuration; see the module docstring for what comes out."""
-    extras = extras or Extras()
-    shape = model_shape(config, dtype=args.dtype)
+def _blocking(shape: ModelShape, hardware: Hardware, args: ServingArgs) -> tuple[list[str], list[str]]:
+    """(reasons vLLM would refuse the configuration for in a second, other remarks)."""
     tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
-    reasons: list[str] = []
     blocking: list[str] = []
-
-    # divisibility: vLLM refuses these in a second
+    reasons: list[str] = []
+    if not hardware.is_cpu and tp * pp > hardware.gpus:
+        blocking.append(f"TP x PP = {tp * pp} GPUs asked, {hardware.gpus} available.")
     if shape.num_heads % tp:
         blocking.append(f"Total number of attention heads ({shape.num_heads}) must be divisible by tensor parallel "
                         f"size ({tp}): pick a TP size that divides {shape.num_heads}.")
@@ -339,122 +345,211 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
         blocking.append(f"{shape.num_experts} experts cannot be split evenly over an expert parallel size of {tp}.")
     if pp > shape.num_layers:
         blocking.append(f"Pipeline parallel size {pp} exceeds the {shape.num_layers} layers.")
+    return blocking, reasons
 
-    # weights
-    weights_kind = "measured" if weights_bytes else "estimated"
-    weights_source = "staged files" if weights_bytes else "parameter count from config.json"
-    if not weights_bytes:
-        weights_bytes = estimate_parameters(shape) * shape.dtype_bytes
-    embed = shape.vocab_size * shape.hidden_size * shape.dtype_bytes
-    head = embed  # the output head: tied or not, the last stage needs it
-    body = max(0, weights_bytes - embed - (0 if shape.tie_word_embeddings else head))
-    layer_bytes = body / shape.num_layers
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the weights sit: bytes of the embeddings, the head on the last stage, and per layer
+    the part split over TP ranks, the part every rank holds, and the routed experts."""
+
+    embed: float
+    head: float
+    layer_split: float
+    layer_replicated: float
+    layer_experts: float | None  # None when the architecture's parts are not known
+
+    def stage_bytes(self, layers: int, first: bool, last: bool, tp: int, last_extra: float = 0.0) -> float:
+        out = layers * (self.layer_split / tp + self.layer_replicated)
+        return out + (self.embed / tp if first else 0.0) + ((self.head + last_extra) / tp if last else 0.0)
+
+
+def layout(config: Mapping[str, Any], shape: ModelShape, total: int, pp: int) -> Layout:
+    """Split ``total`` weight bytes into the parts that place them: in the proportions of the
+    parts' estimated bytes when the architecture is known, else embeddings at the model's dtype
+    and the rest evenly over the layers."""
+    try:
+        parts, _ = checkpoint.part_bytes(config)
+    except checkpoint.UnknownCheckpoint:
+        parts = None
+    if parts and total:
+        scale = total / max(1, sum(parts.values()))
+        embed, head_file = parts["embed"] * scale, parts.get("lm_head", 0) * scale
+    else:
+        embed = float(shape.vocab_size * shape.hidden_size * shape.dtype_bytes)
+        head_file = 0.0 if shape.tie_word_embeddings else embed
+    body = max(0.0, total - embed - head_file)
+    head = head_file if head_file else (embed if pp > 1 else 0.0)  # a tied head is a copy on the last stage
+    if not parts or not total:
+        return Layout(embed, head, body / shape.num_layers, 0.0, None)
+    per_layer = scale / shape.num_layers
+    replicated = sum(parts.get(k, 0) for k in checkpoint.REPLICATED_PARTS) * per_layer
+    return Layout(embed, head, body / shape.num_layers - replicated, replicated, parts.get("experts", 0) * per_layer)
+
+
+def _offload(args: ServingArgs, lay: Layout, stages: list[int], stage_bytes: list[float],
+             reasons: list[str]) -> list[float]:
+    """Bytes each rank offloads to CPU memory: ``cpu_offload_gb``, at most what the targeted
+    parameters (``cpu_offload_params``, such as ``experts``) weigh on that rank."""
+    want = args.cpu_offload_gb * GiB
+    if want <= 0:
+        return [0.0] * len(stages)
+    if not args.cpu_offload_params:
+        return [min(want, b) for b in stage_bytes]
+    if "experts" not in args.cpu_offload_params or lay.layer_experts is None:
+        reasons.append(f"cpu_offload_params {','.join(args.cpu_offload_params)}: the planner cannot size those "
+                       f"parameters, so it assumes all {args.cpu_offload_gb:g} GiB per GPU can be offloaded.")
+        return [min(want, b) for b in stage_bytes]
+    tp = args.tensor_parallel_size
+    out = [min(want, n * lay.layer_experts / tp) for n in stages]
+    short = [i for i, o in enumerate(out) if o < want]
+    if short:
+        reasons.append(f"Expert weights on stage {short[0]} weigh {out[short[0]] / GiB:.2f} GiB per rank, less than "
+                       f"cpu_offload_gb {args.cpu_offload_gb:g}: only they are offloaded.")
+    return out
+
+
+def _weights(config: Mapping[str, Any], weights: WeightsSize | None) -> WeightsSize:
+    """The weights to plan on: those given, else the estimate from config.json (raises
+    :class:`checkpoint.UnknownCheckpoint` with the reason when there is none)."""
+    return weights if weights is not None else checkpoint.estimate(config)
+
+
+def _kv_per_token(shape: ModelShape, args: ServingArgs, stages: list[int], reasons: list[str]) -> tuple[int, list[int]]:
+    """KV bytes one token costs: (whole model, per rank of each stage)."""
+    kv_dtype = shape.dtype_bytes if args.kv_cache_dtype == "auto" else DTYPE_BYTES.get(args.kv_cache_dtype)
+    if kv_dtype is None:
+        raise PlanError(f"unknown kv_cache_dtype {args.kv_cache_dtype!r}")
+    layer_whole, layer_rank = kv_bytes_per_token_per_layer(shape, args.tensor_parallel_size, kv_dtype)
+    cached = ("full_attention", "sliding_attention")
+    per_token_whole = sum(1 for k in shape.layer_kinds if k in cached) * layer_whole
+    bounds = [sum(stages[:i]) for i in range(len(stages) + 1)]
+    per_token_rank = [sum(layer_rank for j in range(bounds[i], bounds[i + 1]) if shape.layer_kinds[j] in cached)
+                      for i in range(len(stages))]
+    sliding = shape.layer_kinds.count("sliding_attention")
+    state = shape.layer_kinds.count("state")
+    if sliding:
+        reasons.append(f"{sliding} sliding-window layers (window {shape.sliding_window}) hold at most "
+                       "the window per sequence; capacity is counted on all attention layers (a lower bound).")
+    if state:
+        reasons.append(f"{state} linear-attention/Mamba layers keep state per sequence "
+                       f"({shape.state_bytes_per_layer or 'unknown'} B per layer), not per token.")
+    return per_token_whole, per_token_rank
+
+
+def _kv_memory(hardware: Hardware, args: ServingArgs, shape: ModelShape, weights_per_rank: list[float],
+               weights_kind: str, available_kv_gib: float | None, memory: MemoryTerms,
+               facts: dict[str, dict[str, Any]]) -> tuple[list[float], str, str]:
+    """KV memory per rank of each stage, its kind and its source; GPU terms go into ``facts``."""
+    pp = len(weights_per_rank)
+    if available_kv_gib is not None:
+        return [available_kv_gib * GiB] * pp, "measured", "given (vLLM's logged Available KV cache memory)"
+    if args.kv_cache_memory_bytes is not None:
+        return [float(args.kv_cache_memory_bytes)] * pp, "predicted", "kv_cache_memory_bytes per worker"
+    if hardware.is_cpu:
+        if hardware.cpu_kv_space_gib is None:
+            raise PlanError("a CPU plan needs the KV space per worker (VLLM_CPU_KVCACHE_SPACE)")
+        source = f"VLLM_CPU_KVCACHE_SPACE={hardware.cpu_kv_space_gib:g} GiB per worker" + (
+            " (assumed)" if hardware.cpu_kv_space_assumed else "")
+        return ([hardware.cpu_kv_space_gib * GiB] * pp, "estimated" if hardware.cpu_kv_space_assumed else "predicted",
+                source)
+    if hardware.gpu_memory_gib is None:
+        raise PlanError("a GPU plan needs the usable memory per GPU")
+    gpu = budget.terms(gpu_memory_gib=hardware.gpu_memory_gib, utilization=args.gpu_memory_utilization,
+                       workers=args.tensor_parallel_size * args.pipeline_parallel_size, hidden_size=shape.hidden_size,
+                       vocab_size=shape.vocab_size, dtype_bytes=shape.dtype_bytes,
+                       max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+                       enforce_eager=args.enforce_eager, cudagraphs_in_budget=args.cudagraphs_in_budget, given=memory)
+    facts.update(gpu)
+    lost = budget.overhead(gpu)
+    avail = [gpu["gpu_budget_bytes"]["value"] - w - lost for w in weights_per_rank]
+    kind = budget.derived_kind(weights_kind, *(f["kind"] for f in gpu.values()))
+    return avail, kind, "gpu_budget_bytes - weights per rank - non_torch_bytes - peak_activation_bytes - cuda_graph_bytes"
+
+
+def _shortfall(facts: dict[str, dict[str, Any]], weights_per_rank: list[float], avail: list[float]) -> str:
+    worst = min(range(len(avail)), key=lambda i: avail[i])
+    if "gpu_budget_bytes" not in facts:
+        return f"No memory left for the KV cache on stage {worst}."
+    total = facts["gpu_budget_bytes"]
+    lost = budget.overhead(facts)
+    return (f"No memory left for the KV cache on stage {worst}: {weights_per_rank[worst] / GiB:.2f} GiB of weights per "
+            f"rank and {lost / GiB:.2f} GiB of non-torch memory, activations and CUDA graphs exceed the budget of "
+            f"{total['value'] / GiB:.2f} GiB ({total['source']}) by {-avail[worst] / GiB:.2f} GiB; add GPUs (TP/PP), "
+            "quantize, or offload with cpu_offload_gb.")
+
+
+def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, weights: WeightsSize | None = None,
+         available_kv_gib: float | None = None, contexts: list[int] | None = None, extras: Extras | None = None,
+         memory: MemoryTerms | None = None) -> Plan:
+    """Plan one configuration; see the module docstring for what comes out."""
+    extras = extras or Extras()
+    shape = model_shape(config, dtype=args.dtype)
+    tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
+    blocking, reasons = _blocking(shape, hardware, args)
     try:
         stages = split_layers(shape.num_layers, pp, args.pp_layer_partition)
     except PlanError as exc:
         blocking.append(str(exc))
         stages = split_layers(shape.num_layers, pp)
-    stage_weights = []
-    for i, n in enumerate(stages):
-        w = n * layer_bytes
-        if i == 0:
-            w += embed
-        if i == pp - 1:
-            w += head + extras.last_stage_bytes
-        stage_weights.append(w / tp)
-    offload = args.cpu_offload_gb * GiB
-    weights_per_rank = [max(0.0, w - offload) for w in stage_weights]
-
-    # KV bytes per token
-    kv_dtype = shape.dtype_bytes if args.kv_cache_dtype == "auto" else DTYPE_BYTES.get(args.kv_cache_dtype)
-    if kv_dtype is None:
-        raise PlanError(f"unknown kv_cache_dtype {args.kv_cache_dtype!r}")
-    layer_whole, layer_rank = kv_bytes_per_token_per_layer(shape, tp, kv_dtype)
-    full_layers = [i for i, k in enumerate(shape.layer_kinds) if k == "full_attention"]
-    sliding_layers = [i for i, k in enumerate(shape.layer_kinds) if k == "sliding_attention"]
-    state_layers = [i for i, k in enumerate(shape.layer_kinds) if k == "state"]
-    per_token_whole = (len(full_layers) + len(sliding_layers)) * layer_whole
-    bounds = [sum(stages[:i]) for i in range(pp + 1)]
-    per_token_rank = [sum(layer_rank for j in range(bounds[i], bounds[i + 1])
-                          if shape.layer_kinds[j] in ("full_attention", "sliding_attention")) for i in range(pp)]
-    if sliding_layers:
-        reasons.append(f"{len(sliding_layers)} sliding-window layers (window {shape.sliding_window}) hold at most "
-                       "the window per sequence; capacity is counted on all attention layers (a lower bound).")
-    if state_layers:
-        reasons.append(f"{len(state_layers)} linear-attention/Mamba layers keep state per sequence "
-                       f"({shape.state_bytes_per_layer or 'unknown'} B per layer), not per token.")
-
-    # KV memory per rank
+    try:
+        size = _weights(config, weights)
+    except checkpoint.UnknownCheckpoint as exc:
+        if not hardware.is_cpu:
+            return Plan("does_not_fit" if blocking else "unknown", blocking + [f"Weights: {exc}"],
+                        facts={"weights_bytes": fact(None, str(exc), kind="unknown", unit="B")})
+        size = WeightsSize(0, "unknown", str(exc))  # a CPU KV space does not depend on the weights
+    lay = layout(config, shape, size.bytes, pp)
+    stage_bytes = [lay.stage_bytes(n, i == 0, i == pp - 1, tp, extras.last_stage_bytes) for i, n in enumerate(stages)]
+    offload = _offload(args, lay, stages, stage_bytes, reasons)
+    weights_per_rank = [max(0.0, b - o) for b, o in zip(stage_bytes, offload)]
+    per_token_whole, per_token_rank = _kv_per_token(shape, args, stages, reasons)
+    facts: dict[str, dict[str, Any]] = {"weights_bytes": size.fact()}
+    avail, avail_kind, avail_source = _kv_memory(hardware, args, shape, weights_per_rank, size.kind, available_kv_gib,
+                                                 memory or MemoryTerms(), facts)
     block_size = args.block_size or (DEFAULT_CPU_BLOCK_SIZE if hardware.is_cpu else DEFAULT_GPU_BLOCK_SIZE)
     if shape.mla_kv_dim is not None and hardware.is_cpu:
         block_size = 16
     max_len = args.max_model_len or int(_first(config.get("text_config") or config, "max_position_embeddings", default=2048))
-    if available_kv_gib is not None:
-        avail = [available_kv_gib * GiB] * pp
-        avail_kind, avail_source = "measured", "given (vLLM's logged Available KV cache memory)"
-    elif args.kv_cache_memory_bytes is not None:
-        avail = [float(args.kv_cache_memory_bytes)] * pp
-        avail_kind, avail_source = "predicted", "kv_cache_memory_bytes per worker"
-    elif hardware.is_cpu:
-        if hardware.cpu_kv_space_gib is None:
-            raise PlanError("a CPU plan needs the KV space per worker (VLLM_CPU_KVCACHE_SPACE)")
-        avail = [hardware.cpu_kv_space_gib * GiB] * pp
-        avail_kind = "estimated" if hardware.cpu_kv_space_assumed else "predicted"
-        avail_source = f"VLLM_CPU_KVCACHE_SPACE={hardware.cpu_kv_space_gib:g} GiB per worker" + (
-            " (assumed)" if hardware.cpu_kv_space_assumed else "")
-    else:
-        if hardware.gpu_memory_gib is None:
-            raise PlanError("a GPU plan needs the usable memory per GPU")
-        budget = hardware.gpu_memory_gib * GiB * args.gpu_memory_utilization
-        avail = [budget - w - activation_reserve_gib * GiB for w in weights_per_rank]
-        avail_kind = "estimated"
-        avail_source = (f"{hardware.gpu_memory_gib} GiB x gpu_memory_utilization {args.gpu_memory_utilization} "
-                        f"- weights - assumed {activation_reserve_gib} GiB activation reserve")
-
-    verdict = "fits"
     blocks = tokens = 0
     concurrency = 0.0
     if min(avail) <= 0:
-        worst = min(range(pp), key=lambda i: avail[i])
-        blocking.append(f"No memory left for the KV cache on stage {worst}: weights {weights_per_rank[worst] / GiB:.2f} GiB "
-                        f"per rank exceed the budget; add GPUs (TP/PP), quantize, or offload with cpu_offload_gb.")
+        blocking.append(_shortfall(facts, weights_per_rank, avail))
     else:
         blocks, tokens, concurrency = predict_kv_tokens(avail, per_token_rank, block_size, max_len)
         if concurrency < 1:
             blocking.append(f"The KV cache holds {tokens:,} tokens, less than one request at max_model_len {max_len:,}: "
                             f"lower max_model_len to at most {blocks * block_size:,} or free memory.")
-    if not hardware.is_cpu and offload > 0 and not blocking:
+    verdict = "does_not_fit" if blocking else "fits"
+    if not blocking and not hardware.is_cpu and any(offload):
         verdict = "fits_with_offload"
-        reasons.append(f"Fits with {args.cpu_offload_gb} GiB per GPU offloaded to CPU memory (slower: weights "
+        reasons.append(f"Fits with {max(offload) / GiB:.2f} GiB per GPU offloaded to CPU memory (slower: weights "
                        "cross the host link on every step).")
-    if blocking:
-        verdict = "does_not_fit"
-    ctx = {c: (blocks // math.ceil(c / block_size) if blocks else 0) for c in (contexts or [max_len])}
     recommended = None
     if pp > 1:
         try:
-            recommended = recommend_partition(shape.num_layers, pp, layer_bytes, first_extra=embed,
-                                              last_extra=head + extras.last_stage_bytes,
+            recommended = recommend_partition(shape.num_layers, pp, lay.layer_split / tp + lay.layer_replicated,
+                                              first_extra=lay.embed / tp, last_extra=(lay.head + extras.last_stage_bytes) / tp,
                                               pinned_last_layers=extras.pinned_last_layers)
         except PlanError as exc:
             reasons.append(str(exc))
-    src = "planner"
-    facts = {
-        "weights_bytes": fact(int(weights_bytes), weights_source, kind=weights_kind, unit="B"),
-        "weights_bytes_per_rank": fact([int(w) for w in weights_per_rank], src,
-                                       kind="estimated" if weights_kind == "estimated" else "predicted", unit="B"),
-        "kv_cache_bytes_per_token": fact(per_token_whole, src, kind="predicted", unit="B"),
-        "kv_cache_bytes_per_token_per_rank": fact(per_token_rank, src, kind="predicted", unit="B"),
+    rank_kind = budget.derived_kind(size.kind)
+    kv_kind = budget.derived_kind(avail_kind)
+    facts.update({
+        "weights_bytes_per_rank": fact([int(w) for w in weights_per_rank], "planner", kind=rank_kind, unit="B"),
+        "offload_bytes_per_rank": fact([int(o) for o in offload], "planner", kind=rank_kind, unit="B"),
+        "kv_cache_bytes_per_token": fact(per_token_whole, "planner", kind="predicted", unit="B"),
+        "kv_cache_bytes_per_token_per_rank": fact(per_token_rank, "planner", kind="predicted", unit="B"),
         "available_kv_bytes_per_rank": fact([int(a) for a in avail], avail_source, kind=avail_kind, unit="B"),
-        "predicted_kv_cache_tokens": fact(tokens, src, kind="estimated" if avail_kind == "estimated" else "predicted",
-                                          unit="tokens"),
-        "max_concurrency": fact(round(concurrency, 2), src, kind="estimated" if avail_kind == "estimated" else "predicted",
-                                unit="x"),
-    }
+        "predicted_kv_cache_tokens": fact(tokens, "planner", kind=kv_kind, unit="tokens"),
+        "max_concurrency": fact(round(concurrency, 2), "planner", kind=kv_kind, unit="x"),
+    })
     data = {
         "kv_cache_bytes_per_token": per_token_whole,
         "kv_cache_bytes_per_token_per_rank": per_token_rank[0] if pp == 1 else per_token_rank,
-        "weights_bytes": int(weights_bytes),
+        "weights_bytes": size.bytes,
+        "weights_kind": size.kind,
+        "weights_source": size.source,
         "weights_bytes_per_rank": [int(w) for w in weights_per_rank],
         "stage_layers": stages,
         "available_kv_bytes_per_rank": [int(a) for a in avail],
@@ -463,7 +558,8 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
         "predicted_kv_cache_tokens": tokens,
         "max_model_len": max_len,
         "max_concurrency": round(concurrency, 2),
-        "preemption_boundary": {str(c): n for c, n in ctx.items()},
+        "preemption_boundary": {str(c): (blocks // math.ceil(c / block_size) if blocks else 0)
+                                for c in (contexts or [max_len])},
         "pp_layer_partition": ",".join(map(str, recommended)) if recommended else None,
         "tensor_parallel_size": tp,
         "pipeline_parallel_size": pp,
@@ -483,8 +579,8 @@ def read_model_config(path: str | Path) -> dict[str, Any]:
         raise PlanError(f"model config: {exc}") from None
 
 
-def weights_size(model_dir: str | Path) -> int | None:
-    """Weight bytes from a safetensors index's total_size, else the weight files' sizes."""
+def weights_size(model_dir: str | Path) -> WeightsSize | None:
+    """Weight bytes of a model folder: its safetensors index's total_size, else the weight files' sizes."""
     d = Path(model_dir)
     if not d.is_dir():
         return None
@@ -492,7 +588,7 @@ def weights_size(model_dir: str | Path) -> int | None:
     if index.exists():
         total = json.loads(index.read_text()).get("metadata", {}).get("total_size")
         if total:
-            return int(total)
+            return WeightsSize(int(total), "measured", f"staged files ({index.name} total_size)")
     files = list(d.glob("*.safetensors")) or list(d.glob("*.bin"))
-    return sum(f.stat().st_size for f in files) or None
-
+    size = sum(f.stat().st_size for f in files)
+    return WeightsSize(size, "measured", f"staged files ({len(files)} weight files in {d})") if size else None

@@ -384,7 +384,32 @@ def configuration_checks(*, args: planner.ServingArgs, env: Mapping[str, str], g
     return out
 
 
-def configuration_plan(*, name: str, spec: Mapping[str, Any], model_config: Mapping[str, Any], weights_bytes: int | None,
+def planned_weights(source: Mapping[str, Any], archive_dir: str | Path | None = None) -> planner.WeightsSize | None:
+    """The weight bytes to plan on before staging: the folder's files for ``local``, an
+    archive's files for ``hub``/``archive`` when one holds the revision, else the Hub's file
+    sizes for ``hub``. None (the planner estimates from config.json) for ``tiny`` or when the
+    Hub cannot say."""
+    from llmtrial import hub
+    from llmtrial.weights import find_archive
+
+    kind = source.get("kind")
+    if kind == "local":
+        return planner.weights_size(source["path"])
+    if kind not in ("hub", "archive") or not source.get("repo_id"):
+        return None
+    repo_id, revision = str(source["repo_id"]), str(source.get("revision") or "main")
+    found = find_archive(archive_dir, repo_id, revision)
+    if found is not None:
+        return planner.weights_size(found[0])
+    if kind == "archive":
+        return None
+    sized = hub.weight_bytes(repo_id, revision, allow_patterns=source.get("allow_patterns"),
+                             ignore_patterns=source.get("ignore_patterns"))
+    return planner.WeightsSize(sized[0], "measured", sized[1]) if sized else None
+
+
+def configuration_plan(*, name: str, spec: Mapping[str, Any], model_config: Mapping[str, Any],
+                       weights: planner.WeightsSize | None,
                        environment: Mapping[str, Any], hardware: Mapping[str, Any], plan_settings: Mapping[str, Any],
                        contexts: list[int]) -> dict[str, Any]:
     """One configuration's plan record: the planner's verdict and figures, and its checks."""
@@ -401,16 +426,14 @@ def configuration_plan(*, name: str, spec: Mapping[str, Any], model_config: Mapp
                           cpu_kv_space_gib=float(kv_space) if kv_space else (ASSUMED_CPU_KV_GIB if count == 0 else None),
                           cpu_kv_space_assumed=not kv_space)
     args = planner.ServingArgs.from_config(spec["args"], env)
-    result = planner.plan(model_config, hw, args, weights_bytes=weights_bytes, contexts=contexts,
+    result = planner.plan(model_config, hw, args, weights=weights, contexts=contexts,
                           extras=planner.Extras(last_stage_bytes=int(float(plan_settings["last_stage_extra_gib"]) * GiB),
                                                 pinned_last_layers=int(plan_settings["pinned_last_layers"])),
-                          activation_reserve_gib=float(plan_settings["activation_reserve_gib"]))
+                          memory=planner.MemoryTerms(**{k: plan_settings.get(k) for k in (
+                              "non_torch_gib", "peak_activation_gib", "cuda_graph_gib")}))
     checks = configuration_checks(args=args, env=env, gpus=gpus, model_config=model_config, is_cpu=hw.is_cpu)
     reasons = list(result.reasons)
     verdict = result.verdict
-    if not hw.is_cpu and args.tensor_parallel_size * args.pipeline_parallel_size > count:
-        reasons.insert(0, f"TP x PP = {args.tensor_parallel_size * args.pipeline_parallel_size} GPUs asked, {count} available.")
-        verdict = "does_not_fit"
     for c in checks:
         if c["status"] == "fail":
             reasons.insert(0, c["detail"])
@@ -447,8 +470,8 @@ def plan_record(*, spec: Mapping[str, Any], source: Mapping[str, Any], environme
                 "reasons": [unreadable or f"the model's config.json could not be had before staging (source kind "
                             f"{source.get('kind')!r}; see the plan's log)"],
                 "checks": [], "hardware": dict(hardware), "plan": {}, "facts": {}}
-    weights = planner.weights_size(source["path"]) if source.get("kind") == "local" else None
-    record = configuration_plan(name=spec["name"], spec=spec, model_config=model_config, weights_bytes=weights,
+    record = configuration_plan(name=spec["name"], spec=spec, model_config=model_config,
+                                weights=planned_weights(source, archive_dir),
                                 environment=environment, hardware=hardware, plan_settings=plan_settings,
                                 contexts=contexts)
     record["force"] = bool(spec.get("force", False))

@@ -2,7 +2,8 @@
 
 Every number a record carries can say where it came from: ``measured`` (read from a
 log line, a benchmark result or a sampler), ``predicted`` (computed before launch) or
-``estimated`` (computed from an assumption). :func:`fact` builds that shape.
+``estimated`` (computed from an assumption), ``given`` (a figure a person supplied) or
+``unknown`` (no figure; the source says why). :func:`fact` builds that shape.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-Kind = Literal["measured", "predicted", "estimated"]
+Kind = Literal["measured", "predicted", "estimated", "given", "unknown"]
 
 #: Environment variable names whose values never reach a record, a log or the report.
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|CREDENTIAL", re.IGNORECASE)

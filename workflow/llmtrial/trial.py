@@ -275,6 +275,16 @@ def compare_with_plan(plan: Mapping[str, Any], startup: Mapping[str, Mapping[str
     weights = data.get("weights_bytes_per_rank") or []
     if weights:
         add("weights per rank (GiB)", round(weights[0] / 2**30, 2), facts["weights_bytes_per_rank"]["kind"], "model_load_gib")
+    for name, key, logged in (("GPU budget per rank (GiB)", "gpu_budget_bytes", "gpu_requested_gib"),
+                              ("non-torch memory (GiB)", "non_torch_bytes", "non_torch_gib"),
+                              ("peak activation (GiB)", "peak_activation_bytes", "peak_activation_gib"),
+                              ("CUDA graph memory (GiB)", "cuda_graph_bytes", "cuda_graph_gib")):
+        if key in facts:
+            add(name, round(facts[key]["value"] / 2**30, 2), facts[key]["kind"], logged)
+    kv_memory = data.get("available_kv_bytes_per_rank") or []
+    if kv_memory and "gpu_budget_bytes" in facts:
+        add("KV cache memory per rank (GiB)", round(kv_memory[0] / 2**30, 2), facts["available_kv_bytes_per_rank"]["kind"],
+            "available_kv_gib" if "available_kv_gib" in startup else "kv_cache_in_use_gib")
     avail = startup.get("available_kv_gib")
     per_rank = data.get("kv_cache_bytes_per_token_per_rank")
     if avail and per_rank:

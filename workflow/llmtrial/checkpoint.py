@@ -1,0 +1,323 @@
+"""What a checkpoint weighs before it is downloaded: parameters by part, bytes by quantization.
+
+The planner gates launches, so the weight figure it plans on says where it came from
+(:class:`WeightsSize`): the bytes of staged files or of the Hub's file listing first
+(``measured``), a size a person gave (``given``), and only then an estimate from config.json
+(``estimated``), which counts the parameters of each part of the model by its architecture
+and prices each part by the checkpoint's ``quantization_config``. An architecture or a
+quantization method this module does not know gives ``unknown`` with the reason, never a
+silent bf16 guess.
+
+Parts: ``embed`` (token embeddings), ``lm_head`` (the output head; none when tied),
+``attention`` (q/k/v/o and MLA projections), ``linear_attention`` (projections of
+linear-attention layers), ``mlp`` (dense feed-forward), ``experts`` (routed MoE experts),
+``shared_experts``, ``router`` (MoE gates), ``norms`` and ``other`` (biases, convolution
+and decay parameters). Quantization methods convert linear layers; embeddings, norms,
+routers and ``other`` stay at the model's dtype, and so does whatever the config lists as
+not converted (``modules_to_not_convert``, ``ignored_layers``, compressed-tensors'
+``ignore``, bitsandbytes' ``llm_int8_skip_modules``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+#: Parts a quantization method converts (linear layers), unless the config lists them as not converted.
+#: The output head is not among them: FP8, AWQ, GPTQ, bitsandbytes and MXFP4 checkpoints keep it
+#: at the model's dtype unless their config says otherwise (GPTQ's ``lm_head: true``).
+LINEAR_PARTS = ("attention", "linear_attention", "mlp", "experts", "shared_experts")
+#: Parts a tensor-parallel rank holds a full copy of (everything else is split over the ranks).
+REPLICATED_PARTS = ("router", "norms", "other")
+#: Module-name fragments that name each part in a list of modules not converted.
+PART_NAMES = {
+    "lm_head": ("lm_head", "output_layer"),
+    "embed": ("embed_tokens", "wte", "embeddings"),
+    "attention": ("self_attn", "attn", "attention"),
+    "linear_attention": ("linear_attn",),
+    "experts": ("experts",),
+    "shared_experts": ("shared_expert", "shared_experts"),
+    "mlp": ("mlp",),
+    "router": ("gate", "router"),
+}
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+class UnknownCheckpoint(ValueError):
+    """config.json does not say enough to size the checkpoint; the message says why."""
+
+
+@dataclass(frozen=True)
+class WeightsSize:
+    """The weight bytes a plan rests on, with where the figure came from."""
+
+    bytes: int
+    kind: str  # measured, given or estimated
+    source: str
+    parts: dict[str, int] = field(default_factory=dict)  # bytes per part, for estimates
+    notes: tuple[str, ...] = ()
+
+    def fact(self) -> dict[str, Any]:
+        return {"value": self.bytes, "kind": self.kind, "source": self.source, "unit": "B"}
+
+
+def _get(cfg: Mapping[str, Any], *names: str, default: Any = None) -> Any:
+    for n in names:
+        if cfg.get(n) is not None:
+            return cfg[n]
+    return default
+
+
+def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's part of a (possibly multimodal) config.json."""
+    return config.get("text_config") or config.get("llm_config") or config
+
+
+# --------------------------------------------------------------------------- parameter counts
+
+
+def _attention(cfg: Mapping[str, Any], h: int) -> tuple[int, int, int]:
+    """(projection, bias, norm) parameters of one standard attention layer."""
+    heads = int(cfg["num_attention_heads"])
+    head_dim = int(_get(cfg, "head_dim", default=h // heads))
+    kv = int(_get(cfg, "num_key_value_heads", default=heads))
+    q, k = heads * head_dim, kv * head_dim
+    # Qwen3-Next's gated attention doubles q_proj
+    gate = q if cfg.get("attn_output_gate", cfg.get("model_type") == "qwen3_next") else 0
+    proj = h * (q + gate) + 2 * h * k + q * h
+    bias = q + 2 * k if _get(cfg, "attention_bias", default=cfg.get("model_type") == "qwen2") else 0
+    norm = 2 * head_dim if cfg.get("model_type", "").startswith("qwen3") else 0  # q_norm, k_norm
+    return proj, bias, norm
+
+
+def _mla(cfg: Mapping[str, Any], h: int) -> tuple[int, int]:
+    """(projection, norm) parameters of one multi-head latent attention layer (DeepSeek V2/V3)."""
+    heads = int(cfg["num_attention_heads"])
+    nope, rope, v = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"]), int(cfg["v_head_dim"])
+    kv_rank, q_rank = int(cfg["kv_lora_rank"]), cfg.get("q_lora_rank")
+    q = h * int(q_rank) + int(q_rank) * heads * (nope + rope) if q_rank else h * heads * (nope + rope)
+    proj = q + h * (kv_rank + rope) + kv_rank * heads * (nope + v) + heads * v * h
+    return proj, kv_rank + (int(q_rank) if q_rank else 0)
+
+
+def _linear_attention(cfg: Mapping[str, Any], h: int) -> tuple[int, int, int]:
+    """(projection, other, norm) parameters of one gated DeltaNet layer (Qwen3-Next)."""
+    k_heads, v_heads = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
+    key, value = k_heads * int(cfg["linear_key_head_dim"]), v_heads * int(cfg["linear_value_head_dim"])
+    proj = h * (2 * key + 2 * value) + h * 2 * v_heads + value * h  # in_proj_qkvz, in_proj_ba, out_proj
+    other = (2 * key + value) * int(_get(cfg, "linear_conv_kernel_dim", default=4)) + 2 * v_heads  # conv1d, A_log, dt_bias
+    return proj, other, int(cfg["linear_value_head_dim"])
+
+
+def _is_moe_layer(cfg: Mapping[str, Any], i: int) -> bool:
+    if "first_k_dense_replace" in cfg:  # DeepSeek
+        step = int(_get(cfg, "moe_layer_freq", default=1))
+        return i >= int(cfg["first_k_dense_replace"]) and i % step == 0
+    if i in (cfg.get("mlp_only_layers") or []):
+        return False
+    step = int(_get(cfg, "decoder_sparse_step", default=1))
+    return (i + 1) % step == 0
+
+
+def _layer_kinds(cfg: Mapping[str, Any], layers: int) -> list[str]:
+    types = cfg.get("layer_types")
+    if types:
+        return ["linear" if str(t).startswith("linear") else "attention" for t in types[:layers]]
+    interval = cfg.get("full_attention_interval")
+    if interval:
+        return ["attention" if (i + 1) % int(interval) == 0 else "linear" for i in range(layers)]
+    return ["attention"] * layers
+
+
+def _add(parts: dict[str, int], **counts: int) -> None:
+    for k, v in counts.items():
+        parts[k] = parts.get(k, 0) + int(v)
+
+
+def _decoder(cfg: Mapping[str, Any], attention: str) -> dict[str, int]:
+    """Parameters per part of a decoder-only transformer: dense, MoE, MLA or hybrid."""
+    h, layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
+    vocab = int(cfg["vocab_size"])
+    parts = {"embed": vocab * h, "lm_head": 0 if cfg.get("tie_word_embeddings") else vocab * h, "norms": h}
+    experts = int(_get(cfg, "num_experts", "n_routed_experts", "num_local_experts", default=0))
+    expert_inter = int(_get(cfg, "moe_intermediate_size", default=cfg.get("intermediate_size", 0)))
+    shared = int(_get(cfg, "shared_expert_intermediate_size", default=0)) or \
+        int(_get(cfg, "n_shared_experts", default=0)) * expert_inter
+    kinds = _layer_kinds(cfg, layers)
+    for i in range(layers):
+        if attention == "mla":
+            proj, norm = _mla(cfg, h)
+            _add(parts, attention=proj, norms=norm)
+        elif kinds[i] == "linear":
+            proj, other, norm = _linear_attention(cfg, h)
+            _add(parts, linear_attention=proj, other=other, norms=norm)
+        else:
+            proj, bias, norm = _attention(cfg, h)
+            _add(parts, attention=proj, other=bias, norms=norm)
+        _add(parts, norms=2 * h)
+        if experts and _is_moe_layer(cfg, i):
+            _add(parts, experts=experts * 3 * h * expert_inter, router=h * experts, shared_experts=3 * h * shared)
+            if cfg.get("shared_expert_intermediate_size"):  # Qwen's sigmoid gate on the shared expert
+                _add(parts, router=h)
+            if cfg.get("topk_method") == "noaux_tc":  # DeepSeek V3's e_score_correction_bias
+                _add(parts, other=experts)
+        else:
+            _add(parts, mlp=3 * h * int(cfg["intermediate_size"]))
+    return parts
+
+
+#: Architectures whose parameters :func:`parameter_parts` counts, by ``architectures[0]``.
+ARCHITECTURES: dict[str, Callable[[Mapping[str, Any]], dict[str, int]]] = {
+    **{a: (lambda c: _decoder(c, "standard")) for a in (
+        "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+        "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen3NextForCausalLM")},
+    **{a: (lambda c: _decoder(c, "mla")) for a in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")},
+}
+
+
+def parameter_parts(config: Mapping[str, Any]) -> dict[str, int]:
+    """Parameters per part of the model vLLM loads (a DeepSeek checkpoint's MTP layers are not
+    counted: vLLM skips them unless they serve speculative decoding)."""
+    archs = config.get("architectures") or []
+    arch = archs[0] if archs else None
+    if arch not in ARCHITECTURES:
+        raise UnknownCheckpoint(f"architecture {arch or '(none in config.json)'} is not one the planner can count "
+                                f"parameters for (known: {', '.join(sorted(ARCHITECTURES))}); give the weight size "
+                                "(--weights-gib, or stage the weights first)")
+    try:
+        return ARCHITECTURES[arch](text_config(config))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UnknownCheckpoint(f"{arch}: config.json lacks {exc} needed to count parameters") from None
+
+
+# --------------------------------------------------------------------------- bytes per parameter
+
+
+def _scale_bytes(bits: float, group: int, *, scale: int = 2, zero: bool = False) -> float:
+    """Bytes per parameter of a group-wise quantized weight: packed values, one scale (and one
+    packed zero point) per ``group`` parameters; a group of -1 or 0 is one per output channel,
+    which is negligible here."""
+    per = bits / 8
+    if group and group > 0:
+        per += scale / group + (bits / 8 / group if zero else 0.0)
+    return per
+
+
+def _fp8(q: Mapping[str, Any]) -> tuple[float, list[str], str]:
+    block = q.get("weight_block_size")
+    per = 1.0 + (4 / (int(block[0]) * int(block[1])) if block else 0.0)  # one fp32 scale per block
+    what = f"FP8 ({'block ' + 'x'.join(map(str, block)) + ' scales' if block else 'per-tensor scales'})"
+    return per, list(q.get("modules_to_not_convert") or q.get("ignored_layers") or []), what
+
+
+def _awq(q: Mapping[str, Any]) -> tuple[float, list[str], str]:
+    bits, group = int(q.get("bits", q.get("w_bit", 4))), int(q.get("group_size", q.get("q_group_size", 128)))
+    zero = bool(q.get("zero_point", True))
+    return (_scale_bytes(bits, group, zero=zero), list(q.get("modules_to_not_convert") or []),
+            f"AWQ {bits}-bit, group {group}{', zero points' if zero else ''}")
+
+
+def _gptq(q: Mapping[str, Any]) -> tuple[float, list[str], str]:
+    bits, group = int(q.get("bits", 4)), int(q.get("group_size", 128))
+    # GPTQ checkpoints store packed zero points even when symmetric
+    return (_scale_bytes(bits, group, zero=True), list(q.get("modules_to_not_convert") or []),
+            f"GPTQ {bits}-bit, group {group}{', act-order' if q.get('desc_act') else ''}")
+
+
+def _compressed_tensors(q: Mapping[str, Any]) -> tuple[float, list[str], str]:
+    groups = [g for g in (q.get("config_groups") or {}).values() if g.get("weights")]
+    if not groups:
+        raise UnknownCheckpoint("compressed-tensors config without weight quantization groups")
+    w = groups[0]["weights"]
+    bits, strategy = int(w.get("num_bits", 8)), str(w.get("strategy", "tensor"))
+    group = int(w.get("group_size") or 0)
+    if strategy == "block" and w.get("block_structure"):
+        group = int(w["block_structure"][0]) * int(w["block_structure"][1])
+    fmt = str(q.get("format", ""))
+    scale = 1 if "nvfp4" in fmt else 2  # NVFP4 keeps one FP8 scale per 16 values
+    per = _scale_bytes(bits, group if strategy in ("group", "tensor_group", "block") else 0, scale=scale,
+                       zero=not w.get("symmetric", True))
+    return per, list(q.get("ignore") or []), f"compressed-tensors {fmt or w.get('type', '')} {bits}-bit {strategy}"
+
+
+def _bitsandbytes(q: Mapping[str, Any]) -> tuple[float, list[str], str]:
+    skip = list(q.get("llm_int8_skip_modules") or [])
+    if q.get("load_in_4bit") or q.get("_load_in_4bit"):
+        double = bool(q.get("bnb_4bit_use_double_quant"))
+        # blocks of 64: an fp32 absmax each, or with double quantization a byte each and an fp32 per 256 blocks
+        per = 0.5 + (1 / 64 + 4 / (64 * 256) if double else 4 / 64)
+        return per, skip, f"bitsandbytes 4-bit {q.get('bnb_4bit_quant_type', 'fp4')}{' double-quant' if double else ''}"
+    return 1.0, skip, "bitsandbytes 8-bit"
+
+
+def _mxfp4(q: Mapping[str, Any]) -> tuple[float, list[str], str]:
+    return 0.5 + 1 / 32, list(q.get("modules_to_not_convert") or []), "MXFP4 (E8M0 scale per 32 values)"
+
+
+#: Quantization methods by ``quant_method``: bytes per converted parameter, modules not converted, a label.
+METHODS: dict[str, Callable[[Mapping[str, Any]], tuple[float, list[str], str]]] = {
+    "fp8": _fp8, "awq": _awq, "gptq": _gptq, "compressed-tensors": _compressed_tensors,
+    "compressed_tensors": _compressed_tensors, "bitsandbytes": _bitsandbytes, "mxfp4": _mxfp4,
+}
+
+
+def _not_converted(patterns: list[str]) -> set[str]:
+    """The parts a list of modules not converted names: by a module's last name
+    (``model.layers.0.mlp.gate`` is a router, ``lm_head`` the head, ``model.layers.*.self_attn``
+    attention) or by a ``re:`` pattern. A part named for some layers only is counted as kept in
+    every layer: the estimate errs on the heavy side."""
+    out = set()
+    for raw in patterns:
+        words = re.findall(r"[A-Za-z_]+", str(raw).removeprefix("re:"))
+        for part, names in PART_NAMES.items():
+            if words and words[-1] in names:
+                out.add(part)
+    return out
+
+
+def quantization(config: Mapping[str, Any]) -> tuple[float | None, set[str], str]:
+    """(bytes per converted parameter, the parts converted, a label); None bytes and no parts
+    when the checkpoint is not quantized."""
+    q = config.get("quantization_config") or text_config(config).get("quantization_config")
+    if not q:
+        return None, set(), "not quantized"
+    method = str(q.get("quant_method", "")).lower()
+    if method not in METHODS:
+        raise UnknownCheckpoint(f"quantization method {method or '(none)'!r} is not one the planner can size "
+                                f"(known: {', '.join(sorted(METHODS))}); give the weight size instead")
+    per, patterns, label = METHODS[method](q)
+    converted = set(LINEAR_PARTS) - _not_converted(patterns)
+    if method == "mxfp4":  # gpt-oss: only the experts are MXFP4
+        converted &= {"experts"}
+    if q.get("lm_head") is True:
+        converted.add("lm_head")
+    return per, converted, label
+
+
+def dtype_bytes(config: Mapping[str, Any]) -> int:
+    name = str(_get(text_config(config), "torch_dtype", "dtype", default=config.get("torch_dtype", "bfloat16")))
+    name = name.replace("torch.", "")
+    if name not in DTYPE_BYTES:
+        raise UnknownCheckpoint(f"config.json's dtype {name!r} is not a floating-point dtype the planner knows")
+    return DTYPE_BYTES[name]
+
+
+def part_bytes(config: Mapping[str, Any]) -> tuple[dict[str, int], str]:
+    """Estimated bytes per part of the checkpoint, and how they were priced."""
+    params = parameter_parts(config)
+    base = dtype_bytes(config)
+    per, converted, label = quantization(config)
+    out = {part: int(round(n * (per if per is not None and part in converted else base))) for part, n in params.items()}
+    how = f"{sum(params.values()):,} parameters; {label}"
+    if per is not None:
+        how += f" at {per:.4f} B per converted parameter; kept at {base} B: " + \
+            ", ".join(sorted(p for p in params if p not in converted))
+    return out, how
+
+
+def estimate(config: Mapping[str, Any]) -> WeightsSize:
+    """The checkpoint's bytes from config.json alone (raises :class:`UnknownCheckpoint`)."""
+    parts, how = part_bytes(config)
+    return WeightsSize(sum(parts.values()), "estimated", f"estimate from parameters and quantization ({how})",
+                       parts=parts)
