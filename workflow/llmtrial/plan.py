@@ -479,6 +479,23 @@ def _shortfall(facts: dict[str, dict[str, Any]], weights_per_rank: list[float], 
             "quantize, or offload with cpu_offload_gb.")
 
 
+def _figures(size: WeightsSize, weights_per_rank: list[float], offload: list[float], per_token_whole: int,
+             per_token_rank: list[int], avail: list[float], avail_kind: str, avail_source: str, tokens: int,
+             concurrency: float) -> dict[str, dict[str, Any]]:
+    """The plan's figures as facts, each with its kind."""
+    rank_kind = budget.derived_kind(size.kind)
+    kv_kind = budget.derived_kind(avail_kind)
+    return {
+        "weights_bytes_per_rank": fact([int(w) for w in weights_per_rank], "planner", kind=rank_kind, unit="B"),
+        "offload_bytes_per_rank": fact([int(o) for o in offload], "planner", kind=rank_kind, unit="B"),
+        "kv_cache_bytes_per_token": fact(per_token_whole, "planner", kind="predicted", unit="B"),
+        "kv_cache_bytes_per_token_per_rank": fact(per_token_rank, "planner", kind="predicted", unit="B"),
+        "available_kv_bytes_per_rank": fact([int(a) for a in avail], avail_source, kind=avail_kind, unit="B"),
+        "predicted_kv_cache_tokens": fact(tokens, "planner", kind=kv_kind, unit="tokens"),
+        "max_concurrency": fact(round(concurrency, 2), "planner", kind=kv_kind, unit="x"),
+    }
+
+
 def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, weights: WeightsSize | None = None,
          available_kv_gib: float | None = None, contexts: list[int] | None = None, extras: Extras | None = None,
          memory: MemoryTerms | None = None) -> Plan:
@@ -533,17 +550,8 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
                                               pinned_last_layers=extras.pinned_last_layers)
         except PlanError as exc:
             reasons.append(str(exc))
-    rank_kind = budget.derived_kind(size.kind)
-    kv_kind = budget.derived_kind(avail_kind)
-    facts.update({
-        "weights_bytes_per_rank": fact([int(w) for w in weights_per_rank], "planner", kind=rank_kind, unit="B"),
-        "offload_bytes_per_rank": fact([int(o) for o in offload], "planner", kind=rank_kind, unit="B"),
-        "kv_cache_bytes_per_token": fact(per_token_whole, "planner", kind="predicted", unit="B"),
-        "kv_cache_bytes_per_token_per_rank": fact(per_token_rank, "planner", kind="predicted", unit="B"),
-        "available_kv_bytes_per_rank": fact([int(a) for a in avail], avail_source, kind=avail_kind, unit="B"),
-        "predicted_kv_cache_tokens": fact(tokens, "planner", kind=kv_kind, unit="tokens"),
-        "max_concurrency": fact(round(concurrency, 2), "planner", kind=kv_kind, unit="x"),
-    })
+    facts.update(_figures(size, weights_per_rank, offload, per_token_whole, per_token_rank, avail, avail_kind,
+                          avail_source, tokens, concurrency))
     data = {
         "kv_cache_bytes_per_token": per_token_whole,
         "kv_cache_bytes_per_token_per_rank": per_token_rank[0] if pp == 1 else per_token_rank,
