@@ -156,3 +156,16 @@ def test_each_patch_is_listed_with_mode_files_hashes_flag_and_times():
                  "restored from backup", "matches RECORD", "Worker_TP0 pid 7", "server.log:40", "Why it exists."):
         assert text in html.replace("&gt;", ">").replace("&lt;", "<"), text
     assert "None: every server ran vLLM as installed." in render_report(context())
+
+
+def test_a_gpu_plan_shows_where_its_weights_came_from_and_each_memory_term():
+    from llmtrial.plan import Hardware, ServingArgs, plan
+
+    config = json.loads((DATA / "configs" / "Qwen3-235B-A22B-Instruct-2507-FP8.json").read_text())
+    p = plan(config, Hardware(gpus=4, gpu_memory_gib=95.01), ServingArgs(tensor_parallel_size=4, max_model_len=32768))
+    record = {"configuration": "tp4", "verdict": p.verdict, "reasons": p.reasons, "checks": [], "plan": p.data,
+              "facts": p.facts}
+    html = render_report({**context(), "plans": [record]}).replace("&#39;", "'")
+    assert "estimated: estimate from parameters and quantization (235,093,634,560 parameters; FP8" in html
+    assert "budget 85.51 GiB (95.01 GiB x gpu_memory_utilization 0.9)" in html
+    assert "less non-torch 1.70 GiB (estimated)" in html and "CUDA graphs 327.68 MiB (estimated)" in html
