@@ -45,3 +45,41 @@ def test_concurrent_writers_do_not_interleave(tmp_path):
     assert len(entries) == 600
     for w in range(3):
         assert [e["i"] for e in entries if e["who"] == w] == list(range(200))
+
+
+def test_each_entry_names_its_run_and_has_an_id(tmp_path, monkeypatch):
+    from llmtrial.ledger import RUN_ENV
+
+    monkeypatch.setenv(RUN_ENV, "run-a")
+    Ledger(tmp_path / "l.jsonl").append("service_quiet")
+    Ledger(tmp_path / "l.jsonl", run="run-b").append("service_quiet")
+    a, b = Ledger(tmp_path / "l.jsonl").entries()
+    assert (a["run"], b["run"]) == ("run-a", "run-b") and a["id"] != b["id"]
+
+
+def test_undo_is_matched_change_by_change_not_by_name(tmp_path):
+    from llmtrial.ledger import match_undos
+
+    ledger1, ledger2 = Ledger(tmp_path / "l.jsonl", run="r1"), Ledger(tmp_path / "l.jsonl", run="r2")
+    first = ledger1.append("stop", name="web")
+    ledger1.append("start", name="web", undoes=first["id"])
+    second = ledger2.append("stop", name="web")  # the same service, stopped again by the next run
+    outstanding, undone = match_undos(Ledger(tmp_path / "l.jsonl").entries(), lambda e: e["action"] == "stop",
+                                      lambda e: e["action"] == "start", lambda e: e.get("name"))
+    assert list(outstanding) == [second["id"]] and list(undone) == [first["id"]]
+
+
+def test_an_old_format_ledger_reads_as_one_earlier_run(tmp_path):
+    import json
+
+    from llmtrial.ledger import EARLIER_RUN, match_undos
+
+    path = tmp_path / "l.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in [
+        {"t": 1, "action": "stop", "name": "web"}, {"t": 2, "action": "start", "name": "web"},
+        {"t": 3, "action": "stop", "name": "web"}]))
+    entries = Ledger(path).entries()
+    assert {e["run"] for e in entries} == {EARLIER_RUN} and len({e["id"] for e in entries}) == 3
+    outstanding, _ = match_undos(entries, lambda e: e["action"] == "stop", lambda e: e["action"] == "start",
+                                 lambda e: e.get("name"))
+    assert [e["t"] for e in outstanding.values()] == [3]  # the old start undid the stop before it, not the later one
