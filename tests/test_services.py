@@ -1,7 +1,8 @@
 """Quieting and restoring the host's services, against a real supervisord on loopback.
 
 systemctl and docker are absent here (no systemd, no Docker engine): their kinds are tested
-for the exact argv they run, through a runner double that records calls.
+for the exact argv they run and for how their documented exit codes read, through a runner
+double that records calls and answers as each tool does.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 from conftest import free_ports
 from llmtrial.ledger import Ledger
-from llmtrial.services import Service, healthy, quiet, restore
+from llmtrial.services import RUNNING, STOPPED, UNKNOWN, Service, ServiceStateUnknown, healthy, quiet, restore
 
 SUPERVISORD = str(Path(sys.executable).parent / "supervisord")
 SUPERVISORCTL = str(Path(sys.executable).parent / "supervisorctl")
@@ -73,7 +74,7 @@ serverurl=unix://{sock}
         if "RUNNING" in out.stdout:
             break
         time.sleep(0.2)
-    yield {"conf": str(conf), "ports": ports, "dir": tmp_path}
+    yield {"conf": str(conf), "ports": ports, "dir": tmp_path, "sock": sock}
     subprocess.run([SUPERVISORCTL, "-c", str(conf), "shutdown"], capture_output=True, timeout=30)
 
 
@@ -121,8 +122,10 @@ class TestSupervisor:
         ledger = Ledger(tmp_path / "ledger.jsonl")
         idle = supervised(supervisor, "idle")
         state = quiet([idle], ledger)
-        assert state["services"][0] == {"name": "idle", "kind": "supervisor", "was_running": False,
-                                        "action": "left stopped (was not running)"}
+        [item] = state["services"]
+        assert {k: item[k] for k in ("name", "kind", "was_running", "action")} == {
+            "name": "idle", "kind": "supervisor", "was_running": False, "action": "left stopped (was not running)"}
+        assert item["state_seen"].endswith("exited 3: idle STOPPED Not started")
         assert restore(ledger.entries(), ledger)["services"] == []
         assert status(supervisor, "idle") == "STOPPED"
 
@@ -133,7 +136,7 @@ class TestSupervisor:
         (supervisor["dir"] / "web.broken").write_text("")  # it now exits at start
         back = restore(ledger.entries(), ledger)
         [residue] = back["residues"]
-        assert residue["what"] == "web" and "not healthy" in residue["seen"] and "supervisorctl" in residue["tried"]
+        assert residue["what"] == "web" and "not running and healthy" in residue["seen"] and "supervisorctl" in residue["tried"]
         assert not back["services"][0]["healthy"]
         # not marked restored: a later cleanup tries again, and succeeds once the cause is gone
         (supervisor["dir"] / "web.broken").unlink()
@@ -141,19 +144,158 @@ class TestSupervisor:
         assert healthy(web)[0]
 
 
-class RunnerDouble:
-    """Stands in for systemctl and docker (absent here): records each argv, answers as told."""
+class TestUnknownState:
+    """A state that cannot be read is unknown: the quiet stage stops nothing, names the service
+    and quotes what was seen; after a restore it is a residue."""
 
-    def __init__(self, running: bool, stdout: str = ""):
+    def test_supervisord_without_its_socket(self, supervisor, tmp_path):
+        web = supervised(supervisor, "web")
+        away = supervisor["sock"].with_suffix(".away")
+        supervisor["sock"].rename(away)  # supervisord runs on; supervisorctl cannot reach it
+        try:
+            state, seen = web.state()
+            assert state == UNKNOWN and "exited 4" in seen and "no such file" in seen
+            ledger = Ledger(tmp_path / "ledger.jsonl")
+            with pytest.raises(ServiceStateUnknown, match=r"service web \(supervisor\): state unknown: .*no such file"):
+                quiet([web], ledger)
+            assert ledger.entries() == [] and healthy(web)[0]  # nothing stopped, nothing written
+        finally:
+            away.rename(supervisor["sock"])
+        assert status(supervisor, "web") == "RUNNING"
+
+    def test_supervisor_no_such_program(self, supervisor):
+        ghost = Service.from_config("ghost", {"kind": "supervisor", "supervisor_config": supervisor["conf"]})
+        state, seen = ghost.state()
+        assert state == UNKNOWN and "exited 4" in seen and "no such process" in seen
+
+    def test_command_whose_status_executable_is_missing(self, tmp_path):
+        svc = Service.from_config("tts", {"kind": "command", "status": [str(tmp_path / "no-such-status")],
+                                          "stop": ["true"], "start": ["true"]})
+        ledger = Ledger(tmp_path / "ledger.jsonl")
+        with pytest.raises(ServiceStateUnknown, match="service tts \\(command\\): state unknown: .*FileNotFoundError"):
+            quiet([svc], ledger)
+        assert ledger.entries() == []
+
+    @pytest.mark.parametrize("argv,expected", [
+        (["true"], RUNNING),
+        ([sys.executable, "-c", "raise SystemExit(3)"], STOPPED),  # the LSB "not running" default
+        ([sys.executable, "-c", "raise SystemExit(1)"], UNKNOWN),  # e.g. "No module named ..."
+        ([sys.executable, "-c", "import time; time.sleep(60)"], UNKNOWN),  # a timeout
+    ])
+    def test_command_exit_codes(self, argv, expected, monkeypatch):
+        import llmtrial.services as services
+
+        real = services.run_argv
+        monkeypatch.setattr(services, "run_argv", lambda a, timeout: real(a, timeout=min(timeout, 2)))
+        svc = Service.from_config("x", {"kind": "command", "status": argv, "stop": ["true"], "start": ["true"]})
+        assert svc.state(services.run_argv)[0] == expected
+
+    def test_a_status_of_stopped_while_the_health_check_answers_is_unknown(self, tmp_path):
+        svc = Service.from_config("x", {"kind": "command", "status": [sys.executable, "-c", "raise SystemExit(3)"],
+                                        "stop": ["true"], "start": ["true"], "health": {"kind": "command", "argv": ["true"]}})
+        with pytest.raises(ServiceStateUnknown, match="stopped.*yet the health check answers"):
+            quiet([svc], Ledger(tmp_path / "ledger.jsonl"))
+
+    def test_the_python_placeholder_is_this_interpreter(self):
+        from workflow_helpers import default_config
+
+        svc = Service.from_config("demo-web", default_config()["services"]["demo-web"])
+        assert svc.status_argv[:3] == [sys.executable, "-m", "llmtrial.demo_service"]
+        assert svc.state()[0] in (RUNNING, STOPPED)  # never "No module named llmtrial"
+
+
+#: What systemctl and docker print and exit with, from their documentation and sources.
+SYSTEMD_ANSWERS = [
+    ((0, "active\n", ""), RUNNING),
+    ((3, "inactive\n", ""), STOPPED),
+    ((3, "failed\n", ""), STOPPED),
+    ((3, "activating\n", ""), UNKNOWN),  # on its way up: not "stopped"
+    ((4, "", "Unit tts@1.service could not be found.\n"), UNKNOWN),
+    ((1, "", "System has not been booted with systemd as init system (PID 1). Can't operate.\n"), UNKNOWN),
+]
+DOCKER_ANSWERS = [
+    ((0, "true\n", ""), RUNNING),
+    ((0, "false\n", ""), STOPPED),
+    ((1, "\n", "Error: No such object: comfyui\n"), UNKNOWN),
+    ((1, "", "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?\n"), UNKNOWN),
+]
+
+
+class TestSystemdAndDockerStates:
+    """Through the runner double (no systemd, no Docker engine here)."""
+
+    @pytest.mark.parametrize("answer,expected", SYSTEMD_ANSWERS)
+    def test_systemctl_is_active(self, answer, expected):
+        svc = Service.from_config("tts", {"kind": "systemd", "target": "tts@1.service"})
+        assert svc.state(RunnerDouble(running=True, status=answer))[0] == expected
+
+    @pytest.mark.parametrize("answer,expected", DOCKER_ANSWERS)
+    def test_docker_inspect(self, answer, expected):
+        svc = Service.from_config("img", {"kind": "docker", "target": "comfyui"})
+        assert svc.state(RunnerDouble(running=True, status=answer))[0] == expected
+
+    @pytest.mark.parametrize("error", [FileNotFoundError(2, "No such file or directory", "systemctl"),
+                                       PermissionError(13, "Permission denied", "systemctl"),
+                                       subprocess.TimeoutExpired(["systemctl"], 30)])
+    def test_a_status_command_that_cannot_run(self, error):
+        def raising(argv, timeout):
+            raise error
+
+        state, seen = Service.from_config("tts", {"kind": "systemd"}).state(raising)
+        assert state == UNKNOWN and type(error).__name__.replace("Expired", "") in seen.replace("timed out", "Timeout")
+
+    @pytest.mark.parametrize("kind,answer,quoted", [
+        ("systemd", SYSTEMD_ANSWERS[-1][0], "System has not been booted with systemd"),
+        ("docker", DOCKER_ANSWERS[-1][0], "Cannot connect to the Docker daemon"),
+        ("docker", DOCKER_ANSWERS[-2][0], "No such object: comfyui"),
+    ])
+    def test_quiet_stops_nothing_when_one_state_is_unknown(self, tmp_path, kind, answer, quoted):
+        from llmtrial.cleanup import quiet_host
+
+        class OneToolBroken(RunnerDouble):
+            def __call__(self, argv, timeout):
+                if argv[0] == {"systemd": "systemctl", "docker": "docker"}[kind] and argv[1] in ("is-active", "inspect"):
+                    self.calls.append(list(argv))
+                    return subprocess.CompletedProcess(argv, *answer)
+                return super().__call__(argv, timeout)
+
+        runner = OneToolBroken(running=True)
+        other = "docker" if kind == "systemd" else "systemd"  # a healthy service of the other kind, listed first
+        services = {"fine": {"kind": other, "target": "fine"}, "gpu-tts": {"kind": kind, "target": "comfyui"}}
+        with pytest.raises(ServiceStateUnknown, match=f"service gpu-tts \\({kind}\\): state unknown: .*{quoted}"):
+            quiet_host(tmp_path, services, runner=runner)
+        assert not any(c[1] in ("stop", "start") for c in runner.calls) and runner.running  # the host unchanged
+        assert Ledger(tmp_path / "ledger.jsonl").entries() == []
+
+    def test_an_unknown_state_after_restore_is_a_residue(self, tmp_path):
+        runner = RunnerDouble(running=True)
+        svc = Service.from_config("tts", {"kind": "systemd", "target": "tts@1.service", "timeouts": {"health_s": 1}})
+        ledger = Ledger(tmp_path / "ledger.jsonl")
+        quiet([svc], ledger, runner=runner)
+        runner.status = SYSTEMD_ANSWERS[-1][0]  # systemd stops answering
+        back = restore(ledger.entries(), ledger, runner=runner)
+        [residue] = back["residues"]
+        assert residue["what"] == "tts" and "state unknown" in residue["seen"] and "booted with systemd" in residue["seen"]
+        assert [e["action"] for e in ledger.entries()] == ["service_quiet", "service_stopped"]  # still outstanding
+
+
+class RunnerDouble:
+    """A double of systemctl and docker (absent here): records each argv and answers as told,
+    by default like a service that starts and stops on request."""
+
+    def __init__(self, running: bool, status: tuple[int, str, str] | None = None):
         self.calls: list[list[str]] = []
         self.running = running
-        self.stdout = stdout
+        self.status = status  # a fixed (exit code, stdout, stderr) for every status call
 
     def __call__(self, argv, timeout):
         self.calls.append(list(argv))
-        if argv[:2] == ["systemctl", "is-active"]:
-            return subprocess.CompletedProcess(argv, 0 if self.running else 3, "", "")
-        if argv[:2] == ["docker", "inspect"]:
+        if argv[:2] in (["systemctl", "is-active"], ["docker", "inspect"]):
+            if self.status is not None:
+                return subprocess.CompletedProcess(argv, *self.status)
+            if argv[0] == "systemctl":
+                return subprocess.CompletedProcess(argv, 0 if self.running else 3,
+                                                   "active\n" if self.running else "inactive\n", "")
             return subprocess.CompletedProcess(argv, 0, "true\n" if self.running else "false\n", "")
         if argv[1] in ("stop", "start"):
             self.running = argv[1] == "start"
@@ -168,12 +310,12 @@ class TestArgv:
         quiet([svc], ledger, runner=runner)
         restore(ledger.entries(), ledger, runner=runner)
         assert runner.calls == [
-            ["systemctl", "is-active", "--quiet", "tts@1.service"],
+            ["systemctl", "is-active", "tts@1.service"],
             ["systemctl", "stop", "tts@1.service"],
-            ["systemctl", "is-active", "--quiet", "tts@1.service"],
-            ["systemctl", "is-active", "--quiet", "tts@1.service"],
+            ["systemctl", "is-active", "tts@1.service"],
+            ["systemctl", "is-active", "tts@1.service"],
             ["systemctl", "start", "tts@1.service"],
-            ["systemctl", "is-active", "--quiet", "tts@1.service"],
+            ["systemctl", "is-active", "tts@1.service"],
         ]
 
     def test_docker(self, tmp_path):
@@ -189,7 +331,7 @@ class TestArgv:
     def test_command_kind_runs_the_given_argv(self, tmp_path):
         flag = tmp_path / "up"
         flag.write_text("")
-        svc = Service.from_config("x", {"kind": "command", "status": ["test", "-f", str(flag)],
+        svc = Service.from_config("x", {"kind": "command", "status": ["test", "-f", str(flag)], "stopped_exit_codes": [1],
                                         "stop": ["rm", str(flag)], "start": ["touch", str(flag)],
                                         "health": {"kind": "command", "argv": ["test", "-f", str(flag)]},
                                         "timeouts": {"stop_s": 5, "health_s": 5}})

@@ -2,15 +2,24 @@
 
 A service has a kind (how to ask whether it runs, stop it and start it) and a health
 check (how to tell that it really answers). Every command is an argv list; nothing goes
-through a shell. Quieting writes each service's state to the trial ledger *before*
-stopping it, so a restore needs nothing but the ledger: only a service that was running
-is stopped, and only a service the ledger says this trial stopped is started again.
-What does not come back healthy is a residue with what was tried and what was seen.
+through a shell. A service's state has three answers: ``running``, ``stopped`` and
+``unknown``. Unknown is a status command that cannot run (not found, permission denied,
+a timeout), one that exits with a code its tool documents as an error (a daemon that does
+not answer, no such unit or container), or a status that says stopped while the health
+check answers. The quiet stage reads every service first and stops none when one is
+unknown (:class:`ServiceStateUnknown` names it and quotes what was seen).
+
+Quieting writes each service's state to the trial ledger *before* stopping it, so a
+restore needs nothing but the ledger: only a service that was running is stopped, and
+each stop still outstanding (from this run or an earlier one) is undone by a start that
+names it. What does not come back running and healthy is a residue with what was tried
+and what was seen.
 
 Kinds: ``systemd`` (systemctl), ``docker`` (a container), ``supervisor`` (a
-supervisorctl program) and ``command`` (argv lists of your own). Health checks: ``http``
-(URL and expected status), ``tcp`` (host and port), ``command`` (exit status 0) and
-``completion`` (a short completion against an OpenAI-compatible endpoint).
+supervisorctl program) and ``command`` (argv lists of your own; an element ``{python}``
+is the interpreter running the trial). Health checks: ``http`` (URL and expected status),
+``tcp`` (host and port), ``command`` (exit status 0) and ``completion`` (a short
+completion against an OpenAI-compatible endpoint).
 """
 
 from __future__ import annotations
@@ -19,22 +28,69 @@ import json
 import logging
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from llmtrial.ledger import Ledger
+from llmtrial.ledger import Ledger, match_undos
 
 log = logging.getLogger(__name__)
 
 Runner = Callable[..., subprocess.CompletedProcess[str]]
 
+RUNNING, STOPPED, UNKNOWN = "running", "stopped", "unknown"
+#: An argv element that stands for the interpreter running the trial (sys.executable), so a
+#: service command does not depend on which python3 is first on PATH.
+PYTHON_PLACEHOLDER = "{python}"
+
+# Exit codes of each kind's status command, from its tool's documentation:
+# - `systemctl is-active UNIT` (systemctl(1), "Exit status", LSB): 0 the unit is active; 3 it
+#   is not active (prints inactive or failed; activating/deactivating are also 3, and are
+#   not "stopped"); 4 no such unit; 1 and others: systemctl failed (no systemd, no bus).
+SYSTEMD_STOPPED_WORDS = ("inactive", "failed")
+# - `docker inspect --format {{.State.Running}} NAME`: exit 0 prints true or false; non-zero
+#   for "No such object" (the container the config names is missing) or "Cannot connect to
+#   the Docker daemon": both unknown.
+# - `supervisorctl status NAME` (supervisor 4.x supervisorctl.do_status, LSBStatusExitStatuses):
+#   0 for a state outside STOPPED_STATES (RUNNING, and STARTING/BACKOFF/STOPPING, which are
+#   in transition), 3 (NOT_RUNNING) for STOPPED, EXITED, FATAL or UNKNOWN, 4 (UNKNOWN) for
+#   no such process and for a supervisord that does not answer ("... no such file",
+#   "... refused connection").
+SUPERVISOR_STOPPED_WORDS = ("STOPPED", "EXITED", "FATAL")
+# - kind command: exit 0 is running; `stopped_exit_codes` (default [3], the LSB "program is
+#   not running" status) are stopped; anything else is unknown.
+DEFAULT_STOPPED_EXIT_CODES = (3,)
+
+
+class ServiceStateUnknown(RuntimeError):
+    """A service's state cannot be read: the quiet stage stops before it changes anything."""
+
 
 def run_argv(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     """Run one command (argv list, no shell), capturing its output."""
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL)
+
+
+def call(runner: Runner, argv: list[str], timeout: float) -> tuple[int | None, str, str]:
+    """Run ``argv``: (exit code, or None when it could not run or timed out; its output;
+    what was seen, quoted for a record)."""
+    shown = " ".join(argv)
+    try:
+        out = runner(argv, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, "", f"`{shown}` timed out after {timeout:g} s"
+    except OSError as exc:  # FileNotFoundError, PermissionError, ...
+        return None, "", f"`{shown}` could not run: {type(exc).__name__}: {exc}"
+    text = " ".join(((out.stdout or "") + " " + (out.stderr or "")).split())
+    return out.returncode, text, f"`{shown}` exited {out.returncode}" + (f": {text[-300:]}" if text else "")
+
+
+def resolve_argv(argv: list[Any]) -> list[str]:
+    """The argv with each ``{python}`` element replaced by this interpreter (never a shell)."""
+    return [sys.executable if str(a) == PYTHON_PLACEHOLDER else str(a) for a in argv]
 
 
 @dataclass
@@ -48,6 +104,7 @@ class Service:
     status_argv: list[str] = field(default_factory=list)  # kind command
     stop_argv: list[str] = field(default_factory=list)
     start_argv: list[str] = field(default_factory=list)
+    stopped_exit_codes: list[int] = field(default_factory=lambda: list(DEFAULT_STOPPED_EXIT_CODES))
     health: dict[str, Any] = field(default_factory=dict)
     stop_timeout_s: float = 60.0
     start_timeout_s: float = 120.0
@@ -60,11 +117,16 @@ class Service:
     @classmethod
     def from_config(cls, name: str, entry: Mapping[str, Any]) -> "Service":
         timeouts = entry.get("timeouts") or {}
+        health = dict(entry.get("health") or {})
+        if "argv" in health:
+            health["argv"] = resolve_argv(health["argv"])
         return cls(
             name=name, kind=entry["kind"], target=str(entry.get("target") or name),
             supervisor_config=entry.get("supervisor_config"),
-            status_argv=list(entry.get("status") or []), stop_argv=list(entry.get("stop") or []),
-            start_argv=list(entry.get("start") or []), health=dict(entry.get("health") or {}),
+            status_argv=resolve_argv(entry.get("status") or []), stop_argv=resolve_argv(entry.get("stop") or []),
+            start_argv=resolve_argv(entry.get("start") or []),
+            stopped_exit_codes=[int(c) for c in entry.get("stopped_exit_codes", DEFAULT_STOPPED_EXIT_CODES)],
+            health=health,
             stop_timeout_s=float(timeouts.get("stop_s", 60)), start_timeout_s=float(timeouts.get("start_s", 120)),
             health_timeout_s=float(timeouts.get("health_s", 120)),
         )
@@ -72,7 +134,8 @@ class Service:
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name, "kind": self.kind, "target": self.target, "supervisor_config": self.supervisor_config,
-            "status": self.status_argv, "stop": self.stop_argv, "start": self.start_argv, "health": self.health,
+            "status": self.status_argv, "stop": self.stop_argv, "start": self.start_argv,
+            "stopped_exit_codes": self.stopped_exit_codes, "health": self.health,
             "timeouts": {"stop_s": self.stop_timeout_s, "start_s": self.start_timeout_s, "health_s": self.health_timeout_s},
         }
 
@@ -84,7 +147,7 @@ class Service:
     def argv(self, action: str) -> list[str]:
         """The argv for ``status``, ``stop`` or ``start``."""
         if self.kind == "systemd":
-            return {"status": ["systemctl", "is-active", "--quiet", self.target],
+            return {"status": ["systemctl", "is-active", self.target],
                     "stop": ["systemctl", "stop", self.target],
                     "start": ["systemctl", "start", self.target]}[action]
         if self.kind == "docker":
@@ -100,14 +163,47 @@ class Service:
             return list(chosen)
         raise ValueError(f"service {self.name}: unknown kind {self.kind!r}")
 
+    def state(self, runner: Runner = run_argv) -> tuple[str, str]:
+        """``(running | stopped | unknown, what was seen)`` from the kind's status command."""
+        code, output, seen = call(runner, self.argv("status"), timeout=30)
+        return _read_status(self.kind, code, output, self.stopped_exit_codes), seen
+
     def is_running(self, runner: Runner = run_argv) -> bool:
-        out = runner(self.argv("status"), timeout=30)
-        if self.kind == "docker":
-            return out.returncode == 0 and out.stdout.strip() == "true"
-        if self.kind == "supervisor":
-            # supervisorctl status exits 0 only for RUNNING (3 for stopped, 4 for no such process)
-            return out.returncode == 0 and "RUNNING" in out.stdout
-        return out.returncode == 0
+        return self.state(runner)[0] == RUNNING
+
+
+def _read_status(kind: str, code: int | None, output: str, stopped_codes: list[int]) -> str:
+    """One kind's status exit code and output as running, stopped or unknown (see the table above)."""
+    if code is None:
+        return UNKNOWN
+    words = output.split()
+    if kind == "systemd":
+        if code == 0:
+            return RUNNING
+        return STOPPED if code == 3 and words[:1] and words[0] in SYSTEMD_STOPPED_WORDS else UNKNOWN
+    if kind == "docker":
+        if code != 0 or len(words) != 1:
+            return UNKNOWN
+        return {"true": RUNNING, "false": STOPPED}.get(words[0], UNKNOWN)
+    if kind == "supervisor":
+        word = words[1] if len(words) > 1 else ""
+        if code == 0 and word == "RUNNING":
+            return RUNNING
+        return STOPPED if code == 3 and word in SUPERVISOR_STOPPED_WORDS else UNKNOWN
+    if code == 0:
+        return RUNNING
+    return STOPPED if code in stopped_codes else UNKNOWN
+
+
+def observe(service: Service, runner: Runner = run_argv) -> tuple[str, str]:
+    """The service's state checked against its health check: a status that says stopped while
+    the health check answers is unknown (one of the two is wrong)."""
+    state, seen = service.state(runner)
+    if state == STOPPED and service.has_health:
+        ok, health_seen = healthy(service, timeout=5.0)
+        if ok:
+            return UNKNOWN, f"{seen}, which reads as stopped; yet the health check answers: {health_seen}"
+    return state, seen
 
 
 def healthy(service: Service, timeout: float = 5.0) -> tuple[bool, str]:
@@ -154,62 +250,127 @@ def _wait(predicate: Callable[[], tuple[bool, str]], timeout: float, poll: float
 
 
 def quiet(services: list[Service], ledger: Ledger, runner: Runner = run_argv) -> dict[str, Any]:
-    """Stop every running service, ledger first, and wait until each is really down.
+    """Read every service's state, then stop each running one, ledger first, and wait until
+    it is really down. When any state is unknown, stop nothing and raise
+    :class:`ServiceStateUnknown` naming each such service and quoting what was seen.
 
     Returns the quieted-state record: per service its state before, what was done, when,
     and how long it took to go down; residues for a service that would not.
     """
+    seen = [(svc, *observe(svc, runner)) for svc in services]
+    unknown = [f"service {svc.name} ({svc.kind}): state unknown: {what}" for svc, state, what in seen if state == UNKNOWN]
+    if unknown:
+        raise ServiceStateUnknown("the quiet stage changed nothing, because it cannot tell whether a service runs: "
+                                  + "; ".join(unknown) + ". Fix the status command or the service, then run again.")
     items, residues = [], []
-    for svc in services:
-        was_running = svc.is_running(runner)
-        ledger.append("service_quiet", service=svc.to_json(), was_running=was_running)
-        item: dict[str, Any] = {"name": svc.name, "kind": svc.kind, "was_running": was_running}
+    for svc, state, what in seen:
+        was_running = state == RUNNING
+        entry = ledger.append("service_quiet", service=svc.to_json(), was_running=was_running, state_seen=what)
+        item: dict[str, Any] = {"name": svc.name, "kind": svc.kind, "was_running": was_running, "state_seen": what}
         if not was_running:
             item["action"] = "left stopped (was not running)"
             items.append(item)
             continue
         item["stopped_at"] = time.time()
-        out = runner(svc.argv("stop"), timeout=svc.stop_timeout_s)
-        down, seen, took = _wait(lambda: _down(svc, runner), svc.stop_timeout_s)
-        item.update(action="stopped", stop_exit=out.returncode, down_after_s=round(took, 3), seen=seen)
+        code, _, stop_seen = call(runner, svc.argv("stop"), timeout=svc.stop_timeout_s)
+        down, down_seen, took = _wait(lambda: _down(svc, runner), svc.stop_timeout_s)
+        item.update(action="stopped", stop_exit=code, down_after_s=round(took, 3), seen=down_seen)
         if not down:
             residues.append({"kind": "service", "what": svc.name, "tried": " ".join(svc.argv("stop")),
-                             "seen": f"still up after {svc.stop_timeout_s:g} s: {seen}"})
-        ledger.append("service_stopped", name=svc.name, down=down)
+                             "seen": f"still up after {svc.stop_timeout_s:g} s: {down_seen} ({stop_seen})"})
+        ledger.append("service_stopped", name=svc.name, down=down, quiet=entry["id"])
         log.info("quieted %s: %s", svc.name, item["action"])
         items.append(item)
     return {"services": items, "residues": residues, "quieted_at": time.time()}
 
 
 def _down(svc: Service, runner: Runner) -> tuple[bool, str]:
-    running = svc.is_running(runner)
-    ok, seen = healthy(svc, timeout=2.0) if svc.has_health else (False, "no health check")
-    return (not running and not (svc.has_health and ok)), f"running={running}; health: {seen}"
+    state, seen = svc.state(runner)
+    ok, health_seen = healthy(svc, timeout=2.0) if svc.has_health else (False, "no health check")
+    return (state == STOPPED and not (svc.has_health and ok)), f"state {state} ({seen}); health: {health_seen}"
+
+
+def _up(svc: Service, runner: Runner) -> tuple[bool, str]:
+    """Running by its status command, and healthy when it has a health check."""
+    state, seen = svc.state(runner)
+    ok, health_seen = healthy(svc) if svc.has_health else (True, "no health check")
+    return state == RUNNING and ok, f"state {state} ({seen}); health: {health_seen}"
+
+
+def _is_quiet(e: dict[str, Any]) -> bool:
+    return e.get("action") == "service_quiet" and bool(e.get("was_running"))
+
+
+def _is_restore(e: dict[str, Any]) -> bool:
+    return e.get("action") == "service_restored"
+
+
+def _service_name(e: dict[str, Any]) -> str:
+    return e["service"]["name"] if "service" in e else e.get("name", "")
+
+
+def outstanding_stops(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The ``service_quiet`` entries of services stopped and not started again since, by id."""
+    return match_undos(entries, _is_quiet, _is_restore, _service_name)[0]
 
 
 def restore(entries: list[dict[str, Any]], ledger: Ledger, runner: Runner = run_argv) -> dict[str, Any]:
-    """Start again, in reverse order, each service the ledger says this trial stopped and has
-    not restored yet, and health-check it. Idempotent: a second call finds nothing to do."""
-    restored_names = {e["name"] for e in entries if e.get("action") == "service_restored"}
-    quieted = [e for e in entries if e.get("action") == "service_quiet" and e.get("was_running")]
+    """Undo, in reverse order, every stop still outstanding in the ledger (of any run): start
+    the service unless it runs, then wait until it runs and answers its health check. Each
+    restart names the stop it undoes. Idempotent: a second call finds nothing to do."""
     items, residues = [], []
-    for entry in reversed(quieted):
+    for quiet_id, entry in reversed(list(outstanding_stops(entries).items())):
         svc = Service.from_config(entry["service"]["name"], entry["service"])
-        if svc.name in restored_names:
-            continue
-        item: dict[str, Any] = {"name": svc.name, "kind": svc.kind, "started_at": time.time()}
-        running = svc.is_running(runner)
-        if not running:
-            out = runner(svc.argv("start"), timeout=svc.start_timeout_s)
-            item["start_exit"] = out.returncode
-        ok, seen, took = _wait(lambda: healthy(svc) if svc.has_health else (svc.is_running(runner), "no health check"),
-                               svc.health_timeout_s)
+        item: dict[str, Any] = {"name": svc.name, "kind": svc.kind, "run": entry.get("run"), "quiet": quiet_id,
+                                "started_at": time.time()}
+        state, seen = svc.state(runner)
+        item["state_before"] = f"{state} ({seen})"
+        if state != RUNNING:
+            item["start_exit"], _, item["start_seen"] = call(runner, svc.argv("start"), timeout=svc.start_timeout_s)
+        ok, seen, took = _wait(lambda: _up(svc, runner), svc.health_timeout_s)
         item.update(healthy=ok, health_seen=seen, healthy_after_s=round(took, 3))
         if ok:
-            ledger.append("service_restored", name=svc.name, healthy_after_s=round(took, 3))
+            ledger.append("service_restored", name=svc.name, undoes=quiet_id, healthy_after_s=round(took, 3))
         else:
             residues.append({"kind": "service", "what": svc.name, "tried": " ".join(svc.argv("start")),
-                             "seen": f"not healthy after {svc.health_timeout_s:g} s: {seen}"})
+                             "seen": f"not running and healthy after {svc.health_timeout_s:g} s: {seen}"})
         log.info("restored %s: healthy=%s (%s)", svc.name, ok, seen)
         items.append(item)
     return {"services": items, "residues": residues}
+
+
+def services_table(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per quiet of a service (any run): state before, stopped at, restarted at, health, the
+    run that quieted it and the run that restarted it, from the ledger."""
+    rows: dict[str, dict[str, Any]] = {}
+    _, undone = match_undos(entries, _is_quiet, _is_restore, _service_name)
+    for e in entries:
+        action = e.get("action")
+        if action == "service_quiet":
+            name = e["service"]["name"]
+            rows[e["id"]] = {"name": name, "kind": e["service"]["kind"], "run": e["run"], "quiet": e["id"],
+                             "was_running": e["was_running"], "state_seen": e.get("state_seen"),
+                             "stopped_at": e["t"] if e["was_running"] else None, "down": None,
+                             "restarted_at": None, "healthy": None, "restored_by_run": None}
+            back = undone.get(e["id"])
+            if back is not None:
+                rows[e["id"]].update(restarted_at=back["t"], healthy=True, healthy_after_s=back.get("healthy_after_s"),
+                                     restored_by_run=back["run"])
+        elif action == "service_stopped":
+            quiet_id = e.get("quiet") or next((i for i in reversed(rows) if rows[i]["name"] == e.get("name")), None)
+            if quiet_id in rows:
+                rows[quiet_id]["down"] = e["down"]
+    return list(rows.values())
+
+
+def check_running(quiet_ids: list[str], entries: list[dict[str, Any]], runner: Runner = run_argv) -> list[dict[str, Any]]:
+    """Read, from the host now, whether each service whose ``service_quiet`` entry is named
+    runs and answers its health check: what cleanup's "restored" rests on."""
+    by_id = {e["id"]: e for e in entries if e.get("action") == "service_quiet"}
+    out = []
+    for quiet_id in quiet_ids:
+        entry = by_id[quiet_id]
+        svc = Service.from_config(entry["service"]["name"], entry["service"])
+        ok, seen = _up(svc, runner)
+        out.append({"name": svc.name, "run": entry["run"], "quiet": quiet_id, "running_and_healthy": ok, "seen": seen})
+    return out
