@@ -11,9 +11,9 @@ from llmtrial.ledger import Ledger
 from llmtrial.server import group_members, port_open
 
 
-def abandoned_server(tmp_path, port):
+def abandoned_server(tmp_path, port, run=None):
     """A server started through the ledger whose job then vanished without stopping it."""
-    server = fake_server(tmp_path, port, ledger=Ledger(tmp_path / LEDGER_NAME))
+    server = fake_server(tmp_path, port, ledger=Ledger(tmp_path / LEDGER_NAME, run=run))
     server.start()
     server.wait_ready(timeout=20, poll=0.1)
     return server
@@ -31,9 +31,9 @@ def test_cleanup_stops_a_server_left_running_and_is_idempotent(tmp_path, free_po
     assert group_members(server.pgid) == []
 
     again = run_cleanup(tmp_path, ports=[free_port])
-    assert again["restored"] and again["servers"][0]["action"] == "none (already stopped)"
+    assert again["restored"] and again["servers"][0]["action"] == "stopped"  # by the first cleanup
     actions = [e["action"] for e in Ledger(tmp_path / LEDGER_NAME).entries()]
-    assert actions.count("cleanup_done") == 2
+    assert actions.count("cleanup_done") == 2 and actions.count("server_stopped") == 1
 
 
 def test_a_foreign_listener_on_a_trial_port_is_a_residue_not_killed(tmp_path, free_port):
@@ -83,13 +83,17 @@ def test_a_new_run_restores_what_a_crashed_run_left_before_quieting(tmp_path, fr
 
     from llmtrial.cleanup import ensure_quiet, unfinished
 
-    ledger = Ledger(tmp_path / LEDGER_NAME)
-    server = abandoned_server(tmp_path, free_port)  # a crashed run's server, still up
+    ledger = Ledger(tmp_path / LEDGER_NAME, run="crashed")
+    server = abandoned_server(tmp_path, free_port, run="crashed")  # a crashed run's server, still up
     ledger.append("job_started", label="demo/tp1", pid=os.getpid() + 10**6, create_time=psutil.Process().create_time())
     assert unfinished(ledger.entries())
     record = ensure_quiet(tmp_path, {})
     server.proc.poll()
-    assert record["restored_first"]["restored"] and record["restored_first"]["servers"][0]["action"] == "stopped"
+    first = record["restored_first"]
+    assert first["restored"] and first["servers"] == [] and first["jobs"] == []  # this run started none
+    [left] = first["left_behind"]["servers"]
+    assert left["action"] == "stopped" and left["run"] == "crashed" and left["undone_by_run"] == first["run"]
+    assert first["left_behind"]["jobs"][0]["action"] == "none (already gone)"
     assert not port_open("127.0.0.1", free_port) and not unfinished(Ledger(tmp_path / LEDGER_NAME).entries())
     assert ensure_quiet(tmp_path, {}) is None  # nothing left to do
 
@@ -106,7 +110,8 @@ def test_an_orphaned_configuration_job_is_stopped(tmp_path):
     L(tmp_path / LEDGER_NAME).append("job_started", label="demo/tp1", pid=job.pid,
                                      create_time=psutil.Process(job.pid).create_time())
     record = run_cleanup(tmp_path, stop_timeout=5)
-    assert record["jobs"] == [{"label": "demo/tp1", "pid": job.pid, "action": "stopped"}]
+    [item] = record["jobs"]
+    assert (item["label"], item["pid"], item["action"]) == ("demo/tp1", job.pid, "stopped")
     assert job.wait(timeout=10) is not None and record["restored"]
 
 
@@ -133,7 +138,7 @@ def test_quieting_on_a_gpu_host_records_the_memory_freed(tmp_path):
 
     flag = tmp_path / "up"
     flag.write_text("")
-    svc = {"kind": "command", "status": ["test", "-f", str(flag)], "stop": ["rm", str(flag)],
+    svc = {"kind": "command", "status": ["test", "-f", str(flag)], "stopped_exit_codes": [1], "stop": ["rm", str(flag)],
            "start": ["touch", str(flag)], "timeouts": {"stop_s": 5}}
     record = quiet_host(tmp_path, {"tts": svc}, nvml=NvmlDouble(flag))
     assert record["gpu"]["memory_freed_bytes"] == 28 * 2**30

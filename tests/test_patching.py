@@ -331,7 +331,8 @@ def test_mode_plugin_switches_the_behaviour_without_writing_site_packages(work):
     assert f"llmtrial patch {DEMO}: hook installed in pid" in seen["all"]
     assert ACTIVE in seen["on"] and "llmtrial patch" not in seen["off"]
     back = revert_patches(work.ledger)
-    assert back["items"] == [{"dir": plugin["dir"], "patches": [DEMO], "action": "removed"}]
+    assert [{k: i[k] for k in ("dir", "patches", "action")} for i in back["items"]] == [
+        {"dir": plugin["dir"], "patches": [DEMO], "action": "removed"}]
     assert not Path(plugin["dir"]).exists() and revert_patches(work.ledger)["items"] == []
 
 

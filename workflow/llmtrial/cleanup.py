@@ -8,6 +8,10 @@ backups, check the files against RECORD; llmtrial.patching), then restart and he
 each service the trial quieted, and (the trial's own cleanup and on demand, not after a
 failed job) apply the staged weights' policy: keep, archive or delete (llmtrial.weights). What
 cannot be undone without force is recorded as a residue.
+
+Undo is matched change by change (each undo entry names the change it undoes), so every
+change still open from any run is undone, and nothing already undone is touched again.
+The record separates what this run changed from what earlier runs left behind.
 """
 
 from __future__ import annotations
@@ -16,71 +20,72 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import psutil
 
-from llmtrial.ledger import Ledger
-from llmtrial.patching import CHANGES as PATCH_CHANGES
+from llmtrial.ledger import Ledger, match_undos
+from llmtrial.patching import outstanding as outstanding_patches
 from llmtrial.patching import patches_table, revert_patches
 from llmtrial.records import write_record
 from llmtrial.server import group_members, port_open, stop_group
-from llmtrial.services import Service, quiet, restore
+from llmtrial.services import Runner, Service, check_running, outstanding_stops, quiet, restore, run_argv, services_table
 from llmtrial.telemetry import NvmlSource
-from llmtrial.weights import apply_policy
+from llmtrial.weights import apply_policy, outstanding_weights
 
 log = logging.getLogger(__name__)
 
 LEDGER_NAME = "ledger.jsonl"
-#: Ledger actions that change the host and need an undo.
-CHANGES = ("job_started", "server_started", "service_quiet", *PATCH_CHANGES)
 
 
 class HostNotRestored(RuntimeError):
     """Cleanup left residues: the workflow must not report success."""
 
 
+def _job_pid(e: dict[str, Any]) -> Any:
+    return e.get("pid")
+
+
+def _pgid(e: dict[str, Any]) -> Any:
+    return e.get("pgid")
+
+
+def outstanding(entries: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Every change the ledger records that no later entry undid, by kind, from any run:
+    configuration jobs, servers, services stopped, patched files and plugin folders, and
+    staged weights whose policy was not applied yet."""
+    jobs = match_undos(entries, lambda e: e.get("action") == "job_started",
+                       lambda e: e.get("action") in ("job_finished", "job_stopped"), _job_pid)[0]
+    servers = match_undos(entries, lambda e: e.get("action") == "server_started",
+                          lambda e: e.get("action") == "server_stopped", _pgid)[0]
+    patches = outstanding_patches(entries)
+    return {"jobs": list(jobs.values()), "servers": list(servers.values()),
+            "services": list(outstanding_stops(entries).values()),
+            "patches": [*patches["files"].values(), *patches["plugins"].values()],
+            "weights": list(outstanding_weights(entries).values())}
+
+
 def unfinished(entries: list[dict[str, Any]]) -> bool:
-    """True when the ledger holds changes made after its last completed cleanup."""
-    return any(e.get("action") in CHANGES for e in _since_last_cleanup(entries))
-
-
-def _since_last_cleanup(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    last = max((i for i, e in enumerate(entries) if e.get("action") == "cleanup_done"), default=-1)
-    return entries[last + 1:]
+    """True when the ledger holds a change to the host that no entry undid (the staged
+    weights aside: a failed run keeps them for its rerun)."""
+    return any(v for k, v in outstanding(entries).items() if k != "weights")
 
 
 def ensure_quiet(results_dir: Path, services: dict[str, Any], *, ports: Iterable[int] = (),
                  host: str = "127.0.0.1") -> dict[str, Any] | None:
     """Before a configuration job launches its server: quiet the host unless this run
-    already has. A configuration rerun on its own after a cleanup gave the host back quiets
-    it again; one that finds a job of an earlier run that never finished (a crash) has the
-    host restored first. Returns the quiet record, or None when nothing was needed."""
-    recent = _since_last_cleanup(Ledger(Path(results_dir) / LEDGER_NAME).entries())
-    finished = {e.get("pid") for e in recent if e.get("action") == "job_finished"}
-    crashed = [e for e in recent if e.get("action") == "job_started" and e.get("pid") not in finished]
-    quieted = any(e.get("action") == "service_quiet" for e in recent)
-    if (quieted or not services) and not crashed:
+    already has. A configuration rerun on its own (a new run) quiets it again; one that
+    finds changes an earlier run left (a crash) has the host restored first. Returns the
+    quiet record, or None when nothing was needed."""
+    ledger = Ledger(Path(results_dir) / LEDGER_NAME)
+    entries = ledger.entries()
+    left = [e for changes in outstanding(entries).values() for e in changes
+            if e.get("run") != ledger.run and e.get("action") != "weights_staged"]
+    quieted = any(e.get("action") == "service_quiet" and e.get("run") == ledger.run for e in entries)
+    if (quieted or not services) and not left:
         return None
-    log.info("quieting the host first (%s)", "an earlier job never finished" if crashed else "a rerun after cleanup")
+    log.info("quieting the host first (%s)", "an earlier run left it changed" if left else "a new run")
     return quiet_host(results_dir, services, ports=ports, host=host)
-
-
-def services_table(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per quieted service: state before, stopped at, restarted at, health, from the ledger."""
-    rows: dict[str, dict[str, Any]] = {}
-    for e in entries:
-        action = e.get("action")
-        if action == "service_quiet":
-            name = e["service"]["name"]
-            rows[name] = {"name": name, "kind": e["service"]["kind"], "was_running": e["was_running"],
-                          "stopped_at": e["t"] if e["was_running"] else None, "down": None,
-                          "restarted_at": None, "healthy": None}
-        elif action == "service_stopped" and e["name"] in rows:
-            rows[e["name"]]["down"] = e["down"]
-        elif action == "service_restored" and e["name"] in rows:
-            rows[e["name"]].update(restarted_at=e["t"], healthy=True, healthy_after_s=e.get("healthy_after_s"))
-    return list(rows.values())
 
 
 def gpu_snapshot(nvml: Any | None = None) -> dict[str, Any] | None:
@@ -98,10 +103,12 @@ def gpu_snapshot(nvml: Any | None = None) -> dict[str, Any] | None:
 
 
 def quiet_host(results_dir: Path, services: dict[str, Any], *, ports: Iterable[int] = (), host: str = "127.0.0.1",
-               nvml: Any | None = None) -> dict[str, Any]:
+               nvml: Any | None = None, runner: Runner = run_argv) -> dict[str, Any]:
     """The quiet stage: restore first if an earlier run of this trial left the host changed,
-    then stop every configured service that runs (ledger first), and on a GPU host record
-    the GPU memory and compute processes before and after, and the memory freed."""
+    then read every configured service's state and stop each that runs (ledger first), and
+    on a GPU host record the GPU memory and compute processes before and after, and the
+    memory freed. A service whose state is unknown stops the stage before anything is
+    stopped (:class:`llmtrial.services.ServiceStateUnknown`)."""
     ledger = Ledger(Path(results_dir) / LEDGER_NAME)
     record: dict[str, Any] = {"restored_first": None}
     if unfinished(ledger.entries()):
@@ -111,7 +118,7 @@ def quiet_host(results_dir: Path, services: dict[str, Any], *, ports: Iterable[i
             raise HostNotRestored("an earlier run of this trial left residues that cleanup could not undo: "
                                   f"{record['restored_first']['residues']}; fix them, then run `snakemake cleanup`")
     before = gpu_snapshot(nvml)
-    record.update(quiet([Service.from_config(name, entry) for name, entry in services.items()], ledger))
+    record.update(quiet([Service.from_config(name, entry) for name, entry in services.items()], ledger, runner))
     after = gpu_snapshot(nvml)
     record["gpu"] = None if before is None or after is None else {
         "before": before, "after": after, "memory_freed_bytes": before["mem_used_bytes"] - after["mem_used_bytes"]}
@@ -127,98 +134,166 @@ def _listener_pids(port: int) -> list[int]:
                    and c.status == psutil.CONN_LISTEN and c.pid})
 
 
-def stop_orphaned_jobs(entries: list[dict[str, Any]], timeout: float, residues: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Stop configuration jobs still running without their workflow (after ``kill -9`` of
-    snakemake): SIGTERM first, which makes a job stop its own server, then SIGKILL."""
-    finished = {e.get("pid") for e in entries if e.get("action") == "job_finished"}
-    out = []
+def _undo_rows(entries: list[dict[str, Any]], change: str, undos: tuple[str, ...], key: Callable[[dict[str, Any]], Any],
+               fields: tuple[str, ...]) -> list[dict[str, Any]]:
+    """One row per ``change`` entry (any run): its ``fields``, its run, and the run and
+    outcome of the entry that undid it (None while outstanding)."""
+    _, undone = match_undos(entries, lambda e: e.get("action") == change, lambda e: e.get("action") in undos, key)
+    rows = []
     for e in entries:
-        if e.get("action") != "job_started" or e.get("pid") in finished or e.get("pid") == os.getpid():
+        if e.get("action") == change:
+            back = undone.get(e["id"])
+            rows.append({**{f: e.get(f) for f in fields}, "run": e["run"], "change": e["id"], "alive_pids": [],
+                         "undone_by_run": back["run"] if back else None,
+                         "action": (back.get("outcome") or f"none (ended by its own {back['action']})") if back else
+                         "not undone"})
+    return rows
+
+
+def _split(rows: list[dict[str, Any]], run: str, by: str,
+           done: list[dict[str, Any]] = ()) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """This run's rows, and the rows of earlier runs' changes this run undid or that are
+    still outstanding (an earlier run's change already undone before is in neither). A row
+    takes the fields of what this cleanup ``done`` to its change."""
+    by_change = {d["change"]: d for d in done}
+    rows = [{**r, **by_change.get(r.get("change"), {})} for r in rows]
+    mine = [r for r in rows if r["run"] == run]
+    left = [r for r in rows if r["run"] != run and r.get(by) in (run, None)]
+    return mine, left
+
+
+def stop_orphaned_jobs(jobs: list[dict[str, Any]], ledger: Ledger, timeout: float,
+                       residues: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """End each configuration job the ledger still has open: one that outlived its workflow
+    (after ``kill -9`` of snakemake) gets SIGTERM first, which makes it stop its own server,
+    then SIGKILL; one already gone is marked so. Each ``job_stopped`` names its ``job_started``."""
+    out = []
+    for e in jobs:
+        if e.get("pid") == os.getpid():
             continue
         try:
             proc = psutil.Process(int(e["pid"]))
             alive = abs(proc.create_time() - float(e["create_time"])) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
         except (psutil.Error, KeyError, ValueError):
             alive = False
-        if not alive:
-            continue
-        log.warning("configuration job %s (pid %s) outlived its workflow: stopping it", e.get("label"), e["pid"])
-        proc.terminate()
-        gone, left = psutil.wait_procs([proc], timeout=timeout)
-        if left:
-            proc.kill()
-            gone, left = psutil.wait_procs([proc], timeout=10)
-        item = {"label": e.get("label"), "pid": e["pid"], "action": "stopped" if not left else "would not stop"}
+        left: list[Any] = []
+        if alive:
+            log.warning("configuration job %s (pid %s) outlived its workflow: stopping it", e.get("label"), e["pid"])
+            proc.terminate()
+            gone, left = psutil.wait_procs([proc], timeout=timeout)
+            if left:
+                proc.kill()
+                gone, left = psutil.wait_procs([proc], timeout=10)
+        item = {"label": e.get("label"), "pid": e["pid"], "run": e["run"], "change": e["id"],
+                "action": "none (already gone)" if not alive else "stopped" if not left else "would not stop"}
         if left:
             residues.append({"kind": "process", "what": f"job {e.get('label')} pid {e['pid']}",
                              "tried": "SIGTERM, SIGKILL", "seen": "still alive"})
+        else:
+            ledger.append("job_stopped", label=e.get("label"), pid=e["pid"], undoes=e["id"], outcome=item["action"])
         out.append(item)
     return out
 
 
-def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1",
-                stop_timeout: float = 30.0, weights: bool = False) -> dict[str, Any]:
-    """Undo what the ledger in ``results_dir`` records; return the cleanup record. With
-    ``weights``, also apply each staged model's policy (keep, archive or delete): the trial's
-    own cleanup and an on-demand cleanup do, a cleanup after a failed job does not, so that
-    the rerun finds its weights."""
-    ledger = Ledger(Path(results_dir) / LEDGER_NAME)
-    started = time.time()
-    entries = ledger.entries()
-    ledger.append("cleanup_start")
-    servers: list[dict[str, Any]] = []
-    residues: list[dict[str, Any]] = []
-    trial_ports = set(ports)
-    jobs = stop_orphaned_jobs(entries, stop_timeout, residues)
-    for entry in reversed(entries):
-        if entry.get("action") != "server_started":
-            continue
+def stop_servers(servers: list[dict[str, Any]], ledger: Ledger, host: str, timeout: float,
+                 residues: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Stop, newest first, each server the ledger still has open (by process group, then
+    confirm its port closed); each ``server_stopped`` names its ``server_started``."""
+    out = []
+    for entry in reversed(servers):
         pgid, port = int(entry["pgid"]), int(entry["port"])
-        trial_ports.add(port)
         alive = [p.pid for p in group_members(pgid, not_before=entry.get("launched_at"))]
-        item: dict[str, Any] = {"label": entry.get("label"), "pgid": pgid, "port": port, "alive_pids": alive}
+        item: dict[str, Any] = {"label": entry.get("label"), "pgid": pgid, "port": port, "run": entry["run"],
+                                "change": entry["id"], "alive_pids": alive, "action": "none (already stopped)"}
         if alive:
             log.warning("server %s (pgid %d) still alive: stopping it", entry.get("label"), pgid)
             item["action"] = "stopped"
-            item["stop"] = stop_group(pgid, host=entry.get("host", host), port=port, timeout=stop_timeout,
+            item["stop"] = stop_group(pgid, host=entry.get("host", host), port=port, timeout=timeout,
                                       not_before=entry.get("launched_at"))
             if item["stop"]["survivors"]:
+                item["action"] = "would not stop"
                 residues.append({"kind": "process", "what": f"server {entry.get('label')} pgid {pgid}",
                                  "tried": item["stop"]["signals"], "seen": f"pids {item['stop']['survivors']} still alive"})
-        else:
-            item["action"] = "none (already stopped)"
-        servers.append(item)
-    port_checks = []
-    for port in sorted(trial_ports):
+        if item["action"] != "would not stop":
+            ledger.append("server_stopped", label=entry.get("label"), pgid=pgid, port=port, undoes=entry["id"],
+                          outcome=item["action"])
+        out.append(item)
+    return out
+
+
+def check_ports(ports: Iterable[int], host: str, residues: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Whether each trial port still listens after the servers were stopped (a residue if so)."""
+    checks = []
+    for port in sorted(set(ports)):
         listening = port_open(host, port)
         check: dict[str, Any] = {"port": port, "listening": listening}
         if listening:
             check["pids"] = _listener_pids(port)
             residues.append({"kind": "port", "what": f"{host}:{port}", "tried": "checked after stopping trial servers",
                              "seen": f"still listening (pids {check['pids'] or 'unknown'})"})
-        port_checks.append(check)
+        checks.append(check)
+    return checks
+
+
+def _undo_all(ledger: Ledger, *, ports: Iterable[int], host: str, stop_timeout: float, weights: bool,
+              residues: list[dict[str, Any]]) -> dict[str, Any]:
+    """Undo every outstanding change in reverse order of the stages; what each step did."""
+    todo = outstanding(ledger.entries())
+    jobs = stop_orphaned_jobs(todo["jobs"], ledger, stop_timeout, residues)
+    servers = stop_servers(todo["servers"], ledger, host, stop_timeout, residues)
+    trial_ports = {*ports, *(int(e["port"]) for e in todo["servers"])}
+    port_checks = check_ports(trial_ports, host, residues)
     patched = revert_patches(ledger)
     residues.extend(patched["residues"])
-    back = restore(entries, ledger)
+    back = restore(ledger.entries(), ledger)
     residues.extend(back["residues"])
-    staged = apply_policy(entries, ledger) if weights else None
+    staged = apply_policy(ledger.entries(), ledger) if weights else None
     if staged is not None:
         residues.extend(staged["residues"])
+    return {"jobs": jobs, "servers": servers, "ports": port_checks, "patches": patched, "services": back,
+            "weights": staged}
+
+
+def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1",
+                stop_timeout: float = 30.0, weights: bool = False, run: str | None = None) -> dict[str, Any]:
+    """Undo every change the ledger in ``results_dir`` still has open, from this run or an
+    earlier one; return the cleanup record. The record keeps what this run changed apart
+    from what earlier runs left behind and this run undid, and says the host is restored
+    only when nothing is a residue and every service stopped is running and healthy again,
+    as read from the host now. With ``weights``, also apply each staged model's policy
+    (keep, archive or delete): the trial's own cleanup and an on-demand cleanup do, a
+    cleanup after a failed job does not, so that the rerun finds its weights."""
+    ledger = Ledger(Path(results_dir) / LEDGER_NAME, run=run)
+    started, n_entries = time.time(), len(ledger.entries())
+    ledger.append("cleanup_start")
+    residues: list[dict[str, Any]] = []
+    did = _undo_all(ledger, ports=ports, host=host, stop_timeout=stop_timeout, weights=weights, residues=residues)
+    after = ledger.entries()
+    services, left_services = _split(services_table(after), ledger.run, "restored_by_run")
+    patches, left_patches = _split(patches_table(after), ledger.run, "reverted_by_run")
+    servers, left_servers = _split(_undo_rows(after, "server_started", ("server_stopped",), _pgid,
+                                              ("label", "pgid", "port")), ledger.run, "undone_by_run", did["servers"])
+    jobs, left_jobs = _split(_undo_rows(after, "job_started", ("job_finished", "job_stopped"), _job_pid,
+                                        ("label", "pid")), ledger.run, "undone_by_run", did["jobs"])
+    host_check = check_running([r["quiet"] for r in [*services, *left_services] if r["was_running"]], after)
+    for c in host_check:
+        if not c["running_and_healthy"] and not any(r["what"] == c["name"] for r in residues):
+            residues.append({"kind": "service", "what": c["name"], "tried": "read its state after cleanup",
+                             "seen": c["seen"]})
+    staged = did["weights"]
     record = {
-        "started": started,
-        "finished": time.time(),
-        "ledger": str(ledger.path),
-        "ledger_entries": len(entries),
-        "jobs": jobs,
-        "servers": servers,
-        "ports": port_checks,
-        "services_restored": back["services"],
-        "services": services_table(ledger.entries()),
-        "patches_reverted": patched["items"],
-        "patches": patches_table(ledger.entries()),
-        "residues": residues,
+        "run": ledger.run, "started": started, "finished": time.time(), "ledger": str(ledger.path),
+        "ledger_entries": n_entries, "jobs": jobs, "servers": servers, "ports": did["ports"],
+        "services_restored": [s for s in did["services"]["services"] if s["run"] == ledger.run],
+        "services": services,
+        "patches_reverted": [p for p in did["patches"]["items"] if p["run"] == ledger.run],
+        "patches": patches,
         "weights": staged if staged is not None else "not applied: the trial did not finish (a rerun needs them)",
-        "restored": not residues,
+        "left_behind": {"jobs": left_jobs, "servers": left_servers, "services": left_services, "patches": left_patches,
+                        "weights": [w for w in (staged or {}).get("folders", []) if w.get("run") != ledger.run]},
+        "host": {"services": host_check},
+        "residues": residues,
+        "restored": not residues and all(c["running_and_healthy"] for c in host_check),
     }
     ledger.append("cleanup_done", restored=record["restored"], residues=len(residues))
     return record

@@ -48,7 +48,7 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from llmtrial.ledger import Ledger
+from llmtrial.ledger import Ledger, match_undos
 from llmtrial.logs import find_lines
 
 log = logging.getLogger(__name__)
@@ -59,8 +59,6 @@ SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "patch.schema
 PLUGIN_PACKAGE = "llmtrial_vllm_patches"
 PLUGIN_VERSION = "1.0"
 PLUGIN_GROUP = "vllm.general_plugins"
-#: Ledger actions that change the host (cleanup's CHANGES lists them).
-CHANGES = ("patch_file", "patch_plugin")
 
 
 class PatchError(RuntimeError):
@@ -677,20 +675,22 @@ def evidence(patches: list[dict[str, Any]], log_text: str, env: Mapping[str, str
 # ------------------------------------------------------------------ revert
 
 
+def _patch_key(e: dict[str, Any]) -> str | None:
+    return e.get("file") or e.get("dir")
+
+
 def outstanding(entries: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """File and plugin changes the ledger records and no later revert undid."""
+    """File and plugin changes the ledger records and no later revert undid (of any run),
+    by file or folder. A file changed more than once and not reverted keeps its first entry
+    (the one whose backup holds the original); ``undo_ids`` lists every change a revert of
+    it undoes."""
+    changes, _ = match_undos(entries, lambda e: e.get("action") in ("patch_file", "patch_plugin"),
+                             lambda e: e.get("action") in ("patch_reverted", "patch_plugin_removed"), _patch_key)
     files: dict[str, dict[str, Any]] = {}
     plugins: dict[str, dict[str, Any]] = {}
-    for e in entries:
-        action = e.get("action")
-        if action == "patch_file":
-            files.setdefault(e["file"], e)  # the first entry holds the original's backup
-        elif action == "patch_reverted":
-            files.pop(e.get("file"), None)
-        elif action == "patch_plugin":
-            plugins[e["dir"]] = e
-        elif action == "patch_plugin_removed":
-            plugins.pop(e.get("dir"), None)
+    for i, e in changes.items():
+        into = files if e["action"] == "patch_file" else plugins
+        into.setdefault(_patch_key(e), {**e, "undo_ids": []})["undo_ids"].append(i)
     return {"files": files, "plugins": plugins}
 
 
@@ -720,7 +720,8 @@ def revert_patches(ledger: Ledger) -> dict[str, Any]:
     for e in reversed(list(state["files"].values())):
         target, backup = Path(e["file"]), Path(e["backup"])
         found = file_hash(target)
-        item: dict[str, Any] = {"path": e["path"], "file": e["file"], "patches": e["patches"], "found_hash": found}
+        item: dict[str, Any] = {"path": e["path"], "file": e["file"], "patches": e["patches"], "run": e["run"],
+                                "found_hash": found}
         tried = f"restore {backup}"
         if found == e["after_hash"]:
             if file_hash(backup) != e["before_hash"]:
@@ -739,7 +740,7 @@ def revert_patches(ledger: Ledger) -> dict[str, Any]:
         item.update(hash=now, record_hash=record, matches_record=now is not None and now == record)
         if item["matches_record"]:
             ledger.append("patch_reverted", patches=e["patches"], path=e["path"], file=e["file"],
-                          outcome=item["action"], hash=now, matches_record=True)
+                          undoes=e["undo_ids"], outcome=item["action"], hash=now, matches_record=True)
         else:
             ledger.append("patch_revert_failed", patches=e["patches"], path=e["path"], file=e["file"],
                           outcome=item["action"], hash=now, record_hash=record)
@@ -749,7 +750,7 @@ def revert_patches(ledger: Ledger) -> dict[str, Any]:
         items.append(item)
     for directory, e in reversed(list(state["plugins"].items())):
         path = Path(directory)
-        item = {"dir": directory, "patches": e["patches"]}
+        item = {"dir": directory, "patches": e["patches"], "run": e["run"]}
         if not path.exists():
             item["action"] = "none (already gone)"
         elif _is_plugin_dir(path):
@@ -761,42 +762,41 @@ def revert_patches(ledger: Ledger) -> dict[str, Any]:
                              "seen": "it holds no llmtrial plugin dist-info; left as found"})
             items.append(item)
             continue
-        ledger.append("patch_plugin_removed", patches=e["patches"], dir=directory, outcome=item["action"])
+        ledger.append("patch_plugin_removed", patches=e["patches"], dir=directory, undoes=e["undo_ids"],
+                      outcome=item["action"])
         items.append(item)
     return {"items": items, "residues": residues}
 
 
 def patches_table(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each file or plugin folder a patch changed, from the ledger: hashes, applied and
-    reverted times, and whether the file matched RECORD after the revert."""
-    rows: list[dict[str, Any]] = []
-    open_rows: dict[str, dict[str, Any]] = {}  # by file or folder, until reverted
+    """Each file or plugin folder a patch changed (any run), from the ledger: hashes, applied
+    and reverted times, whether the file matched RECORD after the revert, the run that
+    changed it and the run that reverted it. A revert is matched to the change it names."""
+    rows: dict[str, dict[str, Any]] = {}
+    _, undone = match_undos(entries, lambda e: e.get("action") in ("patch_file", "patch_plugin"),
+                            lambda e: e.get("action") in ("patch_reverted", "patch_plugin_removed"), _patch_key)
     for e in entries:
         action = e.get("action")
         if action in ("patch_file", "patch_plugin"):
-            key = e["file"] if action == "patch_file" else e["dir"]
-            row = {"patches": e["patches"], "mode": "file" if action == "patch_file" else "plugin", "target": key,
-                   "applied_at": None, "reverted_at": None, "revert_outcome": None, "matches_record": None}
+            row = {"patches": e["patches"], "mode": "file" if action == "patch_file" else "plugin",
+                   "target": _patch_key(e), "run": e["run"], "change": e["id"], "applied_at": None,
+                   "reverted_at": None, "reverted_by_run": None, "revert_outcome": None, "matches_record": None}
             if action == "patch_file":
                 row.update({k: e[k] for k in ("path", "backup", "record_hash", "before_hash", "after_hash")})
             else:
                 row["entry_points"] = e.get("entry_points")
-            rows.append(row)
-            open_rows[key] = row
+            back = undone.get(e["id"])
+            if back is not None:
+                row.update(reverted_at=back["t"], reverted_by_run=back["run"], revert_outcome=back.get("outcome"),
+                           matches_record=True if back["action"] == "patch_reverted" else None)
+            rows[e["id"]] = row
         elif action == "patch_applied":
-            for row in open_rows.values():
-                if row["applied_at"] is None and (row["target"] == e.get("dir") or row.get("path") in e.get("files", [])):
+            for row in rows.values():
+                if row["applied_at"] is None and row["run"] == e["run"] and (
+                        row["target"] == e.get("dir") or row.get("path") in e.get("files", [])):
                     row["applied_at"] = e["t"]
-        elif action in ("patch_reverted", "patch_revert_failed", "patch_plugin_removed"):
-            key = e.get("file") or e.get("dir")
-            row = open_rows.get(key)
-            if row is None:
-                continue
-            row["revert_outcome"] = e.get("outcome")
-            if action == "patch_revert_failed":
-                row["matches_record"] = False
-                continue
-            row["reverted_at"] = e["t"]
-            row["matches_record"] = True if action == "patch_reverted" else None
-            del open_rows[key]
-    return rows
+        elif action == "patch_revert_failed":
+            for row in rows.values():
+                if row["target"] == e.get("file") and row["reverted_at"] is None:
+                    row.update(revert_outcome=e.get("outcome"), matches_record=False)
+    return list(rows.values())

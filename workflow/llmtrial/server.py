@@ -187,6 +187,7 @@ class ServerProcess:
         self.launched_at: float | None = None
         self.ready_at: float | None = None
         self.stop_result: dict[str, Any] | None = None
+        self.started_id: str | None = None  # the ledger entry of the launch, which the stop undoes
 
     # lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -211,8 +212,8 @@ class ServerProcess:
             logfile.close()
         self.pgid = self.proc.pid  # session leader: its pid is the group id
         if self.ledger:
-            self.ledger.append("server_started", label=self.label, pid=self.proc.pid, pgid=self.pgid,
-                               host=self.host, port=self.port, launched_at=self.launched_at)
+            self.started_id = self.ledger.append("server_started", label=self.label, pid=self.proc.pid, pgid=self.pgid,
+                               host=self.host, port=self.port, launched_at=self.launched_at)["id"]
         log.info("started %s pid=%d on %s:%d", self.label, self.proc.pid, self.host, self.port)
 
     def alive(self) -> bool:
@@ -253,7 +254,9 @@ class ServerProcess:
                                       not_before=self.launched_at, leader=self.proc)
         self.stop_result["returncode"] = self.proc.poll()
         if self.ledger:
-            self.ledger.append("server_stopped", label=self.label, pgid=self.pgid, port=self.port, **self.stop_result)
+            self.ledger.append("server_stopped", label=self.label, pgid=self.pgid, port=self.port,
+                               **({"undoes": self.started_id} if self.started_id and not self.stop_result["survivors"] else {}),
+                               **self.stop_result)
         log.info("stopped %s: %s", self.label, self.stop_result)
         return self.stop_result
 

@@ -140,8 +140,8 @@ def run_configuration(
     patched = ensure_patched(dict(patches or {}), ledger=ledger, work_dir=ledger_path.parent / "patches")
     env = server_env(spec["env"], patched["plugin_dir"], patched["patches"])
     record["server"]["env"] = redact_env(env)
-    ledger.append("job_started", label=f"{trial}/{spec['name']}", pid=os.getpid(),
-                  create_time=psutil.Process().create_time())
+    job = ledger.append("job_started", label=f"{trial}/{spec['name']}", pid=os.getpid(),
+                        create_time=psutil.Process().create_time())
     host_source = HostSource()
     sources, absent = job_sources(host_source, MetricsSource(host, port))
     server = ServerProcess(argv, host=host, port=port, log_path=server_log, env=env,
@@ -165,7 +165,7 @@ def run_configuration(
         patched["patches"], logs.read_log(server_log) if server_log.exists() else "", env, record["server"]["log"])}
     record["prediction"] = compare_with_plan(plan, record["startup"])
     write_record(record_path, record, schema="configuration")
-    ledger.append("job_finished", label=f"{trial}/{spec['name']}", pid=os.getpid())
+    ledger.append("job_finished", label=f"{trial}/{spec['name']}", pid=os.getpid(), undoes=job["id"])
     return record
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtrial.hub import PARTIAL_PREFIX, VerificationError
-from llmtrial.ledger import Ledger
+from llmtrial.ledger import Ledger, match_undos
 from llmtrial.records import human_bytes, write_record
 from llmtrial.staging import MANIFEST_NAME, verify_manifest
 
@@ -240,30 +240,42 @@ def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, 
     return out
 
 
-def apply_policy(entries: Sequence[Mapping[str, Any]], ledger: Ledger) -> dict[str, Any]:
-    """Apply each staged folder's policy (its latest ``weights_staged`` entry, which holds the
-    staging root, the archive folder and its reserve); idempotent."""
-    latest: dict[str, Mapping[str, Any]] = {}
-    for e in entries:
-        if e.get("action") == "weights_staged":
-            latest[str(e["path"])] = e
+def _is_staged(e: Mapping[str, Any]) -> bool:
+    return e.get("action") == "weights_staged"
+
+
+def outstanding_weights(entries: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The ``weights_staged`` entries (of any run) whose policy no cleanup has applied, by id."""
+    return match_undos(entries, _is_staged, lambda e: e.get("action") == "weights_done", lambda e: e.get("path"))[0]
+
+
+def apply_policy(entries: Sequence[dict[str, Any]], ledger: Ledger) -> dict[str, Any]:
+    """Apply the policy (keep, archive or delete) of each staged folder no cleanup has dealt
+    with yet (the folder's latest ``weights_staged`` entry holds the staging root, the
+    archive folder and its reserve); the ``weights_done`` entry names every staging it
+    settles. A policy that leaves residues stays outstanding, so a later cleanup tries again."""
+    latest: dict[str, dict[str, Any]] = {}
+    for i, e in outstanding_weights(entries).items():
+        path = str(e["path"])
+        latest[path] = {**e, "undo_ids": [*latest.get(path, {}).get("undo_ids", []), i]}
     results = []
     for path, entry in latest.items():
         policy = entry.get("after", "keep")
         if policy == "keep":
             size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file() and not f.is_symlink()) \
                 if Path(path).is_dir() else 0
-            results.append({"path": path, "policy": "keep", "action": "kept", "freed_bytes": 0,
-                            "kept_bytes": size, "residues": []})
-            continue
-        if policy == "archive":
+            item: dict[str, Any] = {"path": path, "policy": "keep", "action": "kept", "freed_bytes": 0,
+                                    "kept_bytes": size, "residues": []}
+        elif policy == "archive":
             item = archive_staged(entry, ledger, entry.get("disk"))
         else:
             ledger.append("weights_delete_start", path=path)
             item = {"policy": "delete", **delete_staged(path, entry["root"])}
+        item["run"] = entry["run"]
         if item.get("freed_bytes"):
             log.info("weights %s: %s, freed %s", path, item["action"], human_bytes(item["freed_bytes"]))
-        ledger.append("weights_done", path=path, policy=policy, outcome=item["action"],
+        ledger.append("weights_done" if not item["residues"] else "weights_policy_failed", path=path, policy=policy,
+                      undoes=entry["undo_ids"] if not item["residues"] else None, outcome=item["action"],
                       freed_bytes=item.get("freed_bytes", 0), residues=len(item["residues"]))
         results.append(item)
     residues = [r for item in results for r in item["residues"]]

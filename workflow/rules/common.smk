@@ -1,9 +1,11 @@
 # Config loading, validation and target helpers. No rules here.
 
+import os
 import re
 from pathlib import Path
 
 from llmtrial.cleanup import cleanup_with_record, restore_after_run
+from llmtrial.ledger import RUN_ENV, new_run_id
 from llmtrial.patching import patch_inputs
 from llmtrial.config import (
     configuration_port,
@@ -16,6 +18,11 @@ from llmtrial.config import (
 validate_config(
     config, Path(workflow.current_basedir) / ".." / "schemas" / "config.schema.yaml"
 )
+
+# This invocation is one run: every ledger entry its jobs, onerror and onsuccess write carries
+# this id. Jobs inherit it from the environment (never through params, which would make every
+# job's params differ from the last run's).
+RUN = os.environ.setdefault(RUN_ENV, new_run_id())
 
 TRIAL = config["trial"]
 CONFIGURATIONS = list(config["configurations"])
