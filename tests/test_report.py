@@ -169,3 +169,21 @@ def test_a_gpu_plan_shows_where_its_weights_came_from_and_each_memory_term():
     assert "estimated: estimate from parameters and quantization (235,093,634,560 parameters; FP8" in html
     assert "budget 85.51 GiB (95.01 GiB x gpu_memory_utilization 0.9)" in html
     assert "less non-torch 1.70 GiB (estimated)" in html and "CUDA graphs 327.68 MiB (estimated)" in html
+
+
+def test_what_earlier_runs_left_behind_is_shown_apart_from_this_runs_changes():
+    ctx = context()
+    patch = {"patches": ["demo-worker-log"], "mode": "file", "target": "/site/vllm/v1/worker/cpu_worker.py",
+             "run": "20261130T100000-aaaaaa", "reverted_by_run": "20261130T110000-bbbbbb",
+             "revert_outcome": "restored from backup"}
+    service = {"name": "demo-web", "run": "20261130T100000-aaaaaa", "restored_by_run": "20261130T110000-bbbbbb",
+               "healthy": True, "restarted_at": 1.7e9}
+    ctx["cleanup"] = {**ctx["cleanup"], "run": "20261130T110000-bbbbbb", "patches": [],
+                      "left_behind": {"services": [service], "patches": [patch], "servers": [], "jobs": [], "weights": []},
+                      "host": {"services": [{"name": "demo-web", "running_and_healthy": True}]}}
+    html = render_report(ctx)
+    left = html.split("Left behind by earlier runs", 1)[1]
+    assert "20261130T100000-aaaaaa" in left and "cpu_worker.py" in left and "demo-web" in left
+    assert "cpu_worker.py" not in html.split("Left behind by earlier runs", 1)[0]  # not among this run's patches
+    assert "read from the host after cleanup: demo-web running and healthy" in html
+    assert "run <code>20261130T110000-bbbbbb</code>" in html

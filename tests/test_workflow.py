@@ -130,3 +130,27 @@ def test_a_service_that_will_not_restart_fails_the_run_with_a_residue(tmp_path):
     assert "not fully restored" in out.stdout + out.stderr
     record = json.loads((tmp_path / "results/demo/cleanup/on-demand.json").read_text())
     assert not record["restored"] and record["residues"][0]["what"] == "tts"
+
+
+def test_a_service_whose_state_is_unknown_stops_the_trial_before_any_server(tmp_path):
+    """A `command` service whose status executable is missing: the quiet stage stops nothing,
+    names the service and quotes what it saw; no server starts, no patch is applied."""
+    import json
+
+    from llmtrial.ledger import Ledger
+    from llmtrial.patching import verify_files
+
+    config = default_config()
+    missing = str(tmp_path / "bin" / "tts-status")
+    config["services"] = {"tts": {"kind": "command", "status": [missing], "stop": ["true"], "start": ["true"]}}
+    write_config(tmp_path, config)
+    out = snakemake(tmp_path, "--cores", "1", timeout=600)
+    assert out.returncode != 0
+    log = (tmp_path / "results/demo/logs/quiet.log").read_text()
+    assert "service tts (command): state unknown:" in log and f"`{missing}` could not run: FileNotFoundError" in log
+    actions = [e["action"] for e in Ledger(tmp_path / "results/demo/ledger.jsonl").entries()]
+    assert not {"service_quiet", "service_stopped", "patch_file", "server_launch", "job_started"} & set(actions)
+    assert not (tmp_path / "results/demo/configs").exists() and not (tmp_path / "results/demo/patches").exists()
+    assert all(v["matches"] for v in verify_files(["vllm/v1/worker/cpu_worker.py"]))  # the demo patch's target
+    record = json.loads((tmp_path / "results/demo/cleanup/on-error.json").read_text())
+    assert record["restored"] and record["services"] == []

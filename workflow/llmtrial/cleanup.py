@@ -288,7 +288,8 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
         "services": services,
         "patches_reverted": [p for p in did["patches"]["items"] if p["run"] == ledger.run],
         "patches": patches,
-        "weights": staged if staged is not None else "not applied: the trial did not finish (a rerun needs them)",
+        "weights": {**staged, "folders": [w for w in staged["folders"] if w.get("run") == ledger.run]}
+        if staged is not None else "not applied: the trial did not finish (a rerun needs them)",
         "left_behind": {"jobs": left_jobs, "servers": left_servers, "services": left_services, "patches": left_patches,
                         "weights": [w for w in (staged or {}).get("folders", []) if w.get("run") != ledger.run]},
         "host": {"services": host_check},
