@@ -137,4 +137,10 @@ def test_kill_9_of_snakemake_then_snakemake_cleanup_gives_the_host_back(small_tr
     assert out.returncode == 0, out.stdout + out.stderr
     record = json.loads((small_trial["results"] / "cleanup" / "on-demand.json").read_text())
     assert record["restored"], record["residues"]
+    # the on-demand run changed nothing itself: all it undid, the killed run left behind
+    left = record["left_behind"]
+    assert record["services"] == [] and record["patches"] == [] and record["jobs"] == []
+    assert [s["name"] for s in left["services"]] == ["demo-web"] and left["services"][0]["restored_by_run"] == record["run"]
+    assert [p["reverted_by_run"] for p in left["patches"]] == [record["run"]]
+    assert [j["action"] for j in left["jobs"]] == ["stopped"]
     assert_host_given_back(small_trial)
