@@ -1,15 +1,19 @@
-"""Pieces of the configuration job that need no vLLM: pass agreement, SIGTERM handling."""
+"""Pieces of the configuration job that need no vLLM: pass agreement, SIGTERM handling, the job's
+phases against a double of the server."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from conftest import SERVER_SCRIPT
+from llmtrial.ledger import Ledger
 from llmtrial.server import group_members, port_open
-from llmtrial.trial import agreement
+from llmtrial.trial import JobPaths, TrialJob, agreement
 
 
 def test_agreement_is_the_spread_over_the_mean():
@@ -48,3 +52,53 @@ def test_a_job_stopped_with_sigterm_stops_its_server_first(tmp_path, free_port):
     while group_members(pgid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert group_members(pgid) == [] and not port_open("127.0.0.1", free_port)
+
+
+class FakeServerJob(TrialJob):
+    """The job with a double of the vLLM server (a loopback /health server): the job's own
+    phases run for real, the first completion fails (the double has no /v1/completions)."""
+
+    script: Path | None = None
+
+    def argv(self) -> list[str]:
+        return [sys.executable, str(self.script), str(self.port), "0.3", "0"]
+
+
+def fake_job(tmp_path: Path, port: int, verdict: str = "fits") -> FakeServerJob:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    out = tmp_path / "results" / "demo" / "configs" / "tp1"
+    job = FakeServerJob(
+        trial="demo", spec={"name": "tp1", "host": "127.0.0.1", "port": port, "args": {}, "env": {},
+                            "startup_timeout_s": 30, "stop_timeout_s": 10},
+        manifest={"model_dir": str(model), "files": [{"path": "config.json", "size": 2}]},
+        plan={"verdict": verdict, "reasons": ["a reason"], "plan": {}, "facts": {}}, services={},
+        served_model_name="m", scenarios={"c1": {"passes": 1}}, bench_settings={"seed": 0, "percentiles": [50]},
+        cold_start={"prompt": "Hi", "max_tokens": 2, "timeout_s": 5}, telemetry_interval=0.5,
+        paths=JobPaths(out_dir=out, record=out / "record.json", telemetry=out / "telemetry.csv",
+                       server_log=out / "server.log", ledger=tmp_path / "results" / "demo" / "ledger.jsonl"))
+    job.script = tmp_path / "fake_server.py"
+    job.script.write_text(SERVER_SCRIPT)
+    return job
+
+
+def test_a_server_that_cannot_serve_is_a_failure_record_with_each_phase_part(tmp_path, free_port):
+    record = fake_job(tmp_path, free_port).run()
+    assert record["status"] == "failed"
+    assert record["failure"]["phase"] == "cold_start" and record["failure"]["reason"] == "request_failed"
+    assert record["cold_start"]["ready_seconds"]["value"] > 0 and "first_ttft_s" not in record["cold_start"]
+    assert record["scenarios"] == []  # no pass after a failed cold start
+    assert record["server"]["launched_at"] <= record["server"]["ready_at"]
+    assert record["server"]["stop"]["survivors"] == [] and not port_open("127.0.0.1", free_port)
+    assert record["telemetry"]["startup_window"]["start"] == record["server"]["launched_at"]
+    assert record["timing"]["startup_s"] == record["cold_start"]["ready_seconds"]["value"]
+    assert json.loads((tmp_path / "results/demo/configs/tp1/record.json").read_text()) == json.loads(json.dumps(record))
+    actions = [e["action"] for e in Ledger(tmp_path / "results/demo/ledger.jsonl").entries()]
+    assert actions[0] == "job_started" and actions[-1] == "job_finished" and "server_started" in actions
+
+
+def test_a_configuration_the_planner_rejects_is_skipped_without_a_server(tmp_path, free_port):
+    record = fake_job(tmp_path, free_port, verdict="does_not_fit").run()
+    assert record["status"] == "skipped" and record["plan"]["reasons"] == ["a reason"]
+    assert not (tmp_path / "results/demo/ledger.jsonl").exists()

@@ -14,6 +14,7 @@ import shutil
 import signal
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -71,182 +72,296 @@ def sigterm_as_exit():
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_configuration(
-    *,
-    trial: str,
-    spec: Mapping[str, Any],
-    manifest: Mapping[str, Any],
-    plan: Mapping[str, Any],
-    services: Mapping[str, Any],
-    served_model_name: str,
-    scenarios: Mapping[str, Mapping[str, Any]],
-    bench_settings: Mapping[str, Any],
-    cold_start: Mapping[str, Any],
-    telemetry_interval: float,
-    out_dir: Path,
-    record_path: Path,
-    telemetry_path: Path,
-    server_log: Path,
-    ledger_path: Path,
-    patches: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Run one configuration end to end and write its record; returns the record.
+@dataclass(frozen=True)
+class JobPaths:
+    """Where one configuration's job writes: its folder, record, telemetry, server log, and the
+    trial's ledger."""
 
-    ``patches`` is the trial's ``patches`` config: they are applied again first when a
-    cleanup reverted them, the plugin folder goes on the server's PYTHONPATH, and the record
-    says per patch whether its flag was on and which processes logged its behaviour."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    bench_dir = out_dir / "bench"
-    shutil.rmtree(bench_dir, ignore_errors=True)  # never mix passes of an earlier run
-    bench_dir.mkdir(parents=True)
-    server_log.unlink(missing_ok=True)
-    model_dir = manifest["model_dir"]
-    host, port = spec["host"], int(spec["port"])
-    argv = build_server_argv(model_dir=model_dir, served_model_name=served_model_name,
-                             host=host, port=port, args=spec["args"])
-    record: dict[str, Any] = {
-        "trial": trial,
-        "configuration": spec["name"],
-        "description": spec.get("description", ""),
-        "status": "running",
-        "failure": None,
-        "server": {"argv": argv, "env": redact_env(spec["env"]), "host": host, "port": port,
-                   "log": _rel(server_log, out_dir)},
-        "startup": {},
-        "cold_start": {},
-        "scenarios": [],
-        "telemetry": {"file": _rel(telemetry_path, out_dir)},
-        "timing": {"job_start": time.time()},
-        "plan": {"verdict": plan["verdict"], "reasons": plan["reasons"], "forced": bool(spec.get("force"))},
-        "prediction": [],
-    }
-    if plan["verdict"] == "does_not_fit" and not spec.get("force"):
-        log.warning("%s not launched: the planner says it cannot work: %s", spec["name"], "; ".join(plan["reasons"]))
+    out_dir: Path
+    record: Path
+    telemetry: Path
+    server_log: Path
+    ledger: Path
+
+    @property
+    def bench_dir(self) -> Path:
+        return self.out_dir / "bench"
+
+    def rel(self, path: Path) -> str:
+        """``path`` relative to the configuration's folder, as records name files."""
+        try:
+            return str(path.relative_to(self.out_dir))
+        except ValueError:
+            return str(path)
+
+
+@dataclass
+class Failure(Exception):
+    """A phase that ended the configuration: a result, not a fault of the workflow."""
+
+    phase: str
+    reason: str
+    message: str
+    returncode: int | None = None
+
+    def as_record(self) -> dict[str, Any]:
+        return {"phase": self.phase, "reason": self.reason, "message": self.message, "returncode": self.returncode}
+
+
+@dataclass
+class TrialJob:
+    """One serving configuration's job, built once from the trial's config: :meth:`run` serves,
+    measures and stops, and writes the record; each phase returns its own part of it."""
+
+    trial: str
+    spec: Mapping[str, Any]
+    manifest: Mapping[str, Any]
+    plan: Mapping[str, Any]
+    services: Mapping[str, Any]
+    served_model_name: str
+    scenarios: Mapping[str, Mapping[str, Any]]
+    bench_settings: Mapping[str, Any]
+    cold_start: Mapping[str, Any]
+    telemetry_interval: float
+    paths: JobPaths
+    patches: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.trial}/{self.spec['name']}"
+
+    @property
+    def host(self) -> str:
+        return str(self.spec["host"])
+
+    @property
+    def port(self) -> int:
+        return int(self.spec["port"])
+
+    @property
+    def model_dir(self) -> str:
+        return str(self.manifest["model_dir"])
+
+    def argv(self) -> list[str]:
+        return build_server_argv(model_dir=self.model_dir, served_model_name=self.served_model_name,
+                                 host=self.host, port=self.port, args=self.spec["args"])
+
+    def new_record(self) -> dict[str, Any]:
+        return {
+            "trial": self.trial,
+            "configuration": self.spec["name"],
+            "description": self.spec.get("description", ""),
+            "status": "running",
+            "failure": None,
+            "server": {"argv": self.argv(), "env": redact_env(self.spec["env"]), "host": self.host, "port": self.port,
+                       "log": self.paths.rel(self.paths.server_log)},
+            "startup": {},
+            "cold_start": {},
+            "scenarios": [],
+            "telemetry": {"file": self.paths.rel(self.paths.telemetry)},
+            "timing": {"job_start": time.time()},
+            "plan": {"verdict": self.plan["verdict"], "reasons": self.plan["reasons"],
+                     "forced": bool(self.spec.get("force"))},
+            "prediction": [],
+        }
+
+    def run(self) -> dict[str, Any]:
+        """Run the configuration end to end and write its record; returns the record.
+
+        The trial's ``patches`` are applied again first when a cleanup reverted them, the
+        plugin folder goes on the server's PYTHONPATH, and the record says per patch whether
+        its flag was on and which processes logged its behaviour."""
+        self._fresh_folder()
+        record = self.new_record()
+        if self.plan["verdict"] == "does_not_fit" and not self.spec.get("force"):
+            return self._skip(record)
+        missing = verify_manifest(self.manifest, hashes=False)
+        if missing:
+            raise FileNotFoundError(
+                f"the staged model is not all there ({'; '.join(missing[:3])}): a finished trial's cleanup archives "
+                "or deletes it when model.weights.after says so; restage it with `snakemake --forcerun stage_model`")
+        requiet = ensure_quiet(self.paths.ledger.parent, dict(self.services), ports=[self.port], host=self.host)
+        if requiet is not None:
+            record["services_requieted"] = requiet["services"]
+        ledger = Ledger(self.paths.ledger)
+        patched = ensure_patched(dict(self.patches), ledger=ledger, work_dir=self.paths.ledger.parent / "patches")
+        env = server_env(self.spec["env"], patched["plugin_dir"], patched["patches"])
+        record["server"]["env"] = redact_env(env)
+        job = ledger.append("job_started", label=self.label, pid=os.getpid(), create_time=psutil.Process().create_time())
+        served = self._serve(ledger, env)
+        record["server"].update(served.pop("server"))
+        record["telemetry"].update(served.pop("telemetry"))
+        record.update(served)
+        text = logs.read_log(self.paths.server_log) if self.paths.server_log.exists() else ""
+        record["status"] = "failed" if record["failure"] else "ok"
+        record["timing"].update(self._timing(record))
+        if record["failure"]:
+            record["failure"]["error_line"] = logs.diagnose_failure(text, source=record["server"]["log"])
+            record["failure"]["log_tail"] = logs.tail(text, 40)
+        if not record["startup"] and text:
+            record["startup"] = logs.parse_startup(text, source=record["server"]["log"])
+        record["patches"] = {"reapplied": patched["reapplied"], "plugin_dir": patched["plugin_dir"],
+                             "patches": evidence(patched["patches"], text, env, record["server"]["log"])}
+        record["prediction"] = compare_with_plan(self.plan, record["startup"])
+        write_record(self.paths.record, record, schema="configuration")
+        ledger.append("job_finished", label=self.label, pid=os.getpid(), undoes=job["id"])
+        return record
+
+    def _fresh_folder(self) -> None:
+        self.paths.out_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.paths.bench_dir, ignore_errors=True)  # never mix passes of an earlier run
+        self.paths.bench_dir.mkdir(parents=True)
+        self.paths.server_log.unlink(missing_ok=True)
+
+    def _skip(self, record: dict[str, Any]) -> dict[str, Any]:
+        log.warning("%s not launched: the planner says it cannot work: %s", self.spec["name"],
+                    "; ".join(self.plan["reasons"]))
         record["status"] = "skipped"
         record["timing"]["job_end"] = time.time()
         record["timing"]["wall_s"] = record["timing"]["job_end"] - record["timing"]["job_start"]
-        telemetry_path.write_text(",".join(CSV_HEADER) + "\n")
-        write_record(record_path, record, schema="configuration")
+        self.paths.telemetry.write_text(",".join(CSV_HEADER) + "\n")
+        write_record(self.paths.record, record, schema="configuration")
         return record
-    missing = verify_manifest(manifest, hashes=False)
-    if missing:
-        raise FileNotFoundError(
-            f"the staged model is not all there ({'; '.join(missing[:3])}): a finished trial's cleanup archives "
-            "or deletes it when model.weights.after says so; restage it with `snakemake --forcerun stage_model`")
-    requiet = ensure_quiet(ledger_path.parent, dict(services), ports=[port], host=host)
-    if requiet is not None:
-        record["services_requieted"] = requiet["services"]
-    ledger = Ledger(ledger_path)
-    patched = ensure_patched(dict(patches or {}), ledger=ledger, work_dir=ledger_path.parent / "patches")
-    env = server_env(spec["env"], patched["plugin_dir"], patched["patches"])
-    record["server"]["env"] = redact_env(env)
-    job = ledger.append("job_started", label=f"{trial}/{spec['name']}", pid=os.getpid(),
-                        create_time=psutil.Process().create_time())
-    host_source = HostSource()
-    sources, absent = job_sources(host_source, MetricsSource(host, port))
-    server = ServerProcess(argv, host=host, port=port, log_path=server_log, env=env,
-                           ledger=ledger, stop_timeout=float(spec["stop_timeout_s"]),
-                           label=f"{trial}/{spec['name']}")
-    windows: list[tuple[dict[str, Any], float, float]] = []
-    with sigterm_as_exit(), Sampler(telemetry_path, sources, interval=telemetry_interval) as sampler:
+
+    @staticmethod
+    def _timing(record: Mapping[str, Any]) -> dict[str, Any]:
+        end = time.time()
+        ready = record["cold_start"].get("ready_seconds")
+        return {"job_end": end, "wall_s": end - record["timing"]["job_start"],
+                "startup_s": ready["value"] if ready else None,
+                "bench_s": sum(p["end"] - p["start"] for s in record["scenarios"] for p in s["passes"])}
+
+    def _serve(self, ledger: Ledger, env: Mapping[str, str]) -> dict[str, Any]:
+        """Start the server under the sampler, run the phases, stop it: the record's
+        ``server`` and ``telemetry`` additions, ``startup``, ``cold_start``, ``scenarios`` and
+        ``failure`` (the first phase that failed, or None)."""
+        host_source = HostSource()
+        sources, absent = job_sources(host_source, MetricsSource(self.host, self.port))
+        server = ServerProcess(self.argv(), host=self.host, port=self.port, log_path=self.paths.server_log, env=dict(env),
+                               ledger=ledger, stop_timeout=float(self.spec["stop_timeout_s"]), label=self.label)
+        out: dict[str, Any] = {"server": {}, "startup": {}, "cold_start": {}, "scenarios": [], "failure": None}
+        windows: list[tuple[dict[str, Any], float, float]] = []
+        failure: Failure | None = None
+        with sigterm_as_exit(), Sampler(self.paths.telemetry, sources, interval=self.telemetry_interval) as sampler:
+            try:
+                out["server"], out["startup"], out["cold_start"] = self._start(server, host_source)
+                out["cold_start"].update(self._first_request())
+                failure = self._scenarios(server, sampler, windows, out["scenarios"])
+            except Failure as raised:
+                failure = raised
+            finally:
+                sampler.retire("metrics")  # the server is going away: its /metrics with it
+                out["server"]["stop"] = server.stop()
+                out["server"]["pid"] = server.proc.pid if server.proc else None
+            out["telemetry"] = {"sampler": sampler.stats(), "errors": dict(sampler.errors),
+                                "sources": describe_sources(sources, absent, sampler)}
+        out["telemetry"].update(self._telemetry(server, windows))
+        if failure is not None:
+            log.warning("configuration %s failed in %s: %s", self.spec["name"], failure.phase, failure.message)
+            out["failure"] = failure.as_record()
+        return out
+
+    def _start(self, server: ServerProcess, host_source: HostSource) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """Launch and wait for /health: (server times, startup facts, cold start's ready time)."""
         try:
-            _serve_and_measure(record, server, host_source, sampler, spec, served_model_name, model_dir,
-                               scenarios, bench_settings, cold_start, bench_dir, out_dir, windows)
-        finally:
-            sampler.retire("metrics")  # the server is going away: its /metrics with it
-            record["server"]["stop"] = server.stop()
-            record["server"]["pid"] = server.proc.pid if server.proc else None
-        record["telemetry"]["sampler"] = sampler.stats()
-        record["telemetry"]["errors"] = dict(sampler.errors)
-        record["telemetry"]["sources"] = describe_sources(sources, absent, sampler)
-    _summarize_telemetry(record, telemetry_path, server, windows)
-    _finish(record, server_log, out_dir)
-    record["patches"] = {"reapplied": patched["reapplied"], "plugin_dir": patched["plugin_dir"], "patches": evidence(
-        patched["patches"], logs.read_log(server_log) if server_log.exists() else "", env, record["server"]["log"])}
-    record["prediction"] = compare_with_plan(plan, record["startup"])
-    write_record(record_path, record, schema="configuration")
-    ledger.append("job_finished", label=f"{trial}/{spec['name']}", pid=os.getpid(), undoes=job["id"])
-    return record
+            server.start()
+            host_source.pid = server.proc.pid if server.proc else None
+            ready_s = server.wait_ready(float(self.spec["startup_timeout_s"]))
+        except ServerStartError as exc:
+            raise Failure("startup", exc.reason, str(exc), exc.returncode) from None
+        log.info("%s ready in %.1f s", self.spec["name"], ready_s)
+        startup = logs.parse_startup(logs.read_log(server.log_path), source=self.paths.rel(self.paths.server_log))
+        return ({"launched_at": server.launched_at, "ready_at": server.ready_at}, startup,
+                {"ready_seconds": fact(round(ready_s, 3), "launch to first /health 200", unit="s")})
 
+    def _first_request(self) -> dict[str, Any]:
+        cs = self.cold_start
+        try:
+            first = bench.first_request(self.host, self.port, model=self.served_model_name, prompt=cs["prompt"],
+                                        max_tokens=int(cs["max_tokens"]), timeout=float(cs["timeout_s"]))
+        except Exception as exc:  # the server answered /health but cannot serve: a result, not a fault
+            raise Failure("cold_start", "request_failed", f"first request failed: {exc}") from None
+        return {"first_ttft_s": fact(first["ttft_s"], "first streamed completion after ready", unit="s"),
+                "first_total_s": fact(first["total_s"], "first streamed completion after ready", unit="s")}
 
-def _serve_and_measure(record: dict[str, Any], server: ServerProcess, host_source: HostSource, sampler: Sampler,
-                       spec: Mapping[str, Any], served_model_name: str, model_dir: str,
-                       scenarios: Mapping[str, Mapping[str, Any]], bench_settings: Mapping[str, Any],
-                       cold_start: Mapping[str, Any], bench_dir: Path, out_dir: Path,
-                       windows: list[tuple[dict[str, Any], float, float]]) -> None:
-    log_name = record["server"]["log"]
-    host, port = server.host, server.port
-    try:
-        server.start()
-        host_source.pid = server.proc.pid if server.proc else None
-        ready_s = server.wait_ready(float(spec["startup_timeout_s"]))
-    except ServerStartError as exc:
-        _fail(record, "startup", exc.reason, str(exc), exc.returncode)
-        return
-    record["server"]["launched_at"] = server.launched_at
-    record["server"]["ready_at"] = server.ready_at
-    record["cold_start"]["ready_seconds"] = fact(round(ready_s, 3), "launch to first /health 200", unit="s")
-    record["startup"] = logs.parse_startup(logs.read_log(server.log_path), source=log_name)
-    log.info("%s ready in %.1f s", spec["name"], ready_s)
-
-    try:
-        first = bench.first_request(host, port, model=served_model_name, prompt=cold_start["prompt"],
-                                    max_tokens=int(cold_start["max_tokens"]), timeout=float(cold_start["timeout_s"]))
-    except Exception as exc:  # the server answered /health but cannot serve: a result, not a fault
-        _fail(record, "cold_start", "request_failed", f"first request failed: {exc}", None)
-        return
-    record["cold_start"]["first_ttft_s"] = fact(first["ttft_s"], "first streamed completion after ready", unit="s")
-    record["cold_start"]["first_total_s"] = fact(first["total_s"], "first streamed completion after ready", unit="s")
-
-    percentiles = list(bench_settings["percentiles"])
-    for s_index, (name, scenario) in enumerate(scenarios.items()):
-        entry: dict[str, Any] = {"name": name, "spec": dict(scenario), "passes": []}
-        record["scenarios"].append(entry)
-        for p in range(1, int(scenario["passes"]) + 1):
-            seed = bench.pass_seed(int(bench_settings["seed"]), s_index, p)
-            stem = f"{name}-pass{p}"
-            argv = bench.bench_argv(host=host, port=port, served_model_name=served_model_name, tokenizer=model_dir,
-                                    scenario=scenario, seed=seed, result_dir=str(bench_dir),
-                                    result_filename=f"{stem}.json", percentiles=percentiles)
-            log.info("%s: scenario %s pass %d (seed %d)", spec["name"], name, p, seed)
-            # the window opens before its first /metrics sample and closes after its last, so a
-            # counter's change over the window is exactly the pass's own
-            w_start = time.time()
-            sampler.mark(f"{stem}:start")  # the CSV names its own windows
-            sampler.sample_now("metrics")
-            run = bench.run_pass(argv, log_path=bench_dir / f"{stem}.log", timeout=float(scenario["timeout_s"]))
-            sampler.sample_now("metrics")
-            sampler.mark(f"{stem}:end")
-            w_end = time.time()
-            result_file = bench_dir / f"{stem}.json"
-            one: dict[str, Any] = {
-                "pass": p, "seed": seed, "start": run["start"], "end": run["end"],
-                "argv": argv, "log": _rel(bench_dir / f"{stem}.log", out_dir),
-                "returncode": run["returncode"], "timed_out": run["timed_out"],
+    def _scenarios(self, server: ServerProcess, sampler: Sampler, windows: list[tuple[dict[str, Any], float, float]],
+                   out: list[dict[str, Any]]) -> Failure | None:
+        """Every scenario's passes, in order, appended to ``out`` (the record's scenarios) as
+        they finish; returns the first failed pass, or None. A server that dies ends the
+        phase at once (raised as :class:`Failure`)."""
+        failed: Failure | None = None
+        for s_index, (name, scenario) in enumerate(self.scenarios.items()):
+            entry: dict[str, Any] = {"name": name, "spec": dict(scenario), "passes": []}
+            out.append(entry)
+            for p in range(1, int(scenario["passes"]) + 1):
+                one = self._pass(name, scenario, s_index, p, sampler)
+                entry["passes"].append(one)
+                windows.append((one, one["window"]["start"], one["window"]["end"]))
+                if not server.alive():
+                    code = server.proc.poll() if server.proc else None
+                    raise Failure("benchmark", "exited", f"server exited with code {code} during scenario {name} pass {p}",
+                                  code)
+                if one["status"] == "failed" and failed is None:
+                    failed = Failure("benchmark", "pass_failed", f"benchmark pass {name}/{p} failed "
+                                     f"(exit {one['returncode']}{', timed out' if one['timed_out'] else ''})")
+            ok = [q["summary"] for q in entry["passes"] if q["status"] == "ok"]
+            entry["agreement"] = {
+                "output_throughput": agreement([s["output_throughput"] for s in ok]),
+                "median_ttft_ms": agreement([s["median_ttft_ms"] for s in ok]),
             }
-            if run["returncode"] == 0 and result_file.exists():
-                result = read_record(result_file)
-                one["status"] = "ok"
-                one["result_file"] = _rel(result_file, out_dir)
-                one["summary"] = bench.summarize_result(result, percentiles)
-                one["stall"] = bench.stall_flag(one["summary"].get("mean_ttft_ms"), one["summary"].get("median_ttft_ms"))
-            else:
-                one["status"] = "failed"
-            entry["passes"].append(one)
-            one["window"] = {"start": w_start, "end": w_end}
-            windows.append((one, w_start, w_end))
-            if not server.alive():
-                _fail(record, "benchmark", "exited", f"server exited with code {server.proc.poll() if server.proc else None} "
-                      f"during scenario {name} pass {p}", server.proc.poll() if server.proc else None)
-                return
-            if one["status"] == "failed":
-                _fail(record, "benchmark", "pass_failed", f"benchmark pass {name}/{p} failed "
-                      f"(exit {run['returncode']}{', timed out' if run['timed_out'] else ''})", None, keep_going=True)
-        ok = [q["summary"] for q in entry["passes"] if q["status"] == "ok"]
-        entry["agreement"] = {
-            "output_throughput": agreement([s["output_throughput"] for s in ok]),
-            "median_ttft_ms": agreement([s["median_ttft_ms"] for s in ok]),
+        return failed
+
+    def _pass(self, name: str, scenario: Mapping[str, Any], s_index: int, p: int, sampler: Sampler) -> dict[str, Any]:
+        """One benchmark pass inside its telemetry window: its record entry."""
+        percentiles = list(self.bench_settings["percentiles"])
+        seed = bench.pass_seed(int(self.bench_settings["seed"]), s_index, p)
+        stem = f"{name}-pass{p}"
+        bench_dir = self.paths.bench_dir
+        argv = bench.bench_argv(host=self.host, port=self.port, served_model_name=self.served_model_name,
+                                tokenizer=self.model_dir, scenario=scenario, seed=seed, result_dir=str(bench_dir),
+                                result_filename=f"{stem}.json", percentiles=percentiles)
+        log.info("%s: scenario %s pass %d (seed %d)", self.spec["name"], name, p, seed)
+        # the window opens before its first /metrics sample and closes after its last, so a
+        # counter's change over the window is exactly the pass's own
+        w_start = time.time()
+        sampler.mark(f"{stem}:start")  # the CSV names its own windows
+        sampler.sample_now("metrics")
+        run = bench.run_pass(argv, log_path=bench_dir / f"{stem}.log", timeout=float(scenario["timeout_s"]))
+        sampler.sample_now("metrics")
+        sampler.mark(f"{stem}:end")
+        w_end = time.time()
+        result_file = bench_dir / f"{stem}.json"
+        one: dict[str, Any] = {
+            "pass": p, "seed": seed, "start": run["start"], "end": run["end"],
+            "argv": argv, "log": self.paths.rel(bench_dir / f"{stem}.log"),
+            "returncode": run["returncode"], "timed_out": run["timed_out"],
         }
+        if run["returncode"] == 0 and result_file.exists():
+            one["status"] = "ok"
+            one["result_file"] = self.paths.rel(result_file)
+            one["summary"] = bench.summarize_result(read_record(result_file), percentiles)
+            one["stall"] = bench.stall_flag(one["summary"].get("mean_ttft_ms"), one["summary"].get("median_ttft_ms"))
+        else:
+            one["status"] = "failed"
+        one["window"] = {"start": w_start, "end": w_end}
+        return one
+
+    def _telemetry(self, server: ServerProcess, windows: list[tuple[dict[str, Any], float, float]]) -> dict[str, Any]:
+        """The start-up window's figures; each pass gets its own window's figures and server counters."""
+        if not self.paths.telemetry.exists():
+            return {}
+        df = read_samples(self.paths.telemetry)
+        out: dict[str, Any] = {}
+        if server.launched_at is not None:
+            end = server.ready_at or time.time()
+            out["startup_window"] = {"start": server.launched_at, "end": end,
+                                     **window_figures(df, server.launched_at, end)}
+        for one, start, end in windows:
+            one["telemetry"] = window_figures(df, start, end)
+            deltas = one["telemetry"]["deltas"]
+            one["server_metrics"] = {name: deltas[f"metrics.{counter}"] for name, counter in SERVER_COUNTERS.items()
+                                     if f"metrics.{counter}" in deltas}
+        return out
 
 
 def relative_error(predicted: float | None, measured: float | None) -> float | None:
@@ -293,53 +408,3 @@ def compare_with_plan(plan: Mapping[str, Any], startup: Mapping[str, Mapping[str
                                          data["max_model_len"])
         add("KV cache tokens from the logged KV memory", tokens, "predicted", "kv_cache_tokens")
     return rows
-
-
-def _fail(record: dict[str, Any], phase: str, reason: str, message: str, returncode: int | None,
-          keep_going: bool = False) -> None:
-    if record["failure"] is not None and keep_going:
-        return
-    record["status"] = "failed"
-    record["failure"] = {"phase": phase, "reason": reason, "message": message, "returncode": returncode}
-    log.warning("configuration %s failed in %s: %s", record["configuration"], phase, message)
-
-
-def _finish(record: dict[str, Any], server_log: Path, out_dir: Path) -> None:
-    text = logs.read_log(server_log) if server_log.exists() else ""
-    if record["failure"] is not None:
-        record["failure"]["error_line"] = logs.diagnose_failure(text, source=record["server"]["log"])
-        record["failure"]["log_tail"] = logs.tail(text, 40)
-    else:
-        record["status"] = "ok"
-    if not record["startup"] and text:
-        record["startup"] = logs.parse_startup(text, source=record["server"]["log"])
-    t = record["timing"]
-    t["job_end"] = time.time()
-    t["wall_s"] = t["job_end"] - t["job_start"]
-    ready = record["cold_start"].get("ready_seconds")
-    t["startup_s"] = ready["value"] if ready else None
-    t["bench_s"] = sum(p["end"] - p["start"] for s in record["scenarios"] for p in s["passes"])
-
-
-def _summarize_telemetry(record: dict[str, Any], telemetry_path: Path, server: ServerProcess,
-                         windows: list[tuple[dict[str, Any], float, float]]) -> None:
-    if not telemetry_path.exists():
-        return
-    df = read_samples(telemetry_path)
-    if server.launched_at is not None:
-        end = server.ready_at or time.time()
-        record["telemetry"]["startup_window"] = {"start": server.launched_at, "end": end,
-                                                 **window_figures(df, server.launched_at, end)}
-    for one, start, end in windows:
-        one["telemetry"] = window_figures(df, start, end)
-        deltas = one["telemetry"]["deltas"]
-        one["server_metrics"] = {name: deltas[f"metrics.{counter}"] for name, counter in SERVER_COUNTERS.items()
-                                 if f"metrics.{counter}" in deltas}
-
-
-def _rel(path: Path, base: Path) -> str:
-    try:
-        return str(path.relative_to(base))
-    except ValueError:
-        return str(path)
-

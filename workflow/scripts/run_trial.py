@@ -5,14 +5,14 @@ from typing import TYPE_CHECKING
 
 from llmtrial.joblog import open_job_log
 from llmtrial.records import read_record
-from llmtrial.trial import run_configuration
+from llmtrial.trial import JobPaths, TrialJob
 
 if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
     from snakemake.iocontainers import snakemake
 
 open_job_log(snakemake.log.job)
 record = Path(snakemake.output.record)
-run_configuration(
+TrialJob(
     trial=snakemake.wildcards.trial,
     spec=snakemake.params.spec,
     manifest=read_record(snakemake.input.manifest),
@@ -23,10 +23,7 @@ run_configuration(
     bench_settings=snakemake.params.bench,
     cold_start=snakemake.params.cold_start,
     telemetry_interval=float(snakemake.params.telemetry["interval_s"]),
-    out_dir=record.parent,
-    record_path=record,
-    telemetry_path=Path(snakemake.output.telemetry),
-    server_log=Path(snakemake.log.server),
-    ledger_path=Path(snakemake.params.ledger),
+    paths=JobPaths(out_dir=record.parent, record=record, telemetry=Path(snakemake.output.telemetry),
+                   server_log=Path(snakemake.log.server), ledger=Path(snakemake.params.ledger)),
     patches=snakemake.params.patches,
-)
+).run()
