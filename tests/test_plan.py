@@ -17,15 +17,19 @@ from llmtrial.plan import (
     PlanError,
     ServingArgs,
     WeightsSize,
+    configuration_checks,
     kv_bytes_per_token_per_layer,
     model_shape,
     plan,
+    plan_record,
     predict_kv_tokens,
     recommend_partition,
     split_layers,
 )
+from llmtrial.preflight import gpu_inventory, planned_weights
 from llmtrial.staging import model_config_for
 from llmtrial.trial import compare_with_plan
+from test_preflight import NvmlDouble
 
 #: Seed 003: Qwen3-235B-A22B-Instruct-2507-FP8 as its runbook describes it.
 SEED_003 = {"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 94, "num_attention_heads": 64,
@@ -353,3 +357,84 @@ class TestCommand:
     def test_a_missing_model_config_is_named(self, tmp_path, capsys):
         assert cli_main(["plan", "--model-config", str(tmp_path / "nope.json")]) == 2
         assert "nope.json" in capsys.readouterr().err
+
+
+class TestConfigurationChecks:
+    def test_cpu_tensor_parallel_needs_thread_binding(self):
+        args = ServingArgs(tensor_parallel_size=2)
+        [_, _, bind, _] = configuration_checks(args=args, env={}, gpus={}, model_config={}, is_cpu=True)
+        assert bind["name"] == "cpu_thread_binding" and bind["status"] == "fail"
+        [_, _, bind, _] = configuration_checks(args=args, env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}, gpus={},
+                                               model_config={}, is_cpu=True)
+        assert bind["status"] == "ok"
+        [_, _, bind, _] = configuration_checks(args=ServingArgs(pipeline_parallel_size=2, tensor_parallel_size=2),
+                                               env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}, gpus={}, model_config={}, is_cpu=True)
+        assert bind["status"] == "fail" and "4 workers" in bind["detail"]
+
+    def test_deepgemm_with_block_fp8_on_an_unsupported_gpu(self):
+        cfg = {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+        gpus = gpu_inventory(NvmlDouble(cc=(12, 0)))
+        deepgemm = configuration_checks(args=ServingArgs(), env={}, gpus=gpus, model_config=cfg, is_cpu=False)[-1]
+        assert deepgemm["status"] == "fail" and "VLLM_USE_DEEP_GEMM=0" in deepgemm["detail"]
+        ok = configuration_checks(args=ServingArgs(), env={"VLLM_USE_DEEP_GEMM": "0"}, gpus=gpus, model_config=cfg,
+                                  is_cpu=False)[-1]
+        assert ok["status"] == "ok"
+        hopper = gpu_inventory(NvmlDouble(cc=(9, 0)))
+        assert configuration_checks(args=ServingArgs(), env={}, gpus=hopper, model_config=cfg, is_cpu=False)[-1]["status"] == "ok"
+
+
+def record_for(*, source, archive_dir=None, **kw):
+    """What the plan rule does: the model's config and weights before staging, then the record."""
+    return plan_record(model_config=model_config_for(source, archive_dir=archive_dir),
+                       weights=planned_weights(source, archive_dir), environment=kw.pop("environment"), **kw)
+
+
+def spec(name, args, env=None, force=False):
+    return {"name": name, "args": args, "env": env or {"VLLM_CPU_KVCACHE_SPACE": "1"}, "force": force}
+
+
+SETTINGS = {"non_torch_gib": None, "peak_activation_gib": None, "cuda_graph_gib": None, "last_stage_extra_gib": 0,
+            "pinned_last_layers": 0}
+CPU_HOST = {"gpus": {"present": False, "count": 0, "devices": []}}
+
+
+class TestPlanRecords:
+    def test_default_cpu_configuration_fits_with_the_exact_token_count(self):
+        r = record_for(spec=spec("tp1", {"max_model_len": 512}), source={"kind": "tiny"}, environment=CPU_HOST,
+                        hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[96])
+        assert r["verdict"] == "fits" and r["plan"]["predicted_kv_cache_tokens"] == 524_288
+        assert r["plan"]["preemption_boundary"] == {"96": 4096}
+
+    def test_a_head_count_tp_does_not_divide_is_rejected(self):
+        r = record_for(spec=spec("tp3", {"tensor_parallel_size": 3}, {"VLLM_CPU_OMP_THREADS_BIND": "0|1|0"}),
+                        source={"kind": "tiny"}, environment=CPU_HOST, hardware={"gpus": None, "gpu_memory_gib": None},
+                        settings=SETTINGS, contexts=[96])
+        assert r["verdict"] == "does_not_fit" and any("divisible by tensor parallel size (3)" in x for x in r["reasons"])
+
+    def test_gpus_come_from_the_preflight_record_and_are_counted(self):
+        environment = {"gpus": gpu_inventory(NvmlDouble())}
+        r = record_for(spec=spec("tp4", {"tensor_parallel_size": 4}, {}), source={"kind": "tiny"},
+                        environment=environment, hardware={"gpus": None, "gpu_memory_gib": None},
+                        settings=SETTINGS, contexts=[96])
+        assert r["hardware"]["gpus"] == 2 and r["hardware"]["gpu_memory_gib"] == 139
+        assert r["verdict"] == "does_not_fit" and "4 GPUs asked, 2 available" in r["reasons"][0]
+
+    def test_a_hub_model_offline_without_an_archive_is_unknown_not_an_error(self, monkeypatch, tmp_path):
+        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+        r = record_for(spec=spec("x", {}), source={"kind": "hub", "repo_id": "a/b"}, environment=CPU_HOST,
+                        hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[96],
+                        archive_dir=tmp_path)
+        assert r["verdict"] == "unknown" and "config.json could not be had" in r["reasons"][0]
+
+    def test_a_config_the_planner_cannot_read_is_unknown_not_a_stop(self, tmp_path):
+        (tmp_path / "config.json").write_text('{"model_type": "mystery", "layers": 4}')
+        (tmp_path / "model.safetensors").write_bytes(b"")
+        r = record_for(spec=spec("x", {}), source={"kind": "local", "path": str(tmp_path)}, environment=CPU_HOST,
+                        hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[96])
+        assert r["verdict"] == "unknown" and "lacks num_hidden_layers" in r["reasons"][0]
+
+    def test_unset_cpu_kv_space_is_an_estimate(self):
+        r = record_for(spec=spec("tp1", {}, {"X": "1"}), source={"kind": "tiny"}, environment=CPU_HOST,
+                        hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[96])
+        assert r["facts"]["predicted_kv_cache_tokens"]["kind"] == "estimated"
+        assert any("VLLM_CPU_KVCACHE_SPACE is not set" in x for x in r["reasons"])

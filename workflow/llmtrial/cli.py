@@ -81,33 +81,39 @@ def _set_pairs(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def _plan_inputs(args: argparse.Namespace) -> dict[str, Any]:
-    from llmtrial.plan import Extras, Hardware, MemoryTerms, ServingArgs, WeightsSize, read_model_config, weights_size
+def _plan_record(args: argparse.Namespace) -> dict[str, Any]:
+    """The plan record the plan rule would write, from the command line's figures."""
+    from llmtrial.checkpoint import WeightsSize, weights_size
+    from llmtrial.plan import plan_record
+    from llmtrial.shape import read_model_config
 
-    config = read_model_config(args.model_config)
     sets = _set_pairs(args.set)
     env = {k: v for k, v in sets.items() if k.startswith("VLLM_")}
+    if args.cpu_kv_space_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{args.cpu_kv_space_gib:g}"
     model_dir = Path(args.model_config)
     if args.weights_gib:
         weights = WeightsSize(int(args.weights_gib * 2**30), "given", "given on the command line (--weights-gib)")
     else:  # the weight files beside the config, else an estimate from config.json
         weights = weights_size(model_dir if model_dir.is_dir() else model_dir.parent)
-    return {"config": config, "weights": weights,
-            "args": ServingArgs.from_config({k: v for k, v in sets.items() if k not in env}, env),
-            "hardware": Hardware(gpus=args.gpus, gpu_memory_gib=args.gpu_memory_gib, cpu_kv_space_gib=args.cpu_kv_space_gib),
-            "available_kv_gib": args.available_kv_gib, "contexts": args.context or None,
-            "extras": Extras(last_stage_bytes=int(args.last_stage_extra_gib * 2**30),
-                             pinned_last_layers=args.pinned_last_layers),
-            "memory": MemoryTerms(args.non_torch_gib, args.peak_activation_gib, args.cuda_graph_gib)}
+    return plan_record(
+        spec={"name": "command line", "args": {k: v for k, v in sets.items() if k not in env}, "env": env},
+        model_config=read_model_config(args.model_config), weights=weights, environment={},
+        hardware={"gpus": args.gpus, "gpu_memory_gib": args.gpu_memory_gib},
+        settings={"last_stage_extra_gib": args.last_stage_extra_gib, "pinned_last_layers": args.pinned_last_layers,
+                  "non_torch_gib": args.non_torch_gib, "peak_activation_gib": args.peak_activation_gib,
+                  "cuda_graph_gib": args.cuda_graph_gib},
+        contexts=args.context or None, available_kv_gib=args.available_kv_gib)
 
 
-def _plan_rows(result: Any) -> list[tuple[str, str]]:
-    d, f = result.data, result.facts
+def _plan_rows(record: dict[str, Any]) -> list[tuple[str, str]]:
+    d, f = record["plan"], record["facts"]
     gib = 2**30
-    w = f["weights_bytes"]
-    rows = [("verdict", result.verdict),
-            ("weights", (f"{w['value'] / gib:,.2f} GiB" if w["value"] is not None else "unknown") +
-             f" ({w['kind']}: {w['source']})")]
+    rows = [("verdict", record["verdict"])]
+    w = f.get("weights_bytes")
+    if w:
+        rows.append(("weights", (f"{w['value'] / gib:,.2f} GiB" if w["value"] is not None else "unknown") +
+                     f" ({w['kind']}: {w['source']})"))
     if not d:
         return rows
     rows += [
@@ -134,23 +140,26 @@ def _plan_rows(result: Any) -> list[tuple[str, str]]:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from llmtrial.plan import PlanError, plan
+    from llmtrial.shape import PlanError
 
     try:
-        result = plan(**_plan_inputs(args))
+        record = _plan_record(args)
     except PlanError as exc:
         print(f"llmtrial plan: {exc}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(result.to_json(), indent=2))
-        return 0 if result.verdict != "does_not_fit" else 1
-    rows = _plan_rows(result)
+    if args.json:  # the record, with the plan's figures at the top level
+        print(json.dumps({k: v for k, v in record.items() if k != "plan"} | record["plan"], indent=2))
+        return 0 if record["verdict"] != "does_not_fit" else 1
+    rows = _plan_rows(record)
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
-    for reason in result.reasons:
+    for reason in record["reasons"]:
         print(f"- {reason}")
-    return 0 if result.verdict != "does_not_fit" else 1
+    for c in record["checks"]:
+        if c["status"] in ("warn", "fail"):
+            print(f"! {c['name']} ({c['status']}): {c['detail']}")
+    return 0 if record["verdict"] != "does_not_fit" else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,130 +21,36 @@ budget follows vLLM's own accounting term by term (:mod:`llmtrial.budget`).
 
 from __future__ import annotations
 
-import json
 import math
+import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
 from llmtrial import budget, checkpoint
 from llmtrial.budget import MemoryTerms
 from llmtrial.checkpoint import WeightsSize
-from llmtrial.records import fact, read_record
+from llmtrial.preflight import check, check_allocator, check_nccl_interfaces
+from llmtrial.records import fact
+from llmtrial.shape import (
+    DEFAULT_CPU_BLOCK_SIZE,
+    DEFAULT_GPU_BLOCK_SIZE,
+    DTYPE_BYTES,
+    ModelShape,
+    PlanError,
+    _first,
+    kv_bytes_per_token_per_layer,
+    kv_heads_per_rank,
+    model_shape,
+    predict_kv_tokens,
+    recommend_partition,
+    split_layers,
+)
 
 GiB = 1024**3
-
-#: Bytes per element by dtype name (config.json ``torch_dtype``/``dtype``, or ``kv_cache_dtype``).
-DTYPE_BYTES = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_ds_mla": 1, "float8_e4m3fn": 1, "int8": 1,
-}
-#: Layer kinds whose state is per sequence, not per token.
-STATE_LAYER_KINDS = ("mamba", "mamba2", "linear_attention", "linear", "gated_deltanet", "ssm", "conv")
-SLIDING_LAYER_KINDS = ("sliding_attention", "sliding_window", "local_attention", "chunked_attention")
-DEFAULT_GPU_BLOCK_SIZE = 16
-DEFAULT_CPU_BLOCK_SIZE = 128
-
-
-class PlanError(ValueError):
-    """The inputs cannot be planned (a missing config key, a bad argument)."""
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the memory arithmetic needs from a model's config.json."""
-
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    hidden_size: int
-    vocab_size: int
-    dtype_bytes: int
-    tie_word_embeddings: bool
-    layer_kinds: tuple[str, ...]
-    sliding_window: int | None = None
-    mla_kv_dim: int | None = None
-    num_experts: int | None = None
-    intermediate_size: int | None = None
-    moe_intermediate_size: int | None = None
-    state_bytes_per_layer: int | None = None
-
-
-def _first(cfg: Mapping[str, Any], *names: str, default: Any = None) -> Any:
-    for n in names:
-        if cfg.get(n) is not None:
-            return cfg[n]
-    return default
-
-
-def _layer_kinds(cfg: Mapping[str, Any], num_layers: int, sliding_window: int | None) -> tuple[str, ...]:
-    kinds = cfg.get("layer_types") or cfg.get("layers_block_type")
-    if kinds:
-        out = []
-        for k in kinds[:num_layers]:
-            k = str(k).lower()
-            if k in ("attention", "full_attention", "global_attention"):
-                out.append("full_attention")
-            elif k in SLIDING_LAYER_KINDS:
-                out.append("sliding_attention")
-            elif any(k.startswith(s) for s in STATE_LAYER_KINDS) or k in STATE_LAYER_KINDS:
-                out.append("state")
-            else:  # an MLP/MoE-only block keeps no cache
-                out.append("none")
-        return tuple(out)
-    pattern = cfg.get("hybrid_override_pattern")
-    if isinstance(pattern, str) and len(pattern) >= num_layers:
-        return tuple("full_attention" if c == "*" else ("state" if c == "M" else "none") for c in pattern[:num_layers])
-    if sliding_window and cfg.get("use_sliding_window", True) is not False:
-        window_from = cfg.get("max_window_layers")
-        if window_from is not None and cfg.get("use_sliding_window") is True:
-            return tuple("full_attention" if i < window_from else "sliding_attention" for i in range(num_layers))
-        if cfg.get("use_sliding_window") is None and "max_window_layers" not in cfg:
-            return ("sliding_attention",) * num_layers
-    return ("full_attention",) * num_layers
-
-
-def model_shape(config: Mapping[str, Any], *, dtype: str | None = None) -> ModelShape:
-    """Read a Hugging Face ``config.json`` (text part of a multimodal one) into a ModelShape."""
-    cfg = config.get("text_config") or config.get("llm_config") or config
-    try:
-        num_layers = int(_first(cfg, "num_hidden_layers", "n_layer", "num_layers"))
-        hidden = int(_first(cfg, "hidden_size", "d_model", "n_embd"))
-        heads = int(_first(cfg, "num_attention_heads", "n_head"))
-    except TypeError:
-        raise PlanError("config.json lacks num_hidden_layers, hidden_size or num_attention_heads") from None
-    kv_heads = int(_first(cfg, "num_key_value_heads", "num_kv_heads", "multi_query_group_num", default=heads))
-    head_dim = int(_first(cfg, "head_dim", default=hidden // heads))
-    dtype_name = str(dtype or _first(cfg, "torch_dtype", "dtype", default=config.get("torch_dtype", "bfloat16")))
-    dtype_name = dtype_name.replace("torch.", "")
-    if dtype_name not in DTYPE_BYTES:
-        raise PlanError(f"unknown dtype {dtype_name!r} in config.json")
-    sliding = _first(cfg, "sliding_window", "attention_window_size")
-    sliding = int(sliding) if isinstance(sliding, (int, float)) and sliding else None
-    mla = None
-    if cfg.get("kv_lora_rank"):
-        mla = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim", 0))
-    experts = _first(cfg, "num_experts", "n_routed_experts", "num_local_experts")
-    state = None
-    if cfg.get("mamba_d_state") or cfg.get("ssm_state_size") or cfg.get("state_size"):
-        d_state = int(_first(cfg, "mamba_d_state", "ssm_state_size", "state_size"))
-        expand = int(_first(cfg, "mamba_expand", "expand", default=2))
-        d_conv = int(_first(cfg, "mamba_d_conv", "conv_kernel", "d_conv", default=4))
-        inner = expand * hidden
-        state = (inner * d_state + inner * d_conv) * DTYPE_BYTES[dtype_name]
-    return ModelShape(
-        num_layers=num_layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-        hidden_size=hidden, vocab_size=int(_first(cfg, "vocab_size", default=config.get("vocab_size", 0))),
-        dtype_bytes=DTYPE_BYTES[dtype_name],
-        tie_word_embeddings=bool(_first(config, "tie_word_embeddings", default=cfg.get("tie_word_embeddings", False))),
-        layer_kinds=_layer_kinds(cfg, num_layers, sliding), sliding_window=sliding, mla_kv_dim=mla,
-        num_experts=int(experts) if experts else None,
-        intermediate_size=_first(cfg, "intermediate_size", "ffn_hidden_size"),
-        moe_intermediate_size=cfg.get("moe_intermediate_size"),
-        state_bytes_per_layer=state,
-    )
+#: KV space per worker the plan assumes on a CPU host when none is configured.
+ASSUMED_CPU_KV_GIB = 4.0
+#: GPU architectures DeepGEMM has kernels for (compute capability major.minor).
+DEEPGEMM_ARCHS = ((9, 0), (10, 0))
 
 
 # --------------------------------------------------------------------------- inputs
@@ -244,84 +150,6 @@ class Plan:
 
 
 # --------------------------------------------------------------------------- arithmetic
-
-
-def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
-    """KV heads each TP rank caches: split when they divide, replicated when TP exceeds them."""
-    return max(1, num_kv_heads // tp)
-
-
-def kv_bytes_per_token_per_layer(shape: ModelShape, tp: int, kv_dtype_bytes: int) -> tuple[int, int]:
-    """(whole model, one rank) bytes one token costs in one attention layer."""
-    if shape.mla_kv_dim is not None:  # MLA caches one latent vector per token, replicated on every TP rank
-        b = shape.mla_kv_dim * kv_dtype_bytes
-        return b, b
-    whole = 2 * shape.num_kv_heads * shape.head_dim * kv_dtype_bytes
-    per_rank = 2 * kv_heads_per_rank(shape.num_kv_heads, tp) * shape.head_dim * kv_dtype_bytes
-    return whole, per_rank
-
-
-def split_layers(num_layers: int, pp: int, partition: list[int] | None = None) -> list[int]:
-    """Layers per PP stage: the given partition, else vLLM's even split (remainder on the last stages)."""
-    if partition is not None:
-        if len(partition) != pp or sum(partition) != num_layers or min(partition) < 1:
-            raise PlanError(f"VLLM_PP_LAYER_PARTITION {partition} must have {pp} positive parts summing to {num_layers}")
-        return list(partition)
-    base, rem = divmod(num_layers, pp)
-    # vLLM's get_pp_indices gives the extra layers to the last stages
-    return [base + (1 if i >= pp - rem else 0) for i in range(pp)]
-
-
-def recommend_partition(num_layers: int, pp: int, layer_bytes: float, *, first_extra: float = 0.0,
-                        last_extra: float = 0.0, pinned_last_layers: int = 0) -> list[int]:
-    """Contiguous split of ``num_layers`` over ``pp`` stages minimising the heaviest stage.
-
-    Stage memory is ``extra + layers * layer_bytes``; the first stage carries
-    ``first_extra`` (embeddings), the last ``last_extra`` (output head, draft module), and
-    the last stage holds at least ``pinned_last_layers``.
-    """
-    if pp == 1:
-        return [num_layers]
-    if num_layers < pp or pinned_last_layers > num_layers - (pp - 1):
-        raise PlanError(f"{num_layers} layers cannot be split over {pp} stages with {pinned_last_layers} pinned last")
-    extras = [0.0] * pp
-    extras[0] += first_extra
-    extras[-1] += last_extra
-
-    def counts(cap: float) -> list[int]:
-        return [max(0, int(math.floor((cap - e) / layer_bytes + 1e-9))) for e in extras]
-
-    lo, hi = 0.0, max(extras) + num_layers * layer_bytes
-    for _ in range(200):  # bisection on the heaviest stage's memory
-        mid = (lo + hi) / 2
-        c = counts(mid)
-        ok = sum(c) >= num_layers and c[-1] >= pinned_last_layers and min(c) >= 1
-        lo, hi = (lo, mid) if ok else (mid, hi)
-    cap_counts = counts(hi)
-    # take the surplus back, from the stages with the most room left, never below the pins
-    out = list(cap_counts)
-    surplus = sum(out) - num_layers
-    while surplus > 0:
-        order = sorted(range(pp), key=lambda i: (extras[i] + out[i] * layer_bytes, i), reverse=True)
-        for i in order:
-            floor = pinned_last_layers if i == pp - 1 else 1
-            if out[i] > floor:
-                out[i] -= 1
-                surplus -= 1
-                break
-        else:
-            break
-    return out
-
-
-def predict_kv_tokens(available_bytes_per_rank: list[float], bytes_per_token_per_rank: list[int],
-                      block_size: int, max_model_len: int) -> tuple[int, int, float]:
-    """vLLM's KV capacity: (num_blocks, tokens it logs, max concurrency at max_model_len)."""
-    blocks = min(int(avail // (block_size * per_token)) for avail, per_token in
-                 zip(available_bytes_per_rank, bytes_per_token_per_rank) if per_token > 0)
-    per_request = math.ceil(max_model_len / block_size)
-    concurrency = blocks / per_request
-    return blocks, int(concurrency * max_model_len), concurrency
 
 
 def _blocking(shape: ModelShape, hardware: Hardware, args: ServingArgs) -> tuple[list[str], list[str]]:
@@ -576,27 +404,96 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
     return Plan(verdict=verdict, reasons=blocking + reasons, facts=facts, data=data)
 
 
-def read_model_config(path: str | Path) -> dict[str, Any]:
-    """A config.json, or a model folder holding one."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
-    try:
-        return read_record(p)
-    except (FileNotFoundError, ValueError) as exc:
-        raise PlanError(f"model config: {exc}") from None
+# --------------------------------------------------------------------------- the plan record
 
 
-def weights_size(model_dir: str | Path) -> WeightsSize | None:
-    """Weight bytes of a model folder: its safetensors index's total_size, else the weight files' sizes."""
-    d = Path(model_dir)
-    if not d.is_dir():
-        return None
-    index = d / "model.safetensors.index.json"
-    if index.exists():
-        total = json.loads(index.read_text()).get("metadata", {}).get("total_size")
-        if total:
-            return WeightsSize(int(total), "measured", f"staged files ({index.name} total_size)")
-    files = list(d.glob("*.safetensors")) or list(d.glob("*.bin"))
-    size = sum(f.stat().st_size for f in files)
-    return WeightsSize(size, "measured", f"staged files ({len(files)} weight files in {d})") if size else None
+def configuration_checks(*, args: ServingArgs, env: Mapping[str, str], gpus: Mapping[str, Any],
+                         model_config: Mapping[str, Any], is_cpu: bool) -> list[dict[str, Any]]:
+    """Checks that depend on one configuration's args and env (merged over the host's)."""
+    server_env = {"server": {**os.environ, **env}}
+    out = [check_allocator(server_env), check_nccl_interfaces(server_env)]
+    workers = args.tensor_parallel_size * args.pipeline_parallel_size
+    if is_cpu:
+        bind = env.get("VLLM_CPU_OMP_THREADS_BIND")
+        if workers > 1 and not bind:
+            out.append(check("cpu_thread_binding", "fail",
+                             f"TP x PP = {workers} workers on a CPU host need VLLM_CPU_OMP_THREADS_BIND (one core list per "
+                             "worker, such as 0|1), else the engine asserts 'Not enough allowed NUMA nodes to bind threads'"))
+        elif bind and bind not in ("auto", "nobind") and len(bind.split("|")) != workers:
+            out.append(check("cpu_thread_binding", "fail",
+                             f"VLLM_CPU_OMP_THREADS_BIND={bind} lists {len(bind.split('|'))} core sets for {workers} workers"))
+        else:
+            out.append(check("cpu_thread_binding", "ok", f"{workers} worker(s); binding {bind or 'auto'}"))
+        out.append(check("deepgemm", "skip", "CPU host"))
+        return out
+    out.append(check("cpu_thread_binding", "skip", "GPU host"))
+    quant = (model_config.get("quantization_config") or {})
+    block_fp8 = str(quant.get("quant_method", "")).lower() == "fp8" and quant.get("weight_block_size")
+    archs = {tuple(d["compute_capability"]) for d in gpus.get("devices", []) if d.get("compute_capability")}
+    unsupported = sorted(a for a in archs if a not in DEEPGEMM_ARCHS)
+    if not block_fp8:
+        out.append(check("deepgemm", "skip", "not a block-FP8 checkpoint"))
+    elif env.get("VLLM_USE_DEEP_GEMM", "1") == "0":
+        out.append(check("deepgemm", "ok", "block-FP8 checkpoint with VLLM_USE_DEEP_GEMM=0"))
+    elif unsupported:
+        out.append(check("deepgemm", "fail",
+                         f"block-FP8 checkpoint (weight_block_size {quant.get('weight_block_size')}) on GPUs of compute "
+                         f"capability {', '.join('%d.%d' % a for a in unsupported)}, which DeepGEMM does not support "
+                         "('Unknown SF transformation' at startup): set VLLM_USE_DEEP_GEMM=0 in the configuration's env"))
+    else:
+        out.append(check("deepgemm", "ok", "block-FP8 checkpoint on GPUs DeepGEMM supports"))
+    return out
+
+
+def _hardware(hardware: Mapping[str, Any], gpus: Mapping[str, Any], env: Mapping[str, str]) -> Hardware:
+    """The hardware a plan assumes: the trial file's figures, else the GPUs preflight found."""
+    count = hardware.get("gpus")
+    if count is None:
+        count = int(gpus.get("count") or 0)
+    memory = hardware.get("gpu_memory_gib")
+    if memory is None and gpus.get("devices"):
+        memory = min(d["memory_total_bytes"] for d in gpus["devices"] if d.get("memory_total_bytes")) / GiB
+    kv_space = env.get("VLLM_CPU_KVCACHE_SPACE")
+    return Hardware(gpus=int(count), gpu_memory_gib=memory,
+                    cpu_kv_space_gib=float(kv_space) if kv_space else (ASSUMED_CPU_KV_GIB if not count else None),
+                    cpu_kv_space_assumed=not kv_space)
+
+
+def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | None, weights: WeightsSize | None,
+                environment: Mapping[str, Any], hardware: Mapping[str, Any], settings: Mapping[str, Any],
+                contexts: list[int] | None = None, available_kv_gib: float | None = None,
+                no_config: str = "the model's config.json could not be had before staging") -> dict[str, Any]:
+    """One configuration's plan record: the planner's verdict, figures and reasons, and the
+    checks that depend on the configuration. The plan rule and ``llmtrial plan`` both call it.
+
+    ``spec`` is the configuration (name, args, env, force); ``environment`` preflight's
+    (its ``gpus`` inventory); ``hardware`` the trial file's; ``settings`` the trial file's
+    ``plan`` block. Without a readable config.json the verdict is ``unknown`` with the reason."""
+    head = {"configuration": spec["name"], "force": bool(spec.get("force", False))}
+    unreadable = None
+    if model_config is not None:
+        try:
+            model_shape(model_config)
+        except PlanError as exc:  # vLLM may well serve a model the planner cannot read
+            unreadable = f"the planner cannot read the model's config.json: {exc}"
+    if model_config is None or unreadable:
+        return {**head, "verdict": "unknown", "reasons": [unreadable or no_config], "checks": [],
+                "hardware": dict(hardware), "plan": {}, "facts": {}}
+    gpus = environment.get("gpus", {})
+    env = dict(spec.get("env") or {})
+    hw = _hardware(hardware, gpus, env)
+    args = ServingArgs.from_config(spec.get("args") or {}, env)
+    result = plan(model_config, hw, args, weights=weights, contexts=contexts, available_kv_gib=available_kv_gib,
+                  extras=Extras(last_stage_bytes=int(float(settings.get("last_stage_extra_gib") or 0) * GiB),
+                                pinned_last_layers=int(settings.get("pinned_last_layers") or 0)),
+                  memory=MemoryTerms(**{k: settings.get(k) for k in ("non_torch_gib", "peak_activation_gib",
+                                                                         "cuda_graph_gib")}))
+    checks = configuration_checks(args=args, env=env, gpus=gpus, model_config=model_config, is_cpu=hw.is_cpu)
+    failed = [c["detail"] for c in checks if c["status"] == "fail"]
+    reasons = failed + list(result.reasons)
+    if hw.is_cpu and hw.cpu_kv_space_assumed and args.kv_cache_memory_bytes is None:
+        reasons.append(f"VLLM_CPU_KVCACHE_SPACE is not set: vLLM sizes the KV cache from free memory at start-up; "
+                       f"the plan assumes {ASSUMED_CPU_KV_GIB:g} GiB per worker (an estimate).")
+    return {**head, "verdict": "does_not_fit" if failed else result.verdict, "reasons": reasons, "checks": checks,
+            "hardware": {"gpus": hw.gpus, "gpu_memory_gib": hw.gpu_memory_gib, "cpu_kv_space_gib": hw.cpu_kv_space_gib},
+            "plan": result.data, "facts": result.facts}

@@ -7,9 +7,9 @@ field reports document (allocator ``expandable_segments``, ``/dev/shm``, the ope
 limit, NCCL interface variables), and the disk headroom for the weights. A trial whose
 disk headroom is short stops here, before a byte is staged.
 
-Each configuration's plan record (:func:`configuration_plan`) adds the planner's
-verdict and the checks that depend on the configuration (CPU thread binding for TP or PP
-on a CPU host, DeepGEMM with block-FP8 checkpoints on GPUs it does not support).
+The checks that depend on one configuration (CPU thread binding, DeepGEMM) belong to its
+plan record (:func:`llmtrial.plan.plan_record`), which calls the allocator and NCCL checks
+defined here.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 
 import psutil
 
-from llmtrial import plan as planner
+from llmtrial.checkpoint import WeightsSize, weights_size
 from llmtrial.records import redact_env
 
 GiB = 1024**3
@@ -41,10 +41,6 @@ ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH
 #: vLLM asks for at least this many open files and warns when it cannot raise the limit.
 MIN_OPEN_FILES = 65535
 MIN_SHM_BYTES = 1 * GiB
-#: KV space per worker the plan assumes on a CPU host when none is configured.
-ASSUMED_CPU_KV_GIB = 4.0
-#: GPU architectures DeepGEMM has kernels for (compute capability major.minor).
-DEEPGEMM_ARCHS = ((9, 0), (10, 0))
 
 
 class PreflightError(RuntimeError):
@@ -343,48 +339,10 @@ def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: M
     return record
 
 
-# --------------------------------------------------------------------------- per configuration
+# --------------------------------------------------------------------------- weights to plan on
 
 
-def configuration_checks(*, args: planner.ServingArgs, env: Mapping[str, str], gpus: Mapping[str, Any],
-                         model_config: Mapping[str, Any], is_cpu: bool) -> list[dict[str, Any]]:
-    """Checks that depend on one configuration's args and env (merged over the host's)."""
-    server_env = {"server": {**os.environ, **env}}
-    out = [check_allocator(server_env), check_nccl_interfaces(server_env)]
-    workers = args.tensor_parallel_size * args.pipeline_parallel_size
-    if is_cpu:
-        bind = env.get("VLLM_CPU_OMP_THREADS_BIND")
-        if workers > 1 and not bind:
-            out.append(check("cpu_thread_binding", "fail",
-                             f"TP x PP = {workers} workers on a CPU host need VLLM_CPU_OMP_THREADS_BIND (one core list per "
-                             "worker, such as 0|1), else the engine asserts 'Not enough allowed NUMA nodes to bind threads'"))
-        elif bind and bind not in ("auto", "nobind") and len(bind.split("|")) != workers:
-            out.append(check("cpu_thread_binding", "fail",
-                             f"VLLM_CPU_OMP_THREADS_BIND={bind} lists {len(bind.split('|'))} core sets for {workers} workers"))
-        else:
-            out.append(check("cpu_thread_binding", "ok", f"{workers} worker(s); binding {bind or 'auto'}"))
-        out.append(check("deepgemm", "skip", "CPU host"))
-        return out
-    out.append(check("cpu_thread_binding", "skip", "GPU host"))
-    quant = (model_config.get("quantization_config") or {})
-    block_fp8 = str(quant.get("quant_method", "")).lower() == "fp8" and quant.get("weight_block_size")
-    archs = {tuple(d["compute_capability"]) for d in gpus.get("devices", []) if d.get("compute_capability")}
-    unsupported = sorted(a for a in archs if a not in DEEPGEMM_ARCHS)
-    if not block_fp8:
-        out.append(check("deepgemm", "skip", "not a block-FP8 checkpoint"))
-    elif env.get("VLLM_USE_DEEP_GEMM", "1") == "0":
-        out.append(check("deepgemm", "ok", "block-FP8 checkpoint with VLLM_USE_DEEP_GEMM=0"))
-    elif unsupported:
-        out.append(check("deepgemm", "fail",
-                         f"block-FP8 checkpoint (weight_block_size {quant.get('weight_block_size')}) on GPUs of compute "
-                         f"capability {', '.join('%d.%d' % a for a in unsupported)}, which DeepGEMM does not support "
-                         "('Unknown SF transformation' at startup): set VLLM_USE_DEEP_GEMM=0 in the configuration's env"))
-    else:
-        out.append(check("deepgemm", "ok", "block-FP8 checkpoint on GPUs DeepGEMM supports"))
-    return out
-
-
-def planned_weights(source: Mapping[str, Any], archive_dir: str | Path | None = None) -> planner.WeightsSize | None:
+def planned_weights(source: Mapping[str, Any], archive_dir: str | Path | None = None) -> WeightsSize | None:
     """The weight bytes to plan on before staging: the folder's files for ``local``, an
     archive's files for ``hub``/``archive`` when one holds the revision, else the Hub's file
     sizes for ``hub``. None (the planner estimates from config.json) for ``tiny`` or when the
@@ -394,85 +352,15 @@ def planned_weights(source: Mapping[str, Any], archive_dir: str | Path | None = 
 
     kind = source.get("kind")
     if kind == "local":
-        return planner.weights_size(source["path"])
+        return weights_size(source["path"])
     if kind not in ("hub", "archive") or not source.get("repo_id"):
         return None
     repo_id, revision = str(source["repo_id"]), str(source.get("revision") or "main")
     found = find_archive(archive_dir, repo_id, revision)
     if found is not None:
-        return planner.weights_size(found[0])
+        return weights_size(found[0])
     if kind == "archive":
         return None
     sized = hub.weight_bytes(repo_id, revision, allow_patterns=source.get("allow_patterns"),
                              ignore_patterns=source.get("ignore_patterns"))
-    return planner.WeightsSize(sized[0], "measured", sized[1]) if sized else None
-
-
-def configuration_plan(*, name: str, spec: Mapping[str, Any], model_config: Mapping[str, Any],
-                       weights: planner.WeightsSize | None,
-                       environment: Mapping[str, Any], hardware: Mapping[str, Any], plan_settings: Mapping[str, Any],
-                       contexts: list[int]) -> dict[str, Any]:
-    """One configuration's plan record: the planner's verdict and figures, and its checks."""
-    gpus = environment.get("gpus", {})
-    count = hardware.get("gpus")
-    if count is None:
-        count = int(gpus.get("count") or 0)
-    memory = hardware.get("gpu_memory_gib")
-    if memory is None and gpus.get("devices"):
-        memory = min(d["memory_total_bytes"] for d in gpus["devices"] if d.get("memory_total_bytes")) / GiB
-    env = dict(spec["env"])
-    kv_space = env.get("VLLM_CPU_KVCACHE_SPACE")
-    hw = planner.Hardware(gpus=count, gpu_memory_gib=memory,
-                          cpu_kv_space_gib=float(kv_space) if kv_space else (ASSUMED_CPU_KV_GIB if count == 0 else None),
-                          cpu_kv_space_assumed=not kv_space)
-    args = planner.ServingArgs.from_config(spec["args"], env)
-    result = planner.plan(model_config, hw, args, weights=weights, contexts=contexts,
-                          extras=planner.Extras(last_stage_bytes=int(float(plan_settings["last_stage_extra_gib"]) * GiB),
-                                                pinned_last_layers=int(plan_settings["pinned_last_layers"])),
-                          memory=planner.MemoryTerms(**{k: plan_settings.get(k) for k in (
-                              "non_torch_gib", "peak_activation_gib", "cuda_graph_gib")}))
-    checks = configuration_checks(args=args, env=env, gpus=gpus, model_config=model_config, is_cpu=hw.is_cpu)
-    reasons = list(result.reasons)
-    verdict = result.verdict
-    for c in checks:
-        if c["status"] == "fail":
-            reasons.insert(0, c["detail"])
-            verdict = "does_not_fit"
-    if hw.is_cpu and not kv_space and args.kv_cache_memory_bytes is None:
-        reasons.append(f"VLLM_CPU_KVCACHE_SPACE is not set: vLLM sizes the KV cache from free memory at start-up; "
-                       f"the plan assumes {ASSUMED_CPU_KV_GIB:g} GiB per worker (an estimate).")
-    return {
-        "configuration": name,
-        "verdict": verdict,
-        "reasons": reasons,
-        "checks": checks,
-        "hardware": {"gpus": count, "gpu_memory_gib": memory, "cpu_kv_space_gib": hw.cpu_kv_space_gib},
-        "plan": result.data,
-        "facts": result.facts,
-    }
-
-
-def plan_record(*, spec: Mapping[str, Any], source: Mapping[str, Any], environment: Mapping[str, Any],
-                hardware: Mapping[str, Any], plan_settings: Mapping[str, Any], contexts: list[int],
-                archive_dir: str | Path | None = None) -> dict[str, Any]:
-    """The plan record of one configuration, from the model's config before it is staged."""
-    from llmtrial.staging import model_config_for
-
-    model_config = model_config_for(source, archive_dir=archive_dir)
-    unreadable = None
-    if model_config is not None:
-        try:
-            planner.model_shape(model_config)
-        except planner.PlanError as exc:  # vLLM may well serve a model the planner cannot read
-            unreadable = f"the planner cannot read the model's config.json: {exc}"
-    if model_config is None or unreadable:
-        return {"configuration": spec["name"], "verdict": "unknown", "force": spec.get("force", False),
-                "reasons": [unreadable or f"the model's config.json could not be had before staging (source kind "
-                            f"{source.get('kind')!r}; see the plan's log)"],
-                "checks": [], "hardware": dict(hardware), "plan": {}, "facts": {}}
-    record = configuration_plan(name=spec["name"], spec=spec, model_config=model_config,
-                                weights=planned_weights(source, archive_dir),
-                                environment=environment, hardware=hardware, plan_settings=plan_settings,
-                                contexts=contexts)
-    record["force"] = bool(spec.get("force", False))
-    return record
+    return WeightsSize(sized[0], "measured", sized[1]) if sized else None

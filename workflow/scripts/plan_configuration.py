@@ -3,20 +3,25 @@
 from typing import TYPE_CHECKING
 
 from llmtrial.joblog import open_job_log
-from llmtrial.preflight import plan_record
+from llmtrial.plan import plan_record
+from llmtrial.preflight import planned_weights
 from llmtrial.records import read_record, write_record
+from llmtrial.staging import model_config_for
 
 if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
     from snakemake.iocontainers import snakemake
 
 open_job_log(snakemake.log[0])
+source, archive_dir = snakemake.params.source, snakemake.params.archive_dir
 record = plan_record(
     spec=snakemake.params.spec,
-    source=snakemake.params.source,
+    model_config=model_config_for(source, archive_dir=archive_dir),
+    weights=planned_weights(source, archive_dir),
     environment=read_record(snakemake.input.preflight)["environment"],
     hardware=snakemake.params.hardware,
-    plan_settings=snakemake.params.settings,
+    settings=snakemake.params.settings,
     contexts=list(snakemake.params.contexts),
-    archive_dir=snakemake.params.archive_dir,
+    no_config=f"the model's config.json could not be had before staging (source kind {source.get('kind')!r}; "
+              "see the plan's log)",
 )
 write_record(snakemake.output.record, record)
