@@ -5,15 +5,16 @@ from __future__ import annotations
 import socket
 
 from conftest import child_pid, fake_server
-from llmtrial.cleanup import LEDGER_NAME, run_cleanup
+from llmtrial.cleanup import run_cleanup
 from llmtrial.cli import main as cli_main
 from llmtrial.ledger import Ledger
+from llmtrial.paths import TrialPaths
 from llmtrial.server import group_members, port_open
 
 
 def abandoned_server(tmp_path, port, run=None):
     """A server started through the ledger whose job then vanished without stopping it."""
-    server = fake_server(tmp_path, port, ledger=Ledger(tmp_path / LEDGER_NAME, run=run))
+    server = fake_server(tmp_path, port, ledger=Ledger(TrialPaths(tmp_path).ledger, run=run))
     server.start()
     server.wait_ready(timeout=20, poll=0.1)
     return server
@@ -32,7 +33,7 @@ def test_cleanup_stops_a_server_left_running_and_is_idempotent(tmp_path, free_po
 
     again = run_cleanup(tmp_path, ports=[free_port])
     assert again["restored"] and again["servers"][0]["action"] == "stopped"  # by the first cleanup
-    actions = [e["action"] for e in Ledger(tmp_path / LEDGER_NAME).entries()]
+    actions = [e["action"] for e in Ledger(TrialPaths(tmp_path).ledger).entries()]
     assert actions.count("cleanup_done") == 2 and actions.count("server_stopped") == 1
 
 
@@ -83,7 +84,7 @@ def test_a_new_run_restores_what_a_crashed_run_left_before_quieting(tmp_path, fr
 
     from llmtrial.cleanup import ensure_quiet, unfinished
 
-    ledger = Ledger(tmp_path / LEDGER_NAME, run="crashed")
+    ledger = Ledger(TrialPaths(tmp_path).ledger, run="crashed")
     server = abandoned_server(tmp_path, free_port, run="crashed")  # a crashed run's server, still up
     ledger.append("job_started", label="demo/tp1", pid=os.getpid() + 10**6, create_time=psutil.Process().create_time())
     assert unfinished(ledger.entries())
@@ -94,7 +95,7 @@ def test_a_new_run_restores_what_a_crashed_run_left_before_quieting(tmp_path, fr
     [left] = first["left_behind"]["servers"]
     assert left["action"] == "stopped" and left["run"] == "crashed" and left["undone_by_run"] == first["run"]
     assert first["left_behind"]["jobs"][0]["action"] == "none (already gone)"
-    assert not port_open("127.0.0.1", free_port) and not unfinished(Ledger(tmp_path / LEDGER_NAME).entries())
+    assert not port_open("127.0.0.1", free_port) and not unfinished(Ledger(TrialPaths(tmp_path).ledger).entries())
     assert ensure_quiet(tmp_path, {}) is None  # nothing left to do
 
 
@@ -107,7 +108,7 @@ def test_an_orphaned_configuration_job_is_stopped(tmp_path):
     from llmtrial.ledger import Ledger as L
 
     job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    L(tmp_path / LEDGER_NAME).append("job_started", label="demo/tp1", pid=job.pid,
+    L(TrialPaths(tmp_path).ledger).append("job_started", label="demo/tp1", pid=job.pid,
                                      create_time=psutil.Process(job.pid).create_time())
     record = run_cleanup(tmp_path, stop_timeout=5)
     [item] = record["jobs"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from conftest import SERVER_SCRIPT
 from llmtrial.ledger import Ledger
+from llmtrial.paths import TrialPaths
 from llmtrial.server import group_members, port_open
 from llmtrial.trial import JobPaths, TrialJob, agreement
 
@@ -24,6 +25,7 @@ def test_agreement_is_the_spread_over_the_mean():
 
 JOB = r"""
 import sys, time
+from llmtrial.paths import TrialPaths
 from llmtrial.server import ServerProcess
 from llmtrial.trial import sigterm_as_exit
 script, port, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -68,7 +70,6 @@ def fake_job(tmp_path: Path, port: int, verdict: str = "fits") -> FakeServerJob:
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    out = tmp_path / "results" / "demo" / "configs" / "tp1"
     job = FakeServerJob(
         trial="demo", spec={"name": "tp1", "host": "127.0.0.1", "port": port, "args": {}, "env": {},
                             "startup_timeout_s": 30, "stop_timeout_s": 10},
@@ -76,8 +77,7 @@ def fake_job(tmp_path: Path, port: int, verdict: str = "fits") -> FakeServerJob:
         plan={"verdict": verdict, "reasons": ["a reason"], "plan": {}, "facts": {}}, services={},
         served_model_name="m", scenarios={"c1": {"passes": 1}}, bench_settings={"seed": 0, "percentiles": [50]},
         cold_start={"prompt": "Hi", "max_tokens": 2, "timeout_s": 5}, telemetry_interval=0.5,
-        paths=JobPaths(out_dir=out, record=out / "record.json", telemetry=out / "telemetry.csv",
-                       server_log=out / "server.log", ledger=tmp_path / "results" / "demo" / "ledger.jsonl"))
+        paths=JobPaths(TrialPaths.of("demo", tmp_path / "results"), "tp1"))
     job.script = tmp_path / "fake_server.py"
     job.script.write_text(SERVER_SCRIPT)
     return job

@@ -27,6 +27,7 @@ import psutil
 from llmtrial.ledger import Ledger, match_undos
 from llmtrial.patching import outstanding as outstanding_patches
 from llmtrial.patching import patches_table, revert_patches
+from llmtrial.paths import TrialPaths
 from llmtrial.records import write_record
 from llmtrial.server import group_members, port_open, stop_group
 from llmtrial.services import Runner, Service, check_running, outstanding_stops, quiet, restore, run_argv, services_table
@@ -34,9 +35,6 @@ from llmtrial.telemetry import NvmlSource
 from llmtrial.weights import apply_policy, outstanding_weights
 
 log = logging.getLogger(__name__)
-
-LEDGER_NAME = "ledger.jsonl"
-
 
 class HostNotRestored(RuntimeError):
     """Cleanup left residues: the workflow must not report success."""
@@ -77,7 +75,7 @@ def ensure_quiet(results_dir: Path, services: dict[str, Any], *, ports: Iterable
     already has. A configuration rerun on its own (a new run) quiets it again; one that
     finds changes an earlier run left (a crash) has the host restored first. Returns the
     quiet record, or None when nothing was needed."""
-    ledger = Ledger(Path(results_dir) / LEDGER_NAME)
+    ledger = Ledger(TrialPaths(Path(results_dir)).ledger)
     entries = ledger.entries()
     left = [e for changes in outstanding(entries).values() for e in changes
             if e.get("run") != ledger.run and e.get("action") != "weights_staged"]
@@ -109,7 +107,7 @@ def quiet_host(results_dir: Path, services: dict[str, Any], *, ports: Iterable[i
     on a GPU host record the GPU memory and compute processes before and after, and the
     memory freed. A service whose state is unknown stops the stage before anything is
     stopped (:class:`llmtrial.services.ServiceStateUnknown`)."""
-    ledger = Ledger(Path(results_dir) / LEDGER_NAME)
+    ledger = Ledger(TrialPaths(Path(results_dir)).ledger)
     record: dict[str, Any] = {"restored_first": None}
     if unfinished(ledger.entries()):
         log.warning("an earlier run of this trial left the host changed (ledger %s): restoring it first", ledger.path)
@@ -263,7 +261,7 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
     as read from the host now. With ``weights``, also apply each staged model's policy
     (keep, archive or delete): the trial's own cleanup and an on-demand cleanup do, a
     cleanup after a failed job does not, so that the rerun finds its weights."""
-    ledger = Ledger(Path(results_dir) / LEDGER_NAME, run=run)
+    ledger = Ledger(TrialPaths(Path(results_dir)).ledger, run=run)
     started, n_entries = time.time(), len(ledger.entries())
     ledger.append("cleanup_start")
     residues: list[dict[str, Any]] = []
@@ -304,7 +302,7 @@ def cleanup_with_record(results_dir: Path, record_path: Path | None = None, *, p
                         host: str = "127.0.0.1", stop_timeout: float = 30.0, weights: bool = False) -> dict[str, Any]:
     """Run cleanup and write its record (default ``<results>/cleanup/on-demand.json``)."""
     record = run_cleanup(results_dir, ports=ports, host=host, stop_timeout=stop_timeout, weights=weights)
-    write_record(record_path or Path(results_dir) / "cleanup" / "on-demand.json", record)
+    write_record(record_path or TrialPaths(Path(results_dir)).cleanup_on_demand, record)
     return record
 
 
@@ -313,11 +311,11 @@ def restore_after_run(results_dir: Path, *, ports: Iterable[int] = (), host: str
     as ``cleanup/on-success.json``), and raise HostNotRestored when the last cleanup could
     not restore the host, so the run's exit status says so. Returns the new record, if any."""
     results = Path(results_dir)
-    entries = Ledger(results / LEDGER_NAME).entries()
+    entries = Ledger(TrialPaths(results).ledger).entries()
     record = None
     if unfinished(entries):
-        record = cleanup_with_record(results, results / "cleanup" / "on-success.json", ports=ports, host=host)
-        entries = Ledger(results / LEDGER_NAME).entries()
+        record = cleanup_with_record(results, TrialPaths(results).cleanup_on_success, ports=ports, host=host)
+        entries = Ledger(TrialPaths(results).ledger).entries()
     done = [e for e in entries if e.get("action") == "cleanup_done"]
     if done and not done[-1].get("restored", True):
         raise HostNotRestored(f"the host was not fully restored ({done[-1].get('residues')} residue(s)); see "

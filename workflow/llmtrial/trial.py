@@ -24,9 +24,10 @@ from llmtrial import bench, logs
 from llmtrial.cleanup import ensure_quiet
 from llmtrial.ledger import Ledger
 from llmtrial.patching import ensure_patched, evidence, server_env
-from llmtrial.plan import predict_kv_tokens
+from llmtrial.paths import TrialPaths
 from llmtrial.records import fact, read_record, redact_env, write_record
 from llmtrial.server import ServerProcess, ServerStartError, build_server_argv
+from llmtrial.shape import predict_kv_tokens
 from llmtrial.staging import verify_manifest
 from llmtrial.telemetry import (
     CSV_HEADER,
@@ -74,14 +75,30 @@ def sigterm_as_exit():
 
 @dataclass(frozen=True)
 class JobPaths:
-    """Where one configuration's job writes: its folder, record, telemetry, server log, and the
-    trial's ledger."""
+    """Where one configuration's job writes (its folder under the trial's results)."""
 
-    out_dir: Path
-    record: Path
-    telemetry: Path
-    server_log: Path
-    ledger: Path
+    trial: TrialPaths
+    configuration: str
+
+    @property
+    def out_dir(self) -> Path:
+        return self.trial.configuration(self.configuration)
+
+    @property
+    def record(self) -> Path:
+        return self.trial.config_record(self.configuration)
+
+    @property
+    def telemetry(self) -> Path:
+        return self.trial.telemetry(self.configuration)
+
+    @property
+    def server_log(self) -> Path:
+        return self.trial.server_log(self.configuration)
+
+    @property
+    def ledger(self) -> Path:
+        return self.trial.ledger
 
     @property
     def bench_dir(self) -> Path:
@@ -180,11 +197,11 @@ class TrialJob:
             raise FileNotFoundError(
                 f"the staged model is not all there ({'; '.join(missing[:3])}): a finished trial's cleanup archives "
                 "or deletes it when model.weights.after says so; restage it with `snakemake --forcerun stage_model`")
-        requiet = ensure_quiet(self.paths.ledger.parent, dict(self.services), ports=[self.port], host=self.host)
+        requiet = ensure_quiet(self.paths.trial.root, dict(self.services), ports=[self.port], host=self.host)
         if requiet is not None:
             record["services_requieted"] = requiet["services"]
         ledger = Ledger(self.paths.ledger)
-        patched = ensure_patched(dict(self.patches), ledger=ledger, work_dir=self.paths.ledger.parent / "patches")
+        patched = ensure_patched(dict(self.patches), ledger=ledger, work_dir=self.paths.trial.patches)
         env = server_env(self.spec["env"], patched["plugin_dir"], patched["patches"])
         record["server"]["env"] = redact_env(env)
         job = ledger.append("job_started", label=self.label, pid=os.getpid(), create_time=psutil.Process().create_time())

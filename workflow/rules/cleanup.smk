@@ -3,13 +3,13 @@ rule cleanup_trial:
     input:
         records=configuration_records,
     output:
-        record="results/{trial}/cleanup/record.json",
+        record=str(P.cleanup),
     log:
-        "results/{trial}/logs/cleanup.log",
+        str(P.log("cleanup")),
     conda:
         "../../envs/workflow.yaml"
     params:
-        results=str(results_dir()),
+        results=str(TRIAL_PATHS.root),
         ports=trial_ports(),
         host=config["serving"]["host"],
     script:
@@ -19,11 +19,11 @@ rule cleanup_trial:
 # On demand, after a crash or kill -9: `snakemake cleanup` (runs no trial first).
 rule cleanup:
     log:
-        str(results_dir() / "logs" / "cleanup-on-demand.log"),
+        str(TRIAL_PATHS.log("cleanup-on-demand")),
     conda:
         "../../envs/workflow.yaml"
     params:
-        results=str(results_dir()),
+        results=str(TRIAL_PATHS.root),
         ports=trial_ports(),
         host=config["serving"]["host"],
     script:

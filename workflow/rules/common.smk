@@ -7,6 +7,7 @@ from pathlib import Path
 from llmtrial.cleanup import cleanup_with_record, restore_after_run
 from llmtrial.ledger import RUN_ENV, new_run_id
 from llmtrial.patching import patch_inputs
+from llmtrial.paths import TrialPaths
 from llmtrial.config import (
     configuration_port,
     configuration_spec,
@@ -33,16 +34,17 @@ wildcard_constraints:
     configuration="|".join(re.escape(name) for name in CONFIGURATIONS),
 
 
-def results_dir():
-    return Path("results") / TRIAL
+#: Every path under results/<trial>/: P with the {trial} wildcard for rules, TRIAL_PATHS for this trial.
+P = TrialPaths.pattern()
+TRIAL_PATHS = TrialPaths.of(TRIAL)
 
 
 def report_path():
-    return str(results_dir() / "report.html")
+    return str(TRIAL_PATHS.report)
 
 
 def ledger_path(wildcards):
-    return str(results_dir() / "ledger.jsonl")
+    return str(TRIAL_PATHS.ledger)
 
 
 def staging_root(wildcards):
@@ -80,8 +82,8 @@ def trial_ports():
 
 def cleanup_on_error():
     record = cleanup_with_record(
-        results_dir(),
-        results_dir() / "cleanup" / "on-error.json",
+        TRIAL_PATHS.root,
+        TRIAL_PATHS.cleanup_on_error,
         ports=trial_ports(),
         host=config["serving"]["host"],
     )
@@ -90,4 +92,4 @@ def cleanup_on_error():
 
 
 def cleanup_if_unfinished():
-    restore_after_run(results_dir(), ports=trial_ports(), host=config["serving"]["host"])
+    restore_after_run(TRIAL_PATHS.root, ports=trial_ports(), host=config["serving"]["host"])

@@ -3,9 +3,9 @@ rule stage_model:
     input:
         preflight=rules.preflight.output.record,
     output:
-        manifest="results/{trial}/model/manifest.json",
+        manifest=str(P.manifest),
     log:
-        "results/{trial}/logs/stage_model.log",
+        str(P.log("stage_model")),
     conda:
         "../../envs/serving.yaml"
     params:

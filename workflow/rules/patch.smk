@@ -8,13 +8,13 @@ rule patch:
         # the patches' own files: editing a diff or a hook patches again
         patch_files=patch_files,
     output:
-        record="results/{trial}/patches/record.json",
+        record=str(P.patches_record),
     log:
-        "results/{trial}/logs/patch.log",
+        str(P.log("patch")),
     conda:
         "../../envs/serving.yaml"
     params:
         patches=config["patches"],
-        results=str(results_dir()),
+        results=str(TRIAL_PATHS.root),
     script:
         "../scripts/patch_vllm.py"

@@ -1,9 +1,9 @@
 # Before anything changes the host: environment, host checks, disk headroom for the weights.
 rule preflight:
     output:
-        record="results/{trial}/preflight/record.json",
+        record=str(P.preflight),
     log:
-        "results/{trial}/logs/preflight.log",
+        str(P.log("preflight")),
     conda:
         "../../envs/workflow.yaml"
     params:
@@ -19,9 +19,9 @@ rule plan:
     input:
         preflight=rules.preflight.output.record,
     output:
-        record="results/{trial}/plans/{configuration}.json",
+        record=str(P.plan()),
     log:
-        "results/{trial}/logs/plan/{configuration}.log",
+        str(P.log("plan/{configuration}")),
     priority: 10
     conda:
         "../../envs/workflow.yaml"

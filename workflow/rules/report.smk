@@ -7,9 +7,9 @@ rule report:
         records=configuration_records,
         cleanup=rules.cleanup_trial.output.record,
     output:
-        report="results/{trial}/report.html",
+        report=str(P.report),
     log:
-        "results/{trial}/logs/report.log",
+        str(P.log("report")),
     conda:
         "../../envs/workflow.yaml"
     script:

@@ -6,14 +6,14 @@ rule quiet:
         # as late as possible: services stay up while the weights are staged
         manifest=rules.stage_model.output.manifest,
     output:
-        record="results/{trial}/services/quieted.json",
+        record=str(P.quieted),
     log:
-        "results/{trial}/logs/quiet.log",
+        str(P.log("quiet")),
     conda:
         "../../envs/workflow.yaml"
     params:
         services=config["services"],
-        results=str(results_dir()),
+        results=str(TRIAL_PATHS.root),
         ports=trial_ports(),
         host=config["serving"]["host"],
     script:

@@ -8,11 +8,11 @@ rule trial:
         # likewise: the job applies the patches again itself when a cleanup reverted them
         patched=ancient(rules.patch.output.record),
     output:
-        record="results/{trial}/configs/{configuration}/record.json",
-        telemetry="results/{trial}/configs/{configuration}/telemetry.csv",
+        record=str(P.config_record()),
+        telemetry=str(P.telemetry()),
     log:
-        job="results/{trial}/logs/trial/{configuration}.log",
-        server="results/{trial}/configs/{configuration}/server.log",
+        job=str(P.log("trial/{configuration}")),
+        server=str(P.server_log()),
     conda:
         "../../envs/serving.yaml"
     resources:
@@ -25,7 +25,7 @@ rule trial:
         cold_start=config["cold_start"],
         telemetry=config["telemetry"],
         services=config["services"],
-        ledger=ledger_path,
+        results=str(TRIAL_PATHS.root),
         patches=config["patches"],
     script:
         "../scripts/run_trial.py"

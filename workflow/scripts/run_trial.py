@@ -4,6 +4,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llmtrial.joblog import open_job_log
+from llmtrial.paths import TrialPaths
 from llmtrial.records import read_record
 from llmtrial.trial import JobPaths, TrialJob
 
@@ -11,7 +12,6 @@ if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
     from snakemake.iocontainers import snakemake
 
 open_job_log(snakemake.log.job)
-record = Path(snakemake.output.record)
 TrialJob(
     trial=snakemake.wildcards.trial,
     spec=snakemake.params.spec,
@@ -23,7 +23,6 @@ TrialJob(
     bench_settings=snakemake.params.bench,
     cold_start=snakemake.params.cold_start,
     telemetry_interval=float(snakemake.params.telemetry["interval_s"]),
-    paths=JobPaths(out_dir=record.parent, record=record, telemetry=Path(snakemake.output.telemetry),
-                   server_log=Path(snakemake.log.server), ledger=Path(snakemake.params.ledger)),
+    paths=JobPaths(TrialPaths(Path(snakemake.params.results)), snakemake.wildcards.configuration),
     patches=snakemake.params.patches,
 ).run()

@@ -1,0 +1,97 @@
+"""Every path under ``results/<trial>/``, named once.
+
+The rules build their output patterns from it (``TrialPaths.pattern()`` keeps the
+``{trial}`` and ``{configuration}`` wildcards), and the library finds the ledger, the
+cleanup records and the patch folders from a results folder with it, so no path is
+spelled in two places.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+RESULTS = Path("results")
+
+
+@dataclass(frozen=True)
+class TrialPaths:
+    """The files and folders of one trial's results folder (``root``)."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, trial: str, results: Path | str = RESULTS) -> TrialPaths:
+        return cls(Path(results) / trial)
+
+    @classmethod
+    def pattern(cls) -> TrialPaths:
+        """The paths with the ``{trial}`` wildcard, for rules' outputs."""
+        return cls.of("{trial}")
+
+    # -- trial-wide records
+    @property
+    def ledger(self) -> Path:
+        return self.root / "ledger.jsonl"
+
+    @property
+    def preflight(self) -> Path:
+        return self.root / "preflight" / "record.json"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "model" / "manifest.json"
+
+    @property
+    def quieted(self) -> Path:
+        return self.root / "services" / "quieted.json"
+
+    @property
+    def patches(self) -> Path:
+        """The patch stage's folder: its record, the backups and the plugin folder."""
+        return self.root / "patches"
+
+    @property
+    def patches_record(self) -> Path:
+        return self.patches / "record.json"
+
+    @property
+    def cleanup(self) -> Path:
+        return self.root / "cleanup" / "record.json"
+
+    @property
+    def cleanup_on_demand(self) -> Path:
+        return self.root / "cleanup" / "on-demand.json"
+
+    @property
+    def cleanup_on_error(self) -> Path:
+        return self.root / "cleanup" / "on-error.json"
+
+    @property
+    def cleanup_on_success(self) -> Path:
+        return self.root / "cleanup" / "on-success.json"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.html"
+
+    def log(self, name: str) -> Path:
+        """A job's log: ``logs/<name>.log`` (``plan/<configuration>`` and the like included)."""
+        return self.root / "logs" / f"{name}.log"
+
+    # -- per configuration
+    def plan(self, configuration: str = "{configuration}") -> Path:
+        return self.root / "plans" / f"{configuration}.json"
+
+    def configuration(self, configuration: str = "{configuration}") -> Path:
+        """A configuration's folder: record, server log, telemetry, benchmark results."""
+        return self.root / "configs" / configuration
+
+    def config_record(self, configuration: str = "{configuration}") -> Path:
+        return self.configuration(configuration) / "record.json"
+
+    def telemetry(self, configuration: str = "{configuration}") -> Path:
+        return self.configuration(configuration) / "telemetry.csv"
+
+    def server_log(self, configuration: str = "{configuration}") -> Path:
+        return self.configuration(configuration) / "server.log"
