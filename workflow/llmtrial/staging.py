@@ -39,6 +39,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from llmtrial.ledger import Action
 from llmtrial.records import write_record
 
 logger = logging.getLogger(__name__)
@@ -774,7 +775,7 @@ def stage_model(source: Mapping[str, Any], staging_dir: Path, *, seed_default: i
     def record_write(entry: dict[str, Any]) -> None:
         if ledger is not None:  # with all cleanup needs: the root it stays inside, the archive's reserve
             entry.update(root=str(Path(root or folder.parent).resolve()), disk=dict(disk) if disk else None)
-            ledger.append("weights_staged", **entry)
+            ledger.append(Action.WEIGHTS_STAGED, **entry)
 
     if kind == "tiny":
         generator = _tiny_parameters(source, seed_default)

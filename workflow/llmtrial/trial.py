@@ -21,7 +21,7 @@ import psutil
 
 from llmtrial import bench, logs
 from llmtrial.cleanup import ensure_quiet
-from llmtrial.ledger import Ledger
+from llmtrial.ledger import Action, Ledger
 from llmtrial.patching import ensure_patched, evidence, server_env
 from llmtrial.plan import predict_kv_tokens
 from llmtrial.records import fact, read_record, redact_env, write_record
@@ -140,7 +140,7 @@ def run_configuration(
     patched = ensure_patched(dict(patches or {}), ledger=ledger, work_dir=ledger_path.parent / "patches")
     env = server_env(spec["env"], patched["plugin_dir"], patched["patches"])
     record["server"]["env"] = redact_env(env)
-    job = ledger.append("job_started", label=f"{trial}/{spec['name']}", pid=os.getpid(),
+    job = ledger.append(Action.JOB_STARTED, label=f"{trial}/{spec['name']}", pid=os.getpid(),
                         create_time=psutil.Process().create_time())
     host_source = HostSource()
     sources, absent = job_sources(host_source, MetricsSource(host, port))
@@ -165,7 +165,7 @@ def run_configuration(
         patched["patches"], logs.read_log(server_log) if server_log.exists() else "", env, record["server"]["log"])}
     record["prediction"] = compare_with_plan(plan, record["startup"])
     write_record(record_path, record, schema="configuration")
-    ledger.append("job_finished", label=f"{trial}/{spec['name']}", pid=os.getpid(), undoes=job["id"])
+    ledger.append(Action.JOB_FINISHED, label=f"{trial}/{spec['name']}", pid=os.getpid(), undoes=job["id"])
     return record
 
 
