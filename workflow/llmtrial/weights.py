@@ -220,7 +220,7 @@ def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, 
             if problems:
                 raise VerificationError("; ".join(problems))
             archived = {**manifest, "model_dir": str(dest), "archived_at": time.time(), "archived_from": str(folder)}
-            write_record(tmp / MANIFEST_NAME, archived)
+            write_record(tmp / MANIFEST_NAME, archived, schema="manifest")
             if dest.exists():
                 shutil.rmtree(dest)  # an archive that failed verification above
             os.replace(tmp, dest)

@@ -19,4 +19,4 @@ record = plan_record(
     contexts=list(snakemake.params.contexts),
     archive_dir=snakemake.params.archive_dir,
 )
-write_record(snakemake.output.record, record)
+write_record(snakemake.output.record, record, schema="plan")
