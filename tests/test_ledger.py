@@ -83,3 +83,67 @@ def test_an_old_format_ledger_reads_as_one_earlier_run(tmp_path):
     outstanding, _ = match_undos(entries, lambda e: e["action"] == "stop", lambda e: e["action"] == "start",
                                  lambda e: e.get("name"))
     assert [e["t"] for e in outstanding.values()] == [3]  # the old start undid the stop before it, not the later one
+
+
+def test_every_entry_names_its_node_and_an_old_entry_reads_as_the_local_node(tmp_path):
+    from llmtrial.ledger import LOCAL_NODE
+
+    path = tmp_path / "l.jsonl"
+    path.write_text('{"t": 1, "action": "service_quiet", "run": "r0", "id": "x"}\n')
+    Ledger(path).append("cleanup_start")
+    Ledger(path, node="gpu-2").append("cleanup_start")
+    assert [e["node"] for e in Ledger(path).entries()] == [LOCAL_NODE, LOCAL_NODE, "gpu-2"]
+    assert '"node": "local"' in path.read_text().splitlines()[1]
+
+
+def test_the_vocabulary_declares_each_action_and_which_undo_answers_each_change():
+    from llmtrial.ledger import ACTIONS, CHANGES, Action
+
+    assert set(ACTIONS) == set(Action)
+    for kind, change in CHANGES.items():
+        assert all(ACTIONS[a].change == kind and not ACTIONS[a].undo for a in change.makes), kind
+        assert all(ACTIONS[a].change == kind and ACTIONS[a].undo for a in change.undone_by), kind
+    assert {a for a, spec in ACTIONS.items() if spec.change} == {a for c in CHANGES.values()
+                                                                  for a in (*c.makes, *c.undone_by)}
+
+
+def test_no_module_writes_an_action_outside_the_vocabulary():
+    import re
+
+    from conftest import REPO
+
+    for path in (REPO / "workflow").rglob("*.py"):
+        for line in path.read_text().splitlines():
+            assert not re.search(r"ledger\.append\(\s*[\"']", line), f"{path}: {line.strip()}"
+
+
+def test_replay_returns_what_is_still_outstanding_by_kind_on_each_node(tmp_path):
+    from llmtrial.ledger import Action, missing_fields, replay
+
+    ledger = Ledger(tmp_path / "l.jsonl", run="r1")
+    job = ledger.append(Action.JOB_STARTED, label="t/a", pid=1, create_time=0.0)
+    ledger.append(Action.JOB_FINISHED, label="t/a", pid=1, undoes=job["id"])
+    server = ledger.append(Action.SERVER_STARTED, label="t/a", pid=2, pgid=2, host="h", port=1, launched_at=0.0)
+    ledger.append(Action.SERVICE_QUIET, service={"name": "web"}, was_running=False, state_seen="stopped")
+    quiet = ledger.append(Action.SERVICE_QUIET, service={"name": "db"}, was_running=True, state_seen="running")
+    staged = ledger.append(Action.WEIGHTS_STAGED, path="/s/m", root="/s", after="keep")
+    state = replay(Ledger(tmp_path / "l.jsonl").entries())
+    assert {k: list(v) for k, v in state.outstanding.items()} == {
+        "jobs": [], "servers": [server["id"]], "patches": [], "services": [quiet["id"]], "weights": [staged["id"]]}
+    assert list(state.undone) == [job["id"]] and state.any_open(besides=("weights",))
+    assert all(missing_fields(e) == [] for e in Ledger(tmp_path / "l.jsonl").entries())
+    assert missing_fields({"action": "server_started", "pid": 3}) == [
+        "t", "run", "id", "node", "label", "pgid", "host", "port", "launched_at"]
+
+
+def test_an_old_undo_matches_by_key_only_on_its_own_node(tmp_path):
+    import json
+
+    from llmtrial.ledger import replay
+
+    path = tmp_path / "l.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in [
+        {"t": 1, "action": "service_quiet", "service": {"name": "web"}, "was_running": True, "node": "a"},
+        {"t": 2, "action": "service_quiet", "service": {"name": "web"}, "was_running": True, "node": "b"},
+        {"t": 3, "action": "service_restored", "name": "web", "node": "b"}]))
+    assert [e["node"] for e in replay(Ledger(path).entries()).open("services")] == ["a"]

@@ -119,7 +119,7 @@ def test_a_hub_model_shows_its_commit_and_fetch_and_cleanup_shows_the_weights_ou
     manifest["headroom"] = [{"path": "/staging", "roles": ["staging", "cache"], "needed_bytes": 3 << 20,
                              "reserve_bytes": 5 << 30, "free_bytes": 9 << 30}]
     cleanup = read_record(DEMO / "cleanup.json")
-    cleanup["weights"] = {"folders": [{"path": "/staging/demo/m", "policy": "archive", "action": "archived",
+    cleanup["weights"] = {"applied": True, "reason": None, "folders": [{"path": "/staging/demo/m", "policy": "archive", "action": "archived",
                                        "freed_bytes": 3 << 20, "archive": f"/archive/hub/org--model/{commit}"}],
                           "freed_bytes": 3 << 20, "residues": []}
     html = render_report(build_context(

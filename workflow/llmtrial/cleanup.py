@@ -20,19 +20,18 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import psutil
 
-from llmtrial.ledger import Ledger, match_undos
-from llmtrial.patching import outstanding as outstanding_patches
-from llmtrial.patching import patches_table, revert_patches
+from llmtrial.ledger import CHANGES, Action, Ledger, replay
+from llmtrial.patching import group_patches, patches_table, revert_patches
 from llmtrial.paths import TrialPaths
 from llmtrial.records import write_record
 from llmtrial.server import group_members, port_open, stop_group
-from llmtrial.services import Runner, Service, check_running, outstanding_stops, quiet, restore, run_argv, services_table
+from llmtrial.services import Runner, Service, check_running, quiet, restore, run_argv, services_table
 from llmtrial.telemetry import NvmlSource
-from llmtrial.weights import apply_policy, outstanding_weights
+from llmtrial.weights import apply_policy
 
 log = logging.getLogger(__name__)
 
@@ -40,33 +39,20 @@ class HostNotRestored(RuntimeError):
     """Cleanup left residues: the workflow must not report success."""
 
 
-def _job_pid(e: dict[str, Any]) -> Any:
-    return e.get("pid")
-
-
-def _pgid(e: dict[str, Any]) -> Any:
-    return e.get("pgid")
-
-
 def outstanding(entries: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Every change the ledger records that no later entry undid, by kind, from any run:
-    configuration jobs, servers, services stopped, patched files and plugin folders, and
-    staged weights whose policy was not applied yet."""
-    jobs = match_undos(entries, lambda e: e.get("action") == "job_started",
-                       lambda e: e.get("action") in ("job_finished", "job_stopped"), _job_pid)[0]
-    servers = match_undos(entries, lambda e: e.get("action") == "server_started",
-                          lambda e: e.get("action") == "server_stopped", _pgid)[0]
-    patches = outstanding_patches(entries)
-    return {"jobs": list(jobs.values()), "servers": list(servers.values()),
-            "services": list(outstanding_stops(entries).values()),
-            "patches": [*patches["files"].values(), *patches["plugins"].values()],
-            "weights": list(outstanding_weights(entries).values())}
+    """Every change the ledger records that no later entry undid, by kind, from any run
+    (:func:`llmtrial.ledger.replay`): configuration jobs, servers, services stopped,
+    patched files and plugin folders, and staged weights whose policy was not applied yet."""
+    state = replay(entries)
+    patches = group_patches(state.outstanding["patches"])
+    return {"jobs": state.open("jobs"), "servers": state.open("servers"), "services": state.open("services"),
+            "patches": [*patches["files"].values(), *patches["plugins"].values()], "weights": state.open("weights")}
 
 
 def unfinished(entries: list[dict[str, Any]]) -> bool:
     """True when the ledger holds a change to the host that no entry undid (the staged
     weights aside: a failed run keeps them for its rerun)."""
-    return any(v for k, v in outstanding(entries).items() if k != "weights")
+    return replay(entries).any_open(besides=("weights",))
 
 
 def ensure_quiet(results_dir: Path, services: dict[str, Any], *, ports: Iterable[int] = (),
@@ -78,8 +64,8 @@ def ensure_quiet(results_dir: Path, services: dict[str, Any], *, ports: Iterable
     ledger = Ledger(TrialPaths(Path(results_dir)).ledger)
     entries = ledger.entries()
     left = [e for changes in outstanding(entries).values() for e in changes
-            if e.get("run") != ledger.run and e.get("action") != "weights_staged"]
-    quieted = any(e.get("action") == "service_quiet" and e.get("run") == ledger.run for e in entries)
+            if e.get("run") != ledger.run and e.get("action") != Action.WEIGHTS_STAGED]
+    quieted = any(e.get("action") == Action.SERVICE_QUIET and e.get("run") == ledger.run for e in entries)
     if (quieted or not services) and not left:
         return None
     log.info("quieting the host first (%s)", "an earlier run left it changed" if left else "a new run")
@@ -132,14 +118,13 @@ def _listener_pids(port: int) -> list[int]:
                    and c.status == psutil.CONN_LISTEN and c.pid})
 
 
-def _undo_rows(entries: list[dict[str, Any]], change: str, undos: tuple[str, ...], key: Callable[[dict[str, Any]], Any],
-               fields: tuple[str, ...]) -> list[dict[str, Any]]:
-    """One row per ``change`` entry (any run): its ``fields``, its run, and the run and
+def _undo_rows(entries: list[dict[str, Any]], kind: str, fields: tuple[str, ...]) -> list[dict[str, Any]]:
+    """One row per change of ``kind`` (any run): its ``fields``, its run, and the run and
     outcome of the entry that undid it (None while outstanding)."""
-    _, undone = match_undos(entries, lambda e: e.get("action") == change, lambda e: e.get("action") in undos, key)
+    undone = replay(entries).undone
     rows = []
     for e in entries:
-        if e.get("action") == change:
+        if CHANGES[kind].is_change(e):
             back = undone.get(e["id"])
             rows.append({**{f: e.get(f) for f in fields}, "run": e["run"], "change": e["id"], "alive_pids": [],
                          "undone_by_run": back["run"] if back else None,
@@ -188,7 +173,7 @@ def stop_orphaned_jobs(jobs: list[dict[str, Any]], ledger: Ledger, timeout: floa
             residues.append({"kind": "process", "what": f"job {e.get('label')} pid {e['pid']}",
                              "tried": "SIGTERM, SIGKILL", "seen": "still alive"})
         else:
-            ledger.append("job_stopped", label=e.get("label"), pid=e["pid"], undoes=e["id"], outcome=item["action"])
+            ledger.append(Action.JOB_STOPPED, label=e.get("label"), pid=e["pid"], undoes=e["id"], outcome=item["action"])
         out.append(item)
     return out
 
@@ -213,7 +198,7 @@ def stop_servers(servers: list[dict[str, Any]], ledger: Ledger, host: str, timeo
                 residues.append({"kind": "process", "what": f"server {entry.get('label')} pgid {pgid}",
                                  "tried": item["stop"]["signals"], "seen": f"pids {item['stop']['survivors']} still alive"})
         if item["action"] != "would not stop":
-            ledger.append("server_stopped", label=entry.get("label"), pgid=pgid, port=port, undoes=entry["id"],
+            ledger.append(Action.SERVER_STOPPED, label=entry.get("label"), pgid=pgid, port=port, undoes=entry["id"],
                           outcome=item["action"])
         out.append(item)
     return out
@@ -252,6 +237,15 @@ def _undo_all(ledger: Ledger, *, ports: Iterable[int], host: str, stop_timeout: 
             "weights": staged}
 
 
+def weights_outcome(staged: dict[str, Any] | None, run: str) -> dict[str, Any]:
+    """The cleanup record's ``weights``, always one shape: whether the staged weights' policy
+    was applied (and why not), this run's folders, the bytes freed and the residues."""
+    if staged is None:
+        return {"applied": False, "reason": "not applied: the trial did not finish (a rerun needs them)",
+                "folders": [], "freed_bytes": 0, "residues": []}
+    return {"applied": True, "reason": None, **staged, "folders": [w for w in staged["folders"] if w.get("run") == run]}
+
+
 def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1",
                 stop_timeout: float = 30.0, weights: bool = False, run: str | None = None) -> dict[str, Any]:
     """Undo every change the ledger in ``results_dir`` still has open, from this run or an
@@ -263,16 +257,15 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
     cleanup after a failed job does not, so that the rerun finds its weights."""
     ledger = Ledger(TrialPaths(Path(results_dir)).ledger, run=run)
     started, n_entries = time.time(), len(ledger.entries())
-    ledger.append("cleanup_start")
+    ledger.append(Action.CLEANUP_START)
     residues: list[dict[str, Any]] = []
     did = _undo_all(ledger, ports=ports, host=host, stop_timeout=stop_timeout, weights=weights, residues=residues)
     after = ledger.entries()
     services, left_services = _split(services_table(after), ledger.run, "restored_by_run")
     patches, left_patches = _split(patches_table(after), ledger.run, "reverted_by_run")
-    servers, left_servers = _split(_undo_rows(after, "server_started", ("server_stopped",), _pgid,
-                                              ("label", "pgid", "port")), ledger.run, "undone_by_run", did["servers"])
-    jobs, left_jobs = _split(_undo_rows(after, "job_started", ("job_finished", "job_stopped"), _job_pid,
-                                        ("label", "pid")), ledger.run, "undone_by_run", did["jobs"])
+    servers, left_servers = _split(_undo_rows(after, "servers", ("label", "pgid", "port")), ledger.run,
+                                   "undone_by_run", did["servers"])
+    jobs, left_jobs = _split(_undo_rows(after, "jobs", ("label", "pid")), ledger.run, "undone_by_run", did["jobs"])
     host_check = check_running([r["quiet"] for r in [*services, *left_services] if r["was_running"]], after)
     for c in host_check:
         if not c["running_and_healthy"] and not any(r["what"] == c["name"] for r in residues):
@@ -286,15 +279,14 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
         "services": services,
         "patches_reverted": [p for p in did["patches"]["items"] if p["run"] == ledger.run],
         "patches": patches,
-        "weights": {**staged, "folders": [w for w in staged["folders"] if w.get("run") == ledger.run]}
-        if staged is not None else "not applied: the trial did not finish (a rerun needs them)",
+        "weights": weights_outcome(staged, ledger.run),
         "left_behind": {"jobs": left_jobs, "servers": left_servers, "services": left_services, "patches": left_patches,
                         "weights": [w for w in (staged or {}).get("folders", []) if w.get("run") != ledger.run]},
         "host": {"services": host_check},
         "residues": residues,
         "restored": not residues and all(c["running_and_healthy"] for c in host_check),
     }
-    ledger.append("cleanup_done", restored=record["restored"], residues=len(residues))
+    ledger.append(Action.CLEANUP_DONE, restored=record["restored"], residues=len(residues))
     return record
 
 
@@ -302,7 +294,7 @@ def cleanup_with_record(results_dir: Path, record_path: Path | None = None, *, p
                         host: str = "127.0.0.1", stop_timeout: float = 30.0, weights: bool = False) -> dict[str, Any]:
     """Run cleanup and write its record (default ``<results>/cleanup/on-demand.json``)."""
     record = run_cleanup(results_dir, ports=ports, host=host, stop_timeout=stop_timeout, weights=weights)
-    write_record(record_path or TrialPaths(Path(results_dir)).cleanup_on_demand, record)
+    write_record(record_path or TrialPaths(Path(results_dir)).cleanup_on_demand, record, schema="cleanup")
     return record
 
 
@@ -316,7 +308,7 @@ def restore_after_run(results_dir: Path, *, ports: Iterable[int] = (), host: str
     if unfinished(entries):
         record = cleanup_with_record(results, TrialPaths(results).cleanup_on_success, ports=ports, host=host)
         entries = Ledger(TrialPaths(results).ledger).entries()
-    done = [e for e in entries if e.get("action") == "cleanup_done"]
+    done = [e for e in entries if e.get("action") == Action.CLEANUP_DONE]
     if done and not done[-1].get("restored", True):
         raise HostNotRestored(f"the host was not fully restored ({done[-1].get('residues')} residue(s)); see "
                               f"{results / 'cleanup'} and the report, fix them, then run `snakemake cleanup`")

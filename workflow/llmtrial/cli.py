@@ -35,7 +35,9 @@ def _cleanup(args: argparse.Namespace) -> int:
                                  weights=not args.keep_weights)
     for s in record["servers"]:
         print(f"server {s['label']} (pgid {s['pgid']}, port {s['port']}): {s['action']}")
-    for w in record["weights"]["folders"] if isinstance(record["weights"], dict) else []:
+    if not record["weights"]["applied"]:
+        print(f"weights: {record['weights']['reason']}")
+    for w in record["weights"]["folders"]:
         print(f"weights {w['path']}: {w['action']} ({w['policy']}), {w.get('freed_bytes', 0):,} bytes freed")
     for r in record["residues"]:
         print(f"RESIDUE {r['kind']}: {r['what']}: {r['seen']}")

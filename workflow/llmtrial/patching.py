@@ -48,7 +48,7 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from llmtrial.ledger import Ledger, match_undos
+from llmtrial.ledger import Action, Ledger, replay
 from llmtrial.logs import find_lines
 
 log = logging.getLogger(__name__)
@@ -432,7 +432,7 @@ def write_file_patches(prepared: list[PreparedFile], ledger: Ledger, backup_dir:
         for f in prepared:
             backup = (backup_dir / f.path).resolve()
             _backup(f.target, backup, f.before_hash)
-            ledger.append("patch_file", patches=f.patches, dist=dist.metadata["Name"], version=dist.version,
+            ledger.append(Action.PATCH_FILE, patches=f.patches, dist=dist.metadata["Name"], version=dist.version,
                           path=f.path, file=str(f.target), backup=str(backup), record_hash=f.record_hash,
                           before_hash=f.before_hash, after_hash=f.after_hash, hunks=f.hunks)
             _replace_contents(f.target, f.after, f.target.stat())
@@ -449,7 +449,7 @@ def write_file_patches(prepared: list[PreparedFile], ledger: Ledger, backup_dir:
         for r in back["residues"]:
             log.error("RESIDUE %s: %s", r["what"], r["seen"])
         raise
-    ledger.append("patch_applied", mode="file", patches=sorted({n for f in prepared for n in f.patches}),
+    ledger.append(Action.PATCH_APPLIED, mode="file", patches=sorted({n for f in prepared for n in f.patches}),
                   files=[f.path for f in prepared])
     return written
 
@@ -485,7 +485,7 @@ def install_plugin(patches: list[Patch], ledger: Ledger, plugin_dir: Path) -> di
     plugin_dir = plugin_dir.resolve()
     entry_points = {p.entry_point: f"{PLUGIN_PACKAGE}.{p.module}:register" for p in patches}
     names = [p.name for p in patches]
-    ledger.append("patch_plugin", patches=names, dir=str(plugin_dir), entry_points=entry_points)
+    ledger.append(Action.PATCH_PLUGIN, patches=names, dir=str(plugin_dir), entry_points=entry_points)
     try:
         tmp = plugin_dir.with_name(f".{plugin_dir.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -513,7 +513,7 @@ def install_plugin(patches: list[Patch], ledger: Ledger, plugin_dir: Path) -> di
     except BaseException:
         revert_patches(ledger)
         raise
-    ledger.append("patch_applied", mode="plugin", patches=names, dir=str(plugin_dir))
+    ledger.append(Action.PATCH_APPLIED, mode="plugin", patches=names, dir=str(plugin_dir))
     log.info("plugin folder %s: entry points %s", plugin_dir, entry_points)
     return {"dir": str(plugin_dir), "entry_points": entry_points,
             "ray": ray_runtime_env(str(plugin_dir), [p.flag for p in patches])}
@@ -593,10 +593,10 @@ def live_patches(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     live: dict[str, dict[str, Any]] = {}
     for e in entries:
         action = e.get("action")
-        if action == "patch_applied":
+        if action == Action.PATCH_APPLIED:
             for name in e.get("patches", []):
                 live[name] = {"mode": e.get("mode"), "dir": e.get("dir")}
-        elif action in ("patch_file", "patch_plugin", "patch_reverted", "patch_plugin_removed"):
+        elif action in (Action.PATCH_FILE, Action.PATCH_PLUGIN, Action.PATCH_REVERTED, Action.PATCH_PLUGIN_REMOVED):
             for name in e.get("patches", []):
                 live.pop(name, None)  # being applied again, or reverted
     return live
@@ -679,19 +679,22 @@ def _patch_key(e: dict[str, Any]) -> str | None:
     return e.get("file") or e.get("dir")
 
 
-def outstanding(entries: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """File and plugin changes the ledger records and no later revert undid (of any run),
-    by file or folder. A file changed more than once and not reverted keeps its first entry
-    (the one whose backup holds the original); ``undo_ids`` lists every change a revert of
-    it undoes."""
-    changes, _ = match_undos(entries, lambda e: e.get("action") in ("patch_file", "patch_plugin"),
-                             lambda e: e.get("action") in ("patch_reverted", "patch_plugin_removed"), _patch_key)
+def group_patches(changes: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Outstanding patch changes (by id, as :func:`llmtrial.ledger.replay` gives them) by file
+    or folder. A file changed more than once and not reverted keeps its first entry (the one
+    whose backup holds the original); ``undo_ids`` lists every change a revert of it undoes."""
     files: dict[str, dict[str, Any]] = {}
     plugins: dict[str, dict[str, Any]] = {}
     for i, e in changes.items():
-        into = files if e["action"] == "patch_file" else plugins
+        into = files if e["action"] == Action.PATCH_FILE else plugins
         into.setdefault(_patch_key(e), {**e, "undo_ids": []})["undo_ids"].append(i)
     return {"files": files, "plugins": plugins}
+
+
+def outstanding(entries: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """File and plugin changes the ledger records and no later revert undid (of any run),
+    by file or folder (:func:`group_patches`)."""
+    return group_patches(replay(entries).outstanding["patches"])
 
 
 def _record_hash_now(entry: dict[str, Any]) -> str | None:
@@ -739,10 +742,10 @@ def revert_patches(ledger: Ledger) -> dict[str, Any]:
         now = file_hash(target)
         item.update(hash=now, record_hash=record, matches_record=now is not None and now == record)
         if item["matches_record"]:
-            ledger.append("patch_reverted", patches=e["patches"], path=e["path"], file=e["file"],
+            ledger.append(Action.PATCH_REVERTED, patches=e["patches"], path=e["path"], file=e["file"],
                           undoes=e["undo_ids"], outcome=item["action"], hash=now, matches_record=True)
         else:
-            ledger.append("patch_revert_failed", patches=e["patches"], path=e["path"], file=e["file"],
+            ledger.append(Action.PATCH_REVERT_FAILED, patches=e["patches"], path=e["path"], file=e["file"],
                           outcome=item["action"], hash=now, record_hash=record)
             residues.append({"kind": "file", "what": e["file"], "tried": tried,
                              "seen": f"{item['action']}; hash {now} does not match RECORD {record}"})
@@ -762,7 +765,7 @@ def revert_patches(ledger: Ledger) -> dict[str, Any]:
                              "seen": "it holds no llmtrial plugin dist-info; left as found"})
             items.append(item)
             continue
-        ledger.append("patch_plugin_removed", patches=e["patches"], dir=directory, undoes=e["undo_ids"],
+        ledger.append(Action.PATCH_PLUGIN_REMOVED, patches=e["patches"], dir=directory, undoes=e["undo_ids"],
                       outcome=item["action"])
         items.append(item)
     return {"items": items, "residues": residues}
@@ -773,29 +776,28 @@ def patches_table(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     and reverted times, whether the file matched RECORD after the revert, the run that
     changed it and the run that reverted it. A revert is matched to the change it names."""
     rows: dict[str, dict[str, Any]] = {}
-    _, undone = match_undos(entries, lambda e: e.get("action") in ("patch_file", "patch_plugin"),
-                            lambda e: e.get("action") in ("patch_reverted", "patch_plugin_removed"), _patch_key)
+    undone = replay(entries).undone
     for e in entries:
         action = e.get("action")
-        if action in ("patch_file", "patch_plugin"):
-            row = {"patches": e["patches"], "mode": "file" if action == "patch_file" else "plugin",
+        if action in (Action.PATCH_FILE, Action.PATCH_PLUGIN):
+            row = {"patches": e["patches"], "mode": "file" if action == Action.PATCH_FILE else "plugin",
                    "target": _patch_key(e), "run": e["run"], "change": e["id"], "applied_at": None,
                    "reverted_at": None, "reverted_by_run": None, "revert_outcome": None, "matches_record": None}
-            if action == "patch_file":
+            if action == Action.PATCH_FILE:
                 row.update({k: e[k] for k in ("path", "backup", "record_hash", "before_hash", "after_hash")})
             else:
                 row["entry_points"] = e.get("entry_points")
             back = undone.get(e["id"])
             if back is not None:
                 row.update(reverted_at=back["t"], reverted_by_run=back["run"], revert_outcome=back.get("outcome"),
-                           matches_record=True if back["action"] == "patch_reverted" else None)
+                           matches_record=True if back["action"] == Action.PATCH_REVERTED else None)
             rows[e["id"]] = row
-        elif action == "patch_applied":
+        elif action == Action.PATCH_APPLIED:
             for row in rows.values():
                 if row["applied_at"] is None and row["run"] == e["run"] and (
                         row["target"] == e.get("dir") or row.get("path") in e.get("files", [])):
                     row["applied_at"] = e["t"]
-        elif action == "patch_revert_failed":
+        elif action == Action.PATCH_REVERT_FAILED:
             for row in rows.values():
                 if row["target"] == e.get("file") and row["reverted_at"] is None:
                     row.update(revert_outcome=e.get("outcome"), matches_record=False)

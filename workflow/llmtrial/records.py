@@ -8,6 +8,7 @@ log line, a benchmark result or a sampler), ``predicted`` (computed before launc
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -45,6 +46,24 @@ def fact(value: Any, source: str, kind: Kind = "measured", unit: str | None = No
 
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
+_BASE = "https://llmtrial.invalid/schemas/"
+
+
+@functools.cache
+def _validator(schema: str) -> Any:
+    """The validator of ``<schema>.record.schema.yaml``; a schema may refer to another record
+    schema by its file name (``cleanup.record.schema.yaml#/$defs/residue``)."""
+    import yaml
+    from jsonschema import Draft202012Validator
+    from referencing import Registry, Resource
+
+    resources = []
+    for file in sorted(SCHEMAS.glob("*.record.schema.yaml")):
+        with open(file, encoding="utf-8") as fh:
+            doc = {**yaml.safe_load(fh), "$id": _BASE + file.name}
+        resources.append((_BASE + file.name, Resource.from_contents(doc)))
+    registry = Registry().with_resources(resources)
+    return Draft202012Validator(registry.contents(_BASE + f"{schema}.record.schema.yaml"), registry=registry)
 
 
 def check_record(data: Any, schema: str) -> None:
@@ -52,20 +71,31 @@ def check_record(data: Any, schema: str) -> None:
 
     A record that does not match is a fault of the workflow, never of the trial.
     """
-    import yaml
-    from jsonschema import Draft202012Validator
-
-    with open(SCHEMAS / f"{schema}.record.schema.yaml", encoding="utf-8") as fh:
-        validator = Draft202012Validator(yaml.safe_load(fh))
     errors = [f"{'.'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message}"
-              for e in validator.iter_errors(json.loads(json.dumps(data, default=str)))]
+              for e in _validator(schema).iter_errors(json.loads(json.dumps(data, default=str)))]
     if errors:
         raise ValueError(f"{schema} record does not match its schema:\n  " + "\n  ".join(errors))
 
 
+def load_record(path: str | os.PathLike[str], kind: str) -> Any:
+    """Read a record as its typed model (:mod:`llmtrial.record_models`); ValueError naming
+    each field at fault when it does not match."""
+    from pydantic import ValidationError
+
+    from llmtrial.record_models import KINDS
+
+    try:
+        return KINDS[kind].model_validate(read_record(path))
+    except ValidationError as exc:
+        raise ValueError(f"{kind} record {path} does not match its model:\n{exc}") from None
+
+
 def write_record(path: str | os.PathLike[str], data: Any, schema: str | None = None) -> Path:
-    """Write ``data`` as JSON atomically (temporary file, fsync, rename), after checking it
-    against the record schema named ``schema`` when one is given."""
+    """Write ``data`` (a dict or a record model) as JSON atomically (temporary file, fsync,
+    rename), after checking it against the record schema named ``schema`` (every stage's
+    record names its kind; see :data:`llmtrial.record_models.KINDS`)."""
+    if hasattr(data, "model_dump"):
+        data = data.model_dump(mode="json")
     if schema is not None:
         check_record(data, schema)
     target = Path(path)

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 import psutil
 
-from llmtrial.ledger import Ledger
+from llmtrial.ledger import Action, Ledger
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ class ServerProcess:
             raise ServerStartError("port_in_use", f"port {self.host}:{self.port} is already in use before launch")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.ledger:
-            self.ledger.append("server_launch", label=self.label, host=self.host, port=self.port,
+            self.ledger.append(Action.SERVER_LAUNCH, label=self.label, host=self.host, port=self.port,
                                argv=self.argv, env_keys=sorted(self.env))
         logfile = open(self.log_path, "ab")
         self.launched_at = time.time()
@@ -212,7 +212,7 @@ class ServerProcess:
             logfile.close()
         self.pgid = self.proc.pid  # session leader: its pid is the group id
         if self.ledger:
-            self.started_id = self.ledger.append("server_started", label=self.label, pid=self.proc.pid, pgid=self.pgid,
+            self.started_id = self.ledger.append(Action.SERVER_STARTED, label=self.label, pid=self.proc.pid, pgid=self.pgid,
                                host=self.host, port=self.port, launched_at=self.launched_at)["id"]
         log.info("started %s pid=%d on %s:%d", self.label, self.proc.pid, self.host, self.port)
 
@@ -254,7 +254,7 @@ class ServerProcess:
                                       not_before=self.launched_at, leader=self.proc)
         self.stop_result["returncode"] = self.proc.poll()
         if self.ledger:
-            self.ledger.append("server_stopped", label=self.label, pgid=self.pgid, port=self.port,
+            self.ledger.append(Action.SERVER_STOPPED, label=self.label, pgid=self.pgid, port=self.port,
                                **({"undoes": self.started_id} if self.started_id and not self.stop_result["survivors"] else {}),
                                **self.stop_result)
         log.info("stopped %s: %s", self.label, self.stop_result)

@@ -35,7 +35,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from llmtrial.ledger import Ledger, match_undos
+from llmtrial.ledger import Action, Ledger, replay
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +265,7 @@ def quiet(services: list[Service], ledger: Ledger, runner: Runner = run_argv) ->
     items, residues = [], []
     for svc, state, what in seen:
         was_running = state == RUNNING
-        entry = ledger.append("service_quiet", service=svc.to_json(), was_running=was_running, state_seen=what)
+        entry = ledger.append(Action.SERVICE_QUIET, service=svc.to_json(), was_running=was_running, state_seen=what)
         item: dict[str, Any] = {"name": svc.name, "kind": svc.kind, "was_running": was_running, "state_seen": what}
         if not was_running:
             item["action"] = "left stopped (was not running)"
@@ -278,7 +278,7 @@ def quiet(services: list[Service], ledger: Ledger, runner: Runner = run_argv) ->
         if not down:
             residues.append({"kind": "service", "what": svc.name, "tried": " ".join(svc.argv("stop")),
                              "seen": f"still up after {svc.stop_timeout_s:g} s: {down_seen} ({stop_seen})"})
-        ledger.append("service_stopped", name=svc.name, down=down, quiet=entry["id"])
+        ledger.append(Action.SERVICE_STOPPED, name=svc.name, down=down, quiet=entry["id"])
         log.info("quieted %s: %s", svc.name, item["action"])
         items.append(item)
     return {"services": items, "residues": residues, "quieted_at": time.time()}
@@ -297,21 +297,10 @@ def _up(svc: Service, runner: Runner) -> tuple[bool, str]:
     return state == RUNNING and ok, f"state {state} ({seen}); health: {health_seen}"
 
 
-def _is_quiet(e: dict[str, Any]) -> bool:
-    return e.get("action") == "service_quiet" and bool(e.get("was_running"))
-
-
-def _is_restore(e: dict[str, Any]) -> bool:
-    return e.get("action") == "service_restored"
-
-
-def _service_name(e: dict[str, Any]) -> str:
-    return e["service"]["name"] if "service" in e else e.get("name", "")
-
-
 def outstanding_stops(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The ``service_quiet`` entries of services stopped and not started again since, by id."""
-    return match_undos(entries, _is_quiet, _is_restore, _service_name)[0]
+    """The ``service_quiet`` entries of services stopped and not started again since, by id
+    (:func:`llmtrial.ledger.replay`)."""
+    return replay(entries).outstanding["services"]
 
 
 def restore(entries: list[dict[str, Any]], ledger: Ledger, runner: Runner = run_argv) -> dict[str, Any]:
@@ -330,7 +319,7 @@ def restore(entries: list[dict[str, Any]], ledger: Ledger, runner: Runner = run_
         ok, seen, took = _wait(lambda: _up(svc, runner), svc.health_timeout_s)
         item.update(healthy=ok, health_seen=seen, healthy_after_s=round(took, 3))
         if ok:
-            ledger.append("service_restored", name=svc.name, undoes=quiet_id, healthy_after_s=round(took, 3))
+            ledger.append(Action.SERVICE_RESTORED, name=svc.name, undoes=quiet_id, healthy_after_s=round(took, 3))
         else:
             residues.append({"kind": "service", "what": svc.name, "tried": " ".join(svc.argv("start")),
                              "seen": f"not running and healthy after {svc.health_timeout_s:g} s: {seen}"})
@@ -343,10 +332,10 @@ def services_table(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per quiet of a service (any run): state before, stopped at, restarted at, health, the
     run that quieted it and the run that restarted it, from the ledger."""
     rows: dict[str, dict[str, Any]] = {}
-    _, undone = match_undos(entries, _is_quiet, _is_restore, _service_name)
+    undone = replay(entries).undone
     for e in entries:
         action = e.get("action")
-        if action == "service_quiet":
+        if action == Action.SERVICE_QUIET:
             name = e["service"]["name"]
             rows[e["id"]] = {"name": name, "kind": e["service"]["kind"], "run": e["run"], "quiet": e["id"],
                              "was_running": e["was_running"], "state_seen": e.get("state_seen"),
@@ -356,7 +345,7 @@ def services_table(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if back is not None:
                 rows[e["id"]].update(restarted_at=back["t"], healthy=True, healthy_after_s=back.get("healthy_after_s"),
                                      restored_by_run=back["run"])
-        elif action == "service_stopped":
+        elif action == Action.SERVICE_STOPPED:
             quiet_id = e.get("quiet") or next((i for i in reversed(rows) if rows[i]["name"] == e.get("name")), None)
             if quiet_id in rows:
                 rows[quiet_id]["down"] = e["down"]
@@ -366,7 +355,7 @@ def services_table(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def check_running(quiet_ids: list[str], entries: list[dict[str, Any]], runner: Runner = run_argv) -> list[dict[str, Any]]:
     """Read, from the host now, whether each service whose ``service_quiet`` entry is named
     runs and answers its health check: what cleanup's "restored" rests on."""
-    by_id = {e["id"]: e for e in entries if e.get("action") == "service_quiet"}
+    by_id = {e["id"]: e for e in entries if e.get("action") == Action.SERVICE_QUIET}
     out = []
     for quiet_id in quiet_ids:
         entry = by_id[quiet_id]

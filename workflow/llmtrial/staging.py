@@ -39,6 +39,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from llmtrial.ledger import Action
 from llmtrial.records import write_record
 
 logger = logging.getLogger(__name__)
@@ -721,7 +722,7 @@ def _stage_hub(source: Mapping[str, Any], folder: Path, *, disk: Mapping[str, An
                     "files": files, "total_bytes": sum(f["size"] for f in files),
                     "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     "fetch": fetch, "headroom": headroom}
-        write_record(folder / MANIFEST_NAME, manifest)
+        write_record(folder / MANIFEST_NAME, manifest, schema="manifest")
     logger.info("staged %s@%s in %s: done in %.1f s", repo_id, commit, folder, time.monotonic() - started)
     return manifest
 
@@ -774,7 +775,7 @@ def stage_model(source: Mapping[str, Any], staging_dir: Path, *, seed_default: i
     def record_write(entry: dict[str, Any]) -> None:
         if ledger is not None:  # with all cleanup needs: the root it stays inside, the archive's reserve
             entry.update(root=str(Path(root or folder.parent).resolve()), disk=dict(disk) if disk else None)
-            ledger.append("weights_staged", **entry)
+            ledger.append(Action.WEIGHTS_STAGED, **entry)
 
     if kind == "tiny":
         generator = _tiny_parameters(source, seed_default)
@@ -788,7 +789,7 @@ def stage_model(source: Mapping[str, Any], staging_dir: Path, *, seed_default: i
         generate_tiny_model(folder, **generator)
         manifest = build_manifest(folder, source=_json_normal(source))
         manifest["generator"] = _json_normal(generator)
-        write_record(manifest_path, manifest)
+        write_record(manifest_path, manifest, schema="manifest")
         logger.info("staged tiny model in %s: done in %.1f s", folder, time.monotonic() - started)
         return manifest
     if kind == "local":

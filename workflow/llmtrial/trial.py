@@ -22,7 +22,7 @@ import psutil
 
 from llmtrial import bench, logs
 from llmtrial.cleanup import ensure_quiet
-from llmtrial.ledger import Ledger
+from llmtrial.ledger import Action, Ledger
 from llmtrial.patching import ensure_patched, evidence, server_env
 from llmtrial.paths import TrialPaths
 from llmtrial.records import fact, read_record, redact_env, write_record
@@ -204,7 +204,7 @@ class TrialJob:
         patched = ensure_patched(dict(self.patches), ledger=ledger, work_dir=self.paths.trial.patches)
         env = server_env(self.spec["env"], patched["plugin_dir"], patched["patches"])
         record["server"]["env"] = redact_env(env)
-        job = ledger.append("job_started", label=self.label, pid=os.getpid(), create_time=psutil.Process().create_time())
+        job = ledger.append(Action.JOB_STARTED, label=self.label, pid=os.getpid(), create_time=psutil.Process().create_time())
         served = self._serve(ledger, env)
         record["server"].update(served.pop("server"))
         record["telemetry"].update(served.pop("telemetry"))
@@ -221,7 +221,7 @@ class TrialJob:
                              "patches": evidence(patched["patches"], text, env, record["server"]["log"])}
         record["prediction"] = compare_with_plan(self.plan, record["startup"])
         write_record(self.paths.record, record, schema="configuration")
-        ledger.append("job_finished", label=self.label, pid=os.getpid(), undoes=job["id"])
+        ledger.append(Action.JOB_FINISHED, label=self.label, pid=os.getpid(), undoes=job["id"])
         return record
 
     def _fresh_folder(self) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtrial.hub import PARTIAL_PREFIX, VerificationError
-from llmtrial.ledger import Ledger, match_undos
+from llmtrial.ledger import Action, Ledger, replay
 from llmtrial.records import human_bytes, write_record
 from llmtrial.staging import MANIFEST_NAME, verify_manifest
 
@@ -211,7 +211,7 @@ def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, 
                                     "tried": "archive", "seen": f"staged copy kept: {headroom_message(space, 'archive')}"})
             out.update(action="kept", freed_bytes=0)
             return out
-        ledger.append("weights_archive_start", path=str(folder), archive=str(dest))
+        ledger.append(Action.WEIGHTS_ARCHIVE_START, path=str(folder), archive=str(dest))
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
         try:
@@ -220,7 +220,7 @@ def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, 
             if problems:
                 raise VerificationError("; ".join(problems))
             archived = {**manifest, "model_dir": str(dest), "archived_at": time.time(), "archived_from": str(folder)}
-            write_record(tmp / MANIFEST_NAME, archived)
+            write_record(tmp / MANIFEST_NAME, archived, schema="manifest")
             if dest.exists():
                 shutil.rmtree(dest)  # an archive that failed verification above
             os.replace(tmp, dest)
@@ -232,7 +232,7 @@ def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, 
             return out
         out["copy"] = f"copied and verified {len(files)} files, {human_bytes(manifest['total_bytes'])}"
     out["archive_seconds"] = round(time.monotonic() - started, 3)
-    ledger.append("weights_archived", path=str(folder), archive=str(dest), bytes=manifest["total_bytes"])
+    ledger.append(Action.WEIGHTS_ARCHIVED, path=str(folder), archive=str(dest), bytes=manifest["total_bytes"])
     removed = delete_staged(folder, entry["root"])
     out.update(action="archived" if not removed["residues"] else "archived, staged copy partly removed",
                freed_bytes=removed["freed_bytes"], files_removed=removed["files_removed"])
@@ -240,13 +240,10 @@ def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, 
     return out
 
 
-def _is_staged(e: Mapping[str, Any]) -> bool:
-    return e.get("action") == "weights_staged"
-
-
 def outstanding_weights(entries: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The ``weights_staged`` entries (of any run) whose policy no cleanup has applied, by id."""
-    return match_undos(entries, _is_staged, lambda e: e.get("action") == "weights_done", lambda e: e.get("path"))[0]
+    """The ``weights_staged`` entries (of any run) whose policy no cleanup has applied, by id
+    (:func:`llmtrial.ledger.replay`)."""
+    return replay(entries).outstanding["weights"]
 
 
 def apply_policy(entries: Sequence[dict[str, Any]], ledger: Ledger) -> dict[str, Any]:
@@ -269,12 +266,12 @@ def apply_policy(entries: Sequence[dict[str, Any]], ledger: Ledger) -> dict[str,
         elif policy == "archive":
             item = archive_staged(entry, ledger, entry.get("disk"))
         else:
-            ledger.append("weights_delete_start", path=path)
+            ledger.append(Action.WEIGHTS_DELETE_START, path=path)
             item = {"policy": "delete", **delete_staged(path, entry["root"])}
         item["run"] = entry["run"]
         if item.get("freed_bytes"):
             log.info("weights %s: %s, freed %s", path, item["action"], human_bytes(item["freed_bytes"]))
-        ledger.append("weights_done" if not item["residues"] else "weights_policy_failed", path=path, policy=policy,
+        ledger.append(Action.WEIGHTS_DONE if not item["residues"] else Action.WEIGHTS_POLICY_FAILED, path=path, policy=policy,
                       undoes=entry["undo_ids"] if not item["residues"] else None, outcome=item["action"],
                       freed_bytes=item.get("freed_bytes", 0), residues=len(item["residues"]))
         results.append(item)

@@ -24,4 +24,4 @@ record = plan_record(
     no_config=f"the model's config.json could not be had before staging (source kind {source.get('kind')!r}; "
               "see the plan's log)",
 )
-write_record(snakemake.output.record, record)
+write_record(snakemake.output.record, record, schema="plan")

@@ -12,4 +12,4 @@ if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
 open_job_log(snakemake.log[0])
 record = run_preflight(source=snakemake.params.source, staging_dir=snakemake.params.staging,
                        disk=snakemake.params.disk)
-write_record(snakemake.output.record, record)
+write_record(snakemake.output.record, record, schema="preflight")

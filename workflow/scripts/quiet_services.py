@@ -13,4 +13,4 @@ if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
 open_job_log(snakemake.log[0])
 record = quiet_host(Path(snakemake.params.results), dict(snakemake.params.services),
                     ports=snakemake.params.ports, host=snakemake.params.host)
-write_record(snakemake.output.record, record)
+write_record(snakemake.output.record, record, schema="quiet")

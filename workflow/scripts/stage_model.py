@@ -14,4 +14,4 @@ if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
 open_job_log(snakemake.log[0], echo=("llmtrial.hub",))  # download progress on the terminal too
 manifest = stage_model(snakemake.params.source, Path(snakemake.params.staging), ledger=Ledger(snakemake.params.ledger),
                        root=Path(snakemake.params.root), weights=snakemake.params.weights, disk=snakemake.params.disk)
-write_record(snakemake.output.manifest, manifest)
+write_record(snakemake.output.manifest, manifest, schema="manifest")
