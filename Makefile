@@ -4,7 +4,7 @@
 # VENV      the virtual environment to use (default .venv, created when missing)
 # SERVING   cpu or cuda: which serving set to install (default: cuda when nvidia-smi
 #           lists a GPU, else cpu)
-# ARGS      extra snakemake arguments for `make run`, e.g. ARGS="--configfile config/trials/x.yaml"
+# ARGS      extra snakemake arguments for `make run`, e.g. ARGS="--configfile config/trials/seed001-qwen2.5-7b-awq-1gpu.yaml"
 
 VENV ?= .venv
 PYTHON ?= python3

@@ -7,7 +7,11 @@ min_version("9.0")
 
 
 # ---- configuration (validated against workflow/schemas/config.schema.yaml in common.smk)
-configfile: "config/config.yaml"
+# A trial file given with --configfile is the whole trial; the default trial is read only
+# when none is given (a `configfile:` here would be merged under the given file instead).
+if not workflow.config_settings.configfiles:
+
+    configfile: "config/config.yaml"
 
 
 include: "workflow/rules/common.smk"

@@ -22,7 +22,7 @@ from llmtrial.server import group_members, port_open
 from llmtrial.telemetry import read_samples
 from workflow_helpers import default_config, demo_service, job_counts, snakemake, write_config
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
 
 BASE_PORT = 18300
 BAD = "badarg"

@@ -22,7 +22,7 @@ from llmtrial.patching import revert_patches, verify_files
 from llmtrial.server import group_members, port_open
 from workflow_helpers import SNAKEMAKE, default_config, demo_service, snakemake, write_config
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
 
 
 @pytest.fixture

@@ -24,6 +24,8 @@ REPO_ID = "org/loopback-model"
 TOKEN = "hf_workflowSECRET456"
 SHARD2 = "model-00002-of-00002.safetensors"
 
+pytestmark = pytest.mark.workflow
+
 
 @pytest.fixture
 def hub(tmp_path, monkeypatch):

@@ -413,6 +413,7 @@ def test_evidence_names_the_process_of_each_line():
 
 
 @pytest.mark.e2e
+@pytest.mark.workflow
 def test_plugin_mode_reaches_every_vllm_process_with_site_packages_read_only(tmp_path):
     """The workflow under a read-only site-packages, TP=2 with the flag on: every vLLM process
     installs the hook, both workers run the patched code, and nothing in site-packages changes."""
@@ -451,6 +452,7 @@ def test_plugin_mode_reaches_every_vllm_process_with_site_packages_read_only(tmp
         revert_patches(Ledger(results / "ledger.jsonl"))
 
 
+@pytest.mark.workflow
 def test_an_unknown_patch_name_fails_the_dry_run_naming_it(tmp_path):
     config = default_config()
     config["patches"] = {"no-such-patch": {"mode": "file"}}

@@ -26,7 +26,7 @@ from llmtrial.patching import revert_patches
 from llmtrial.server import port_open
 from workflow_helpers import SNAKEMAKE, default_config
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
 
 DEMO_PORT = 8190  # the default trial's, unchanged
 

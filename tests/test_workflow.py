@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from workflow_helpers import default_config, job_counts, snakemake, write_config
 
 
+@pytest.mark.workflow
 def test_dry_run_has_one_trial_job_per_configuration(tmp_path):
     config = default_config()
     config["configurations"]["tp4"] = {"args": {"tensor_parallel_size": 4}}
@@ -17,6 +20,7 @@ def test_dry_run_has_one_trial_job_per_configuration(tmp_path):
         assert f"results/demo/configs/{name}/record.json" in out.stdout
 
 
+@pytest.mark.workflow
 def test_one_configuration_can_be_asked_for_alone(tmp_path):
     write_config(tmp_path, default_config())
     out = snakemake(tmp_path, "-n", "results/demo/configs/tp2/record.json")
@@ -24,6 +28,7 @@ def test_one_configuration_can_be_asked_for_alone(tmp_path):
     assert job_counts(out.stdout) == {"preflight": 1, "plan": 1, "stage_model": 1, "quiet": 1, "patch": 1, "trial": 1}
 
 
+@pytest.mark.workflow
 def test_an_unknown_key_fails_the_dry_run_naming_it(tmp_path):
     config = default_config()
     config["serving"]["startup_timeout"] = 5
@@ -33,6 +38,7 @@ def test_an_unknown_key_fails_the_dry_run_naming_it(tmp_path):
     assert "serving.startup_timeout" in out.stdout + out.stderr
 
 
+@pytest.mark.workflow
 def test_a_wrong_type_fails_the_dry_run_naming_the_key(tmp_path):
     config = default_config()
     config["scenarios"]["c4"]["concurrency"] = "four"
@@ -42,6 +48,7 @@ def test_a_wrong_type_fails_the_dry_run_naming_the_key(tmp_path):
     assert "scenarios.c4.concurrency" in out.stdout + out.stderr
 
 
+@pytest.mark.workflow
 def test_lint_passes():
     from conftest import REPO
 
@@ -62,6 +69,7 @@ def test_python_code_passes_ruff():
     assert out.returncode == 0, out.stdout
 
 
+@pytest.mark.workflow
 def test_a_failing_stage_stops_the_run_and_onerror_cleans_up(tmp_path, monkeypatch):
     import json
 
@@ -78,6 +86,7 @@ def test_a_failing_stage_stops_the_run_and_onerror_cleans_up(tmp_path, monkeypat
     assert "cannot stage org/model@main: HF_HUB_OFFLINE is set, and there is no verified copy" in log
 
 
+@pytest.mark.workflow
 def test_snakemake_cleanup_stops_what_a_killed_run_left(tmp_path, free_port):
     import json
 
@@ -102,6 +111,7 @@ def test_snakemake_cleanup_stops_what_a_killed_run_left(tmp_path, free_port):
     assert not (results / "configs").exists()  # no trial ran first
 
 
+@pytest.mark.workflow
 def test_short_disk_stops_the_trial_before_staging(tmp_path):
     config = default_config()
     config["disk"] = {"reserve_min_gib": 10**7}
@@ -113,6 +123,7 @@ def test_short_disk_stops_the_trial_before_staging(tmp_path):
     assert not (tmp_path / "staging").exists() and not (tmp_path / "results/demo/model").exists()
 
 
+@pytest.mark.workflow
 def test_a_service_that_will_not_restart_fails_the_run_with_a_residue(tmp_path):
     import json
 
@@ -132,6 +143,7 @@ def test_a_service_that_will_not_restart_fails_the_run_with_a_residue(tmp_path):
     assert not record["restored"] and record["residues"][0]["what"] == "tts"
 
 
+@pytest.mark.workflow
 def test_a_service_whose_state_is_unknown_stops_the_trial_before_any_server(tmp_path):
     """A `command` service whose status executable is missing: the quiet stage stops nothing,
     names the service and quotes what it saw; no server starts, no patch is applied."""
