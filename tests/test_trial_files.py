@@ -16,9 +16,11 @@ import yaml
 
 from conftest import DATA, REPO, free_ports
 from hub_server import HubServer
+from llmtrial.checkpoint import WeightsSize
 from llmtrial.config import configuration_spec, load_config, scenario_contexts
-from llmtrial.plan import WeightsSize
-from llmtrial.preflight import configuration_plan, plan_record
+from llmtrial.plan import plan_record
+from llmtrial.preflight import planned_weights
+from llmtrial.staging import model_config_for
 from workflow_helpers import default_config, demo_service, job_counts, snakemake, write_config
 
 GiB = 2**30
@@ -65,9 +67,11 @@ def hub(tmp_path, monkeypatch):
 def plans(trial: Path) -> dict[str, dict]:
     """Every configuration's plan record, as the plan stage makes it (config.json from the Hub)."""
     config = load_config(trial)
-    return {name: plan_record(spec=configuration_spec(config, name), source=config["model"]["source"],
-                              environment=NO_GPUS_HERE, hardware=config["hardware"], plan_settings=config["plan"],
-                              contexts=scenario_contexts(config), archive_dir=config["model"]["weights"]["archive_dir"])
+    source, archive = config["model"]["source"], config["model"]["weights"]["archive_dir"]
+    model_config, weights = model_config_for(source, archive_dir=archive), planned_weights(source, archive)
+    return {name: plan_record(spec=configuration_spec(config, name), model_config=model_config, weights=weights,
+                              environment=NO_GPUS_HERE, hardware=config["hardware"], settings=config["plan"],
+                              contexts=scenario_contexts(config))
             for name in config["configurations"]}
 
 
@@ -131,9 +135,9 @@ def test_seed_001_awq_fits_one_3060_with_either_kernel(hub):
 
 def seed_002_plans() -> dict[str, dict]:
     config = load_config(SEED_002)
-    return {name: configuration_plan(name=name, spec=configuration_spec(config, name), model_config=SEED_002_CONFIG,
-                                     weights=SEED_002_WEIGHTS, environment=NO_GPUS_HERE, hardware=config["hardware"],
-                                     plan_settings=config["plan"], contexts=scenario_contexts(config))
+    return {name: plan_record(spec=configuration_spec(config, name), model_config=SEED_002_CONFIG,
+                              weights=SEED_002_WEIGHTS, environment=NO_GPUS_HERE, hardware=config["hardware"],
+                              settings=config["plan"], contexts=scenario_contexts(config))
             for name in config["configurations"]}
 
 
@@ -160,9 +164,9 @@ def test_seed_002_three_cards_do_not_start_at_utilization_0_85():
     config = load_config(SEED_002)
     spec = configuration_spec(config, "pp3")
     spec["args"]["gpu_memory_utilization"] = 0.85
-    record = configuration_plan(name="pp3", spec=spec, model_config=SEED_002_CONFIG, weights=SEED_002_WEIGHTS,
-                                environment=NO_GPUS_HERE, hardware=config["hardware"], plan_settings=config["plan"],
-                                contexts=scenario_contexts(config))
+    record = plan_record(spec=spec, model_config=SEED_002_CONFIG, weights=SEED_002_WEIGHTS,
+                         environment=NO_GPUS_HERE, hardware=config["hardware"], settings=config["plan"],
+                         contexts=scenario_contexts(config))
     assert record["verdict"] == "does_not_fit"
     assert any("No memory left for the KV cache" in r for r in record["reasons"]), record["reasons"]
 
