@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
+
+from llmtrial.fileio import atomic_write_text
 
 Kind = Literal["measured", "predicted", "estimated", "given", "unknown"]
 
@@ -68,20 +69,7 @@ def write_record(path: str | os.PathLike[str], data: Any, schema: str | None = N
     against the record schema named ``schema`` when one is given."""
     if schema is not None:
         check_record(data, schema)
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=False, default=str)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
 def read_record(path: str | os.PathLike[str]) -> Any:
