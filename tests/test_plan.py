@@ -10,6 +10,7 @@ import pytest
 from conftest import DATA
 from llmtrial.cli import main as cli_main
 from llmtrial.logs import parse_startup, read_log
+from llmtrial.model_source import model_config_for
 from llmtrial.plan import (
     Extras,
     GiB,
@@ -24,7 +25,6 @@ from llmtrial.plan import (
     recommend_partition,
     split_layers,
 )
-from llmtrial.staging import model_config_for
 from llmtrial.trial import compare_with_plan
 
 #: Seed 003: Qwen3-235B-A22B-Instruct-2507-FP8 as its runbook describes it.

@@ -13,13 +13,13 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import NvmlDoubleBase
+from llmtrial.disk import disk_headroom
 from llmtrial.plan import ServingArgs
 from llmtrial.preflight import (
     PreflightError,
     check_allocator,
     check_open_files,
     configuration_checks,
-    disk_headroom,
     environment_record,
     gpu_inventory,
     plan_record,

@@ -8,12 +8,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from llmtrial.cleanup import cleanup_with_record
+from llmtrial.config import ConfigError, load_config
 from llmtrial.joblog import open_job_log
+from llmtrial.logs import diagnose_failure, parse_startup, read_log
+from llmtrial.model_source import weights_size
+from llmtrial.patching import PATCHES_DIR, check_patches
+from llmtrial.plan import Extras, Hardware, MemoryTerms, PlanError, ServingArgs, WeightsSize, plan, read_model_config
 
 
 def _parse_log(args: argparse.Namespace) -> int:
-    from llmtrial.logs import diagnose_failure, parse_startup, read_log
-
     text = read_log(args.log)
     out = {"startup": parse_startup(text, source=args.log), "failure": diagnose_failure(text, source=args.log)}
     if args.json:
@@ -29,8 +33,6 @@ def _parse_log(args: argparse.Namespace) -> int:
 
 
 def _cleanup(args: argparse.Namespace) -> int:
-    from llmtrial.cleanup import cleanup_with_record
-
     record = cleanup_with_record(Path(args.results_dir), ports=args.port, host=args.host, stop_timeout=args.stop_timeout,
                                  weights=not args.keep_weights)
     for s in record["servers"]:
@@ -44,8 +46,6 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 
 def _patches(args: argparse.Namespace) -> int:
-    from llmtrial.patching import PATCHES_DIR, check_patches
-
     items = check_patches(args.name or None, patches_dir=Path(args.patches_dir) if args.patches_dir else PATCHES_DIR)
     pristine = True
     for p in items:
@@ -60,8 +60,6 @@ def _patches(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from llmtrial.config import ConfigError, load_config
-
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -82,8 +80,6 @@ def _set_pairs(pairs: list[str]) -> dict[str, str]:
 
 
 def _plan_inputs(args: argparse.Namespace) -> dict[str, Any]:
-    from llmtrial.plan import Extras, Hardware, MemoryTerms, ServingArgs, WeightsSize, read_model_config, weights_size
-
     config = read_model_config(args.model_config)
     sets = _set_pairs(args.set)
     env = {k: v for k, v in sets.items() if k.startswith("VLLM_")}
@@ -134,8 +130,6 @@ def _plan_rows(result: Any) -> list[tuple[str, str]]:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from llmtrial.plan import PlanError, plan
-
     try:
         result = plan(**_plan_inputs(args))
     except PlanError as exc:

@@ -21,7 +21,6 @@ budget follows vLLM's own accounting term by term (:mod:`llmtrial.budget`).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -585,18 +584,3 @@ def read_model_config(path: str | Path) -> dict[str, Any]:
         return read_record(p)
     except (FileNotFoundError, ValueError) as exc:
         raise PlanError(f"model config: {exc}") from None
-
-
-def weights_size(model_dir: str | Path) -> WeightsSize | None:
-    """Weight bytes of a model folder: its safetensors index's total_size, else the weight files' sizes."""
-    d = Path(model_dir)
-    if not d.is_dir():
-        return None
-    index = d / "model.safetensors.index.json"
-    if index.exists():
-        total = json.loads(index.read_text()).get("metadata", {}).get("total_size")
-        if total:
-            return WeightsSize(int(total), "measured", f"staged files ({index.name} total_size)")
-    files = list(d.glob("*.safetensors")) or list(d.glob("*.bin"))
-    size = sum(f.stat().st_size for f in files)
-    return WeightsSize(size, "measured", f"staged files ({len(files)} weight files in {d})") if size else None
