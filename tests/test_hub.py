@@ -18,10 +18,11 @@ import pytest
 
 from hub_server import HubServer, model_files
 from llmtrial import hub as hubmod
-from llmtrial.hub import HeadroomError, HubError, VerificationError
+from llmtrial.disk import HeadroomError, disk_headroom
+from llmtrial.hub import HubError, VerificationError
 from llmtrial.ledger import Ledger
-from llmtrial.preflight import disk_headroom
-from llmtrial.staging import MANIFEST_NAME, stage_model, verify_manifest
+from llmtrial.manifest import MANIFEST_NAME, verify_manifest
+from llmtrial.staging import stage_model
 from llmtrial.weights import apply_policy, delete_staged
 
 REPO_ID = "org/tiny-model"
@@ -277,7 +278,7 @@ def test_without_the_token_the_stage_says_access_is_missing(hub, tmp_path, monke
 
 
 def test_the_planner_reads_config_json_alone_from_the_hub_then_from_the_archive(hub, tmp_path):
-    from llmtrial.staging import model_config_for
+    from llmtrial.model_source import model_config_for
 
     files = model_files(15)
     hub.add_commit(REPO_ID, files)

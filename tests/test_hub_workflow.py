@@ -14,10 +14,10 @@ import pytest
 
 from conftest import DATA, REPO
 from hub_server import HubServer, model_files
+from llmtrial.disk import disk_headroom
 from llmtrial.hub import DOWNLOAD_META
 from llmtrial.ledger import Ledger
-from llmtrial.preflight import disk_headroom
-from llmtrial.staging import verify_manifest
+from llmtrial.manifest import verify_manifest
 from workflow_helpers import SNAKEMAKE, default_config, snakemake, write_config
 
 REPO_ID = "org/loopback-model"
@@ -150,7 +150,7 @@ def test_archive_at_cleanup_then_a_rerun_restages_from_the_archive_without_the_h
 @pytest.mark.e2e
 def test_a_trial_serves_weights_staged_from_the_hub_and_deletes_them_after(hub, tmp_path, tmp_path_factory):
     from conftest import free_ports
-    from llmtrial.staging import generate_tiny_model
+    from llmtrial.tiny import generate_tiny_model
 
     tiny = generate_tiny_model(tmp_path_factory.mktemp("hub-tiny") / "model", seed=3)
     files = {p.relative_to(tiny).as_posix(): p.read_bytes() for p in sorted(tiny.rglob("*")) if p.is_file()}

@@ -10,6 +10,7 @@ import pytest
 from conftest import DATA
 from llmtrial.cli import main as cli_main
 from llmtrial.logs import parse_startup, read_log
+from llmtrial.model_source import model_config_for, planned_weights
 from llmtrial.plan import (
     Extras,
     GiB,
@@ -26,8 +27,7 @@ from llmtrial.plan import (
     recommend_partition,
     split_layers,
 )
-from llmtrial.preflight import gpu_inventory, planned_weights
-from llmtrial.staging import model_config_for
+from llmtrial.preflight import gpu_inventory
 from llmtrial.trial import compare_with_plan
 from test_preflight import NvmlDouble
 

@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import NvmlDoubleBase
+from llmtrial.disk import disk_headroom
 from llmtrial.preflight import (
     PreflightError,
     check_allocator,
     check_open_files,
-    disk_headroom,
     environment_record,
     gpu_inventory,
     run_preflight,

@@ -1,4 +1,5 @@
-"""Tests of llmtrial.staging: tiny model generation, local checks, manifests, stage_model."""
+"""Tests of the model stage: tiny model generation (llmtrial.tiny), local checks
+(llmtrial.model_source), manifests (llmtrial.manifest) and llmtrial.staging.stage_model."""
 
 from __future__ import annotations
 
@@ -10,15 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from llmtrial import staging
-from llmtrial.staging import (
-    MANIFEST_NAME,
-    build_manifest,
-    check_local_model,
-    generate_tiny_model,
-    stage_model,
-    verify_manifest,
-)
+from llmtrial import tiny
+from llmtrial.manifest import MANIFEST_NAME, build_manifest, verify_manifest
+from llmtrial.model_source import check_local_model
+from llmtrial.staging import stage_model
+from llmtrial.tiny import generate_tiny_model
 
 SENTENCE = "Hello, world! The tiny model serves 42 requests; naïve ünïcode ✓ stays intact."
 
@@ -125,7 +122,7 @@ def test_interrupted_generation_keeps_existing(tmp_path: Path, monkeypatch: pyte
         (out / "config.json").write_text("{}")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(staging, "_write_tiny_model", broken)
+    monkeypatch.setattr(tiny, "_write_tiny_model", broken)
     with pytest.raises(KeyboardInterrupt):
         generate_tiny_model(dest, seed=0)
     assert [p.name for p in dest.iterdir()] == ["old.txt"]
@@ -177,7 +174,7 @@ def test_check_local_model_missing_folder(tmp_path: Path) -> None:
 
 def test_check_local_model_warns_without_tokenizer(model_copy: Path, caplog: pytest.LogCaptureFixture) -> None:
     (model_copy / "tokenizer.json").unlink()
-    with caplog.at_level("WARNING", logger="llmtrial.staging"):
+    with caplog.at_level("WARNING", logger="llmtrial.model_source"):
         check_local_model(model_copy)
     assert "tokenizer" in caplog.text
 

@@ -18,9 +18,8 @@ from conftest import DATA, REPO, free_ports
 from hub_server import HubServer
 from llmtrial.checkpoint import WeightsSize
 from llmtrial.config import configuration_spec, load_config, scenario_contexts
+from llmtrial.model_source import model_config_for, planned_weights
 from llmtrial.plan import plan_record
-from llmtrial.preflight import planned_weights
-from llmtrial.staging import model_config_for
 from workflow_helpers import default_config, demo_service, job_counts, snakemake, write_config
 
 GiB = 2**30

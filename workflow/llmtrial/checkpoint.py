@@ -20,10 +20,8 @@ not converted (``modules_to_not_convert``, ``ignored_layers``, compressed-tensor
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 #: Parts a quantization method converts (linear layers), unless the config lists them as not converted.
@@ -323,18 +321,3 @@ def estimate(config: Mapping[str, Any]) -> WeightsSize:
     parts, how = part_bytes(config)
     return WeightsSize(sum(parts.values()), "estimated", f"estimate from parameters and quantization ({how})",
                        parts=parts)
-
-
-def weights_size(model_dir: str | Path) -> WeightsSize | None:
-    """Weight bytes of a model folder: its safetensors index's total_size, else the weight files' sizes."""
-    d = Path(model_dir)
-    if not d.is_dir():
-        return None
-    index = d / "model.safetensors.index.json"
-    if index.exists():
-        total = json.loads(index.read_text()).get("metadata", {}).get("total_size")
-        if total:
-            return WeightsSize(int(total), "measured", f"staged files ({index.name} total_size)")
-    files = list(d.glob("*.safetensors")) or list(d.glob("*.bin"))
-    size = sum(f.stat().st_size for f in files)
-    return WeightsSize(size, "measured", f"staged files ({len(files)} weight files in {d})") if size else None

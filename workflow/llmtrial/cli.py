@@ -8,12 +8,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from llmtrial.checkpoint import WeightsSize
+from llmtrial.cleanup import cleanup_with_record
+from llmtrial.config import ConfigError, load_config
 from llmtrial.joblog import open_job_log
+from llmtrial.logs import diagnose_failure, parse_startup, read_log
+from llmtrial.model_source import weights_size
+from llmtrial.patching import PATCHES_DIR, check_patches
+from llmtrial.plan import plan_record
+from llmtrial.shape import PlanError, read_model_config
 
 
 def _parse_log(args: argparse.Namespace) -> int:
-    from llmtrial.logs import diagnose_failure, parse_startup, read_log
-
     text = read_log(args.log)
     out = {"startup": parse_startup(text, source=args.log), "failure": diagnose_failure(text, source=args.log)}
     if args.json:
@@ -29,8 +35,6 @@ def _parse_log(args: argparse.Namespace) -> int:
 
 
 def _cleanup(args: argparse.Namespace) -> int:
-    from llmtrial.cleanup import cleanup_with_record
-
     record = cleanup_with_record(Path(args.results_dir), ports=args.port, host=args.host, stop_timeout=args.stop_timeout,
                                  weights=not args.keep_weights)
     for s in record["servers"]:
@@ -46,8 +50,6 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 
 def _patches(args: argparse.Namespace) -> int:
-    from llmtrial.patching import PATCHES_DIR, check_patches
-
     items = check_patches(args.name or None, patches_dir=Path(args.patches_dir) if args.patches_dir else PATCHES_DIR)
     pristine = True
     for p in items:
@@ -62,8 +64,6 @@ def _patches(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from llmtrial.config import ConfigError, load_config
-
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -85,10 +85,6 @@ def _set_pairs(pairs: list[str]) -> dict[str, str]:
 
 def _plan_record(args: argparse.Namespace) -> dict[str, Any]:
     """The plan record the plan rule would write, from the command line's figures."""
-    from llmtrial.checkpoint import WeightsSize, weights_size
-    from llmtrial.plan import plan_record
-    from llmtrial.shape import read_model_config
-
     sets = _set_pairs(args.set)
     env = {k: v for k, v in sets.items() if k.startswith("VLLM_")}
     if args.cpu_kv_space_gib is not None:
@@ -142,8 +138,6 @@ def _plan_rows(record: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from llmtrial.shape import PlanError
-
     try:
         record = _plan_record(args)
     except PlanError as exc:

@@ -5,7 +5,8 @@ The stage is safe to interrupt and to rerun:
 * A branch or tag is resolved to its commit first; everything after uses the commit.
 * What is still to fetch is sized from the Hub's file tree (a staged file that verifies is
   not counted again) and checked against every filesystem the stage writes to, before the
-  first byte. A short disk raises :class:`HeadroomError` with needed and free bytes.
+  first byte. A short disk raises :class:`llmtrial.disk.HeadroomError` with needed and free
+  bytes.
 * Files are fetched with huggingface_hub into the staging folder itself (``local_dir``);
   a file appears there only once complete. Temporary files a killed run left behind are
   removed first, under a lock on the folder.
@@ -39,6 +40,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from llmtrial.fileio import atomic_write_text, file_digest
+from llmtrial.manifest import visible_files
 from llmtrial.records import human_bytes
 
 log = logging.getLogger(__name__)
@@ -51,15 +54,10 @@ DOWNLOAD_META = Path(".cache") / "huggingface" / "download"
 PARTIAL_PREFIX = ".llmtrial-partial-"
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-_CHUNK = 1 << 20
 
 
 class HubError(RuntimeError):
     """The Hub could not give what the stage needs; the message says what and why."""
-
-
-class HeadroomError(RuntimeError):
-    """A filesystem the stage writes to would fall below its reserve."""
 
 
 class VerificationError(RuntimeError):
@@ -232,13 +230,8 @@ def weight_bytes(repo_id: str, revision: str, *, allow_patterns: Sequence[str] |
 
 def hash_file(path: Path) -> tuple[str, str]:
     """(sha256, git blob sha1) of a file, read once."""
-    size = path.stat().st_size
-    sha256, sha1 = hashlib.sha256(), hashlib.sha1(b"blob %d\0" % size)
-    with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            sha256.update(chunk)
-            sha1.update(chunk)
-    return sha256.hexdigest(), sha1.hexdigest()
+    sha1 = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    return file_digest(path, also=[sha1]).hexdigest(), sha1.hexdigest()
 
 
 def mismatch(path: Path, remote: RemoteFile) -> tuple[str | None, str]:
@@ -283,9 +276,7 @@ class VerifiedFiles:
     def add(self, rel: str, file: Path, sha256: str, blob_id: str | None = None) -> None:
         with self.lock:
             self.entries[rel] = {"stamp": self._stamp(file), "sha256": sha256, "blob_id": blob_id}
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text(json.dumps(self.entries, sort_keys=True), encoding="utf-8")
-            os.replace(tmp, self.path)
+            atomic_write_text(self.path, json.dumps(self.entries, sort_keys=True))
 
     def forget(self, rel: str) -> None:
         with self.lock:
@@ -485,8 +476,6 @@ def plan_fetch(folder: Path, files: Sequence[RemoteFile], verified: VerifiedFile
 
 def stale_files(folder: Path, keep: set[str]) -> list[str]:
     """Visible files in ``folder`` that are not part of the selection (another revision's shards)."""
-    from llmtrial.staging import visible_files
-
     if not folder.is_dir():
         return []
     return sorted(rel for rel in (f.relative_to(folder).as_posix() for f in visible_files(folder)) if rel not in keep)

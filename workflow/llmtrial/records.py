@@ -12,9 +12,13 @@ import functools
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from llmtrial.fileio import atomic_write_text
+from llmtrial.record_models import KINDS
 
 Kind = Literal["measured", "predicted", "estimated", "given", "unknown"]
 
@@ -80,10 +84,6 @@ def check_record(data: Any, schema: str) -> None:
 def load_record(path: str | os.PathLike[str], kind: str) -> Any:
     """Read a record as its typed model (:mod:`llmtrial.record_models`); ValueError naming
     each field at fault when it does not match."""
-    from pydantic import ValidationError
-
-    from llmtrial.record_models import KINDS
-
     try:
         return KINDS[kind].model_validate(read_record(path))
     except ValidationError as exc:
@@ -98,20 +98,7 @@ def write_record(path: str | os.PathLike[str], data: Any, schema: str | None = N
         data = data.model_dump(mode="json")
     if schema is not None:
         check_record(data, schema)
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=False, default=str)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
 def read_record(path: str | os.PathLike[str]) -> Any:

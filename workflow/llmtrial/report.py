@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping
 
 import jinja2
 
+from llmtrial.fileio import atomic_write_text
 from llmtrial.records import human_bytes, read_record
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -113,8 +114,4 @@ def write_report(out: Path, *, trial: str, preflight: Path, manifest: Path, plan
         patches=read_record(patches) if patches is not None else None,
     )
     html = render_report(context)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(out)
-    return out
+    return atomic_write_text(out, html)

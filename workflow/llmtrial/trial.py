@@ -23,12 +23,12 @@ import psutil
 from llmtrial import bench, logs
 from llmtrial.cleanup import ensure_quiet
 from llmtrial.ledger import Action, Ledger
+from llmtrial.manifest import verify_manifest
 from llmtrial.patching import ensure_patched, evidence, server_env
 from llmtrial.paths import TrialPaths
 from llmtrial.records import fact, read_record, redact_env, write_record
 from llmtrial.server import ServerProcess, ServerStartError, build_server_argv
 from llmtrial.shape import predict_kv_tokens
-from llmtrial.staging import verify_manifest
 from llmtrial.telemetry import (
     CSV_HEADER,
     HostSource,

@@ -30,15 +30,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from llmtrial.disk import headroom_by_filesystem, headroom_message
+from llmtrial.fileio import file_digest
 from llmtrial.hub import PARTIAL_PREFIX, VerificationError
 from llmtrial.ledger import Action, Ledger, replay
+from llmtrial.manifest import MANIFEST_NAME, verify_manifest
 from llmtrial.records import human_bytes, write_record
-from llmtrial.staging import MANIFEST_NAME, verify_manifest
 
 log = logging.getLogger(__name__)
 
 POLICIES = ("keep", "archive", "delete")
-_CHUNK = 1 << 20
 
 
 def archive_path(archive_dir: str | Path, manifest: Mapping[str, Any]) -> Path:
@@ -83,18 +84,14 @@ def copy_verified(src: Path, dest: Path, files: Sequence[Mapping[str, Any]]) -> 
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f"{PARTIAL_PREFIX}{target.name}")
-        digest = hashlib.sha256()
-        size = 0
         try:
-            with (src / rel).open("rb") as fin, partial.open("wb") as fout:
-                while chunk := fin.read(_CHUNK):
-                    digest.update(chunk)
-                    fout.write(chunk)
-                    size += len(chunk)
+            with partial.open("wb") as fout:
+                sha256 = file_digest(src / rel, copy_to=fout).hexdigest()
                 fout.flush()
                 os.fsync(fout.fileno())
-            if size != entry["size"] or digest.hexdigest() != entry["sha256"]:
-                raise VerificationError(f"{rel}: copied {size:,} bytes with sha256 {digest.hexdigest()}, the "
+                size = fout.tell()
+            if size != entry["size"] or sha256 != entry["sha256"]:
+                raise VerificationError(f"{rel}: copied {size:,} bytes with sha256 {sha256}, the "
                                         f"manifest says {entry['size']:,} bytes and {entry['sha256']}")
             os.replace(partial, target)
         finally:
@@ -183,8 +180,6 @@ def _rmdir(path: Path, out: dict[str, Any]) -> None:
 
 def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Archive the staged folder of a ``weights_staged`` entry, verify, then delete it."""
-    from llmtrial.preflight import headroom_by_filesystem, headroom_message
-
     folder = Path(entry["path"])
     out: dict[str, Any] = {"path": str(folder), "policy": "archive", "residues": []}
     manifest_path = folder / MANIFEST_NAME

@@ -3,10 +3,9 @@
 from typing import TYPE_CHECKING
 
 from llmtrial.joblog import open_job_log
+from llmtrial.model_source import model_config_for, planned_weights
 from llmtrial.plan import plan_record
-from llmtrial.preflight import planned_weights
 from llmtrial.records import read_record, write_record
-from llmtrial.staging import model_config_for
 
 if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
     from snakemake.iocontainers import snakemake

@@ -1,0 +1,171 @@
+"""The library's imports run one way: no module imports a module that imports it back, and no
+llmtrial import hides inside a function.
+
+The imports are read from the source with ``ast`` (module level, inside functions and
+classes, under ``if TYPE_CHECKING:`` alike), never by importing the modules, so import order
+cannot hide a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+PACKAGE = "llmtrial"
+LIBRARY = REPO / "workflow" / PACKAGE
+
+
+def module_name(path: Path, root: Path = LIBRARY) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join((PACKAGE, *parts[:-1])) if parts[-1] == "__init__" else ".".join((PACKAGE, *parts))
+
+
+def library_modules(root: Path = LIBRARY) -> dict[str, Path]:
+    return {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+
+
+def _resolve(node: ast.ImportFrom, importer: str, is_package: bool) -> str:
+    """The absolute module an ``ImportFrom`` names (``from . import x`` included)."""
+    if not node.level:
+        return node.module or ""
+    base = importer.split(".") if is_package else importer.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def imports_of(path: Path, importer: str, known: set[str]) -> list[tuple[str, int, bool]]:
+    """(imported library module, line, inside a function) for every import in ``path``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_package = path.name == "__init__.py"
+    found: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                names = [alias.name for alias in child.names]
+            elif isinstance(child, ast.ImportFrom):
+                target = _resolve(child, importer, is_package)
+                # ``from llmtrial import hub`` imports the submodule; ``from llmtrial.hub import X`` the module
+                names = [f"{target}.{alias.name}" if f"{target}.{alias.name}" in known else target
+                         for alias in child.names]
+            else:
+                visit(child, nested)
+                continue
+            for name in names:
+                if name == PACKAGE or name.startswith(PACKAGE + "."):
+                    # ``import llmtrial.a.b`` depends on llmtrial.a.b (the deepest library module named)
+                    while name not in known and "." in name:
+                        name = name.rsplit(".", 1)[0]
+                    found.append((name, child.lineno, in_function))
+
+    visit(tree, False)
+    return found
+
+
+def import_graph(root: Path = LIBRARY) -> tuple[dict[str, set[str]], list[str]]:
+    """(module -> library modules it imports, "module:line imports X inside a function" lines)."""
+    modules = library_modules(root)
+    known = set(modules)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    hidden: list[str] = []
+    for name, path in modules.items():
+        for target, line, in_function in imports_of(path, name, known):
+            if target != name:
+                graph[name].add(target)
+            if in_function:
+                hidden.append(f"{path.relative_to(root.parent.parent)}:{line} imports {target} inside a function")
+    return graph, list(dict.fromkeys(hidden))
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph``: each strongly connected component of more than one
+    module (or one that imports itself), as a sorted list (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph.get(v, ()):
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return out
+
+
+def test_the_library_has_no_import_cycle() -> None:
+    graph, _ = import_graph()
+    assert len(graph) > 10, f"found only {sorted(graph)} under {LIBRARY}"
+    found = cycles(graph)
+    assert not found, "import cycles among the library's modules: " + "; ".join(
+        " <-> ".join(c) + " (" + ", ".join(f"{m} imports {sorted(graph[m] & set(c))}" for m in c) + ")" for c in found)
+
+
+def test_no_llmtrial_import_inside_a_function() -> None:
+    _, hidden = import_graph()
+    assert not hidden, "llmtrial imports inside functions (import at module level instead):\n" + "\n".join(hidden)
+
+
+# --------------------------------------------------------------------------- the checker itself
+
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "workflow" / PACKAGE
+    for rel, text in {"__init__.py": "", **files}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize("a, b", [
+    ("from llmtrial.b import x\n", "from llmtrial.a import y\n"),
+    ("from llmtrial import b\n", "import llmtrial.a\n"),
+    ("from . import b\n", "from .a import y\n"),
+    ("from llmtrial.b import x\n", "def f():\n    from llmtrial.a import y\n"),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from llmtrial.b import X\n", "from llmtrial.a import y\n"),
+])
+def test_the_checker_finds_a_direct_cycle_however_it_is_written(tmp_path: Path, a: str, b: str) -> None:
+    graph, _ = import_graph(_package(tmp_path, {"a.py": a, "b.py": b}))
+    assert cycles(graph) == [["llmtrial.a", "llmtrial.b"]]
+
+
+def test_the_checker_finds_a_transitive_cycle_and_passes_a_chain(tmp_path: Path) -> None:
+    root = _package(tmp_path, {"a.py": "from llmtrial import b\n", "b.py": "from llmtrial.c import z\n",
+                               "c.py": "import json\nfrom llmtrial.a import y\n"})
+    assert cycles(import_graph(root)[0]) == [["llmtrial.a", "llmtrial.b", "llmtrial.c"]]
+    (root / "c.py").write_text("import json\n")
+    assert cycles(import_graph(root)[0]) == []
+
+
+def test_the_checker_finds_an_import_inside_a_function(tmp_path: Path) -> None:
+    root = _package(tmp_path, {"a.py": "import json\n\n\nclass A:\n    def f(self):\n        import torch\n"
+                                       "        from llmtrial import b\n        return b\n",
+                               "b.py": "X = 1\n"})
+    graph, hidden = import_graph(root)
+    assert graph["llmtrial.a"] == {"llmtrial.b"} and cycles(graph) == []
+    assert hidden == ["workflow/llmtrial/a.py:7 imports llmtrial.b inside a function"]
