@@ -60,7 +60,7 @@ def test_cleanup_with_no_ledger_checks_ports_only(tmp_path, free_port):
 def test_cleanup_restores_quieted_services_and_records_them(tmp_path, free_port):
     import subprocess
 
-    from llmtrial.cleanup import quiet_host
+    from llmtrial.services import quiet_host
     from workflow_helpers import demo_service
 
     svc = demo_service(tmp_path / "demo", free_port)
@@ -82,21 +82,22 @@ def test_a_new_run_restores_what_a_crashed_run_left_before_quieting(tmp_path, fr
 
     import psutil
 
-    from llmtrial.cleanup import ensure_quiet, unfinished
+    from llmtrial.cleanup import restore_first, unfinished
+    from llmtrial.services import quiet_needed
 
     ledger = Ledger(TrialPaths(tmp_path).ledger, run="crashed")
     server = abandoned_server(tmp_path, free_port, run="crashed")  # a crashed run's server, still up
     ledger.append("job_started", label="demo/tp1", pid=os.getpid() + 10**6, create_time=psutil.Process().create_time())
     assert unfinished(ledger.entries())
-    record = ensure_quiet(tmp_path, {})
+    assert quiet_needed(tmp_path, {}) == "an earlier run left it changed"
+    first = restore_first(tmp_path)
     server.proc.poll()
-    first = record["restored_first"]
     assert first["restored"] and first["servers"] == [] and first["jobs"] == []  # this run started none
     [left] = first["left_behind"]["servers"]
     assert left["action"] == "stopped" and left["run"] == "crashed" and left["undone_by_run"] == first["run"]
     assert first["left_behind"]["jobs"][0]["action"] == "none (already gone)"
     assert not port_open("127.0.0.1", free_port) and not unfinished(Ledger(TrialPaths(tmp_path).ledger).entries())
-    assert ensure_quiet(tmp_path, {}) is None  # nothing left to do
+    assert quiet_needed(tmp_path, {}) is None and restore_first(tmp_path) is None  # nothing left to do
 
 
 def test_an_orphaned_configuration_job_is_stopped(tmp_path):
@@ -120,7 +121,7 @@ def test_quieting_on_a_gpu_host_records_the_memory_freed(tmp_path):
     from types import SimpleNamespace
 
     from conftest import NvmlDoubleBase
-    from llmtrial.cleanup import quiet_host
+    from llmtrial.services import quiet_host
 
     class NvmlDouble(NvmlDoubleBase):
         """A double of nvidia-ml-py's pynvml: one GPU whose memory use drops when the service stops."""

@@ -72,8 +72,9 @@ def test_the_cleanup_records_weights_is_always_an_object(tmp_path):
 
 
 def test_the_quiet_record_matches_its_schema_with_an_earlier_runs_cleanup_inside(tmp_path, free_port):
-    from llmtrial.cleanup import quiet_host
+    from llmtrial.cleanup import restore_first
     from llmtrial.ledger import Ledger
+    from llmtrial.services import quiet_host
     from workflow_helpers import demo_service
 
     svc = demo_service(tmp_path / "demo", free_port)
@@ -82,7 +83,7 @@ def test_the_quiet_record_matches_its_schema_with_an_earlier_runs_cleanup_inside
         Ledger(tmp_path / "ledger.jsonl", run="crashed").append("service_quiet", service={
             "name": "gone", "kind": "command", "status": ["true"], "start": ["true"], "stop": ["true"]},
             was_running=True, state_seen="running")
-        record = quiet_host(tmp_path, {"demo": svc})
+        record = quiet_host(tmp_path, {"demo": svc}, restored_first=restore_first(tmp_path))
         check_record(record, "quiet")
         assert record["restored_first"] is not None and record["services"][0]["action"] == "stopped"
     finally:

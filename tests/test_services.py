@@ -250,7 +250,7 @@ class TestSystemdAndDockerStates:
         ("docker", DOCKER_ANSWERS[-2][0], "No such object: comfyui"),
     ])
     def test_quiet_stops_nothing_when_one_state_is_unknown(self, tmp_path, kind, answer, quoted):
-        from llmtrial.cleanup import quiet_host
+        from llmtrial.services import quiet_host
 
         class OneToolBroken(RunnerDouble):
             def __call__(self, argv, timeout):

@@ -29,8 +29,7 @@ from llmtrial.patching import group_patches, patches_table, revert_patches
 from llmtrial.paths import TrialPaths
 from llmtrial.records import write_record
 from llmtrial.server import group_members, port_open, stop_group
-from llmtrial.services import Runner, Service, check_running, quiet, restore, run_argv, services_table
-from llmtrial.telemetry import NvmlSource
+from llmtrial.services import check_running, restore, services_table
 from llmtrial.weights import apply_policy
 
 log = logging.getLogger(__name__)
@@ -55,57 +54,18 @@ def unfinished(entries: list[dict[str, Any]]) -> bool:
     return replay(entries).any_open(besides=("weights",))
 
 
-def ensure_quiet(results_dir: Path, services: dict[str, Any], *, ports: Iterable[int] = (),
-                 host: str = "127.0.0.1") -> dict[str, Any] | None:
-    """Before a configuration job launches its server: quiet the host unless this run
-    already has. A configuration rerun on its own (a new run) quiets it again; one that
-    finds changes an earlier run left (a crash) has the host restored first. Returns the
-    quiet record, or None when nothing was needed."""
+def restore_first(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1") -> dict[str, Any] | None:
+    """Before the host is quieted: when any run of this trial left a change open (a crash),
+    give the host back first. Returns that cleanup's record (None when nothing was open);
+    raises :class:`HostNotRestored` when residues remain."""
     ledger = Ledger(TrialPaths(Path(results_dir)).ledger)
-    entries = ledger.entries()
-    left = [e for changes in outstanding(entries).values() for e in changes
-            if e.get("run") != ledger.run and e.get("action") != Action.WEIGHTS_STAGED]
-    quieted = any(e.get("action") == Action.SERVICE_QUIET and e.get("run") == ledger.run for e in entries)
-    if (quieted or not services) and not left:
+    if not unfinished(ledger.entries()):
         return None
-    log.info("quieting the host first (%s)", "an earlier run left it changed" if left else "a new run")
-    return quiet_host(results_dir, services, ports=ports, host=host)
-
-
-def gpu_snapshot(nvml: Any | None = None) -> dict[str, Any] | None:
-    """GPU memory in use and the compute processes on each GPU, or None without NVML."""
-    source = NvmlSource(nvml)
-    if not source.available:
-        return None
-    try:
-        sample = source.sample()
-    finally:
-        source.close()
-    used = sum(v for k, v in sample.items() if k.endswith(".mem_used_bytes"))
-    procs = {k.split(".")[0]: v for k, v in sample.items() if k.endswith(".processes")}
-    return {"mem_used_bytes": used, "compute_processes": procs}
-
-
-def quiet_host(results_dir: Path, services: dict[str, Any], *, ports: Iterable[int] = (), host: str = "127.0.0.1",
-               nvml: Any | None = None, runner: Runner = run_argv) -> dict[str, Any]:
-    """The quiet stage: restore first if an earlier run of this trial left the host changed,
-    then read every configured service's state and stop each that runs (ledger first), and
-    on a GPU host record the GPU memory and compute processes before and after, and the
-    memory freed. A service whose state is unknown stops the stage before anything is
-    stopped (:class:`llmtrial.services.ServiceStateUnknown`)."""
-    ledger = Ledger(TrialPaths(Path(results_dir)).ledger)
-    record: dict[str, Any] = {"restored_first": None}
-    if unfinished(ledger.entries()):
-        log.warning("an earlier run of this trial left the host changed (ledger %s): restoring it first", ledger.path)
-        record["restored_first"] = run_cleanup(results_dir, ports=ports, host=host)
-        if not record["restored_first"]["restored"]:
-            raise HostNotRestored("an earlier run of this trial left residues that cleanup could not undo: "
-                                  f"{record['restored_first']['residues']}; fix them, then run `snakemake cleanup`")
-    before = gpu_snapshot(nvml)
-    record.update(quiet([Service.from_config(name, entry) for name, entry in services.items()], ledger, runner))
-    after = gpu_snapshot(nvml)
-    record["gpu"] = None if before is None or after is None else {
-        "before": before, "after": after, "memory_freed_bytes": before["mem_used_bytes"] - after["mem_used_bytes"]}
+    log.warning("an earlier run of this trial left the host changed (ledger %s): restoring it first", ledger.path)
+    record = run_cleanup(results_dir, ports=ports, host=host)
+    if not record["restored"]:
+        raise HostNotRestored("an earlier run of this trial left residues that cleanup could not undo: "
+                              f"{record['residues']}; fix them, then run `snakemake cleanup`")
     return record
 
 

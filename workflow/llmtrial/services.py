@@ -33,9 +33,12 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from llmtrial.ledger import Action, Ledger, replay
+from llmtrial.paths import TrialPaths
+from llmtrial.telemetry import NvmlSource
 
 log = logging.getLogger(__name__)
 
@@ -363,3 +366,53 @@ def check_running(quiet_ids: list[str], entries: list[dict[str, Any]], runner: R
         ok, seen = _up(svc, runner)
         out.append({"name": svc.name, "run": entry["run"], "quiet": quiet_id, "running_and_healthy": ok, "seen": seen})
     return out
+
+
+# --------------------------------------------------------------------------- the quiet stage
+
+
+def gpu_snapshot(nvml: Any | None = None) -> dict[str, Any] | None:
+    """GPU memory in use and the compute processes on each GPU, or None without NVML."""
+    source = NvmlSource(nvml)
+    if not source.available:
+        return None
+    try:
+        sample = source.sample()
+    finally:
+        source.close()
+    used = sum(v for k, v in sample.items() if k.endswith(".mem_used_bytes"))
+    procs = {k.split(".")[0]: v for k, v in sample.items() if k.endswith(".processes")}
+    return {"mem_used_bytes": used, "compute_processes": procs}
+
+
+def quiet_host(results_dir: Path, services: Mapping[str, Any], *, restored_first: dict[str, Any] | None = None,
+               nvml: Any | None = None, runner: Runner = run_argv) -> dict[str, Any]:
+    """The quiet stage: read every configured service's state and stop each that runs (ledger
+    first), and on a GPU host record the GPU memory and compute processes before and after,
+    and the memory freed. A service whose state is unknown stops the stage before anything is
+    stopped (:class:`ServiceStateUnknown`). ``restored_first`` is the record of the cleanup
+    that gave back what an earlier run left (:func:`llmtrial.cleanup.restore_first`)."""
+    ledger = Ledger(TrialPaths(Path(results_dir)).ledger)
+    record: dict[str, Any] = {"restored_first": restored_first}
+    before = gpu_snapshot(nvml)
+    record.update(quiet([Service.from_config(name, entry) for name, entry in services.items()], ledger, runner))
+    after = gpu_snapshot(nvml)
+    record["gpu"] = None if before is None or after is None else {
+        "before": before, "after": after, "memory_freed_bytes": before["mem_used_bytes"] - after["mem_used_bytes"]}
+    return record
+
+
+def quiet_needed(results_dir: Path, services: Mapping[str, Any]) -> str | None:
+    """Before a configuration job launches its server: why the host must be quieted (again),
+    or None. A configuration rerun on its own (a new run) quiets it again; changes an earlier
+    run left open (a crash) call for a restore first, then a quiet."""
+    ledger = Ledger(TrialPaths(Path(results_dir)).ledger)
+    entries = ledger.entries()
+    state = replay(entries)
+    left = [e for kind in state.outstanding if kind != "weights" for e in state.open(kind) if e.get("run") != ledger.run]
+    quieted = any(e.get("action") == Action.SERVICE_QUIET and e.get("run") == ledger.run for e in entries)
+    if left:
+        return "an earlier run left it changed"
+    if services and not quieted:
+        return "a new run"
+    return None

@@ -21,13 +21,14 @@ from typing import Any, Mapping
 import psutil
 
 from llmtrial import bench, logs
-from llmtrial.cleanup import ensure_quiet
+from llmtrial.cleanup import restore_first
 from llmtrial.ledger import Action, Ledger
 from llmtrial.manifest import verify_manifest
 from llmtrial.patching import ensure_patched, evidence, server_env
 from llmtrial.paths import TrialPaths
 from llmtrial.records import fact, read_record, redact_env, write_record
 from llmtrial.server import ServerProcess, ServerStartError, build_server_argv
+from llmtrial.services import quiet_host, quiet_needed
 from llmtrial.shape import predict_kv_tokens
 from llmtrial.telemetry import (
     CSV_HEADER,
@@ -197,9 +198,11 @@ class TrialJob:
             raise FileNotFoundError(
                 f"the staged model is not all there ({'; '.join(missing[:3])}): a finished trial's cleanup archives "
                 "or deletes it when model.weights.after says so; restage it with `snakemake --forcerun stage_model`")
-        requiet = ensure_quiet(self.paths.trial.root, dict(self.services), ports=[self.port], host=self.host)
-        if requiet is not None:
-            record["services_requieted"] = requiet["services"]
+        why = quiet_needed(self.paths.trial.root, self.services)
+        if why is not None:
+            log.info("quieting the host first (%s)", why)
+            restored = restore_first(self.paths.trial.root, ports=[self.port], host=self.host)
+            record["services_requieted"] = quiet_host(self.paths.trial.root, self.services, restored_first=restored)["services"]
         ledger = Ledger(self.paths.ledger)
         patched = ensure_patched(dict(self.patches), ledger=ledger, work_dir=self.paths.trial.patches)
         env = server_env(self.spec["env"], patched["plugin_dir"], patched["patches"])
