@@ -36,7 +36,7 @@ def main() -> None:
         cases = configurations(n)
         verdicts: dict[str, int] = {}
         t0 = time.perf_counter()
-        for cfg, hw, args in cases:
+        for _config, hw, args in cases:
             result = plan(config, hardware or hw, args, weights=WeightsSize(int(220 * GiB), "given", "benchmark") if hardware is None else None)
             verdicts[result.verdict] = verdicts.get(result.verdict, 0) + 1
         elapsed = time.perf_counter() - t0

@@ -22,6 +22,7 @@ server). ``hold`` makes GETs of a file stop after half its body until released.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -157,10 +158,8 @@ class HubServer:
             self._httpd = None
         with self.lock:  # kept-alive connections too: a stopped Hub answers nothing
             for conn in self.connections:
-                try:
+                with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
             self.connections.clear()
 
     def __enter__(self) -> HubServer:
@@ -190,10 +189,8 @@ class _Handler(BaseHTTPRequestHandler):
     def finish(self) -> None:
         with self.hub.lock:
             self.hub.connections.discard(self.connection)
-        try:
+        with contextlib.suppress(OSError):
             super().finish()
-        except OSError:
-            pass
 
     # -- helpers
     def _log(self, status: int, body_bytes: int = 0) -> None:

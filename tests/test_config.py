@@ -128,4 +128,4 @@ def test_editing_one_configuration_leaves_the_others_spec_unchanged():
 
 
 def test_schema_path_points_at_the_workflow_schema():
-    assert SCHEMA_PATH == REPO / "workflow" / "schemas" / "config.schema.yaml"
+    assert SCHEMA_PATH == REPO / "workflow" / "llmtrial" / "schemas" / "config.schema.yaml"

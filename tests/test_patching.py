@@ -96,7 +96,7 @@ def patch_folder(root: Path, name: str, diff: str, vllm: str = ">=0.32,<0.33") -
 def two_file_diff(other_old: str | None = None) -> str:
     """The demo change plus two hunks in vllm/plugins/__init__.py. With ``other_old``, the
     second file's hunks are computed against that text instead of the installed one."""
-    demo = (REPO / "workflow" / "patches" / DEMO / "patch.diff").read_text()
+    demo = (REPO / "workflow" / "llmtrial" / "patches" / DEMO / "patch.diff").read_text()
     real = (SITE / OTHER).read_text()
     new = real.replace("logger = logging.getLogger(__name__)\n",
                        "logger = logging.getLogger(__name__)\n# test hunk 1\n")

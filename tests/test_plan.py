@@ -214,7 +214,7 @@ class TestSeed002:
         # 43 layers of about 3.33 GiB, a 12 GiB draft module on the last stage, layers 40-42 pinned there
         split = recommend_partition(43, 3, 3.33 * GiB, last_extra=12 * GiB, pinned_last_layers=3)
         assert sum(split) == 43 and split[-1] <= 12 and split[-1] >= 3
-        heaviest = max(e + n * 3.33 for e, n in zip((0, 0, 12), split))
+        heaviest = max(e + n * 3.33 for e, n in zip((0, 0, 12), split, strict=True))
         assert heaviest <= 16 * 3.33 + 1e-9  # no worse than the field report's 16,16,11 / 15,16,12
 
     def test_planner_recommends_it_from_the_extras(self):

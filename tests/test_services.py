@@ -40,7 +40,7 @@ def supervisor(tmp_path):
     """A real supervisord with two demo programs: ``web`` (running) and ``idle`` (stopped)."""
     script = tmp_path / "demo.py"
     script.write_text(DEMO)
-    ports = dict(zip(("web", "idle"), free_ports(2)))
+    ports = dict(zip(("web", "idle"), free_ports(2), strict=True))
     conf = tmp_path / "supervisord.conf"
     sock = tmp_path / "supervisor.sock"
     programs = "".join(

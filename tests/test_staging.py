@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -207,7 +207,7 @@ def test_manifest_lists_every_file(model_copy: Path) -> None:
     assert by_path["model.safetensors"]["sha256"] == sha256(model_copy / "model.safetensors")
     assert manifest["total_bytes"] == sum(f["size"] for f in manifest["files"])
     created = datetime.fromisoformat(manifest["created"])
-    assert created.utcoffset() == timezone.utc.utcoffset(None)
+    assert created.utcoffset() == UTC.utcoffset(None)
     assert verify_manifest(manifest) == []
 
 

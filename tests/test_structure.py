@@ -9,6 +9,7 @@ cannot hide a cycle.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,24 @@ def test_the_checker_finds_an_import_inside_a_function(tmp_path: Path) -> None:
     graph, hidden = import_graph(root)
     assert graph["llmtrial.a"] == {"llmtrial.b"} and cycles(graph) == []
     assert hidden == ["workflow/llmtrial/a.py:7 imports llmtrial.b inside a function"]
+
+
+def test_schemas_templates_and_patches_ship_in_the_package(tmp_path):
+    """A wheel (a non-editable install) carries the package data the library finds through
+    importlib.resources."""
+    import subprocess
+    import zipfile
+
+    from llmtrial.resources import PATCHES, SCHEMAS, TEMPLATES
+
+    assert (SCHEMAS / "config.schema.yaml").is_file() and (TEMPLATES / "report.html.j2").is_file()
+    assert (PATCHES / "demo-worker-log" / "patch.yaml").is_file()
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp_path), str(REPO)], check=True, timeout=300)
+    [wheel] = tmp_path.glob("llmtrial-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for schema in SCHEMAS.glob("*.yaml"):
+        assert f"llmtrial/schemas/{schema.name}" in names
+    assert "llmtrial/templates/report.html.j2" in names
+    assert {"llmtrial/patches/demo-worker-log/patch.yaml", "llmtrial/patches/demo-worker-log/patch.diff",
+            "llmtrial/patches/demo-worker-log/hook.py"} <= names

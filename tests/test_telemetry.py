@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import os
@@ -75,10 +76,8 @@ def process_tree():
         assert ready and proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         yield proc
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait(timeout=10)
 
 
@@ -106,7 +105,7 @@ def test_host_source_samples_process_tree(tmp_path: Path, process_tree: subproce
     assert all(v >= 0 for v in by_metric["tree_cpu_percent"])
 
     times = _sample_times(rows, "host")
-    assert all(b > a for a, b in zip(times, times[1:])), "timestamps must increase"
+    assert all(b > a for a, b in zip(times, times[1:], strict=False)), "timestamps must increase"
     assert t0 - 0.001 <= times[0] and times[-1] <= t1 + 0.001
 
     st = sampler.stats()["host"]

@@ -13,8 +13,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 #: Summary fields copied from vLLM's result file into the record.
 SUMMARY_FIELDS = (

@@ -21,8 +21,9 @@ not converted (``modules_to_not_convert``, ``ignored_layers``, compressed-tensor
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 #: Parts a quantization method converts (linear layers), unless the config lists them as not converted.
 #: The output head is not among them: FP8, AWQ, GPTQ, bitsandbytes and MXFP4 checkpoints keep it

@@ -197,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_plan)
 
     p = sub.add_parser("patches", help="the vLLM patches: version range, target files against RECORD, dry run")
-    p.add_argument("name", nargs="*", help="patches to check (default: every folder of workflow/patches)")
-    p.add_argument("--patches-dir", help="folder of patches (default: workflow/patches)")
+    p.add_argument("name", nargs="*", help="patches to check (default: every folder of workflow/llmtrial/patches)")
+    p.add_argument("--patches-dir", help="folder of patches (default: workflow/llmtrial/patches)")
     p.set_defaults(func=_patches)
 
     p = sub.add_parser("validate", help="check a trial configuration file against the schema")

@@ -1,6 +1,6 @@
 """Trial configuration: validation against the JSON Schema, defaults, and derived values.
 
-The schema (``workflow/schemas/config.schema.yaml``) is the single description of every
+The schema (``workflow/llmtrial/schemas/config.schema.yaml``) is the single description of every
 key. :func:`validate_config` fills defaults in place and raises :class:`ConfigError`
 listing every problem by its dotted key, so a typo names itself.
 """
@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
+from llmtrial.resources import SCHEMAS
+
+SCHEMA_PATH = SCHEMAS / "config.schema.yaml"
 
 
 class ConfigError(ValueError):

@@ -12,6 +12,7 @@ This module imports nothing from llmtrial, so every other module may use it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets
@@ -70,10 +71,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int |
         if mode is not None:
             os.chmod(tmp, mode)
         if owner is not None and owner != (os.getuid(), os.getgid()):
-            try:
+            with contextlib.suppress(PermissionError):
                 os.chown(tmp, *owner)
-            except PermissionError:
-                pass
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

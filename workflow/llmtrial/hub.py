@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -363,10 +363,8 @@ class Progress:
         total = 0
         if meta.is_dir():
             for file in meta.rglob("*.incomplete"):
-                try:
+                with suppress(FileNotFoundError):
                     total += file.stat().st_size
-                except FileNotFoundError:
-                    pass
         return total
 
     def line(self) -> str:

@@ -17,7 +17,7 @@ def open_job_log(path: str | Path | None, level: int = logging.INFO, echo: tuple
     if path is not None:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        stream = open(p, "a", buffering=1, encoding="utf-8")
+        stream = open(p, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - the job's log for the rest of the process
         sys.stderr = stream
         handlers = [logging.StreamHandler(stream)]
     else:

@@ -29,10 +29,11 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 #: The environment variable that names the current run; the workflow sets it once per invocation.
 RUN_ENV = "LLMTRIAL_RUN"

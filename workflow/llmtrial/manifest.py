@@ -11,7 +11,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,7 @@ def build_manifest(model_dir: Path, *, source: Mapping[str, Any]) -> dict[str, A
         "source": dict(source),
         "files": files,
         "total_bytes": total,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 

@@ -1,6 +1,6 @@
 """Patch vLLM behind a flag, reversibly: patches as data, two ways in, one way out.
 
-A patch is a folder ``workflow/patches/<name>/``: ``patch.yaml`` (the vLLM versions it
+A patch is a folder ``workflow/llmtrial/patches/<name>/``: ``patch.yaml`` (the vLLM versions it
 applies to, the environment flag that guards the changed behaviour, why it exists, and a
 log pattern that shows it ran), a unified diff and an import-time hook making the same
 change. The flag is the switch: with the patch applied and the flag unset, vLLM behaves as
@@ -41,20 +41,22 @@ import shutil
 import stat
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import yaml
 
 from llmtrial.fileio import atomic_write_bytes, file_digest
 from llmtrial.ledger import Action, Ledger, replay
 from llmtrial.logs import find_lines
+from llmtrial.resources import PATCHES, SCHEMAS
 
 log = logging.getLogger(__name__)
 
-PATCHES_DIR = Path(__file__).resolve().parent.parent / "patches"
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "patch.schema.yaml"
+PATCHES_DIR = PATCHES
+SCHEMA_PATH = SCHEMAS / "patch.schema.yaml"
 #: Import name and dist-info of the generated plugin folder (mode plugin).
 PLUGIN_PACKAGE = "llmtrial_vllm_patches"
 PLUGIN_VERSION = "1.0"
@@ -70,7 +72,7 @@ class PatchError(RuntimeError):
 
 @dataclass(frozen=True)
 class Patch:
-    """One folder of ``workflow/patches``."""
+    """One folder of ``workflow/llmtrial/patches``."""
 
     name: str
     folder: Path
@@ -105,7 +107,7 @@ def entry_point_name(name: str) -> str:
 
 
 def hook_pattern(name: str) -> str:
-    """What every hook logs once per process it is installed in (workflow/patches/README.md)."""
+    """What every hook logs once per process it is installed in (workflow/llmtrial/patches/README.md)."""
     return rf"llmtrial patch {re.escape(name)}: hook installed"
 
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from llmtrial import budget, checkpoint
 from llmtrial.budget import MemoryTerms
@@ -96,7 +97,7 @@ class ServingArgs:
     cudagraphs_in_budget: bool = True  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS (vLLM >= 0.21)
 
     @classmethod
-    def from_config(cls, args: Mapping[str, Any], env: Mapping[str, str] | None = None) -> "ServingArgs":
+    def from_config(cls, args: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ServingArgs:
         """From a configuration's ``args`` mapping (dashes or underscores) and ``env``."""
         norm = {str(k).lstrip("-").replace("-", "_"): v for k, v in args.items()}
         norm.setdefault("kv_cache_memory_bytes", norm.get("kv_cache_memory"))
@@ -347,7 +348,7 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
     lay = layout(config, shape, size.bytes, pp)
     stage_bytes = [lay.stage_bytes(n, i == 0, i == pp - 1, tp, extras.last_stage_bytes) for i, n in enumerate(stages)]
     offload = _offload(args, lay, stages, stage_bytes, reasons)
-    weights_per_rank = [max(0.0, b - o) for b, o in zip(stage_bytes, offload)]
+    weights_per_rank = [max(0.0, b - o) for b, o in zip(stage_bytes, offload, strict=True)]
     per_token_whole, per_token_rank = _kv_per_token(shape, args, stages, reasons)
     facts: dict[str, dict[str, Any]] = {"weights_bytes": size.fact()}
     avail, avail_kind, avail_source = _kv_memory(hardware, args, shape, weights_per_rank, size.kind, available_kv_gib,
@@ -438,7 +439,7 @@ def configuration_checks(*, args: ServingArgs, env: Mapping[str, str], gpus: Map
     elif unsupported:
         out.append(check("deepgemm", "fail",
                          f"block-FP8 checkpoint (weight_block_size {quant.get('weight_block_size')}) on GPUs of compute "
-                         f"capability {', '.join('%d.%d' % a for a in unsupported)}, which DeepGEMM does not support "
+                         f"capability {', '.join(f'{a[0]}.{a[1]}' for a in unsupported)}, which DeepGEMM does not support "
                          "('Unknown SF transformation' at startup): set VLLM_USE_DEEP_GEMM=0 in the configuration's env"))
     else:
         out.append(check("deepgemm", "ok", "block-FP8 checkpoint on GPUs DeepGEMM supports"))

@@ -14,6 +14,7 @@ defined here.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata as md
 import os
 import platform
@@ -22,8 +23,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import psutil
 
@@ -137,10 +139,8 @@ def gpu_inventory(nvml: Any | None = None) -> dict[str, Any]:
             "devices": devices, "peer_access": peer, "topology": _nvidia_smi_topology(),
         }
     finally:
-        try:
+        with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def _nvidia_smi_topology() -> str | None:

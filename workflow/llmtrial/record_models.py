@@ -1,6 +1,6 @@
 """Typed models of the seven record kinds, each paired with its JSON schema.
 
-A stage's record is checked against ``workflow/schemas/<schema>.record.schema.yaml`` before it
+A stage's record is checked against ``workflow/llmtrial/schemas/<schema>.record.schema.yaml`` before it
 is written (:func:`llmtrial.records.write_record`); the model here is the same shape typed for
 the code that reads records (:func:`llmtrial.records.load_record`). The top-level fields a
 model requires are the fields its schema requires (a test holds them together). Models allow

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from llmtrial.fileio import atomic_write_text
 from llmtrial.record_models import KINDS
+from llmtrial.resources import SCHEMAS
 
 Kind = Literal["measured", "predicted", "estimated", "given", "unknown"]
 
@@ -49,7 +50,6 @@ def fact(value: Any, source: str, kind: Kind = "measured", unit: str | None = No
     return out
 
 
-SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 _BASE = "https://llmtrial.invalid/schemas/"
 
 

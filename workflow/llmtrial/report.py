@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import jinja2
 
 from llmtrial.fileio import atomic_write_text
 from llmtrial.records import human_bytes, read_record
-
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+from llmtrial.resources import TEMPLATES
 
 
 def fmt_num(value: Any, digits: int = 2) -> str:
@@ -46,7 +46,7 @@ def fmt_bytes(value: Any) -> str:
 def fmt_time(value: Any) -> str:
     if value is None:
         return "—"
-    return dt.datetime.fromtimestamp(float(value), tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return dt.datetime.fromtimestamp(float(value), tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def build_context(*, trial: str, preflight: Mapping[str, Any], manifest: Mapping[str, Any],
@@ -74,7 +74,7 @@ def build_context(*, trial: str, preflight: Mapping[str, Any], manifest: Mapping
     skipped = [r for r in configurations if r.get("status") == "skipped"]
     return {
         "trial": trial,
-        "generated": fmt_time(dt.datetime.now(tz=dt.timezone.utc).timestamp()),
+        "generated": fmt_time(dt.datetime.now(tz=dt.UTC).timestamp()),
         "environment": preflight["environment"],
         "preflight": preflight,
         "plans": plans,

@@ -8,6 +8,7 @@ process is still alive. Every launch is written to the trial's ledger before it 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -18,8 +19,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import psutil
 
@@ -136,10 +138,8 @@ def stop_group(pgid: int, *, host: str, port: int, timeout: float, not_before: f
             break
         sent.append(sig.name)
         for proc in members:
-            try:
+            with contextlib.suppress(psutil.Error):
                 proc.send_signal(sig)
-            except psutil.Error:
-                pass
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             reap()
@@ -197,7 +197,7 @@ class ServerProcess:
         if self.ledger:
             self.ledger.append(Action.SERVER_LAUNCH, label=self.label, host=self.host, port=self.port,
                                argv=self.argv, env_keys=sorted(self.env))
-        logfile = open(self.log_path, "ab")
+        logfile = open(self.log_path, "ab")  # noqa: SIM115 - handed to the server process, closed once it is started
         self.launched_at = time.time()
         try:
             self.proc = subprocess.Popen(
@@ -260,7 +260,7 @@ class ServerProcess:
         log.info("stopped %s: %s", self.label, self.stop_result)
         return self.stop_result
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         self.start()
         return self
 

@@ -32,9 +32,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from llmtrial.ledger import Action, Ledger, replay
 from llmtrial.paths import TrialPaths
@@ -118,7 +119,7 @@ class Service:
         return bool(self.health.get("kind"))
 
     @classmethod
-    def from_config(cls, name: str, entry: Mapping[str, Any]) -> "Service":
+    def from_config(cls, name: str, entry: Mapping[str, Any]) -> Service:
         timeouts = entry.get("timeouts") or {}
         health = dict(entry.get("health") or {})
         if "argv" in health:
@@ -276,7 +277,7 @@ def quiet(services: list[Service], ledger: Ledger, runner: Runner = run_argv) ->
             continue
         item["stopped_at"] = time.time()
         code, _, stop_seen = call(runner, svc.argv("stop"), timeout=svc.stop_timeout_s)
-        down, down_seen, took = _wait(lambda: _down(svc, runner), svc.stop_timeout_s)
+        down, down_seen, took = _wait(lambda svc=svc: _down(svc, runner), svc.stop_timeout_s)
         item.update(action="stopped", stop_exit=code, down_after_s=round(took, 3), seen=down_seen)
         if not down:
             residues.append({"kind": "service", "what": svc.name, "tried": " ".join(svc.argv("stop")),
@@ -319,7 +320,7 @@ def restore(entries: list[dict[str, Any]], ledger: Ledger, runner: Runner = run_
         item["state_before"] = f"{state} ({seen})"
         if state != RUNNING:
             item["start_exit"], _, item["start_seen"] = call(runner, svc.argv("start"), timeout=svc.start_timeout_s)
-        ok, seen, took = _wait(lambda: _up(svc, runner), svc.health_timeout_s)
+        ok, seen, took = _wait(lambda svc=svc: _up(svc, runner), svc.health_timeout_s)
         item.update(healthy=ok, health_seen=seen, healthy_after_s=round(took, 3))
         if ok:
             ledger.append(Action.SERVICE_RESTORED, name=svc.name, undoes=quiet_id, healthy_after_s=round(took, 3))

@@ -9,9 +9,10 @@ as vLLM's v1 ``kv_cache_utils`` counts them (:func:`predict_kv_tokens`).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from llmtrial.records import read_record
 
@@ -200,7 +201,7 @@ def predict_kv_tokens(available_bytes_per_rank: list[float], bytes_per_token_per
                       block_size: int, max_model_len: int) -> tuple[int, int, float]:
     """vLLM's KV capacity: (num_blocks, tokens it logs, max concurrency at max_model_len)."""
     blocks = min(int(avail // (block_size * per_token)) for avail, per_token in
-                 zip(available_bytes_per_rank, bytes_per_token_per_rank) if per_token > 0)
+                 zip(available_bytes_per_rank, bytes_per_token_per_rank, strict=True) if per_token > 0)
     per_request = math.ceil(max_model_len / block_size)
     concurrency = blocks / per_request
     return blocks, int(concurrency * max_model_len), concurrency

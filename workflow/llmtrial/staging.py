@@ -33,7 +33,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -220,7 +220,7 @@ def _stage_hub(source: Mapping[str, Any], folder: Path, *, disk: Mapping[str, An
                     "hub": {"repo_id": repo_id, "revision": revision, "commit": commit, "endpoint": hub.endpoint(),
                             "token": hub.token_state(), "resolved_by": resolved_by},
                     "files": files, "total_bytes": sum(f["size"] for f in files),
-                    "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "created": datetime.now(UTC).isoformat(timespec="seconds"),
                     "fetch": fetch, "headroom": headroom}
         write_record(folder / MANIFEST_NAME, manifest, schema="manifest")
     logger.info("staged %s@%s in %s: done in %.1f s", repo_id, commit, folder, time.monotonic() - started)

@@ -25,6 +25,7 @@ by implementing the :class:`Source` protocol.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import re
@@ -277,10 +278,8 @@ class NvmlSource:
 
     def close(self) -> None:
         if self.available:
-            try:
+            with contextlib.suppress(Exception):
                 self._nvml.nvmlShutdown()
-            except Exception:
-                pass
 
 
 class MetricsSource:
@@ -717,7 +716,7 @@ def window_figures(df: pandas.DataFrame | Mapping[str, Any], start: float, end: 
     met = np.asarray(df["metric"], dtype=object).astype(str)
     val = np.asarray(df["value"], dtype=float)
     inside = (t >= start) & (t <= end) & ~np.isnan(val) & (met != ERROR_METRIC)
-    for key in sorted({f"{a}.{b}" for a, b in zip(src[inside], met[inside]) if b.endswith(("_total", "energy_mj"))}):
+    for key in sorted({f"{a}.{b}" for a, b in zip(src[inside], met[inside], strict=True) if b.endswith(("_total", "energy_mj"))}):
         source, metric = key.split(".", 1)
         sel = inside & (src == source) & (met == metric)
         v = val[sel][np.argsort(t[sel], kind="stable")]

@@ -14,9 +14,10 @@ import shutil
 import signal
 import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import psutil
 

@@ -16,9 +16,7 @@ from llmtrial.config import (
 )
 
 
-validate_config(
-    config, Path(workflow.current_basedir) / ".." / "schemas" / "config.schema.yaml"
-)
+validate_config(config)  # against llmtrial's schemas/config.schema.yaml (package data)
 
 # This invocation is one run: every ledger entry its jobs, onerror and onsuccess write carries
 # this id. Jobs inherit it from the environment (never through params, which would make every

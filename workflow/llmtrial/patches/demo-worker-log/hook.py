@@ -56,9 +56,7 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
             spec = finder.find_spec(fullname, path, target)
             if spec is None or spec.loader is None:
                 continue
-            exec_module = spec.loader.exec_module
-
-            def exec_and_wrap(module: types.ModuleType) -> None:
+            def exec_and_wrap(module: types.ModuleType, exec_module: Any = spec.loader.exec_module) -> None:
                 exec_module(module)
                 _wrap(module)
 
