@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from llmtrial.preflight import gpu_inventory
-from llmtrial.telemetry import NvmlSource, Sampler, read_samples, window_figures
+from llmtrial.sources import NvmlSource
+from llmtrial.telemetry import Sampler, read_samples, window_figures
 
 
 def main() -> int:

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from llmtrial.sources import HostSource
 from llmtrial.telemetry import (
     ERROR_METRIC,
     MAX_ERRORS_KEPT,
-    HostSource,
     Sampler,
     read_samples,
     summarize_window,

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import DATA, NvmlDoubleBase
-from llmtrial.telemetry import KernelLogSource, MetricsSource, NvmlSource, Sampler, read_samples, window_figures
+from llmtrial.sources import KernelLogSource, MetricsSource, NvmlSource
+from llmtrial.telemetry import Sampler, read_samples, window_figures
 
 
 class NVMLError(Exception):

@@ -2,7 +2,7 @@
 
 The load generator is vLLM's own (random dataset, ``ignore_eos``, a distinct seed per
 pass, per-request detail kept). Server-side counters around each pass come from the
-telemetry's /metrics series (:class:`llmtrial.telemetry.MetricsSource`).
+telemetry's /metrics series (:class:`llmtrial.sources.MetricsSource`).
 """
 
 from __future__ import annotations

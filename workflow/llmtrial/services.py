@@ -39,7 +39,7 @@ from typing import Any
 
 from llmtrial.ledger import Action, Ledger, replay
 from llmtrial.paths import TrialPaths
-from llmtrial.telemetry import NvmlSource
+from llmtrial.sources import NvmlSource
 
 log = logging.getLogger(__name__)
 

@@ -31,16 +31,8 @@ from llmtrial.records import fact, read_record, redact_env, write_record
 from llmtrial.server import ServerProcess, ServerStartError, build_server_argv
 from llmtrial.services import quiet_host, quiet_needed
 from llmtrial.shape import predict_kv_tokens
-from llmtrial.telemetry import (
-    CSV_HEADER,
-    HostSource,
-    MetricsSource,
-    Sampler,
-    describe_sources,
-    job_sources,
-    read_samples,
-    window_figures,
-)
+from llmtrial.sources import HostSource, MetricsSource, job_sources
+from llmtrial.telemetry import CSV_HEADER, Sampler, describe_sources, read_samples, window_figures
 
 log = logging.getLogger(__name__)
 

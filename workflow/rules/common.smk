@@ -6,7 +6,7 @@ from pathlib import Path
 
 from llmtrial.cleanup import cleanup_with_record, restore_after_run
 from llmtrial.ledger import RUN_ENV, new_run_id
-from llmtrial.patching import patch_inputs
+from llmtrial.patchdata import patch_inputs
 from llmtrial.paths import TrialPaths
 from llmtrial.config import (
     configuration_port,
