@@ -308,6 +308,27 @@ def _shortfall(facts: dict[str, dict[str, Any]], weights_per_rank: list[float], 
             "quantize, or offload with cpu_offload_gb.")
 
 
+def _partition(shape: ModelShape, pp: int, tp: int, lay: Layout, extras: Extras, reasons: list[str]) -> list[int] | None:
+    """The balanced pipeline split to recommend (None with PP 1, or with the reason when none exists)."""
+    if pp == 1:
+        return None
+    try:
+        return recommend_partition(shape.num_layers, pp, lay.layer_split / tp + lay.layer_replicated,
+                                   first_extra=lay.embed / tp, last_extra=(lay.head + extras.last_stage_bytes) / tp,
+                                   pinned_last_layers=extras.pinned_last_layers)
+    except PlanError as exc:
+        reasons.append(str(exc))
+        return None
+
+
+def _block_size(shape: ModelShape, hardware: Hardware, args: ServingArgs) -> int:
+    """vLLM's KV block size: 16 for MLA on CPU, else the configuration's, else 128 tokens on CPU
+    and 16 on GPU."""
+    if hardware.is_cpu and shape.mla_kv_dim is not None:
+        return 16
+    return args.block_size or (DEFAULT_CPU_BLOCK_SIZE if hardware.is_cpu else DEFAULT_GPU_BLOCK_SIZE)
+
+
 def _figures(size: WeightsSize, weights_per_rank: list[float], offload: list[float], per_token_whole: int,
              per_token_rank: list[int], avail: list[float], avail_kind: str, avail_source: str, tokens: int,
              concurrency: float) -> dict[str, dict[str, Any]]:
@@ -353,9 +374,7 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
     facts: dict[str, dict[str, Any]] = {"weights_bytes": size.fact()}
     avail, avail_kind, avail_source = _kv_memory(hardware, args, shape, weights_per_rank, size.kind, available_kv_gib,
                                                  memory or MemoryTerms(), facts)
-    block_size = args.block_size or (DEFAULT_CPU_BLOCK_SIZE if hardware.is_cpu else DEFAULT_GPU_BLOCK_SIZE)
-    if shape.mla_kv_dim is not None and hardware.is_cpu:
-        block_size = 16
+    block_size = _block_size(shape, hardware, args)
     max_len = args.max_model_len or int(_first(config.get("text_config") or config, "max_position_embeddings", default=2048))
     blocks = tokens = 0
     concurrency = 0.0
@@ -371,14 +390,7 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
         verdict = "fits_with_offload"
         reasons.append(f"Fits with {max(offload) / GiB:.2f} GiB per GPU offloaded to CPU memory (slower: weights "
                        "cross the host link on every step).")
-    recommended = None
-    if pp > 1:
-        try:
-            recommended = recommend_partition(shape.num_layers, pp, lay.layer_split / tp + lay.layer_replicated,
-                                              first_extra=lay.embed / tp, last_extra=(lay.head + extras.last_stage_bytes) / tp,
-                                              pinned_last_layers=extras.pinned_last_layers)
-        except PlanError as exc:
-            reasons.append(str(exc))
+    recommended = _partition(shape, pp, tp, lay, extras, reasons)
     facts.update(_figures(size, weights_per_rank, offload, per_token_whole, per_token_rank, avail, avail_kind,
                           avail_source, tokens, concurrency))
     data = {
