@@ -6,7 +6,7 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-# ---- configuration (validated against workflow/schemas/config.schema.yaml in common.smk)
+# ---- configuration (validated against llmtrial/schemas/config.schema.yaml in common.smk)
 # A trial file given with --configfile is the whole trial; the default trial is read only
 # when none is given (a `configfile:` here would be merged under the given file instead).
 if not workflow.config_settings.configfiles:
