@@ -43,15 +43,23 @@ def small_trial(tmp_path):
 
 
 def start_workflow(trial) -> subprocess.Popen:
-    return subprocess.Popen([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(trial["work"]),
-                             "--cores", "all"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """snakemake in the background, its output in <work>/snakemake.out for a failure's message."""
+    out = open(trial["work"] / "snakemake.out", "w")  # noqa: SIM115 - the child writes it; closed with the test's tmp
+    proc = subprocess.Popen([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(trial["work"]),
+                             "--cores", "all"], stdout=out, stderr=subprocess.STDOUT)
+    proc.output_path = trial["work"] / "snakemake.out"  # type: ignore[attr-defined]
+    return proc
 
 
-def wait_for(predicate, timeout: float, what: str) -> None:
+def wait_for(predicate, timeout: float, what: str, wf: subprocess.Popen | None = None) -> None:
+    """Poll ``predicate`` until it holds; fail at once, with snakemake's output, if ``wf`` ends first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
+        if wf is not None and wf.poll() is not None:
+            out = wf.output_path.read_text()[-3000:]  # type: ignore[attr-defined]
+            raise AssertionError(f"snakemake exited ({wf.returncode}) before {what}:\n{out}")
         time.sleep(0.5)
     raise AssertionError(f"timed out waiting for {what}")
 
@@ -92,7 +100,7 @@ def test_a_server_crash_mid_benchmark_is_a_result_and_the_host_is_restored(small
     wf = start_workflow(small_trial)
     try:
         bench_log = small_trial["results"] / "configs" / "tp1" / "bench" / "c1-pass1.log"
-        wait_for(bench_log.exists, 600, "the first benchmark pass")
+        wait_for(bench_log.exists, 600, "the first benchmark pass", wf)
         time.sleep(3)
         server = started(small_trial, "server_started")
         os.killpg(server["pgid"], signal.SIGKILL)  # the server dies mid-benchmark
@@ -110,7 +118,7 @@ def test_a_server_crash_mid_benchmark_is_a_result_and_the_host_is_restored(small
 def test_sigterm_to_snakemake_mid_trial_gives_the_host_back(small_trial):
     wf = start_workflow(small_trial)
     try:
-        wait_for(lambda: started(small_trial, "server_started") is not None, 600, "the trial server")
+        wait_for(lambda: started(small_trial, "server_started") is not None, 600, "the trial server", wf)
         time.sleep(2)
         wf.send_signal(signal.SIGTERM)
         assert wf.wait(timeout=300) != 0
@@ -124,7 +132,7 @@ def test_sigterm_to_snakemake_mid_trial_gives_the_host_back(small_trial):
 def test_kill_9_of_snakemake_then_snakemake_cleanup_gives_the_host_back(small_trial):
     wf = start_workflow(small_trial)
     try:
-        wait_for(lambda: started(small_trial, "server_started") is not None, 600, "the trial server")
+        wait_for(lambda: started(small_trial, "server_started") is not None, 600, "the trial server", wf)
         time.sleep(2)
         wf.kill()  # SIGKILL: no onerror, the job and its server are orphaned
         wf.wait(timeout=60)
