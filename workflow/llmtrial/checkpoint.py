@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmtrial.shape import DTYPE_BYTES, config_value, text_config
+
 #: Parts a quantization method converts (linear layers), unless the config lists them as not converted.
 #: The output head is not among them: FP8, AWQ, GPTQ, bitsandbytes and MXFP4 checkpoints keep it
 #: at the model's dtype unless their config says otherwise (GPTQ's ``lm_head: true``).
@@ -42,7 +44,6 @@ PART_NAMES = {
     "mlp": ("mlp",),
     "router": ("gate", "router"),
 }
-DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 
 class UnknownCheckpoint(ValueError):
@@ -63,31 +64,19 @@ class WeightsSize:
         return {"value": self.bytes, "kind": self.kind, "source": self.source, "unit": "B"}
 
 
-def _get(cfg: Mapping[str, Any], *names: str, default: Any = None) -> Any:
-    for n in names:
-        if cfg.get(n) is not None:
-            return cfg[n]
-    return default
-
-
-def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The language model's part of a (possibly multimodal) config.json."""
-    return config.get("text_config") or config.get("llm_config") or config
-
-
 # --------------------------------------------------------------------------- parameter counts
 
 
 def _attention(cfg: Mapping[str, Any], h: int) -> tuple[int, int, int]:
     """(projection, bias, norm) parameters of one standard attention layer."""
     heads = int(cfg["num_attention_heads"])
-    head_dim = int(_get(cfg, "head_dim", default=h // heads))
-    kv = int(_get(cfg, "num_key_value_heads", default=heads))
+    head_dim = int(config_value(cfg, "head_dim", default=h // heads))
+    kv = int(config_value(cfg, "num_key_value_heads", default=heads))
     q, k = heads * head_dim, kv * head_dim
     # Qwen3-Next's gated attention doubles q_proj
     gate = q if cfg.get("attn_output_gate", cfg.get("model_type") == "qwen3_next") else 0
     proj = h * (q + gate) + 2 * h * k + q * h
-    bias = q + 2 * k if _get(cfg, "attention_bias", default=cfg.get("model_type") == "qwen2") else 0
+    bias = q + 2 * k if config_value(cfg, "attention_bias", default=cfg.get("model_type") == "qwen2") else 0
     norm = 2 * head_dim if cfg.get("model_type", "").startswith("qwen3") else 0  # q_norm, k_norm
     return proj, bias, norm
 
@@ -107,17 +96,17 @@ def _linear_attention(cfg: Mapping[str, Any], h: int) -> tuple[int, int, int]:
     k_heads, v_heads = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
     key, value = k_heads * int(cfg["linear_key_head_dim"]), v_heads * int(cfg["linear_value_head_dim"])
     proj = h * (2 * key + 2 * value) + h * 2 * v_heads + value * h  # in_proj_qkvz, in_proj_ba, out_proj
-    other = (2 * key + value) * int(_get(cfg, "linear_conv_kernel_dim", default=4)) + 2 * v_heads  # conv1d, A_log, dt_bias
+    other = (2 * key + value) * int(config_value(cfg, "linear_conv_kernel_dim", default=4)) + 2 * v_heads  # conv1d, A_log, dt_bias
     return proj, other, int(cfg["linear_value_head_dim"])
 
 
 def _is_moe_layer(cfg: Mapping[str, Any], i: int) -> bool:
     if "first_k_dense_replace" in cfg:  # DeepSeek
-        step = int(_get(cfg, "moe_layer_freq", default=1))
+        step = int(config_value(cfg, "moe_layer_freq", default=1))
         return i >= int(cfg["first_k_dense_replace"]) and i % step == 0
     if i in (cfg.get("mlp_only_layers") or []):
         return False
-    step = int(_get(cfg, "decoder_sparse_step", default=1))
+    step = int(config_value(cfg, "decoder_sparse_step", default=1))
     return (i + 1) % step == 0
 
 
@@ -141,10 +130,10 @@ def _decoder(cfg: Mapping[str, Any], attention: str) -> dict[str, int]:
     h, layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
     vocab = int(cfg["vocab_size"])
     parts = {"embed": vocab * h, "lm_head": 0 if cfg.get("tie_word_embeddings") else vocab * h, "norms": h}
-    experts = int(_get(cfg, "num_experts", "n_routed_experts", "num_local_experts", default=0))
-    expert_inter = int(_get(cfg, "moe_intermediate_size", default=cfg.get("intermediate_size", 0)))
-    shared = int(_get(cfg, "shared_expert_intermediate_size", default=0)) or \
-        int(_get(cfg, "n_shared_experts", default=0)) * expert_inter
+    experts = int(config_value(cfg, "num_experts", "n_routed_experts", "num_local_experts", default=0))
+    expert_inter = int(config_value(cfg, "moe_intermediate_size", default=cfg.get("intermediate_size", 0)))
+    shared = int(config_value(cfg, "shared_expert_intermediate_size", default=0)) or \
+        int(config_value(cfg, "n_shared_experts", default=0)) * expert_inter
     kinds = _layer_kinds(cfg, layers)
     for i in range(layers):
         if attention == "mla":
@@ -297,9 +286,9 @@ def quantization(config: Mapping[str, Any]) -> tuple[float | None, set[str], str
 
 
 def dtype_bytes(config: Mapping[str, Any]) -> int:
-    name = str(_get(text_config(config), "torch_dtype", "dtype", default=config.get("torch_dtype", "bfloat16")))
+    name = str(config_value(text_config(config), "torch_dtype", "dtype", default=config.get("torch_dtype", "bfloat16")))
     name = name.replace("torch.", "")
-    if name not in DTYPE_BYTES:
+    if DTYPE_BYTES.get(name, 0) < 2:  # fp8 and int8 name quantized weights, not a model's dtype
         raise UnknownCheckpoint(f"config.json's dtype {name!r} is not a floating-point dtype the planner knows")
     return DTYPE_BYTES[name]
 

@@ -38,7 +38,6 @@ from llmtrial.shape import (
     DTYPE_BYTES,
     ModelShape,
     PlanError,
-    _first,
     kv_bytes_per_token_per_layer,
     kv_heads_per_rank,
     model_shape,
@@ -375,7 +374,7 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
     avail, avail_kind, avail_source = _kv_memory(hardware, args, shape, weights_per_rank, size.kind, available_kv_gib,
                                                  memory or MemoryTerms(), facts)
     block_size = _block_size(shape, hardware, args)
-    max_len = args.max_model_len or int(_first(config.get("text_config") or config, "max_position_embeddings", default=2048))
+    max_len = args.max_model_len or shape.max_position_embeddings
     blocks = tokens = 0
     concurrency = 0.0
     if min(avail) <= 0:

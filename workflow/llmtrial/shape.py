@@ -52,9 +52,16 @@ class ModelShape:
     intermediate_size: int | None = None
     moe_intermediate_size: int | None = None
     state_bytes_per_layer: int | None = None
+    max_position_embeddings: int = 2048
 
 
-def _first(cfg: Mapping[str, Any], *names: str, default: Any = None) -> Any:
+def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's part of a (possibly multimodal) config.json."""
+    return config.get("text_config") or config.get("llm_config") or config
+
+
+def config_value(cfg: Mapping[str, Any], *names: str, default: Any = None) -> Any:
+    """The first of ``names`` that ``cfg`` sets (config.json spells one figure several ways)."""
     for n in names:
         if cfg.get(n) is not None:
             return cfg[n]
@@ -90,42 +97,43 @@ def _layer_kinds(cfg: Mapping[str, Any], num_layers: int, sliding_window: int | 
 
 def model_shape(config: Mapping[str, Any], *, dtype: str | None = None) -> ModelShape:
     """Read a Hugging Face ``config.json`` (text part of a multimodal one) into a ModelShape."""
-    cfg = config.get("text_config") or config.get("llm_config") or config
+    cfg = text_config(config)
     try:
-        num_layers = int(_first(cfg, "num_hidden_layers", "n_layer", "num_layers"))
-        hidden = int(_first(cfg, "hidden_size", "d_model", "n_embd"))
-        heads = int(_first(cfg, "num_attention_heads", "n_head"))
+        num_layers = int(config_value(cfg, "num_hidden_layers", "n_layer", "num_layers"))
+        hidden = int(config_value(cfg, "hidden_size", "d_model", "n_embd"))
+        heads = int(config_value(cfg, "num_attention_heads", "n_head"))
     except TypeError:
         raise PlanError("config.json lacks num_hidden_layers, hidden_size or num_attention_heads") from None
-    kv_heads = int(_first(cfg, "num_key_value_heads", "num_kv_heads", "multi_query_group_num", default=heads))
-    head_dim = int(_first(cfg, "head_dim", default=hidden // heads))
-    dtype_name = str(dtype or _first(cfg, "torch_dtype", "dtype", default=config.get("torch_dtype", "bfloat16")))
+    kv_heads = int(config_value(cfg, "num_key_value_heads", "num_kv_heads", "multi_query_group_num", default=heads))
+    head_dim = int(config_value(cfg, "head_dim", default=hidden // heads))
+    dtype_name = str(dtype or config_value(cfg, "torch_dtype", "dtype", default=config.get("torch_dtype", "bfloat16")))
     dtype_name = dtype_name.replace("torch.", "")
     if dtype_name not in DTYPE_BYTES:
         raise PlanError(f"unknown dtype {dtype_name!r} in config.json")
-    sliding = _first(cfg, "sliding_window", "attention_window_size")
+    sliding = config_value(cfg, "sliding_window", "attention_window_size")
     sliding = int(sliding) if isinstance(sliding, (int, float)) and sliding else None
     mla = None
     if cfg.get("kv_lora_rank"):
         mla = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim", 0))
-    experts = _first(cfg, "num_experts", "n_routed_experts", "num_local_experts")
+    experts = config_value(cfg, "num_experts", "n_routed_experts", "num_local_experts")
     state = None
     if cfg.get("mamba_d_state") or cfg.get("ssm_state_size") or cfg.get("state_size"):
-        d_state = int(_first(cfg, "mamba_d_state", "ssm_state_size", "state_size"))
-        expand = int(_first(cfg, "mamba_expand", "expand", default=2))
-        d_conv = int(_first(cfg, "mamba_d_conv", "conv_kernel", "d_conv", default=4))
+        d_state = int(config_value(cfg, "mamba_d_state", "ssm_state_size", "state_size"))
+        expand = int(config_value(cfg, "mamba_expand", "expand", default=2))
+        d_conv = int(config_value(cfg, "mamba_d_conv", "conv_kernel", "d_conv", default=4))
         inner = expand * hidden
         state = (inner * d_state + inner * d_conv) * DTYPE_BYTES[dtype_name]
     return ModelShape(
         num_layers=num_layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-        hidden_size=hidden, vocab_size=int(_first(cfg, "vocab_size", default=config.get("vocab_size", 0))),
+        hidden_size=hidden, vocab_size=int(config_value(cfg, "vocab_size", default=config.get("vocab_size", 0))),
         dtype_bytes=DTYPE_BYTES[dtype_name],
-        tie_word_embeddings=bool(_first(config, "tie_word_embeddings", default=cfg.get("tie_word_embeddings", False))),
+        tie_word_embeddings=bool(config_value(config, "tie_word_embeddings", default=cfg.get("tie_word_embeddings", False))),
         layer_kinds=_layer_kinds(cfg, num_layers, sliding), sliding_window=sliding, mla_kv_dim=mla,
         num_experts=int(experts) if experts else None,
-        intermediate_size=_first(cfg, "intermediate_size", "ffn_hidden_size"),
+        intermediate_size=config_value(cfg, "intermediate_size", "ffn_hidden_size"),
         moe_intermediate_size=cfg.get("moe_intermediate_size"),
         state_bytes_per_layer=state,
+        max_position_embeddings=int(config_value(cfg, "max_position_embeddings", default=2048)),
     )
 
 
