@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import DATA
+from conftest import DATA, NvmlDouble
 from llmtrial.cli import main as cli_main
 from llmtrial.logs import parse_startup, read_log
 from llmtrial.model_source import model_config_for, planned_weights
@@ -29,7 +29,6 @@ from llmtrial.plan import (
 )
 from llmtrial.preflight import gpu_inventory
 from llmtrial.trial import compare_with_plan
-from test_preflight import NvmlDouble
 
 #: Seed 003: Qwen3-235B-A22B-Instruct-2507-FP8 as its runbook describes it.
 SEED_003 = {"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 94, "num_attention_heads": 64,

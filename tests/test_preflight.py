@@ -8,11 +8,10 @@ from __future__ import annotations
 import importlib.metadata as md
 import resource
 import sys
-from types import SimpleNamespace
 
 import pytest
 
-from conftest import NvmlDoubleBase
+from conftest import NvmlDouble, NVMLError
 from llmtrial.disk import disk_headroom
 from llmtrial.preflight import (
     PreflightError,
@@ -25,56 +24,6 @@ from llmtrial.preflight import (
 from llmtrial.records import redact_env
 
 DISK = {"reserve_fraction": 0.10, "reserve_min_gib": 5}
-
-
-class NVMLError(Exception):
-    pass
-
-
-class NvmlDouble(NvmlDoubleBase):
-    """A double of nvidia-ml-py's pynvml: two GPUs; GPU 1 will not report its PCIe width."""
-
-    NVML_P2P_CAPS_INDEX_READ = 0
-    NVML_P2P_STATUS_OK = 0
-
-    def __init__(self, cc=(9, 0)):
-        super().__init__()
-        self.cc = cc
-
-    def nvmlDeviceGetName(self, h):
-        return b"NVIDIA H200"
-
-    def nvmlDeviceGetUUID(self, h):
-        return f"GPU-{h}"
-
-    def nvmlDeviceGetMemoryInfo(self, h):
-        return SimpleNamespace(total=(141 if h == 0 else 139) * 2**30)
-
-    def nvmlDeviceGetCudaComputeCapability(self, h):
-        return self.cc
-
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, h):
-        return 5
-
-    def nvmlDeviceGetMaxPcieLinkGeneration(self, h):
-        return 5
-
-    def nvmlDeviceGetCurrPcieLinkWidth(self, h):
-        if h == 1:
-            raise NVMLError("Not Supported")
-        return 16
-
-    def nvmlDeviceGetMaxPcieLinkWidth(self, h):
-        return 16
-
-    def nvmlDeviceGetP2PStatus(self, a, b, index):
-        return 0
-
-    def nvmlSystemGetDriverVersion(self):
-        return "575.51.03"
-
-    def nvmlSystemGetCudaDriverVersion_v2(self):
-        return 12090
 
 
 class TestEnvironment:

@@ -10,13 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import DATA, NvmlDoubleBase
+from conftest import DATA, NVMLError, NvmlDoubleBase
 from llmtrial.sources import KernelLogSource, MetricsSource, NvmlSource
 from llmtrial.telemetry import Sampler, read_samples, window_figures
-
-
-class NVMLError(Exception):
-    pass
 
 
 class NvmlTelemetryDouble(NvmlDoubleBase):

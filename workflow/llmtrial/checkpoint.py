@@ -58,7 +58,6 @@ class WeightsSize:
     kind: str  # measured, given or estimated
     source: str
     parts: dict[str, int] = field(default_factory=dict)  # bytes per part, for estimates
-    notes: tuple[str, ...] = ()
 
     def fact(self) -> dict[str, Any]:
         return {"value": self.bytes, "kind": self.kind, "source": self.source, "unit": "B"}

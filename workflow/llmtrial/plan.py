@@ -140,13 +140,12 @@ class Extras:
 
 @dataclass
 class Plan:
+    """The planner's answer: verdict, reasons, figures as facts (with their kinds) and as plain data."""
+
     verdict: str
     reasons: list[str]
     facts: dict[str, dict[str, Any]] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "reasons": self.reasons, **self.data, "facts": self.facts}
 
 
 # --------------------------------------------------------------------------- arithmetic

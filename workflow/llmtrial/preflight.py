@@ -274,8 +274,3 @@ def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: M
         err.record = record  # type: ignore[attr-defined]
         raise err
     return record
-
-
-# --------------------------------------------------------------------------- weights to plan on
-
-
