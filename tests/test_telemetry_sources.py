@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import DATA, NVMLError, NvmlDoubleBase
+from conftest import DATA, NvmlDoubleBase, NVMLError
 from llmtrial.sources import KernelLogSource, MetricsSource, NvmlSource
 from llmtrial.telemetry import Sampler, read_samples, window_figures
 
