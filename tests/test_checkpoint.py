@@ -18,16 +18,17 @@ def config(name: str) -> dict:
     return json.loads((DATA / "configs" / f"{name}.json").read_text())
 
 
-@pytest.mark.parametrize("name,published", [
-    ("Meta-Llama-3.1-8B-Instruct", 8_030_261_248),      # the safetensors metadata's parameter count
-    ("Qwen2.5-7B-Instruct-AWQ", 7_615_616_512),          # Qwen2.5-7B: 7.61B
-    ("Qwen3-235B-A22B-Instruct-2507-FP8", 235_093_634_560),  # 235B total, 22B active
-    ("Qwen3-30B-A3B", 30_532_122_624),                    # 30.5B total
-    ("Mixtral-8x7B-v0.1", 46_702_792_704),                # 46.7B
-    ("DeepSeek-V3", 671_026_419_200),                     # 671B without the 14B multi-token-prediction module
+@pytest.mark.parametrize("name,published,rel", [
+    ("Meta-Llama-3.1-8B-Instruct", 8_030_261_248, 1e-9),      # Meta's exact count
+    ("Qwen2.5-7B-Instruct-AWQ", 7.61e9, 1e-3),                 # Qwen2.5-7B: "7.61B"
+    ("Qwen3-235B-A22B-Instruct-2507-FP8", 235e9, 2e-3),        # "235B in total, 22B activated"
+    ("Qwen3-30B-A3B", 30.5e9, 2e-3),                           # "30.5B in total"
+    ("Mixtral-8x7B-v0.1", 46.7e9, 1e-3),                       # "46.7B"
+    ("DeepSeek-V3", 671e9, 1e-3),                              # 671B without the 14B multi-token-prediction module
 ])
-def test_parameter_count_matches_the_published_total(name, published):
-    assert sum(parameter_parts(config(name)).values()) == pytest.approx(published, rel=1e-6)
+def test_parameter_count_matches_the_published_total(name, published, rel):
+    """Published totals at the precision they are published with."""
+    assert sum(parameter_parts(config(name)).values()) == pytest.approx(published, rel=rel)
 
 
 def test_hybrid_linear_attention_moe_is_counted_within_one_percent():
