@@ -11,10 +11,11 @@ import time
 from pathlib import Path
 
 from conftest import SERVER_SCRIPT
+from llmtrial.bench import agreement
 from llmtrial.ledger import Ledger
 from llmtrial.paths import TrialPaths
 from llmtrial.server import group_members, port_open
-from llmtrial.trial import JobPaths, TrialJob, agreement
+from llmtrial.trial import JobPaths, TrialJob
 
 
 def test_agreement_is_the_spread_over_the_mean():

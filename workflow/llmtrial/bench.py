@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 import time
@@ -23,6 +24,14 @@ SUMMARY_FIELDS = (
     "request_throughput", "output_throughput", "total_token_throughput", "max_concurrency",
 )
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+def agreement(values: list[float]) -> float | None:
+    """Spread of a figure across passes, (max - min) / mean; None with fewer than two."""
+    vals = [v for v in values if v is not None]
+    if len(vals) < 2 or statistics.fmean(vals) == 0:
+        return None
+    return (max(vals) - min(vals)) / statistics.fmean(vals)
 
 
 def pass_seed(base: int, scenario_index: int, pass_index: int) -> int:

@@ -12,7 +12,6 @@ import logging
 import os
 import shutil
 import signal
-import statistics
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -43,14 +42,6 @@ SERVER_COUNTERS = {
     "generation_tokens": "generation_tokens_total",
     "requests_finished": "requests_finished_total",
 }
-
-
-def agreement(values: list[float]) -> float | None:
-    """Spread of a figure across passes, (max - min) / mean; None with fewer than two."""
-    vals = [v for v in values if v is not None]
-    if len(vals) < 2 or statistics.fmean(vals) == 0:
-        return None
-    return (max(vals) - min(vals)) / statistics.fmean(vals)
 
 
 @contextlib.contextmanager
@@ -319,8 +310,8 @@ class TrialJob:
                                      f"(exit {one['returncode']}{', timed out' if one['timed_out'] else ''})")
             ok = [q["summary"] for q in entry["passes"] if q["status"] == "ok"]
             entry["agreement"] = {
-                "output_throughput": agreement([s["output_throughput"] for s in ok]),
-                "median_ttft_ms": agreement([s["median_ttft_ms"] for s in ok]),
+                "output_throughput": bench.agreement([s["output_throughput"] for s in ok]),
+                "median_ttft_ms": bench.agreement([s["median_ttft_ms"] for s in ok]),
             }
         return failed
 
