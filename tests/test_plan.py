@@ -21,6 +21,7 @@ from llmtrial.plan import (
     configuration_checks,
     kv_bytes_per_token_per_layer,
     model_shape,
+    model_summary,
     plan,
     plan_record,
     predict_kv_tokens,
@@ -437,3 +438,13 @@ class TestPlanRecords:
                         hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[96])
         assert r["facts"]["predicted_kv_cache_tokens"]["kind"] == "estimated"
         assert any("VLLM_CPU_KVCACHE_SPACE is not set" in x for x in r["reasons"])
+
+
+def test_qwen3_next_keeps_kv_per_token_only_in_its_full_attention_layers():
+    # Qwen3-Next-80B-A3B: full attention every 4th of 48 layers (full_attention_interval 4), gated
+    # DeltaNet between; 2 KV heads of 256 in bf16: 12 layers x K and V x 2 x 256 x 2 B per token
+    cfg = real_config("Qwen3-Next-80B-A3B-Instruct")
+    p = plan(cfg, Hardware(gpus=2, gpu_memory_gib=80), ServingArgs(tensor_parallel_size=2, max_model_len=32768))
+    assert p.data["kv_cache_bytes_per_token"] == 12 * 2 * 2 * 256 * 2
+    assert any("36 linear-attention/Mamba layers keep state per sequence" in r for r in p.reasons)
+    assert model_summary(cfg)["layer_kinds"] == {"state": 36, "full_attention": 12}

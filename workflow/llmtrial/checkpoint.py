@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmtrial.shape import DTYPE_BYTES, config_value, text_config
+from llmtrial.shape import DTYPE_BYTES, config_value, layer_kinds, text_config
 
 #: Parts a quantization method converts (linear layers), unless the config lists them as not converted.
 #: The output head is not among them: FP8, AWQ, GPTQ, bitsandbytes and MXFP4 checkpoints keep it
@@ -110,13 +110,7 @@ def _is_moe_layer(cfg: Mapping[str, Any], i: int) -> bool:
 
 
 def _layer_kinds(cfg: Mapping[str, Any], layers: int) -> list[str]:
-    types = cfg.get("layer_types")
-    if types:
-        return ["linear" if str(t).startswith("linear") else "attention" for t in types[:layers]]
-    interval = cfg.get("full_attention_interval")
-    if interval:
-        return ["attention" if (i + 1) % int(interval) == 0 else "linear" for i in range(layers)]
-    return ["attention"] * layers
+    return ["linear" if k == "state" else "attention" for k in layer_kinds(cfg, layers)]
 
 
 def _add(parts: dict[str, int], **counts: int) -> None:

@@ -507,4 +507,21 @@ def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | No
                        f"the plan assumes {ASSUMED_CPU_KV_GIB:g} GiB per worker (an estimate).")
     return {**head, "verdict": "does_not_fit" if failed else result.verdict, "reasons": reasons, "checks": checks,
             "hardware": {"gpus": hw.gpus, "gpu_memory_gib": hw.gpu_memory_gib, "cpu_kv_space_gib": hw.cpu_kv_space_gib},
-            "plan": result.data, "facts": result.facts}
+            "plan": result.data, "facts": result.facts, "model": model_summary(model_config)}
+
+
+def model_summary(model_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The model's shape as the planner read it from config.json, for the report."""
+    s = model_shape(model_config)
+    try:
+        quant = checkpoint.quantization(model_config)[2]
+    except checkpoint.UnknownCheckpoint as exc:
+        quant = f"unknown ({exc})"
+    kinds: dict[str, int] = {}
+    for kind in s.layer_kinds:
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return {"architecture": (model_config.get("architectures") or [None])[0], "layers": s.num_layers,
+            "attention_heads": s.num_heads, "kv_heads": s.num_kv_heads, "head_dim": s.head_dim,
+            "hidden_size": s.hidden_size, "vocab_size": s.vocab_size, "experts": s.num_experts,
+            "dtype_bytes": s.dtype_bytes, "quantization": quant, "layer_kinds": kinds,
+            "mla_kv_dim": s.mla_kv_dim, "sliding_window": s.sliding_window}

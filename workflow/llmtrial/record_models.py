@@ -57,6 +57,7 @@ class PlanRecord(_Model):
     plan: dict[str, Any]
     facts: dict[str, Fact]
     force: bool
+    model: dict[str, Any] | None = None
 
 
 class ManifestFile(_Model):

@@ -68,7 +68,10 @@ def config_value(cfg: Mapping[str, Any], *names: str, default: Any = None) -> An
     return default
 
 
-def _layer_kinds(cfg: Mapping[str, Any], num_layers: int, sliding_window: int | None) -> tuple[str, ...]:
+def layer_kinds(cfg: Mapping[str, Any], num_layers: int, sliding_window: int | None = None) -> tuple[str, ...]:
+    """Each layer's cache kind: ``full_attention``, ``sliding_attention``, ``state`` (linear
+    attention or SSM, per sequence) or ``none``, from ``layer_types``, a hybrid pattern or
+    ``full_attention_interval`` (Qwen3-Next: full attention every n-th layer, linear between)."""
     kinds = cfg.get("layer_types") or cfg.get("layers_block_type")
     if kinds:
         out = []
@@ -86,6 +89,9 @@ def _layer_kinds(cfg: Mapping[str, Any], num_layers: int, sliding_window: int | 
     pattern = cfg.get("hybrid_override_pattern")
     if isinstance(pattern, str) and len(pattern) >= num_layers:
         return tuple("full_attention" if c == "*" else ("state" if c == "M" else "none") for c in pattern[:num_layers])
+    interval = cfg.get("full_attention_interval")
+    if interval:
+        return tuple("full_attention" if (i + 1) % int(interval) == 0 else "state" for i in range(num_layers))
     if sliding_window and cfg.get("use_sliding_window", True) is not False:
         window_from = cfg.get("max_window_layers")
         if window_from is not None and cfg.get("use_sliding_window") is True:
@@ -128,7 +134,7 @@ def model_shape(config: Mapping[str, Any], *, dtype: str | None = None) -> Model
         hidden_size=hidden, vocab_size=int(config_value(cfg, "vocab_size", default=config.get("vocab_size", 0))),
         dtype_bytes=DTYPE_BYTES[dtype_name],
         tie_word_embeddings=bool(config_value(config, "tie_word_embeddings", default=cfg.get("tie_word_embeddings", False))),
-        layer_kinds=_layer_kinds(cfg, num_layers, sliding), sliding_window=sliding, mla_kv_dim=mla,
+        layer_kinds=layer_kinds(cfg, num_layers, sliding), sliding_window=sliding, mla_kv_dim=mla,
         num_experts=int(experts) if experts else None,
         intermediate_size=config_value(cfg, "intermediate_size", "ffn_hidden_size"),
         moe_intermediate_size=cfg.get("moe_intermediate_size"),
