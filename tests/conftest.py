@@ -140,3 +140,64 @@ class NvmlDouble(NvmlDoubleBase):
 
     def nvmlSystemGetCudaDriverVersion_v2(self):
         return 12090
+
+
+class NvmlTelemetryDouble(NvmlDoubleBase):
+    """A double of nvidia-ml-py's pynvml for sampling: two GPUs; GPU 0 refuses its
+    temperature; GPU 1 disappears (every call raises) once ``lose_gpu1`` is set."""
+
+    NVML_TEMPERATURE_GPU = 0
+    NVML_CLOCK_SM, NVML_CLOCK_MEM = 1, 2
+    NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES = 0, 1
+
+    def __init__(self):
+        super().__init__()
+        self.lose_gpu1 = False
+        self.energy = [1_000_000, 2_000_000]
+
+    def _check(self, h):
+        if h == 1 and self.lose_gpu1:
+            raise NVMLError("GPU is lost")
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        self._check(h)
+        return SimpleNamespace(gpu=50 + h, memory=20)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        self._check(h)
+        return SimpleNamespace(used=10 * 2**30, total=80 * 2**30)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        self._check(h)
+        return 300_000
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h):
+        self._check(h)
+        return 700_000
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        self._check(h)
+        self.energy[h] += 300_000  # 300 J per sample
+        return self.energy[h]
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        self._check(h)
+        if h == 0:
+            raise NVMLError("Not Supported")
+        return 60
+
+    def nvmlDeviceGetClockInfo(self, h, clock):
+        self._check(h)
+        return 1980 if clock == self.NVML_CLOCK_SM else 2619
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        self._check(h)
+        return 0
+
+    def nvmlDeviceGetPcieThroughput(self, h, counter):
+        self._check(h)
+        return 1000 + counter
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        self._check(h)
+        return [SimpleNamespace(pid=1, usedGpuMemory=8 * 2**30)]

@@ -129,3 +129,11 @@ def test_editing_one_configuration_leaves_the_others_spec_unchanged():
 
 def test_schema_path_points_at_the_workflow_schema():
     assert SCHEMA_PATH == REPO / "workflow" / "llmtrial" / "schemas" / "config.schema.yaml"
+
+
+def test_the_report_block_has_defaults_and_its_baseline_must_name_a_configuration():
+    config = validate_config(minimal())
+    assert config["report"] == {"baseline": None, "max_disagreement": 0.1, "notes": ""}
+    assert validate_config({**minimal(), "report": {"baseline": "b"}})["report"]["baseline"] == "b"
+    with pytest.raises(ConfigError, match=r"key 'report.baseline': 'tp9' is not a configuration of this trial \(a, b\)"):
+        validate_config({**minimal(), "report": {"baseline": "tp9"}})

@@ -67,6 +67,10 @@ def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH, *, 
     if errors:
         lines = [f"{source} key '{key_path(e)}': {e.message}" for e in errors]
         raise ConfigError("invalid trial configuration:\n  " + "\n  ".join(lines))
+    baseline = (config.get("report") or {}).get("baseline")
+    if baseline is not None and baseline not in config["configurations"]:
+        raise ConfigError(f"invalid trial configuration:\n  {source} key 'report.baseline': {baseline!r} is not a "
+                          f"configuration of this trial ({', '.join(config['configurations'])})")
     return config
 
 

@@ -75,6 +75,16 @@ class TrialPaths:
     def report(self) -> Path:
         return self.root / "report.html"
 
+    @property
+    def charts(self) -> Path:
+        """The report's charts as SVG files (for Snakemake's own report)."""
+        return self.root / "charts"
+
+    @property
+    def provenance(self) -> Path:
+        """What produced the report: the project's commit, the command, the resolved trial."""
+        return self.root / "provenance.json"
+
     def log(self, name: str) -> Path:
         """A job's log: ``logs/<name>.log`` (``plan/<configuration>`` and the like included)."""
         return self.root / "logs" / f"{name}.log"

@@ -1,7 +1,9 @@
 """The trial report: one self-contained HTML file rendered from the stage records only.
 
-jinja2 with autoescaping on; inline CSS, no scripts, no network. Every measured number
-is shown with its source (log line, result file or sampler) so an auditor can trace it.
+jinja2 with autoescaping on; inline CSS and SVG charts, no scripts, no network. It opens
+with what the trial concludes (:mod:`llmtrial.conclusions`), then the charts
+(:mod:`llmtrial.charts`), then every record's detail. Every measured number is shown with
+its source (log line, result file or sampler) so an auditor can trace it.
 """
 
 from __future__ import annotations
@@ -13,10 +15,24 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from markdown_it import MarkdownIt
+from markupsafe import Markup
 
+from llmtrial import charts
+from llmtrial.conclusions import (
+    FIGURES,
+    Settings,
+    cold_warm,
+    not_measured,
+    outcome_sentences,
+    scenario_sentences,
+    scenario_tables,
+    streams,
+)
 from llmtrial.fileio import atomic_write_text
 from llmtrial.records import human_bytes, read_record
 from llmtrial.resources import TEMPLATES
+from llmtrial.telemetry import read_samples
 
 
 def fmt_num(value: Any, digits: int = 2) -> str:
@@ -49,10 +65,8 @@ def fmt_time(value: Any) -> str:
     return dt.datetime.fromtimestamp(float(value), tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def build_context(*, trial: str, preflight: Mapping[str, Any], manifest: Mapping[str, Any],
-                  plans: list[Mapping[str, Any]], configurations: list[Mapping[str, Any]],
-                  cleanup: Mapping[str, Any], patches: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """What the template sees: the records, plus tables regrouped by scenario."""
+def _scenario_rows(configurations: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every pass of every configuration, regrouped by scenario (the detailed tables)."""
     scenario_names: list[str] = []
     for rec in configurations:
         for sc in rec.get("scenarios", []):
@@ -70,22 +84,86 @@ def build_context(*, trial: str, preflight: Mapping[str, Any], manifest: Mapping
                     rows.append({"configuration": rec["configuration"], "pass": one,
                                  "agreement": sc.get("agreement", {})})
         scenarios.append({"name": name, "spec": spec, "rows": rows})
-    failed = [r for r in configurations if r.get("status") == "failed"]
-    skipped = [r for r in configurations if r.get("status") == "skipped"]
+    return scenarios
+
+
+def notes_html(notes: str | None) -> Markup:
+    """The operator's notes (plain text or Markdown) as HTML: raw HTML escaped, no images
+    (nothing the page would fetch), links only of safe schemes (markdown-it's default)."""
+    if not notes:
+        return Markup("")
+    md = MarkdownIt("commonmark", {"html": False}).disable("image")
+    return Markup(md.render(notes))
+
+
+def _charts(tables: list[dict[str, Any]], configurations: list[Mapping[str, Any]],
+            telemetry: Mapping[str, Any], per: str) -> list[charts.Chart]:
+    names = [r["configuration"] for r in configurations]
+    out = [charts.latency_chart(tables, names), charts.pareto_chart(tables, names, per),
+           charts.prediction_chart(configurations, names)]
+    out += [charts.timeseries_chart(r, telemetry[r["configuration"]]) for r in configurations
+            if r["configuration"] in telemetry]
+    return [c for c in out if c is not None]
+
+
+def gpu_rows(configurations: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per pass and GPU: what NVML sampled in the pass's window (mean utilisation, power against
+    the limit, memory, PCIe traffic), from the pass's telemetry summary."""
+    rows = []
+    for r in configurations:
+        for sc in r.get("scenarios", []):
+            for p in sc.get("passes", []):
+                summary = (p.get("telemetry") or {}).get("summary") or {}
+                gpus = sorted({k.split(".")[1] for k in summary if k.startswith("nvml.gpu")})
+                for g in gpus:
+                    f = {k.split(".", 2)[2]: v for k, v in summary.items() if k.startswith(f"nvml.{g}.")}
+                    rows.append({"configuration": r["configuration"], "window": f"{sc['name']} pass {p['pass']}",
+                                 "gpu": g, "figures": f})
+    return rows
+
+
+def build_context(*, trial: str, preflight: Mapping[str, Any], manifest: Mapping[str, Any],
+                  plans: list[Mapping[str, Any]], configurations: list[Mapping[str, Any]],
+                  cleanup: Mapping[str, Any], patches: Mapping[str, Any] | None = None,
+                  quiet: Mapping[str, Any] | None = None, telemetry: Mapping[str, Any] | None = None,
+                  settings: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What the template sees: the records, the conclusions worked out of them, and the charts.
+    ``telemetry`` maps a configuration to its samples (:func:`llmtrial.telemetry.read_samples`)."""
+    cfg = Settings.from_config(settings)
+    by_name = {p["configuration"]: p for p in plans}
+    tables = scenario_tables(configurations, by_name, cfg)
+    gpus = preflight["environment"].get("gpus") or {}
+    per = "GPU" if gpus.get("present") else "CPU worker"
+    unstable = {(t["name"], c["configuration"]): c["spread"] for t in tables for c in t["cells"] if c["unstable"]}
     return {
         "trial": trial,
         "generated": fmt_time(dt.datetime.now(tz=dt.UTC).timestamp()),
         "environment": preflight["environment"],
         "preflight": preflight,
         "plans": plans,
-        "skipped": skipped,
+        "model": next((p["model"] for p in plans if p.get("model")), None),
+        "skipped": [r for r in configurations if r.get("status") == "skipped"],
         "manifest": manifest,
         "configurations": configurations,
-        "scenarios": scenarios,
-        "failures": failed,
+        "scenarios": _scenario_rows(configurations),
+        "failures": [r for r in configurations if r.get("status") == "failed"],
         "cleanup": cleanup,
         "patches": patches or {"vllm": None, "patches": []},
+        "quiet": quiet,
         "n_ok": sum(1 for r in configurations if r.get("status") == "ok"),
+        "settings": cfg,
+        "per": per,
+        "tables": [{**t, "sentences": scenario_sentences(t)} for t in tables],
+        "outcomes": outcome_sentences(configurations),
+        "unstable": unstable,
+        "figures": FIGURES,
+        "charts": _charts(tables, configurations, telemetry or {}, per),
+        "cold_warm": [cw for cw in (cold_warm(r) for r in configurations) if cw],
+        "streams": [s for r in configurations for s in streams(r)],
+        "gpu_rows": gpu_rows(configurations),
+        "not_measured": not_measured(preflight=preflight, configurations=configurations, plans=plans, tables=tables),
+        "notes": notes_html((settings or {}).get("notes")),
+        "provenance": provenance,
     }
 
 
@@ -102,16 +180,35 @@ def render_report(context: Mapping[str, Any], template_dir: Path = TEMPLATES) ->
 
 
 def write_report(out: Path, *, trial: str, preflight: Path, manifest: Path, plans: Iterable[Path],
-                 configurations: Iterable[Path], cleanup: Path, patches: Path | None = None) -> Path:
-    """Read the records named, render, and write the report atomically."""
+                 configurations: Iterable[Path], cleanup: Path, patches: Path | None = None,
+                 quiet: Path | None = None, telemetry: Iterable[Path] = (), settings: Mapping[str, Any] | None = None,
+                 provenance: Mapping[str, Any] | None = None, charts_dir: Path | None = None) -> Path:
+    """Read the records named, render, and write the report atomically. ``telemetry`` are the
+    configurations' samples files, in the order of ``configurations``; ``charts_dir``, when
+    given, also receives each chart as an SVG file (for Snakemake's own report)."""
+    records = [read_record(p) for p in configurations]
+    samples = {r["configuration"]: read_samples(p) for r, p in zip(records, telemetry, strict=False) if Path(p).exists()}
     context = build_context(
         trial=trial,
         preflight=read_record(preflight),
         manifest=read_record(manifest),
         plans=[read_record(p) for p in plans],
-        configurations=[read_record(p) for p in configurations],
+        configurations=records,
         cleanup=read_record(cleanup),
         patches=read_record(patches) if patches is not None else None,
+        quiet=read_record(quiet) if quiet is not None else None,
+        telemetry=samples,
+        settings=settings,
+        provenance=provenance,
     )
-    html = render_report(context)
-    return atomic_write_text(out, html)
+    if charts_dir is not None:
+        write_charts(Path(charts_dir), context["charts"])
+    return atomic_write_text(out, render_report(context))
+
+
+def write_charts(folder: Path, items: Iterable[charts.Chart]) -> list[Path]:
+    """Each chart as a standalone SVG file, the folder emptied of older charts first."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.svg"):
+        old.unlink()
+    return [atomic_write_text(folder / f"{c.name}.svg", c.svg) for c in items]

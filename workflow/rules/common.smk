@@ -65,6 +65,12 @@ def configuration_records(wildcards):
     )
 
 
+def configuration_telemetry(wildcards):
+    return expand(
+        rules.trial.output.telemetry, trial=TRIAL, configuration=CONFIGURATIONS
+    )
+
+
 def configuration_plans(wildcards):
     return expand(rules.plan.output.record, trial=TRIAL, configuration=CONFIGURATIONS)
 

@@ -2,15 +2,20 @@ rule report:
     input:
         preflight=rules.preflight.output.record,
         manifest=rules.stage_model.output.manifest,
+        quiet=rules.quiet.output.record,
         patches=rules.patch.output.record,
         plans=configuration_plans,
         records=configuration_records,
+        telemetry=configuration_telemetry,
         cleanup=rules.cleanup_trial.output.record,
     output:
         report=str(P.report),
+        charts=directory(str(P.charts)),
     log:
         str(P.log("report")),
     conda:
         "../../envs/workflow.yaml"
+    params:
+        settings=config["report"],
     script:
         "../scripts/render_report.py"

@@ -17,6 +17,10 @@ write_report(
     manifest=Path(snakemake.input.manifest),
     plans=[Path(p) for p in snakemake.input.plans],
     configurations=[Path(p) for p in snakemake.input.records],
+    telemetry=[Path(p) for p in snakemake.input.telemetry],
     cleanup=Path(snakemake.input.cleanup),
     patches=Path(snakemake.input.patches),
+    quiet=Path(snakemake.input.quiet),
+    settings=snakemake.params.settings,
+    charts_dir=Path(snakemake.output.charts),
 )
