@@ -6,8 +6,14 @@ rule report:
         plans=configuration_plans,
         records=configuration_records,
         cleanup=rules.cleanup_trial.output.record,
+    # the charts folder the report draws from joins these outputs (as a second report() item)
     output:
-        report=str(P.report),
+        report=report(
+            str(P.report),
+            caption="../report/report.rst",
+            category="Report",
+            labels={"trial": "{trial}", "file": "report.html"},
+        ),
     log:
         str(P.log("report")),
     conda:
