@@ -20,7 +20,14 @@ from llmtrial.logs import read_log
 from llmtrial.patching import revert_patches, verify_files
 from llmtrial.server import group_members, port_open
 from llmtrial.telemetry import read_samples
-from workflow_helpers import default_config, demo_service, job_counts, snakemake, write_config
+from workflow_helpers import (
+    assert_snakemake_report_bundles,
+    default_config,
+    demo_service,
+    job_counts,
+    snakemake,
+    write_config,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
 
@@ -216,6 +223,16 @@ def test_the_report_renders_offline_in_headless_chromium(trial):
     assert "Serving trial: demo" in page.dom and "Scenario c4" in page.dom
     png = shot.read_bytes()
     assert png[:8] == PNG_MAGIC and len(png) > 10_000
+
+
+def test_snakemake_report_bundles_the_report_every_record_and_the_rule_graph(trial):
+    """`snakemake --report` after the trial (one configuration failed, one skipped): nothing is missing."""
+    zip_path = trial["results"] / "snakemake-report.zip"
+    out = snakemake(trial["work"], "--cores", "1", "--report", str(zip_path), timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    bundled = assert_snakemake_report_bundles(trial["work"], zip_path, "demo", list(trial["config"]["configurations"]))
+    for name in (BAD, "tp3"):
+        assert f"results/demo/configs/{name}/record.json" in bundled["files"]
 
 
 def test_cleanup_left_nothing_running(trial):
