@@ -17,6 +17,10 @@ if not workflow.config_settings.configfiles:
 include: "workflow/rules/common.smk"
 
 
+# ---- `snakemake --report`: the records, telemetry and report.html with the rule graph and runtimes
+report: "workflow/report/workflow.rst"
+
+
 # ---- stages, in the order data flows
 include: "workflow/rules/preflight.smk"
 include: "workflow/rules/model.smk"

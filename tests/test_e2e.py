@@ -7,20 +7,27 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 
+from browser import PNG_MAGIC, chromium_available, visit
 from conftest import REPO
 from llmtrial.ledger import Ledger
 from llmtrial.logs import read_log
 from llmtrial.patching import revert_patches, verify_files
 from llmtrial.server import group_members, port_open
 from llmtrial.telemetry import read_samples
-from workflow_helpers import default_config, demo_service, job_counts, snakemake, write_config
+from workflow_helpers import (
+    assert_snakemake_report_bundles,
+    default_config,
+    demo_service,
+    job_counts,
+    snakemake,
+    write_config,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
 
@@ -203,18 +210,29 @@ def test_the_report_shows_every_configuration_scenario_and_failure(trial):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium not installed (make test installs it)")
-def test_the_report_renders_in_headless_chromium(trial, tmp_path):
-    out = subprocess.run(
-        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={tmp_path / 'report.png'}",
-         "--window-size=1400,2400", "--dump-dom", (trial["results"] / "report.html").as_uri()],
-        capture_output=True, text=True, timeout=120, check=False)
-    assert out.returncode == 0, out.stderr[-2000:]
-    dom = out.stdout
-    assert dom.count("<table") >= 8
-    assert "Serving trial: demo" in dom and "Scenario c4" in dom
+@pytest.mark.skipif(not chromium_available(), reason="chromium not installed (make test installs it)")
+def test_the_report_renders_offline_in_headless_chromium(trial):
+    """Opened with the network off: it asks for nothing, logs no error, and its first screen is
+    kept next to it for a person to look at."""
+    shot = trial["results"] / "report-first-screen.png"
+    page = visit(trial["results"] / "report.html", shot)
+    assert page.requests == [], page.requests
+    assert page.errors == [], page.errors
+    assert "demo" in page.title
+    assert page.dom.count("<table") >= 8
+    assert "Serving trial: demo" in page.dom and "Scenario c4" in page.dom
+    png = shot.read_bytes()
+    assert png[:8] == PNG_MAGIC and len(png) > 10_000
+
+
+def test_snakemake_report_bundles_the_report_every_record_and_the_rule_graph(trial):
+    """`snakemake --report` after the trial (one configuration failed, one skipped): nothing is missing."""
+    zip_path = trial["results"] / "snakemake-report.zip"
+    out = snakemake(trial["work"], "--cores", "1", "--report", str(zip_path), timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    bundled = assert_snakemake_report_bundles(trial["work"], zip_path, "demo", list(trial["config"]["configurations"]))
+    for name in (BAD, "tp3"):
+        assert f"results/demo/configs/{name}/record.json" in bundled["files"]
 
 
 def test_cleanup_left_nothing_running(trial):

@@ -166,3 +166,37 @@ def test_a_service_whose_state_is_unknown_stops_the_trial_before_any_server(tmp_
     assert all(v["matches"] for v in verify_files(["vllm/v1/worker/cpu_worker.py"]))  # the demo patch's target
     record = json.loads((tmp_path / "results/demo/cleanup/on-error.json").read_text())
     assert record["restored"] and record["services"] == []
+
+
+#: Two configurations that need no vLLM: the planner rejects one (skipped, never launched); the
+#: other's server cannot even start its interpreter (a failure record, like any server that exits).
+NO_VLLM = {
+    "noenc": {"description": "The server's Python finds no standard library: it exits at startup.",
+              "args": {"tensor_parallel_size": 1}, "env": {"PYTHONHOME": "/nonexistent-llmtrial-home"}},
+    "tp3": {"description": "4 heads do not divide over 3 ranks: the planner rejects it.",
+            "args": {"tensor_parallel_size": 3}},
+}
+
+
+@pytest.mark.workflow
+def test_snakemake_report_bundles_every_record_of_a_trial_with_a_failed_and_a_skipped_configuration(tmp_path):
+    import json
+
+    from conftest import free_ports
+    from llmtrial.server import port_open
+    from workflow_helpers import assert_snakemake_report_bundles
+
+    config = default_config()
+    config.update(services={}, patches={}, configurations=NO_VLLM)
+    config["serving"]["base_port"] = next(p for p in free_ports(8) if not port_open("127.0.0.1", p + 1))
+    write_config(tmp_path, config)
+    run = snakemake(tmp_path, "--cores", "2", timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = tmp_path / "results" / "demo"
+    statuses = {name: json.loads((results / "configs" / name / "record.json").read_text())["status"] for name in NO_VLLM}
+    assert statuses == {"noenc": "failed", "tp3": "skipped"}
+    out = snakemake(tmp_path, "--cores", "1", "--report", "results/demo/snakemake-report.zip")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    bundled = assert_snakemake_report_bundles(tmp_path, results / "snakemake-report.zip", "demo", list(NO_VLLM))
+    caption = bundled["results"]["results/demo/configs/noenc/record.json"]["caption"]
+    assert "The outcome of configuration" in caption and "noenc" in caption

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import yaml
 
 from conftest import REPO
+from llmtrial.paths import TrialPaths
 
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 
@@ -55,3 +58,53 @@ def demo_service(state_dir: Path, port: int) -> dict:
     return {"kind": "command", "status": [*base, "status", *opts], "stop": [*base, "stop", *opts],
             "start": [*base, "start", *opts], "health": {"kind": "http", "url": f"http://127.0.0.1:{port}/health"},
             "timeouts": {"stop_s": 10, "start_s": 20, "health_s": 20}}
+
+
+def snakemake_report(zip_path: Path) -> dict:
+    """What ``snakemake --report <zip>`` bundled: ``members`` (the zip's file names); from its
+    report.html the ``results`` (path -> name, labels, caption, data_uri), the ``categories``
+    (category -> subcategory -> paths) and the rules of the ``rulegraph``; and ``files``, the
+    bytes bundled for each result path."""
+    with zipfile.ZipFile(zip_path) as archive:
+        members = archive.namelist()
+        [page] = [n for n in members if n.endswith("/report.html") and "/data/" not in n]
+        html = archive.read(page).decode()
+
+        def variable(name: str):
+            found = re.search(rf"var {name} = (?=\{{)", html)
+            assert found, f"no {name} in {page}"
+            return json.JSONDecoder().raw_decode(html, found.end())[0]
+
+        results = variable("results")
+        root = page.rsplit("/", 1)[0]
+        files = {path: archive.read(f"{root}/{entry['data_uri']}") for path, entry in results.items()}
+    graph = variable("rulegraph_spec")
+    nodes = next(d["values"] for d in graph["data"] if d["name"] == "node-data")
+    return {"members": members, "results": results, "categories": variable("categories"),
+            "rulegraph": [n["rule"] for n in nodes], "files": files}
+
+
+#: The rules every trial's rule graph shows.
+RULES = ["preflight", "plan", "stage_model", "quiet", "patch", "trial", "cleanup_trial", "report", "all"]
+
+
+def assert_snakemake_report_bundles(workdir: Path, zip_path: Path, trial: str, configurations: list[str]) -> dict:
+    """The zip holds, byte for byte, report.html, every trial-wide record and each
+    configuration's plan, record and telemetry (nothing else), filed by category, and the rule graph."""
+    bundled = snakemake_report(zip_path)
+    paths = TrialPaths.of(trial)
+    trial_wide = [paths.report, paths.preflight, paths.manifest, paths.quieted, paths.patches_record, paths.cleanup]
+    per_configuration = [p for c in configurations for p in (paths.plan(c), paths.config_record(c), paths.telemetry(c))]
+    expected = [str(p) for p in trial_wide + per_configuration]
+    assert sorted(bundled["files"]) == sorted(expected)
+    for path in expected:
+        assert bundled["files"][path] == (workdir / path).read_bytes(), path
+    categories = bundled["categories"]
+    assert categories["Report"] == {"Other": [str(paths.report)]}
+    assert sorted(categories["Records"]) == sorted(["Trial", *configurations])
+    for c in configurations:
+        assert sorted(categories["Records"][c]) == sorted([str(paths.plan(c)), str(paths.config_record(c))])
+        assert bundled["results"][str(paths.config_record(c))]["labels"] == {"configuration": c, "record": "outcome"}
+    assert sorted(categories["Telemetry"]["Other"]) == sorted(str(paths.telemetry(c)) for c in configurations)
+    assert bundled["rulegraph"] == RULES
+    return bundled

@@ -3,7 +3,13 @@ rule cleanup_trial:
     input:
         records=configuration_records,
     output:
-        record=str(P.cleanup),
+        record=report(
+            str(P.cleanup),
+            caption="../report/cleanup.rst",
+            category="Records",
+            subcategory="Trial",
+            labels={"stage": "6 cleanup", "record": "host given back"},
+        ),
     log:
         str(P.log("cleanup")),
     conda:

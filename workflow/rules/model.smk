@@ -3,7 +3,13 @@ rule stage_model:
     input:
         preflight=rules.preflight.output.record,
     output:
-        manifest=str(P.manifest),
+        manifest=report(
+            str(P.manifest),
+            caption="../report/manifest.rst",
+            category="Records",
+            subcategory="Trial",
+            labels={"stage": "2 weights", "record": "model manifest"},
+        ),
     log:
         str(P.log("stage_model")),
     conda:

@@ -8,7 +8,13 @@ rule patch:
         # the patches' own files: editing a diff or a hook patches again
         patch_files=patch_files,
     output:
-        record=str(P.patches_record),
+        record=report(
+            str(P.patches_record),
+            caption="../report/patches.rst",
+            category="Records",
+            subcategory="Trial",
+            labels={"stage": "4 patch vLLM", "record": "patches applied"},
+        ),
     log:
         str(P.log("patch")),
     conda:

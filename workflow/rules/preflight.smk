@@ -1,7 +1,13 @@
 # Before anything changes the host: environment, host checks, disk headroom for the weights.
 rule preflight:
     output:
-        record=str(P.preflight),
+        record=report(
+            str(P.preflight),
+            caption="../report/preflight.rst",
+            category="Records",
+            subcategory="Trial",
+            labels={"stage": "1 preflight", "record": "environment, host checks, disk"},
+        ),
     log:
         str(P.log("preflight")),
     conda:
@@ -19,7 +25,13 @@ rule plan:
     input:
         preflight=rules.preflight.output.record,
     output:
-        record=str(P.plan()),
+        record=report(
+            str(P.plan()),
+            caption="../report/plan.rst",
+            category="Records",
+            subcategory="{configuration}",
+            labels={"configuration": "{configuration}", "record": "plan"},
+        ),
     log:
         str(P.log("plan/{configuration}")),
     priority: 10

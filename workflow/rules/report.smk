@@ -9,8 +9,19 @@ rule report:
         telemetry=configuration_telemetry,
         cleanup=rules.cleanup_trial.output.record,
     output:
-        report=str(P.report),
-        charts=directory(str(P.charts)),
+        report=report(
+            str(P.report),
+            caption="../report/report.rst",
+            category="Report",
+            labels={"trial": "{trial}", "file": "report.html"},
+        ),
+        charts=report(
+            directory(str(P.charts)),
+            patterns=["{name}.svg"],
+            caption="../report/chart.rst",
+            category="Charts",
+            labels={"chart": "{name}"},
+        ),
     log:
         str(P.log("report")),
     conda:

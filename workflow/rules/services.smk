@@ -6,7 +6,13 @@ rule quiet:
         # as late as possible: services stay up while the weights are staged
         manifest=rules.stage_model.output.manifest,
     output:
-        record=str(P.quieted),
+        record=report(
+            str(P.quieted),
+            caption="../report/quieted.rst",
+            category="Records",
+            subcategory="Trial",
+            labels={"stage": "3 quiet services", "record": "services quieted"},
+        ),
     log:
         str(P.log("quiet")),
     conda:

@@ -7,9 +7,21 @@ rule trial:
         quieted=ancient(rules.quiet.output.record),
         # likewise: the job applies the patches again itself when a cleanup reverted them
         patched=ancient(rules.patch.output.record),
+    # both are written whatever the outcome (ok, failed or skipped): the job exits 0
     output:
-        record=str(P.config_record()),
-        telemetry=str(P.telemetry()),
+        record=report(
+            str(P.config_record()),
+            caption="../report/configuration.rst",
+            category="Records",
+            subcategory="{configuration}",
+            labels={"configuration": "{configuration}", "record": "outcome"},
+        ),
+        telemetry=report(
+            str(P.telemetry()),
+            caption="../report/telemetry.rst",
+            category="Telemetry",
+            labels={"configuration": "{configuration}"},
+        ),
     log:
         job=str(P.log("trial/{configuration}")),
         server=str(P.server_log()),
