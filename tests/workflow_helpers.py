@@ -89,13 +89,15 @@ RULES = ["preflight", "plan", "stage_model", "quiet", "patch", "trial", "cleanup
 
 
 def assert_snakemake_report_bundles(workdir: Path, zip_path: Path, trial: str, configurations: list[str]) -> dict:
-    """The zip holds, byte for byte, report.html, every trial-wide record and each
+    """The zip holds, byte for byte, report.html, its charts, every trial-wide record and each
     configuration's plan, record and telemetry (nothing else), filed by category, and the rule graph."""
     bundled = snakemake_report(zip_path)
     paths = TrialPaths.of(trial)
     trial_wide = [paths.report, paths.preflight, paths.manifest, paths.quieted, paths.patches_record, paths.cleanup]
     per_configuration = [p for c in configurations for p in (paths.plan(c), paths.config_record(c), paths.telemetry(c))]
-    expected = [str(p) for p in trial_wide + per_configuration]
+    charts = sorted((workdir / paths.charts).glob("*.svg"))
+    assert charts, "the report rule wrote no chart"
+    expected = [str(p) for p in trial_wide + per_configuration] + [str(c.relative_to(workdir)) for c in charts]
     assert sorted(bundled["files"]) == sorted(expected)
     for path in expected:
         assert bundled["files"][path] == (workdir / path).read_bytes(), path
@@ -106,5 +108,6 @@ def assert_snakemake_report_bundles(workdir: Path, zip_path: Path, trial: str, c
         assert sorted(categories["Records"][c]) == sorted([str(paths.plan(c)), str(paths.config_record(c))])
         assert bundled["results"][str(paths.config_record(c))]["labels"] == {"configuration": c, "record": "outcome"}
     assert sorted(categories["Telemetry"]["Other"]) == sorted(str(paths.telemetry(c)) for c in configurations)
+    assert sorted(categories["Charts"]["Other"]) == [str(c.relative_to(workdir)) for c in charts]
     assert bundled["rulegraph"] == RULES
     return bundled
