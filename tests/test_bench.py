@@ -9,6 +9,8 @@ import pytest
 from conftest import DATA
 from llmtrial.bench import (
     bench_argv,
+    first_request,
+    output_rate,
     pass_seed,
     rate_summary,
     request_output_rates,
@@ -101,3 +103,11 @@ def test_failed_and_zero_latency_requests_have_no_throughput_of_their_own():
     assert rate_summary([4.4, 4.37, 4.37, 4.37]) == {"n": 4, "min": 4.37, "median": 4.37, "max": 4.4}
     assert rate_summary([]) == {"n": 0, "min": None, "median": None, "max": None}
     assert request_output_rates({"completed": 3}) == []  # a result file without per-request detail
+
+
+def test_the_first_request_counts_the_streamed_chunks_that_carry_text(completions_server):
+    host, port = completions_server
+    first = first_request(host, port, model="m", prompt="Hi", max_tokens=5, timeout=10)
+    assert first["chunks"] == 5 and 0 < first["ttft_s"] <= first["total_s"]
+    assert output_rate(first["chunks"], first["total_s"]) == round(5 / first["total_s"], 3)
+    assert output_rate(5, 0.0) is None and output_rate(None, 1.0) is None

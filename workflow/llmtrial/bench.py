@@ -134,7 +134,8 @@ def run_pass(argv: list[str], *, log_path: Path, timeout: float) -> dict[str, An
 
 def first_request(host: str, port: int, *, model: str, prompt: str, max_tokens: int,
                   timeout: float) -> dict[str, Any]:
-    """Send one streaming completion and time it: TTFT and total, in seconds."""
+    """Send one streaming completion and time it: TTFT and total, in seconds, and ``chunks``,
+    the streamed chunks that carried text (vLLM streams one token per chunk)."""
     body = json.dumps({
         "model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
         "temperature": 0.0, "ignore_eos": True,
@@ -157,3 +158,9 @@ def first_request(host: str, port: int, *, model: str, prompt: str, max_tokens: 
                     ttft = time.time() - start
     return {"start": start, "ttft_s": ttft, "total_s": time.time() - start, "chunks": chunks}
 
+
+def output_rate(tokens: int | None, seconds: float | None) -> float | None:
+    """Tokens over seconds (tok/s, 3 decimals), or None when either is missing or seconds is not positive."""
+    if tokens is None or not seconds or seconds <= 0:
+        return None
+    return round(tokens / seconds, 3)
