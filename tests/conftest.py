@@ -137,7 +137,7 @@ class NVMLError(Exception):
 
 class NvmlDouble(NvmlDoubleBase):
     """A double of nvidia-ml-py's pynvml for the GPU inventory (preflight, plans): two H200s of
-    141 and 139 GiB; GPU 1 will not report its PCIe width."""
+    141 and 139 GiB at PCI 0000:17:00.0 and 0000:9a:00.0; GPU 1 will not report its PCIe width."""
 
     NVML_P2P_CAPS_INDEX_READ = 0
     NVML_P2P_STATUS_OK = 0
@@ -171,6 +171,10 @@ class NvmlDouble(NvmlDoubleBase):
 
     def nvmlDeviceGetMaxPcieLinkWidth(self, h):
         return 16
+
+    def nvmlDeviceGetPciInfo(self, h):
+        """pynvml's nvmlPciInfo_t: ``busId`` with NVML's 8-hex-digit domain, upper case."""
+        return SimpleNamespace(busId=b"00000000:17:00.0" if h == 0 else "00000000:9A:00.0")
 
     def nvmlDeviceGetP2PStatus(self, a, b, index):
         return 0
