@@ -166,24 +166,7 @@ def gpu_inventory(nvml: Any | None = None, sysfs: Path = SYSFS) -> dict[str, Any
 
         count = nvml.nvmlDeviceGetCount()
         handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        devices = []
-        for i, h in enumerate(handles):
-            mem = get("nvmlDeviceGetMemoryInfo", h)
-            cc = get("nvmlDeviceGetCudaComputeCapability", h)
-            bus_id = linux_bus_id(getattr(get("nvmlDeviceGetPciInfo", h), "busId", None))
-            devices.append({
-                "index": i,
-                "name": _nvml_text(get("nvmlDeviceGetName", h)),
-                "uuid": _nvml_text(get("nvmlDeviceGetUUID", h)),
-                "memory_total_bytes": getattr(mem, "total", None),
-                "compute_capability": list(cc) if cc else None,
-                "pcie_gen": get("nvmlDeviceGetCurrPcieLinkGeneration", h),
-                "pcie_gen_max": get("nvmlDeviceGetMaxPcieLinkGeneration", h),
-                "pcie_width": get("nvmlDeviceGetCurrPcieLinkWidth", h),
-                "pcie_width_max": get("nvmlDeviceGetMaxPcieLinkWidth", h),
-                "pci_bus_id": bus_id,
-                "numa_node": pci_numa_node(bus_id, sysfs),
-            })
+        devices = [_gpu_device(get, i, h, sysfs) for i, h in enumerate(handles)]
         peer = {}
         p2p_read = getattr(nvml, "NVML_P2P_CAPS_INDEX_READ", 0)
         for i, a in enumerate(handles):
@@ -202,6 +185,26 @@ def gpu_inventory(nvml: Any | None = None, sysfs: Path = SYSFS) -> dict[str, Any
     finally:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
+
+
+def _gpu_device(get: Any, index: int, h: Any, sysfs: Path) -> dict[str, Any]:
+    """One GPU's entry; ``get(fn, *args)`` calls NVML and gives None for what it will not give."""
+    mem = get("nvmlDeviceGetMemoryInfo", h)
+    cc = get("nvmlDeviceGetCudaComputeCapability", h)
+    bus_id = linux_bus_id(getattr(get("nvmlDeviceGetPciInfo", h), "busId", None))
+    return {
+        "index": index,
+        "name": _nvml_text(get("nvmlDeviceGetName", h)),
+        "uuid": _nvml_text(get("nvmlDeviceGetUUID", h)),
+        "memory_total_bytes": getattr(mem, "total", None),
+        "compute_capability": list(cc) if cc else None,
+        "pcie_gen": get("nvmlDeviceGetCurrPcieLinkGeneration", h),
+        "pcie_gen_max": get("nvmlDeviceGetMaxPcieLinkGeneration", h),
+        "pcie_width": get("nvmlDeviceGetCurrPcieLinkWidth", h),
+        "pcie_width_max": get("nvmlDeviceGetMaxPcieLinkWidth", h),
+        "pci_bus_id": bus_id,
+        "numa_node": pci_numa_node(bus_id, sysfs),
+    }
 
 
 def _nvidia_smi_topology() -> str | None:
