@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import http.server
+import json
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -68,6 +71,43 @@ def child_pid(log: Path) -> int:
     raise AssertionError("fake server did not report its child")
 
 
+class CompletionsDouble(http.server.BaseHTTPRequestHandler):
+    """A double of vLLM's OpenAI-compatible /v1/completions with ``stream: true``: one chunk
+    per generated token (``max_tokens`` of them, ``delay`` seconds apart), each carrying text,
+    then a final chunk without text (the finish reason) and ``data: [DONE]``."""
+
+    delay = 0.01
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.send_response(200 if self.path == "/v1/completions" else 404)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        chunks = [{"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]} for i in range(body["max_tokens"])]
+        chunks.append({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
+        for chunk in chunks:
+            time.sleep(self.delay)
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def completions_server():
+    """(host, port) of a loopback :class:`CompletionsDouble`, served from a thread."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), CompletionsDouble)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 class NvmlDoubleBase:
     """The part of a double of nvidia-ml-py's pynvml every NVML test needs: a driver that
     initialises and lists ``count`` GPUs whose handles are their indexes. Tests subclass it
@@ -97,7 +137,7 @@ class NVMLError(Exception):
 
 class NvmlDouble(NvmlDoubleBase):
     """A double of nvidia-ml-py's pynvml for the GPU inventory (preflight, plans): two H200s of
-    141 and 139 GiB; GPU 1 will not report its PCIe width."""
+    141 and 139 GiB at PCI 0000:17:00.0 and 0000:9a:00.0; GPU 1 will not report its PCIe width."""
 
     NVML_P2P_CAPS_INDEX_READ = 0
     NVML_P2P_STATUS_OK = 0
@@ -131,6 +171,10 @@ class NvmlDouble(NvmlDoubleBase):
 
     def nvmlDeviceGetMaxPcieLinkWidth(self, h):
         return 16
+
+    def nvmlDeviceGetPciInfo(self, h):
+        """pynvml's nvmlPciInfo_t: ``busId`` with NVML's 8-hex-digit domain, upper case."""
+        return SimpleNamespace(busId=b"00000000:17:00.0" if h == 0 else "00000000:9A:00.0")
 
     def nvmlDeviceGetP2PStatus(self, a, b, index):
         return 0

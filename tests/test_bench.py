@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import DATA
 from llmtrial.bench import (
     bench_argv,
+    first_request,
+    output_rate,
     pass_seed,
+    rate_summary,
+    request_output_rates,
     stall_flag,
     summarize_result,
 )
+from llmtrial.records import check_record, read_record
 
 SCENARIO = {"input_len": 64, "output_len": 32, "num_prompts": 12, "concurrency": 4, "request_rate": "inf"}
 
@@ -68,3 +75,39 @@ def test_a_mean_far_above_the_median_is_a_stall():
     assert stall_flag(30.0, 10.0)
     assert not stall_flag(11.0, 10.0)
     assert not stall_flag(None, 10.0) and not stall_flag(5.0, 0.0)
+
+
+def test_each_streams_own_output_throughput_from_a_real_vllm_result_file():
+    result = json.loads((DATA / "vllm-0.32.0-bench-result.json").read_text())
+    s = summarize_result(result, [50])
+    rates = s["request_output_tok_s"]
+    assert len(rates) == result["completed"] == 32
+    assert rates[0] == round(result["output_lens"][0] / result["latencies"][0], 3) == 264.226
+    assert rates == [round(n / t, 3) for n, t in zip(result["output_lens"], result["latencies"], strict=True)]
+    summary = s["request_output_tok_s_summary"]
+    assert summary == {"n": 32, "min": min(rates), "median": summary["median"], "max": max(rates)}
+    assert summary["min"] <= summary["median"] <= summary["max"]
+    record = read_record(DATA / "demo" / "tp1.json")
+    record["scenarios"][0]["passes"][0]["summary"] = s
+    check_record(record, "configuration")
+    broken = json.loads(json.dumps(record))
+    broken["scenarios"][0]["passes"][0]["summary"]["request_output_tok_s_summary"] = {"n": 1}
+    with pytest.raises(ValueError, match="request_output_tok_s_summary"):
+        check_record(broken, "configuration")
+
+
+def test_failed_and_zero_latency_requests_have_no_throughput_of_their_own():
+    result = {"output_lens": [128, 128, 0, 128], "latencies": [29.09, 29.29, 0.0, 29.3],
+              "errors": ["", "", "timeout", "boom"]}
+    assert request_output_rates(result) == [4.4, 4.37]
+    assert rate_summary([4.4, 4.37, 4.37, 4.37]) == {"n": 4, "min": 4.37, "median": 4.37, "max": 4.4}
+    assert rate_summary([]) == {"n": 0, "min": None, "median": None, "max": None}
+    assert request_output_rates({"completed": 3}) == []  # a result file without per-request detail
+
+
+def test_the_first_request_counts_the_streamed_chunks_that_carry_text(completions_server):
+    host, port = completions_server
+    first = first_request(host, port, model="m", prompt="Hi", max_tokens=5, timeout=10)
+    assert first["chunks"] == 5 and 0 < first["ttft_s"] <= first["total_s"]
+    assert output_rate(first["chunks"], first["total_s"]) == round(5 / first["total_s"], 3)
+    assert output_rate(5, 0.0) is None and output_rate(None, 1.0) is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import resource
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,9 +20,11 @@ from llmtrial.preflight import (
     check_open_files,
     environment_record,
     gpu_inventory,
+    linux_bus_id,
+    numa_nodes,
     run_preflight,
 )
-from llmtrial.records import redact_env
+from llmtrial.records import check_record, redact_env
 
 DISK = {"reserve_fraction": 0.10, "reserve_min_gib": 5}
 
@@ -58,6 +61,61 @@ class TestEnvironment:
 
         gpus = gpu_inventory(Broken())
         assert gpus["present"] is False and "Driver Not Loaded" in gpus["reason"]
+
+
+def fake_sysfs(root: Path) -> Path:
+    """A sysfs of two NUMA nodes with GPU 0 (0000:17:00.0) on node 1 and GPU 1 (0000:9a:00.0) unplaced."""
+    for n, cpus, kib in ((0, "0-31,64-95", 263_808_000), (1, "32-63,96-127", 264_192_000)):
+        node = root / "devices/system/node" / f"node{n}"
+        node.mkdir(parents=True)
+        (node / "cpulist").write_text(cpus + "\n")
+        (node / "meminfo").write_text(f"Node {n} MemTotal:       {kib} kB\nNode {n} MemFree:  1000 kB\n")
+    for bus, numa in (("0000:17:00.0", "1"), ("0000:9a:00.0", "-1")):
+        dev = root / "bus/pci/devices" / bus
+        dev.mkdir(parents=True)
+        (dev / "numa_node").write_text(numa + "\n")
+    return root
+
+
+class TestNuma:
+    def test_each_gpu_has_its_pci_bus_id_and_numa_node(self, tmp_path):
+        gpus = gpu_inventory(NvmlDouble(), sysfs=fake_sysfs(tmp_path))
+        assert [(d["pci_bus_id"], d["numa_node"]) for d in gpus["devices"]] == [("0000:17:00.0", 1), ("0000:9a:00.0", None)]
+
+    def test_a_gpu_whose_device_folder_is_missing_has_no_numa_node(self, tmp_path):
+        gpus = gpu_inventory(NvmlDouble(), sysfs=tmp_path)
+        assert [d["numa_node"] for d in gpus["devices"]] == [None, None]
+        assert gpus["devices"][0]["pci_bus_id"] == "0000:17:00.0"
+
+    def test_nvmls_bus_id_is_named_as_linux_names_it(self):
+        assert linux_bus_id(b"00000000:17:00.0") == "0000:17:00.0"
+        assert linux_bus_id("0000:9A:00.0") == "0000:9a:00.0"
+        assert linux_bus_id(None) is None and linux_bus_id("garbage") is None
+
+    def test_the_hosts_numa_nodes_with_cpus_and_memory(self, tmp_path):
+        numa = numa_nodes(fake_sysfs(tmp_path))
+        assert numa["reason"] is None and numa["source"] == str(tmp_path / "devices/system/node")
+        assert numa["nodes"] == [{"node": 0, "cpulist": "0-31,64-95", "mem_total_bytes": 263_808_000 * 1024},
+                                 {"node": 1, "cpulist": "32-63,96-127", "mem_total_bytes": 264_192_000 * 1024}]
+
+    def test_no_node_folder_is_an_empty_list_with_the_reason(self, tmp_path):
+        numa = numa_nodes(tmp_path)
+        assert numa["nodes"] == [] and "does not exist" in numa["reason"]
+
+    def test_this_hosts_real_sysfs(self):
+        numa = numa_nodes()
+        assert numa["source"] == "/sys/devices/system/node" and numa["reason"] is None
+        node0 = numa["nodes"][0]
+        assert node0["node"] == 0 and node0["cpulist"] and node0["mem_total_bytes"] > 2**30
+
+    def test_the_preflight_record_with_numa_matches_its_schema(self, tmp_path):
+        record = run_preflight(source={"kind": "tiny"}, staging_dir=tmp_path / "staging", disk=DISK, nvml=NvmlDouble(),
+                               sysfs=fake_sysfs(tmp_path / "sys"))
+        assert record["environment"]["numa"]["nodes"][1]["node"] == 1
+        check_record(record, "preflight")
+        record["environment"]["gpus"]["devices"][0]["numa_node"] = -1
+        with pytest.raises(ValueError, match="numa_node"):
+            check_record(record, "preflight")
 
 
 class TestHostChecks:

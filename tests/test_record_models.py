@@ -21,8 +21,8 @@ def _schema(kind: str) -> dict:
     return yaml.safe_load((SCHEMAS / f"{kind}.record.schema.yaml").read_text())
 
 
-def test_there_are_seven_record_kinds_each_with_a_schema_requiring_what_its_model_requires():
-    assert set(KINDS) == {"preflight", "plan", "manifest", "quiet", "patches", "configuration", "cleanup"}
+def test_there_are_eight_record_kinds_each_with_a_schema_requiring_what_its_model_requires():
+    assert set(KINDS) == {"preflight", "plan", "manifest", "quiet", "patches", "configuration", "cleanup", "provenance"}
     for kind, model in KINDS.items():
         required = {name for name, f in model.model_fields.items() if f.is_required()}
         assert set(_schema(kind)["required"]) == required, kind

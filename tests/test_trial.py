@@ -10,10 +10,13 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import SERVER_SCRIPT
+import pytest
+
+from conftest import DATA, SERVER_SCRIPT
 from llmtrial.bench import agreement
 from llmtrial.ledger import Ledger
 from llmtrial.paths import TrialPaths
+from llmtrial.records import check_record, read_record
 from llmtrial.server import group_members, port_open
 from llmtrial.trial import JobPaths, TrialJob
 
@@ -27,6 +30,7 @@ def test_agreement_is_the_spread_over_the_mean():
 JOB = r"""
 import sys, time
 from llmtrial.paths import TrialPaths
+from llmtrial.records import check_record, read_record
 from llmtrial.server import ServerProcess
 from llmtrial.trial import sigterm_as_exit
 script, port, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -103,3 +107,20 @@ def test_a_configuration_the_planner_rejects_is_skipped_without_a_server(tmp_pat
     record = fake_job(tmp_path, free_port, verdict="does_not_fit").run()
     assert record["status"] == "skipped" and record["plan"]["reasons"] == ["a reason"]
     assert not (tmp_path / "results/demo/ledger.jsonl").exists()
+
+
+def test_the_cold_first_request_records_its_tokens_and_their_rate(tmp_path, completions_server):
+    host, port = completions_server
+    job = fake_job(tmp_path, port)
+    facts = job._first_request()
+    source = "first streamed completion after ready"
+    assert facts["first_output_tokens"] == {"value": 2, "kind": "measured", "source": source, "unit": "tokens"}
+    rate = facts["first_output_tok_s"]
+    assert rate["kind"] == "measured" and rate["source"] == source and rate["unit"] == "tok/s"
+    assert rate["value"] == round(2 / facts["first_total_s"]["value"], 3)
+    record = read_record(DATA / "demo" / "tp1.json")
+    record["cold_start"].update(facts)
+    check_record(record, "configuration")
+    record["cold_start"]["first_output_tokens"]["unit"] = "s"
+    with pytest.raises(ValueError, match="first_output_tokens"):
+        check_record(record, "configuration")

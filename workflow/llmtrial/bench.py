@@ -95,7 +95,26 @@ def summarize_result(result: Mapping[str, Any], percentiles: list[float]) -> dic
         for p in percentiles:
             key = f"p{_fmt_pct(p)}_{metric}_ms"
             out[key] = result.get(key)
+    out["request_output_tok_s"] = request_output_rates(result)
+    out["request_output_tok_s_summary"] = rate_summary(out["request_output_tok_s"])
     return out
+
+
+def request_output_rates(result: Mapping[str, Any]) -> list[float]:
+    """Each successful request's own output throughput (output tokens over its latency, tok/s),
+    in the order of the result file's per-request lists (``--save-detailed``). A request
+    that failed (a non-empty error) or has no positive latency is left out."""
+    lens, latencies = result.get("output_lens") or [], result.get("latencies") or []
+    errors = result.get("errors") or [""] * len(lens)
+    return [round(n / lat, 3) for n, lat, err in zip(lens, latencies, errors, strict=False)
+            if not err and isinstance(lat, (int, float)) and lat > 0 and isinstance(n, (int, float))]
+
+
+def rate_summary(rates: list[float]) -> dict[str, Any]:
+    """``{n, min, median, max}`` of per-request rates; the figures are None when there are none."""
+    if not rates:
+        return {"n": 0, "min": None, "median": None, "max": None}
+    return {"n": len(rates), "min": min(rates), "median": round(statistics.median(rates), 3), "max": max(rates)}
 
 
 def stall_flag(mean: float | None, median: float | None, ratio: float = 1.5) -> bool:
@@ -123,7 +142,8 @@ def run_pass(argv: list[str], *, log_path: Path, timeout: float) -> dict[str, An
 
 def first_request(host: str, port: int, *, model: str, prompt: str, max_tokens: int,
                   timeout: float) -> dict[str, Any]:
-    """Send one streaming completion and time it: TTFT and total, in seconds."""
+    """Send one streaming completion and time it: TTFT and total, in seconds, and ``chunks``,
+    the streamed chunks that carried text (vLLM streams one token per chunk)."""
     body = json.dumps({
         "model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
         "temperature": 0.0, "ignore_eos": True,
@@ -145,3 +165,10 @@ def first_request(host: str, port: int, *, model: str, prompt: str, max_tokens: 
                 if ttft is None:
                     ttft = time.time() - start
     return {"start": start, "ttft_s": ttft, "total_s": time.time() - start, "chunks": chunks}
+
+
+def output_rate(tokens: int | None, seconds: float | None) -> float | None:
+    """Tokens over seconds (tok/s, 3 decimals), or None when either is missing or seconds is not positive."""
+    if tokens is None or not seconds or seconds <= 0:
+        return None
+    return round(tokens / seconds, 3)

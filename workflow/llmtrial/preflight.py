@@ -42,6 +42,8 @@ ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH
 #: vLLM asks for at least this many open files and warns when it cannot raise the limit.
 MIN_OPEN_FILES = 65535
 MIN_SHM_BYTES = 1 * GiB
+#: Where Linux shows devices and NUMA nodes; tests pass a folder of their own.
+SYSFS = Path("/sys")
 
 
 class PreflightError(RuntimeError):
@@ -79,12 +81,68 @@ def cpu_info() -> dict[str, Any]:
             "flags": {f: f in flags for f in wanted}, "numa_nodes": numa}
 
 
+def numa_nodes(sysfs: Path = SYSFS) -> dict[str, Any]:
+    """The host's NUMA nodes from ``<sysfs>/devices/system/node``: each node's number, CPU list
+    and memory (``nodeN/meminfo``'s MemTotal, in bytes); an empty list with the reason when
+    the folder is missing (a kernel without NUMA support, a container that hides it)."""
+    root = sysfs / "devices" / "system" / "node"
+    out: dict[str, Any] = {"source": str(root), "reason": None, "nodes": []}
+    if not root.is_dir():
+        out["reason"] = f"{root} does not exist"
+        return out
+    for node in sorted(root.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
+        out["nodes"].append({"node": int(node.name[4:]), "cpulist": _read_text(node / "cpulist"),
+                             "mem_total_bytes": _node_mem_total(node / "meminfo")})
+    return out
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _node_mem_total(meminfo: Path) -> int | None:
+    """``Node 0 MemTotal:  24576000 kB`` as bytes, or None."""
+    for line in (_read_text(meminfo) or "").splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[2] == "MemTotal:" and fields[3].isdigit():
+            return int(fields[3]) * (1024 if fields[4:5] == ["kB"] else 1)
+    return None
+
+
+def linux_bus_id(bus_id: Any) -> str | None:
+    """NVML's PCI bus id (``00000000:17:00.0``, an 8-hex-digit domain) as Linux names the
+    device under /sys/bus/pci/devices (``0000:17:00.0``)."""
+    if bus_id is None:
+        return None
+    domain, sep, rest = _nvml_text(bus_id).strip().lower().partition(":")
+    if not sep:
+        return None
+    return f"{domain[-4:].rjust(4, '0')}:{rest}"
+
+
+def pci_numa_node(bus_id: str | None, sysfs: Path = SYSFS) -> int | None:
+    """The NUMA node a PCI device hangs off (``<sysfs>/bus/pci/devices/<id>/numa_node``);
+    None when unknown (-1, as the kernel says on a single-node host, or no such file)."""
+    if bus_id is None:
+        return None
+    text = _read_text(sysfs / "bus" / "pci" / "devices" / bus_id / "numa_node")
+    try:
+        node = int(text) if text is not None else -1
+    except ValueError:
+        return None
+    return node if node >= 0 else None
+
+
 def _nvml_text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def gpu_inventory(nvml: Any | None = None) -> dict[str, Any]:
-    """GPUs as NVML sees them (nvidia-ml-py's ``pynvml``; ``nvml`` lets tests pass a double).
+def gpu_inventory(nvml: Any | None = None, sysfs: Path = SYSFS) -> dict[str, Any]:
+    """GPUs as NVML sees them (nvidia-ml-py's ``pynvml``; ``nvml`` lets tests pass a double),
+    each with its PCI bus id and the NUMA node sysfs (``sysfs``) places it on.
 
     Never raises: a host without the library or the driver is recorded as having no GPU,
     with the reason; a field NVML will not give is recorded as None.
@@ -108,21 +166,7 @@ def gpu_inventory(nvml: Any | None = None) -> dict[str, Any]:
 
         count = nvml.nvmlDeviceGetCount()
         handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        devices = []
-        for i, h in enumerate(handles):
-            mem = get("nvmlDeviceGetMemoryInfo", h)
-            cc = get("nvmlDeviceGetCudaComputeCapability", h)
-            devices.append({
-                "index": i,
-                "name": _nvml_text(get("nvmlDeviceGetName", h)),
-                "uuid": _nvml_text(get("nvmlDeviceGetUUID", h)),
-                "memory_total_bytes": getattr(mem, "total", None),
-                "compute_capability": list(cc) if cc else None,
-                "pcie_gen": get("nvmlDeviceGetCurrPcieLinkGeneration", h),
-                "pcie_gen_max": get("nvmlDeviceGetMaxPcieLinkGeneration", h),
-                "pcie_width": get("nvmlDeviceGetCurrPcieLinkWidth", h),
-                "pcie_width_max": get("nvmlDeviceGetMaxPcieLinkWidth", h),
-            })
+        devices = [_gpu_device(get, i, h, sysfs) for i, h in enumerate(handles)]
         peer = {}
         p2p_read = getattr(nvml, "NVML_P2P_CAPS_INDEX_READ", 0)
         for i, a in enumerate(handles):
@@ -143,6 +187,26 @@ def gpu_inventory(nvml: Any | None = None) -> dict[str, Any]:
             nvml.nvmlShutdown()
 
 
+def _gpu_device(get: Any, index: int, h: Any, sysfs: Path) -> dict[str, Any]:
+    """One GPU's entry; ``get(fn, *args)`` calls NVML and gives None for what it will not give."""
+    mem = get("nvmlDeviceGetMemoryInfo", h)
+    cc = get("nvmlDeviceGetCudaComputeCapability", h)
+    bus_id = linux_bus_id(getattr(get("nvmlDeviceGetPciInfo", h), "busId", None))
+    return {
+        "index": index,
+        "name": _nvml_text(get("nvmlDeviceGetName", h)),
+        "uuid": _nvml_text(get("nvmlDeviceGetUUID", h)),
+        "memory_total_bytes": getattr(mem, "total", None),
+        "compute_capability": list(cc) if cc else None,
+        "pcie_gen": get("nvmlDeviceGetCurrPcieLinkGeneration", h),
+        "pcie_gen_max": get("nvmlDeviceGetMaxPcieLinkGeneration", h),
+        "pcie_width": get("nvmlDeviceGetCurrPcieLinkWidth", h),
+        "pcie_width_max": get("nvmlDeviceGetMaxPcieLinkWidth", h),
+        "pci_bus_id": bus_id,
+        "numa_node": pci_numa_node(bus_id, sysfs),
+    }
+
+
 def _nvidia_smi_topology() -> str | None:
     smi = shutil.which("nvidia-smi")
     if smi is None:
@@ -154,7 +218,7 @@ def _nvidia_smi_topology() -> str | None:
     return out.stdout.strip() or None
 
 
-def environment_record(nvml: Any | None = None) -> dict[str, Any]:
+def environment_record(nvml: Any | None = None, sysfs: Path = SYSFS) -> dict[str, Any]:
     packages = {}
     for dist in md.distributions():
         name = dist.metadata["Name"]
@@ -176,7 +240,8 @@ def environment_record(nvml: Any | None = None) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cpu": cpu_info(),
         "memory_total_bytes": mem.total,
-        "gpus": gpu_inventory(nvml),
+        "numa": numa_nodes(sysfs),
+        "gpus": gpu_inventory(nvml, sysfs),
         "key_packages": {k: v for k, v in key.items() if v is not None},
         "packages": packages,
         "env": redact_env({k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}),
@@ -260,14 +325,14 @@ def disk_check(disk: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: Mapping[str, Any],
-                  nvml: Any | None = None) -> dict[str, Any]:
+                  nvml: Any | None = None, sysfs: Path = SYSFS) -> dict[str, Any]:
     """The trial's preflight record. Raises PreflightError naming what failed, with the
     record attached as ``exc.record``, when a check must stop the trial before staging."""
     host = {"host": dict(os.environ)}
     needed, files = staged_size_estimate(source)
     headroom = headroom_by_filesystem([("staging", staging_dir, needed, files)], disk)[0]
     checks = [check_allocator(host), check_shm(), check_open_files(), check_nccl_interfaces(host), disk_check(headroom)]
-    record = {"environment": environment_record(nvml), "checks": checks, "disk": headroom}
+    record = {"environment": environment_record(nvml, sysfs), "checks": checks, "disk": headroom}
     failed = [c for c in checks if c["status"] == "fail"]
     if failed:
         err = PreflightError("preflight failed: " + "; ".join(f"{c['name']}: {c['detail']}" for c in failed))

@@ -1,4 +1,4 @@
-"""Typed models of the seven record kinds, each paired with its JSON schema.
+"""Typed models of the eight record kinds, each paired with its JSON schema.
 
 A stage's record is checked against ``workflow/llmtrial/schemas/<schema>.record.schema.yaml`` before it
 is written (:func:`llmtrial.records.write_record`); the model here is the same shape typed for
@@ -152,6 +152,25 @@ class CleanupRecord(_Model):
     restored: bool
 
 
+class TrialFile(_Model):
+    path: str
+    sha256: str | None
+    reason: str | None = None
+
+
+class ProvenanceRecord(_Model):
+    """What produced the trial's records (:func:`llmtrial.provenance.collect`)"""
+
+    commit: str | None
+    dirty: bool | None
+    git_reason: str | None
+    repo: str
+    command_line: list[str] | None
+    config: dict[str, Any]
+    config_sha256: str
+    trial_files: list[TrialFile]
+
+
 QuietRecord.model_rebuild()
 
 #: Every record kind: the name its schema file has (``<kind>.record.schema.yaml``) and its model.
@@ -163,4 +182,5 @@ KINDS: dict[str, type[_Model]] = {
     "patches": PatchesRecord,
     "configuration": ConfigurationRecord,
     "cleanup": CleanupRecord,
+    "provenance": ProvenanceRecord,
 }

@@ -285,8 +285,11 @@ class TrialJob:
                                         max_tokens=int(cs["max_tokens"]), timeout=float(cs["timeout_s"]))
         except Exception as exc:  # the server answered /health but cannot serve: a result, not a fault
             raise Failure("cold_start", "request_failed", f"first request failed: {exc}") from None
-        return {"first_ttft_s": fact(first["ttft_s"], "first streamed completion after ready", unit="s"),
-                "first_total_s": fact(first["total_s"], "first streamed completion after ready", unit="s")}
+        source = "first streamed completion after ready"
+        return {"first_ttft_s": fact(first["ttft_s"], source, unit="s"),
+                "first_total_s": fact(first["total_s"], source, unit="s"),
+                "first_output_tokens": fact(first["chunks"], source, unit="tokens"),
+                "first_output_tok_s": fact(bench.output_rate(first["chunks"], first["total_s"]), source, unit="tok/s")}
 
     def _scenarios(self, server: ServerProcess, sampler: Sampler, windows: list[tuple[dict[str, Any], float, float]],
                    out: list[dict[str, Any]]) -> Failure | None:

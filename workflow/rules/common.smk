@@ -1,12 +1,15 @@
 # Config loading, validation and target helpers. No rules here.
 
+import json
 import os
 import re
+import sys
 from pathlib import Path
 
 from llmtrial.cleanup import cleanup_with_record, restore_after_run
 from llmtrial.ledger import RUN_ENV, new_run_id
 from llmtrial.patchdata import patch_inputs
+from llmtrial.provenance import COMMAND_ENV
 from llmtrial.paths import TrialPaths
 from llmtrial.config import (
     configuration_port,
@@ -22,6 +25,9 @@ validate_config(config)  # against llmtrial's schemas/config.schema.yaml (packag
 # this id. Jobs inherit it from the environment (never through params, which would make every
 # job's params differ from the last run's).
 RUN = os.environ.setdefault(RUN_ENV, new_run_id())
+# The command line that started this run, for the provenance record (llmtrial.provenance
+# .command_from_env reads it back in a job; secrets are redacted when it is recorded).
+os.environ.setdefault(COMMAND_ENV, json.dumps(sys.argv))
 
 TRIAL = config["trial"]
 CONFIGURATIONS = list(config["configurations"])

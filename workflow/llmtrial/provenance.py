@@ -1,0 +1,118 @@
+"""Provenance: what produced a trial's records, so an auditor can reproduce it.
+
+The workflow's commit and whether its tracked files were changed, the command line that
+started the run (secrets redacted), the resolved configuration (schema defaults filled,
+secrets redacted) with its sha256, and the sha256 of each trial file read. The main
+Snakemake process puts its command line in the environment once (:data:`COMMAND_ENV`,
+set in ``workflow/rules/common.smk``); jobs inherit it and read it back with
+:func:`command_from_env`. The record kind is ``provenance``
+(``schemas/provenance.record.schema.yaml``).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from llmtrial.config import validate_config
+from llmtrial.records import redact_argv, redact_config
+
+#: The main Snakemake process' argv as JSON; jobs inherit it (never passed through params).
+COMMAND_ENV = "LLMTRIAL_COMMAND"
+#: The trial file Snakemake reads when no ``--configfile`` is given.
+DEFAULT_CONFIGFILE = Path("config") / "config.yaml"
+GIT_TIMEOUT_S = 30
+
+
+def command_from_env(env: Mapping[str, str] | None = None) -> list[str] | None:
+    """The run's command line as the main Snakemake process saved it; None when unset or
+    not a JSON list of strings."""
+    raw = (os.environ if env is None else env).get(COMMAND_ENV)
+    if raw is None:
+        return None
+    try:
+        argv = json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+    return [str(a) for a in argv] if isinstance(argv, list) else None
+
+
+def config_sha256(config: Mapping[str, Any]) -> str:
+    """sha256 of the configuration as canonical JSON (sorted keys, no spaces)."""
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def trial_files(configfiles: list[str | os.PathLike[str]], repo: Path) -> list[dict[str, Any]]:
+    """``{path, sha256}`` of each trial file (the default one under ``repo`` when none is
+    given); sha256 None with the reason when a file cannot be read."""
+    paths = [Path(p) for p in configfiles] or [repo / DEFAULT_CONFIGFILE]
+    out: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            out.append({"path": str(path), "sha256": file_sha256(path)})
+        except OSError as exc:
+            out.append({"path": str(path), "sha256": None, "reason": f"cannot read: {exc.strerror or exc}"})
+    return out
+
+
+def _git(repo: Path, *args: str) -> tuple[str | None, str | None]:
+    """(stdout, None) of ``git -C repo args...``, or (None, the reason it failed)."""
+    git = shutil.which("git")
+    if git is None:
+        return None, "git is not installed"
+    try:
+        proc = subprocess.run([git, "-C", str(repo), *args], capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=GIT_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"git {args[0]} failed: {exc}"
+    if proc.returncode != 0:
+        why = proc.stderr.strip().splitlines()
+        return None, f"git {args[0]} exited {proc.returncode}: {why[0] if why else 'no message'}"
+    return proc.stdout, None
+
+
+def git_state(repo: Path) -> dict[str, Any]:
+    """``commit`` (HEAD), ``dirty`` (tracked files changed) and ``git_reason`` (why either is
+    None: not a git checkout, git missing, no commit yet)."""
+    head, head_why = _git(repo, "rev-parse", "HEAD")
+    status, status_why = _git(repo, "status", "--porcelain", "--untracked-files=no")
+    return {"commit": head.strip() if head else None,
+            "dirty": None if status is None else bool(status.strip()),
+            "git_reason": head_why or status_why}
+
+
+def collect(config: Mapping[str, Any], *, configfiles: list[str | os.PathLike[str]], command: list[str] | None,
+            repo: Path) -> dict[str, Any]:
+    """The provenance record of a run of the workflow in ``repo`` with ``config`` (as
+    Snakemake resolved it from ``configfiles``, in the order read) started by ``command``.
+
+    ``config`` is resolved again against the schema (defaults filled) on a copy; the record
+    holds it with secrets redacted, and ``config_sha256`` hashes that recorded form, so it
+    can be checked against the record itself.
+    """
+    resolved = validate_config(copy.deepcopy(json.loads(json.dumps(dict(config), default=str))))
+    recorded = redact_config(resolved)
+    return {
+        **git_state(Path(repo)),
+        "repo": str(repo),
+        "command_line": redact_argv(command) if command is not None else None,
+        "config": recorded,
+        "config_sha256": config_sha256(recorded),
+        "trial_files": trial_files(list(configfiles), Path(repo)),
+    }
