@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
+import statistics
+import time
 
-from conftest import DATA
+from conftest import DATA, NvmlDouble, NvmlTelemetryDouble
+from llmtrial.preflight import environment_record
 from llmtrial.records import read_record, write_record
-from llmtrial.report import build_context, fmt_bytes, fmt_num, render_report, write_report
+from llmtrial.report import build_context, fmt_bytes, fmt_num, notes_html, render_report, write_report
+from llmtrial.services import gpu_snapshot
+from llmtrial.sources import NvmlSource
+from llmtrial.telemetry import Sampler, read_samples, window_figures
 
 DEMO = DATA / "demo"
 
@@ -187,3 +194,139 @@ def test_what_earlier_runs_left_behind_is_shown_apart_from_this_runs_changes():
     assert "cpu_worker.py" not in html.split("Left behind by earlier runs", 1)[0]  # not among this run's patches
     assert "read from the host after cleanup: demo-web running and healthy" in html
     assert "run <code>20261130T110000-bbbbbb</code>" in html
+
+
+# ---------------------------------------------------------------- the conclusions, charts and trust
+
+
+def first_screen(html: str) -> str:
+    """What the report shows before its charts: the summary, the findings and the rankings."""
+    return html.split('<h2 id="charts">', 1)[0]
+
+
+def test_the_first_screen_ranks_each_scenario_and_marks_an_unstable_one_with_its_spread():
+    html = render_report(context())
+    top = first_screen(html)
+    tp1 = read_record(DEMO / "tp1.json")
+    spread = tp1["scenarios"][0]["agreement"]["output_throughput"]  # c1: 13.2 % between the two passes
+    assert "What the trial found" in top and "In scenario c1 (concurrency 1), tp1 delivers" in top
+    assert f"unstable</span>: passes disagree by {100 * spread:.1f} %" in top
+    assert top.count('class="unstable-row"') >= 1 and "baseline" in top
+    # medians over passes, with the lowest and highest pass below
+    c4 = [p["summary"]["output_throughput"] for p in tp1["scenarios"][1]["passes"]]
+    assert f"{min(c4):,.1f}–{max(c4):,.1f}" in top
+    # the passes table marks the same configuration unstable where its per-pass figures appear
+    passes = html.split('<h2 id="scenarios">', 1)[1].split("<h2>", 1)[0]
+    assert '<div class="unstable">unstable</div>' in passes
+
+
+def test_a_stricter_or_looser_threshold_and_another_baseline_come_from_the_trial_file():
+    ctx = build_context(trial="demo", preflight=read_record(DEMO / "preflight.json"),
+                        manifest=read_record(DEMO / "manifest.json"),
+                        plans=[read_record(DEMO / "plan-tp1.json"), read_record(DEMO / "plan-tp2.json")],
+                        configurations=[read_record(DEMO / "tp1.json"), read_record(DEMO / "tp2.json")],
+                        cleanup=read_record(DEMO / "cleanup.json"), settings={"baseline": "tp2", "max_disagreement": 0.5})
+    top = first_screen(render_report(ctx))
+    assert "unstable</span>: passes disagree" not in top and "passes agree within" in top
+    assert "baseline configuration <b>tp2</b>" in top and "% vs baseline" in top
+
+
+def test_failed_and_skipped_configurations_sit_in_the_ranking_with_their_diagnosis():
+    failure = {"phase": "startup", "reason": "exited", "message": "server exited with code 2 before it was ready",
+               "error_line": {"line": "error: unrecognized arguments: --x", "source": "server.log:307",
+                              "pattern": "argparse", "diagnosis": "vLLM rejected a command-line argument."}}
+    ctx = context(tp2={"status": "failed", "failure": failure, "scenarios": [], "startup": {}, "cold_start": {}})
+    top = first_screen(render_report(ctx))
+    assert "tp2 failed in startup: vLLM rejected a command-line argument." in top
+    assert '<span class="failed">failed</span>: failed in startup: vLLM rejected a command-line argument' in top
+
+
+def test_charts_are_inline_with_their_numbers_and_the_page_fetches_nothing():
+    ctx = context()
+    html = render_report(ctx)
+    charts = html.split('<h2 id="charts">', 1)[1].split('<h2 id="cold-warm">', 1)[0]
+    assert charts.count("<svg") == len(ctx["charts"]) >= 3
+    assert charts.count("The numbers in this chart") == len(ctx["charts"])
+    assert "<script" not in html and not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
+
+
+def test_timelines_are_drawn_from_each_configurations_telemetry_file(tmp_path):
+    paths = {}
+    for name in ("preflight", "manifest", "cleanup", "tp1", "tp2", "plan-tp1", "plan-tp2"):
+        paths[name] = write_record(tmp_path / f"{name}.json", json.loads((DEMO / f"{name}.json").read_text()))
+    tp1 = read_record(DEMO / "tp1.json")
+    t0 = tp1["server"]["launched_at"]
+    csv = tmp_path / "tp1.csv"
+    csv.write_text("t,source,metric,value\n" + "".join(
+        f"{t0 + i},host,cpu_percent,{50 + i}\n{t0 + i},metrics,kv_cache_usage,{i / 100}\n" for i in range(60)))
+    out = write_report(tmp_path / "report.html", trial="demo", preflight=paths["preflight"], manifest=paths["manifest"],
+                       plans=[paths["plan-tp1"], paths["plan-tp2"]], configurations=[paths["tp1"], paths["tp2"]],
+                       telemetry=[csv, tmp_path / "missing.csv"], cleanup=paths["cleanup"], charts_dir=tmp_path / "charts")
+    html = out.read_text()
+    assert "tp1: telemetry over time" in html and "tp2: telemetry over time" not in html
+    assert sorted(p.name for p in (tmp_path / "charts").glob("*.svg")) == [
+        "latency.svg", "pareto.svg", "prediction.svg", "timeline-tp1.svg"]
+    timeline = html.split("tp1: telemetry over time", 1)[1].split("</figure>", 1)[0]
+    # at 59 s: KV cache usage 0.59 drawn as 59 %, system CPU 109 %
+    assert '<td class="n">59</td><td class="n">59.000</td><td class="n">109.000</td>' in timeline.replace("\n", "")
+
+
+def test_cold_against_warm_and_each_requests_tok_s_are_shown():
+    tp1 = read_record(DEMO / "tp1.json")
+    tp1["cold_start"]["first_output_tok_s"] = {"value": 1.86, "kind": "measured", "unit": "tok/s",
+                                               "source": "first streamed completion after ready"}
+    for p in tp1["scenarios"][1]["passes"]:
+        p["summary"]["request_output_tok_s"] = [4.40, 4.37, 4.37, 4.37]
+        p["summary"]["request_output_tok_s_summary"] = {"n": 4, "min": 4.37, "median": 4.37, "max": 4.40}
+    html = render_report(context(tp1={"cold_start": tp1["cold_start"], "scenarios": tp1["scenarios"]}))
+    cw = html.split('<h2 id="cold-warm">', 1)[1].split("<h2", 1)[0]
+    warm = statistics.median(p["summary"]["output_throughput"] for p in tp1["scenarios"][0]["passes"])
+    assert "1.86 tok/s" in cw and f"{warm / 1.86:,.1f}x" in cw
+    streams = html.split('<h2 id="streams">', 1)[1].split("<h2", 1)[0]
+    assert "4.4, 4.37, 4.37, 4.37" in streams and streams.count("c4 pass") == 2
+
+
+def test_the_operators_notes_render_as_markdown_without_raw_html_or_images():
+    ctx = context()
+    ctx["notes"] = notes_html("TP=3 was **never** benchmarked.\n\n<script>alert(1)</script>\n\n![x](http://203.0.113.1/x.png)")
+    html = render_report(ctx)
+    notes = html.split("The operator's notes", 1)[1].split("<h2", 1)[0]
+    assert "<strong>never</strong>" in notes and "&lt;script&gt;" in notes and "<img" not in html
+    assert "No GPU: NVML unavailable" in html.split('<h2 id="not-measured">', 1)[1]
+
+
+class NarrowLink(NvmlDouble):
+    """The NVML inventory double with GPU 0 seated at x8 of its x16."""
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h):
+        return 8 if h == 0 else super().nvmlDeviceGetCurrPcieLinkWidth(h)
+
+
+def test_gpu_records_made_with_the_nvml_double_show_the_host_and_each_pass(tmp_path):
+    # NVML is a test double here (this machine has no GPU): the inventory and the sampled figures
+    env = environment_record(nvml=NarrowLink())
+    preflight = {**read_record(DEMO / "preflight.json"), "environment": env}
+    csv = tmp_path / "telemetry.csv"
+    with Sampler(csv, [NvmlSource(NvmlTelemetryDouble())], interval=0.05):
+        time.sleep(0.4)
+    df = read_samples(csv)
+    tp1 = read_record(DEMO / "tp1.json")
+    for sc in tp1["scenarios"]:
+        for p in sc["passes"]:
+            p["telemetry"] = window_figures(df, float(df.t.min()), float(df.t.max()))
+    quiet = {"services": [], "residues": [], "gpu": {"before": gpu_snapshot(NvmlTelemetryDouble()),
+                                                     "after": {"mem_used_bytes": 0, "compute_processes": {"gpu0": 0.0}},
+                                                     "memory_freed_bytes": 20 * 2**30}}
+    ctx = build_context(trial="demo", preflight=preflight, manifest=read_record(DEMO / "manifest.json"),
+                        plans=[read_record(DEMO / "plan-tp1.json")], configurations=[tp1],
+                        cleanup=read_record(DEMO / "cleanup.json"), quiet=quiet, telemetry={"tp1": df})
+    html = render_report(ctx)
+    host = html.split('<h2 id="host">', 1)[1].split("<h2", 1)[0]
+    assert "NVIDIA H200" in host and "driver 575.51.03, CUDA 12.9" in host
+    assert "x8 / x16" in host and "below its maximum" in host  # GPU 0 runs narrower than it can
+    assert "GPU 0-1 yes" in host
+    assert "20.00 GiB" in host and "gpu0: 1, gpu1: 1" in host  # freed by the quiet stage; processes before
+    gpus = html.split("GPUs per pass (NVML)", 1)[1].split("</table>", 1)[0]
+    assert "300.0 W" in gpus and "700 W" in gpus and "42.9 %" in gpus  # power against the limit
+    assert "GPU (NVML)" in html.split("tp1: telemetry over time", 1)[1]
+    assert "No GPU:" not in html

@@ -93,7 +93,8 @@ def assert_snakemake_report_bundles(workdir: Path, zip_path: Path, trial: str, c
     configuration's plan, record and telemetry (nothing else), filed by category, and the rule graph."""
     bundled = snakemake_report(zip_path)
     paths = TrialPaths.of(trial)
-    trial_wide = [paths.report, paths.preflight, paths.manifest, paths.quieted, paths.patches_record, paths.cleanup]
+    trial_wide = [paths.report, paths.preflight, paths.manifest, paths.quieted, paths.patches_record, paths.cleanup,
+                  paths.provenance]
     per_configuration = [p for c in configurations for p in (paths.plan(c), paths.config_record(c), paths.telemetry(c))]
     charts = sorted((workdir / paths.charts).glob("*.svg"))
     assert charts, "the report rule wrote no chart"

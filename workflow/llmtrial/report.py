@@ -182,7 +182,7 @@ def render_report(context: Mapping[str, Any], template_dir: Path = TEMPLATES) ->
 def write_report(out: Path, *, trial: str, preflight: Path, manifest: Path, plans: Iterable[Path],
                  configurations: Iterable[Path], cleanup: Path, patches: Path | None = None,
                  quiet: Path | None = None, telemetry: Iterable[Path] = (), settings: Mapping[str, Any] | None = None,
-                 provenance: Mapping[str, Any] | None = None, charts_dir: Path | None = None) -> Path:
+                 provenance: Path | None = None, charts_dir: Path | None = None) -> Path:
     """Read the records named, render, and write the report atomically. ``telemetry`` are the
     configurations' samples files, in the order of ``configurations``; ``charts_dir``, when
     given, also receives each chart as an SVG file (for Snakemake's own report)."""
@@ -199,7 +199,7 @@ def write_report(out: Path, *, trial: str, preflight: Path, manifest: Path, plan
         quiet=read_record(quiet) if quiet is not None else None,
         telemetry=samples,
         settings=settings,
-        provenance=provenance,
+        provenance=read_record(provenance) if provenance is not None else None,
     )
     if charts_dir is not None:
         write_charts(Path(charts_dir), context["charts"])

@@ -22,11 +22,19 @@ rule report:
             category="Charts",
             labels={"chart": "{name}"},
         ),
+        provenance=report(
+            str(P.provenance),
+            caption="../report/provenance.rst",
+            category="Records",
+            subcategory="Trial",
+            labels={"record": "provenance"},
+        ),
     log:
         str(P.log("report")),
     conda:
         "../../envs/workflow.yaml"
     params:
         settings=config["report"],
+        configfiles=workflow.configfiles,
     script:
         "../scripts/render_report.py"

@@ -3,13 +3,19 @@
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from llmtrial import provenance
 from llmtrial.joblog import open_job_log
+from llmtrial.records import write_record
 from llmtrial.report import write_report
 
 if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
     from snakemake.iocontainers import snakemake
 
 open_job_log(snakemake.log[0])
+# what produced this report: the checkout this script is part of, the trial files, the command
+write_record(snakemake.output.provenance, provenance.collect(
+    snakemake.config, configfiles=snakemake.params.configfiles, command=provenance.command_from_env(),
+    repo=Path(snakemake.scriptdir).parents[1]), schema="provenance")
 write_report(
     Path(snakemake.output.report),
     trial=snakemake.wildcards.trial,
@@ -22,5 +28,6 @@ write_report(
     patches=Path(snakemake.input.patches),
     quiet=Path(snakemake.input.quiet),
     settings=snakemake.params.settings,
+    provenance=Path(snakemake.output.provenance),
     charts_dir=Path(snakemake.output.charts),
 )
