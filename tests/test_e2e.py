@@ -205,6 +205,10 @@ def test_the_report_shows_every_configuration_scenario_and_failure(trial):
     tp1 = record(trial, "tp1")
     median = tp1["scenarios"][1]["passes"][0]["summary"]["median_ttft_ms"]
     assert f"{median:,.2f}" in html
+    # the first screen ranks every launched configuration and gives the others their one-line diagnosis
+    top = html.split('<h2 id="charts">', 1)[0]
+    assert f"{BAD} failed in startup:" in top and "tp3 not launched: the planner said does_not_fit" in top
+    assert "pp2" in top and "tp3force failed in startup" in top
     # self-contained: no scripts, no stylesheets or images fetched from anywhere
     assert "<script" not in html and "<link" not in html
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
@@ -219,8 +223,8 @@ def test_the_report_renders_offline_in_headless_chromium(trial):
     assert page.requests == [], page.requests
     assert page.errors == [], page.errors
     assert "demo" in page.title
-    assert page.dom.count("<table") >= 8
-    assert "Serving trial: demo" in page.dom and "Scenario c4" in page.dom
+    assert page.dom.count("<table") >= 8 and page.dom.count("<svg") >= 5
+    assert "Serving trial: demo" in page.dom and "What the trial found" in page.dom
     png = shot.read_bytes()
     assert png[:8] == PNG_MAGIC and len(png) > 10_000
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from browser import PNG_MAGIC, chromium_available, visit
 from conftest import REPO
 from llmtrial.cleanup import outstanding
 from llmtrial.ledger import Ledger
@@ -106,6 +107,37 @@ def test_the_default_trial_as_readme_shows_it_quiets_and_restores_the_demo_servi
     assert quiet["was_running"] and quiet["service"]["status"][0] == sys.executable  # {python}, not PATH's python3
     [row] = cleanup["services"]
     assert row["was_running"] and row["down"] and row["healthy"] and row["restored_by_run"] == cleanup["run"]
+
+
+def test_the_default_trials_report_concludes_and_opens_offline(work):
+    """The first run's report: rankings and sentences on the first screen, the charts, cold and
+    warm, each request's tok/s, provenance, under 3 MB; in headless Chromium with the network off
+    it asks for nothing and logs no error, and its first screen is kept beside it."""
+    results = work / "results" / "demo"
+    html = (results / "report.html").read_text()
+    assert (results / "report.html").stat().st_size < 3 * 2**20
+    top = html.split('<h2 id="charts">', 1)[0]
+    assert "In scenario c1 (concurrency 1), tp" in top and "In scenario c4 (concurrency 4), tp" in top
+    assert top.count('<table class="rank">') == 2 and "baseline" in top
+    tp1 = json.loads((results / "configs" / "tp1" / "record.json").read_text())
+    spread = tp1["scenarios"][0]["agreement"]["output_throughput"]
+    mark = "unstable</span>: passes disagree by" if spread > 0.10 else "passes agree within"
+    assert f"{mark} {100 * spread:.1f} %" in top  # judged against report.max_disagreement, 10 %
+    assert sorted(p.name for p in (results / "charts").glob("*.svg")) == [
+        "latency.svg", "pareto.svg", "prediction.svg", "timeline-tp1.svg", "timeline-tp2.svg"]
+    assert html.count("<svg") == 5 and html.count("The numbers in this chart") == 5
+    cold = tp1["cold_start"]["first_output_tok_s"]["value"]
+    assert cold > 0 and f"{cold:,.2f} tok/s" in html.split('<h2 id="cold-warm">', 1)[1].split("<h2", 1)[0]
+    streams = html.split('<h2 id="streams">', 1)[1].split("<h2", 1)[0]
+    assert streams.count("c4 pass") == 4  # two passes of two configurations, each request's tok/s
+    provenance = json.loads((results / "provenance.json").read_text())
+    assert provenance["commit"] and provenance["config"]["trial"] == "demo" and provenance["command_line"]
+    assert provenance["commit"] in html and provenance["config_sha256"] in html
+    if not chromium_available():
+        pytest.skip("chromium not installed (make test installs it)")
+    page = visit(results / "report.html", results / "report-first-screen.png")
+    assert page.requests == [] and page.errors == [], (page.requests, page.errors)
+    assert (results / "report-first-screen.png").read_bytes()[:8] == PNG_MAGIC
 
 
 def test_a_second_run_after_a_complete_first_leaves_nothing_undone(work):
