@@ -7,7 +7,9 @@ import re
 import statistics
 import time
 
+from browser import chromium_available, visit
 from conftest import DATA, NvmlDouble, NvmlTelemetryDouble
+from llmtrial.fileio import atomic_write_text
 from llmtrial.preflight import environment_record
 from llmtrial.records import read_record, write_record
 from llmtrial.report import build_context, fmt_bytes, fmt_num, notes_html, render_report, write_report
@@ -330,3 +332,7 @@ def test_gpu_records_made_with_the_nvml_double_show_the_host_and_each_pass(tmp_p
     assert "300.0 W" in gpus and "700 W" in gpus and "42.9 %" in gpus  # power against the limit
     assert "GPU (NVML)" in html.split("tp1: telemetry over time", 1)[1]
     assert "No GPU:" not in html
+    if chromium_available():  # opened with the network off: asks for nothing, logs no error
+        page = visit(atomic_write_text(tmp_path / "report.html", html), tmp_path / "first-screen.png")
+        assert page.requests == [] and page.errors == [], (page.requests, page.errors)
+        assert "NVIDIA H200" in page.dom
