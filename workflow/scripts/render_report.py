@@ -13,9 +13,9 @@ if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
 
 open_job_log(snakemake.log[0])
 # what produced this report: the checkout this script is part of, the trial files, the command
-write_record(snakemake.output.provenance, provenance.collect(
-    snakemake.config, configfiles=snakemake.params.configfiles, command=provenance.command_from_env(),
-    repo=Path(snakemake.scriptdir).parents[1]), schema="provenance")
+produced_by = provenance.collect(snakemake.config, configfiles=snakemake.params.configfiles,
+                                 command=provenance.command_from_env(), repo=Path(snakemake.scriptdir).parents[1])
+write_record(snakemake.output.provenance, produced_by, schema="provenance")
 write_report(
     Path(snakemake.output.report),
     trial=snakemake.wildcards.trial,
