@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -95,17 +97,23 @@ class CompletionsDouble(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def completions_server():
-    """(host, port) of a loopback :class:`CompletionsDouble`, served from a thread."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), CompletionsDouble)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+@contextlib.contextmanager
+def loopback(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[tuple[str, int]]:
+    """(host, port) of a loopback HTTP server of ``handler``, served from a thread until the block ends."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield server.server_address
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def completions_server():
+    """(host, port) of a loopback :class:`CompletionsDouble`."""
+    with loopback(CompletionsDouble) as address:
+        yield address
 
 
 class NvmlDoubleBase:

@@ -4,12 +4,11 @@ and the window figures built from them."""
 from __future__ import annotations
 
 import http.server
-import threading
 import time
 
 import pytest
 
-from conftest import DATA, NVMLError, NvmlTelemetryDouble
+from conftest import DATA, NVMLError, NvmlTelemetryDouble, loopback
 from llmtrial.sources import KernelLogSource, MetricsSource, NvmlSource
 from llmtrial.telemetry import Sampler, read_samples, window_figures
 
@@ -81,12 +80,8 @@ class MetricsHandler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def metrics_server():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), MetricsHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
+    with loopback(MetricsHandler) as (_host, port):
+        yield port
 
 
 class TestMetrics:
