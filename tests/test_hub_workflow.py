@@ -41,6 +41,7 @@ def hub(tmp_path, monkeypatch):
 def hub_trial(tmp_path, *, after="keep", disk=None, shard_bytes=1 << 20) -> dict:
     config = default_config()
     config["configurations"] = {"tp1": config["configurations"]["tp1"]}
+    config["serving"]["args"]["enforce_eager"] = True  # no torch.compile at start-up: these tests are about the weights
     config["services"] = {}
     config["patches"] = {}  # these tests are about the weights
     config["model"] = {"name": "m", "source": {"kind": "hub", "repo_id": REPO_ID, "revision": "main",

@@ -426,6 +426,7 @@ def test_plugin_mode_reaches_every_vllm_process_with_site_packages_read_only(tmp
     config["scenarios"] = {"c1": {"concurrency": 1, "num_prompts": 4, "input_len": 16, "output_len": 8, "passes": 1}}
     config["services"] = {}
     config["serving"]["base_port"] = free_ports(1)[0]
+    config["serving"]["args"]["enforce_eager"] = True  # no torch.compile at start-up: this test is about the hook
     write_config(tmp_path, config)
     before = tree_state(SITE)
     run = subprocess.run(read_only_site_packages([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory",

@@ -140,6 +140,28 @@ def test_the_default_trials_report_concludes_and_opens_offline(work):
     assert (results / "report-first-screen.png").read_bytes()[:8] == PNG_MAGIC
 
 
+@pytest.mark.parametrize("name,kv_tokens,flag", [("tp1", 524_288, True), ("tp2", 1_048_576, False)])
+def test_the_first_run_served_each_configuration_as_planned(work, name, kv_tokens, flag):
+    """The default trial's own servers (test_e2e's run leaves tp2 to this one): 1 GiB of KV per
+    worker at 2 KiB per token split by TP, as the planner predicted; every pass complete, with
+    each request's tok/s; the demo patch seen only where its flag is set."""
+    results = work / "results" / "demo"
+    rec = json.loads((results / "configs" / name / "record.json").read_text())
+    assert rec["status"] == "ok", rec["failure"]
+    assert rec["startup"]["kv_cache_tokens"]["value"] == kv_tokens
+    row = next(r for r in rec["prediction"] if r["name"] == "KV cache tokens")
+    assert row["predicted"] == row["measured"] == kv_tokens
+    for sc in rec["scenarios"]:
+        assert [p["status"] for p in sc["passes"]] == ["ok", "ok"]
+        for p in sc["passes"]:
+            s = p["summary"]
+            assert s["completed"] == len(s["request_output_tok_s"]) == s["request_output_tok_s_summary"]["n"]
+            assert s["request_output_tok_s_summary"]["min"] > 0
+    [patch] = rec["patches"]["patches"]
+    assert patch["flag_on"] is flag and patch["observed"] is flag and patch["as_expected"]
+    assert rec["server"]["stop"]["port_closed"] and rec["server"]["stop"]["survivors"] == []
+
+
 def test_a_second_run_after_a_complete_first_leaves_nothing_undone(work):
     first = records(work)[0]["run"]
     run = run_trial(work, "--forceall")
@@ -170,7 +192,7 @@ def test_the_third_run_records_one_patch_and_one_quiet_of_its_own(work):
     assert len(cleanup["patches_reverted"]) == 1 and len(cleanup["services_restored"]) == 1
     assert all(not rows for rows in cleanup["left_behind"].values())
     assert html.count(f"<code>{patch['target']}</code>") == 1  # the patched file, once
-    assert html.count("<tr><td>demo-web</td>") == 1
+    assert html.split('<h2 id="cleanup">', 1)[1].count("<tr><td>demo-web</td>") == 1  # restored once, by this run
     assert "None: no earlier run of this trial left a change open." in html
     assert len({e["run"] for e in entries if e["action"] == "service_quiet"}) == 3  # three runs in one ledger
 
