@@ -168,20 +168,20 @@ def prediction_chart(configurations: Sequence[Mapping[str, Any]], names: Sequenc
                  ["configuration", "figure", "predicted", "measured", "relative error", "kind", "measured at"], rows)
 
 
-#: Time-series panels: (title, unit, [(source, metric pattern, label, scale)]); a pattern
-#: with ``gpu*`` is drawn once per GPU.
+#: Time-series panels: (title, [(source, metric pattern, label, scale)]); a pattern with
+#: ``gpu*`` is drawn once per GPU, one of the form ``a/b`` as the ratio of two metrics.
 SERIES = (
-    ("GPU (NVML)", "% ", [("nvml", "gpu*.util_percent", "utilisation %", 1.0),
-                          ("nvml", "gpu*.power_w/power_limit_w", "power % of limit", 100.0),
-                          ("nvml", "gpu*.mem_used_bytes/mem_total_bytes", "memory % used", 100.0)]),
-    ("Server (/metrics)", "", [("metrics", "kv_cache_usage", "KV cache usage %", 100.0),
-                               ("metrics", "running", "running requests", 1.0),
-                               ("metrics", "waiting", "waiting requests", 1.0),
-                               ("metrics", "preemptions_total", "preemptions (cumulative)", 1.0)]),
-    ("Host CPU", "", [("host", "cpu_percent", "system CPU % (all CPUs)", 1.0),
-                      ("host", "tree_cpu_percent", "server CPU % (100 = one core)", 1.0)]),
-    ("Host memory (GiB)", "", [("host", "tree_rss_bytes", "server RSS", 1 / 2**30),
-                               ("host", "mem_used_bytes", "system memory used", 1 / 2**30)]),
+    ("GPU (NVML)", [("nvml", "gpu*.util_percent", "utilisation %", 1.0),
+                    ("nvml", "gpu*.power_w/power_limit_w", "power % of limit", 100.0),
+                    ("nvml", "gpu*.mem_used_bytes/mem_total_bytes", "memory % used", 100.0)]),
+    ("Server (/metrics)", [("metrics", "kv_cache_usage", "KV cache usage %", 100.0),
+                           ("metrics", "running", "running requests", 1.0),
+                           ("metrics", "waiting", "waiting requests", 1.0),
+                           ("metrics", "preemptions_total", "preemptions (cumulative)", 1.0)]),
+    ("Host CPU", [("host", "cpu_percent", "system CPU % (all CPUs)", 1.0),
+                  ("host", "tree_cpu_percent", "server CPU % (100 = one core)", 1.0)]),
+    ("Host memory (GiB)", [("host", "tree_rss_bytes", "server RSS", 1 / 2**30),
+                           ("host", "mem_used_bytes", "system memory used", 1 / 2**30)]),
 )
 
 
@@ -215,6 +215,15 @@ def _expand(sampled: Mapping[str, Any], source: str, pattern: str) -> list[tuple
     return out
 
 
+def _panel_lines(sampled: Mapping[str, Any], lines: Sequence[tuple[str, str, str, float]]) -> list[tuple[str, str, Any]]:
+    """(label, GPU or "", (xs, scaled ys)) for each line of a panel that was sampled."""
+    out = []
+    for source, pattern, label, scale in lines:
+        for gpu, (xs, ys) in _expand(sampled, source, pattern):
+            out.append((label, gpu, (xs, [v * scale for v in ys])))
+    return out
+
+
 def _shade(ax: Any, windows: Sequence[Mapping[str, Any]], t0: float) -> None:
     for i, w in enumerate(windows):
         colour = "#d0d7de" if w["label"] == "start-up" else ("#ddf4ff" if i % 2 else "#fff8c5")
@@ -242,8 +251,7 @@ def timeseries_chart(record: Mapping[str, Any], frame: Any) -> Chart | None:
     if t0 is None or not len(frame):
         return None
     sampled = series(frame, float(t0))
-    panels = [(title, [(label, g, xy) for src, pat, label, scale in lines for g, xy in _expand(sampled, src, pat)
-                       for xy in [(xy[0], [v * scale for v in xy[1]])]]) for title, _unit, lines in SERIES]
+    panels = [(title, _panel_lines(sampled, lines)) for title, lines in SERIES]
     panels = [(t, lines) for t, lines in panels if lines]
     if not panels:
         return None

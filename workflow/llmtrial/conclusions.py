@@ -27,10 +27,9 @@ FIGURES: tuple[tuple[str, str, str, bool, int], ...] = (
     ("tpot_median_ms", "TPOT median", "ms", False, 2),
     ("tpot_p99_ms", "TPOT p99", "ms", False, 2),
 )
-FIGURE = {f[0]: f for f in FIGURES}
 #: The figure pass agreement is judged on (the record's own agreement figure).
 AGREEMENT_FIGURE = "output_tok_s"
-#: A pass's stall flag: mean TTFT this many times its median (see ``bench.stall_flag``).
+#: The spread of that figure between passes above which a configuration is unstable (``report.max_disagreement``).
 DEFAULT_MAX_DISAGREEMENT = 0.10
 
 
