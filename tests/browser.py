@@ -60,6 +60,8 @@ class PageVisit:
     screenshot: Path
     #: ``document.documentElement.outerHTML`` after the load event
     dom: str
+    #: elements (outside SVG charts) that reach past the window's right edge: tag and text
+    too_wide: list[str]
 
 
 class DevTools:
@@ -193,6 +195,12 @@ def evaluate(cdp: DevTools, session: str, expression: str) -> Any:
     return result["result"].get("value")
 
 
+#: The elements whose right edge is past the window's (a page that scrolls sideways), outside SVG.
+TOO_WIDE = ("Array.from(document.querySelectorAll('body *'))"
+            ".filter(e => !e.closest('svg') && e.getBoundingClientRect().right > document.documentElement.clientWidth + 1)"
+            ".slice(0, 10).map(e => e.tagName + ' ' + (e.textContent || '').trim().slice(0, 60))")
+
+
 def visit(page: Path, screenshot: Path, *, width: int = 1400, height: int = 900, timeout: float = 60) -> PageVisit:
     """Open ``page`` offline in headless Chromium; write its first screen to ``screenshot``."""
     url = Path(page).resolve().as_uri()
@@ -204,6 +212,7 @@ def visit(page: Path, screenshot: Path, *, width: int = 1400, height: int = 900,
         cdp.wait_for("Page.loadEventFired", session=session, timeout=timeout)
         title = evaluate(cdp, session, "document.title")
         dom = evaluate(cdp, session, "document.documentElement.outerHTML")
+        too_wide = evaluate(cdp, session, TOO_WIDE)
         shot = cdp.call("Page.captureScreenshot", {"format": "png"}, session=session, timeout=timeout)
         events = [e for e in cdp.events if e.get("sessionId") == session]
     screenshot = Path(screenshot)
@@ -212,4 +221,5 @@ def visit(page: Path, screenshot: Path, *, width: int = 1400, height: int = 900,
     requested = [e["params"]["request"]["url"] for e in events if e["method"] == "Network.requestWillBeSent"]
     requests = [u for u in dict.fromkeys(requested) if u != url and not u.startswith("data:")]
     errors = [text for text in map(describe_error, events) if text is not None]
-    return PageVisit(url=url, title=title, requests=requests, errors=errors, screenshot=screenshot, dom=dom)
+    return PageVisit(url=url, title=title, requests=requests, errors=errors, screenshot=screenshot, dom=dom,
+                     too_wide=too_wide)

@@ -18,14 +18,15 @@ SELF_CONTAINED = """<!doctype html><html><head><meta charset="utf-8"><title>inli
 </body></html>"""
 
 LEAKY = """<!doctype html><html><head><title>leaky</title></head>
-<body><p>reaches out</p><img src="http://203.0.113.1/x.png"><script>console.error("boom")</script></body></html>"""
+<body><p>reaches out</p><img src="http://203.0.113.1/x.png"><script>console.error("boom")</script>
+<table><tr><td style="white-space: nowrap">far too wide for any window: """ + "x" * 400 + """</td></tr></table></body></html>"""
 
 
 def test_a_self_contained_page_asks_for_nothing_and_logs_no_error(tmp_path):
     page = tmp_path / "page.html"
     page.write_text(SELF_CONTAINED)
     seen = visit(page, tmp_path / "shots" / "first.png")
-    assert seen.requests == [] and seen.errors == []
+    assert seen.requests == [] and seen.errors == [] and seen.too_wide == []
     assert seen.title == "inline only" and "<svg" in seen.dom and "Inline chart" in seen.dom
     png = seen.screenshot.read_bytes()
     assert seen.screenshot == tmp_path / "shots" / "first.png"
@@ -38,4 +39,5 @@ def test_a_page_that_reaches_the_network_or_logs_an_error_is_caught(tmp_path):
     seen = visit(page, tmp_path / "leaky.png")
     assert "http://203.0.113.1/x.png" in seen.requests
     assert any(e == "console.error: boom" for e in seen.errors), seen.errors
+    assert any(w.startswith("TABLE far too wide") for w in seen.too_wide), seen.too_wide
     assert seen.screenshot.read_bytes()[:8] == PNG_MAGIC

@@ -334,5 +334,5 @@ def test_gpu_records_made_with_the_nvml_double_show_the_host_and_each_pass(tmp_p
     assert "No GPU:" not in html
     if chromium_available():  # opened with the network off: asks for nothing, logs no error
         page = visit(atomic_write_text(tmp_path / "report.html", html), tmp_path / "first-screen.png")
-        assert page.requests == [] and page.errors == [], (page.requests, page.errors)
+        assert page.requests == [] and page.errors == [] and page.too_wide == [], (page.requests, page.errors, page.too_wide)
         assert "NVIDIA H200" in page.dom
