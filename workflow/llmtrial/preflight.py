@@ -70,12 +70,7 @@ def cpu_info() -> dict[str, Any]:
                 flags = set(value.split())
     except OSError:
         pass
-    numa = {}
-    for node in sorted(Path("/sys/devices/system/node").glob("node[0-9]*")):
-        try:
-            numa[node.name] = (node / "cpulist").read_text().strip()
-        except OSError:
-            continue
+    numa = {f"node{n['node']}": n["cpulist"] for n in numa_nodes()["nodes"] if n["cpulist"] is not None}
     wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "fma")
     return {"model": model, "cores_logical": os.cpu_count(), "cores_physical": psutil.cpu_count(logical=False),
             "flags": {f: f in flags for f in wanted}, "numa_nodes": numa}

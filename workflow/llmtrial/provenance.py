@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtrial.config import validate_config
+from llmtrial.fileio import file_digest
 from llmtrial.records import redact_argv, redact_config
 
 #: The main Snakemake process' argv as JSON; jobs inherit it (never passed through params).
@@ -50,14 +51,6 @@ def config_sha256(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def trial_files(configfiles: list[str | os.PathLike[str]], repo: Path) -> list[dict[str, Any]]:
     """``{path, sha256}`` of each trial file (the default one under ``repo`` when none is
     given); sha256 None with the reason when a file cannot be read."""
@@ -65,7 +58,7 @@ def trial_files(configfiles: list[str | os.PathLike[str]], repo: Path) -> list[d
     out: list[dict[str, Any]] = []
     for path in paths:
         try:
-            out.append({"path": str(path), "sha256": file_sha256(path)})
+            out.append({"path": str(path), "sha256": file_digest(path).hexdigest()})
         except OSError as exc:
             out.append({"path": str(path), "sha256": None, "reason": f"cannot read: {exc.strerror or exc}"})
     return out
