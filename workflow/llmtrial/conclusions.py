@@ -135,18 +135,23 @@ def compare(cells: list[dict[str, Any]], baseline: str | None) -> None:
                                 if base_fig and base_fig["median"] and c is not base else None)
 
 
+def scenario_specs(configurations: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """Every scenario the configurations ran, in the trial's order, with its spec."""
+    specs: dict[str, Mapping[str, Any]] = {}
+    for rec in configurations:
+        for sc in rec.get("scenarios", []):
+            specs.setdefault(sc["name"], sc["spec"])
+    return specs
+
+
 def scenario_tables(configurations: list[Mapping[str, Any]], plans: Mapping[str, Mapping[str, Any]],
                     settings: Settings) -> list[dict[str, Any]]:
     """Per scenario (in the trial's order): every configuration's cell, ranked by output tok/s,
     configurations without figures last, with their one-line diagnosis."""
     names = [r["configuration"] for r in configurations]
     baseline = _baseline(names, settings)
-    specs: dict[str, Mapping[str, Any]] = {}
-    for rec in configurations:
-        for sc in rec.get("scenarios", []):
-            specs.setdefault(sc["name"], sc["spec"])
     tables = []
-    for name, spec in specs.items():
+    for name, spec in scenario_specs(configurations).items():
         cells = []
         for rec in configurations:
             sc = next((s for s in rec.get("scenarios", []) if s["name"] == name), None)

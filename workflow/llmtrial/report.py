@@ -26,6 +26,7 @@ from llmtrial.conclusions import (
     not_measured,
     outcome_sentences,
     scenario_sentences,
+    scenario_specs,
     scenario_tables,
     streams,
 )
@@ -67,22 +68,11 @@ def fmt_time(value: Any) -> str:
 
 def _scenario_rows(configurations: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Every pass of every configuration, regrouped by scenario (the detailed tables)."""
-    scenario_names: list[str] = []
-    for rec in configurations:
-        for sc in rec.get("scenarios", []):
-            if sc["name"] not in scenario_names:
-                scenario_names.append(sc["name"])
     scenarios = []
-    for name in scenario_names:
-        rows, spec = [], None
-        for rec in configurations:
-            for sc in rec.get("scenarios", []):
-                if sc["name"] != name:
-                    continue
-                spec = spec or sc["spec"]
-                for one in sc["passes"]:
-                    rows.append({"configuration": rec["configuration"], "pass": one,
-                                 "agreement": sc.get("agreement", {})})
+    for name, spec in scenario_specs(configurations).items():
+        rows = [{"configuration": rec["configuration"], "pass": one, "agreement": sc.get("agreement", {})}
+                for rec in configurations for sc in rec.get("scenarios", []) if sc["name"] == name
+                for one in sc["passes"]]
         scenarios.append({"name": name, "spec": spec, "rows": rows})
     return scenarios
 
