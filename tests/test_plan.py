@@ -433,6 +433,18 @@ class TestPlanRecords:
                         hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[96])
         assert r["verdict"] == "unknown" and "lacks num_hidden_layers" in r["reasons"][0]
 
+    def test_the_kv_memory_setting_sizes_the_cpu_cache_unless_the_cpu_variable_overrides_it(self):
+        """vLLM's CPU platform replaces kv_cache_memory_bytes with VLLM_CPU_KVCACHE_SPACE when that is set."""
+        args = {"kv_cache_memory_bytes": 2 * 2**20, "max_model_len": 512}
+        own = record_for(spec=spec("small", args, {"X": "1"}), source={"kind": "tiny"}, environment=CPU_HOST,
+                         hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[320])
+        assert own["plan"]["predicted_kv_cache_tokens"] == 1024  # 2 MiB / 2,048 B per token, 8 blocks of 128
+        assert own["facts"]["predicted_kv_cache_tokens"]["kind"] == "predicted"
+        assert not any("VLLM_CPU_KVCACHE_SPACE" in x for x in own["reasons"])
+        both = record_for(spec=spec("small", args), source={"kind": "tiny"}, environment=CPU_HOST,
+                          hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[320])
+        assert both["plan"]["predicted_kv_cache_tokens"] == 524_288
+
     def test_unset_cpu_kv_space_is_an_estimate(self):
         r = record_for(spec=spec("tp1", {}, {"X": "1"}), source={"kind": "tiny"}, environment=CPU_HOST,
                         hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[96])

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from llmtrial.scenarios import goodput_flags
+
 #: Summary fields copied from vLLM's result file into the record.
 SUMMARY_FIELDS = (
     "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
@@ -77,6 +79,7 @@ def bench_argv(
         "--result-dir", result_dir,
         "--result-filename", result_filename,
         "--disable-tqdm",
+        *goodput_flags(scenario.get("slo")),
     ]
 
 

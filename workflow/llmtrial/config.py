@@ -15,9 +15,10 @@ from typing import Any
 
 import yaml
 from jsonschema import Draft202012Validator, validators
-from jsonschema.exceptions import ValidationError
+from jsonschema.exceptions import ValidationError, best_match
 
 from llmtrial.resources import SCHEMAS
+from llmtrial.scenarios import check_scenario, contexts
 
 SCHEMA_PATH = SCHEMAS / "config.schema.yaml"
 
@@ -54,6 +55,14 @@ def key_path(error: ValidationError) -> str:
     return ".".join(parts) or "(top level)"
 
 
+def _specific(error: ValidationError) -> ValidationError:
+    """The most telling of a ``oneOf``'s failures (an item below the minimum rather than
+    "not valid under any of the given schemas"); any other error as it is."""
+    if error.validator == "oneOf" and error.context:
+        return best_match(error.context)
+    return error
+
+
 def load_schema(path: Path = SCHEMA_PATH) -> dict[str, Any]:
     with open(path, encoding="utf-8") as fh:
         return yaml.safe_load(fh)
@@ -65,12 +74,16 @@ def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH, *, 
     validator = _with_defaults(Draft202012Validator)(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
-        lines = [f"{source} key '{key_path(e)}': {e.message}" for e in errors]
+        lines = [f"{source} key '{key_path(e)}': {e.message}" for e in map(_specific, errors)]
         raise ConfigError("invalid trial configuration:\n  " + "\n  ".join(lines))
+    problems = [f"{source} key '{line.split(': ', 1)[0]}': {line.split(': ', 1)[1]}"
+                for name, spec in config["scenarios"].items() for line in check_scenario(name, spec)]
     baseline = (config.get("report") or {}).get("baseline")
     if baseline is not None and baseline not in config["configurations"]:
-        raise ConfigError(f"invalid trial configuration:\n  {source} key 'report.baseline': {baseline!r} is not a "
-                          f"configuration of this trial ({', '.join(config['configurations'])})")
+        problems.append(f"{source} key 'report.baseline': {baseline!r} is not a "
+                        f"configuration of this trial ({', '.join(config['configurations'])})")
+    if problems:
+        raise ConfigError("invalid trial configuration:\n  " + "\n  ".join(problems))
     return config
 
 
@@ -86,7 +99,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
 
 def scenario_contexts(config: dict[str, Any]) -> list[int]:
     """The context lengths the scenarios reach (input + output), for the preemption boundary."""
-    return sorted({int(s["input_len"]) + int(s["output_len"]) for s in config["scenarios"].values()})
+    return sorted(set().union(*(contexts(s) for s in config["scenarios"].values())))
 
 
 def configuration_port(config: dict[str, Any], name: str) -> int:

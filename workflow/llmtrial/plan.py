@@ -271,9 +271,10 @@ def _kv_memory(hardware: Hardware, args: ServingArgs, shape: ModelShape, weights
     pp = len(weights_per_rank)
     if available_kv_gib is not None:
         return [available_kv_gib * GiB] * pp, "measured", "given (vLLM's logged Available KV cache memory)"
-    if args.kv_cache_memory_bytes is not None:
+    cpu_env = hardware.is_cpu and hardware.cpu_kv_space_gib is not None and not hardware.cpu_kv_space_assumed
+    if args.kv_cache_memory_bytes is not None and not cpu_env:
         return [float(args.kv_cache_memory_bytes)] * pp, "predicted", "kv_cache_memory_bytes per worker"
-    if hardware.is_cpu:
+    if hardware.is_cpu:  # vLLM's CPU platform lets VLLM_CPU_KVCACHE_SPACE override kv_cache_memory_bytes
         if hardware.cpu_kv_space_gib is None:
             raise PlanError("a CPU plan needs the KV space per worker (VLLM_CPU_KVCACHE_SPACE)")
         source = f"VLLM_CPU_KVCACHE_SPACE={hardware.cpu_kv_space_gib:g} GiB per worker" + (

@@ -8,12 +8,13 @@ explains it; only faults of the workflow itself raise.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,12 @@ from llmtrial import bench, logs
 from llmtrial.cleanup import restore_first
 from llmtrial.ledger import Action, Ledger
 from llmtrial.manifest import verify_manifest
+from llmtrial.onset import onset, step_figures
 from llmtrial.patching import ensure_patched, evidence, server_env
 from llmtrial.paths import TrialPaths
 from llmtrial.records import fact, read_record, redact_env, write_record
+from llmtrial.scenarios import SWEEP_KEYS, Repetition, goodput, is_sweep
+from llmtrial.scenarios import steps as sweep_steps
 from llmtrial.server import ServerProcess, ServerStartError, build_server_argv
 from llmtrial.services import quiet_host, quiet_needed
 from llmtrial.shape import predict_kv_tokens
@@ -233,7 +237,7 @@ class TrialJob:
         ready = record["cold_start"].get("ready_seconds")
         return {"job_end": end, "wall_s": end - record["timing"]["job_start"],
                 "startup_s": ready["value"] if ready else None,
-                "bench_s": sum(p["end"] - p["start"] for s in record["scenarios"] for p in s["passes"])}
+                "bench_s": sum(p["end"] - p["start"] for s in record["scenarios"] for p in runs_of(s))}
 
     def _serve(self, ledger: Ledger, env: Mapping[str, str]) -> dict[str, Any]:
         """Start the server under the sampler, run the phases, stop it: the record's
@@ -260,6 +264,12 @@ class TrialJob:
             out["telemetry"] = {"sampler": sampler.stats(), "errors": dict(sampler.errors),
                                 "sources": describe_sources(sources, absent, sampler)}
         out["telemetry"].update(self._telemetry(server, windows))
+        for entry in out["scenarios"]:
+            if entry["kind"] == "sweep":
+                for step in entry["steps"]:
+                    step["figures"] = step_figures(step)
+                entry["onset"] = onset(entry["steps"], out["startup"].get("kv_cache_tokens"),
+                                       (self.plan.get("plan") or {}).get("block_size"))
         if failure is not None:
             log.warning("configuration %s failed in %s: %s", self.spec["name"], failure.phase, failure.message)
             out["failure"] = failure.as_record()
@@ -293,41 +303,70 @@ class TrialJob:
 
     def _scenarios(self, server: ServerProcess, sampler: Sampler, windows: list[tuple[dict[str, Any], float, float]],
                    out: list[dict[str, Any]]) -> Failure | None:
-        """Every scenario's passes, in order, appended to ``out`` (the record's scenarios) as
-        they finish; returns the first failed pass, or None. A server that dies ends the
-        phase at once (raised as :class:`Failure`)."""
+        """Every scenario, in order, appended to ``out`` (the record's scenarios) as it runs: its
+        warm-up pass when asked, then its passes (or a sweep's steps); returns the first failed
+        pass, or None. A server that dies ends the phase at once (raised as :class:`Failure`)."""
         failed: Failure | None = None
         for s_index, (name, scenario) in enumerate(self.scenarios.items()):
-            entry: dict[str, Any] = {"name": name, "spec": dict(scenario), "passes": []}
+            entry: dict[str, Any] = {"name": name, "spec": dict(scenario), "kind": "sweep" if is_sweep(scenario) else "fixed",
+                                     "passes": [], "warmup": None}
             out.append(entry)
-            for p in range(1, int(scenario["passes"]) + 1):
-                one = self._pass(name, scenario, s_index, p, sampler)
-                entry["passes"].append(one)
-                windows.append((one, one["window"]["start"], one["window"]["end"]))
-                if not server.alive():
-                    code = server.proc.poll() if server.proc else None
-                    raise Failure("benchmark", "exited", f"server exited with code {code} during scenario {name} pass {p}",
-                                  code)
-                if one["status"] == "failed" and failed is None:
-                    failed = Failure("benchmark", "pass_failed", f"benchmark pass {name}/{p} failed "
-                                     f"(exit {one['returncode']}{', timed out' if one['timed_out'] else ''})")
-            ok = [q["summary"] for q in entry["passes"] if q["status"] == "ok"]
-            entry["agreement"] = {
-                "output_throughput": bench.agreement([s["output_throughput"] for s in ok]),
-                "median_ttft_ms": bench.agreement([s["median_ttft_ms"] for s in ok]),
-            }
+            run = functools.partial(self._checked_pass, server, sampler, windows, name, s_index)
+            if scenario.get("warmup"):
+                entry["warmup"] = run(scenario, 0, f"{name}-warmup")
+            first = (self._sweep if entry["kind"] == "sweep" else self._repeat)(entry, run)
+            failed = failed or first
         return failed
 
-    def _pass(self, name: str, scenario: Mapping[str, Any], s_index: int, p: int, sampler: Sampler) -> dict[str, Any]:
+    def _sweep(self, entry: dict[str, Any], run: Callable[..., dict[str, Any]]) -> Failure | None:
+        """A sweep's steps in order, each one pass with its own seed, into ``entry["steps"]``."""
+        failed: Failure | None = None
+        entry["steps"] = []
+        for step in sweep_steps(entry["spec"]):
+            one = run(step, step["step"], f"{entry['name']}-step{step['step']}")
+            one.update({k: step[k] for k in ("step", *SWEEP_KEYS)})
+            entry["steps"].append(one)
+            failed = failed or _pass_failure(entry["name"], one)
+        return failed
+
+    def _repeat(self, entry: dict[str, Any], run: Callable[..., dict[str, Any]]) -> Failure | None:
+        """A scenario's passes until its repetition rule says stop; the record says why it stopped."""
+        rule = Repetition.of(entry["spec"])
+        failed: Failure | None = None
+        stopped = None
+        while stopped is None:
+            p = len(entry["passes"]) + 1
+            one = run(entry["spec"], p, f"{entry['name']}-pass{p}")
+            entry["passes"].append(one)
+            failed = failed or _pass_failure(entry["name"], one)
+            ok = [q["summary"] for q in entry["passes"] if q["status"] == "ok"]
+            spread = bench.agreement([s["output_throughput"] for s in ok])
+            stopped = rule.verdict(spread, p, one["status"] == "failed")
+        entry["repetition"] = {"min": rule.min, "max": rule.max, "agreement": rule.agreement,
+                               "passes_run": len(entry["passes"]), "spread": spread, "stopped": stopped}
+        entry["agreement"] = {"output_throughput": spread,
+                              "median_ttft_ms": bench.agreement([s["median_ttft_ms"] for s in ok])}
+        return failed
+
+    def _checked_pass(self, server: ServerProcess, sampler: Sampler, windows: list[tuple[dict[str, Any], float, float]],
+                      name: str, s_index: int, scenario: Mapping[str, Any], p: int, stem: str) -> dict[str, Any]:
+        """One pass (window kept for telemetry); a server that died during it ends the phase."""
+        one = self._pass(scenario, bench.pass_seed(int(self.bench_settings["seed"]), s_index, p), stem, sampler)
+        one["pass"] = p
+        windows.append((one, one["window"]["start"], one["window"]["end"]))
+        if not server.alive():
+            code = server.proc.poll() if server.proc else None
+            raise Failure("benchmark", "exited", f"server exited with code {code} during scenario {name} ({stem})", code)
+        return one
+
+    def _pass(self, scenario: Mapping[str, Any], seed: int, stem: str, sampler: Sampler) -> dict[str, Any]:
         """One benchmark pass inside its telemetry window: its record entry."""
         percentiles = list(self.bench_settings["percentiles"])
-        seed = bench.pass_seed(int(self.bench_settings["seed"]), s_index, p)
-        stem = f"{name}-pass{p}"
         bench_dir = self.paths.bench_dir
         argv = bench.bench_argv(host=self.host, port=self.port, served_model_name=self.served_model_name,
                                 tokenizer=self.model_dir, scenario=scenario, seed=seed, result_dir=str(bench_dir),
                                 result_filename=f"{stem}.json", percentiles=percentiles)
-        log.info("%s: scenario %s pass %d (seed %d)", self.spec["name"], name, p, seed)
+        log.info("%s: %s (seed %d)", self.spec["name"], stem, seed)
         # the window opens before its first /metrics sample and closes after its last, so a
         # counter's change over the window is exactly the pass's own
         w_start = time.time()
@@ -339,14 +378,17 @@ class TrialJob:
         w_end = time.time()
         result_file = bench_dir / f"{stem}.json"
         one: dict[str, Any] = {
-            "pass": p, "seed": seed, "start": run["start"], "end": run["end"],
+            "seed": seed, "start": run["start"], "end": run["end"],
             "argv": argv, "log": self.paths.rel(bench_dir / f"{stem}.log"),
             "returncode": run["returncode"], "timed_out": run["timed_out"],
         }
         if run["returncode"] == 0 and result_file.exists():
             one["status"] = "ok"
             one["result_file"] = self.paths.rel(result_file)
-            one["summary"] = bench.summarize_result(read_record(result_file), percentiles)
+            result = read_record(result_file)
+            one["summary"] = bench.summarize_result(result, percentiles)
+            if scenario.get("slo"):
+                one["summary"]["goodput"] = goodput(result, scenario["slo"])
             one["stall"] = bench.stall_flag(one["summary"].get("mean_ttft_ms"), one["summary"].get("median_ttft_ms"))
         else:
             one["status"] = "failed"
@@ -369,6 +411,19 @@ class TrialJob:
             one["server_metrics"] = {name: deltas[f"metrics.{counter}"] for name, counter in SERVER_COUNTERS.items()
                                      if f"metrics.{counter}" in deltas}
         return out
+
+
+def _pass_failure(name: str, one: Mapping[str, Any]) -> Failure | None:
+    if one["status"] != "failed":
+        return None
+    return Failure("benchmark", "pass_failed", f"benchmark pass {name}/{one['pass']} failed "
+                   f"(exit {one['returncode']}{', timed out' if one['timed_out'] else ''})")
+
+
+def runs_of(scenario: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Every benchmark run of a scenario entry: its warm-up, passes and a sweep's steps."""
+    return [*([scenario["warmup"]] if scenario.get("warmup") else []), *scenario.get("passes", []),
+            *scenario.get("steps", [])]
 
 
 def relative_error(predicted: float | None, measured: float | None) -> float | None:

@@ -1,0 +1,131 @@
+"""What a scenario asks for: fixed passes or a sweep's steps, how many passes, and its latency target.
+
+A scenario whose ``concurrency``, ``num_prompts``, ``input_len`` or ``output_len`` is a list is a
+*sweep*: one step per position of its lists, in order, each run once against the same warm
+server; scalar keys repeat on every step. ``passes`` is a count or ``{min, max, agreement}``;
+``slo`` is a latency target judged per request exactly as vLLM's ``--goodput`` judges it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: The keys a sweep may list, in the order a step names them.
+SWEEP_KEYS = ("concurrency", "input_len", "output_len", "num_prompts")
+#: slo key -> vLLM's --goodput metric name.
+SLO_METRICS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "e2el_ms": "e2el"}
+DEFAULT_SLO_PERCENTILE = 90.0
+
+
+def is_sweep(spec: Mapping[str, Any]) -> bool:
+    return any(isinstance(spec.get(k), list) for k in SWEEP_KEYS)
+
+
+def check_scenario(name: str, spec: Mapping[str, Any]) -> list[str]:
+    """What is wrong with one scenario beyond its schema, each naming its key."""
+    errors: list[str] = []
+    key = f"scenarios.{name}"
+    lengths = set()
+    for k in SWEEP_KEYS:
+        values = spec.get(k)
+        if not isinstance(values, list):
+            continue
+        lengths.add(len(values))
+        if not values:
+            errors.append(f"{key}.{k}: a sweep's list is empty")
+        elif k != "num_prompts" and any(b <= a for a, b in zip(values, values[1:], strict=False)):
+            errors.append(f"{key}.{k}: a sweep's values must increase, step by step (got {values})")
+        elif k == "num_prompts" and any(b < a for a, b in zip(values, values[1:], strict=False)):
+            errors.append(f"{key}.{k}: a sweep's prompt counts must not decrease (got {values})")
+    if len(lengths - {0}) > 1:
+        listed = ", ".join(f"{k} ({len(spec[k])})" for k in SWEEP_KEYS if isinstance(spec.get(k), list))
+        errors.append(f"{key}: a sweep's lists must have one value per step, the same count each: {listed}")
+    passes = spec.get("passes")
+    if isinstance(passes, Mapping) and passes.get("min", 1) > passes.get("max", 1):
+        errors.append(f"{key}.passes.min: {passes['min']} is more than passes.max ({passes['max']})")
+    slo = spec.get("slo")
+    if isinstance(slo, Mapping) and not any(slo.get(k) is not None for k in SLO_METRICS):
+        errors.append(f"{key}.slo: give at least one target ({', '.join(SLO_METRICS)})")
+    return errors
+
+
+def steps(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A sweep's steps, each a scenario with one value per key (``step`` counts from 1)."""
+    n = max(len(spec[k]) for k in SWEEP_KEYS if isinstance(spec.get(k), list))
+    out = []
+    for i in range(n):
+        one = {k: v for k, v in spec.items() if k not in SWEEP_KEYS}
+        one.update({k: int(spec[k][i]) if isinstance(spec[k], list) else int(spec[k]) for k in SWEEP_KEYS})
+        out.append({"step": i + 1, **one})
+    return out
+
+
+def contexts(spec: Mapping[str, Any]) -> set[int]:
+    """The context lengths (input + output) a scenario reaches, every step of a sweep included."""
+    runs = steps(spec) if is_sweep(spec) else [spec]
+    return {int(s["input_len"]) + int(s["output_len"]) for s in runs}
+
+
+@dataclass(frozen=True)
+class Repetition:
+    """How many passes a scenario runs: at least ``min``, at most ``max``, stopping early once
+    the output tok/s spread is within ``agreement`` (None: a fixed count)."""
+
+    min: int
+    max: int
+    agreement: float | None
+
+    @classmethod
+    def of(cls, spec: Mapping[str, Any]) -> Repetition:
+        passes = spec.get("passes", 1)
+        if isinstance(passes, Mapping):
+            return cls(int(passes["min"]), int(passes["max"]), float(passes["agreement"]))
+        return cls(int(passes), int(passes), None)
+
+    def verdict(self, spread: float | None, ran: int, failed: bool) -> str | None:
+        """Why to stop after ``ran`` passes (``failed``: the last one failed), or None to go on:
+        ``fixed`` (a count was asked: it runs whatever fails), ``failed`` (agreement cannot be
+        judged on a failed pass), ``agreed`` or ``max_reached``."""
+        if self.agreement is None:
+            return "fixed" if ran >= self.max else None
+        if failed:
+            return "failed"
+        if ran >= self.min and spread is not None and spread <= self.agreement:
+            return "agreed"
+        return "max_reached" if ran >= self.max else None
+
+
+def goodput_flags(slo: Mapping[str, Any] | None) -> list[str]:
+    """vLLM benchmark flags for a scenario's target (``--goodput ttft:500 tpot:50``), or none."""
+    pairs = [f"{metric}:{_num(slo[key])}" for key, metric in SLO_METRICS.items() if slo and slo.get(key) is not None]
+    return ["--goodput", *pairs] if pairs else []
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def goodput(result: Mapping[str, Any], slo: Mapping[str, Any]) -> dict[str, Any]:
+    """A pass's goodput under ``slo``, from vLLM's result file with per-request detail.
+
+    A request meets the target when each latency given is at most its target (TPOT is
+    (latency - TTFT) / (output tokens - 1), and 0 for one token: vLLM's own rule), so
+    ``requests_meeting`` over the pass's duration is vLLM's ``request_goodput``."""
+    targets = {k: float(slo[k]) for k in SLO_METRICS if slo.get(k) is not None}
+    percentile = float(slo.get("percentile", DEFAULT_SLO_PERCENTILE))
+    ttfts, lats = result.get("ttfts") or [], result.get("latencies") or []
+    lens, errors = result.get("output_lens") or [], result.get("errors") or [""] * len(lats)
+    meeting = requests = 0
+    for ttft, lat, n, err in zip(ttfts, lats, lens, errors, strict=False):
+        if err or not n:
+            continue
+        requests += 1
+        got = {"ttft_ms": ttft * 1000, "e2el_ms": lat * 1000,
+               "tpot_ms": (lat - ttft) * 1000 / (n - 1) if n > 1 else 0.0}
+        meeting += all(got[k] <= v for k, v in targets.items())
+    share = meeting / requests if requests else None
+    return {"targets": targets, "percentile": percentile, "request_goodput": result.get("request_goodput"),
+            "requests_meeting": meeting, "requests": requests, "share": share,
+            "met": share is not None and share >= percentile / 100}
