@@ -97,18 +97,17 @@ def _charts(tables: list[dict[str, Any]], configurations: list[Mapping[str, Any]
 
 
 def gpu_rows(configurations: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per pass and GPU: what NVML sampled in the pass's window (mean utilisation, power against
-    the limit, memory, PCIe traffic), from the pass's telemetry summary."""
+    """Per pass (the warm-up and sweep steps too) and GPU: what NVML sampled in its window (mean
+    utilisation, power against the limit, memory, PCIe traffic), from its telemetry summary."""
     rows = []
     for r in configurations:
         for sc in r.get("scenarios", []):
-            for p in sc.get("passes", []):
+            for label, p in charts.runs_of(sc):
                 summary = (p.get("telemetry") or {}).get("summary") or {}
                 gpus = sorted({k.split(".")[1] for k in summary if k.startswith("nvml.gpu")})
                 for g in gpus:
                     f = {k.split(".", 2)[2]: v for k, v in summary.items() if k.startswith(f"nvml.{g}.")}
-                    rows.append({"configuration": r["configuration"], "window": f"{sc['name']} pass {p['pass']}",
-                                 "gpu": g, "figures": f})
+                    rows.append({"configuration": r["configuration"], "window": label, "gpu": g, "figures": f})
     return rows
 
 
