@@ -159,6 +159,13 @@ def repetition_note(rep: Mapping[str, Any], warmup: Mapping[str, Any] | None = N
     return f"{text}; {note}" if note else text
 
 
+def repetition_noteworthy(entry: Mapping[str, Any] | None) -> bool:
+    """Whether the passes' count says more than the trial file's fixed count: a warm-up ran, passes
+    ran until they agreed, or the run stopped early. Records without ``repetition`` never do."""
+    rep = (entry or {}).get("repetition")
+    return bool((entry or {}).get("warmup")) or bool(rep and (rep.get("agreement") is not None or rep.get("stopped") != "fixed"))
+
+
 def warmup_note(warmup: Mapping[str, Any] | None) -> str | None:
     """Whether a warm-up pass ran before the figures' passes (it is never counted in them)."""
     if not warmup:
@@ -185,6 +192,7 @@ def scenario_cell(record: Mapping[str, Any], scenario: Mapping[str, Any] | None,
     if scenario is not None:
         cell["repetition"] = repetition_of(scenario)
         cell["repetition_note"] = repetition_note(cell["repetition"], scenario.get("warmup"))
+        cell["repetition_shown"] = repetition_noteworthy(scenario)
     if record.get("status") != "ok" or not ok:
         cell["status"] = record.get("status") if record.get("status") != "ok" else "no passes"
         cell["diagnosis"] = diagnosis(record) if record.get("status") != "ok" else "no pass of this scenario completed"
@@ -258,6 +266,7 @@ def scenario_tables(configurations: list[Mapping[str, Any]], plans: Mapping[str,
             c["rank"] = i + 1
         tables.append({"name": name, "spec": dict(spec), "cells": cells, "baseline": baseline,
                        "figures": figures, "ranked_by": ranked_by, "passes_asked": passes_asked(spec),
+                       "slo_text": slo_text(spec["slo"]) if spec.get("slo") else None,
                        "unstable": [c["configuration"] for c in cells if c["unstable"]],
                        "single_pass": [c["configuration"] for c in cells if c["status"] == "ok" and c["passes"] < 2]})
     return tables
