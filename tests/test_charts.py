@@ -146,3 +146,14 @@ def test_the_timeline_shades_the_warm_up_and_each_sweep_step_too():
     labels = [w["label"] for w in windows_of(tp1)]
     assert "slo4 warm-up" in labels and "slo4 pass 3" in labels and "ramp warm-up" in labels
     assert [x for x in labels if x.startswith("ramp step")] == ["ramp step 1", "ramp step 2", "ramp step 3", "ramp step 4"]
+
+
+def test_a_sweep_over_lengths_at_one_concurrency_is_drawn_against_the_length():
+    long = synthetic.sweep("long", concurrency=[4, 4, 4], preemptions=[0, 3, 20], kv_peak=[0.4, 0.9, 1.0],
+                           waiting=[0, 1, 4], tok_s=[90.0, 80.0, 60.0])
+    for step, n in zip(long["steps"], (128, 512, 2048), strict=True):
+        step["input_len"] = n
+    t = sweep_tables([{"configuration": "tp1", "status": "ok", "scenarios": [long]}])[0]
+    chart = sweep_chart(t, NAMES)
+    assert chart.columns[2] == "input len" and [r[2] for r in chart.rows] == [128, 512, 2048]
+    assert "input len (one step each)" in chart.svg
