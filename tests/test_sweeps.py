@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 
 import synthetic
-from llmtrial.sweeps import error_words, onset_sentence, sweep_tables
+from llmtrial.sweeps import error_words, onset_sentence, sweep_gaps, sweep_tables
 
 
 def ramp():
@@ -85,3 +85,12 @@ def test_goodput_share_per_step_where_the_sweep_has_a_target():
     t = sweep_tables(recs)[0]
     assert t["has_goodput"] and [r["slo_share_pct"] for r in t["cells"][0]["rows"]] == [100.0, 95.0, 60.0, 20.0]
     assert [r["slo_met"] for r in t["cells"][0]["rows"]] == [True, True, False, False]
+
+
+def test_what_a_sweep_did_not_give_is_said():
+    blind = synthetic.sweep("ramp", **synthetic.TP1_SWEEP, kv_tokens=None)
+    blind["steps"][1]["figures"]["kv_cache_usage_peak"] = None
+    t = sweep_tables([{"configuration": "tp1", "status": "ok", "scenarios": [blind]}])
+    assert sweep_gaps(t) == ["Sweep ramp: no onset predicted for tp1 (no KV cache size in the server log).",
+                             "Sweep ramp: no KV cache usage sampled for tp1 in step(s) 2."]
+    assert sweep_gaps(ramp()) == []

@@ -38,7 +38,7 @@ from llmtrial.conclusions import (
 from llmtrial.fileio import atomic_write_text
 from llmtrial.records import human_bytes, read_record
 from llmtrial.resources import TEMPLATES
-from llmtrial.sweeps import sweep_tables
+from llmtrial.sweeps import sweep_gaps, sweep_tables
 from llmtrial.telemetry import read_samples
 
 
@@ -140,6 +140,7 @@ def build_context(*, trial: str, preflight: Mapping[str, Any], manifest: Mapping
     gpus = preflight["environment"].get("gpus") or {}
     per = "GPU" if gpus.get("present") else "CPU worker"
     unstable = {(t["name"], c["configuration"]): c["spread"] for t in tables for c in t["cells"] if c["unstable"]}
+    sweeps = _sweeps(configurations)
     return {
         "trial": trial,
         "generated": fmt_time(dt.datetime.now(tz=dt.UTC).timestamp()),
@@ -159,7 +160,7 @@ def build_context(*, trial: str, preflight: Mapping[str, Any], manifest: Mapping
         "settings": cfg,
         "per": per,
         "tables": [{**t, "sentences": scenario_sentences(t)} for t in tables],
-        "sweeps": _sweeps(configurations),
+        "sweeps": sweeps,
         "any_warmup": any(sc.get("warmup") for r in configurations for sc in r.get("scenarios", [])),
         "outcomes": outcome_sentences(configurations),
         "unstable": unstable,
@@ -168,7 +169,8 @@ def build_context(*, trial: str, preflight: Mapping[str, Any], manifest: Mapping
         "cold_warm": [cw for cw in (cold_warm(r) for r in configurations) if cw],
         "streams": [s for r in configurations for s in streams(r)],
         "gpu_rows": gpu_rows(configurations),
-        "not_measured": not_measured(preflight=preflight, configurations=configurations, plans=plans, tables=tables),
+        "not_measured": not_measured(preflight=preflight, configurations=configurations, plans=plans, tables=tables)
+        + sweep_gaps(sweeps),
         "notes": notes_html((settings or {}).get("notes")),
         "provenance": provenance,
     }

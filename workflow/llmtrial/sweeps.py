@@ -149,3 +149,19 @@ def sweep_tables(configurations: Iterable[Mapping[str, Any]]) -> list[dict[str, 
                        "sentences": [line for c in cells for line in c["sentences"]],
                        "outcomes": [f"{c['configuration']}: {c['diagnosis']}." for c in cells if c["diagnosis"]]})
     return tables
+
+
+def sweep_gaps(tables: Iterable[Mapping[str, Any]]) -> list[str]:
+    """What the sweeps did not give, one sentence each: an onset nothing predicted, a step with no
+    /metrics figures (so neither preemptions nor KV cache usage are known there)."""
+    out = []
+    for t in tables:
+        for c in t["cells"]:
+            why = (c.get("onset") or {}).get("unpredicted")
+            if why:
+                out.append(f"Sweep {t['name']}: no onset predicted for {c['configuration']} ({why}).")
+            blind = [str(r["step"]) for r in c["rows"] if r["status"] == "ok" and r["kv_peak_pct"] is None]
+            if blind:
+                out.append(f"Sweep {t['name']}: no KV cache usage sampled for {c['configuration']} in step(s) "
+                           f"{', '.join(blind)}.")
+    return out
