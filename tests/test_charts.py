@@ -6,11 +6,21 @@ from __future__ import annotations
 import re
 import time
 
+import synthetic
 from conftest import DATA, NvmlTelemetryDouble
-from llmtrial.charts import latency_chart, pareto_chart, pareto_front, prediction_chart, timeseries_chart
+from llmtrial.charts import (
+    latency_chart,
+    pareto_chart,
+    pareto_front,
+    prediction_chart,
+    sweep_chart,
+    timeseries_chart,
+    windows_of,
+)
 from llmtrial.conclusions import Settings, scenario_tables
 from llmtrial.records import read_record
 from llmtrial.sources import NvmlSource
+from llmtrial.sweeps import sweep_tables
 from llmtrial.telemetry import Sampler, read_samples
 
 DEMO = DATA / "demo"
@@ -90,3 +100,60 @@ def test_a_gpu_timeline_draws_each_gpu_sampled_through_the_nvml_double(tmp_path)
     col = chart.columns.index("gpu0 power % of limit")
     assert {round(r[col], 2) for r in chart.rows if r[col] is not None} == {round(100 * 300 / 700, 2)}
     assert "GPU (NVML)" in chart.svg and "start-up 0-0 s; c1 pass 1 0-" in chart.caption
+
+
+def sweep_table():
+    return sweep_tables(synthetic.records())[0]
+
+
+def test_a_sweep_chart_draws_each_configurations_steps_and_the_predicted_onset():
+    chart = sweep_chart(sweep_table(), NAMES)
+    assert chart.name == "sweep-ramp" and chart.svg.startswith("<svg") and "<script" not in chart.svg
+    assert not re.search(r'(href|src)="(https?:)?//', chart.svg)
+    for text in ("preemptions", "KV cache usage peak (%)", "output tok/s", "tp1 predicted onset", "tp2 observed onset"):
+        assert text in chart.svg, text
+    by = {(r[0], r[2]): r for r in chart.rows}
+    assert by[("tp1", 4)][3:] == [14, 99.0, 88.2, "yes", "yes"]  # predicted at step 3 and seen there
+    assert by[("tp2", 4)][3:] == [0, 62.0, 140.2, "yes", ""]  # predicted at step 3, seen a step later
+    assert by[("tp2", 8)][7] == "yes" and all(len(r) == len(chart.columns) for r in chart.rows)
+
+
+def test_a_sweep_chart_is_the_same_bytes_for_the_same_data_and_its_ids_are_its_own():
+    t = sweep_table()
+    a = sweep_chart(t, NAMES).svg
+    assert a == sweep_chart(t, NAMES).svg
+    _recs, tabs = tables()
+    assert ids(a) and all(i.startswith("sweep-ramp-") for i in ids(a))
+    assert not ids(a) & ids(latency_chart(tabs, NAMES).svg)
+    refs = set(re.findall(r"url\(#([^)]+)\)", a)) | set(re.findall(r'href="#([^"]+)"', a))
+    assert refs <= ids(a)
+
+
+def test_the_latency_and_pareto_charts_leave_sweeps_out():
+    recs = synthetic.records()
+    t = scenario_tables(recs, synthetic.plans(), Settings())
+    assert {r[1] for r in latency_chart(t, NAMES).rows} == {"c1", "slo4"}
+    assert {r[1] for r in pareto_chart(t, NAMES, "CPU worker").rows} == {"c1", "slo4"}
+    assert sweep_chart({"name": "x", "cells": []}, NAMES) is None
+
+
+def test_the_timeline_shades_the_warm_up_and_each_sweep_step_too():
+    tp1 = synthetic.records()[0]
+    for sc in tp1["scenarios"][1:]:
+        for label_run in [sc.get("warmup"), *sc["passes"], *sc.get("steps", [])]:
+            if label_run:
+                label_run["window"] = {"start": label_run["start"], "end": label_run["end"]}
+    labels = [w["label"] for w in windows_of(tp1)]
+    assert "slo4 warm-up" in labels and "slo4 pass 3" in labels and "ramp warm-up" in labels
+    assert [x for x in labels if x.startswith("ramp step")] == ["ramp step 1", "ramp step 2", "ramp step 3", "ramp step 4"]
+
+
+def test_a_sweep_over_lengths_at_one_concurrency_is_drawn_against_the_length():
+    long = synthetic.sweep("long", concurrency=[4, 4, 4], preemptions=[0, 3, 20], kv_peak=[0.4, 0.9, 1.0],
+                           waiting=[0, 1, 4], tok_s=[90.0, 80.0, 60.0])
+    for step, n in zip(long["steps"], (128, 512, 2048), strict=True):
+        step["input_len"] = n
+    t = sweep_tables([{"configuration": "tp1", "status": "ok", "scenarios": [long]}])[0]
+    chart = sweep_chart(t, NAMES)
+    assert chart.columns[2] == "input len" and [r[2] for r in chart.rows] == [128, 512, 2048]
+    assert "input len (one step each)" in chart.svg

@@ -9,12 +9,16 @@ import statistics
 
 import pytest
 
+import synthetic
 from conftest import DATA
 from llmtrial.conclusions import (
+    FIGURES,
     Settings,
     cold_warm,
     not_measured,
     outcome_sentences,
+    repetition_note,
+    repetition_of,
     scenario_sentences,
     scenario_tables,
     streams,
@@ -171,3 +175,73 @@ def test_seed_000s_cold_and_warm_single_stream_give_its_4_7x():
     for p in tp1["scenarios"][0]["passes"]:
         p["summary"]["output_throughput"] = 8.80
     assert f"{cold_warm(tp1)['tok_s_ratio']:.1f}" == "4.7"
+
+
+# ---------------------------------------------------- sweeps left out, goodput, warm-up and repetition
+
+
+def new_format():
+    return synthetic.records(), synthetic.plans()
+
+
+def test_sweeps_are_left_out_of_the_rankings_cold_warm_and_streams():
+    recs, pl = new_format()
+    tables = scenario_tables(recs, pl, Settings())
+    assert [t["name"] for t in tables] == ["c1", "slo4"]  # "ramp" is a sweep: its spec holds lists
+    assert cold_warm(recs[0])["warm_scenario"] == "c1"
+    assert all(s["scenario"] != "ramp" for r in recs for s in streams(r))
+    bare = {**recs[0], "scenarios": [{**recs[0]["scenarios"][2], "kind": None}]}  # no kind: its steps tell
+    assert scenario_tables([bare], pl, Settings()) == []
+
+
+def test_a_scenario_with_a_target_ranks_on_goodput_with_the_slo_share_over_passes():
+    recs, pl = new_format()
+    t = next(t for t in scenario_tables(recs, pl, Settings()) if t["name"] == "slo4")
+    assert t["ranked_by"] == "goodput" and [f[0] for f in t["figures"][:2]] == ["goodput", "slo_share"]
+    # tp2 has the higher output tok/s, tp1 the higher goodput: goodput decides the order
+    assert [c["configuration"] for c in t["cells"]] == ["tp1", "tp2"]
+    tp1, tp2 = t["cells"]
+    assert tp2["figures"]["output_tok_s"]["median"] > tp1["figures"]["output_tok_s"]["median"]
+    g = tp1["figures"]["goodput"]
+    assert (g["median"], g["min"], g["max"], g["n"]) == (1.18, 1.10, 1.23, 3) and g["best"]
+    share = tp2["figures"]["slo_share"]
+    assert share["median"] == pytest.approx(100 * statistics.median(s for _r, s in synthetic.TP2_SLO["goodput"]))
+    assert tp2["figures"]["goodput"]["delta_pct"] == pytest.approx(100 * (0.83 - 1.18) / 1.18)
+    assert tp1["slo"] == {"met": 3, "n": 3, "percentile": 90} and tp2["slo"]["met"] == 0
+    lines = scenario_sentences(t)
+    assert lines[0] == ("In scenario slo4 (concurrency 4), under the target (TTFT ≤ 500 ms, TPOT ≤ 50 ms at p90), tp1 "
+                        "has a higher goodput than tp2 (1.18 against 0.83 req/s meeting every target); ranked by goodput.")
+    assert lines[1] == "On output tok/s alone, tp2 delivers 1.2x the output tok/s of tp1 (480.0 against 410.0 tok/s)."
+    assert lines[-1] == ("The SLO asks for at least 90 % of requests within the target: tp1 meets it in every pass "
+                         "(93.0 % of requests within target); tp2 misses it in every pass (71.0 % of requests within target).")
+
+
+def test_a_scenario_without_a_target_keeps_its_figures_and_order():
+    recs, pl = new_format()
+    c1 = scenario_tables(recs, pl, Settings())[0]
+    assert c1["ranked_by"] == "output_tok_s" and c1["figures"] == FIGURES
+    assert all(set(c["figures"]) == {f[0] for f in FIGURES} for c in c1["cells"])
+
+
+def test_the_warm_up_pass_is_in_no_figure_and_the_repetition_says_why_passes_stopped():
+    recs, pl = new_format()
+    t = next(t for t in scenario_tables(recs, pl, Settings()) if t["name"] == "slo4")
+    tp1, tp2 = t["cells"]
+    assert recs[0]["scenarios"][1]["warmup"]["summary"]["output_throughput"] == 5.0
+    assert tp1["figures"]["output_tok_s"]["min"] == 400.0 and tp1["figures"]["output_tok_s"]["n"] == 3
+    assert tp1["passes"] == 3 and tp2["passes"] == 6
+    assert tp1["repetition_note"] == ("3 passes: stopped once they agreed within 10.0 % (spread 4.2 %); "
+                                      "a warm-up pass ran first, kept out of the figures")
+    assert tp2["repetition_note"].startswith("6 passes, the most allowed: they never agreed within 10.0 % (spread 14.5 %)")
+    assert t["passes_asked"] == "2–6 passes, stopping once they agree within 10.0 %"
+
+
+def test_records_without_the_new_keys_read_as_fixed_passes_without_a_warm_up():
+    tp1, tp2 = records()
+    assert all("kind" not in s and "repetition" not in s for s in tp1["scenarios"])
+    c4 = cell(scenario_tables([tp1, tp2], plans(), Settings()), "c4", "tp1")
+    assert c4["repetition"]["stopped"] == "fixed" and c4["repetition"]["passes_run"] == 2
+    assert c4["repetition_note"] == "2 passes, a fixed count"
+    tp1["scenarios"][1]["passes"][1]["status"] = "failed"
+    assert repetition_of(tp1["scenarios"][1])["stopped"] == "failed"
+    assert repetition_note(repetition_of(tp1["scenarios"][1])) == "2 passes: stopped when pass 2 failed"

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+import synthetic
 from conftest import DATA
 from llmtrial.records import check_record, fact, read_record, write_record
 
@@ -47,3 +48,17 @@ def test_a_malformed_record_is_refused_naming_each_field(tmp_path):
     msg = str(err.value)
     assert "status: 'maybe'" in msg and "server: 'argv'" in msg and "startup.kv_cache_tokens: 'source'" in msg
     assert not (tmp_path / "r.json").exists()
+
+
+def test_records_with_sweeps_warm_ups_repetition_and_goodput_match_the_schema_and_their_mistakes_are_named():
+    for record in synthetic.records():
+        check_record(record, "configuration")
+    record = synthetic.records()[0]
+    record["scenarios"][2]["kind"] = "ramp"
+    record["scenarios"][1]["repetition"]["stopped"] = "tired"
+    record["scenarios"][1]["passes"][0]["summary"]["goodput"]["met"] = "yes"
+    with pytest.raises(ValueError) as err:
+        check_record(record, "configuration")
+    msg = str(err.value)
+    assert "scenarios.2.kind: 'ramp'" in msg and "scenarios.1.repetition.stopped: 'tired'" in msg
+    assert "scenarios.1.passes.0.summary.goodput.met: 'yes'" in msg

@@ -7,6 +7,7 @@ import re
 import statistics
 import time
 
+import synthetic
 from browser import chromium_available, visit
 from conftest import DATA, NvmlDouble, NvmlTelemetryDouble
 from llmtrial.fileio import atomic_write_text
@@ -336,3 +337,118 @@ def test_gpu_records_made_with_the_nvml_double_show_the_host_and_each_pass(tmp_p
         page = visit(atomic_write_text(tmp_path / "report.html", html), tmp_path / "first-screen.png")
         assert page.requests == [] and page.errors == [] and page.too_wide == [], (page.requests, page.errors, page.too_wide)
         assert "NVIDIA H200" in page.dom
+
+
+# ------------------------------------------------ sweeps, goodput, warm-up passes and repetition
+
+
+def new_format_context():
+    return build_context(trial="demo", preflight=read_record(DEMO / "preflight.json"),
+                         manifest=read_record(DEMO / "manifest.json"),
+                         plans=[read_record(DEMO / "plan-tp1.json"), read_record(DEMO / "plan-tp2.json")],
+                         configurations=synthetic.records(), cleanup=read_record(DEMO / "cleanup.json"))
+
+
+def section(html: str, start: str, end: str = "<h2") -> str:
+    return html.split(start, 1)[1].split(end, 1)[0]
+
+
+def cells_of(row_html: str) -> list[str]:
+    """The text of each cell of one table row, tags dropped."""
+    return [" ".join(re.sub(r"<[^>]+>", " ", c).split()) for c in re.findall(r"<td[^>]*>(.*?)</td>", row_html, flags=re.S)]
+
+
+def test_a_sweep_is_shown_with_its_steps_onset_sentences_and_chart():
+    ctx = new_format_context()
+    html = render_report(ctx)
+    assert '<a href="#sweeps">Sweeps</a>' in html
+    sweeps = section(html, '<h2 id="sweeps">', '<h2 id="charts">')
+    assert "Sweep ramp" in sweeps and "concurrency 1, 2, 4, 8;" in sweeps
+    assert ("<li>tp1 first preempted at concurrency 4 (step 3); the planner predicted concurrency 4 (step 3): "
+            "on the mark.</li>") in sweeps
+    assert ("<li>tp2 first preempted at concurrency 8 (step 4); the planner predicted concurrency 4 (step 3): "
+            "one step late (1 step, 4 requests).</li>") in sweeps
+    tp1 = sweeps.split("<h4>tp1", 1)[1].split("<h4>", 1)[0]
+    step3 = next(r for r in tp1.split("<tr")[1:] if cells_of(r)[:2] == ["3", "4"])
+    assert cells_of(step3) == ["3", "4", "192 / 128", "16", "14", "99.0 %", "69.3 %", "4", "2", "88.2", "160.0", "400.0",
+                               "16.00", "24.00", "0", "preempts 1,536 tokens"]
+    assert "a warm-up pass ran first, kept out of the figures" in tp1.split("</h4>", 1)[0]
+    tp2 = sweeps.split("<h4>tp2", 1)[1]
+    onset = next(r for r in tp2.split("<tr")[1:] if cells_of(r) and cells_of(r)[0] == "preemption")
+    assert cells_of(onset) == ["preemption", "step 3, concurrency 4", "step 4, concurrency 8", "+1", "+4"]
+    assert "KV cache tokens 1,024 (measured · server.log:88" in tp2 and "block size 128" in tp2
+    assert sweeps.count("<svg") == 1 and "Sweep ramp.</b>" in sweeps and "The numbers in this chart (8 rows)" in sweeps
+    findings = section(html, '<h2 id="findings">', "</ul>")
+    assert "tp2 first preempted at concurrency 8 (step 4)" in findings
+
+
+def test_a_scenario_with_a_target_shows_goodput_columns_and_ranks_on_them():
+    html = render_report(new_format_context())
+    top = first_screen(html)
+    slo4 = top.split("<h3>Scenario slo4", 1)[1].split("</table>", 1)[0]
+    assert "target TTFT ≤ 500 ms, TPOT ≤ 50 ms at p90, ranked by goodput" in slo4
+    assert "2–6 passes, stopping once they agree within 10.0 %" in slo4
+    head = re.findall(r"<th>([^<]+)", slo4)
+    assert head[:5] == ["#", "configuration", "goodput", "SLO share", "output tok/s"]
+    rows = slo4.split("<tr")[2:]
+    tp1, tp2 = cells_of(rows[0]), cells_of(rows[1])
+    assert tp1[:5] == ["1", "tp1 baseline", "★ 1.18 1.10–1.23", "★ 93.0 92.0–95.0", "410.0 400.0–417.0"]
+    assert tp2[:3] == ["2", "tp2", "0.83 0.78–0.90 -29.7 % vs baseline"]
+    assert "SLO met in 3 of 3 pass(es)" in tp1[-1] and "SLO met in 0 of 6 pass(es)" in tp2[-1]
+    assert ("3 passes: stopped once they agreed within 10.0 % (spread 4.2 %); a warm-up pass ran first, kept out "
+            "of the figures") in tp1[-1]
+    assert "6 passes, the most allowed: they never agreed within 10.0 % (spread 14.5 %)" in tp2[-1]
+    assert ("<li>In scenario slo4 (concurrency 4), under the target (TTFT ≤ 500 ms, TPOT ≤ 50 ms at p90), tp1 has a "
+            "higher goodput than tp2 (1.18 against 0.83 req/s meeting every target); ranked by goodput.</li>") in top
+    assert "tp2 misses it in every pass (71.0 % of requests within target)" in top
+    c1 = top.split("<h3>Scenario c1", 1)[1].split("</table>", 1)[0]
+    assert "goodput" not in c1 and "warm-up" not in c1  # no target, no warm-up: as before
+
+
+def test_the_warm_up_pass_is_listed_apart_and_counted_in_no_figure():
+    ctx = new_format_context()
+    html = render_report(ctx)
+    passes = section(html, '<h2 id="scenarios">', "<h2>")
+    slo4 = passes.split("<h3>Scenario slo4</h3>", 1)[1].split("</table>", 1)[0]
+    assert "<b>tp1</b>: 3 passes: stopped once they agreed" in slo4 and "<b>tp2</b>: 6 passes, the most allowed" in slo4
+    warm = [r for r in slo4.split("<tr")[1:] if 'class="warmup-row"' in r]
+    assert len(warm) == 2 and "warm-up not counted" in cells_of(warm[0])[1]
+    assert "5.0" in cells_of(warm[0])[9]  # the warm-up's 5.0 tok/s is shown here ...
+    cell = next(c for t in ctx["tables"] if t["name"] == "slo4" for c in t["cells"] if c["configuration"] == "tp1")
+    assert cell["figures"]["output_tok_s"]["min"] == 400.0 and cell["passes"] == 3  # ... and in no figure
+    assert "A warm-up pass, where one ran, is never counted in a figure." in first_screen(html)
+    assert "ramp" not in [s["name"] for s in ctx["scenarios"]]  # a sweep has steps, listed under Sweeps
+
+
+def test_records_without_the_new_keys_render_as_records_that_say_fixed_passes_and_no_warm_up():
+    old = context()
+    html = render_report(old)
+    explicit = context(**{n: {"scenarios": [
+        {**sc, "kind": "fixed", "warmup": None,
+         "repetition": {"min": sc["spec"]["passes"], "max": sc["spec"]["passes"], "agreement": None,
+                        "passes_run": len(sc["passes"]), "spread": sc["agreement"]["output_throughput"], "stopped": "fixed"}}
+        for sc in read_record(DEMO / f"{n}.json")["scenarios"]]} for n in ("tp1", "tp2")})
+    assert render_report({**explicit, "generated": old["generated"]}) == html
+    assert old["sweeps"] == [] and "No sweep scenario in this trial." in html
+    assert "warm-up" not in html and "goodput" not in first_screen(html) and "SLO" not in html
+    assert "2 pass(es)</span>" in first_screen(html)
+
+
+def test_the_report_with_sweeps_and_goodput_opens_offline_and_fits_the_window(tmp_path):
+    html = render_report(new_format_context())
+    assert "<script" not in html and not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
+    if chromium_available():  # opened with the network off: asks for nothing, logs no error, nothing too wide
+        page = visit(atomic_write_text(tmp_path / "report.html", html), tmp_path / "first-screen.png")
+        assert page.requests == [] and page.errors == [] and page.too_wide == [], (page.requests, page.errors, page.too_wide)
+        assert "Sweep ramp" in page.dom
+
+
+def test_write_report_also_writes_each_sweeps_chart(tmp_path):
+    paths = {}
+    for name in ("preflight", "manifest", "cleanup", "plan-tp1", "plan-tp2"):
+        paths[name] = write_record(tmp_path / f"{name}.json", json.loads((DEMO / f"{name}.json").read_text()))
+    recs = [write_record(tmp_path / f"{r['configuration']}.json", r) for r in synthetic.records()]
+    write_report(tmp_path / "report.html", trial="demo", preflight=paths["preflight"], manifest=paths["manifest"],
+                 plans=[paths["plan-tp1"], paths["plan-tp2"]], configurations=recs, cleanup=paths["cleanup"],
+                 charts_dir=tmp_path / "charts")
+    assert "sweep-ramp.svg" in {p.name for p in (tmp_path / "charts").glob("*.svg")}

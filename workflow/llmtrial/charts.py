@@ -230,17 +230,25 @@ def _shade(ax: Any, windows: Sequence[Mapping[str, Any]], t0: float) -> None:
         ax.axvspan(w["start"] - t0, w["end"] - t0, color=colour, alpha=0.6, lw=0)
 
 
+def runs_of(scenario: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """Every benchmark run of a scenario entry with its label: the warm-up, each pass, each sweep step."""
+    name = scenario["name"]
+    out: list[tuple[str, Mapping[str, Any]]] = [(f"{name} warm-up", scenario["warmup"])] if scenario.get("warmup") else []
+    out += [(f"{name} pass {p['pass']}", p) for p in scenario.get("passes", [])]
+    return out + [(f"{name} step {s.get('step')}", s) for s in scenario.get("steps") or []]
+
+
 def windows_of(record: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The cold start and each pass window, as the configuration record gives them."""
+    """The cold start and each pass (warm-up and sweep steps too) window, as the configuration record gives them."""
     server = record.get("server") or {}
     out = []
     if server.get("launched_at") and server.get("ready_at"):
         out.append({"label": "start-up", "start": server["launched_at"], "end": server["ready_at"]})
     for sc in record.get("scenarios", []):
-        for p in sc.get("passes", []):
+        for label, p in runs_of(sc):
             w = p.get("window") or {}
             if w.get("start") and w.get("end"):
-                out.append({"label": f"{sc['name']} pass {p['pass']}", "start": w["start"], "end": w["end"]})
+                out.append({"label": label, "start": w["start"], "end": w["end"]})
     return out
 
 
@@ -277,3 +285,83 @@ def timeseries_chart(record: Mapping[str, Any], frame: Any) -> Chart | None:
                  "Each sampled figure, one point per sample; shaded windows as the record gives them: "
                  + "; ".join(f"{w['label']} {w['start'] - t0:.0f}-{w['end'] - t0:.0f} s" for w in windows) + ".",
                  svg_of(fig, f"timeline-{name}"), columns, rows)
+
+
+#: A sweep chart's panels: step row key, axis label.
+SWEEP_PANELS = (("preemptions", "preemptions"), ("kv_peak_pct", "KV cache usage peak (%)"),
+                ("output_tok_s", "output tok/s"))
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-") or "x"
+
+
+def sweep_axis(cells: Sequence[Mapping[str, Any]]) -> str:
+    """The step figure a sweep's chart is drawn against: concurrency, or the first that varies
+    when concurrency does not (a sweep over lengths), else the step number."""
+    for key in ("concurrency", "input_len", "output_len", "num_prompts"):
+        if len({r[key] for c in cells for r in c["rows"]}) > 1:
+            return key
+    return "step"
+
+
+def _onset_marks(axes: Any, cell: Mapping[str, Any], colour: str, x: str) -> None:
+    """The predicted preemption onset as a dashed line on every panel; the observed one ringed."""
+    cmp = (cell.get("onset") or {}).get("preemption") or {}
+    name = cell["configuration"]
+    pred = next((r for r in cell["rows"] if r["step"] == cmp.get("predicted_step")), None)
+    if pred is not None:
+        for i, row in enumerate(axes):
+            row[0].axvline(pred[x], color=colour, ls="--", lw=1.1, alpha=0.8,
+                           label=f"{name} predicted onset" if i == 0 else None)
+    obs = next((r for r in cell["rows"] if r["step"] == cmp.get("observed_step")), None)
+    if obs is not None and obs["preemptions"] is not None:
+        axes[0][0].plot([obs[x]], [obs["preemptions"]], "o", ms=11, mfc="none", mec=colour, mew=1.6,
+                        label=f"{name} observed onset")
+
+
+def sweep_chart(table: Mapping[str, Any], names: Sequence[str]) -> Chart | None:
+    """One sweep: preemptions, KV cache usage peak and output tok/s against concurrency (or the
+    length the sweep varies), a line per configuration; the predicted onset of preemption dashed,
+    the observed one ringed."""
+    cells = [c for c in table["cells"] if any(r["status"] == "ok" for r in c["rows"])]
+    if not cells:
+        return None
+    x = sweep_axis(cells)
+    xs_all = sorted({r[x] for c in cells for r in c["rows"] if r[x] is not None})
+    with matplotlib.rc_context(STYLE):
+        fig, axes = _figure(9.5, 6.2, len(SWEEP_PANELS), 1)
+        for cell in cells:
+            colour = _colour(names, cell["configuration"])
+            ok = [r for r in cell["rows"] if r["status"] == "ok"]
+            for (key, _label), row in zip(SWEEP_PANELS, axes, strict=True):
+                row[0].plot([r[x] for r in ok], [r[key] for r in ok], "o-", color=colour, label=cell["configuration"])
+            _onset_marks(axes, cell, colour, x)
+        for (key, label), row in zip(SWEEP_PANELS, axes, strict=True):
+            ax = row[0]
+            if xs_all and xs_all[0] > 0 and xs_all[-1] / xs_all[0] >= 4:
+                ax.set_xscale("log", base=2)
+            ax.set_xticks(xs_all, [str(v) for v in xs_all])
+            ax.minorticks_off()
+            if key == "kv_peak_pct":
+                ax.set_ylim(0, 105)
+            else:
+                ax.set_ylim(bottom=0)
+            ax.set_ylabel(label, fontsize=8)
+        axes[0][0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        axes[-1][0].set_xlabel(f"{x.replace('_', ' ')} (one step each)")
+    name = f"sweep-{_slug(table['name'])}"
+    rows = [[c["configuration"], r["step"], r[x] if x != "step" else r["concurrency"], r["preemptions"],
+             r["kv_peak_pct"], r["output_tok_s"], _yes(r["predicted_preempts"]),
+             _yes(r["step"] == ((c.get("onset") or {}).get("preemption") or {}).get("observed_step"))]
+            for c in cells for r in c["rows"]]
+    return Chart(name, f"Sweep {table['name']}",
+                 f"Each step one pass at its {x.replace('_', ' ') if x != 'step' else 'settings'}; KV cache usage peak "
+                 "and preemptions from the server's /metrics over the step's window; dashed: the planner's predicted "
+                 "onset of preemption; ringed: the first step that preempted.", svg_of(fig, name),
+                 ["configuration", "step", x.replace("_", " ") if x != "step" else "concurrency", "preemptions",
+                  "KV usage peak (%)", "output tok/s", "predicted to preempt", "observed onset"], rows)
+
+
+def _yes(flag: Any) -> str:
+    return "—" if flag is None else ("yes" if flag else "")

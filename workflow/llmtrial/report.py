@@ -23,8 +23,13 @@ from llmtrial.conclusions import (
     FIGURES,
     Settings,
     cold_warm,
+    fixed_scenarios,
     not_measured,
     outcome_sentences,
+    passes_asked,
+    repetition_note,
+    repetition_noteworthy,
+    repetition_of,
     scenario_sentences,
     scenario_specs,
     scenario_tables,
@@ -33,6 +38,7 @@ from llmtrial.conclusions import (
 from llmtrial.fileio import atomic_write_text
 from llmtrial.records import human_bytes, read_record
 from llmtrial.resources import TEMPLATES
+from llmtrial.sweeps import sweep_gaps, sweep_tables
 from llmtrial.telemetry import read_samples
 
 
@@ -67,14 +73,24 @@ def fmt_time(value: Any) -> str:
 
 
 def _scenario_rows(configurations: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Every pass of every configuration, regrouped by scenario (the detailed tables)."""
+    """Every pass of every configuration, regrouped by scenario (the detailed tables): a warm-up
+    pass first, marked as such, and per configuration how many passes ran and why they stopped."""
     scenarios = []
     for name, spec in scenario_specs(configurations).items():
-        rows = [{"configuration": rec["configuration"], "pass": one, "agreement": sc.get("agreement", {})}
-                for rec in configurations for sc in rec.get("scenarios", []) if sc["name"] == name
-                for one in sc["passes"]]
-        scenarios.append({"name": name, "spec": spec, "rows": rows})
+        entries = [(rec["configuration"], sc) for rec in configurations for sc in fixed_scenarios(rec)
+                   if sc["name"] == name]
+        rows = [{"configuration": conf, "pass": one, "agreement": sc.get("agreement", {}), "warmup": one is sc.get("warmup")}
+                for conf, sc in entries for one in ([sc["warmup"]] if sc.get("warmup") else []) + sc["passes"]]
+        notes = [{"configuration": conf, "note": repetition_note(repetition_of(sc), sc.get("warmup"))}
+                 for conf, sc in entries if repetition_noteworthy(sc)]
+        scenarios.append({"name": name, "spec": spec, "rows": rows, "notes": notes, "passes_asked": passes_asked(spec)})
     return scenarios
+
+
+def _sweeps(configurations: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each sweep's tables and sentences (:func:`llmtrial.sweeps.sweep_tables`) with its chart."""
+    names = [r["configuration"] for r in configurations]
+    return [{**t, "chart": charts.sweep_chart(t, names)} for t in sweep_tables(configurations)]
 
 
 def notes_html(notes: str | None) -> Markup:
@@ -97,18 +113,17 @@ def _charts(tables: list[dict[str, Any]], configurations: list[Mapping[str, Any]
 
 
 def gpu_rows(configurations: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per pass and GPU: what NVML sampled in the pass's window (mean utilisation, power against
-    the limit, memory, PCIe traffic), from the pass's telemetry summary."""
+    """Per pass (the warm-up and sweep steps too) and GPU: what NVML sampled in its window (mean
+    utilisation, power against the limit, memory, PCIe traffic), from its telemetry summary."""
     rows = []
     for r in configurations:
         for sc in r.get("scenarios", []):
-            for p in sc.get("passes", []):
+            for label, p in charts.runs_of(sc):
                 summary = (p.get("telemetry") or {}).get("summary") or {}
                 gpus = sorted({k.split(".")[1] for k in summary if k.startswith("nvml.gpu")})
                 for g in gpus:
                     f = {k.split(".", 2)[2]: v for k, v in summary.items() if k.startswith(f"nvml.{g}.")}
-                    rows.append({"configuration": r["configuration"], "window": f"{sc['name']} pass {p['pass']}",
-                                 "gpu": g, "figures": f})
+                    rows.append({"configuration": r["configuration"], "window": label, "gpu": g, "figures": f})
     return rows
 
 
@@ -125,6 +140,7 @@ def build_context(*, trial: str, preflight: Mapping[str, Any], manifest: Mapping
     gpus = preflight["environment"].get("gpus") or {}
     per = "GPU" if gpus.get("present") else "CPU worker"
     unstable = {(t["name"], c["configuration"]): c["spread"] for t in tables for c in t["cells"] if c["unstable"]}
+    sweeps = _sweeps(configurations)
     return {
         "trial": trial,
         "generated": fmt_time(dt.datetime.now(tz=dt.UTC).timestamp()),
@@ -144,6 +160,8 @@ def build_context(*, trial: str, preflight: Mapping[str, Any], manifest: Mapping
         "settings": cfg,
         "per": per,
         "tables": [{**t, "sentences": scenario_sentences(t)} for t in tables],
+        "sweeps": sweeps,
+        "any_warmup": any(sc.get("warmup") for r in configurations for sc in r.get("scenarios", [])),
         "outcomes": outcome_sentences(configurations),
         "unstable": unstable,
         "figures": FIGURES,
@@ -151,7 +169,8 @@ def build_context(*, trial: str, preflight: Mapping[str, Any], manifest: Mapping
         "cold_warm": [cw for cw in (cold_warm(r) for r in configurations) if cw],
         "streams": [s for r in configurations for s in streams(r)],
         "gpu_rows": gpu_rows(configurations),
-        "not_measured": not_measured(preflight=preflight, configurations=configurations, plans=plans, tables=tables),
+        "not_measured": not_measured(preflight=preflight, configurations=configurations, plans=plans, tables=tables)
+        + sweep_gaps(sweeps),
         "notes": notes_html((settings or {}).get("notes")),
         "provenance": provenance,
     }
@@ -192,7 +211,7 @@ def write_report(out: Path, *, trial: str, preflight: Path, manifest: Path, plan
         provenance=read_record(provenance) if provenance is not None else None,
     )
     if charts_dir is not None:
-        write_charts(Path(charts_dir), context["charts"])
+        write_charts(Path(charts_dir), [*context["charts"], *(s["chart"] for s in context["sweeps"] if s["chart"])])
     return atomic_write_text(out, render_report(context))
 
 
