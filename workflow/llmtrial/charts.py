@@ -17,6 +17,8 @@ from typing import Any
 import matplotlib
 from matplotlib.figure import Figure
 
+from llmtrial.scenarios import runs_of
+
 COLOURS = ("#1f6feb", "#d1242f", "#1a7f37", "#9a6700", "#8250df", "#bf3989", "#0a7e8c", "#57606a")
 STYLE = {"font.size": 9, "axes.spines.top": False, "axes.spines.right": False, "svg.fonttype": "none",
          "font.family": "sans-serif", "axes.grid": True, "grid.color": "#e1e4e8", "grid.linewidth": 0.6,
@@ -228,14 +230,6 @@ def _shade(ax: Any, windows: Sequence[Mapping[str, Any]], t0: float) -> None:
     for i, w in enumerate(windows):
         colour = "#d0d7de" if w["label"] == "start-up" else ("#ddf4ff" if i % 2 else "#fff8c5")
         ax.axvspan(w["start"] - t0, w["end"] - t0, color=colour, alpha=0.6, lw=0)
-
-
-def runs_of(scenario: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
-    """Every benchmark run of a scenario entry with its label: the warm-up, each pass, each sweep step."""
-    name = scenario["name"]
-    out: list[tuple[str, Mapping[str, Any]]] = [(f"{name} warm-up", scenario["warmup"])] if scenario.get("warmup") else []
-    out += [(f"{name} pass {p['pass']}", p) for p in scenario.get("passes", [])]
-    return out + [(f"{name} step {s.get('step')}", s) for s in scenario.get("steps") or []]
 
 
 def windows_of(record: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtrial.bench import agreement
+from llmtrial.scenarios import is_sweep
 
 #: The ranked figures: key, label, unit, whether higher is better, digits shown.
 FIGURES: tuple[tuple[str, str, str, bool, int], ...] = (
@@ -58,14 +59,9 @@ class Settings:
                    max_disagreement=float(block.get("max_disagreement", DEFAULT_MAX_DISAGREEMENT)))
 
 
-def is_sweep(entry: Mapping[str, Any]) -> bool:
-    """A sweep scenario entry: its steps replace passes, its spec holds lists."""
-    return entry.get("kind") == "sweep" or "steps" in entry
-
-
 def fixed_scenarios(record: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """A configuration record's scenario entries that have passes (not sweeps), in order."""
-    return [sc for sc in record.get("scenarios", []) if not is_sweep(sc)]
+    return [sc for sc in record.get("scenarios", []) if not is_sweep(sc.get("spec") or {})]
 
 
 def figures_of(spec: Mapping[str, Any]) -> tuple[tuple[str, str, str, bool, int], ...]:

@@ -38,6 +38,7 @@ from llmtrial.conclusions import (
 from llmtrial.fileio import atomic_write_text
 from llmtrial.records import human_bytes, read_record
 from llmtrial.resources import TEMPLATES
+from llmtrial.scenarios import runs_of
 from llmtrial.sweeps import sweep_gaps, sweep_tables
 from llmtrial.telemetry import read_samples
 
@@ -118,7 +119,7 @@ def gpu_rows(configurations: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for r in configurations:
         for sc in r.get("scenarios", []):
-            for label, p in charts.runs_of(sc):
+            for label, p in runs_of(sc):
                 summary = (p.get("telemetry") or {}).get("summary") or {}
                 gpus = sorted({k.split(".")[1] for k in summary if k.startswith("nvml.gpu")})
                 for g in gpus:

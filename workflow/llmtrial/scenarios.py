@@ -129,3 +129,12 @@ def goodput(result: Mapping[str, Any], slo: Mapping[str, Any]) -> dict[str, Any]
     return {"targets": targets, "percentile": percentile, "request_goodput": result.get("request_goodput"),
             "requests_meeting": meeting, "requests": requests, "share": share,
             "met": share is not None and share >= percentile / 100}
+
+
+def runs_of(entry: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """Every benchmark run of a record's scenario entry with its label, in the order they ran:
+    the warm-up, each pass, each sweep step."""
+    name = entry["name"]
+    out: list[tuple[str, Mapping[str, Any]]] = [(f"{name} warm-up", entry["warmup"])] if entry.get("warmup") else []
+    out += [(f"{name} pass {p['pass']}", p) for p in entry.get("passes", [])]
+    return out + [(f"{name} step {s.get('step')}", s) for s in entry.get("steps") or []]

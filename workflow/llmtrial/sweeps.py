@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from llmtrial.conclusions import diagnosis, is_sweep, warmup_note
+from llmtrial.conclusions import diagnosis, warmup_note
+from llmtrial.scenarios import is_sweep
 
 #: The two onsets compared: key in the record's ``onset``, what was observed, what none observed reads.
 ONSETS: tuple[tuple[str, str, str], ...] = (
@@ -138,11 +139,11 @@ def sweep_tables(configurations: Iterable[Mapping[str, Any]]) -> list[dict[str, 
     specs: dict[str, Mapping[str, Any]] = {}
     for rec in configurations:
         for sc in rec.get("scenarios", []):
-            if is_sweep(sc):
+            if is_sweep(sc.get("spec") or {}):
                 specs.setdefault(sc["name"], sc.get("spec") or {})
     tables = []
     for name, spec in specs.items():
-        cells = [sweep_cell(rec, next((s for s in rec.get("scenarios", []) if s["name"] == name and is_sweep(s)), None))
+        cells = [sweep_cell(rec, next((s for s in rec.get("scenarios", []) if s["name"] == name and is_sweep(s.get("spec") or {})), None))
                  for rec in configurations]
         tables.append({"name": name, "spec": dict(spec), "cells": cells,
                        "has_goodput": any(r["slo_share_pct"] is not None for c in cells for r in c["rows"]),

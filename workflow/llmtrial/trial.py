@@ -29,7 +29,7 @@ from llmtrial.onset import onset, step_figures
 from llmtrial.patching import ensure_patched, evidence, server_env
 from llmtrial.paths import TrialPaths
 from llmtrial.records import fact, read_record, redact_env, write_record
-from llmtrial.scenarios import SWEEP_KEYS, Repetition, goodput, is_sweep
+from llmtrial.scenarios import SWEEP_KEYS, Repetition, goodput, is_sweep, runs_of
 from llmtrial.scenarios import steps as sweep_steps
 from llmtrial.server import ServerProcess, ServerStartError, build_server_argv
 from llmtrial.services import quiet_host, quiet_needed
@@ -237,7 +237,7 @@ class TrialJob:
         ready = record["cold_start"].get("ready_seconds")
         return {"job_end": end, "wall_s": end - record["timing"]["job_start"],
                 "startup_s": ready["value"] if ready else None,
-                "bench_s": sum(p["end"] - p["start"] for s in record["scenarios"] for p in runs_of(s))}
+                "bench_s": sum(p["end"] - p["start"] for s in record["scenarios"] for _, p in runs_of(s))}
 
     def _serve(self, ledger: Ledger, env: Mapping[str, str]) -> dict[str, Any]:
         """Start the server under the sampler, run the phases, stop it: the record's
@@ -418,12 +418,6 @@ def _pass_failure(name: str, one: Mapping[str, Any]) -> Failure | None:
         return None
     return Failure("benchmark", "pass_failed", f"benchmark pass {name}/{one['pass']} failed "
                    f"(exit {one['returncode']}{', timed out' if one['timed_out'] else ''})")
-
-
-def runs_of(scenario: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """Every benchmark run of a scenario entry: its warm-up, passes and a sweep's steps."""
-    return [*([scenario["warmup"]] if scenario.get("warmup") else []), *scenario.get("passes", []),
-            *scenario.get("steps", [])]
 
 
 def relative_error(predicted: float | None, measured: float | None) -> float | None:
