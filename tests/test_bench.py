@@ -172,6 +172,17 @@ def test_two_passes_through_one_worker_write_their_own_results_and_logs(worker, 
     assert "Serving Benchmark Result" not in worker.log_path.read_text()
 
 
+def test_a_pass_through_the_worker_does_not_depend_on_the_passes_before_it(worker, double, tokenizer, tmp_path):
+    """Same seed, same prompts, whatever ran in the worker in between (so the record's
+    standalone argv reruns the pass the worker ran)."""
+    lens = []
+    for name, seed in (("a", "11"), ("b", "12"), ("again", "11")):
+        argv = small_argv(double, tokenizer, tmp_path, name, seed=seed) + ["--random-range-ratio", "0.5"]
+        assert worker.run(argv, log_path=tmp_path / f"{name}.log", timeout=120)["returncode"] == 0
+        lens.append(json.loads((tmp_path / f"{name}.json").read_text())["input_lens"])
+    assert lens[0] == lens[2] != lens[1]
+
+
 def test_a_failed_pass_is_reported_in_its_log_and_the_worker_goes_on(worker, double, tokenizer, tmp_path):
     bad_flag = worker.run(small_argv(double, tokenizer, tmp_path, "bad", dataset_name="nosuch"),
                           log_path=tmp_path / "bad.log", timeout=120)
@@ -189,11 +200,12 @@ def test_a_failed_pass_is_reported_in_its_log_and_the_worker_goes_on(worker, dou
 
 
 def test_a_pass_past_its_timeout_kills_the_worker_and_the_next_starts_a_fresh_one(worker, double, tokenizer, tmp_path):
+    warm = worker.run(small_argv(double, tokenizer, tmp_path, "warm"), log_path=tmp_path / "warm.log", timeout=120)
+    assert warm["returncode"] == 0  # the worker has imported: the timeout below is the pass's own
+    pid, starts = worker.proc.pid, worker.starts
     with socket.socket() as silent:  # accepts connections (the kernel does) and never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
-        worker.start()
-        pid, starts = worker.proc.pid, worker.starts
         hung = worker.run(small_argv(silent.getsockname(), tokenizer, tmp_path, "hung"),
                           log_path=tmp_path / "hung.log", timeout=5)
     assert (hung["returncode"], hung["timed_out"]) == (None, True)
