@@ -173,7 +173,9 @@ class BenchWorker:
         self._buf = b""
 
     def start(self) -> None:
-        """Start a worker unless one is running; it imports while the caller goes on."""
+        """Start a worker unless one is running; it imports while the caller goes on (the
+        first :meth:`run` waits for it). Started during vLLM's own start-up on a machine
+        with few cores, its import would slow that start-up and skew its measurement."""
         if self.proc is not None:
             return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -248,15 +250,16 @@ class BenchWorker:
         proc, self.proc = self.proc, None
         if proc is None:
             return None
+        assert proc.stdin is not None and proc.stdout is not None
         with contextlib.suppress(OSError):
-            proc.stdin.close()  # type: ignore[union-attr]
+            proc.stdin.close()
         deadline = time.monotonic() + grace
         while not _exited(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         code = proc.wait()
-        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stdout.close()
         return code
 
     def close(self) -> None:
