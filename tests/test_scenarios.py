@@ -7,12 +7,11 @@ import random
 
 import pytest
 
+from conftest import REPO
 from llmtrial.bench import bench_argv
 from llmtrial.config import ConfigError, load_config, scenario_contexts, validate_config
 from llmtrial.onset import onset, predict
 from llmtrial.scenarios import Repetition, goodput, is_sweep, steps
-
-from conftest import REPO
 
 
 def _with_scenario(**spec):
