@@ -76,17 +76,26 @@ def child_pid(log: Path) -> int:
 class CompletionsDouble(http.server.BaseHTTPRequestHandler):
     """A double of vLLM's OpenAI-compatible /v1/completions with ``stream: true``: one chunk
     per generated token (``max_tokens`` of them, ``delay`` seconds apart), each carrying text,
-    then a final chunk without text (the finish reason) and ``data: [DONE]``."""
+    then a final chunk without text (the finish reason), with ``stream_options.include_usage``
+    a usage chunk (``completion_tokens`` only), and ``data: [DONE]``. Any other path is a 404
+    (so vLLM's benchmark finds no /tokenize and skips its prompt alignment)."""
 
     delay = 0.01
 
     def do_POST(self):  # noqa: N802 (http.server's name)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.send_response(200 if self.path == "/v1/completions" else 404)
+        if self.path != "/v1/completions":
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         chunks = [{"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]} for i in range(body["max_tokens"])]
         chunks.append({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            chunks.append({"choices": [], "usage": {"completion_tokens": body["max_tokens"]}})
         for chunk in chunks:
             time.sleep(self.delay)
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())

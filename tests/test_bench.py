@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import socket
+import stat
 
+import psutil
 import pytest
 
-from conftest import DATA
+from conftest import DATA, CompletionsDouble, loopback
 from llmtrial.bench import (
+    BenchWorker,
     bench_argv,
     first_request,
     output_rate,
@@ -18,6 +22,8 @@ from llmtrial.bench import (
     summarize_result,
 )
 from llmtrial.records import check_record, read_record
+from llmtrial.server import group_members
+from llmtrial.tiny import generate_tiny_model
 
 SCENARIO = {"input_len": 64, "output_len": 32, "num_prompts": 12, "concurrency": 4, "request_rate": "inf"}
 
@@ -111,3 +117,133 @@ def test_the_first_request_counts_the_streamed_chunks_that_carry_text(completion
     assert first["chunks"] == 5 and 0 < first["ttft_s"] <= first["total_s"]
     assert output_rate(first["chunks"], first["total_s"]) == round(5 / first["total_s"], 3)
     assert output_rate(5, 0.0) is None and output_rate(None, 1.0) is None
+
+
+# One benchmark worker, real vLLM benchmark code, against loopback doubles of the server.
+
+SMALL = {"input_len": 16, "output_len": 8, "num_prompts": 4, "concurrency": 2, "request_rate": "inf"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    """A tiny model's folder: vLLM's benchmark loads its tokenizer to build the random prompts."""
+    return generate_tiny_model(tmp_path_factory.mktemp("bench-tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="module")
+def double():
+    with loopback(CompletionsDouble) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    """One worker for the module's tests: importing vLLM's benchmark takes about 10 s."""
+    with BenchWorker(log_path=tmp_path_factory.mktemp("bench-worker") / "worker.log") as w:
+        yield w
+
+
+def small_argv(address, tokenizer, out, name, **flags):
+    host, port = address
+    a = bench_argv(host=host, port=port, served_model_name="tiny", tokenizer=str(tokenizer), scenario=SMALL,
+                   seed=7, result_dir=str(out), result_filename=f"{name}.json", percentiles=[50, 99])
+    for flag, v in flags.items():
+        a[a.index(f"--{flag.replace('_', '-')}") + 1] = v
+    return a
+
+
+def gone(pid):
+    return not psutil.pid_exists(pid) and not group_members(pid)
+
+
+def test_two_passes_through_one_worker_write_their_own_results_and_logs(worker, double, tokenizer, tmp_path):
+    runs = [worker.run(small_argv(double, tokenizer, tmp_path, name), log_path=tmp_path / f"{name}.log", timeout=120)
+            for name in ("first", "second")]
+    assert [(r["returncode"], r["timed_out"]) for r in runs] == [(0, False), (0, False)]
+    assert runs[0]["start"] < runs[0]["end"] <= runs[1]["start"] < runs[1]["end"]
+    assert worker.starts == 1 and worker.import_s > 0
+    for name, other in (("first", "second"), ("second", "first")):
+        result = json.loads((tmp_path / f"{name}.json").read_text())
+        assert result["completed"] == result["num_prompts"] == SMALL["num_prompts"]
+        assert result["output_throughput"] > 0 and len(result["ttfts"]) == SMALL["num_prompts"]
+        log = (tmp_path / f"{name}.log").read_text()
+        assert log.count("Serving Benchmark Result") == 1
+        assert f"result_filename='{name}.json'" in log and f"{other}.json" not in log
+    assert "Serving Benchmark Result" not in worker.log_path.read_text()
+
+
+def test_a_pass_through_the_worker_does_not_depend_on_the_passes_before_it(worker, double, tokenizer, tmp_path):
+    """Same seed, same prompts, whatever ran in the worker in between (so the record's
+    standalone argv reruns the pass the worker ran)."""
+    lens = []
+    for name, seed in (("a", "11"), ("b", "12"), ("again", "11")):
+        argv = small_argv(double, tokenizer, tmp_path, name, seed=seed) + ["--random-range-ratio", "0.5"]
+        assert worker.run(argv, log_path=tmp_path / f"{name}.log", timeout=120)["returncode"] == 0
+        lens.append(json.loads((tmp_path / f"{name}.json").read_text())["input_lens"])
+    assert lens[0] == lens[2] != lens[1]
+
+
+def test_a_failed_pass_is_reported_in_its_log_and_the_worker_goes_on(worker, double, tokenizer, tmp_path):
+    bad_flag = worker.run(small_argv(double, tokenizer, tmp_path, "bad", dataset_name="nosuch"),
+                          log_path=tmp_path / "bad.log", timeout=120)
+    raised = worker.run(small_argv(double, tokenizer, tmp_path, "raised", max_concurrency="0"),
+                        log_path=tmp_path / "raised.log", timeout=120)
+    starts = worker.starts
+    ok = worker.run(small_argv(double, tokenizer, tmp_path, "ok"), log_path=tmp_path / "ok.log", timeout=120)
+    assert (bad_flag["returncode"], bad_flag["timed_out"]) == (2, False)  # argparse's exit code
+    assert "invalid choice: 'nosuch'" in (tmp_path / "bad.log").read_text()
+    assert raised["returncode"] == 1
+    log = (tmp_path / "raised.log").read_text()
+    assert "Traceback" in log and "ValueError: --max-concurrency must be greater than 0" in log
+    assert ok["returncode"] == 0 and (tmp_path / "ok.json").exists() and worker.starts == starts
+    assert not (tmp_path / "bad.json").exists() and not (tmp_path / "raised.json").exists()
+
+
+def test_a_pass_past_its_timeout_kills_the_worker_and_the_next_starts_a_fresh_one(worker, double, tokenizer, tmp_path):
+    warm = worker.run(small_argv(double, tokenizer, tmp_path, "warm"), log_path=tmp_path / "warm.log", timeout=120)
+    assert warm["returncode"] == 0  # the worker has imported: the timeout below is the pass's own
+    pid, starts = worker.proc.pid, worker.starts
+    with socket.socket() as silent:  # accepts connections (the kernel does) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        hung = worker.run(small_argv(silent.getsockname(), tokenizer, tmp_path, "hung"),
+                          log_path=tmp_path / "hung.log", timeout=5)
+    assert (hung["returncode"], hung["timed_out"]) == (None, True)
+    assert 5 <= hung["end"] - hung["start"] < 15
+    assert gone(pid) and worker.proc is None
+    assert "timed out after 5 s" in (tmp_path / "hung.log").read_text()
+    after = worker.run(small_argv(double, tokenizer, tmp_path, "after"), log_path=tmp_path / "after.log", timeout=120)
+    assert after["returncode"] == 0 and (tmp_path / "after.json").exists()
+    assert worker.starts == starts + 1 and worker.proc.pid != pid
+
+
+def test_close_ends_the_worker_and_leaves_no_process_behind(worker):
+    worker.start()
+    pid = worker.proc.pid
+    worker.close()
+    assert gone(pid) and worker.proc is None
+    worker.close()  # twice is harmless
+
+
+#: A double of the worker process (named by BenchWorker's ``python``): it says it is ready,
+#: reads one request and exits 5 without answering.
+DYING_WORKER = """#!/bin/sh
+echo '{"ready": true, "import_s": 0.5}'
+read request
+exit 5
+"""
+
+
+def test_a_worker_that_dies_mid_pass_gives_its_exit_code_and_is_replaced(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text(DYING_WORKER)
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    argv = ["py", "-m", "llmtrial.vllm_bench", "--num-prompts", "1"]
+    with BenchWorker(log_path=tmp_path / "worker.log", python=str(fake)) as w:
+        first = w.run(argv, log_path=tmp_path / "p1.log", timeout=30)
+        assert (first["returncode"], first["timed_out"]) == (5, False) and w.proc is None
+        assert "exited with code 5" in (tmp_path / "p1.log").read_text()
+        second = w.run(argv, log_path=tmp_path / "p2.log", timeout=30)
+    assert second["returncode"] == 5 and w.starts == 2 and w.import_s == 1.0
+    with pytest.raises(ValueError, match="not a benchmark pass"):
+        w.run(["py", "-m", "other"], log_path=tmp_path / "p3.log", timeout=30)
