@@ -17,6 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
+from llmtrial.scenarios import runs_of
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,14 +48,14 @@ def main() -> None:
         t = rec["timing"]
         startup = t.get("startup_s") or 0.0
         bench = t.get("bench_s") or 0.0
-        load = sum(p["summary"]["duration"] for s in rec["scenarios"] for p in s["passes"] if p.get("summary"))
+        load = sum(p["summary"]["duration"] for s in rec["scenarios"] for _, p in runs_of(s) if p.get("summary"))
         wall = t["wall_s"]
         over = wall - startup - bench
         tot_startup, tot_bench, tot_load, tot_jobs = tot_startup + startup, tot_bench + bench, tot_load + load, tot_jobs + wall
         imported, workers = t.get("bench_import_s"), t.get("bench_workers")
         if imported is not None:
             imports.append(imported)
-        elif any(s["passes"] for s in rec["scenarios"]):
+        elif any(runs_of(s) for s in rec["scenarios"]):
             unknown.append(rec["configuration"])
         print(f"{rec['configuration']:14} {wall:8.1f} {startup:10.1f} {bench:9.1f} {_fig(imported, '9.1f'):>9} "
               f"{_fig(workers, '8d'):>8} {load:8.1f} {over:11.1f} {100 * over / wall if wall else 0.0:8.1f}%")

@@ -153,7 +153,7 @@ def test_the_first_run_served_each_configuration_as_planned(work, name, kv_token
     row = next(r for r in rec["prediction"] if r["name"] == "KV cache tokens")
     assert row["predicted"] == row["measured"] == kv_tokens
     for sc in rec["scenarios"]:
-        assert [p["status"] for p in sc["passes"]] == ["ok", "ok"]
+        assert len(sc["passes"]) >= 2 and all(p["status"] == "ok" for p in sc["passes"])
         for p in sc["passes"]:
             s = p["summary"]
             assert s["completed"] == len(s["request_output_tok_s"]) == s["request_output_tok_s_summary"]["n"]

@@ -80,6 +80,8 @@ def test_every_trial_file_is_valid_and_says_what_it_reproduces():
     for path in files:
         config = load_config(path)
         assert path.read_text().startswith("# "), path  # the comments say what the trial reproduces
+        if not path.name.startswith("seed"):
+            continue  # a trial for this machine (the CPU sweep), run end to end by its own test
         assert config["model"]["source"]["kind"] == "hub"
         assert config["hardware"]["gpus"] and config["hardware"]["gpu_memory_gib"]
         assert config["services"] == {} and config["patches"] == {}  # nothing of the default trial

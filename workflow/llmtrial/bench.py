@@ -132,22 +132,6 @@ def stall_flag(mean: float | None, median: float | None, ratio: float = 1.5) -> 
     return mean > ratio * median
 
 
-def run_pass(argv: list[str], *, log_path: Path, timeout: float) -> dict[str, Any]:
-    """Run one benchmark pass; return start/end times, exit code and whether it timed out."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as logf:
-        start = time.time()
-        try:
-            proc = subprocess.run(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  timeout=timeout, check=False)
-            rc: int | None = proc.returncode
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            rc, timed_out = None, True
-        end = time.time()
-    return {"start": start, "end": end, "returncode": rc, "timed_out": timed_out}
-
-
 class BenchWorker:
     """vLLM's serving benchmark in one long-lived process (``python -m llmtrial.vllm_bench
     --worker``), so the passes of a configuration import it once instead of once a pass.

@@ -131,6 +131,8 @@ class TrialJob:
     telemetry_interval: float
     paths: JobPaths
     patches: Mapping[str, Any] = field(default_factory=dict)
+    #: the benchmark process that runs every pass of this job (one per job, see :meth:`_serve`)
+    _worker: bench.BenchWorker | None = field(default=None, init=False, repr=False)
 
     @property
     def label(self) -> str:
@@ -198,6 +200,7 @@ class TrialJob:
         job = ledger.append(Action.JOB_STARTED, label=self.label, pid=os.getpid(), create_time=psutil.Process().create_time())
         served = self._serve(ledger, env)
         record["server"].update(served.pop("server"))
+        record["timing"].update(served.pop("bench_worker"))
         record["telemetry"].update(served.pop("telemetry"))
         record.update(served)
         text = logs.read_log(self.paths.server_log) if self.paths.server_log.exists() else ""
@@ -250,7 +253,10 @@ class TrialJob:
         out: dict[str, Any] = {"server": {}, "startup": {}, "cold_start": {}, "scenarios": [], "failure": None}
         windows: list[tuple[dict[str, Any], float, float]] = []
         failure: Failure | None = None
-        with sigterm_as_exit(), Sampler(self.paths.telemetry, sources, interval=self.telemetry_interval) as sampler:
+        worker = bench.BenchWorker(log_path=self.paths.bench_dir / "worker.log")  # every pass of this job
+        with sigterm_as_exit(), Sampler(self.paths.telemetry, sources, interval=self.telemetry_interval) as sampler, \
+                worker:
+            self._worker = worker
             try:
                 out["server"], out["startup"], out["cold_start"] = self._start(server, host_source)
                 out["cold_start"].update(self._first_request())
@@ -258,12 +264,14 @@ class TrialJob:
             except Failure as raised:
                 failure = raised
             finally:
+                worker.close()
                 sampler.retire("metrics")  # the server is going away: its /metrics with it
                 out["server"]["stop"] = server.stop()
                 out["server"]["pid"] = server.proc.pid if server.proc else None
             out["telemetry"] = {"sampler": sampler.stats(), "errors": dict(sampler.errors),
                                 "sources": describe_sources(sources, absent, sampler)}
         out["telemetry"].update(self._telemetry(server, windows))
+        out["bench_worker"] = {"bench_import_s": worker.import_s, "bench_workers": worker.starts}
         for entry in out["scenarios"]:
             if entry["kind"] == "sweep":
                 for step in entry["steps"]:
@@ -372,7 +380,7 @@ class TrialJob:
         w_start = time.time()
         sampler.mark(f"{stem}:start")  # the CSV names its own windows
         sampler.sample_now("metrics")
-        run = bench.run_pass(argv, log_path=bench_dir / f"{stem}.log", timeout=float(scenario["timeout_s"]))
+        run = self._worker.run(argv, log_path=bench_dir / f"{stem}.log", timeout=float(scenario["timeout_s"]))
         sampler.sample_now("metrics")
         sampler.mark(f"{stem}:end")
         w_end = time.time()
