@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from conftest import REPO
+from llmtrial.logs import read_log
 from llmtrial.telemetry import read_samples
 from test_e2e import free_base_port
 from workflow_helpers import snakemake, write_config
@@ -75,7 +76,7 @@ def test_the_observed_preemption_onset_lies_where_the_planner_predicted(sweep):
     onset = scenario(sweep, "onset")["onset"]
     assert onset["kv_cache_tokens"] == 1024 and onset["block_size"] == 128
     log_line = int(onset["kv_cache_tokens_source"].removeprefix("server.log:"))
-    server_log = (sweep["results"] / "configs" / "tp1" / "server.log").read_text().splitlines()
+    server_log = read_log(sweep["results"] / "configs" / "tp1" / "server.log").split("\n")  # lines as sed numbers them
     assert "KV cache size: 1,024 tokens" in server_log[log_line - 1]  # the fact names the line it came from
     pre = onset["preemption"]
     assert pre["predicted_step"] == 3 and pre["predicted_concurrency"] == 4
