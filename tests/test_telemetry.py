@@ -25,6 +25,8 @@ from llmtrial.telemetry import (
     Sampler,
     read_samples,
     summarize_window,
+    window_edge,
+    window_figures,
 )
 
 MiB = 1 << 20
@@ -253,3 +255,37 @@ def test_sampler_rejects_bad_configuration(tmp_path: Path) -> None:
         Sampler(tmp_path / "a.csv", [HostSource(), HostSource()])
     with pytest.raises(ValueError):
         Sampler(tmp_path / "a.csv", [HostSource(name="window")])
+
+
+class _Counter:
+    """A counter that moves by 1 between calls, like a server's token counter during a pass."""
+
+    name = "metrics"
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def sample(self) -> dict[str, float]:
+        self.value += 1.0
+        return {"x_total": self.value}
+
+
+def test_a_sample_taken_at_a_windows_edges_counts_inside_it(tmp_path: Path, monkeypatch) -> None:
+    """The CSV keeps milliseconds: a sample taken just after a window opens is written rounded
+    down, so the window's recorded start is rounded down too (and its end up), else the first
+    sample falls out of the window and a counter's change loses what moved before the next one.
+    The clock here sits 0.4 ms into a millisecond, as it did when a pass lost 19 tokens this way."""
+    out = tmp_path / "s.csv"
+    clock = iter([1796084658.8053486, 1796084658.8054, 1796084658.8055, 1796084665.5384, 1796084665.5385])
+    with Sampler(out, [_Counter()], interval=3600) as sampler:
+        monkeypatch.setattr(time, "time", lambda: next(clock))
+        start = window_edge(time.time())
+        sampler.sample_now("metrics")  # the counter at the pass's start
+        sampler.sample_now("metrics")  # moved during the pass
+        sampler.sample_now("metrics")  # at the pass's end
+        end = window_edge(time.time(), end=True)
+        monkeypatch.undo()
+    df = read_samples(out)
+    figures = window_figures(df, start, end)
+    assert figures["deltas"]["metrics.x_total"] == 2.0  # first and last sample both inside
+    assert start <= 1796084658.8053486 <= 1796084665.5385 <= end

@@ -47,6 +47,7 @@ __all__ = [
     "describe_sources",
     "read_samples",
     "summarize_window",
+    "window_edge",
 ]
 
 CSV_HEADER: tuple[str, str, str, str] = ("t", "source", "metric", "value")
@@ -57,6 +58,17 @@ ERROR_METRIC = "error"
 
 WINDOW_SOURCE = "window"
 """Source name of the rows written by :meth:`Sampler.mark`."""
+
+TIME_DECIMALS = 3
+"""Decimals of a sample's time in the CSV (milliseconds)."""
+
+
+def window_edge(t: float, *, end: bool = False) -> float:
+    """A window's edge at the CSV's resolution: a start rounded down, an end rounded up, so a
+    sample taken just after the start (or just before the end) and written in milliseconds
+    still lies inside the window."""
+    scale = 10 ** TIME_DECIMALS
+    return (math.ceil if end else math.floor)(t * scale) / scale
 
 MAX_ERRORS_KEPT = 20
 """How many error messages :attr:`Sampler.errors` keeps per source (the first ones)."""
@@ -259,7 +271,7 @@ class Sampler:
             if self._writer is None or self._fh is None:
                 return False
             for t, source, metric, value in rows:
-                self._writer.writerow((f"{t:.3f}", source, metric, repr(value)))
+                self._writer.writerow((f"{t:.{TIME_DECIMALS}f}", source, metric, repr(value)))
             self._fh.flush()
             return True
 

@@ -35,7 +35,7 @@ from llmtrial.server import ServerProcess, ServerStartError, build_server_argv
 from llmtrial.services import quiet_host, quiet_needed
 from llmtrial.shape import predict_kv_tokens
 from llmtrial.sources import HostSource, MetricsSource, job_sources
-from llmtrial.telemetry import CSV_HEADER, Sampler, describe_sources, read_samples, window_figures
+from llmtrial.telemetry import CSV_HEADER, Sampler, describe_sources, read_samples, window_edge, window_figures
 
 log = logging.getLogger(__name__)
 
@@ -377,13 +377,13 @@ class TrialJob:
         log.info("%s: %s (seed %d)", self.spec["name"], stem, seed)
         # the window opens before its first /metrics sample and closes after its last, so a
         # counter's change over the window is exactly the pass's own
-        w_start = time.time()
+        w_start = window_edge(time.time())
         sampler.mark(f"{stem}:start")  # the CSV names its own windows
         sampler.sample_now("metrics")
         run = self._worker.run(argv, log_path=bench_dir / f"{stem}.log", timeout=float(scenario["timeout_s"]))
         sampler.sample_now("metrics")
         sampler.mark(f"{stem}:end")
-        w_end = time.time()
+        w_end = window_edge(time.time(), end=True)
         result_file = bench_dir / f"{stem}.json"
         one: dict[str, Any] = {
             "seed": seed, "start": run["start"], "end": run["end"],
