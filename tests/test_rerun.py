@@ -129,7 +129,9 @@ def test_the_default_trials_report_concludes_and_opens_offline(work):
     cold = tp1["cold_start"]["first_output_tok_s"]["value"]
     assert cold > 0 and f"{cold:,.2f} tok/s" in html.split('<h2 id="cold-warm">', 1)[1].split("<h2", 1)[0]
     streams = html.split('<h2 id="streams">', 1)[1].split("<h2", 1)[0]
-    assert streams.count("c4 pass") == 4  # two passes of two configurations, each request's tok/s
+    c4_passes = sum(len(json.loads((results / "configs" / name / "record.json").read_text())["scenarios"][1]["passes"])
+                    for name in ("tp1", "tp2"))
+    assert streams.count("c4 pass") == c4_passes >= 4  # every c4 pass of both configurations, each request's tok/s
     provenance = json.loads((results / "provenance.json").read_text())
     assert provenance["commit"] and provenance["config"]["trial"] == "demo" and provenance["command_line"]
     assert provenance["commit"] in html and provenance["config_sha256"] in html
