@@ -13,11 +13,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.llmtrial-$(SERVING)
 CONSTRAINTS := $(wildcard envs/constraints-$(SERVING).txt)
 CHROMIUM ?= $(shell command -v chromium || command -v chromium-browser || echo /usr/bin/chromium)
+SSHD ?= /usr/sbin/sshd
 
 DEMO := python -m llmtrial.demo_service --port 8190 --state .demo-service
 VENV_PATH := PATH="$(abspath $(VENV))/bin:$$PATH"
 
-.PHONY: run test lint lock chromium clean-venv demo-service stop-demo-service
+.PHONY: run test lint lock chromium sshd clean-venv demo-service stop-demo-service
 
 # The default trial quiets and restores a resident demo service: start it when it is not running.
 run: $(STAMP) demo-service
@@ -29,7 +30,7 @@ demo-service: $(STAMP)
 stop-demo-service: $(STAMP)
 	$(VENV_PATH) $(DEMO) stop
 
-test: $(STAMP) chromium
+test: $(STAMP) chromium sshd
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -53,6 +54,21 @@ chromium:
 	@test -x "$(CHROMIUM)" || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 		echo "chromium not installed (not root): the browser test of the report will be skipped"
+
+# Debian's sshd plays the second host in the multi-node tests: tests/hosts.py starts its own, with
+# a private config, inside a network namespace. Installing the package must not leave a system
+# sshd listening on port 22 of this host: the install runs under a policy-rc.d that refuses every
+# service start (when the host has none of its own), and the unit is then disabled and stopped
+# in case a start got through, so it does not come up at the next boot either.
+sshd:
+	@test -x "$(SSHD)" || { [ "$$(id -u)" = 0 ] && { \
+		policy=/usr/sbin/policy-rc.d; own=; \
+		if [ ! -e $$policy ]; then own=1; printf '#!/bin/sh\nexit 101\n' > $$policy; chmod 755 $$policy; fi; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; \
+		rc=$$?; [ -z "$$own" ] || rm -f $$policy; \
+		systemctl disable --now ssh.service ssh.socket >/dev/null 2>&1 || service ssh stop >/dev/null 2>&1 || true; \
+		[ $$rc = 0 ]; }; } || \
+		echo "openssh-server not installed (needs root and apt): the multi-node tests will be skipped"
 
 lock: $(STAMP)
 	{ echo "# Exact versions of every package in a working $(SERVING) venv (pip freeze); used as constraints"; \

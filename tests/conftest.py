@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from hosts import SSHD, TwoHosts, two_hosts
 from llmtrial.server import ServerProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -262,3 +263,13 @@ class NvmlTelemetryDouble(NvmlDoubleBase):
     def nvmlDeviceGetComputeRunningProcesses(self, h):
         self._check(h)
         return [SimpleNamespace(pid=1, usedGpuMemory=8 * 2**30)]
+
+
+@pytest.fixture(scope="session")
+def hosts() -> Iterator[TwoHosts]:
+    """Two hosts on this machine (tests/hosts.py): host A and host B, B with its own sshd;
+    skipped only where Debian's sshd is not installed."""
+    if not SSHD.is_file():
+        pytest.skip(f"{SSHD} is missing: `make test` installs openssh-server (as root)")
+    with two_hosts() as made:
+        yield made
