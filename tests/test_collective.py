@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from llmtrial.collective import busbw_factor, main, run_local_group, summarize
+from llmtrial.collective import busbw_factor, diagnose_rank, main, run_local_group, summarize
+from llmtrial.logs import diagnose_failure, read_log
 
 
 def rendezvous_port() -> int:
@@ -135,6 +136,10 @@ def test_a_master_that_is_not_there_is_a_refused_connection(tmp_path):
     s = run_local_group(2, port=port, size_mib=1, iters=1, timeout_s=25, workdir=tmp_path, ranks=[1])
     assert not s["ok"] and s["wall_s"] < 30
     assert s["diagnosis"].startswith(f"rank 1: Connection refused at 127.0.0.1:{port}")
+    # what torch printed on the rank's stderr is what the failure catalogue knows
+    found = diagnose_failure(read_log(s["logs"]["1"]), source="rank1.log")
+    assert found["pattern"] == "master_unreachable", found
+    assert f"(127.0.0.1, {port})" in found["line"]
 
 
 def test_a_missing_interface_is_diagnosed_in_seconds(tmp_path):
@@ -209,3 +214,31 @@ def test_a_rank_on_the_wrong_interface_in_a_namespace(two_hosts, tmp_path):
                         prefix=[["ip", "netns", "exec", ns_a], ["ip", "netns", "exec", ns_a]])
     assert not s["ok"] and s["wall_s"] < 10  # rank 0 is stopped once rank 1 failed
     assert f"GLOO_SOCKET_IFNAME={two_hosts[5]}: no such interface" in s["diagnosis"]
+
+
+# ------------------------------------------------------------------ diagnoses of errors seen on GPUs
+
+
+def test_two_ranks_on_one_gpu_is_named():
+    # torch 2.11.0+cu130 / NCCL 2.28.9 on a one-GPU H200 host, two ranks on cuda:0
+    error = ("DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93, invalid usage "
+             "(run with NCCL_DEBUG=WARN for details), NCCL version 2.28.9\nncclInvalidUsage: This usually reflects "
+             "invalid usage of NCCL library.\nLast error:\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA "
+             "device 60")
+    d = diagnose_rank("all_reduce", error, rank=1, world_size=2, master_addr="127.0.0.1", port=29512,
+                      backend="nccl", interface=None, timeout_s=40)
+    assert d.startswith("Two ranks use the same GPU")
+
+
+def test_an_unknown_error_names_its_first_and_last_lines():
+    d = diagnose_rank("all_reduce", "DistBackendError: NCCL error in: x.cpp:1, unhandled system error\nLast error:\n"
+                      "socket closed", rank=0, world_size=2, master_addr="a", port=1, backend="nccl", interface=None,
+                      timeout_s=5)
+    assert d == "The all_reduce phase failed on rank 0: DistBackendError: NCCL error in: x.cpp:1, unhandled system " \
+                "error (socket closed)"
+
+
+def test_one_rank_has_a_time_but_no_bandwidth():
+    s = summarize([_result(0, world_size=1)])
+    assert s["ok"] and s["median_s"] == 0.1
+    assert s["algbw_gbps"] is None and s["busbw_gbps"] is None

@@ -50,6 +50,7 @@ from llmtrial.fileio import atomic_write_text
 __all__ = [
     "BACKENDS",
     "busbw_factor",
+    "diagnose_rank",
     "main",
     "rank_argv",
     "run_local_group",
@@ -116,7 +117,7 @@ def _probe(addr: str, port: int, timeout_s: float = 0.5) -> str:
         return f"error: {e}"
 
 
-def _rank_diagnosis(phase: str, error: str, *, rank: int, world_size: int, master_addr: str, port: int,
+def diagnose_rank(phase: str, error: str, *, rank: int, world_size: int, master_addr: str, port: int,
                     backend: str, interface: str | None, timeout_s: float) -> str:
     """What one rank's failure means, in a sentence an operator can act on."""
     where = f"{master_addr}:{port}"
@@ -149,7 +150,13 @@ def _rank_diagnosis(phase: str, error: str, *, rank: int, world_size: int, maste
     if phase == "all_reduce" and (_OP_TIMEOUT.search(error) or "deadline" in error):
         return (f"The all_reduce timed out: a peer stopped answering after the rendezvous; check the link between "
                 f"the nodes and {_ifname_var(backend)} on each.")
-    return f"The {phase} phase failed on rank {rank}: {error.splitlines()[0] if error else 'no message'}"
+    if "Duplicate GPU detected" in error:
+        return ("Two ranks use the same GPU, which NCCL refuses; give each rank its own GPU (LOCAL_RANK or "
+                "CUDA_VISIBLE_DEVICES).")
+    lines = error.splitlines() or ["no message"]
+    last = next((line for line in reversed(lines) if line.strip() and line is not lines[0]), None)
+    detail = f"{lines[0]} ({last.strip()})" if last else lines[0]
+    return f"The {phase} phase failed on rank {rank}: {detail}"
 
 
 # ------------------------------------------------------------------------- one rank
@@ -188,7 +195,7 @@ def run_rank(rank: int, world_size: int, *, backend: str, master_addr: str, mast
     def fail(phase: str, error: str) -> dict[str, Any]:
         return finish({**base, "ok": False, "phase": phase, "error": error,
                        "elapsed_s": round(time.monotonic() - started, 3),
-                       "diagnosis": _rank_diagnosis(phase, error, rank=rank, world_size=world_size,
+                       "diagnosis": diagnose_rank(phase, error, rank=rank, world_size=world_size,
                                                     master_addr=master_addr, port=master_port, backend=backend,
                                                     interface=interface, timeout_s=timeout_s)})
 
@@ -233,7 +240,8 @@ def run_rank(rank: int, world_size: int, *, backend: str, master_addr: str, mast
         # joined) is the one recorded; the store reports about a second after its timeout.
         try:
             dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
-                                    world_size=world_size, timeout=datetime.timedelta(seconds=left - 2))
+                                    world_size=world_size, timeout=datetime.timedelta(seconds=left - 2),
+                                    **({"device_id": device} if device.type == "cuda" else {}))
         except Exception as e:  # torch raises DistStoreError, DistNetworkError, RuntimeError
             return fail("init", f"{type(e).__name__}: {e}")
         init_s = time.monotonic() - t0
@@ -265,7 +273,8 @@ def run_rank(rank: int, world_size: int, *, backend: str, master_addr: str, mast
         except Exception as e:
             return fail(state["phase"], f"{type(e).__name__}: {e}")
         median = statistics.median(times) if times else None
-        algbw = base["size_bytes"] / median if median else None
+        # one rank moves nothing between ranks (NCCL returns at once): no bandwidth to speak of
+        algbw = base["size_bytes"] / median if median and world_size > 1 else None
         result = {**base, "ok": True, "phase": "done", "init_s": round(init_s, 4), "times_s": times,
                   "median_s": median, "algbw_bytes_per_s": algbw,
                   "busbw_bytes_per_s": algbw * busbw_factor(world_size) if algbw else None,
@@ -348,8 +357,9 @@ def summarize(results: Sequence[dict[str, Any]], *, world_size: int | None = Non
         "wall_s": None, "median_s": None, "algbw_gbps": None, "busbw_gbps": None, "phase": None, "diagnosis": None,
     }
     medians = [r["median_s"] for r in ranks if r.get("ok") and r.get("median_s")]
-    if medians and record["size_bytes"]:
+    if medians:
         record["median_s"] = max(medians)
+    if medians and record["size_bytes"] and n > 1:
         algbw = record["size_bytes"] / record["median_s"]
         record["algbw_gbps"] = algbw / 1e9
         record["busbw_gbps"] = algbw * busbw_factor(n) / 1e9
@@ -476,4 +486,9 @@ def run_local_group(world_size: int, *, backend: str = "gloo", master_addr: str 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    if status:  # a failed NCCL or gloo group can hang the interpreter's teardown; the result is written
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
