@@ -219,15 +219,19 @@ def test_a_rank_on_the_wrong_interface_in_a_namespace(two_hosts, tmp_path):
 # ------------------------------------------------------------------ diagnoses of errors seen on GPUs
 
 
-def test_two_ranks_on_one_gpu_is_named():
-    # torch 2.11.0+cu130 / NCCL 2.28.9 on a one-GPU H200 host, two ranks on cuda:0
+@pytest.mark.parametrize("phase", ["init", "all_reduce"])
+def test_two_ranks_on_one_gpu_is_named(phase):
+    # torch 2.11.0+cu130 / NCCL 2.28.9 on a one-GPU H200 host, two ranks on cuda:0: at the first
+    # all_reduce, or at init once the rank binds its device there (device_id)
     error = ("DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93, invalid usage "
              "(run with NCCL_DEBUG=WARN for details), NCCL version 2.28.9\nncclInvalidUsage: This usually reflects "
              "invalid usage of NCCL library.\nLast error:\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA "
              "device 60")
-    d = diagnose_rank("all_reduce", error, rank=1, world_size=2, master_addr="127.0.0.1", port=29512,
+    d = diagnose_rank(phase, error, rank=1, world_size=2, master_addr="127.0.0.1", port=29512,
                       backend="nccl", interface=None, timeout_s=40)
     assert d.startswith("Two ranks use the same GPU")
+    s = summarize([{**_result(r), "ok": False, "phase": phase, "error": error, "diagnosis": d} for r in (0, 1)])
+    assert s["diagnosis"] == f"rank 0: {d}"
 
 
 def test_an_unknown_error_names_its_first_and_last_lines():

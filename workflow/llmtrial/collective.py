@@ -129,6 +129,9 @@ def diagnose_rank(phase: str, error: str, *, rank: int, world_size: int, master_
         name = m["iface"] if m else interface
         return (f"{_ifname_var(backend)}={name}: no such interface (or it has no address) on this host; "
                 f"interfaces here: {', '.join(_interfaces()) or 'unknown'}.")
+    if "Duplicate GPU detected" in error:
+        return ("Two ranks use the same GPU, which NCCL refuses; give each rank its own GPU (LOCAL_RANK or "
+                "CUDA_VISIBLE_DEVICES).")
     m = _STORE_WAIT.search(error)
     if m:
         joined, n = int(m["joined"]), int(m["n"])
@@ -145,14 +148,11 @@ def diagnose_rank(phase: str, error: str, *, rank: int, world_size: int, master_
             return (f"{where} accepts connections but the rendezvous did not complete within {timeout_s:g} s; "
                     "a peer never joined, or another program holds that port.")
         return f"Cannot reach {where} ({seen}); check the master address."
-    if phase == "init":
-        return (f"The process group did not form within {timeout_s:g} s at {where}; a peer never joined.")
+    if phase == "init" and ("deadline" in error or re.search(r"(?i)timed out", error)):
+        return f"The process group did not form within {timeout_s:g} s at {where}; a peer never joined."
     if phase == "all_reduce" and (_OP_TIMEOUT.search(error) or "deadline" in error):
         return (f"The all_reduce timed out: a peer stopped answering after the rendezvous; check the link between "
                 f"the nodes and {_ifname_var(backend)} on each.")
-    if "Duplicate GPU detected" in error:
-        return ("Two ranks use the same GPU, which NCCL refuses; give each rank its own GPU (LOCAL_RANK or "
-                "CUDA_VISIBLE_DEVICES).")
     lines = error.splitlines() or ["no message"]
     last = next((line for line in reversed(lines) if line.strip() and line is not lines[0]), None)
     detail = f"{lines[0]} ({last.strip()})" if last else lines[0]
