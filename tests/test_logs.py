@@ -550,3 +550,130 @@ def test_real_cpu_log_of_an_unknown_flag_names_the_argparse_line():
     assert found["line"] == "api_server.py: error: unrecognized arguments: --not-a-vllm-flag"
     assert found["source"] == f"server.log:{text.split(chr(10)).index(found['line']) + 1}"
     assert parse_startup(text) == {}
+
+
+# ------------------------------------------------- failures across nodes
+#
+# Each line is a real one: logged by torch 2.13 on this host (the rendezvous and gloo failures
+# were provoked by running ranks that could not meet), quoted from the installed vLLM 0.32.0
+# source with its file:line, or from the source of the project that prints it.
+
+#: vllm/v1/executor/ray_utils.py:467-475 (logger.info while the placement group is pending),
+#: with its log prefix as the engine core prints it.
+RAY_PG_WAITING = (
+    "(EngineCore pid=4021) INFO 12-01 10:15:20 [ray_utils.py:467] Waiting for creating a placement group of specs "
+    "for 10 seconds. specs=[{'node:10.232.7.1': 0.001, 'GPU': 1.0}, {'GPU': 1.0}]. Check `ray status` and "
+    "`ray list nodes` to see if you have enough resources, and make sure the IP addresses used by ray cluster are "
+    "the same as VLLM_HOST_IP environment variable specified in each node if you are running on a multi-node."
+)
+#: vllm/v1/executor/ray_utils.py:489-499 (raised after PG_WAIT_TIMEOUT = 1800 s, ray_utils.py:29).
+RAY_PG_FAILED = (
+    "ValueError: Cannot provide a placement group requiring 2.0 GPUs (placement_group_specs=[{'GPU': 1.0}, "
+    "{'GPU': 1.0}]) within 1800 seconds."
+)
+#: vllm/v1/engine/utils.py:837-843 (data-parallel placement groups).
+RAY_DP_PG = (
+    "ValueError: Not enough resources to allocate 2 placement groups, only created 1 placement groups. "
+    "Available resources: {'CPU': 16.0, 'GPU': 1.0}"
+)
+#: torch 2.13 on this host, rank 0 of 2 with no rank 1 (c10d TCPStore, libtorch_cpu.so:
+#: "Timed out after {} seconds waiting for clients. {}/{} clients joined.").
+STORE_WAIT = "torch.distributed.DistStoreError: Timed out after 6 seconds waiting for clients. 1/2 clients joined."
+#: vllm/v1/engine/utils.py:1401-1404 (logger.debug while engines on other nodes have not connected).
+DP_REMOTE_WAIT = (
+    "(APIServer pid=77) DEBUG 12-01 10:15:20 [utils.py:1401] Waiting for 1 local, 1 remote core engine proc(s) "
+    "to connect."
+)
+#: torch 2.13 on this host, rank 1 of 2 with nothing at the master's port (c10d socket.cpp:1028
+#: and TCPStore.cpp:328, as printed on stderr).
+CLIENT_TIMEOUT = (
+    "[E1201 00:21:21.491091240 socket.cpp:1028] [c10d] The client socket has timed out after 5000ms while trying "
+    "to connect to (127.0.0.1, 29612)."
+)
+CLIENT_GAVE_UP = (
+    "[E1201 00:21:25.647560606 TCPStore.cpp:328] [c10d] TCP client failed to connect/validate to host "
+    "127.0.0.1:29612 - timed out (try=1, timeout=5000ms): The client socket has timed out after 5000ms while "
+    "trying to connect to (127.0.0.1, 29612)."
+)
+#: torch 2.13 on this host, two gloo ranks, rank 1 not calling all_reduce (gloo
+#: third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78).
+GLOO_RECV_TIMEOUT = (
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out "
+    "waiting 5000ms for recv operation to complete"
+)
+#: NCCL's watchdog, torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (ProcessGroupNCCL's timed-out
+#: collective: "[Rank ", rank, "] Watchdog caught collective operation timeout: ", work, " ran for ",
+#: ms, " milliseconds before timing out."); not in the CPU build of torch installed here.
+NCCL_WATCHDOG = (
+    "[rank0]:[E1201 10:45:21.426415540 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=4194304, NumelOut=4194304, Timeout(ms)=600000) ran "
+    "for 600081 milliseconds before timing out."
+)
+#: torch 2.13 on this host with GLOO_SOCKET_IFNAME=nosuch0 on both ranks (gloo
+#: third_party/gloo/gloo/transport/tcp/device.cc:84).
+GLOO_NO_IFACE = (
+    "RuntimeError: [enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/device.cc:84] "
+    "ifa != nullptr. Unable to find address for: nosuch0"
+)
+#: Ray's check_version_info (ray/_private, Ray 2.x) raises this when a node joins a cluster
+#: started under another Python; the versions are those of ../shared/seeds/000_c197a6980c1ee4eb.txt
+#: line 29 ("a 3.12.13 worker could not join a 3.12.3 head node"). Ray is not installed here.
+RAY_VERSION_MISMATCH = [
+    "RuntimeError: Version mismatch: The cluster was started with:",
+    "    Ray: 2.49.2",
+    "    Python: 3.12.3",
+    "This process on node 10.232.7.2 was started with:",
+    "    Ray: 2.49.2",
+    "    Python: 3.12.13",
+]
+
+
+@pytest.mark.parametrize(
+    ("line", "pattern"),
+    [
+        (RAY_PG_WAITING, "ray_placement_group"),
+        (RAY_PG_FAILED, "ray_placement_group"),
+        (RAY_DP_PG, "ray_placement_group"),
+        (STORE_WAIT, "node_not_joined"),
+        (DP_REMOTE_WAIT, "node_not_joined"),
+        (CLIENT_TIMEOUT, "master_unreachable"),
+        (CLIENT_GAVE_UP, "master_unreachable"),
+        (GLOO_RECV_TIMEOUT, "collective_timeout"),
+        (NCCL_WATCHDOG, "collective_timeout"),
+        (GLOO_NO_IFACE, "socket_interface"),
+        (RAY_VERSION_MISMATCH[0], "node_version_mismatch"),
+    ],
+)
+def test_multi_node_patterns(line, pattern):
+    text = f"INFO 01-01 00:00:00 [a.py:1] start\n\n{line}\nRuntimeError: something later\n"
+    d = diagnose_failure(text)
+    assert d["pattern"] == pattern
+    assert d["source"] == "server.log:3"
+    assert d["line"] == line
+
+
+def test_data_parallel_waiting_only_for_local_engines_is_not_a_missing_node():
+    line = "(APIServer pid=77) DEBUG 12-01 10:15:20 [utils.py:1401] Waiting for 2 local, 0 remote core engine proc(s) to connect."
+    assert diagnose_failure(line + "\n") is None
+
+
+def test_ray_version_mismatch_beats_the_placement_group_it_starves():
+    # the worker node's `ray start` fails, so the head's placement group waits for a node that never comes
+    text = "\n".join([*RAY_VERSION_MISMATCH, RAY_PG_WAITING, RAY_PG_FAILED]) + "\n"
+    d = diagnose_failure(text, source="node1.log")
+    assert d["pattern"] == "node_version_mismatch"
+    assert d["source"] == "node1.log:1"
+    assert "patch level" in d["diagnosis"]
+
+
+def test_a_missing_node_beats_the_collective_that_waited_for_it():
+    text = f"{GLOO_RECV_TIMEOUT}\n{STORE_WAIT}\n"
+    assert diagnose_failure(text)["pattern"] == "node_not_joined"
+    assert diagnose_failure(f"{NCCL_WATCHDOG}\n{GLOO_NO_IFACE}\n")["pattern"] == "socket_interface"
+
+
+def test_multi_node_patterns_come_before_the_shared_memory_symptom():
+    names = [p.name for p in FAILURE_PATTERNS]
+    assert names[-1] == "shm_broadcast"
+    assert names.index("node_version_mismatch") < names.index("node_not_joined") < names.index("ray_placement_group")
+    assert names.index("ray_placement_group") < names.index("collective_timeout")

@@ -326,6 +326,70 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
         _any(r"(?i:address already in use)"),
         "The server's port is already taken; stop the process holding it or choose a free port.",
     ),
+    # Across nodes: the root causes first (versions, interface), then who did not join, then
+    # what waited for them (a placement group, a collective).
+    FailurePattern(
+        "node_version_mismatch",
+        # Ray's check_version_info, raised when a node joins a cluster started under another
+        # Ray or Python (patch level included by default), or only warned about.
+        _any(r"(?:Python patch )?[Vv]ersion mismatch: The cluster was started with"),
+        "A node runs another Ray or Python version than the head node, and Ray will not join them; "
+        "install the same Python (to the patch level) and Ray on every node.",
+    ),
+    FailurePattern(
+        "socket_interface",
+        # gloo's TCP device (third_party/gloo/gloo/transport/tcp/device.cc:84 in torch 2.13).
+        _any(r"Unable to find address for:? \S+"),
+        "The network interface named by GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME does not exist or "
+        "has no address on this node; name the interface `ip addr` shows with the address the other "
+        "nodes reach.",
+    ),
+    FailurePattern(
+        "node_not_joined",
+        _any(
+            # c10d's TCPStore on the master when not every rank connected in time
+            r"Timed out after \d+ seconds waiting for clients\. \d+/\d+ clients joined",
+            # vLLM's data-parallel start-up still waiting for engines on other nodes
+            r"Waiting for \d+ local, [1-9]\d* remote core engine proc\(s\) to (?:connect|start)",
+        ),
+        "Not every node joined the rendezvous in time; start the missing nodes with the same "
+        "--nnodes, --master-addr and --master-port, and check that each reaches the master's "
+        "address and port.",
+    ),
+    FailurePattern(
+        "master_unreachable",
+        # c10d's TCPStore client on a node that cannot reach the master
+        _any(
+            r"The client socket has (?:timed out after \S+ while trying to connect|failed to connect) to",
+            r"TCP client failed to connect/validate to host \S+ - timed out",
+        ),
+        "This node could not reach the master's rendezvous port; check --master-addr and "
+        "--master-port, that the first node is up, and that no firewall drops the connection.",
+    ),
+    FailurePattern(
+        "ray_placement_group",
+        # vLLM's Ray executor (v1/executor/ray_utils.py) and data-parallel placement (v1/engine/utils.py)
+        _any(
+            r"Waiting for creating a placement group of specs for \d+ seconds",
+            r"Cannot provide a placement group (?:requiring|of)",
+            r"Not enough resources to allocate \d+ placement groups",
+        ),
+        "Ray never created the placement group: the cluster lacks the GPUs or nodes the configuration "
+        "asks for (a node did not join, or has fewer GPUs); check `ray status` and `ray list nodes`, "
+        "and that VLLM_HOST_IP on each node is the address Ray uses.",
+    ),
+    FailurePattern(
+        "collective_timeout",
+        _any(
+            # NCCL's watchdog (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp)
+            r"Watchdog caught collective operation timeout",
+            # gloo's TCP transport (third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78)
+            r"Timed out waiting \d+ms for (?:recv|send) operation to complete",
+        ),
+        "A collective between the workers timed out: a rank on another node stopped answering or "
+        "the link between the nodes is down; read that node's log, and check NCCL_SOCKET_IFNAME or "
+        "GLOO_SOCKET_IFNAME on each node (and NCCL_IB_DISABLE=1 where there is no InfiniBand).",
+    ),
     # Last of the known ones: a symptom (a rank hung or died), not a cause of its own.
     FailurePattern(
         "shm_broadcast",
