@@ -28,6 +28,7 @@ from llmtrial.crossnode import (
     same_files,
 )
 from llmtrial.disk import GiB
+from llmtrial.nodes import local_node
 
 # --- the checks over facts --------------------------------------------------------------------
 
@@ -283,3 +284,16 @@ def test_a_node_that_cannot_be_reached_is_a_failed_check_naming_it(hosts):
     assert record["nodes"]["b"]["node"]["ssh"]["identity_file"] == str(hosts.wrong_key)
     assert record["nodes"]["a"]["python_version"] and "error" not in record["nodes"]["a"]
     assert by_name(record["checks"])["python_patch_level"]["versions"] == {"a": record["nodes"]["a"]["python_version"]}
+
+
+def test_a_node_that_does_not_answer_in_time_is_a_failed_check_naming_it(tmp_path):
+    hang = tmp_path / "python"
+    hang.write_text("#!/bin/sh\nexec sleep 30\n")
+    hang.chmod(0o755)
+    started = time.monotonic()
+    record = preflight_nodes([local_node("slow", python=str(hang))], master_addr="127.0.0.1", timeout=1)
+    assert time.monotonic() - started < 5
+    check = record["checks"][0]
+    assert check["status"] == "fail" and check["detail"].startswith("node slow (this host): ")
+    assert "did not finish within 1 s" in check["detail"]
+    assert record["checks"][1] == {"name": "cross_node", "status": "fail", "detail": "no node answered: nothing to compare"}
