@@ -20,14 +20,13 @@ before Ray started, and stale Ray nodes of failed attempts had to be force-stopp
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from llmtrial.disk import GiB
-from llmtrial.nodes import Node, NodeError, _json_answer
+from llmtrial.nodes import Node, NodeError
 from llmtrial.preflight import MIN_SHM_BYTES, check
 
 __all__ = ["STALE_MARKERS", "node_facts", "cross_checks", "same_files", "preflight_nodes"]
@@ -217,8 +216,7 @@ def node_facts(node: Node, *, master_addr: str, master_port: int | None = None, 
     """
     inputs = {"interface": node.interface, "master_addr": master_addr, "master_port": master_port,
               "connect_timeout": CONNECT_TIMEOUT_S, "markers": dict(markers), "cmdline_chars": CMDLINE_CHARS}
-    proc = node.run([node.python, "-c", _FACTS_SCRIPT], timeout, check=True, input=json.dumps(inputs))
-    facts = _json_answer(node, proc.stdout)
+    facts = node.program(_FACTS_SCRIPT, inputs, timeout)
     facts["dev_shm"]["min_bytes"] = shm_min_bytes
     facts["node"] = node.describe()
     return facts

@@ -146,6 +146,16 @@ class Node:
             options=options,
         )
 
+    @classmethod
+    def from_reach(cls, name: str, reach: Mapping[str, Any]) -> Node:
+        """The node a record or ledger entry describes (``reach`` as :meth:`describe` gives it):
+        what cleanup rebuilds to undo a change on that node from the ledger alone. The same
+        checks as the trial file's apply (a refused ssh option raises ValueError)."""
+        block = {k: reach.get(k) for k in ("reach", "python", "staging_dir", "address", "interface", "ssh")
+                 if reach.get(k) is not None}
+        return cls.from_config(name, block, {"staging_dir": reach.get("staging_dir") or "staging",
+                                             "python": reach.get("python")})
+
     @property
     def is_local(self) -> bool:
         return self.reach == "local"
@@ -219,17 +229,23 @@ class Node:
                     f"unreachable, refused, key or host key not accepted): {tail}")
         return f"{self.label()}: {shlex.join(map(str, cmd))} exited {returncode}: {tail}"
 
+    def program(self, script: str, inputs: Any = None, timeout: float = 60.0) -> dict[str, Any]:
+        """Run ``script`` (a program of the standard library) with the node's own Python as
+        ``python -c``, ``inputs`` as JSON on its stdin, and return the JSON object it prints
+        last. Nothing passes through a shell on this host; a failure raises :class:`NodeError`
+        naming the node."""
+        stdin = json.dumps(inputs) if inputs is not None else None
+        proc = self.run([self.python, "-c", script], timeout, check=True, input=stdin)
+        return _json_answer(self, proc.stdout)
+
     def sha256(self, paths: Sequence[str], timeout: float = 600.0) -> dict[str, str | None]:
         """The sha256 of each file, computed on the node with its own Python; None for a path
         that is not a readable file there."""
-        paths = [str(p) for p in paths]
-        proc = self.run([self.python, "-c", _SHA256_SCRIPT], timeout, check=True, input=json.dumps(paths))
-        return _json_answer(self, proc.stdout)
+        return self.program(_SHA256_SCRIPT, [str(p) for p in paths], timeout)
 
     def probe(self, timeout: float = 60.0) -> dict[str, Any]:
         """Hostname, interpreter, Python version and machine of the node (for cross-node checks)."""
-        proc = self.run([self.python, "-c", _PROBE_SCRIPT], timeout, check=True)
-        return _json_answer(self, proc.stdout)
+        return self.program(_PROBE_SCRIPT, timeout=timeout)
 
     def copy_to(self, local_path: str | os.PathLike[str], remote_path: str, timeout: float = 3600.0) -> dict[str, str]:
         """Copy a file or a folder's files from this host to ``remote_path`` on the node and
