@@ -3,8 +3,9 @@
 Idempotent: it runs after a finished trial, from ``onerror`` when a job fails, after a
 successful partial run, and on demand after a crash or ``kill -9``. In reverse order of
 what the trial did: stop any trial server still alive (by process group, then confirm
-its port closed), check that no trial port listens, revert each vLLM patch (restore the
-backups, check the files against RECORD; llmtrial.patching), then restart and health-check
+its port closed), stop each process group the trial started on any node (on that node,
+rebuilt from the ledger; llmtrial.groups), check that no trial port listens, revert each
+vLLM patch (restore the backups, check the files against RECORD; llmtrial.patching), then restart and health-check
 each service the trial quieted, and (the trial's own cleanup and on demand, not after a
 failed job) apply the staged weights' policy: keep, archive or delete (llmtrial.weights). What
 cannot be undone without force is recorded as a residue.
@@ -25,6 +26,7 @@ from typing import Any
 
 import psutil
 
+from llmtrial.groups import stop_recorded_groups
 from llmtrial.ledger import CHANGES, Action, Ledger, replay
 from llmtrial.patching import group_patches, patches_table, revert_patches
 from llmtrial.paths import TrialPaths
@@ -41,11 +43,14 @@ class HostNotRestored(RuntimeError):
 
 def outstanding(entries: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Every change the ledger records that no later entry undid, by kind, from any run
-    (:func:`llmtrial.ledger.replay`): configuration jobs, servers, services stopped,
-    patched files and plugin folders, and staged weights whose policy was not applied yet."""
+    (:func:`llmtrial.ledger.replay`): configuration jobs, servers, process groups on any
+    node, services stopped, patched files and plugin folders, and staged weights whose
+    policy was not applied yet."""
     state = replay(entries)
     patches = group_patches(state.outstanding["patches"])
-    return {"jobs": state.open("jobs"), "servers": state.open("servers"), "services": state.open("services"),
+    serving = state.open("servers")
+    return {"jobs": state.open("jobs"), "servers": [e for e in serving if e["action"] == Action.SERVER_STARTED],
+            "groups": [e for e in serving if e["action"] == Action.GROUP_LAUNCH], "services": state.open("services"),
             "patches": [*patches["files"].values(), *patches["plugins"].values()], "weights": state.open("weights")}
 
 
@@ -79,13 +84,15 @@ def _listener_pids(port: int) -> list[int]:
                    and c.status == psutil.CONN_LISTEN and c.pid})
 
 
-def _undo_rows(entries: list[dict[str, Any]], kind: str, fields: tuple[str, ...]) -> list[dict[str, Any]]:
-    """One row per change of ``kind`` (any run): its ``fields``, its run, and the run and
-    outcome of the entry that undid it (None while outstanding)."""
+def _undo_rows(entries: list[dict[str, Any]], kind: str, fields: tuple[str, ...],
+               only: Action | None = None) -> list[dict[str, Any]]:
+    """One row per change of ``kind`` (any run; with ``only``, of that action): its
+    ``fields``, its run, and the run and outcome of the entry that undid it (None while
+    outstanding)."""
     undone = replay(entries).undone
     rows = []
     for e in entries:
-        if CHANGES[kind].is_change(e):
+        if CHANGES[kind].is_change(e) and (only is None or e["action"] == only):
             back = undone.get(e["id"])
             rows.append({**{f: e.get(f) for f in fields}, "run": e["run"], "change": e["id"], "alive_pids": [],
                          "undone_by_run": back["run"] if back else None,
@@ -185,6 +192,7 @@ def _undo_all(ledger: Ledger, *, ports: Iterable[int], host: str, stop_timeout: 
     todo = outstanding(ledger.entries())
     jobs = stop_orphaned_jobs(todo["jobs"], ledger, stop_timeout, residues)
     servers = stop_servers(todo["servers"], ledger, host, stop_timeout, residues)
+    groups = stop_recorded_groups(todo["groups"], ledger, stop_timeout, residues)
     trial_ports = {*ports, *(int(e["port"]) for e in todo["servers"])}
     port_checks = check_ports(trial_ports, host, residues)
     patched = revert_patches(ledger)
@@ -194,8 +202,8 @@ def _undo_all(ledger: Ledger, *, ports: Iterable[int], host: str, stop_timeout: 
     staged = apply_policy(ledger.entries(), ledger) if weights else None
     if staged is not None:
         residues.extend(staged["residues"])
-    return {"jobs": jobs, "servers": servers, "ports": port_checks, "patches": patched, "services": back,
-            "weights": staged}
+    return {"jobs": jobs, "servers": servers, "groups": groups, "ports": port_checks, "patches": patched,
+            "services": back, "weights": staged}
 
 
 def weights_outcome(staged: dict[str, Any] | None, run: str) -> dict[str, Any]:
@@ -224,8 +232,10 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
     after = ledger.entries()
     services, left_services = _split(services_table(after), ledger.run, "restored_by_run")
     patches, left_patches = _split(patches_table(after), ledger.run, "reverted_by_run")
-    servers, left_servers = _split(_undo_rows(after, "servers", ("label", "pgid", "port")), ledger.run,
-                                   "undone_by_run", did["servers"])
+    servers, left_servers = _split(_undo_rows(after, "servers", ("label", "pgid", "port"), Action.SERVER_STARTED),
+                                   ledger.run, "undone_by_run", did["servers"])
+    groups, left_groups = _split(_undo_rows(after, "servers", ("label", "node"), Action.GROUP_LAUNCH),
+                                 ledger.run, "undone_by_run", did["groups"])
     jobs, left_jobs = _split(_undo_rows(after, "jobs", ("label", "pid")), ledger.run, "undone_by_run", did["jobs"])
     host_check = check_running([r["quiet"] for r in [*services, *left_services] if r["was_running"]], after)
     for c in host_check:
@@ -235,13 +245,14 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
     staged = did["weights"]
     record = {
         "run": ledger.run, "started": started, "finished": time.time(), "ledger": str(ledger.path),
-        "ledger_entries": n_entries, "jobs": jobs, "servers": servers, "ports": did["ports"],
+        "ledger_entries": n_entries, "jobs": jobs, "servers": servers, "groups": groups, "ports": did["ports"],
         "services_restored": [s for s in did["services"]["services"] if s["run"] == ledger.run],
         "services": services,
         "patches_reverted": [p for p in did["patches"]["items"] if p["run"] == ledger.run],
         "patches": patches,
         "weights": weights_outcome(staged, ledger.run),
-        "left_behind": {"jobs": left_jobs, "servers": left_servers, "services": left_services, "patches": left_patches,
+        "left_behind": {"jobs": left_jobs, "servers": left_servers, "groups": left_groups, "services": left_services,
+                        "patches": left_patches,
                         "weights": [w for w in (staged or {}).get("folders", []) if w.get("run") != ledger.run]},
         "host": {"services": host_check},
         "residues": residues,

@@ -39,6 +39,8 @@ def _cleanup(args: argparse.Namespace) -> int:
                                  weights=not args.keep_weights)
     for s in record["servers"]:
         print(f"server {s['label']} (pgid {s['pgid']}, port {s['port']}): {s['action']}")
+    for g in record.get("groups", []):
+        print(f"group {g['label']} on node {g['node']} (pgid {g.get('pgid')}): {g['action']}")
     if not record["weights"]["applied"]:
         print(f"weights: {record['weights']['reason']}")
     for w in record["weights"]["folders"]:

@@ -14,7 +14,10 @@ folder or process group) instead.
 
 Every entry also names the ``node`` (host) it changed; this process's entries name
 :data:`LOCAL_NODE` unless told otherwise, and entries of a ledger written before nodes
-read as :data:`LOCAL_NODE`.
+read as :data:`LOCAL_NODE`. A change on a node that cleanup must reach (a process group
+started there: ``group_launch``) also carries ``reach``, the node as
+:meth:`llmtrial.nodes.Node.describe` gives it, so cleanup can rebuild the node from the
+ledger alone.
 
 The vocabulary is here and only here: :class:`Action` lists every entry kind, :data:`ACTIONS`
 declares each kind's payload (its required fields) and :data:`CHANGES` each kind of change
@@ -53,6 +56,9 @@ class Action(StrEnum):
     SERVER_LAUNCH = "server_launch"                  # mark: a server is about to start
     SERVER_STARTED = "server_started"                # change: a vLLM server runs in its own process group
     SERVER_STOPPED = "server_stopped"                # undo of server_started
+    GROUP_LAUNCH = "group_launch"                    # change: a serving process group is about to start on a node
+    GROUP_STARTED = "group_started"                  # mark: the group of a group_launch runs (pid, pgid, start time)
+    GROUP_STOPPED = "group_stopped"                  # undo of group_launch: stopped or found gone, on its node
     SERVICE_QUIET = "service_quiet"                  # change (when was_running): a service is about to be stopped
     SERVICE_STOPPED = "service_stopped"              # mark: the stop of a service_quiet, and whether it went down
     SERVICE_RESTORED = "service_restored"            # undo of service_quiet: running and healthy again
@@ -90,6 +96,9 @@ ACTIONS: dict[Action, ActionSpec] = {
     Action.SERVER_LAUNCH: ActionSpec(("label", "host", "port", "argv", "env_keys")),
     Action.SERVER_STARTED: ActionSpec(("label", "pid", "pgid", "host", "port", "launched_at"), "servers"),
     Action.SERVER_STOPPED: ActionSpec(("label", "pgid", "port"), "servers", undo=True),
+    Action.GROUP_LAUNCH: ActionSpec(("label", "reach", "argv", "env_keys", "log_path", "token"), "servers"),
+    Action.GROUP_STARTED: ActionSpec(("label", "launch", "pid", "pgid", "create_time")),
+    Action.GROUP_STOPPED: ActionSpec(("label", "undoes", "outcome"), "servers", undo=True),
     Action.SERVICE_QUIET: ActionSpec(("service", "was_running", "state_seen"), "services"),
     Action.SERVICE_STOPPED: ActionSpec(("name", "down", "quiet")),
     Action.SERVICE_RESTORED: ActionSpec(("name", "undoes", "healthy_after_s"), "services", undo=True),
@@ -133,10 +142,13 @@ class Change:
         return e.get("action") in self.undone_by
 
 
-#: Every kind of change a trial makes to a host, in the order cleanup undoes them.
+#: Every kind of change a trial makes to a host, in the order cleanup undoes them. ``servers``
+#: are serving process groups: a vLLM server started here (``server_started``) and a group
+#: started on any node, this one or another host (``group_launch``: a headless rank, a worker).
 CHANGES: dict[str, Change] = {c.kind: c for c in (
     Change("jobs", (Action.JOB_STARTED,), (Action.JOB_FINISHED, Action.JOB_STOPPED), lambda e: e.get("pid")),
-    Change("servers", (Action.SERVER_STARTED,), (Action.SERVER_STOPPED,), lambda e: e.get("pgid")),
+    Change("servers", (Action.SERVER_STARTED, Action.GROUP_LAUNCH), (Action.SERVER_STOPPED, Action.GROUP_STOPPED),
+           lambda e: e.get("pgid")),
     Change("patches", (Action.PATCH_FILE, Action.PATCH_PLUGIN), (Action.PATCH_REVERTED, Action.PATCH_PLUGIN_REMOVED),
            lambda e: e.get("file") or e.get("dir")),
     Change("services", (Action.SERVICE_QUIET,), (Action.SERVICE_RESTORED,), _service_name,

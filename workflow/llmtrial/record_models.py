@@ -36,6 +36,7 @@ class Residue(_Model):
     what: str
     tried: str
     seen: str
+    node: str | None = None
 
 
 class PreflightRecord(_Model):
@@ -140,6 +141,7 @@ class CleanupRecord(_Model):
     ledger_entries: int
     jobs: list[dict[str, Any]]
     servers: list[dict[str, Any]]
+    groups: list[dict[str, Any]] = []
     ports: list[dict[str, Any]]
     services_restored: list[dict[str, Any]]
     services: list[dict[str, Any]]
