@@ -106,7 +106,7 @@ def stop():
     pgid, nb, token = inp.get("pgid"), inp.get("not_before"), inp.get("token")
     t0, sent = time.monotonic(), []
     alive = members(pgid, nb, token)
-    for sig, grace in ((signal.SIGTERM, inp["timeout"]), (signal.SIGKILL, inp["kill_grace"])):
+    for sig, grace in ((signal.SIGTERM, inp["term_grace"]), (signal.SIGKILL, inp["kill_grace"])):
         left = members(pgid, nb, token)
         if not left:
             break
@@ -134,8 +134,8 @@ os._exit(0)  # leave the started group alone: no wait for it at exit
 '''
 
 
-def _call(node: Node, op: str, timeout: float, **inputs: Any) -> dict[str, Any]:
-    return node.program(_GROUP_SCRIPT, {"op": op, "env_name": GROUP_ENV, **inputs}, timeout)
+def _call(node: Node, op: str, answer_within: float, **inputs: Any) -> dict[str, Any]:
+    return node.program(_GROUP_SCRIPT, {"op": op, "env_name": GROUP_ENV, **inputs}, answer_within)
 
 
 def spawn_group(node: Node, argv: Sequence[str], *, log_path: str | os.PathLike[str],
@@ -167,7 +167,7 @@ def stop_remote_group(node: Node, pgid: int | None, *, not_before: float | None,
     wait up to ``timeout`` seconds, SIGKILL what is left; return ``alive_pids`` (before),
     ``signals`` sent, ``stop_seconds`` and ``survivors``, as seen on the node."""
     return _call(node, "stop", timeout + KILL_GRACE_S + ANSWER_TIMEOUT_S, pgid=pgid, not_before=not_before,
-                 token=token, timeout=timeout, kill_grace=KILL_GRACE_S)
+                 token=token, term_grace=timeout, kill_grace=KILL_GRACE_S)
 
 
 def start_group(ledger: Ledger, node: Node, argv: Sequence[str], *, label: str, log_path: str | os.PathLike[str],
