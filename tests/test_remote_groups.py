@@ -177,3 +177,21 @@ def test_a_group_on_this_host_is_started_and_stopped_the_same_way(tmp_path):
         assert (tmp_path / "logs" / "tp1.log").exists()
     finally:
         kill_planted(pids)
+
+
+def test_a_group_stopped_by_its_trial_is_undone_in_the_ledger(hosts, tmp_path):
+    from llmtrial.groups import finish_group
+
+    node = hosts.node_b()
+    ledger = Ledger(TrialPaths(tmp_path).ledger)
+    group = start_group(ledger, node, [node.python, "-c", PAIR], label="tp2/rank1",
+                        log_path=str(hosts.staging_b / "finished.log"))
+    pids = members(node, group["pgid"], group["create_time"])
+    try:
+        result = finish_group(ledger, node, group, timeout=5)
+        assert sorted(result["alive_pids"]) == sorted(pids) and result["survivors"] == [] and all(map(gone, pids))
+        [undo] = [e for e in entries(tmp_path) if e["action"] == Action.GROUP_STOPPED]
+        assert (undo["node"], undo["undoes"], undo["outcome"]) == ("b", group["launch"], "stopped")
+        assert outstanding(entries(tmp_path))["groups"] == []
+    finally:
+        kill_planted(pids)
