@@ -52,6 +52,7 @@ def test_bench_argv_runs_vllm_serving_benchmark_on_random_data_with_detail():
         assert flag in a
 
 
+@pytest.mark.slow
 def test_vllm_accepts_the_bench_argv():
     from vllm.benchmarks.serve import add_cli_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -156,6 +157,7 @@ def gone(pid):
     return not psutil.pid_exists(pid) and not group_members(pid)
 
 
+@pytest.mark.slow
 def test_two_passes_through_one_worker_write_their_own_results_and_logs(worker, double, tokenizer, tmp_path):
     runs = [worker.run(small_argv(double, tokenizer, tmp_path, name), log_path=tmp_path / f"{name}.log", timeout=120)
             for name in ("first", "second")]
@@ -172,6 +174,7 @@ def test_two_passes_through_one_worker_write_their_own_results_and_logs(worker, 
     assert "Serving Benchmark Result" not in worker.log_path.read_text()
 
 
+@pytest.mark.slow
 def test_a_pass_through_the_worker_does_not_depend_on_the_passes_before_it(worker, double, tokenizer, tmp_path):
     """Same seed, same prompts, whatever ran in the worker in between (so the record's
     standalone argv reruns the pass the worker ran)."""
@@ -183,6 +186,7 @@ def test_a_pass_through_the_worker_does_not_depend_on_the_passes_before_it(worke
     assert lens[0] == lens[2] != lens[1]
 
 
+@pytest.mark.slow
 def test_a_failed_pass_is_reported_in_its_log_and_the_worker_goes_on(worker, double, tokenizer, tmp_path):
     bad_flag = worker.run(small_argv(double, tokenizer, tmp_path, "bad", dataset_name="nosuch"),
                           log_path=tmp_path / "bad.log", timeout=120)
@@ -199,6 +203,7 @@ def test_a_failed_pass_is_reported_in_its_log_and_the_worker_goes_on(worker, dou
     assert not (tmp_path / "bad.json").exists() and not (tmp_path / "raised.json").exists()
 
 
+@pytest.mark.slow
 def test_a_pass_past_its_timeout_kills_the_worker_and_the_next_starts_a_fresh_one(worker, double, tokenizer, tmp_path):
     warm = worker.run(small_argv(double, tokenizer, tmp_path, "warm"), log_path=tmp_path / "warm.log", timeout=120)
     assert warm["returncode"] == 0  # the worker has imported: the timeout below is the pass's own
@@ -217,6 +222,7 @@ def test_a_pass_past_its_timeout_kills_the_worker_and_the_next_starts_a_fresh_on
     assert worker.starts == starts + 1 and worker.proc.pid != pid
 
 
+@pytest.mark.slow
 def test_close_ends_the_worker_and_leaves_no_process_behind(worker):
     worker.start()
     pid = worker.proc.pid

@@ -81,6 +81,7 @@ def _outputs(n: int, seed: int) -> list:
     return outs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("slo", [{"ttft_ms": 400}, {"ttft_ms": 600, "tpot_ms": 50}, {"e2el_ms": 1200, "tpot_ms": 40}])
 def test_goodput_counts_the_requests_vllm_counts(slo):
     """The share meeting the target agrees with vLLM's own goodput arithmetic (calculate_metrics)."""
