@@ -13,21 +13,9 @@ n = 2).
 from __future__ import annotations
 
 import argparse
-import socket
 import tempfile
 
-from llmtrial.collective import run_local_group
-
-
-def free_port(start: int = 29500, stop: int = 30000) -> int:
-    for port in range(start, stop):
-        with socket.socket() as s:
-            try:
-                s.bind(("0.0.0.0", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {start}-{stop - 1}")
+from llmtrial.collective import free_port, run_local_group
 
 
 def main() -> None:

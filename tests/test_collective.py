@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import socket
 import subprocess
@@ -18,20 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from llmtrial.collective import busbw_factor, diagnose_rank, main, run_local_group, summarize
+from llmtrial.collective import busbw_factor, diagnose_rank, free_port, main, run_local_group, summarize
 from llmtrial.logs import diagnose_failure, read_log
 
 
 def rendezvous_port() -> int:
-    """A port in 29500-29999 free on loopback and on every address at the time of asking."""
-    for port in random.sample(range(29500, 30000), 500):
-        with socket.socket() as s:
-            try:
-                s.bind(("0.0.0.0", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 29500-29999")
+    return free_port(shuffle=True)
 
 
 def _result(rank: int, **kw) -> dict:

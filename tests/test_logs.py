@@ -407,6 +407,15 @@ def test_deepgemm_field_report():
     assert "VLLM_USE_DEEP_GEMM=0" in d["diagnosis"]
 
 
+def assert_diagnosed(line, pattern):
+    """``line`` in the middle of a log (line 3, a later error after it) is diagnosed as ``pattern``."""
+    text = f"INFO 01-01 00:00:00 [a.py:1] start\n\n{line}\nRuntimeError: something later\n"
+    d = diagnose_failure(text)
+    assert d["pattern"] == pattern
+    assert d["source"] == "server.log:3"
+    assert d["line"] == line
+
+
 @pytest.mark.parametrize(
     ("line", "pattern"),
     [
@@ -436,11 +445,7 @@ def test_deepgemm_field_report():
     ],
 )
 def test_specific_patterns(line, pattern):
-    text = f"INFO 01-01 00:00:00 [a.py:1] start\n\n{line}\nRuntimeError: something later\n"
-    d = diagnose_failure(text)
-    assert d["pattern"] == pattern
-    assert d["source"] == "server.log:3"
-    assert d["line"] == line
+    assert_diagnosed(line, pattern)
 
 
 def test_shm_broadcast_is_weakest_known_pattern():
@@ -645,11 +650,7 @@ RAY_VERSION_MISMATCH = [
     ],
 )
 def test_multi_node_patterns(line, pattern):
-    text = f"INFO 01-01 00:00:00 [a.py:1] start\n\n{line}\nRuntimeError: something later\n"
-    d = diagnose_failure(text)
-    assert d["pattern"] == pattern
-    assert d["source"] == "server.log:3"
-    assert d["line"] == line
+    assert_diagnosed(line, pattern)
 
 
 def test_data_parallel_waiting_only_for_local_engines_is_not_a_missing_node():

@@ -33,6 +33,7 @@ import contextlib
 import json
 import os
 import platform
+import random
 import re
 import signal
 import socket
@@ -162,6 +163,23 @@ def diagnose_rank(phase: str, error: str, *, rank: int, world_size: int, master_
 # ------------------------------------------------------------------------- one rank
 
 
+def free_port(start: int = 29500, stop: int = 30000, *, shuffle: bool = False) -> int:
+    """A TCP port in [start, stop) free on every address when asked: a master port for the
+    rendezvous (29500 is torch's own default). ``shuffle`` tries them in random order, so that
+    runs side by side rarely pick the same one."""
+    ports = list(range(start, stop))
+    if shuffle:
+        random.shuffle(ports)
+    for port in ports:
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {start}-{stop - 1}")
+
+
 def run_rank(rank: int, world_size: int, *, backend: str, master_addr: str, master_port: int,
              interface: str | None = None, size_mib: float = 16, iters: int = 5, timeout_s: float = 30,
              out: str | os.PathLike[str] | None = None, started: float | None = None) -> dict[str, Any]:
@@ -172,65 +190,102 @@ def run_rank(rank: int, world_size: int, *, backend: str, master_addr: str, mast
     watchdog writes a failure result and ends the process at the deadline if torch is still
     waiting then (a client retrying its connection can outlast the timeout it was given).
     """
-    started = time.monotonic() if started is None else started
-    deadline = started + timeout_s
-    state: dict[str, Any] = {"phase": "init", "step": "starting"}
-    base: dict[str, Any] = {
-        "rank": rank, "world_size": world_size, "backend": backend, "interface": interface,
-        "master_addr": master_addr, "master_port": master_port, "size_bytes": 0, "iters": iters,
-        "hostname": socket.gethostname(), "python": platform.python_version(), "torch": None, "pid": os.getpid(),
-    }
-    lock = threading.Lock()
-    written = threading.Event()
-
-    def finish(result: dict[str, Any]) -> dict[str, Any]:
-        with lock:
-            if written.is_set():
-                return result
-            written.set()
-            if out is not None:
-                atomic_write_text(out, json.dumps(result, indent=2) + "\n")
-            return result
-
-    def fail(phase: str, error: str) -> dict[str, Any]:
-        return finish({**base, "ok": False, "phase": phase, "error": error,
-                       "elapsed_s": round(time.monotonic() - started, 3),
-                       "diagnosis": diagnose_rank(phase, error, rank=rank, world_size=world_size,
-                                                    master_addr=master_addr, port=master_port, backend=backend,
-                                                    interface=interface, timeout_s=timeout_s)})
-
-    def watchdog() -> None:
-        if written.is_set():  # the main thread finished first
-            return
-        fail(state["phase"], f"deadline of {timeout_s:g} s reached while {state['step']}")
-        os._exit(1)
-
-    timer = threading.Timer(max(0.0, deadline - _MARGIN_S - time.monotonic()), watchdog)
+    one = _Rank(rank, world_size, backend=backend, master_addr=master_addr, master_port=master_port,
+                interface=interface, timeout_s=timeout_s, out=out,
+                started=time.monotonic() if started is None else started)
+    timer = threading.Timer(max(0.0, one.deadline - _MARGIN_S - time.monotonic()), one.watchdog)
     timer.daemon = True
     timer.start()
     try:
-        if backend not in BACKENDS:
-            return fail("init", f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-        if interface:
-            try:
-                socket.if_nametoindex(interface)
-            except OSError:
-                return fail("init", f"{_ifname_var(backend)}={interface}: no such interface")
-            os.environ[_ifname_var(backend)] = interface
-        state["step"] = "importing torch"
-        import datetime
+        return one.run(size_mib, iters)
+    finally:
+        timer.cancel()
 
+
+class _Rank:
+    """One rank's run: its result is written once, by the run or by the watchdog at the deadline."""
+
+    def __init__(self, rank: int, world_size: int, *, backend: str, master_addr: str, master_port: int,
+                 interface: str | None, timeout_s: float, out: str | os.PathLike[str] | None, started: float) -> None:
+        self.rank, self.world_size, self.backend, self.interface = rank, world_size, backend, interface
+        self.master_addr, self.master_port, self.timeout_s, self.out = master_addr, master_port, timeout_s, out
+        self.started, self.deadline = started, started + timeout_s
+        self.state: dict[str, Any] = {"phase": "init", "step": "starting"}
+        self.base: dict[str, Any] = {
+            "rank": rank, "world_size": world_size, "backend": backend, "interface": interface,
+            "master_addr": master_addr, "master_port": master_port, "size_bytes": 0, "iters": 0,
+            "hostname": socket.gethostname(), "python": platform.python_version(), "torch": None, "pid": os.getpid(),
+        }
+        self.lock = threading.Lock()
+        self.written = threading.Event()
+
+    def finish(self, result: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            if self.written.is_set():
+                return result
+            self.written.set()
+            if self.out is not None:
+                atomic_write_text(self.out, json.dumps(result, indent=2) + "\n")
+            return result
+
+    def fail(self, phase: str, error: str) -> dict[str, Any]:
+        return self.finish({**self.base, "ok": False, "phase": phase, "error": error,
+                            "elapsed_s": round(time.monotonic() - self.started, 3),
+                            "diagnosis": diagnose_rank(phase, error, rank=self.rank, world_size=self.world_size,
+                                                       master_addr=self.master_addr, port=self.master_port,
+                                                       backend=self.backend, interface=self.interface,
+                                                       timeout_s=self.timeout_s)})
+
+    def watchdog(self) -> None:
+        if self.written.is_set():  # the run finished first
+            return
+        self.fail(self.state["phase"], f"deadline of {self.timeout_s:g} s reached while {self.state['step']}")
+        os._exit(1)
+
+    def run(self, size_mib: float, iters: int) -> dict[str, Any]:
+        self.base["iters"] = iters
+        if self.backend not in BACKENDS:
+            return self.fail("init", f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.interface:
+            try:
+                socket.if_nametoindex(self.interface)
+            except OSError:
+                return self.fail("init", f"{_ifname_var(self.backend)}={self.interface}: no such interface")
+            os.environ[_ifname_var(self.backend)] = self.interface
+        self.state["step"] = "importing torch"
         import torch
         import torch.distributed as dist
 
-        base["torch"] = torch.__version__
+        self.base["torch"] = torch.__version__
         torch.set_num_threads(1)  # a link check, not a compute test; the host is shared
-        state["step"] = "waiting for the rendezvous"
-        left = deadline - _MARGIN_S - time.monotonic()
+        joined = self._join(torch, dist)
+        if isinstance(joined, dict):
+            return joined
+        device, init_s = joined
+        result = self._all_reduce(torch, dist, device, size_mib, iters)
+        if not result.get("ok", True):
+            return result
+        median = statistics.median(result["times"]) if result["times"] else None
+        # one rank moves nothing between ranks (NCCL returns at once): no bandwidth to speak of
+        algbw = self.base["size_bytes"] / median if median and self.world_size > 1 else None
+        done = {**self.base, "ok": True, "phase": "done", "init_s": round(init_s, 4), "times_s": result["times"],
+                "median_s": median, "algbw_bytes_per_s": algbw,
+                "busbw_bytes_per_s": algbw * busbw_factor(self.world_size) if algbw else None,
+                "elapsed_s": round(time.monotonic() - self.started, 3), "error": None, "diagnosis": None}
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+        return self.finish(done)
+
+    def _join(self, torch: Any, dist: Any) -> tuple[Any, float] | dict[str, Any]:
+        """The rendezvous: (device, seconds it took), or the failure result."""
+        import datetime
+
+        self.state["step"] = "waiting for the rendezvous"
+        left = self.deadline - _MARGIN_S - time.monotonic()
         if left < 3:
-            return fail("init", f"deadline of {timeout_s:g} s reached while importing torch")
-        if backend == "nccl":
-            local = int(os.environ.get("LOCAL_RANK", rank % max(1, torch.cuda.device_count())))
+            return self.fail("init", f"deadline of {self.timeout_s:g} s reached while importing torch")
+        if self.backend == "nccl":
+            local = int(os.environ.get("LOCAL_RANK", self.rank % max(1, torch.cuda.device_count())))
             torch.cuda.set_device(local)
             device = torch.device("cuda", local)
         else:
@@ -239,51 +294,43 @@ def run_rank(rank: int, world_size: int, *, backend: str, master_addr: str, mast
         # torch's own timeout a second before the watchdog's, so its message (how many ranks
         # joined) is the one recorded; the store reports about a second after its timeout.
         try:
-            dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
-                                    world_size=world_size, timeout=datetime.timedelta(seconds=left - 2),
+            dist.init_process_group(self.backend, init_method=f"tcp://{self.master_addr}:{self.master_port}",
+                                    rank=self.rank, world_size=self.world_size,
+                                    timeout=datetime.timedelta(seconds=left - 2),
                                     **({"device_id": device} if device.type == "cuda" else {}))
         except Exception as e:  # torch raises DistStoreError, DistNetworkError, RuntimeError
-            return fail("init", f"{type(e).__name__}: {e}")
-        init_s = time.monotonic() - t0
+            return self.fail("init", f"{type(e).__name__}: {e}")
+        return device, time.monotonic() - t0
 
-        state["phase"], state["step"] = "all_reduce", "in all_reduce"
+    def _all_reduce(self, torch: Any, dist: Any, device: Any, size_mib: float, iters: int) -> dict[str, Any]:
+        """A checked warm-up, then ``iters`` timed all_reduces and a barrier: ``{"times"}``, or the failure result."""
+        self.state["phase"], self.state["step"] = "all_reduce", "in all_reduce"
         numel = max(1, int(size_mib * MIB) // 4)
-        base["size_bytes"] = numel * 4
+        self.base["size_bytes"] = numel * 4
 
         def sync() -> None:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
 
         try:
-            x = torch.full((numel,), float(rank + 1), dtype=torch.float32, device=device)
+            x = torch.full((numel,), float(self.rank + 1), dtype=torch.float32, device=device)
             dist.all_reduce(x)  # warm-up, and a check that the sum is right
             sync()
-            want = world_size * (world_size + 1) / 2
+            want = self.world_size * (self.world_size + 1) / 2
             got = (float(x[0]), float(x[-1]))
             if got != (want, want):
-                return fail("all_reduce", f"wrong sum: got {got}, want {want}")
+                return self.fail("all_reduce", f"wrong sum: got {got}, want {want}")
             times = []
             for _ in range(iters):
                 t = time.perf_counter()
                 dist.all_reduce(x)
                 sync()
                 times.append(time.perf_counter() - t)
-            state["phase"], state["step"] = "barrier", "in the final barrier"
+            self.state["phase"], self.state["step"] = "barrier", "in the final barrier"
             dist.barrier()
         except Exception as e:
-            return fail(state["phase"], f"{type(e).__name__}: {e}")
-        median = statistics.median(times) if times else None
-        # one rank moves nothing between ranks (NCCL returns at once): no bandwidth to speak of
-        algbw = base["size_bytes"] / median if median and world_size > 1 else None
-        result = {**base, "ok": True, "phase": "done", "init_s": round(init_s, 4), "times_s": times,
-                  "median_s": median, "algbw_bytes_per_s": algbw,
-                  "busbw_bytes_per_s": algbw * busbw_factor(world_size) if algbw else None,
-                  "elapsed_s": round(time.monotonic() - started, 3), "error": None, "diagnosis": None}
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
-        return finish(result)
-    finally:
-        timer.cancel()
+            return self.fail(self.state["phase"], f"{type(e).__name__}: {e}")
+        return {"times": times}
 
 
 def _parser() -> argparse.ArgumentParser:
