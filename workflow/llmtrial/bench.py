@@ -33,6 +33,16 @@ SUMMARY_FIELDS = (
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 
 
+#: The headline figures of a pass, by the name the records use, from the key of vLLM's result summary.
+HEADLINE = {"output_tok_s": "output_throughput", "ttft_median_ms": "median_ttft_ms", "ttft_p99_ms": "p99_ttft_ms",
+            "tpot_median_ms": "median_tpot_ms", "tpot_p99_ms": "p99_tpot_ms"}
+
+
+def headline(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """Output tok/s and TTFT/TPOT median and p99 of one pass, from its summary (None where absent)."""
+    return {name: summary.get(key) for name, key in HEADLINE.items()}
+
+
 def agreement(values: list[float]) -> float | None:
     """Spread of a figure across passes, (max - min) / mean; None with fewer than two."""
     vals = [v for v in values if v is not None]

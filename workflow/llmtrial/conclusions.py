@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llmtrial.bench import agreement
+from llmtrial.bench import agreement, headline
 from llmtrial.scenarios import is_sweep
 
 #: The ranked figures: key, label, unit, whether higher is better, digits shown.
@@ -78,15 +78,12 @@ def ranks(plan: Mapping[str, Any] | None) -> int | None:
 
 def pass_figures(summary: Mapping[str, Any], concurrency: int, n_ranks: int | None) -> dict[str, float | None]:
     """The ranked figures of one pass, from vLLM's result summary as recorded."""
-    tok_s = summary.get("output_throughput")
+    figures = headline(summary)
+    tok_s = figures["output_tok_s"]
     return {
-        "output_tok_s": tok_s,
+        **figures,
         "tok_s_per_accelerator": tok_s / n_ranks if tok_s is not None and n_ranks else None,
         "tok_s_per_user": tok_s / concurrency if tok_s is not None and concurrency else None,
-        "ttft_median_ms": summary.get("median_ttft_ms"),
-        "ttft_p99_ms": summary.get("p99_ttft_ms"),
-        "tpot_median_ms": summary.get("median_tpot_ms"),
-        "tpot_p99_ms": summary.get("p99_tpot_ms"),
         **goodput_figures(summary.get("goodput")),
     }
 

@@ -15,6 +15,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from llmtrial.bench import headline
+
 ASSUMPTION = ("Every request of a step is in flight at once (in flight = min(concurrency, prompts)) and holds "
               "its prompt and its whole output (ignore_eos: output grows to output_len), each rounded up to "
               "whole blocks; the cache's blocks are the KV cache tokens vLLM logged over the block size. "
@@ -38,11 +40,7 @@ def step_figures(step: Mapping[str, Any]) -> dict[str, Any]:
         "kv_cache_usage_mean": _fig(window, "metrics.kv_cache_usage", "mean"),
         "running_peak": _fig(window, "metrics.running", "max"),
         "waiting_peak": _fig(window, "metrics.waiting", "max"),
-        "output_tok_s": summary.get("output_throughput"),
-        "ttft_median_ms": summary.get("median_ttft_ms"),
-        "ttft_p99_ms": summary.get("p99_ttft_ms"),
-        "tpot_median_ms": summary.get("median_tpot_ms"),
-        "tpot_p99_ms": summary.get("p99_tpot_ms"),
+        **headline(summary),
         "failed": summary.get("failed"),
     }
     if "goodput" in summary:
