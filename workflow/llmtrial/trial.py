@@ -131,8 +131,6 @@ class TrialJob:
     telemetry_interval: float
     paths: JobPaths
     patches: Mapping[str, Any] = field(default_factory=dict)
-    #: the benchmark process that runs every pass of this job (one per job, see :meth:`_serve`)
-    _worker: bench.BenchWorker | None = field(default=None, init=False, repr=False)
 
     @property
     def label(self) -> str:
@@ -256,11 +254,10 @@ class TrialJob:
         worker = bench.BenchWorker(log_path=self.paths.bench_dir / "worker.log")  # every pass of this job
         with sigterm_as_exit(), Sampler(self.paths.telemetry, sources, interval=self.telemetry_interval) as sampler, \
                 worker:
-            self._worker = worker
             try:
                 out["server"], out["startup"], out["cold_start"] = self._start(server, host_source)
                 out["cold_start"].update(self._first_request())
-                failure = self._scenarios(server, sampler, windows, out["scenarios"])
+                failure = self._scenarios(server, sampler, worker, windows, out["scenarios"])
             except Failure as raised:
                 failure = raised
             finally:
@@ -309,8 +306,8 @@ class TrialJob:
                 "first_output_tokens": fact(first["chunks"], source, unit="tokens"),
                 "first_output_tok_s": fact(bench.output_rate(first["chunks"], first["total_s"]), source, unit="tok/s")}
 
-    def _scenarios(self, server: ServerProcess, sampler: Sampler, windows: list[tuple[dict[str, Any], float, float]],
-                   out: list[dict[str, Any]]) -> Failure | None:
+    def _scenarios(self, server: ServerProcess, sampler: Sampler, worker: bench.BenchWorker,
+                   windows: list[tuple[dict[str, Any], float, float]], out: list[dict[str, Any]]) -> Failure | None:
         """Every scenario, in order, appended to ``out`` (the record's scenarios) as it runs: its
         warm-up pass when asked, then its passes (or a sweep's steps); returns the first failed
         pass, or None. A server that dies ends the phase at once (raised as :class:`Failure`)."""
@@ -319,7 +316,7 @@ class TrialJob:
             entry: dict[str, Any] = {"name": name, "spec": dict(scenario), "kind": "sweep" if is_sweep(scenario) else "fixed",
                                      "passes": [], "warmup": None}
             out.append(entry)
-            run = functools.partial(self._checked_pass, server, sampler, windows, name, s_index)
+            run = functools.partial(self._checked_pass, server, sampler, worker, windows, name, s_index)
             if scenario.get("warmup"):
                 entry["warmup"] = run(scenario, 0, f"{name}-warmup")
             first = (self._sweep if entry["kind"] == "sweep" else self._repeat)(entry, run)
@@ -356,10 +353,11 @@ class TrialJob:
                               "median_ttft_ms": bench.agreement([s["median_ttft_ms"] for s in ok])}
         return failed
 
-    def _checked_pass(self, server: ServerProcess, sampler: Sampler, windows: list[tuple[dict[str, Any], float, float]],
-                      name: str, s_index: int, scenario: Mapping[str, Any], p: int, stem: str) -> dict[str, Any]:
+    def _checked_pass(self, server: ServerProcess, sampler: Sampler, worker: bench.BenchWorker,
+                      windows: list[tuple[dict[str, Any], float, float]], name: str, s_index: int,
+                      scenario: Mapping[str, Any], p: int, stem: str) -> dict[str, Any]:
         """One pass (window kept for telemetry); a server that died during it ends the phase."""
-        one = self._pass(scenario, bench.pass_seed(int(self.bench_settings["seed"]), s_index, p), stem, sampler)
+        one = self._pass(scenario, bench.pass_seed(int(self.bench_settings["seed"]), s_index, p), stem, sampler, worker)
         one["pass"] = p
         windows.append((one, one["window"]["start"], one["window"]["end"]))
         if not server.alive():
@@ -367,7 +365,8 @@ class TrialJob:
             raise Failure("benchmark", "exited", f"server exited with code {code} during scenario {name} ({stem})", code)
         return one
 
-    def _pass(self, scenario: Mapping[str, Any], seed: int, stem: str, sampler: Sampler) -> dict[str, Any]:
+    def _pass(self, scenario: Mapping[str, Any], seed: int, stem: str, sampler: Sampler,
+              worker: bench.BenchWorker) -> dict[str, Any]:
         """One benchmark pass inside its telemetry window: its record entry."""
         percentiles = list(self.bench_settings["percentiles"])
         bench_dir = self.paths.bench_dir
@@ -380,7 +379,7 @@ class TrialJob:
         w_start = window_edge(time.time())
         sampler.mark(f"{stem}:start")  # the CSV names its own windows
         sampler.sample_now("metrics")
-        run = self._worker.run(argv, log_path=bench_dir / f"{stem}.log", timeout=float(scenario["timeout_s"]))
+        run = worker.run(argv, log_path=bench_dir / f"{stem}.log", timeout=float(scenario["timeout_s"]))
         sampler.sample_now("metrics")
         sampler.mark(f"{stem}:end")
         w_end = window_edge(time.time(), end=True)
