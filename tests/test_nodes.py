@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import copy
+import dataclasses
 import os
 import subprocess
 import sys
@@ -54,7 +55,7 @@ def test_a_trial_without_nodes_runs_on_one_local_node():
 def test_node_defaults_are_filled_and_resolved():
     cfg = validate_config(config(staging_dir="/srv/staging"))
     assert cfg["nodes"]["b"] == {
-        "reach": "ssh", "python": None, "staging_dir": None, "interface": None, "address": None,
+        "reach": "ssh", "python": None, "staging_dir": None, "interface": None, "address": None, "env": {},
         "ssh": {"user": "root", "address": "10.0.0.2", "port": 22, "identity_file": None, "options": []},
     }
     assert cfg["nodes"]["a"]["reach"] == "local"
@@ -113,8 +114,10 @@ def test_given_options_replace_the_defaults_and_a_known_hosts_file_makes_checkin
 
 def test_describe_names_the_node_without_secrets():
     node = ssh_node(identity_file="/keys/id", options=["ConnectTimeout=3"])
+    node = dataclasses.replace(node, env=(("HF_TOKEN", "hf_secret"),))
     assert node.describe() == {
         "name": "b", "reach": "ssh", "address": "h", "python": "python3", "staging_dir": "st", "interface": None,
+        "env_keys": ["HF_TOKEN"],
         "ssh": {"user": "u", "address": "h", "port": 22, "identity_file": "/keys/id", "options": ["ConnectTimeout=3"]},
     }
     assert "ssh" not in local_node().describe()
@@ -236,3 +239,12 @@ def test_a_stale_namespace_of_a_dead_run_is_removed():
             sleeper.kill()
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
+
+
+def test_a_rank_gets_the_nodes_interface_and_address_under_its_own_env():
+    block = {"reach": "ssh", "ssh": {"address": "10.0.0.2"}, "interface": "ib0",
+             "env": {"VLLM_CPU_OMP_THREADS_BIND": "1", "NCCL_SOCKET_IFNAME": "=ib0"}}
+    node = Node.from_config("b", block, {"staging_dir": "st"})
+    assert node.rank_env() == {"VLLM_HOST_IP": "10.0.0.2", "GLOO_SOCKET_IFNAME": "ib0", "NCCL_SOCKET_IFNAME": "=ib0",
+                               "VLLM_CPU_OMP_THREADS_BIND": "1"}
+    assert local_node().rank_env() == {"VLLM_HOST_IP": "127.0.0.1"}

@@ -114,6 +114,7 @@ class Node:
     port: int = 22
     identity_file: str | None = None
     options: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
     via: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
@@ -144,6 +145,7 @@ class Node:
             port=int(ssh.get("port") or 22),
             identity_file=ssh.get("identity_file"),
             options=options,
+            env=tuple(sorted((str(k), str(v)) for k, v in (block.get("env") or {}).items())),
         )
 
     @classmethod
@@ -159,6 +161,14 @@ class Node:
     @property
     def is_local(self) -> bool:
         return self.reach == "local"
+
+    def rank_env(self) -> dict[str, str]:
+        """The environment of a rank this node runs: the interface for gloo and NCCL, the
+        address vLLM announces (VLLM_HOST_IP), then the node's own ``env`` over them."""
+        out = {"VLLM_HOST_IP": self.address}
+        if self.interface:
+            out.update(GLOO_SOCKET_IFNAME=self.interface, NCCL_SOCKET_IFNAME=self.interface)
+        return {**out, **dict(self.env)}
 
     def label(self) -> str:
         """How messages name the node: ``node b (ssh root@10.0.0.2:22)`` or ``node local (this host)``."""
@@ -302,7 +312,8 @@ class Node:
     def describe(self) -> dict[str, Any]:
         """What a record says about the node (no secrets; the identity file's path only)."""
         out: dict[str, Any] = {"name": self.name, "reach": self.reach, "address": self.address,
-                               "python": self.python, "staging_dir": self.staging_dir, "interface": self.interface}
+                               "python": self.python, "staging_dir": self.staging_dir, "interface": self.interface,
+                               "env_keys": [k for k, _ in self.env]}
         if not self.is_local:
             out["ssh"] = {"user": self.user, "address": self.ssh_address, "port": self.port,
                           "identity_file": self.identity_file, "options": list(self.options)}
