@@ -46,8 +46,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from llmtrial.fileio import atomic_write_text
-
 __all__ = [
     "BACKENDS",
     "busbw_factor",
@@ -224,7 +222,11 @@ class _Rank:
             if self.written.is_set():
                 return result
             self.written.set()
-            if self.out is not None:
+            if self.out == "-":  # a rank on another node: the result is its last line of output
+                print(json.dumps(result), flush=True)
+            elif self.out is not None:
+                from llmtrial.fileio import atomic_write_text  # here only: a rank run as -c needs torch alone
+
                 atomic_write_text(self.out, json.dumps(result, indent=2) + "\n")
             return result
 
@@ -344,7 +346,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--size-mib", type=float, default=16)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--timeout-s", type=float, default=30)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="the result file, or - for one JSON line on standard output")
     return p
 
 
@@ -355,7 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run_rank(a.rank, a.world_size, backend=a.backend, master_addr=a.master_addr, master_port=a.master_port,
                       interface=a.interface, size_mib=a.size_mib, iters=a.iters, timeout_s=a.timeout_s, out=a.out,
                       started=started)
-    print(json.dumps({k: result.get(k) for k in ("rank", "ok", "phase", "median_s", "diagnosis")}), flush=True)
+    if a.out != "-":
+        print(json.dumps({k: result.get(k) for k in ("rank", "ok", "phase", "median_s", "diagnosis")}), flush=True)
     return 0 if result["ok"] else 1
 
 

@@ -128,4 +128,14 @@ def configuration_spec(config: dict[str, Any], name: str) -> dict[str, Any]:
         "env": {**serving["env"], **entry["env"]},
         "startup_timeout_s": serving["startup_timeout_s"],
         "stop_timeout_s": serving["stop_timeout_s"],
+        **_spread(config, entry),
     }
+
+
+def _spread(config: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """The nodes a configuration spans (their blocks, in its order), when it spans several:
+    a single-host configuration's spec stays as it was."""
+    names = entry.get("nodes") or []
+    if len(names) < 2:
+        return {}
+    return {"nodes": {name: config["nodes"][name] for name in names}, "staging_dir": config["staging_dir"]}

@@ -33,7 +33,7 @@ from typing import Any
 from llmtrial.fileio import sha256_file
 
 __all__ = [
-    "LOCAL_NAME", "NodeError", "Node", "local_node", "trial_nodes", "configuration_nodes", "check_nodes",
+    "LOCAL_NAME", "NodeError", "Node", "local_node", "trial_nodes", "configuration_nodes", "spec_nodes", "check_nodes",
 ]
 
 #: Name of the one node of a trial that lists none.
@@ -360,6 +360,13 @@ def configuration_nodes(config: Mapping[str, Any], name: str) -> list[Node]:
     nodes = trial_nodes(config)
     names = config["configurations"][name].get("nodes") or [next(iter(nodes))]
     return [nodes[n] for n in names]
+
+
+def spec_nodes(spec: Mapping[str, Any]) -> list[Node]:
+    """The nodes of a configuration's spec (:func:`llmtrial.config.configuration_spec`), in
+    its order; empty for a configuration on this host alone."""
+    defaults = {"staging_dir": spec.get("staging_dir", "staging")}
+    return [Node.from_config(name, block, defaults) for name, block in (spec.get("nodes") or {}).items()]
 
 
 def check_nodes(config: Mapping[str, Any]) -> list[tuple[str, str]]:

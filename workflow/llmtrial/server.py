@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -219,16 +219,31 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def wait_ready(self, timeout: float, poll: float = 0.5) -> float:
-        """Poll /health until 200; return seconds from launch to ready."""
+    def exit_code(self) -> int | None:
+        return self.proc.poll() if self.proc else None
+
+    def down_reason(self) -> str:
+        """Why :meth:`alive` is false, in words."""
+        return f"server exited with code {self.exit_code()}"
+
+    def wait_ready(self, timeout: float, poll: float = 0.5, watch: Callable[[], str | None] | None = None,
+                   watch_every: float = 5.0) -> float:
+        """Poll /health until 200; return seconds from launch to ready.
+
+        ``watch`` (called every ``watch_every`` seconds) says why the start cannot succeed any
+        more, or None: a rank on another node that died ends the wait as ``exited``."""
         assert self.proc is not None and self.launched_at is not None
         deadline = time.monotonic() + timeout
         url = f"http://{self.host}:{self.port}/health"
-        last_note = time.monotonic()
+        last_note = last_watch = time.monotonic()
         while True:
             rc = self.proc.poll()
             if rc is not None:
                 raise ServerStartError("exited", f"server exited with code {rc} before it was ready", rc)
+            if watch is not None and time.monotonic() - last_watch >= watch_every:
+                last_watch = time.monotonic()
+                if (why := watch()) is not None:
+                    raise ServerStartError("exited", f"{why} before the server was ready")
             try:
                 with urllib.request.urlopen(url, timeout=2) as resp:
                     if resp.status == 200:

@@ -14,7 +14,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,8 @@ from llmtrial import bench, logs
 from llmtrial.cleanup import restore_first
 from llmtrial.ledger import Action, Ledger
 from llmtrial.manifest import verify_manifest
+from llmtrial.multinode import MASTER_PORT_OFFSET, SANITY_PORT_OFFSET, HeadlessRanks, MultiNodeServer, launch_args, sanity_check
+from llmtrial.nodes import Node
 from llmtrial.onset import onset, step_figures
 from llmtrial.patching import ensure_patched, evidence, server_env
 from llmtrial.paths import TrialPaths
@@ -131,6 +133,8 @@ class TrialJob:
     telemetry_interval: float
     paths: JobPaths
     patches: Mapping[str, Any] = field(default_factory=dict)
+    #: The nodes the configuration spans, the first serving the API (none or one: this host).
+    nodes: Sequence[Node] = ()
 
     @property
     def label(self) -> str:
@@ -148,9 +152,19 @@ class TrialJob:
     def model_dir(self) -> str:
         return str(self.manifest["model_dir"])
 
+    @property
+    def spread(self) -> bool:
+        """Whether the configuration spans several nodes."""
+        return len(self.nodes) > 1
+
+    @property
+    def master_port(self) -> int:
+        return self.port + MASTER_PORT_OFFSET
+
     def argv(self) -> list[str]:
+        args = {**self.spec["args"], **(launch_args(self.nodes, 0, self.master_port) if self.spread else {})}
         return build_server_argv(model_dir=self.model_dir, served_model_name=self.served_model_name,
-                                 host=self.host, port=self.port, args=self.spec["args"])
+                                 host=self.host, port=self.port, args=args)
 
     def new_record(self) -> dict[str, Any]:
         return {
@@ -194,6 +208,12 @@ class TrialJob:
         ledger = Ledger(self.paths.ledger)
         patched = ensure_patched(dict(self.patches), ledger=ledger, work_dir=self.paths.trial.patches)
         env = server_env(self.spec["env"], patched["plugin_dir"], patched["patches"])
+        if self.spread:
+            env = {**env, **self.nodes[0].rank_env()}
+            record.update(self._spread_record())
+            if not record["collective"]["ok"]:
+                return self._not_served(record, "failed", Failure("sanity_check", "collective_failed",
+                                                                  record["collective"]["diagnosis"]))
         record["server"]["env"] = redact_env(env)
         job = ledger.append(Action.JOB_STARTED, label=self.label, pid=os.getpid(), create_time=psutil.Process().create_time())
         served = self._serve(ledger, env)
@@ -207,6 +227,11 @@ class TrialJob:
         if record["failure"]:
             record["failure"]["error_line"] = logs.diagnose_failure(text, source=record["server"]["log"])
             record["failure"]["log_tail"] = logs.tail(text, 40)
+        for entry in record.get("nodes") or []:
+            entry.update(record["server"].get("ranks", {}).get(entry["name"], {"log": record["server"]["log"]}))
+            if record["failure"] and entry["rank"] and entry.get("log"):
+                rank_log = self.paths.out_dir / entry["log"]
+                entry["error_line"] = logs.diagnose_failure(logs.read_log(rank_log), source=entry["log"])
         if not record["startup"] and text:
             record["startup"] = logs.parse_startup(text, source=record["server"]["log"])
         record["patches"] = {"reapplied": patched["reapplied"], "plugin_dir": patched["plugin_dir"],
@@ -221,11 +246,49 @@ class TrialJob:
         shutil.rmtree(self.paths.bench_dir, ignore_errors=True)  # never mix passes of an earlier run
         self.paths.bench_dir.mkdir(parents=True)
         self.paths.server_log.unlink(missing_ok=True)
+        for rank_log in self.paths.out_dir.glob("server-*.log"):  # other nodes' logs of an earlier run
+            rank_log.unlink()
 
     def _skip(self, record: dict[str, Any]) -> dict[str, Any]:
         log.warning("%s not launched: the planner says it cannot work: %s", self.spec["name"],
                     "; ".join(self.plan["reasons"]))
-        record["status"] = "skipped"
+        return self._not_served(record, "skipped")
+
+    def _spread_record(self) -> dict[str, Any]:
+        """A multi-node configuration's launch, its nodes' roles and the collective run
+        across them before any server starts."""
+        model_dirs = self._model_dirs()
+        launch = {"kind": "native", "nnodes": len(self.nodes), "master_addr": self.nodes[0].address,
+                  "master_port": self.master_port}
+        nodes = [{"name": n.name, "rank": i, "role": "headless" if i else "api server", "address": n.address,
+                  "reach": n.reach, "interface": n.interface, "model_dir": model_dirs[n.name],
+                  "env_keys": sorted(n.rank_env())} for i, n in enumerate(self.nodes)]
+        log.info("%s: sanity check across nodes %s", self.spec["name"], ", ".join(n.name for n in self.nodes))
+        check = sanity_check(self.nodes, port=self.port + SANITY_PORT_OFFSET)
+        log.info("%s: sanity check %s in %.1f s", self.spec["name"], "passed" if check["ok"] else "FAILED",
+                 check["wall_s"])
+        return {"launch": launch, "nodes": nodes, "collective": check}
+
+    def _model_dirs(self) -> dict[str, str]:
+        """Where each node holds the staged model: the manifest's own folder on the first node,
+        the verified copy the model stage made on every other one."""
+        copies = self.manifest.get("nodes") or {}
+        out = {self.nodes[0].name: self.model_dir}
+        for node in self.nodes[1:]:
+            folder = (copies.get(node.name) or {}).get("model_dir")
+            if not folder:
+                raise FileNotFoundError(f"the manifest has no staged copy of the model on node {node.name}: "
+                                        "restage it with `snakemake --forcerun stage_model`")
+            out[node.name] = folder
+        return out
+
+    def _not_served(self, record: dict[str, Any], status: str, failure: Failure | None = None) -> dict[str, Any]:
+        """The record of a configuration whose server never started (skipped, or stopped by its
+        sanity check), with an empty telemetry file."""
+        record["status"] = status
+        if failure is not None:
+            log.warning("configuration %s failed in %s: %s", self.spec["name"], failure.phase, failure.message)
+            record["failure"] = failure.as_record()
         record["timing"]["job_end"] = time.time()
         record["timing"]["wall_s"] = record["timing"]["job_end"] - record["timing"]["job_start"]
         self.paths.telemetry.write_text(",".join(CSV_HEADER) + "\n")
@@ -246,8 +309,7 @@ class TrialJob:
         ``failure`` (the first phase that failed, or None)."""
         host_source = HostSource()
         sources, absent = job_sources(host_source, MetricsSource(self.host, self.port))
-        server = ServerProcess(self.argv(), host=self.host, port=self.port, log_path=self.paths.server_log, env=dict(env),
-                               ledger=ledger, stop_timeout=float(self.spec["stop_timeout_s"]), label=self.label)
+        server = self._server(ledger, env)
         out: dict[str, Any] = {"server": {}, "startup": {}, "cold_start": {}, "scenarios": [], "failure": None}
         windows: list[tuple[dict[str, Any], float, float]] = []
         failure: Failure | None = None
@@ -265,6 +327,8 @@ class TrialJob:
                 sampler.retire("metrics")  # the server is going away: its /metrics with it
                 out["server"]["stop"] = server.stop()
                 out["server"]["pid"] = server.proc.pid if server.proc else None
+                if isinstance(server, MultiNodeServer):
+                    out["server"]["ranks"] = self._rank_records(server.ranks)
             out["telemetry"] = {"sampler": sampler.stats(), "errors": dict(sampler.errors),
                                 "sources": describe_sources(sources, absent, sampler)}
         out["telemetry"].update(self._telemetry(server, windows))
@@ -279,6 +343,22 @@ class TrialJob:
             log.warning("configuration %s failed in %s: %s", self.spec["name"], failure.phase, failure.message)
             out["failure"] = failure.as_record()
         return out
+
+    def _server(self, ledger: Ledger, env: Mapping[str, str]) -> ServerProcess:
+        """The configuration's server: on this host, or node 0's with the other nodes' headless ranks."""
+        kwargs: dict[str, Any] = {"host": self.host, "port": self.port, "log_path": self.paths.server_log,
+                                  "env": dict(env), "ledger": ledger, "stop_timeout": float(self.spec["stop_timeout_s"]),
+                                  "label": self.label}
+        if not self.spread:
+            return ServerProcess(self.argv(), **kwargs)
+        ranks = HeadlessRanks(ledger, self.nodes, label=self.label, model_dirs=self._model_dirs(), args=self.spec["args"],
+                              env=self.spec["env"], master_port=self.master_port)
+        return MultiNodeServer(self.argv(), ranks=ranks, **kwargs)
+
+    def _rank_records(self, ranks: HeadlessRanks) -> dict[str, dict[str, Any]]:
+        """Each headless rank's record entry, its log fetched from its node."""
+        fetched = ranks.fetch_logs(self.paths.out_dir)
+        return {n.name: {**ranks.describe(n), "log": fetched.get(n.name)} for n in ranks.nodes[1:]}
 
     def _start(self, server: ServerProcess, host_source: HostSource) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         """Launch and wait for /health: (server times, startup facts, cold start's ready time)."""
@@ -361,8 +441,8 @@ class TrialJob:
         one["pass"] = p
         windows.append((one, one["window"]["start"], one["window"]["end"]))
         if not server.alive():
-            code = server.proc.poll() if server.proc else None
-            raise Failure("benchmark", "exited", f"server exited with code {code} during scenario {name} ({stem})", code)
+            raise Failure("benchmark", "exited", f"{server.down_reason()} during scenario {name} ({stem})",
+                          server.exit_code())
         return one
 
     def _pass(self, scenario: Mapping[str, Any], seed: int, stem: str, sampler: Sampler,

@@ -4,6 +4,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llmtrial.joblog import open_job_log
+from llmtrial.nodes import spec_nodes
 from llmtrial.paths import TrialPaths
 from llmtrial.records import read_record
 from llmtrial.trial import JobPaths, TrialJob
@@ -25,4 +26,5 @@ TrialJob(
     telemetry_interval=float(snakemake.params.telemetry["interval_s"]),
     paths=JobPaths(TrialPaths(Path(snakemake.params.results)), snakemake.wildcards.configuration),
     patches=snakemake.params.patches,
+    nodes=spec_nodes(snakemake.params.spec),
 ).run()
