@@ -620,6 +620,14 @@ GLOO_NO_IFACE = (
     "RuntimeError: [enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/device.cc:84] "
     "ifa != nullptr. Unable to find address for: nosuch0"
 )
+#: vLLM 0.32 CPU, TP=2 across two hosts (tests/test_multinode.py), node 0's worker when the
+#: headless rank on node 1 was killed with SIGKILL mid-benchmark.
+GLOO_PEER_RESET = (
+    "(Worker_TP0 pid=6500) ERROR 12-01 03:12:01 [multiproc_executor.py:1063] RuntimeError: "
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [10.231.7.2]:26258: "
+    "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the application. "
+    "Check the logs of the remote worker before reporting an error. GLHF!"
+)
 #: Ray's check_version_info (ray/_private, Ray 2.x) raises this when a node joins a cluster
 #: started under another Python; the versions are those of ../shared/seeds/000_c197a6980c1ee4eb.txt
 #: line 29 ("a 3.12.13 worker could not join a 3.12.3 head node"). Ray is not installed here.
@@ -647,6 +655,7 @@ RAY_VERSION_MISMATCH = [
         (NCCL_WATCHDOG, "collective_timeout"),
         (GLOO_NO_IFACE, "socket_interface"),
         (RAY_VERSION_MISMATCH[0], "node_version_mismatch"),
+        (GLOO_PEER_RESET, "peer_lost"),
     ],
 )
 def test_multi_node_patterns(line, pattern):
@@ -677,4 +686,4 @@ def test_multi_node_patterns_come_before_the_shared_memory_symptom():
     names = [p.name for p in FAILURE_PATTERNS]
     assert names[-1] == "shm_broadcast"
     assert names.index("node_version_mismatch") < names.index("node_not_joined") < names.index("ray_placement_group")
-    assert names.index("ray_placement_group") < names.index("collective_timeout")
+    assert names.index("ray_placement_group") < names.index("collective_timeout") < names.index("peer_lost")

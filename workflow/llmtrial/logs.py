@@ -390,6 +390,17 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
         "the link between the nodes is down; read that node's log, and check NCCL_SOCKET_IFNAME or "
         "GLOO_SOCKET_IFNAME on each node (and NCCL_IB_DISABLE=1 where there is no InfiniBand).",
     ),
+    FailurePattern(
+        "peer_lost",
+        _any(
+            # gloo's TCP transport when the other end of a pair went away
+            # (third_party/gloo/gloo/transport/tcp/pair.cc: "Read error [10.0.0.2]:26258:
+            # Connection reset by peer"), seen when a headless rank on another node was killed
+            r"gloo/transport/tcp/pair\.cc:\d+\] (?:Read|Write) error \[[^\]]+\]:\d+: Connection (?:reset by peer|closed by peer)",
+        ),
+        "A worker on another node went away in the middle of a collective (its process died or the link "
+        "dropped): read that node's log for why it stopped; this node's engine stopped because of it.",
+    ),
     # Last of the known ones: a symptom (a rank hung or died), not a cause of its own.
     FailurePattern(
         "shm_broadcast",
