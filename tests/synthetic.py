@@ -1,6 +1,7 @@
 """Configuration records in the format with sweeps, warm-up passes, adaptive repetition and
 goodput, built from a few numbers for the report's tests (the default trial's real records,
-tests/data/demo, give everything else: server, start-up, telemetry)."""
+tests/data/demo, give everything else: server, start-up, telemetry), and a configuration record
+across two nodes with the preflight and manifest parts that go with it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import math
 from typing import Any
 
 from conftest import DATA
+from llmtrial.collective import summarize
 from llmtrial.records import read_record
 
 DEMO = DATA / "demo"
@@ -131,3 +133,60 @@ def records() -> list[dict[str, Any]]:
 
 def plans() -> dict[str, dict[str, Any]]:
     return {n: read_record(DEMO / f"plan-{n}.json") for n in ("tp1", "tp2")}
+
+
+# ------------------------------------------------ a configuration across two nodes
+
+MiB = 2**20
+
+
+def collective(ok: bool = True, wall_s: float = 1.2) -> dict[str, Any]:
+    """The sanity check's record as llmtrial.collective.summarize makes it from two ranks' results."""
+    ranks = [{"rank": r, "world_size": 2, "backend": "gloo", "ok": ok, "median_s": 0.0262 + 0.0001 * r,
+              "size_bytes": 16 * MiB, "torch": "2.13.0+cpu", "python": "3.11.2"} for r in (0, 1)]
+    if not ok:
+        ranks[1].update(phase="all_reduce", median_s=None, error="gloo timeout",
+                        diagnosis="the all_reduce did not finish within 30 s (gloo timeout)")
+        ranks[0].update(ok=True)
+    out = summarize(ranks)
+    out["wall_s"] = wall_s
+    return out
+
+
+def two_node_record(name: str = "tp2", *, ok: bool = True) -> dict[str, Any]:
+    """The demo's ``name`` record as the trial writes it for a configuration across nodes a and b."""
+    rec = copy.deepcopy(read_record(DEMO / f"{name}.json"))
+    rec["nodes"] = [
+        {"name": "a", "rank": 0, "role": "api server", "address": "10.0.0.1", "reach": "local", "interface": "llmt0",
+         "model_dir": "/staging/tiny", "log": "server.log"},
+        {"name": "b", "rank": 1, "role": "headless", "address": "10.0.0.2", "reach": "ssh", "interface": "llmt0",
+         "model_dir": "/staging-b/tiny", "log": "server-b.log", "stop": {"signals": ["SIGTERM"], "survivors": []}}]
+    rec["launch"] = {"kind": "native", "nnodes": 2, "master_addr": "10.0.0.1", "master_port": 9100}
+    rec["collective"] = collective(ok)
+    node = {"samples": 120, "interval_s": 0.5, "first": 1.0e9, "last": 1.0e9 + 60, "load1_peak": 1.5}
+    rec["telemetry"]["nodes"] = {"file": "nodes.csv", "interval_s": 0.5, "nodes": {
+        "a": {**node, "interface": "llmt0", "cpu_percent_peak": 97.5, "cpu_percent_mean": 61.25,
+              "mem_used_peak_bytes": 6 * 2**30, "net_rx_bytes": 3_400_000, "net_tx_bytes": 51_200_000},
+        "b": {**node, "interface": "llmt0", "cpu_percent_peak": 88.0, "cpu_percent_mean": 55.5,
+              "mem_used_peak_bytes": 5 * 2**30, "net_rx_bytes": 51_000_000, "net_tx_bytes": 3_300_000}}}
+    return rec
+
+
+def two_node_preflight() -> dict[str, Any]:
+    """The demo's preflight record with crossnode.preflight_nodes' part for nodes a and b."""
+    rec = copy.deepcopy(read_record(DEMO / "preflight.json"))
+    facts = {"python_version": "3.11.2", "vllm": "0.32.0", "torch": "2.13.0+cpu", "ray": None,
+             "interface": {"name": "llmt0", "exists": True, "addresses": []}}
+    rec["nodes"] = {"master": {"address": "10.0.0.1", "port": 9100},
+                    "nodes": {"a": {**facts, "hostname": "host-a"}, "b": {**facts, "hostname": "host-b"}},
+                    "checks": [{"name": "same_versions", "status": "ok", "detail": "equal on a, b"}]}
+    return rec
+
+
+def two_node_manifest() -> dict[str, Any]:
+    rec = copy.deepcopy(read_record(DEMO / "manifest.json"))
+    rec["nodes"] = {"a": {"model_dir": "/staging/tiny", "files": 6, "bytes": 9_000_000, "copy_s": None,
+                          "verified": True},
+                    "b": {"model_dir": "/staging-b/tiny", "files": 6, "bytes": 9_000_000, "copy_s": 2.4,
+                          "verified": True}}
+    return rec

@@ -39,6 +39,7 @@ from llmtrial.fileio import atomic_write_text
 from llmtrial.records import human_bytes, read_record
 from llmtrial.resources import TEMPLATES
 from llmtrial.scenarios import runs_of
+from llmtrial.spans import nodes_context
 from llmtrial.sweeps import sweep_gaps, sweep_tables
 from llmtrial.telemetry import read_samples
 
@@ -174,6 +175,7 @@ def build_context(*, trial: str, preflight: Mapping[str, Any], manifest: Mapping
         + sweep_gaps(sweeps),
         "notes": notes_html((settings or {}).get("notes")),
         "provenance": provenance,
+        "nodes": nodes_context(configurations, preflight, manifest),
     }
 
 
