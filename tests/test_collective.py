@@ -7,18 +7,22 @@ come from 29500-29999.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from hosts import INTERFACE
 from llmtrial.collective import busbw_factor, diagnose_rank, free_port, main, run_local_group, summarize
 from llmtrial.logs import diagnose_failure, read_log
+from llmtrial.multinode import sanity_check
 
 
 def rendezvous_port() -> int:
@@ -243,3 +247,25 @@ def test_one_rank_has_a_time_but_no_bandwidth():
     s = summarize([_result(0, world_size=1)])
     assert s["ok"] and s["median_s"] == 0.1
     assert s["algbw_gbps"] is None and s["busbw_gbps"] is None
+
+
+# ------------------------------------------------------------ the sanity check across a trial's nodes
+
+
+@pytest.mark.slow
+def test_the_sanity_check_runs_one_rank_on_each_node_over_ssh(hosts):
+    a, b = hosts.node_a(), dataclasses.replace(hosts.node_b(), python=sys.executable)
+    s = sanity_check([a, b], port=rendezvous_port(), size_mib=2, iters=3, timeout_s=60)
+    assert s["ok"], s["diagnosis"]
+    assert [(r["node"], r["rank"], r["interface"], r["master_addr"]) for r in s["ranks"]] == [
+        ("a", 0, INTERFACE, hosts.addr_a), ("b", 1, INTERFACE, hosts.addr_a)]
+    assert s["busbw_gbps"] > 0 and s["wall_s"] < 60 and s["nodes"] == ["a", "b"]
+
+
+@pytest.mark.slow
+def test_a_node_naming_a_missing_interface_fails_the_sanity_check_with_its_diagnosis(hosts):
+    a = hosts.node_a()
+    b = dataclasses.replace(hosts.node_b(), python=sys.executable, interface="nosuch0")
+    s = sanity_check([a, b], port=rendezvous_port(), size_mib=1, iters=1, timeout_s=10)
+    assert not s["ok"] and s["wall_s"] < 40
+    assert "rank 1: GLOO_SOCKET_IFNAME=nosuch0: no such interface" in s["diagnosis"]

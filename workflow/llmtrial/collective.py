@@ -46,6 +46,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+try:
+    from llmtrial.fileio import atomic_write_text
+except ImportError:  # a rank run as ``python -c`` on a node without llmtrial: it prints its result (--out -)
+    atomic_write_text = None  # type: ignore[assignment]
+
 __all__ = [
     "BACKENDS",
     "busbw_factor",
@@ -225,8 +230,6 @@ class _Rank:
             if self.out == "-":  # a rank on another node: the result is its last line of output
                 print(json.dumps(result), flush=True)
             elif self.out is not None:
-                from llmtrial.fileio import atomic_write_text  # here only: a rank run as -c needs torch alone
-
                 atomic_write_text(self.out, json.dumps(result, indent=2) + "\n")
             return result
 

@@ -27,6 +27,7 @@ from llmtrial.ledger import Action, Ledger
 from llmtrial.manifest import verify_manifest
 from llmtrial.multinode import MASTER_PORT_OFFSET, SANITY_PORT_OFFSET, HeadlessRanks, MultiNodeServer, launch_args, sanity_check
 from llmtrial.nodes import Node
+from llmtrial.nodetelemetry import NodeTelemetry, node_window_figures
 from llmtrial.onset import onset, step_figures
 from llmtrial.patching import ensure_patched, evidence, server_env
 from llmtrial.paths import TrialPaths
@@ -90,6 +91,11 @@ class JobPaths:
     @property
     def ledger(self) -> Path:
         return self.trial.ledger
+
+    @property
+    def node_telemetry(self) -> Path:
+        """Every node's samples of a multi-node configuration, merged, with a node column."""
+        return self.out_dir / "telemetry-nodes.csv"
 
     @property
     def bench_dir(self) -> Path:
@@ -248,6 +254,7 @@ class TrialJob:
         self.paths.server_log.unlink(missing_ok=True)
         for rank_log in self.paths.out_dir.glob("server-*.log"):  # other nodes' logs of an earlier run
             rank_log.unlink()
+        self.paths.node_telemetry.unlink(missing_ok=True)
 
     def _skip(self, record: dict[str, Any]) -> dict[str, Any]:
         log.warning("%s not launched: the planner says it cannot work: %s", self.spec["name"],
@@ -314,7 +321,9 @@ class TrialJob:
         windows: list[tuple[dict[str, Any], float, float]] = []
         failure: Failure | None = None
         worker = bench.BenchWorker(log_path=self.paths.bench_dir / "worker.log")  # every pass of this job
-        with sigterm_as_exit(), Sampler(self.paths.telemetry, sources, interval=self.telemetry_interval) as sampler, \
+        per_node = (NodeTelemetry(ledger, self.nodes, label=self.label, out_csv=self.paths.node_telemetry,
+                                  interval=self.telemetry_interval) if self.spread else contextlib.nullcontext())
+        with sigterm_as_exit(), per_node, Sampler(self.paths.telemetry, sources, interval=self.telemetry_interval) as sampler, \
                 worker:
             try:
                 out["server"], out["startup"], out["cold_start"] = self._start(server, host_source)
@@ -332,6 +341,10 @@ class TrialJob:
             out["telemetry"] = {"sampler": sampler.stats(), "errors": dict(sampler.errors),
                                 "sources": describe_sources(sources, absent, sampler)}
         out["telemetry"].update(self._telemetry(server, windows))
+        if isinstance(per_node, NodeTelemetry):
+            out["telemetry"]["nodes"] = per_node.summary
+            for one, start, end in windows:
+                one["node_telemetry"] = node_window_figures(self.paths.node_telemetry, start, end)
         out["bench_worker"] = {"bench_import_s": worker.import_s, "bench_workers": worker.starts}
         for entry in out["scenarios"]:
             if entry["kind"] == "sweep":
