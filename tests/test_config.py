@@ -49,7 +49,8 @@ def test_defaults_fill_nested_keys_even_when_parents_are_missing():
         "concurrency": 1, "num_prompts": 8, "input_len": 32, "output_len": 16,
         "request_rate": "inf", "passes": 1, "warmup": False, "slo": None, "timeout_s": 900,
     }
-    assert config["configurations"]["a"] == {"args": {}, "env": {}, "description": "", "force": False, "nodes": []}
+    assert config["configurations"]["a"] == {"args": {}, "env": {}, "description": "", "force": False, "nodes": [],
+                                                "launch": "native"}
     assert config["nodes"] == {}
 
 

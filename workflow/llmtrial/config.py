@@ -138,4 +138,5 @@ def _spread(config: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
     names = entry.get("nodes") or []
     if len(names) < 2:
         return {}
-    return {"nodes": {name: config["nodes"][name] for name in names}, "staging_dir": config["staging_dir"]}
+    return {"nodes": {name: config["nodes"][name] for name in names}, "staging_dir": config["staging_dir"],
+            "launch": entry.get("launch", "native")}

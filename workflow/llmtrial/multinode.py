@@ -26,7 +26,7 @@ import json
 import logging
 import posixpath
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -35,10 +35,10 @@ from llmtrial import collective
 from llmtrial.groups import finish_group, group_alive, start_group
 from llmtrial.ledger import Ledger
 from llmtrial.nodes import Node, NodeError
-from llmtrial.server import DEFAULT_ARGS, ServerProcess, args_to_flags
+from llmtrial.server import DEFAULT_ARGS, ServerProcess, ServerStartError, args_to_flags
 
-__all__ = ["HEADLESS_SERVE", "MASTER_PORT_OFFSET", "SANITY_PORT_OFFSET", "launch_args", "headless_argv",
-           "HeadlessRanks", "MultiNodeServer", "sanity_check"]
+__all__ = ["HEADLESS_SERVE", "MASTER_PORT_OFFSET", "SANITY_PORT_OFFSET", "launch_args", "ray_port", "headless_argv",
+           "HeadlessRanks", "RayCluster", "MultiNodeServer", "sanity_check"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,11 @@ MASTER_PORT_OFFSET = 1000
 SANITY_PORT_OFFSET = 1001
 #: Seconds each node's sanity-check rank may take, torch's import included.
 SANITY_TIMEOUT_S = 60.0
+#: Seconds the Ray cluster of a configuration has to show every node.
+RAY_JOIN_TIMEOUT_S = 90.0
+#: The Ray head's port is this (Ray's own default) plus the serving port modulo 1000: below
+#: the 10002-19999 range Ray's workers take their ports from.
+RAY_BASE_PORT = 6379
 #: The folder, under a node's staging folder, that holds its headless ranks' logs.
 LOG_FOLDER = ".llmtrial-logs"
 
@@ -68,6 +73,11 @@ configure_logging_from_args(args)
 command.validate(args)
 command.cmd(args)
 """
+
+
+def ray_port(serving_port: int) -> int:
+    """The Ray head's port for a configuration served on ``serving_port``."""
+    return RAY_BASE_PORT + serving_port % 1000
 
 
 def launch_args(nodes: Sequence[Node], rank: int, master_port: int) -> dict[str, Any]:
@@ -98,6 +108,10 @@ class HeadlessRanks:
         """Where the rank's output goes on its node (under its staging folder)."""
         return posixpath.join(node.staging_dir, LOG_FOLDER, f"{self.label.replace('/', '-')}-{node.name}.log")
 
+    def members(self) -> list[Node]:
+        """The nodes this object starts something on: every node but the first."""
+        return self.nodes[1:]
+
     def rank_of(self, node: Node) -> int:
         return self.nodes.index(node)
 
@@ -116,10 +130,10 @@ class HeadlessRanks:
                                                  f"{self.rank_of(node)}", log_path=path,
                                                  env={**self.env, **node.rank_env()})
 
-    def dead(self) -> list[str]:
+    def dead(self, nodes: Sequence[Node] | None = None) -> list[str]:
         """Nodes whose headless rank has no live process left (or cannot be asked)."""
         gone = []
-        for node in self.nodes[1:]:
+        for node in self.nodes[1:] if nodes is None else nodes:
             group = self.groups.get(node.name)
             if group is None:
                 continue
@@ -132,9 +146,9 @@ class HeadlessRanks:
                 gone.append(node.name)
         return gone
 
-    def stop(self, timeout: float) -> dict[str, dict[str, Any]]:
+    def stop(self, timeout: float, nodes: Iterable[Node] | None = None) -> dict[str, dict[str, Any]]:
         """Stop every started rank on its node (ledger undo written when nothing survived)."""
-        for node in self.nodes[1:]:
+        for node in self.nodes[1:] if nodes is None else nodes:
             group = self.groups.get(node.name)
             if group is None or node.name in self.stopped:
                 continue
@@ -144,13 +158,13 @@ class HeadlessRanks:
                 self.stopped[node.name] = {"error": str(err)}
         return self.stopped
 
-    def fetch_logs(self, out_dir: Path) -> dict[str, str]:
-        """Copy each rank's log from its node into ``out_dir`` as ``server-<node>.log``."""
+    def fetch_logs(self, out_dir: Path, nodes: Sequence[Node] | None = None, prefix: str = "server") -> dict[str, str]:
+        """Copy each rank's log from its node into ``out_dir`` as ``<prefix>-<node>.log``."""
         fetched = {}
-        for node in self.nodes[1:]:
+        for node in self.nodes[1:] if nodes is None else nodes:
             if node.name not in self.groups:
                 continue
-            target = out_dir / f"server-{node.name}.log"
+            target = out_dir / f"{prefix}-{node.name}.log"
             try:
                 text = node.run(["cat", self.remote_log(node)], timeout=120, check=True).stdout
             except NodeError as err:
@@ -167,22 +181,100 @@ class HeadlessRanks:
                 "stop": self.stopped.get(node.name)}
 
 
+class RayCluster:
+    """The Ray cluster of a configuration launched with ``launch: ray``: ``ray start --head
+    --block`` on the first node, ``ray start --address <head> --block`` on the others, each
+    through the ledger as a group on its node, so stopping the group (or cleanup, from the
+    ledger) stops that node's Ray daemons; the server on the first node joins it through
+    ``RAY_ADDRESS`` with ``--distributed-executor-backend ray``. Same interface as
+    :class:`HeadlessRanks` for :class:`MultiNodeServer`."""
+
+    def __init__(self, ledger: Ledger, nodes: Sequence[Node], *, label: str, port: int,
+                 join_timeout: float = RAY_JOIN_TIMEOUT_S) -> None:
+        self.ledger, self.nodes, self.label, self.port = ledger, list(nodes), label, port
+        self.join_timeout = join_timeout
+        self.ranks = HeadlessRanks(ledger, nodes, label=label, model_dirs={}, args={}, env={}, master_port=port)
+        self.groups = self.ranks.groups
+        self.joined: dict[str, Any] = {}
+
+    @property
+    def address(self) -> str:
+        return f"{self.nodes[0].address}:{self.port}"
+
+    def argv(self, node: Node) -> list[str]:
+        ray = [node.python, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats",
+               "--node-ip-address", node.address, "--num-cpus", "1"]
+        if node is self.nodes[0]:
+            return [*ray, "--head", "--port", str(self.port), "--include-dashboard=false"]
+        return [*ray, "--address", self.address]
+
+    def start(self) -> None:
+        """Start Ray on every node, the head first, and wait until every node has joined."""
+        for node in self.nodes:
+            path = self.ranks.remote_log(node)
+            node.run(["mkdir", "-p", posixpath.dirname(path)], timeout=60, check=True)
+            self.groups[node.name] = start_group(self.ledger, node, self.argv(node), label=f"{self.label} ray",
+                                                 log_path=path, env=node.rank_env())
+            if node is self.nodes[0]:
+                self._wait_for(1)
+        self.joined = self._wait_for(len(self.nodes))
+
+    def _wait_for(self, count: int) -> dict[str, Any]:
+        head = self.nodes[0]
+        started = time.monotonic()
+        seen = ""
+        while time.monotonic() - started < self.join_timeout:
+            proc = head.run([head.python, "-m", "ray.scripts.scripts", "status", "--address", self.address],
+                            timeout=60)
+            seen = proc.stdout + proc.stderr
+            active = seen.split("Active:", 1)[1].split("Pending:", 1)[0] if "Active:" in seen else ""
+            if active.count("node_") >= count:
+                return {"nodes": count, "after_s": round(time.monotonic() - started, 3)}
+            time.sleep(1.0)
+        tail = " | ".join(seen.strip().splitlines()[-3:])
+        raise NodeError(f"the Ray cluster at {self.address} has fewer than {count} node(s) after "
+                        f"{self.join_timeout:.0f} s: {tail}")
+
+    def members(self) -> list[Node]:
+        """Every node runs Ray, the first its head."""
+        return self.nodes
+
+    def dead(self) -> list[str]:
+        return self.ranks.dead(self.nodes)
+
+    def stop(self, timeout: float) -> dict[str, dict[str, Any]]:
+        return self.ranks.stop(timeout, reversed(self.nodes))
+
+    def fetch_logs(self, out_dir: Path) -> dict[str, str]:
+        return self.ranks.fetch_logs(out_dir, self.nodes, prefix="ray")
+
+    def describe(self, node: Node) -> dict[str, Any]:
+        group = self.groups.get(node.name) or {}
+        return {"args": self.argv(node)[1:], "pid": group.get("pid"), "pgid": group.get("pgid"),
+                "remote_log": self.ranks.remote_log(node), "stop": self.ranks.stopped.get(node.name),
+                "ray": {"address": self.address, **self.joined}}
+
+
 class MultiNodeServer(ServerProcess):
     """Node 0's API server with the headless ranks of the other nodes: started ranks first,
     alive only while every rank is, stopped API server first, then the ranks on their nodes."""
 
-    def __init__(self, argv: list[str], *, ranks: HeadlessRanks, **kwargs: Any) -> None:
+    def __init__(self, argv: list[str], *, ranks: HeadlessRanks | RayCluster, **kwargs: Any) -> None:
         super().__init__(argv, **kwargs)
         self.ranks = ranks
         self.gone: list[str] = []
 
     def start(self) -> None:
-        self.ranks.start()
+        try:
+            self.ranks.start()
+        except NodeError as err:  # a rank or a Ray node that cannot start: the configuration's result
+            raise ServerStartError("nodes", str(err)) from None
         super().start()
 
     def ranks_down(self) -> str | None:
         self.gone = self.gone or self.ranks.dead()
-        return f"the headless rank on node {', '.join(self.gone)} exited" if self.gone else None
+        what = "Ray" if isinstance(self.ranks, RayCluster) else "the headless rank"
+        return f"{what} on node {', '.join(self.gone)} exited" if self.gone else None
 
     def wait_ready(self, timeout: float, poll: float = 0.5, watch: Any = None, watch_every: float = 5.0) -> float:
         return super().wait_ready(timeout, poll, watch=self.ranks_down, watch_every=watch_every)

@@ -25,7 +25,16 @@ from llmtrial import bench, logs
 from llmtrial.cleanup import restore_first
 from llmtrial.ledger import Action, Ledger
 from llmtrial.manifest import verify_manifest
-from llmtrial.multinode import MASTER_PORT_OFFSET, SANITY_PORT_OFFSET, HeadlessRanks, MultiNodeServer, launch_args, sanity_check
+from llmtrial.multinode import (
+    MASTER_PORT_OFFSET,
+    SANITY_PORT_OFFSET,
+    HeadlessRanks,
+    MultiNodeServer,
+    RayCluster,
+    launch_args,
+    ray_port,
+    sanity_check,
+)
 from llmtrial.nodes import Node
 from llmtrial.nodetelemetry import NodeTelemetry, node_window_figures
 from llmtrial.onset import onset, step_figures
@@ -167,8 +176,21 @@ class TrialJob:
     def master_port(self) -> int:
         return self.port + MASTER_PORT_OFFSET
 
+    @property
+    def launch(self) -> str:
+        """How a multi-node configuration is launched: ``native`` (vLLM's own) or ``ray``."""
+        return str(self.spec.get("launch") or "native")
+
+    @property
+    def ray_address(self) -> str:
+        return f"{self.nodes[0].address}:{ray_port(self.port)}"
+
     def argv(self) -> list[str]:
-        args = {**self.spec["args"], **(launch_args(self.nodes, 0, self.master_port) if self.spread else {})}
+        extra: dict[str, Any] = {}
+        if self.spread:
+            extra = ({"distributed_executor_backend": "ray"} if self.launch == "ray"
+                     else launch_args(self.nodes, 0, self.master_port))
+        args = {**self.spec["args"], **extra}
         return build_server_argv(model_dir=self.model_dir, served_model_name=self.served_model_name,
                                  host=self.host, port=self.port, args=args)
 
@@ -215,7 +237,7 @@ class TrialJob:
         patched = ensure_patched(dict(self.patches), ledger=ledger, work_dir=self.paths.trial.patches)
         env = server_env(self.spec["env"], patched["plugin_dir"], patched["patches"])
         if self.spread:
-            env = {**env, **self.nodes[0].rank_env()}
+            env = {**env, **self.nodes[0].rank_env(), **({"RAY_ADDRESS": self.ray_address} if self.launch == "ray" else {})}
             record.update(self._spread_record())
             if not record["collective"]["ok"]:
                 return self._not_served(record, "failed", Failure("sanity_check", "collective_failed",
@@ -252,8 +274,8 @@ class TrialJob:
         shutil.rmtree(self.paths.bench_dir, ignore_errors=True)  # never mix passes of an earlier run
         self.paths.bench_dir.mkdir(parents=True)
         self.paths.server_log.unlink(missing_ok=True)
-        for rank_log in self.paths.out_dir.glob("server-*.log"):  # other nodes' logs of an earlier run
-            rank_log.unlink()
+        for rank_log in [*self.paths.out_dir.glob("server-*.log"), *self.paths.out_dir.glob("ray-*.log")]:
+            rank_log.unlink()  # other nodes' logs of an earlier run
         self.paths.node_telemetry.unlink(missing_ok=True)
 
     def _skip(self, record: dict[str, Any]) -> dict[str, Any]:
@@ -265,9 +287,12 @@ class TrialJob:
         """A multi-node configuration's launch, its nodes' roles and the collective run
         across them before any server starts."""
         model_dirs = self._model_dirs()
-        launch = {"kind": "native", "nnodes": len(self.nodes), "master_addr": self.nodes[0].address,
-                  "master_port": self.master_port}
-        nodes = [{"name": n.name, "rank": i, "role": "headless" if i else "api server", "address": n.address,
+        launch: dict[str, Any] = {"kind": self.launch, "nnodes": len(self.nodes), "master_addr": self.nodes[0].address,
+                                  "master_port": self.master_port}
+        roles = ("api server, ray head", "ray worker") if self.launch == "ray" else ("api server", "headless")
+        if self.launch == "ray":
+            launch.update(master_port=None, ray_address=self.ray_address)
+        nodes = [{"name": n.name, "rank": i, "role": roles[bool(i)], "address": n.address,
                   "reach": n.reach, "interface": n.interface, "model_dir": model_dirs[n.name],
                   "env_keys": sorted(n.rank_env())} for i, n in enumerate(self.nodes)]
         log.info("%s: sanity check across nodes %s", self.spec["name"], ", ".join(n.name for n in self.nodes))
@@ -364,14 +389,19 @@ class TrialJob:
                                   "label": self.label}
         if not self.spread:
             return ServerProcess(self.argv(), **kwargs)
-        ranks = HeadlessRanks(ledger, self.nodes, label=self.label, model_dirs=self._model_dirs(), args=self.spec["args"],
-                              env=self.spec["env"], master_port=self.master_port)
+        ranks: HeadlessRanks | RayCluster
+        if self.launch == "ray":
+            ranks = RayCluster(ledger, self.nodes, label=self.label, port=ray_port(self.port))
+        else:
+            ranks = HeadlessRanks(ledger, self.nodes, label=self.label, model_dirs=self._model_dirs(),
+                                  args=self.spec["args"], env=self.spec["env"], master_port=self.master_port)
         return MultiNodeServer(self.argv(), ranks=ranks, **kwargs)
 
-    def _rank_records(self, ranks: HeadlessRanks) -> dict[str, dict[str, Any]]:
-        """Each headless rank's record entry, its log fetched from its node."""
+    def _rank_records(self, ranks: HeadlessRanks | RayCluster) -> dict[str, dict[str, Any]]:
+        """What each node ran besides the API server (a headless rank, Ray), its log fetched from the node."""
         fetched = ranks.fetch_logs(self.paths.out_dir)
-        return {n.name: {**ranks.describe(n), "log": fetched.get(n.name)} for n in ranks.nodes[1:]}
+        key = "ray_log" if isinstance(ranks, RayCluster) else "log"
+        return {n.name: {**ranks.describe(n), key: fetched.get(n.name)} for n in ranks.members()}
 
     def _start(self, server: ServerProcess, host_source: HostSource) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         """Launch and wait for /health: (server times, startup facts, cold start's ready time)."""
