@@ -10,7 +10,9 @@ itself.
 
 A trial without ``nodes`` runs on one local node (:func:`local_node`);
 :func:`trial_nodes` and :func:`configuration_nodes` give the nodes a trial and one of its
-configurations use, and :func:`check_nodes` is the cross-key check the config loader runs.
+configurations use, :func:`spanned_nodes` what the trial-wide stages (preflight, staging)
+need of the nodes any configuration spans, and :func:`check_nodes` is the cross-key check
+the config loader runs.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from typing import Any
 from llmtrial.fileio import sha256_file
 
 __all__ = [
-    "LOCAL_NAME", "NodeError", "Node", "local_node", "trial_nodes", "configuration_nodes", "spec_nodes", "check_nodes",
+    "LOCAL_NAME", "NodeError", "Node", "local_node", "trial_nodes", "configuration_nodes", "spec_nodes",
+    "spanned_nodes", "check_nodes",
 ]
 
 #: Name of the one node of a trial that lists none.
@@ -367,6 +370,23 @@ def spec_nodes(spec: Mapping[str, Any]) -> list[Node]:
     its order; empty for a configuration on this host alone."""
     defaults = {"staging_dir": spec.get("staging_dir", "staging")}
     return [Node.from_config(name, block, defaults) for name, block in (spec.get("nodes") or {}).items()]
+
+
+def spanned_nodes(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What a trial-wide stage that runs on every node needs of the trial file, as rule
+    params (so editing a node no configuration spans reruns nothing): ``nodes``, the blocks
+    of the nodes any configuration spans, in the trial's order ({} when the trial lists
+    none: one local node); ``staging_dir``; and ``uses_ray``, whether a configuration
+    asks for the Ray executor (the Ray versions must then agree)."""
+    blocks = config.get("nodes") or {}
+    spanned = set()
+    if blocks:
+        for name in config.get("configurations") or {}:
+            spanned.update(node.name for node in configuration_nodes(config, name))
+    backends = [(entry.get("args") or {}).get("distributed_executor_backend")
+                for entry in [config.get("serving") or {}, *(config.get("configurations") or {}).values()]]
+    return {"nodes": {name: dict(block) for name, block in blocks.items() if name in spanned},
+            "staging_dir": str(config.get("staging_dir", "staging")), "uses_ray": "ray" in backends}
 
 
 def check_nodes(config: Mapping[str, Any]) -> list[tuple[str, str]]:
