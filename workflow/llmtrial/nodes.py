@@ -390,8 +390,9 @@ def spanned_nodes(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_nodes(config: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Problems no schema rule catches, as (dotted key, message): a configuration naming a
-    node the trial lacks, an ssh node without an address, a refused ssh option."""
+    """Problems no schema rule catches, as (dotted key, message): a configuration or a
+    service naming a node the trial lacks, an ssh node without an address, a refused ssh
+    option."""
     problems: list[tuple[str, str]] = []
     blocks = config.get("nodes") or {}
     for name, block in blocks.items():
@@ -406,4 +407,8 @@ def check_nodes(config: Mapping[str, Any]) -> list[tuple[str, str]]:
         for node in entry.get("nodes") or []:
             if node not in blocks:
                 problems.append((f"configurations.{cname}.nodes", f"{node!r} is not a node of this trial ({known})"))
+    for sname, entry in (config.get("services") or {}).items():
+        node = entry.get("node")
+        if node is not None and node not in blocks:
+            problems.append((f"services.{sname}.node", f"{node!r} is not a node of this trial ({known})"))
     return problems
