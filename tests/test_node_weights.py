@@ -18,6 +18,7 @@ from llmtrial.node_weights import copy_to_nodes, stage_on_nodes
 from llmtrial.nodes import NodeError
 from llmtrial.paths import TrialPaths
 from llmtrial.records import check_record
+from workflow_helpers import default_config, snakemake, write_config
 
 #: run_cleanup on host A as `snakemake cleanup` runs it (with the weights' policy), as this test's run.
 CLEANUP = ("import json, sys; from llmtrial.cleanup import run_cleanup; "
@@ -125,3 +126,27 @@ def test_a_trial_without_nodes_keeps_its_manifest_as_it_is(tmp_path):
     assert stage_on_nodes(manifest, {"nodes": {}, "staging_dir": "s"}, ledger=Ledger(tmp_path / "l"), trial="t",
                           model_name="m") is manifest
     assert not Path(tmp_path / "l").exists()
+
+
+@pytest.mark.workflow
+def test_snakemake_stages_on_both_hosts_and_its_cleanup_deletes_node_bs_copy(hosts, tmp_path):
+    config = default_config()
+    config["trial"] = "mn"
+    config["nodes"] = hosts.node_blocks()
+    config["configurations"]["tp1"]["nodes"] = ["a", "b"]
+    config["model"]["weights"] = {"after": "delete"}
+    write_config(tmp_path, config)
+    paths = TrialPaths.of("mn")
+    out = snakemake(tmp_path, "--cores", "1", str(paths.manifest), via=hosts.on_a([]), timeout=300)
+    log = (tmp_path / paths.log("preflight")).read_text()
+    if out.returncode != 0 and "nodes: stale_processes:" in log and "python_patch_level" not in log:
+        pytest.skip("a vLLM of another trial runs on this machine, and both hosts share its processes")
+    assert out.returncode == 0, out.stderr[-3000:]
+    manifest = json.loads((tmp_path / paths.manifest).read_text())
+    there = hosts.staging_b / "mn" / "tiny-llama"
+    assert manifest["nodes"]["b"]["model_dir"] == str(there) and manifest["same_files"]["status"] == "ok"
+    assert manifest["nodes"]["a"]["model_dir"] == manifest["model_dir"] == str(tmp_path / "staging/mn/tiny-llama")
+    assert sorted(p.name for p in there.iterdir()) == sorted([MANIFEST_NAME, *(f["path"] for f in manifest["files"])])
+    out = snakemake(tmp_path, "--cores", "1", "cleanup", via=hosts.on_a([]))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert not there.exists() and not (tmp_path / "staging/mn/tiny-llama").exists()
