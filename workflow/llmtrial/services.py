@@ -198,9 +198,13 @@ class Service:
         }
         return {**out, **self.where()}
 
+    def named(self) -> dict[str, Any]:
+        """``node``, the name of its node, for a record or a ledger entry ({} on this host)."""
+        return {"node": self.node.name} if self.node is not None else {}
+
     def where(self) -> dict[str, Any]:
         """The ledger's ``node`` and ``reach`` of a service on a node ({} on this host)."""
-        return {"node": self.node.name, "reach": self.node.describe()} if self.node is not None else {}
+        return {**self.named(), "reach": self.node.describe()} if self.node is not None else {}
 
     def runner(self, runner: Runner) -> Runner:
         """How its commands run: ``runner`` on this host, :meth:`Node.run` on its node."""
@@ -288,7 +292,8 @@ def healthy(service: Service, timeout: float = 5.0) -> tuple[bool, str]:
         return code == 0, f"exit {code}: {output[-200:]}" if code is not None else seen
     node = service.node or local_node()
     try:
-        answer = node.program(_HEALTH_SCRIPT, {"health": h, "timeout": timeout}, timeout + HEALTH_ANSWER_S)
+        within = max(timeout, float(h.get("timeout_s") or 0)) + HEALTH_ANSWER_S
+        answer = node.program(_HEALTH_SCRIPT, {"health": h, "timeout": timeout}, within)
     except NodeError as exc:
         return False, f"the health check could not run: {exc}"
     return bool(answer.get("ok")), str(answer.get("seen"))
@@ -321,7 +326,8 @@ def quiet(services: list[Service], ledger: Ledger, runner: Runner = run_argv) ->
         was_running = state == RUNNING
         entry = ledger.append(Action.SERVICE_QUIET, service=svc.to_json(), was_running=was_running, state_seen=what,
                               **svc.where())
-        item: dict[str, Any] = {"name": svc.name, "kind": svc.kind, "was_running": was_running, "state_seen": what}
+        item: dict[str, Any] = {"name": svc.name, "kind": svc.kind, "was_running": was_running, "state_seen": what,
+                                **svc.named()}
         if not was_running:
             item["action"] = "left stopped (was not running)"
             items.append(item)
@@ -334,7 +340,7 @@ def quiet(services: list[Service], ledger: Ledger, runner: Runner = run_argv) ->
             residues.append({"kind": "service", "what": svc.name, "tried": " ".join(svc.argv("stop")),
                              "seen": f"still up after {svc.stop_timeout_s:g} s: {down_seen} ({stop_seen})"})
         ledger.append(Action.SERVICE_STOPPED, name=svc.name, down=down, quiet=entry["id"],
-                      **{k: v for k, v in svc.where().items() if k == "node"})
+                      **svc.named())
         log.info("quieted %s: %s", svc.name, item["action"])
         items.append(item)
     return {"services": items, "residues": residues, "quieted_at": time.time()}
@@ -367,7 +373,7 @@ def restore(entries: list[dict[str, Any]], ledger: Ledger, runner: Runner = run_
     for quiet_id, entry in reversed(list(outstanding_stops(entries).items())):
         svc = Service.from_config(entry["service"]["name"], entry["service"])
         item: dict[str, Any] = {"name": svc.name, "kind": svc.kind, "run": entry.get("run"), "quiet": quiet_id,
-                                "started_at": time.time()}
+                                "started_at": time.time(), **svc.named()}
         state, seen = svc.state(runner)
         item["state_before"] = f"{state} ({seen})"
         if state != RUNNING:
@@ -377,7 +383,7 @@ def restore(entries: list[dict[str, Any]], ledger: Ledger, runner: Runner = run_
         item.update(healthy=ok, health_seen=seen, healthy_after_s=round(took, 3))
         if ok:
             ledger.append(Action.SERVICE_RESTORED, name=svc.name, undoes=quiet_id, healthy_after_s=round(took, 3),
-                          **{k: v for k, v in svc.where().items() if k == "node"})
+                          **svc.named())
         else:
             residues.append({"kind": "service", "what": svc.name, "tried": " ".join(svc.argv("start")),
                              "seen": f"not running and healthy after {svc.health_timeout_s:g} s: {seen}"})
