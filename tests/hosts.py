@@ -90,7 +90,7 @@ class TwoHosts:
         """Both hosts as a trial file's ``nodes`` (for a process on host A): ``a`` this host,
         ``b`` over ssh with the interpreter ``python_b`` (default this one, the venv's)."""
         def block(node: Node) -> dict:
-            return {k: v for k, v in node.describe().items() if k != "name"}
+            return {k: v for k, v in node.describe().items() if k not in ("name", "env_keys")}
         return {"a": {**block(self.node_a()), "python": sys.executable},
                 "b": {**block(self.node_b()), "python": python_b}}
 
