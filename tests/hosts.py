@@ -20,11 +20,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -36,6 +38,8 @@ from llmtrial.nodes import Node, local_node
 SSHD = Path("/usr/sbin/sshd")
 #: sshd's compiled-in privilege separation folder; it refuses to start without it.
 PRIVSEP_DIR = Path("/run/sshd")
+#: The library, for a Python started on host A.
+WORKFLOW = Path(__file__).resolve().parent.parent / "workflow"
 PREFIX = "llmt-"
 INTERFACE = "llmt0"
 _STALE_NS = re.compile(rf"^{PREFIX}[ab]-(\d+)-\d+$")
@@ -72,6 +76,23 @@ class TwoHosts:
     def on_b(self, argv: list[str]) -> list[str]:
         """``argv`` run in host B's namespace directly (not through ssh): for checks only."""
         return ["ip", "netns", "exec", self.ns_b, *argv]
+
+    def python_on_a(self, code: str, *args: str, timeout: float = 180) -> dict:
+        """Run ``code`` (``sys.argv[1:]`` is ``args``) in a new Python (this one) on host A,
+        as a stage of the workflow runs there, and return the JSON object it prints last:
+        such a process reaches host B over ssh and knows it only from what it is given."""
+        proc = subprocess.run(self.on_a([sys.executable, "-c", code, *args]), capture_output=True, text=True,
+                              timeout=timeout, env={**os.environ, "PYTHONPATH": str(WORKFLOW)})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def node_blocks(self, python_b: str = sys.executable) -> dict:
+        """Both hosts as a trial file's ``nodes`` (for a process on host A): ``a`` this host,
+        ``b`` over ssh with the interpreter ``python_b`` (default this one, the venv's)."""
+        def block(node: Node) -> dict:
+            return {k: v for k, v in node.describe().items() if k not in ("name", "env_keys")}
+        return {"a": {**block(self.node_a()), "python": sys.executable},
+                "b": {**block(self.node_b()), "python": python_b}}
 
     def node_a(self) -> Node:
         """Host A as the trial's local node."""

@@ -19,7 +19,7 @@ import pytest
 from hosts import PREFIX, SSHD, clean_stale, namespaces, two_hosts
 from llmtrial.config import ConfigError, validate_config
 from llmtrial.fileio import sha256_file
-from llmtrial.nodes import LOCAL_NAME, Node, NodeError, configuration_nodes, local_node, trial_nodes
+from llmtrial.nodes import LOCAL_NAME, Node, NodeError, configuration_nodes, local_node, spanned_nodes, trial_nodes
 
 BASE = {
     "trial": "t",
@@ -71,6 +71,19 @@ def test_a_configuration_naming_an_unknown_node_is_rejected_naming_the_key():
         validate_config(cfg)
     with pytest.raises(ConfigError, match=r"'configurations\.two\.nodes': 'a' is not a node of this trial \(the trial lists no"):
         validate_config(config(nodes={}, configurations={"two": {"nodes": ["a"]}}))
+
+
+def test_a_service_naming_an_unknown_node_is_rejected_naming_the_key():
+    cfg = config(services={"web": {"kind": "systemd", "node": "c"}})
+    with pytest.raises(ConfigError, match=r"config key 'services\.web\.node': 'c' is not a node of this trial \(a, b\)"):
+        validate_config(cfg)
+    assert validate_config(config(services={"web": {"kind": "systemd", "node": "b"}}))["services"]["web"]["node"] == "b"
+
+
+def test_spanned_nodes_are_the_nodes_of_any_configuration_in_the_trials_order():
+    cfg = validate_config(config(configurations={"two": {"nodes": ["b", "a"]}, "one": {}}))
+    assert list(spanned_nodes(cfg)["nodes"]) == ["a", "b"]
+    assert list(spanned_nodes(validate_config(config(configurations={"one": {}})))["nodes"]) == ["a"]
 
 
 def test_a_bad_reach_is_rejected_naming_the_key():

@@ -6,7 +6,9 @@ NVML is replaced by a double (``NvmlDouble``): this machine has no NVIDIA driver
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import resource
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +16,8 @@ import pytest
 
 from conftest import NvmlDouble, NVMLError
 from llmtrial.disk import disk_headroom
+from llmtrial.nodes import spanned_nodes
+from llmtrial.paths import TrialPaths
 from llmtrial.preflight import (
     PreflightError,
     check_allocator,
@@ -25,6 +29,7 @@ from llmtrial.preflight import (
     run_preflight,
 )
 from llmtrial.records import check_record, redact_env
+from workflow_helpers import default_config, snakemake, write_config
 
 DISK = {"reserve_fraction": 0.10, "reserve_min_gib": 5}
 
@@ -159,3 +164,84 @@ def test_redaction_keeps_ordinary_values():
     assert redact_env({"HF_TOKEN": "x", "MY_API_KEY": "y", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}) == {
         "HF_TOKEN": "<redacted>", "MY_API_KEY": "<redacted>", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 
+
+
+# --- every node of a trial, on two hosts made on this machine (tests/hosts.py) -------------------
+
+#: run_preflight as the preflight job runs it on host A; prints the outcome. The two hosts share
+#: this machine's processes (a vLLM the lead runs shows on both), so the stale-process markers
+#: are narrowed to one no process carries (built from two parts: this program's own command line,
+#: seen from host B, must not carry it either).
+NODE_PREFLIGHT = """\
+import json, sys
+from llmtrial import crossnode
+from llmtrial.preflight import PreflightError, run_preflight
+crossnode.STALE_MARKERS.clear()
+crossnode.STALE_MARKERS["llmtrial-test-" + "no-such-process"] = "nothing"
+try:
+    out = {"ok": True, "record": run_preflight(**json.loads(sys.argv[1]))}
+except PreflightError as err:
+    out = {"ok": False, "error": str(err), "record": err.record}
+print(json.dumps(out, default=str))
+"""
+OTHER_PYTHON = "/usr/bin/python3"
+
+
+def preflight_on_a(hosts, tmp_path, python_b: str) -> dict:
+    config = {"trial": "t", "staging_dir": str(hosts.staging_a), "nodes": hosts.node_blocks(python_b),
+              "configurations": {"pp2": {"nodes": ["a", "b"]}}}
+    inputs = {"source": {"kind": "tiny", "seed": 0}, "staging_dir": str(tmp_path / "staging"),
+              "disk": {"reserve_fraction": 0.0, "reserve_min_gib": 0}, "nodes": spanned_nodes(config)}
+    return hosts.python_on_a(NODE_PREFLIGHT, json.dumps(inputs))
+
+
+def test_matching_nodes_pass_and_the_record_carries_every_nodes_facts(hosts, tmp_path):
+    out = preflight_on_a(hosts, tmp_path, sys.executable)
+    assert out["ok"], out.get("error")
+    nodes = out["record"]["nodes"]
+    assert nodes["master"]["address"] == hosts.addr_a and list(nodes["nodes"]) == ["a", "b"]
+    statuses = {c["name"]: c["status"] for c in nodes["checks"] if c["name"] != "ray_version"}  # Ray: not used
+    assert statuses == {"node_reachable": "ok", "python_patch_level": "ok", "vllm_version": "ok", "torch_version": "ok",
+                        "nccl_version": "skip", "node_interface": "ok", "node_dev_shm": "ok", "stale_processes": "ok"}
+    check_record(out["record"], "preflight")
+
+
+def test_a_python_patch_level_planted_on_node_b_stops_the_trial_naming_node_and_check(hosts, tmp_path):
+    other = subprocess.run([OTHER_PYTHON, "-c", "import platform; print(platform.python_version())"],
+                           capture_output=True, text=True).stdout.strip()
+    mine = ".".join(map(str, sys.version_info[:3]))
+    if not other or other == mine:
+        pytest.skip(f"no second Python of another patch level than {mine} at {OTHER_PYTHON}")
+    out = preflight_on_a(hosts, tmp_path, OTHER_PYTHON)
+    assert not out["ok"]
+    assert f"nodes: python_patch_level: Python differs across nodes: a {mine}, b {other};" in out["error"]
+    assert "nodes: torch_version: torch differs across nodes: " in out["error"] and "b not installed" in out["error"]
+    assert out["record"]["nodes"]["nodes"]["b"]["python"] == OTHER_PYTHON
+    check_record(out["record"], "preflight")
+
+
+def test_a_trial_without_nodes_has_no_nodes_in_its_preflight_record(tmp_path):
+    spanned = spanned_nodes({"trial": "t", "configurations": {"tp1": {}}})
+    assert spanned == {"nodes": {}, "staging_dir": "staging", "uses_ray": False}
+    record = run_preflight(source={"kind": "tiny", "seed": 0}, staging_dir=tmp_path, disk={"reserve_fraction": 0.0,
+                           "reserve_min_gib": 0}, nodes=spanned, nvml=NvmlDouble())
+    assert "nodes" not in record
+
+
+@pytest.mark.workflow
+def test_snakemake_stops_at_preflight_before_staging_when_node_b_runs_another_python(hosts, tmp_path):
+    other = subprocess.run([OTHER_PYTHON, "-c", "import platform; print(platform.python_version())"],
+                           capture_output=True, text=True).stdout.strip()
+    if not other or other == ".".join(map(str, sys.version_info[:3])):
+        pytest.skip(f"no second Python of another patch level at {OTHER_PYTHON}")
+    config = default_config()
+    config["nodes"] = hosts.node_blocks(OTHER_PYTHON)
+    config["configurations"]["tp1"]["nodes"] = ["a", "b"]
+    write_config(tmp_path, config)
+    paths = TrialPaths.of("demo")
+    out = snakemake(tmp_path, "--cores", "1", str(paths.manifest), via=hosts.on_a([]))
+    assert out.returncode != 0
+    log = (tmp_path / paths.log("preflight")).read_text()
+    assert f"nodes: python_patch_level: Python differs across nodes: a {sys.version.split()[0]}, b {other};" in log
+    assert not (tmp_path / paths.manifest).exists() and not (tmp_path / "staging").exists()
+    assert not list(hosts.staging_b.iterdir())

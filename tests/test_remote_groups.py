@@ -8,9 +8,7 @@ this machine's process table, so the tests see B's processes directly."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,8 +21,6 @@ from llmtrial.groups import group_alive, spawn_group, start_group, stop_remote_g
 from llmtrial.ledger import Action, Ledger
 from llmtrial.nodes import Node, NodeError, local_node
 from llmtrial.paths import TrialPaths
-
-WORKFLOW = Path(__file__).resolve().parent.parent / "workflow"
 
 #: A leader that starts one child; both sleep (a server and its engine core, say).
 PAIR = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); " \
@@ -51,10 +47,7 @@ def members(node: Node, pgid: int, not_before: float | None, n: int = 2, wait: f
 
 def cleanup_on_a(hosts, results: Path) -> dict:
     """``run_cleanup(results)`` in a new Python on host A."""
-    proc = subprocess.run(hosts.on_a([sys.executable, "-c", CLEANUP, str(results)]), capture_output=True, text=True,
-                          timeout=180, env={**os.environ, "PYTHONPATH": str(WORKFLOW)})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return hosts.python_on_a(CLEANUP, str(results))
 
 
 def kill_planted(pids: list[int]) -> None:

@@ -7,6 +7,7 @@ double that records calls and answers as each tool does.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -15,8 +16,20 @@ from pathlib import Path
 import pytest
 
 from conftest import free_ports
-from llmtrial.ledger import Ledger
-from llmtrial.services import RUNNING, STOPPED, UNKNOWN, Service, ServiceStateUnknown, healthy, quiet, restore
+from hosts import WORKFLOW
+from llmtrial.ledger import RUN_ENV, Action, Ledger
+from llmtrial.paths import TrialPaths
+from llmtrial.services import (
+    RUNNING,
+    STOPPED,
+    UNKNOWN,
+    Service,
+    ServiceStateUnknown,
+    healthy,
+    quiet,
+    restore,
+    services_on_nodes,
+)
 
 SUPERVISORD = str(Path(sys.executable).parent / "supervisord")
 SUPERVISORCTL = str(Path(sys.executable).parent / "supervisorctl")
@@ -344,3 +357,54 @@ class TestArgv:
         svc = Service.from_config("x", {"kind": "command", "status": ["true"]})
         with pytest.raises(ValueError, match="service x: kind command needs a 'stop' argv list"):
             svc.argv("stop")
+
+
+# --- a service on another node: host B of tests/hosts.py, reached over ssh from host A ----------
+
+#: The quiet stage and `snakemake cleanup` as they run on host A (one run: LLMTRIAL_RUN).
+QUIET_ON_A = ("import json, sys; from llmtrial.services import quiet_host; "
+              "print(json.dumps(quiet_host(sys.argv[1], json.loads(sys.argv[2])), default=str))")
+CLEANUP_ON_A = ("import json, sys; from llmtrial.cleanup import run_cleanup; "
+                "print(json.dumps(run_cleanup(sys.argv[1], stop_timeout=5), default=str))")
+
+
+def demo_on_b(action: str, port: int, state: Path) -> list[str]:
+    """The demo service's argv on host B, with its own Python ({python}: node b's)."""
+    return ["env", f"PYTHONPATH={WORKFLOW}", "{python}", "-m", "llmtrial.demo_service", action, "--port", str(port),
+            "--state", str(state)]
+
+
+def test_a_service_on_node_b_is_quieted_and_restored_there_from_the_ledger(hosts, tmp_path, monkeypatch):
+    monkeypatch.setenv(RUN_ENV, "test-services-on-b")
+    port, state = free_ports(1)[0], tmp_path / "state"
+    config = {"nodes": hosts.node_blocks(sys.executable), "staging_dir": "staging", "services": {"web-b": {
+        "kind": "command", "node": "b", "status": demo_on_b("status", port, state), "stop": demo_on_b("stop", port, state),
+        "start": demo_on_b("start", port, state), "health": {"kind": "http", "url": f"http://127.0.0.1:{port}/health"},
+        "timeouts": {"stop_s": 10, "start_s": 20, "health_s": 20}}}}
+    services = services_on_nodes(config)
+    web = Service.from_config("web-b", services["web-b"])
+    assert web.node.name == "b" and web.start_argv[2] == sys.executable
+    node_b = hosts.node_b()
+    run_b = [sys.executable if a == "{python}" else a for a in demo_on_b("start", port, state)]
+    assert node_b.run(run_b, timeout=30).returncode == 0
+    try:
+        quieted = hosts.python_on_a(QUIET_ON_A, str(tmp_path), json.dumps(services))
+        [item] = quieted["services"]
+        assert item["was_running"] and item["action"] == "stopped" and quieted["residues"] == []
+        status = [sys.executable if a == "{python}" else a for a in demo_on_b("status", port, state)]
+        assert node_b.run(status, timeout=30).returncode == 3  # stopped, on host B
+        [entry] = [e for e in Ledger(TrialPaths(tmp_path).ledger).entries() if e["action"] == Action.SERVICE_QUIET]
+        assert entry["node"] == "b" and entry["reach"]["ssh"]["address"] == hosts.addr_b
+        record = hosts.python_on_a(CLEANUP_ON_A, str(tmp_path))
+        [back] = record["services_restored"]
+        assert back["healthy"] and record["restored"] and record["host"]["services"][0]["running_and_healthy"]
+        assert "HTTP 200 from" in back["health_seen"]  # asked on host B: nothing listens on A's loopback
+        assert node_b.run(status, timeout=30).returncode == 0
+    finally:
+        node_b.run([sys.executable if a == "{python}" else a for a in demo_on_b("stop", port, state)], timeout=30)
+
+
+def test_services_of_a_trial_without_nodes_stay_on_this_host():
+    services = {"web": {"kind": "command", "status": ["true"]}}
+    assert services_on_nodes({"services": services}) == services
+    assert Service.from_config("web", services["web"]).to_json().get("node") is None

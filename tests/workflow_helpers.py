@@ -29,8 +29,11 @@ def default_config() -> dict:
     return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 
 
-def snakemake(workdir: Path, *args: str, timeout: float = 120, configfile: Path | None = None) -> subprocess.CompletedProcess[str]:
-    cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir)]
+def snakemake(workdir: Path, *args: str, timeout: float = 120, configfile: Path | None = None,
+              via: list[str] = ()) -> subprocess.CompletedProcess[str]:
+    """Run snakemake on the trial in ``workdir``; ``via`` is an argv prefix (``ip netns exec A``
+    runs it on host A of tests/hosts.py)."""
+    cmd = [*via, SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir)]
     if configfile is not None:
         cmd += ["--configfile", str(configfile)]
     return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout, check=False)

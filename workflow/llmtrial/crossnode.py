@@ -9,7 +9,7 @@ address is reachable from it, the size of ``/dev/shm``, and processes of an earl
 memory or GPUs. Nothing is killed here.
 
 :func:`cross_checks` is a pure function of those facts, with checks shaped as the
-single-host preflight's (:func:`llmtrial.preflight.check`); :func:`same_files` compares the
+single-host preflight's (:func:`llmtrial.checks.check`); :func:`same_files` compares the
 staged model files' hashes across nodes; :func:`preflight_nodes` gathers the facts of every
 node in parallel and returns the record: ``{"nodes": {name: facts}, "checks": [...]}``.
 
@@ -25,9 +25,9 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from llmtrial.checks import MIN_SHM_BYTES, check
 from llmtrial.disk import GiB
 from llmtrial.nodes import Node, NodeError
-from llmtrial.preflight import MIN_SHM_BYTES, check
 
 __all__ = ["STALE_MARKERS", "node_facts", "cross_checks", "same_files", "preflight_nodes"]
 

@@ -10,7 +10,9 @@ itself.
 
 A trial without ``nodes`` runs on one local node (:func:`local_node`);
 :func:`trial_nodes` and :func:`configuration_nodes` give the nodes a trial and one of its
-configurations use, and :func:`check_nodes` is the cross-key check the config loader runs.
+configurations use, :func:`spanned_nodes` what the trial-wide stages (preflight, staging)
+need of the nodes any configuration spans, and :func:`check_nodes` is the cross-key check
+the config loader runs.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from typing import Any
 from llmtrial.fileio import sha256_file
 
 __all__ = [
-    "LOCAL_NAME", "NodeError", "Node", "local_node", "trial_nodes", "configuration_nodes", "spec_nodes", "check_nodes",
+    "LOCAL_NAME", "NodeError", "Node", "local_node", "trial_nodes", "configuration_nodes", "spec_nodes",
+    "spanned_nodes", "check_nodes",
 ]
 
 #: Name of the one node of a trial that lists none.
@@ -369,9 +372,27 @@ def spec_nodes(spec: Mapping[str, Any]) -> list[Node]:
     return [Node.from_config(name, block, defaults) for name, block in (spec.get("nodes") or {}).items()]
 
 
+def spanned_nodes(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What a trial-wide stage that runs on every node needs of the trial file, as rule
+    params (so editing a node no configuration spans reruns nothing): ``nodes``, the blocks
+    of the nodes any configuration spans, in the trial's order ({} when the trial lists
+    none: one local node); ``staging_dir``; and ``uses_ray``, whether a configuration
+    asks for the Ray executor (the Ray versions must then agree)."""
+    blocks = config.get("nodes") or {}
+    spanned = set()
+    if blocks:
+        for name in config.get("configurations") or {}:
+            spanned.update(node.name for node in configuration_nodes(config, name))
+    backends = [(entry.get("args") or {}).get("distributed_executor_backend")
+                for entry in [config.get("serving") or {}, *(config.get("configurations") or {}).values()]]
+    return {"nodes": {name: dict(block) for name, block in blocks.items() if name in spanned},
+            "staging_dir": str(config.get("staging_dir", "staging")), "uses_ray": "ray" in backends}
+
+
 def check_nodes(config: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Problems no schema rule catches, as (dotted key, message): a configuration naming a
-    node the trial lacks, an ssh node without an address, a refused ssh option."""
+    """Problems no schema rule catches, as (dotted key, message): a configuration or a
+    service naming a node the trial lacks, an ssh node without an address, a refused ssh
+    option."""
     problems: list[tuple[str, str]] = []
     blocks = config.get("nodes") or {}
     for name, block in blocks.items():
@@ -386,4 +407,8 @@ def check_nodes(config: Mapping[str, Any]) -> list[tuple[str, str]]:
         for node in entry.get("nodes") or []:
             if node not in blocks:
                 problems.append((f"configurations.{cname}.nodes", f"{node!r} is not a node of this trial ({known})"))
+    for sname, entry in (config.get("services") or {}).items():
+        node = entry.get("node")
+        if node is not None and node not in blocks:
+            problems.append((f"services.{sname}.node", f"{node!r} is not a node of this trial ({known})"))
     return problems

@@ -30,7 +30,8 @@ from typing import Any
 from llmtrial import budget, checkpoint
 from llmtrial.budget import MemoryTerms
 from llmtrial.checkpoint import WeightsSize
-from llmtrial.preflight import check, check_allocator, check_nccl_interfaces
+from llmtrial.checks import check
+from llmtrial.preflight import check_allocator, check_nccl_interfaces
 from llmtrial.records import fact
 from llmtrial.shape import (
     DEFAULT_CPU_BLOCK_SIZE,

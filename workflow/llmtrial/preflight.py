@@ -5,7 +5,10 @@ vLLM and torch, CPU model, flags and NUMA layout; GPUs from NVML with driver, CU
 link and peer access, and ``nvidia-smi topo -m``), the host checks for the gotchas the
 field reports document (allocator ``expandable_segments``, ``/dev/shm``, the open-file
 limit, NCCL interface variables), and the disk headroom for the weights. A trial whose
-disk headroom is short stops here, before a byte is staged.
+disk headroom is short stops here, before a byte is staged. A trial that lists nodes is
+checked on every node a configuration spans as well (:mod:`llmtrial.crossnode`: the same
+Python, vLLM, torch and NCCL everywhere, the interface, ``/dev/shm``, no stale process),
+and a failed cross-node check stops it here too.
 
 The checks that depend on one configuration (CPU thread binding, DeepGEMM) belong to its
 plan record (:func:`llmtrial.plan.plan_record`), which calls the allocator and NCCL checks
@@ -29,8 +32,11 @@ from typing import Any
 
 import psutil
 
+from llmtrial.checks import MIN_SHM_BYTES, check
+from llmtrial.crossnode import preflight_nodes
 from llmtrial.disk import GiB, headroom_by_filesystem, headroom_message
 from llmtrial.model_source import staged_size_estimate
+from llmtrial.nodes import trial_nodes
 from llmtrial.records import redact_env
 
 #: Distributions the report lists first.
@@ -41,18 +47,12 @@ ENV_PREFIXES = ("VLLM_", "CUDA_", "PYTORCH_", "NCCL_", "GLOO_", "OMP_", "HF_", "
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 #: vLLM asks for at least this many open files and warns when it cannot raise the limit.
 MIN_OPEN_FILES = 65535
-MIN_SHM_BYTES = 1 * GiB
 #: Where Linux shows devices and NUMA nodes; tests pass a folder of their own.
 SYSFS = Path("/sys")
 
 
 class PreflightError(RuntimeError):
     """A check that must stop the trial before anything is staged."""
-
-
-def check(name: str, status: str, detail: str, **data: Any) -> dict[str, Any]:
-    """One check's outcome: ``ok``, ``warn``, ``fail`` or ``skip``, with what was seen."""
-    return {"name": name, "status": status, "detail": detail, **data}
 
 
 # --------------------------------------------------------------------------- environment
@@ -319,18 +319,40 @@ def disk_check(disk: Mapping[str, Any]) -> dict[str, Any]:
                  "or lower disk.reserve_* (the default keeps the kubelet's 10 % eviction threshold)")
 
 
+def nodes_preflight(spanned: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The cross-node preflight (:func:`llmtrial.crossnode.preflight_nodes`) of the nodes any
+    configuration spans, the first node's address the master; None when the trial lists no
+    nodes. ``spanned`` is :func:`llmtrial.nodes.spanned_nodes` of the trial file."""
+    if not spanned or not spanned.get("nodes"):
+        return None
+    nodes = list(trial_nodes(spanned).values())
+    return preflight_nodes(nodes, master_addr=nodes[0].address, uses_ray=bool(spanned.get("uses_ray")))
+
+
 def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: Mapping[str, Any],
-                  nvml: Any | None = None, sysfs: Path = SYSFS) -> dict[str, Any]:
+                  nodes: Mapping[str, Any] | None = None, nvml: Any | None = None,
+                  sysfs: Path = SYSFS) -> dict[str, Any]:
     """The trial's preflight record. Raises PreflightError naming what failed, with the
-    record attached as ``exc.record``, when a check must stop the trial before staging."""
+    record attached as ``exc.record``, when a check must stop the trial before staging.
+
+    ``nodes`` (:func:`llmtrial.nodes.spanned_nodes` of the trial file): when the trial lists
+    nodes, every node any configuration spans is checked too and the record carries the
+    cross-node preflight under ``nodes``; a failed cross-node check (a node unreachable,
+    versions that differ, an interface, ``/dev/shm``, a stale process) stops the trial as
+    a failed host check does, its message naming the check and the node.
+    """
     host = {"host": dict(os.environ)}
     needed, files = staged_size_estimate(source)
     headroom = headroom_by_filesystem([("staging", staging_dir, needed, files)], disk)[0]
     checks = [check_allocator(host), check_shm(), check_open_files(), check_nccl_interfaces(host), disk_check(headroom)]
     record = {"environment": environment_record(nvml, sysfs), "checks": checks, "disk": headroom}
-    failed = [c for c in checks if c["status"] == "fail"]
+    across = nodes_preflight(nodes)
+    failed = [f"{c['name']}: {c['detail']}" for c in checks if c["status"] == "fail"]
+    if across is not None:
+        record["nodes"] = across
+        failed += [f"nodes: {c['name']}: {c['detail']}" for c in across["checks"] if c["status"] == "fail"]
     if failed:
-        err = PreflightError("preflight failed: " + "; ".join(f"{c['name']}: {c['detail']}" for c in failed))
+        err = PreflightError("preflight failed: " + "; ".join(failed))
         err.record = record  # type: ignore[attr-defined]
         raise err
     return record

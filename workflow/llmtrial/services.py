@@ -17,27 +17,32 @@ and what was seen.
 
 Kinds: ``systemd`` (systemctl), ``docker`` (a container), ``supervisor`` (a
 supervisorctl program) and ``command`` (argv lists of your own; an element ``{python}``
-is the interpreter running the trial). Health checks: ``http`` (URL and expected status),
-``tcp`` (host and port), ``command`` (exit status 0) and ``completion`` (a short
-completion against an OpenAI-compatible endpoint).
+is the interpreter running the trial, or the node's Python on another node). Health
+checks: ``http`` (URL and expected status), ``tcp`` (host and port), ``command`` (exit
+status 0) and ``completion`` (a short completion against an OpenAI-compatible endpoint).
+
+A service may live on another node of the trial (its ``node`` key; default the trial's
+first node, or this host when the trial lists none): :func:`services_on_nodes` gives each
+entry the node's ``reach``, and then its status, stop and start commands run on that node
+(:meth:`llmtrial.nodes.Node.run`) and its health check is made from that node, by
+:data:`_HEALTH_SCRIPT` run with the node's Python (so a URL such as
+``http://127.0.0.1:8190/health`` means the node's own loopback). The ``service_quiet``
+entry names the node and carries its reach, so a restore rebuilds the node from the ledger.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from llmtrial.ledger import Action, Ledger, replay
+from llmtrial.nodes import Node, NodeError, local_node, trial_nodes
 from llmtrial.paths import TrialPaths
 from llmtrial.sources import NvmlSource
 
@@ -69,6 +74,46 @@ SUPERVISOR_STOPPED_WORDS = ("STOPPED", "EXITED", "FATAL")
 DEFAULT_STOPPED_EXIT_CODES = (3,)
 
 
+#: Seconds a node's health program may take beyond the probe's own timeout.
+HEALTH_ANSWER_S = 30.0
+
+#: A health check (http, tcp, completion), made by the service's node with its own Python
+#: (the standard library only); on this host when the service has no node. Reads
+#: {"health": ..., "timeout": s} on stdin, prints {"ok": bool, "seen": text}.
+_HEALTH_SCRIPT = r'''
+import json, socket, sys, urllib.error, urllib.request
+inp = json.load(sys.stdin)
+h, timeout = inp["health"], inp["timeout"]
+kind = h.get("kind")
+try:
+    if kind == "http":
+        try:
+            with urllib.request.urlopen(h["url"], timeout=timeout) as resp:
+                status = resp.status
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+        want = int(h.get("expect_status", 200))
+        out = {"ok": status == want, "seen": "HTTP %d from %s (want %d)" % (status, h["url"], want)}
+    elif kind == "tcp":
+        host = h.get("host", "127.0.0.1")
+        with socket.create_connection((host, int(h["port"])), timeout=timeout):
+            out = {"ok": True, "seen": "%s:%s accepts connections" % (host, h["port"])}
+    elif kind == "completion":
+        body = json.dumps({"model": h["model"], "prompt": h.get("prompt", "Hello"),
+                           "max_tokens": int(h.get("max_tokens", 4))}).encode()
+        req = urllib.request.Request(h["url"].rstrip("/") + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(req, timeout=float(h.get("timeout_s", timeout))) as resp:
+            text = json.loads(resp.read())["choices"][0].get("text", "")
+        out = {"ok": True, "seen": "completion answered (%d characters)" % len(text)}
+    else:
+        out = {"ok": False, "seen": "unknown health check kind %r" % kind}
+except (OSError, KeyError, ValueError) as exc:
+    out = {"ok": False, "seen": "%s: %s" % (type(exc).__name__, exc)}
+print(json.dumps(out))
+'''
+
+
 class ServiceStateUnknown(RuntimeError):
     """A service's state cannot be read: the quiet stage stops before it changes anything."""
 
@@ -88,13 +133,16 @@ def call(runner: Runner, argv: list[str], timeout: float) -> tuple[int | None, s
         return None, "", f"`{shown}` timed out after {timeout:g} s"
     except OSError as exc:  # FileNotFoundError, PermissionError, ...
         return None, "", f"`{shown}` could not run: {type(exc).__name__}: {exc}"
+    except NodeError as exc:  # on another node: timed out, or ssh could not start
+        return None, "", f"`{shown}` did not run: {exc}"
     text = " ".join(((out.stdout or "") + " " + (out.stderr or "")).split())
     return out.returncode, text, f"`{shown}` exited {out.returncode}" + (f": {text[-300:]}" if text else "")
 
 
-def resolve_argv(argv: list[Any]) -> list[str]:
-    """The argv with each ``{python}`` element replaced by this interpreter (never a shell)."""
-    return [sys.executable if str(a) == PYTHON_PLACEHOLDER else str(a) for a in argv]
+def resolve_argv(argv: list[Any], python: str | None = None) -> list[str]:
+    """The argv with each ``{python}`` element replaced by ``python`` (default this
+    interpreter; on another node, the node's), never through a shell."""
+    return [(python or sys.executable) if str(a) == PYTHON_PLACEHOLDER else str(a) for a in argv]
 
 
 @dataclass
@@ -113,6 +161,7 @@ class Service:
     stop_timeout_s: float = 60.0
     start_timeout_s: float = 120.0
     health_timeout_s: float = 120.0
+    node: Node | None = None  # another node of the trial (None: this host, as the trial's first node)
 
     @property
     def has_health(self) -> bool:
@@ -120,28 +169,49 @@ class Service:
 
     @classmethod
     def from_config(cls, name: str, entry: Mapping[str, Any]) -> Service:
+        """The service of a config entry, or of a ledger entry's ``service``; with ``reach``
+        (:func:`services_on_nodes`), on the node it describes."""
+        node = Node.from_reach(str(entry["node"]), entry["reach"]) if entry.get("reach") else None
+        python = node.python if node is not None and not node.is_local else None
         timeouts = entry.get("timeouts") or {}
         health = dict(entry.get("health") or {})
         if "argv" in health:
-            health["argv"] = resolve_argv(health["argv"])
+            health["argv"] = resolve_argv(health["argv"], python)
         return cls(
             name=name, kind=entry["kind"], target=str(entry.get("target") or name),
             supervisor_config=entry.get("supervisor_config"),
-            status_argv=resolve_argv(entry.get("status") or []), stop_argv=resolve_argv(entry.get("stop") or []),
-            start_argv=resolve_argv(entry.get("start") or []),
+            status_argv=resolve_argv(entry.get("status") or [], python),
+            stop_argv=resolve_argv(entry.get("stop") or [], python),
+            start_argv=resolve_argv(entry.get("start") or [], python),
             stopped_exit_codes=[int(c) for c in entry.get("stopped_exit_codes", DEFAULT_STOPPED_EXIT_CODES)],
             health=health,
             stop_timeout_s=float(timeouts.get("stop_s", 60)), start_timeout_s=float(timeouts.get("start_s", 120)),
-            health_timeout_s=float(timeouts.get("health_s", 120)),
+            health_timeout_s=float(timeouts.get("health_s", 120)), node=node,
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name, "kind": self.kind, "target": self.target, "supervisor_config": self.supervisor_config,
             "status": self.status_argv, "stop": self.stop_argv, "start": self.start_argv,
             "stopped_exit_codes": self.stopped_exit_codes, "health": self.health,
             "timeouts": {"stop_s": self.stop_timeout_s, "start_s": self.start_timeout_s, "health_s": self.health_timeout_s},
         }
+        return {**out, **self.where()}
+
+    def named(self) -> dict[str, Any]:
+        """``node``, the name of its node, for a record or a ledger entry ({} on this host)."""
+        return {"node": self.node.name} if self.node is not None else {}
+
+    def where(self) -> dict[str, Any]:
+        """The ledger's ``node`` and ``reach`` of a service on a node ({} on this host)."""
+        return {**self.named(), "reach": self.node.describe()} if self.node is not None else {}
+
+    def runner(self, runner: Runner) -> Runner:
+        """How its commands run: ``runner`` on this host, :meth:`Node.run` on its node."""
+        node = self.node
+        if node is None:
+            return runner
+        return lambda argv, timeout: node.run(argv, timeout)
 
     # the commands of each kind ----------------------------------------------------------
     def _supervisorctl(self, *args: str) -> list[str]:
@@ -169,7 +239,7 @@ class Service:
 
     def state(self, runner: Runner = run_argv) -> tuple[str, str]:
         """``(running | stopped | unknown, what was seen)`` from the kind's status command."""
-        code, output, seen = call(runner, self.argv("status"), timeout=30)
+        code, output, seen = call(self.runner(runner), self.argv("status"), timeout=30)
         return _read_status(self.kind, code, output, self.stopped_exit_codes), seen
 
     def is_running(self, runner: Runner = run_argv) -> bool:
@@ -211,37 +281,22 @@ def observe(service: Service, runner: Runner = run_argv) -> tuple[str, str]:
 
 
 def healthy(service: Service, timeout: float = 5.0) -> tuple[bool, str]:
-    """One health probe: (answered as expected, what was seen)."""
+    """One health probe, made from the service's node (this host without one): (answered
+    as expected, what was seen)."""
     h = service.health
     kind = h.get("kind")
     if not kind:
         return True, "no health check configured"
+    if kind == "command":
+        code, output, seen = call(service.runner(run_argv), list(h["argv"]), timeout=timeout)
+        return code == 0, f"exit {code}: {output[-200:]}" if code is not None else seen
+    node = service.node or local_node()
     try:
-        if kind == "http":
-            try:
-                with urllib.request.urlopen(h["url"], timeout=timeout) as resp:
-                    status = resp.status
-            except urllib.error.HTTPError as exc:
-                status = exc.code
-            want = int(h.get("expect_status", 200))
-            return status == want, f"HTTP {status} from {h['url']} (want {want})"
-        if kind == "tcp":
-            with socket.create_connection((h.get("host", "127.0.0.1"), int(h["port"])), timeout=timeout):
-                return True, f"{h.get('host', '127.0.0.1')}:{h['port']} accepts connections"
-        if kind == "command":
-            out = run_argv(list(h["argv"]), timeout=timeout)
-            return out.returncode == 0, f"exit {out.returncode}: {(out.stdout + out.stderr).strip()[-200:]}"
-        if kind == "completion":
-            body = json.dumps({"model": h["model"], "prompt": h.get("prompt", "Hello"),
-                               "max_tokens": int(h.get("max_tokens", 4))}).encode()
-            req = urllib.request.Request(h["url"].rstrip("/") + "/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"}, method="POST")
-            with urllib.request.urlopen(req, timeout=float(h.get("timeout_s", timeout))) as resp:
-                text = json.loads(resp.read())["choices"][0].get("text", "")
-            return True, f"completion answered ({len(text)} characters)"
-        return False, f"unknown health check kind {kind!r}"
-    except (OSError, subprocess.SubprocessError, KeyError, ValueError, json.JSONDecodeError) as exc:
-        return False, f"{type(exc).__name__}: {exc}"
+        within = max(timeout, float(h.get("timeout_s") or 0)) + HEALTH_ANSWER_S
+        answer = node.program(_HEALTH_SCRIPT, {"health": h, "timeout": timeout}, within)
+    except NodeError as exc:
+        return False, f"the health check could not run: {exc}"
+    return bool(answer.get("ok")), str(answer.get("seen"))
 
 
 def _wait(predicate: Callable[[], tuple[bool, str]], timeout: float, poll: float = 0.5) -> tuple[bool, str, float]:
@@ -269,20 +324,23 @@ def quiet(services: list[Service], ledger: Ledger, runner: Runner = run_argv) ->
     items, residues = [], []
     for svc, state, what in seen:
         was_running = state == RUNNING
-        entry = ledger.append(Action.SERVICE_QUIET, service=svc.to_json(), was_running=was_running, state_seen=what)
-        item: dict[str, Any] = {"name": svc.name, "kind": svc.kind, "was_running": was_running, "state_seen": what}
+        entry = ledger.append(Action.SERVICE_QUIET, service=svc.to_json(), was_running=was_running, state_seen=what,
+                              **svc.where())
+        item: dict[str, Any] = {"name": svc.name, "kind": svc.kind, "was_running": was_running, "state_seen": what,
+                                **svc.named()}
         if not was_running:
             item["action"] = "left stopped (was not running)"
             items.append(item)
             continue
         item["stopped_at"] = time.time()
-        code, _, stop_seen = call(runner, svc.argv("stop"), timeout=svc.stop_timeout_s)
+        code, _, stop_seen = call(svc.runner(runner), svc.argv("stop"), timeout=svc.stop_timeout_s)
         down, down_seen, took = _wait(lambda svc=svc: _down(svc, runner), svc.stop_timeout_s)
         item.update(action="stopped", stop_exit=code, down_after_s=round(took, 3), seen=down_seen)
         if not down:
             residues.append({"kind": "service", "what": svc.name, "tried": " ".join(svc.argv("stop")),
                              "seen": f"still up after {svc.stop_timeout_s:g} s: {down_seen} ({stop_seen})"})
-        ledger.append(Action.SERVICE_STOPPED, name=svc.name, down=down, quiet=entry["id"])
+        ledger.append(Action.SERVICE_STOPPED, name=svc.name, down=down, quiet=entry["id"],
+                      **svc.named())
         log.info("quieted %s: %s", svc.name, item["action"])
         items.append(item)
     return {"services": items, "residues": residues, "quieted_at": time.time()}
@@ -315,15 +373,17 @@ def restore(entries: list[dict[str, Any]], ledger: Ledger, runner: Runner = run_
     for quiet_id, entry in reversed(list(outstanding_stops(entries).items())):
         svc = Service.from_config(entry["service"]["name"], entry["service"])
         item: dict[str, Any] = {"name": svc.name, "kind": svc.kind, "run": entry.get("run"), "quiet": quiet_id,
-                                "started_at": time.time()}
+                                "started_at": time.time(), **svc.named()}
         state, seen = svc.state(runner)
         item["state_before"] = f"{state} ({seen})"
         if state != RUNNING:
-            item["start_exit"], _, item["start_seen"] = call(runner, svc.argv("start"), timeout=svc.start_timeout_s)
+            item["start_exit"], _, item["start_seen"] = call(svc.runner(runner), svc.argv("start"),
+                                                             timeout=svc.start_timeout_s)
         ok, seen, took = _wait(lambda svc=svc: _up(svc, runner), svc.health_timeout_s)
         item.update(healthy=ok, health_seen=seen, healthy_after_s=round(took, 3))
         if ok:
-            ledger.append(Action.SERVICE_RESTORED, name=svc.name, undoes=quiet_id, healthy_after_s=round(took, 3))
+            ledger.append(Action.SERVICE_RESTORED, name=svc.name, undoes=quiet_id, healthy_after_s=round(took, 3),
+                          **svc.named())
         else:
             residues.append({"kind": "service", "what": svc.name, "tried": " ".join(svc.argv("start")),
                              "seen": f"not running and healthy after {svc.health_timeout_s:g} s: {seen}"})
@@ -370,6 +430,23 @@ def check_running(quiet_ids: list[str], entries: list[dict[str, Any]], runner: R
 
 
 # --------------------------------------------------------------------------- the quiet stage
+
+
+def services_on_nodes(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The trial's ``services``, each entry with the ``reach`` of its node (its ``node``
+    key, default the trial's first node), as the quiet and configuration rules pass them:
+    :class:`Service` then runs its commands and health check there. A trial that lists no
+    nodes gets its services as they are (on this host)."""
+    services = dict(config.get("services") or {})
+    if not config.get("nodes"):
+        return services
+    nodes = trial_nodes(config)
+    first = next(iter(nodes))
+    out = {}
+    for name, entry in services.items():
+        node = nodes[entry.get("node") or first]
+        out[name] = {**entry, "node": node.name, "reach": node.describe()}
+    return out
 
 
 def gpu_snapshot(nvml: Any | None = None) -> dict[str, Any] | None:

@@ -13,7 +13,10 @@ Cleanup applies the policy from that entry alone:
   removed without force (read-only mount, another owner's folder) is a residue with its
   path, size and what was seen; nothing is chowned or forced.
 
-Both report the bytes freed.
+Both report the bytes freed. A folder staged on another node of the trial (its entry
+carries the node's ``reach``) is dealt with on that node (:func:`llmtrial.node_weights
+.undo_on_node`): ``keep`` leaves it, ``delete`` and ``archive`` remove it (the archive is
+made from the first node's copy), under the same rules.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from typing import Any
 from llmtrial.disk import headroom_by_filesystem, headroom_message
 from llmtrial.fileio import file_digest
 from llmtrial.hub import PARTIAL_PREFIX, VerificationError
-from llmtrial.ledger import Action, Ledger, replay
+from llmtrial.ledger import LOCAL_NODE, Action, Ledger, replay
 from llmtrial.manifest import MANIFEST_NAME, verify_manifest
+from llmtrial.node_weights import undo_on_node
 from llmtrial.records import human_bytes, write_record
 
 log = logging.getLogger(__name__)
@@ -241,34 +245,40 @@ def outstanding_weights(entries: Sequence[dict[str, Any]]) -> dict[str, dict[str
     return replay(entries).outstanding["weights"]
 
 
+def _apply_here(path: str, entry: Mapping[str, Any], ledger: Ledger) -> dict[str, Any]:
+    """The policy of one folder staged on this host: the cleanup record's item for it."""
+    policy = entry.get("after", "keep")
+    if policy == "keep":
+        size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file() and not f.is_symlink()) \
+            if Path(path).is_dir() else 0
+        return {"path": path, "policy": "keep", "action": "kept", "freed_bytes": 0, "kept_bytes": size, "residues": []}
+    if policy == "archive":
+        return archive_staged(entry, ledger, entry.get("disk"))
+    ledger.append(Action.WEIGHTS_DELETE_START, path=path)
+    return {"policy": "delete", **delete_staged(path, entry["root"])}
+
+
 def apply_policy(entries: Sequence[dict[str, Any]], ledger: Ledger) -> dict[str, Any]:
     """Apply the policy (keep, archive or delete) of each staged folder no cleanup has dealt
-    with yet (the folder's latest ``weights_staged`` entry holds the staging root, the
-    archive folder and its reserve); the ``weights_done`` entry names every staging it
-    settles. A policy that leaves residues stays outstanding, so a later cleanup tries again."""
-    latest: dict[str, dict[str, Any]] = {}
+    with yet (the folder's latest ``weights_staged`` entry on its node holds the staging
+    root, the archive folder and its reserve), on this host or, for an entry that carries a
+    node's ``reach``, on that node; the ``weights_done`` entry names the node and every
+    staging it settles. A policy that leaves residues (a node that cannot be reached) stays
+    outstanding, so a later cleanup tries again."""
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
     for i, e in outstanding_weights(entries).items():
-        path = str(e["path"])
-        latest[path] = {**e, "undo_ids": [*latest.get(path, {}).get("undo_ids", []), i]}
+        key = (str(e.get("node", LOCAL_NODE)), str(e["path"]))
+        latest[key] = {**e, "undo_ids": [*latest.get(key, {}).get("undo_ids", []), i]}
     results = []
-    for path, entry in latest.items():
+    for (node, path), entry in latest.items():
         policy = entry.get("after", "keep")
-        if policy == "keep":
-            size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file() and not f.is_symlink()) \
-                if Path(path).is_dir() else 0
-            item: dict[str, Any] = {"path": path, "policy": "keep", "action": "kept", "freed_bytes": 0,
-                                    "kept_bytes": size, "residues": []}
-        elif policy == "archive":
-            item = archive_staged(entry, ledger, entry.get("disk"))
-        else:
-            ledger.append(Action.WEIGHTS_DELETE_START, path=path)
-            item = {"policy": "delete", **delete_staged(path, entry["root"])}
+        item = undo_on_node(entry, ledger) if entry.get("reach") else _apply_here(path, entry, ledger)
         item["run"] = entry["run"]
         if item.get("freed_bytes"):
-            log.info("weights %s: %s, freed %s", path, item["action"], human_bytes(item["freed_bytes"]))
-        ledger.append(Action.WEIGHTS_DONE if not item["residues"] else Action.WEIGHTS_POLICY_FAILED, path=path, policy=policy,
-                      undoes=entry["undo_ids"] if not item["residues"] else None, outcome=item["action"],
-                      freed_bytes=item.get("freed_bytes", 0), residues=len(item["residues"]))
+            log.info("weights %s on node %s: %s, freed %s", path, node, item["action"], human_bytes(item["freed_bytes"]))
+        ledger.append(Action.WEIGHTS_DONE if not item["residues"] else Action.WEIGHTS_POLICY_FAILED, node=node,
+                      path=path, policy=policy, undoes=entry["undo_ids"] if not item["residues"] else None,
+                      outcome=item["action"], freed_bytes=item.get("freed_bytes", 0), residues=len(item["residues"]))
         results.append(item)
     residues = [r for item in results for r in item["residues"]]
     return {"folders": results, "freed_bytes": sum(int(i.get("freed_bytes") or 0) for i in results),

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from llmtrial.cleanup import cleanup_with_record, restore_after_run
 from llmtrial.ledger import RUN_ENV, new_run_id
+from llmtrial.nodes import spanned_nodes
+from llmtrial.services import services_on_nodes
 from llmtrial.patchdata import patch_inputs
 from llmtrial.provenance import COMMAND_ENV
 from llmtrial.paths import TrialPaths

@@ -1,4 +1,5 @@
-# Stage the weights outside results/ (never a directory() output) and write their manifest.
+# Stage the weights outside results/ (never a directory() output), copy them to every other
+# node a configuration spans, and write their manifest.
 rule stage_model:
     input:
         preflight=rules.preflight.output.record,
@@ -21,5 +22,8 @@ rule stage_model:
         weights=config["model"]["weights"],
         disk=config["disk"],
         ledger=ledger_path,
+        nodes=spanned_nodes(config),
+        trial=TRIAL,
+        model=config["model"]["name"],
     script:
         "../scripts/stage_model.py"

@@ -1,4 +1,5 @@
-# Before anything changes the host: environment, host checks, disk headroom for the weights.
+# Before anything changes the host: environment, host checks, disk headroom for the weights;
+# when the trial lists nodes, the cross-node checks of every node a configuration spans.
 rule preflight:
     output:
         record=report(
@@ -16,6 +17,7 @@ rule preflight:
         source=config["model"]["source"],
         staging=staging_path,
         disk=config["disk"],
+        nodes=spanned_nodes(config),
     script:
         "../scripts/preflight.py"
 

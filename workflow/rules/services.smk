@@ -18,7 +18,7 @@ rule quiet:
     conda:
         "../../envs/workflow.yaml"
     params:
-        services=config["services"],
+        services=services_on_nodes(config),
         results=str(TRIAL_PATHS.root),
         ports=trial_ports(),
         host=config["serving"]["host"],

@@ -36,7 +36,7 @@ rule trial:
         bench=config["bench"],
         cold_start=config["cold_start"],
         telemetry=config["telemetry"],
-        services=config["services"],
+        services=services_on_nodes(config),
         results=str(TRIAL_PATHS.root),
         patches=config["patches"],
     script:

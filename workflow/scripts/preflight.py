@@ -1,4 +1,4 @@
-"""Record the environment and the host checks; stop the trial when one must."""
+"""Record the environment, the host checks and the cross-node checks; stop the trial when one must."""
 
 from typing import TYPE_CHECKING
 
@@ -11,5 +11,5 @@ if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
 
 open_job_log(snakemake.log[0])
 record = run_preflight(source=snakemake.params.source, staging_dir=snakemake.params.staging,
-                       disk=snakemake.params.disk)
+                       disk=snakemake.params.disk, nodes=snakemake.params.nodes)
 write_record(snakemake.output.record, record, schema="preflight")

@@ -1,10 +1,11 @@
-"""Stage the model's weights outside results/ and write their manifest."""
+"""Stage the model's weights outside results/, copy them to the trial's other nodes, write their manifest."""
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llmtrial.joblog import open_job_log
 from llmtrial.ledger import Ledger
+from llmtrial.node_weights import stage_on_nodes
 from llmtrial.records import write_record
 from llmtrial.staging import stage_model
 
@@ -12,6 +13,9 @@ if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
     from snakemake.iocontainers import snakemake
 
 open_job_log(snakemake.log[0], echo=("llmtrial.hub",))  # download progress on the terminal too
-manifest = stage_model(snakemake.params.source, Path(snakemake.params.staging), ledger=Ledger(snakemake.params.ledger),
+ledger = Ledger(snakemake.params.ledger)
+manifest = stage_model(snakemake.params.source, Path(snakemake.params.staging), ledger=ledger,
                        root=Path(snakemake.params.root), weights=snakemake.params.weights, disk=snakemake.params.disk)
+manifest = stage_on_nodes(manifest, snakemake.params.nodes, ledger=ledger, trial=snakemake.params.trial,
+                          model_name=snakemake.params.model, weights=snakemake.params.weights)
 write_record(snakemake.output.manifest, manifest, schema="manifest")
