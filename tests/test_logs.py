@@ -628,6 +628,17 @@ GLOO_PEER_RESET = (
     "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the application. "
     "Check the logs of the remote worker before reporting an error. GLHF!"
 )
+#: The same, another run: the peer's socket closed rather than reset.
+GLOO_PEER_CLOSED = (
+    "(Worker_TP0 pid=12609) ERROR 12-01 03:30:40 [multiproc_executor.py:1063] RuntimeError: "
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+    "[10.231.1.2]:15520. This is typically caused by a remote worker crashing. Check the logs of the remote worker "
+    "before reporting an error."
+)
+#: vLLM 0.32 CPU with --distributed-executor-backend ray on a two-node Ray cluster
+#: (tests/test_multinode.py): the engine core refuses the executor.
+RAY_CPU = ("(EngineCore pid=25144) ERROR 12-01 03:20:27 [core.py:1510] ValueError: current platform cpu does "
+           "not support ray.")
 #: Ray's check_version_info (ray/_private, Ray 2.x) raises this when a node joins a cluster
 #: started under another Python; the versions are those of ../shared/seeds/000_c197a6980c1ee4eb.txt
 #: line 29 ("a 3.12.13 worker could not join a 3.12.3 head node"). Ray is not installed here.
@@ -656,6 +667,8 @@ RAY_VERSION_MISMATCH = [
         (GLOO_NO_IFACE, "socket_interface"),
         (RAY_VERSION_MISMATCH[0], "node_version_mismatch"),
         (GLOO_PEER_RESET, "peer_lost"),
+        (GLOO_PEER_CLOSED, "peer_lost"),
+        (RAY_CPU, "ray_unsupported_platform"),
     ],
 )
 def test_multi_node_patterns(line, pattern):

@@ -4,14 +4,17 @@ The two hosts are made on this machine (tests/hosts.py): host A, a network names
 snakemake itself runs (so A is the trial's local node), and host B, a second namespace joined
 by a veth pair and reached over ssh with a key the fixture generates. The trial file is
 config/trials/two-hosts-cpu.yaml with the fixture's addresses, key and staging folders, and
-only its two-host configuration: tensor parallel 2, one rank per host, vLLM's native
-multi-node launch (node b ``--headless``).
+its two two-host configurations: tensor parallel 2, one rank per host, with vLLM's native
+multi-node launch (node b ``--headless``), and with a Ray cluster across both hosts, which the
+CPU build of vLLM refuses at start-up.
 
 One module-scoped sequence of runs in one results folder serves every test here:
 
 1. the full trial: preflight on both hosts, the weights copied to B and verified, a gloo
    sanity check across the hosts, serving and benchmarking, cleanup on both, the report;
-2. the same trial again (``--forcerun trial``) with B's headless rank killed mid-benchmark;
+2. the native configuration alone again (``--forcerun stage_model trial``: the first run's
+   cleanup deleted the weights on both hosts, as the trial file asks; the Ray one is taken out of the
+   trial file) with B's headless rank killed mid-benchmark;
 3. the same again, ``kill -9`` of snakemake once B's rank runs, then ``snakemake cleanup``.
 """
 
@@ -41,11 +44,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
 
 TRIAL_FILE = REPO / "config" / "trials" / "two-hosts-cpu.yaml"
 CONFIGURATION = "tp2-two-hosts"
+RAY = "tp2-two-hosts-ray"
 
 
 def trial_config(h, work) -> dict:
     config = yaml.safe_load(TRIAL_FILE.read_text())
-    config["configurations"] = {CONFIGURATION: config["configurations"][CONFIGURATION]}
+    config["configurations"] = {name: config["configurations"][name] for name in (CONFIGURATION, RAY)}
     config["staging_dir"] = str(work / "staging")
     config["serving"]["base_port"] = free_base_port(18700, 1)
     config["nodes"]["a"]["address"] = h.addr_a
@@ -69,8 +73,8 @@ def ledger(results) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def record_of(results) -> dict:
-    return json.loads((results / "configs" / CONFIGURATION / "record.json").read_text())
+def record_of(results, name=CONFIGURATION) -> dict:
+    return json.loads((results / "configs" / name / "record.json").read_text())
 
 
 def node_b(trial) -> Node:
@@ -117,7 +121,10 @@ def two_host_trial(hosts, tmp_path_factory):
     print(f"two-host trial took {out['first_s']:.0f} s", file=sys.stderr)
     if out["first"].returncode == 0:
         out["first_record"] = record_of(results)
+        out["ray_record"] = record_of(results, RAY)
         out["first_cleanup"] = json.loads((results / "cleanup" / "record.json").read_text())
+    del config["configurations"][RAY]  # the runs after the first rerun the native configuration alone
+    write_config(work, config)
     yield out
     stop_everything(hosts, results)
 
@@ -147,6 +154,22 @@ def test_the_trial_is_served_across_both_hosts_benchmarked_and_reported(two_host
     assert "world_size=2 rank=1" in b_log and f"tcp://{two_host_trial['hosts'].addr_a}:" in b_log
     report = (two_host_trial["results"] / "report.html").read_text()
     assert "Nodes" in report and f"{CONFIGURATION} spans nodes a and b" in report
+
+
+def test_ray_across_both_hosts_ends_in_vllms_own_refusal_diagnosed(two_host_trial):
+    record = two_host_trial["ray_record"]
+    assert record["status"] == "failed" and record["failure"]["phase"] == "startup"
+    assert record["failure"]["error_line"]["pattern"] == "ray_unsupported_platform"
+    assert record["launch"]["kind"] == "ray" and "--distributed-executor-backend" in record["server"]["argv"]
+    assert [(n["name"], n["role"]) for n in record["nodes"]] == [("a", "api server, ray head"), ("b", "ray worker")]
+    # both hosts joined the cluster before the server started; each node's Ray log came back
+    assert all(n["ray"]["nodes"] == 2 for n in record["nodes"])
+    folder = two_host_trial["results"] / "configs" / RAY
+    assert "Ray runtime started" in (folder / record["nodes"][1]["ray_log"]).read_text()
+    entries = ledger(two_host_trial["results"])
+    ray_groups = [e for e in entries if e["action"] == "group_launch" and e["label"].endswith(" ray")]
+    undone = {e.get("undoes") for e in entries if e["action"] == "group_stopped"}
+    assert {e["node"] for e in ray_groups} == {"a", "b"} and all(e["id"] in undone for e in ray_groups)
 
 
 def test_the_sanity_check_ran_across_the_hosts_before_the_server(two_host_trial):
@@ -186,8 +209,11 @@ def test_cleanup_left_nothing_on_either_host(two_host_trial):
     undone = {e.get("undoes") for e in entries if e["action"] == "group_stopped"}
     assert {e["node"] for e in launches} == {"a", "b"} and all(e["id"] in undone for e in launches)
     assert groups_on_b(two_host_trial, entries) == []
-    server = next(e for e in entries if e["action"] == "server_started")
-    assert group_members(server["pgid"], not_before=server["launched_at"]) == []
+    # the trial file deletes the weights after the trial: on A, and B's verified copy on B
+    deleted = {e["node"]: e["path"] for e in entries if e["action"] == "weights_done" and e["outcome"] == "deleted"}
+    assert set(deleted) == {"local", "b"} and not any(os.path.exists(p) for p in deleted.values())
+    for server in (e for e in entries if e["action"] == "server_started"):
+        assert group_members(server["pgid"], not_before=server["launched_at"]) == []
 
 
 def test_b_killed_mid_benchmark_gives_a_failure_record_and_a_clean_host(two_host_trial):
@@ -197,7 +223,7 @@ def test_b_killed_mid_benchmark_gives_a_failure_record_and_a_clean_host(two_host
     killer = threading.Thread(target=kill_b_rank_mid_benchmark, args=(results, earlier, done), daemon=True)
     killer.start()
     try:
-        run = on_a(h, two_host_trial["work"], "--cores", "all", "--forcerun", "trial", timeout=1200)
+        run = on_a(h, two_host_trial["work"], "--cores", "all", "--forcerun", "stage_model", "trial", timeout=1200)
     finally:
         done.set()
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
@@ -218,7 +244,7 @@ def test_kill_9_of_snakemake_then_cleanup_stops_bs_rank_from_the_ledger(two_host
     earlier = {e["run"] for e in ledger(results)}
     log = open(work / "kill9.out", "w")  # noqa: SIM115 - the child writes it
     wf = subprocess.Popen(h.on_a([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(work),
-                                  "--cores", "all", "--forcerun", "trial"]), stdout=log, stderr=subprocess.STDOUT)
+                                  "--cores", "all", "--forcerun", "stage_model", "trial"]), stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 300
         while not [e for e in ledger(results) if e["action"] == "group_started" and e["node"] == "b"

@@ -371,6 +371,18 @@ class TestConfigurationChecks:
                                                env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}, gpus={}, model_config={}, is_cpu=True)
         assert bind["status"] == "fail" and "4 workers" in bind["detail"]
 
+    def test_across_nodes_each_node_binds_its_own_share_of_the_workers(self):
+        # TP=2 over two hosts: one worker per host, each with its node's own core
+        args = ServingArgs(tensor_parallel_size=2)
+        nodes = {"a": {"VLLM_CPU_OMP_THREADS_BIND": "0"}, "b": {"VLLM_CPU_OMP_THREADS_BIND": "1"}}
+        [_, _, bind, _] = configuration_checks(args=args, env={}, gpus={}, model_config={}, is_cpu=True, nodes_env=nodes)
+        assert bind["status"] == "ok" and "0 on node a, 1 on node b" in bind["detail"]
+        # four workers over two hosts: two per host, so node b's single core set is one short
+        nodes["a"]["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+        [_, _, bind, _] = configuration_checks(args=ServingArgs(tensor_parallel_size=2, pipeline_parallel_size=2),
+                                               env={}, gpus={}, model_config={}, is_cpu=True, nodes_env=nodes)
+        assert bind["status"] == "fail" and bind["detail"] == "VLLM_CPU_OMP_THREADS_BIND=1 on node b lists 1 core sets for 2 workers"
+
     def test_deepgemm_with_block_fp8_on_an_unsupported_gpu(self):
         cfg = {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
         gpus = gpu_inventory(NvmlDouble(cc=(12, 0)))

@@ -391,12 +391,21 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
         "GLOO_SOCKET_IFNAME on each node (and NCCL_IB_DISABLE=1 where there is no InfiniBand).",
     ),
     FailurePattern(
+        "ray_unsupported_platform",
+        # vllm/v1/executor/ray_utils.py: the platform has no Ray device key (vLLM's CPU build)
+        _any(r"current platform \w+ does not support ray"),
+        "This build of vLLM cannot run its Ray executor on this platform (the CPU build has no Ray "
+        "device); serve the configuration with vLLM's native multi-node launch (launch: native).",
+    ),
+    FailurePattern(
         "peer_lost",
         _any(
-            # gloo's TCP transport when the other end of a pair went away
-            # (third_party/gloo/gloo/transport/tcp/pair.cc: "Read error [10.0.0.2]:26258:
-            # Connection reset by peer"), seen when a headless rank on another node was killed
-            r"gloo/transport/tcp/pair\.cc:\d+\] (?:Read|Write) error \[[^\]]+\]:\d+: Connection (?:reset by peer|closed by peer)",
+            # gloo's TCP transport when the other end of a pair went away, both seen when a
+            # headless rank on another node was killed (third_party/gloo/gloo/transport/tcp/
+            # pair.cc:537 "Read error [10.0.0.2]:26258: Connection reset by peer", pair.cc:553
+            # "Connection closed by peer [10.0.0.2]:15520")
+            r"gloo/transport/tcp/pair\.cc:\d+\] (?:(?:Read|Write) error \[[^\]]+\]:\d+: Connection reset by peer"
+            r"|Connection closed by peer \[[^\]]+\]:\d+)",
         ),
         "A worker on another node went away in the middle of a collective (its process died or the link "
         "dropped): read that node's log for why it stopped; this node's engine stopped because of it.",

@@ -53,6 +53,8 @@ RAY_JOIN_TIMEOUT_S = 90.0
 #: The Ray head's port is this (Ray's own default) plus the serving port modulo 1000: below
 #: the 10002-19999 range Ray's workers take their ports from.
 RAY_BASE_PORT = 6379
+#: Seconds Ray's daemons get after SIGTERM before SIGKILL (the head's outlast a long grace).
+RAY_STOP_GRACE_S = 5.0
 #: The folder, under a node's staging folder, that holds its headless ranks' logs.
 LOG_FOLDER = ".llmtrial-logs"
 
@@ -243,7 +245,8 @@ class RayCluster:
         return self.ranks.dead(self.nodes)
 
     def stop(self, timeout: float) -> dict[str, dict[str, Any]]:
-        return self.ranks.stop(timeout, reversed(self.nodes))
+        """Stop Ray on every node, workers first; its daemons get at most RAY_STOP_GRACE_S after SIGTERM."""
+        return self.ranks.stop(min(timeout, RAY_STOP_GRACE_S), reversed(self.nodes))
 
     def fetch_logs(self, out_dir: Path) -> dict[str, str]:
         return self.ranks.fetch_logs(out_dir, self.nodes, prefix="ray")

@@ -377,16 +377,18 @@ def spanned_nodes(config: Mapping[str, Any]) -> dict[str, Any]:
     params (so editing a node no configuration spans reruns nothing): ``nodes``, the blocks
     of the nodes any configuration spans, in the trial's order ({} when the trial lists
     none: one local node); ``staging_dir``; and ``uses_ray``, whether a configuration
-    asks for the Ray executor (the Ray versions must then agree)."""
+    is launched with Ray or asks for its executor (the Ray versions must then agree)."""
     blocks = config.get("nodes") or {}
     spanned = set()
     if blocks:
         for name in config.get("configurations") or {}:
             spanned.update(node.name for node in configuration_nodes(config, name))
+    configurations = (config.get("configurations") or {}).values()
     backends = [(entry.get("args") or {}).get("distributed_executor_backend")
-                for entry in [config.get("serving") or {}, *(config.get("configurations") or {}).values()]]
+                for entry in [config.get("serving") or {}, *configurations]]
+    uses_ray = "ray" in backends or any(entry.get("launch") == "ray" for entry in configurations)
     return {"nodes": {name: dict(block) for name, block in blocks.items() if name in spanned},
-            "staging_dir": str(config.get("staging_dir", "staging")), "uses_ray": "ray" in backends}
+            "staging_dir": str(config.get("staging_dir", "staging")), "uses_ray": uses_ray}
 
 
 def check_nodes(config: Mapping[str, Any]) -> list[tuple[str, str]]:

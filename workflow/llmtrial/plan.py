@@ -420,23 +420,39 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
 # --------------------------------------------------------------------------- the plan record
 
 
+def cpu_binding_check(workers: int, hosts: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+    """VLLM_CPU_OMP_THREADS_BIND against the workers each host runs: ``hosts`` maps a host
+    (a node of a multi-node configuration, each running its share of the workers) to the
+    environment its workers see."""
+    per_host = max(1, workers // max(1, len(hosts)))
+    problems, seen = [], []
+    for name, env in hosts.items():
+        bind = env.get("VLLM_CPU_OMP_THREADS_BIND")
+        where = f" on node {name}" if len(hosts) > 1 else ""
+        if per_host > 1 and not bind:
+            problems.append(f"TP x PP = {per_host} workers{where or ' on a CPU host'} need VLLM_CPU_OMP_THREADS_BIND "
+                            "(one core list per worker, such as 0|1), else the engine asserts 'Not enough allowed "
+                            "NUMA nodes to bind threads'")
+        elif bind and bind not in ("auto", "nobind") and len(bind.split("|")) != per_host:
+            problems.append(f"VLLM_CPU_OMP_THREADS_BIND={bind}{where} lists {len(bind.split('|'))} core sets for "
+                            f"{per_host} workers")
+        seen.append(f"{bind or 'auto'}{where}")
+    if problems:
+        return check("cpu_thread_binding", "fail", "; ".join(problems))
+    return check("cpu_thread_binding", "ok", f"{workers} worker(s); binding {', '.join(seen)}")
+
+
 def configuration_checks(*, args: ServingArgs, env: Mapping[str, str], gpus: Mapping[str, Any],
-                         model_config: Mapping[str, Any], is_cpu: bool) -> list[dict[str, Any]]:
-    """Checks that depend on one configuration's args and env (merged over the host's)."""
+                         model_config: Mapping[str, Any], is_cpu: bool,
+                         nodes_env: Mapping[str, Mapping[str, str]] | None = None) -> list[dict[str, Any]]:
+    """Checks that depend on one configuration's args and env (merged over the host's);
+    ``nodes_env`` gives each node's own env when the configuration spans several."""
     server_env = {"server": {**os.environ, **env}}
     out = [check_allocator(server_env), check_nccl_interfaces(server_env)]
     workers = args.tensor_parallel_size * args.pipeline_parallel_size
     if is_cpu:
-        bind = env.get("VLLM_CPU_OMP_THREADS_BIND")
-        if workers > 1 and not bind:
-            out.append(check("cpu_thread_binding", "fail",
-                             f"TP x PP = {workers} workers on a CPU host need VLLM_CPU_OMP_THREADS_BIND (one core list per "
-                             "worker, such as 0|1), else the engine asserts 'Not enough allowed NUMA nodes to bind threads'"))
-        elif bind and bind not in ("auto", "nobind") and len(bind.split("|")) != workers:
-            out.append(check("cpu_thread_binding", "fail",
-                             f"VLLM_CPU_OMP_THREADS_BIND={bind} lists {len(bind.split('|'))} core sets for {workers} workers"))
-        else:
-            out.append(check("cpu_thread_binding", "ok", f"{workers} worker(s); binding {bind or 'auto'}"))
+        hosts = {name: {**env, **node_env} for name, node_env in nodes_env.items()} if nodes_env else {"": env}
+        out.append(cpu_binding_check(workers, hosts))
         out.append(check("deepgemm", "skip", "CPU host"))
         return out
     out.append(check("cpu_thread_binding", "skip", "GPU host"))
@@ -501,7 +517,9 @@ def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | No
                                 pinned_last_layers=int(settings.get("pinned_last_layers") or 0)),
                   memory=MemoryTerms(**{k: settings.get(k) for k in ("non_torch_gib", "peak_activation_gib",
                                                                          "cuda_graph_gib")}))
-    checks = configuration_checks(args=args, env=env, gpus=gpus, model_config=model_config, is_cpu=hw.is_cpu)
+    nodes_env = {name: dict(block.get("env") or {}) for name, block in (spec.get("nodes") or {}).items()}
+    checks = configuration_checks(args=args, env=env, gpus=gpus, model_config=model_config, is_cpu=hw.is_cpu,
+                                  nodes_env=nodes_env or None)
     failed = [c["detail"] for c in checks if c["status"] == "fail"]
     reasons = failed + list(result.reasons)
     if hw.is_cpu and hw.cpu_kv_space_assumed and args.kv_cache_memory_bytes is None:
