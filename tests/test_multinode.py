@@ -244,7 +244,8 @@ def test_kill_9_of_snakemake_then_cleanup_stops_bs_rank_from_the_ledger(two_host
     earlier = {e["run"] for e in ledger(results)}
     log = open(work / "kill9.out", "w")  # noqa: SIM115 - the child writes it
     wf = subprocess.Popen(h.on_a([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(work),
-                                  "--cores", "all", "--forcerun", "stage_model", "trial"]), stdout=log, stderr=subprocess.STDOUT)
+                                  "--cores", "all", "--forcerun", "stage_model", "trial"]), stdout=log, stderr=subprocess.STDOUT,
+                          start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while not [e for e in ledger(results) if e["action"] == "group_started" and e["node"] == "b"
@@ -252,7 +253,10 @@ def test_kill_9_of_snakemake_then_cleanup_stops_bs_rank_from_the_ledger(two_host
             assert wf.poll() is None and time.monotonic() < deadline, (work / "kill9.out").read_text()[-3000:]
             time.sleep(0.2)
         time.sleep(2)
-        wf.kill()  # SIGKILL of `ip netns exec`, which is snakemake itself (it execs)
+        # SIGKILL of snakemake and its job (`ip netns exec` execs snakemake, whose session this
+        # is), as if host A's controller died: nothing of the trial gets to stop anything; the
+        # server on A and everything on B, each in its own session, are left running
+        os.killpg(wf.pid, signal.SIGKILL)
         wf.wait(timeout=60)
     finally:
         if wf.poll() is None:
@@ -263,6 +267,8 @@ def test_kill_9_of_snakemake_then_cleanup_stops_bs_rank_from_the_ledger(two_host
     assert out.returncode == 0, out.stdout + out.stderr
     record = json.loads((results / "cleanup" / "on-demand.json").read_text())
     assert record["restored"], record["residues"]
-    stopped = [g for g in record["left_behind"]["groups"] if g["node"] == "b"]
-    assert stopped and all(g["undone_by_run"] == record["run"] for g in stopped)
+    # B's rank and B's sampler, each stopped on B by this cleanup from the ledger alone
+    stopped = {g["label"]: g for g in record["left_behind"]["groups"] if g["node"] == "b"}
+    assert set(stopped) == {f"two-hosts/{CONFIGURATION} rank 1", f"two-hosts/{CONFIGURATION}/telemetry"}
+    assert all(g["undone_by_run"] == record["run"] and g["action"] == "stopped" for g in stopped.values())
     assert groups_on_b(two_host_trial, ledger(results)) == []
