@@ -211,7 +211,9 @@ def test_cleanup_left_nothing_on_either_host(two_host_trial):
     assert groups_on_b(two_host_trial, entries) == []
     # the trial file deletes the weights after the trial: on A, and B's verified copy on B
     deleted = {e["node"]: e["path"] for e in entries if e["action"] == "weights_done" and e["outcome"] == "deleted"}
-    assert set(deleted) == {"local", "b"} and not any(os.path.exists(p) for p in deleted.values())
+    assert set(deleted) == {"a", "b"} and not any(os.path.exists(p) for p in deleted.values())
+    # every entry names the node it changed: A by the trial's own name for it
+    assert {e["node"] for e in entries} == {"a", "b"}
     for server in (e for e in entries if e["action"] == "server_started"):
         assert group_members(server["pgid"], not_before=server["launched_at"]) == []
 

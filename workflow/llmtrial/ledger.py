@@ -12,9 +12,10 @@ of a ledger written before runs had ids read as one earlier run (``run`` ``earli
 their undo entries name no id and are matched by a key of the change (its service, file,
 folder or process group) instead.
 
-Every entry also names the ``node`` (host) it changed; this process's entries name
-:data:`LOCAL_NODE` unless told otherwise, and entries of a ledger written before nodes
-read as :data:`LOCAL_NODE`. A change on a node that cleanup must reach (a process group
+Every entry also names the ``node`` (host) it changed; this process's entries name the node
+the workflow runs on (``LLMTRIAL_NODE``: the trial's own name for this host when it lists
+nodes, else :data:`LOCAL_NODE`) unless told otherwise, and entries of a ledger written
+before nodes read as :data:`LOCAL_NODE`. A change on a node that cleanup must reach (a process group
 started there: ``group_launch``) also carries ``reach``, the node as
 :meth:`llmtrial.nodes.Node.describe` gives it, so cleanup can rebuild the node from the
 ledger alone.
@@ -40,6 +41,8 @@ from typing import Any
 
 #: The environment variable that names the current run; the workflow sets it once per invocation.
 RUN_ENV = "LLMTRIAL_RUN"
+#: The environment variable naming the node this process runs on (set by the workflow).
+NODE_ENV = "LLMTRIAL_NODE"
 #: The run of entries written before runs had ids.
 EARLIER_RUN = "earlier"
 #: The node (host) of entries this process writes unless told otherwise, and of entries written before nodes.
@@ -181,13 +184,18 @@ def current_run() -> str:
     return os.environ.get(RUN_ENV) or _PROCESS_RUN
 
 
+def current_node() -> str:
+    """The name of the node this process runs on: ``LLMTRIAL_NODE``, else :data:`LOCAL_NODE`."""
+    return os.environ.get(NODE_ENV) or LOCAL_NODE
+
+
 class Ledger:
     """Append-only JSON-lines file at ``path``; entries written here carry ``run``."""
 
-    def __init__(self, path: str | os.PathLike[str], run: str | None = None, node: str = LOCAL_NODE) -> None:
+    def __init__(self, path: str | os.PathLike[str], run: str | None = None, node: str | None = None) -> None:
         self.path = Path(path)
         self.run = run or current_run()
-        self.node = node
+        self.node = node or current_node()
 
     def append(self, action: str, **data: Any) -> dict[str, Any]:
         """Write one entry (``node`` defaults to this ledger's) and return it."""

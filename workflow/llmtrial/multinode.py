@@ -26,7 +26,7 @@ import json
 import logging
 import posixpath
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from llmtrial.nodes import Node, NodeError
 from llmtrial.server import DEFAULT_ARGS, ServerProcess, ServerStartError, args_to_flags
 
 __all__ = ["HEADLESS_SERVE", "MASTER_PORT_OFFSET", "SANITY_PORT_OFFSET", "launch_args", "ray_port", "headless_argv",
-           "HeadlessRanks", "RayCluster", "MultiNodeServer", "sanity_check"]
+           "NodeGroups", "HeadlessRanks", "RayCluster", "MultiNodeServer", "sanity_check"]
 
 log = logging.getLogger(__name__)
 
@@ -96,77 +96,76 @@ def headless_argv(node: Node, model_dir: str, args: Mapping[str, Any]) -> list[s
     return [node.python, "-c", HEADLESS_SERVE, model_dir, *args_to_flags({**DEFAULT_ARGS, **args})]
 
 
-class HeadlessRanks:
-    """The headless ranks (node 1 onwards) of one multi-node configuration."""
+class NodeGroups:
+    """The process groups one multi-node configuration runs on its nodes besides node 0's API
+    server, each started through the ledger (:func:`llmtrial.groups.start_group`), so cleanup
+    stops it on its node from the ledger alone. Subclasses say what runs where."""
 
-    def __init__(self, ledger: Ledger, nodes: Sequence[Node], *, label: str, model_dirs: Mapping[str, str],
-                 args: Mapping[str, Any], env: Mapping[str, str], master_port: int) -> None:
+    #: The prefix of each node's log fetched into the configuration's folder.
+    log_prefix = "server"
+    #: Seconds a group gets after SIGTERM at most (None: the configuration's stop timeout).
+    stop_grace: float | None = None
+
+    def __init__(self, ledger: Ledger, nodes: Sequence[Node], *, label: str) -> None:
         self.ledger, self.nodes, self.label = ledger, list(nodes), label
-        self.model_dirs, self.args, self.env, self.master_port = model_dirs, dict(args), dict(env), master_port
         self.groups: dict[str, dict[str, Any]] = {}
         self.stopped: dict[str, dict[str, Any]] = {}
 
-    def remote_log(self, node: Node) -> str:
-        """Where the rank's output goes on its node (under its staging folder)."""
-        return posixpath.join(node.staging_dir, LOG_FOLDER, f"{self.label.replace('/', '-')}-{node.name}.log")
-
     def members(self) -> list[Node]:
-        """The nodes this object starts something on: every node but the first."""
+        """The nodes that run a group: every node but the first."""
         return self.nodes[1:]
 
-    def rank_of(self, node: Node) -> int:
-        return self.nodes.index(node)
-
     def argv(self, node: Node) -> list[str]:
-        rank = self.rank_of(node)
-        return headless_argv(node, self.model_dirs[node.name], {**self.args, **launch_args(self.nodes, rank,
-                                                                                             self.master_port)})
+        raise NotImplementedError
 
-    def start(self) -> None:
-        """Start every headless rank (ledger first), each with its node's rank environment."""
-        for node in self.nodes[1:]:
-            path = self.remote_log(node)
-            node.run(["mkdir", "-p", posixpath.dirname(path)], timeout=60, check=True)
-            node.run(["rm", "-f", path], timeout=60, check=True)
-            self.groups[node.name] = start_group(self.ledger, node, self.argv(node), label=f"{self.label} rank "
-                                                 f"{self.rank_of(node)}", log_path=path,
-                                                 env={**self.env, **node.rank_env()})
+    def remote_log(self, node: Node) -> str:
+        """Where the group's output goes on its node (under its staging folder)."""
+        return posixpath.join(node.staging_dir, LOG_FOLDER, f"{self.label.replace('/', '-')}-{node.name}.log")
 
-    def dead(self, nodes: Sequence[Node] | None = None) -> list[str]:
-        """Nodes whose headless rank has no live process left (or cannot be asked)."""
+    def start_on(self, node: Node, *, label: str, env: Mapping[str, str]) -> None:
+        """Start the node's group (ledger first), its log on the node started afresh."""
+        path = self.remote_log(node)
+        node.run(["mkdir", "-p", posixpath.dirname(path)], timeout=60, check=True)
+        node.run(["rm", "-f", path], timeout=60, check=True)
+        self.groups[node.name] = start_group(self.ledger, node, self.argv(node), label=label, log_path=path, env=env)
+
+    def dead(self) -> list[str]:
+        """Nodes whose group has no live process left (or cannot be asked)."""
         gone = []
-        for node in self.nodes[1:] if nodes is None else nodes:
+        for node in self.members():
             group = self.groups.get(node.name)
             if group is None:
                 continue
             try:
                 alive = group_alive(node, group["pgid"], group["create_time"], token=group["token"], timeout=30)
             except NodeError as err:
-                log.warning("cannot ask %s about its rank: %s", node.label(), err)
+                log.warning("cannot ask %s about its group: %s", node.label(), err)
                 alive = []
             if not alive:
                 gone.append(node.name)
         return gone
 
-    def stop(self, timeout: float, nodes: Iterable[Node] | None = None) -> dict[str, dict[str, Any]]:
-        """Stop every started rank on its node (ledger undo written when nothing survived)."""
-        for node in self.nodes[1:] if nodes is None else nodes:
+    def stop(self, timeout: float) -> dict[str, dict[str, Any]]:
+        """Stop every started group on its node, the last started first (the ledger's undo is
+        written when nothing survived; else cleanup tries again from the ledger)."""
+        grace = timeout if self.stop_grace is None else min(timeout, self.stop_grace)
+        for node in reversed(self.members()):
             group = self.groups.get(node.name)
             if group is None or node.name in self.stopped:
                 continue
             try:
-                self.stopped[node.name] = finish_group(self.ledger, node, group, timeout=timeout)
-            except NodeError as err:  # cleanup tries again from the ledger
+                self.stopped[node.name] = finish_group(self.ledger, node, group, timeout=grace)
+            except NodeError as err:
                 self.stopped[node.name] = {"error": str(err)}
         return self.stopped
 
-    def fetch_logs(self, out_dir: Path, nodes: Sequence[Node] | None = None, prefix: str = "server") -> dict[str, str]:
-        """Copy each rank's log from its node into ``out_dir`` as ``<prefix>-<node>.log``."""
+    def fetch_logs(self, out_dir: Path) -> dict[str, str]:
+        """Copy each group's log from its node into ``out_dir`` as ``<log_prefix>-<node>.log``."""
         fetched = {}
-        for node in self.nodes[1:] if nodes is None else nodes:
+        for node in self.members():
             if node.name not in self.groups:
                 continue
-            target = out_dir / f"{prefix}-{node.name}.log"
+            target = out_dir / f"{self.log_prefix}-{node.name}.log"
             try:
                 text = node.run(["cat", self.remote_log(node)], timeout=120, check=True).stdout
             except NodeError as err:
@@ -176,32 +175,56 @@ class HeadlessRanks:
         return fetched
 
     def describe(self, node: Node) -> dict[str, Any]:
-        """The record's entry for a headless rank."""
+        """The record's entry for the node's group."""
         group = self.groups.get(node.name) or {}
-        return {"argv_head": self.argv(node)[:2] + ["<HEADLESS_SERVE>"], "args": self.argv(node)[3:],
-                "pid": group.get("pid"), "pgid": group.get("pgid"), "remote_log": self.remote_log(node),
-                "stop": self.stopped.get(node.name)}
+        return {"python": node.python, "args": self.argv(node)[3:], "pid": group.get("pid"), "pgid": group.get("pgid"),
+                "remote_log": self.remote_log(node), "stop": self.stopped.get(node.name)}
 
 
-class RayCluster:
+class HeadlessRanks(NodeGroups):
+    """The headless ranks (node 1 onwards) of a configuration with vLLM's native launch; the
+    record's ``args`` of a rank are the serving flags after :data:`HEADLESS_SERVE`."""
+
+    def __init__(self, ledger: Ledger, nodes: Sequence[Node], *, label: str, model_dirs: Mapping[str, str],
+                 args: Mapping[str, Any], env: Mapping[str, str], master_port: int) -> None:
+        super().__init__(ledger, nodes, label=label)
+        self.model_dirs, self.args, self.env, self.master_port = model_dirs, dict(args), dict(env), master_port
+
+    def argv(self, node: Node) -> list[str]:
+        rank = self.nodes.index(node)
+        return headless_argv(node, self.model_dirs[node.name],
+                             {**self.args, **launch_args(self.nodes, rank, self.master_port)})
+
+    def start(self) -> None:
+        """Start every headless rank, each with the configuration's env and its node's rank env."""
+        for node in self.members():
+            self.start_on(node, label=f"{self.label} rank {self.nodes.index(node)}",
+                          env={**self.env, **node.rank_env()})
+
+
+class RayCluster(NodeGroups):
     """The Ray cluster of a configuration launched with ``launch: ray``: ``ray start --head
-    --block`` on the first node, ``ray start --address <head> --block`` on the others, each
-    through the ledger as a group on its node, so stopping the group (or cleanup, from the
-    ledger) stops that node's Ray daemons; the server on the first node joins it through
-    ``RAY_ADDRESS`` with ``--distributed-executor-backend ray``. Same interface as
-    :class:`HeadlessRanks` for :class:`MultiNodeServer`."""
+    --block`` on the first node, ``ray start --address <head> --block`` on the others, each a
+    group on its node, so stopping the group (or cleanup, from the ledger) stops that node's
+    Ray daemons; the server on the first node joins it through ``RAY_ADDRESS`` with
+    ``--distributed-executor-backend ray``."""
+
+    log_prefix = "ray"
+    stop_grace = RAY_STOP_GRACE_S  # the head's daemons outlast a long grace after SIGTERM
 
     def __init__(self, ledger: Ledger, nodes: Sequence[Node], *, label: str, port: int,
                  join_timeout: float = RAY_JOIN_TIMEOUT_S) -> None:
-        self.ledger, self.nodes, self.label, self.port = ledger, list(nodes), label, port
-        self.join_timeout = join_timeout
-        self.ranks = HeadlessRanks(ledger, nodes, label=label, model_dirs={}, args={}, env={}, master_port=port)
-        self.groups = self.ranks.groups
+        super().__init__(ledger, nodes, label=label)
+        self.port, self.join_timeout = port, join_timeout
         self.joined: dict[str, Any] = {}
 
     @property
     def address(self) -> str:
         return f"{self.nodes[0].address}:{self.port}"
+
+    def members(self) -> list[Node]:
+        """Every node runs Ray, the first its head."""
+        return self.nodes
 
     def argv(self, node: Node) -> list[str]:
         ray = [node.python, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats",
@@ -213,10 +236,7 @@ class RayCluster:
     def start(self) -> None:
         """Start Ray on every node, the head first, and wait until every node has joined."""
         for node in self.nodes:
-            path = self.ranks.remote_log(node)
-            node.run(["mkdir", "-p", posixpath.dirname(path)], timeout=60, check=True)
-            self.groups[node.name] = start_group(self.ledger, node, self.argv(node), label=f"{self.label} ray",
-                                                 log_path=path, env=node.rank_env())
+            self.start_on(node, label=f"{self.label} ray", env=node.rank_env())
             if node is self.nodes[0]:
                 self._wait_for(1)
         self.joined = self._wait_for(len(self.nodes))
@@ -237,32 +257,15 @@ class RayCluster:
         raise NodeError(f"the Ray cluster at {self.address} has fewer than {count} node(s) after "
                         f"{self.join_timeout:.0f} s: {tail}")
 
-    def members(self) -> list[Node]:
-        """Every node runs Ray, the first its head."""
-        return self.nodes
-
-    def dead(self) -> list[str]:
-        return self.ranks.dead(self.nodes)
-
-    def stop(self, timeout: float) -> dict[str, dict[str, Any]]:
-        """Stop Ray on every node, workers first; its daemons get at most RAY_STOP_GRACE_S after SIGTERM."""
-        return self.ranks.stop(min(timeout, RAY_STOP_GRACE_S), reversed(self.nodes))
-
-    def fetch_logs(self, out_dir: Path) -> dict[str, str]:
-        return self.ranks.fetch_logs(out_dir, self.nodes, prefix="ray")
-
     def describe(self, node: Node) -> dict[str, Any]:
-        group = self.groups.get(node.name) or {}
-        return {"args": self.argv(node)[1:], "pid": group.get("pid"), "pgid": group.get("pgid"),
-                "remote_log": self.ranks.remote_log(node), "stop": self.ranks.stopped.get(node.name),
-                "ray": {"address": self.address, **self.joined}}
+        return {**super().describe(node), "ray": {"address": self.address, **self.joined}}
 
 
 class MultiNodeServer(ServerProcess):
     """Node 0's API server with the headless ranks of the other nodes: started ranks first,
     alive only while every rank is, stopped API server first, then the ranks on their nodes."""
 
-    def __init__(self, argv: list[str], *, ranks: HeadlessRanks | RayCluster, **kwargs: Any) -> None:
+    def __init__(self, argv: list[str], *, ranks: NodeGroups, **kwargs: Any) -> None:
         super().__init__(argv, **kwargs)
         self.ranks = ranks
         self.gone: list[str] = []

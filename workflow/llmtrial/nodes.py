@@ -35,7 +35,7 @@ from typing import Any
 from llmtrial.fileio import sha256_file
 
 __all__ = [
-    "LOCAL_NAME", "NodeError", "Node", "local_node", "trial_nodes", "configuration_nodes", "spec_nodes",
+    "LOCAL_NAME", "NodeError", "Node", "local_node", "this_node_name", "trial_nodes", "configuration_nodes", "spec_nodes",
     "spanned_nodes", "check_nodes",
 ]
 
@@ -346,6 +346,13 @@ def local_node(name: str = LOCAL_NAME, *, staging_dir: str = "staging", python: 
                via: Sequence[str] = ()) -> Node:
     """This host as a node (the only node of a trial that lists none)."""
     return Node(name=name, python=python or sys.executable, staging_dir=str(staging_dir), via=tuple(via))
+
+
+def this_node_name(config: Mapping[str, Any]) -> str:
+    """The trial's name for the host the workflow runs on: its first node reached locally, or
+    :data:`LOCAL_NAME` when it lists none."""
+    blocks = config.get("nodes") or {}
+    return next((name for name, block in blocks.items() if (block or {}).get("reach", "local") == "local"), LOCAL_NAME)
 
 
 def trial_nodes(config: Mapping[str, Any]) -> dict[str, Node]:

@@ -30,6 +30,7 @@ from llmtrial.multinode import (
     SANITY_PORT_OFFSET,
     HeadlessRanks,
     MultiNodeServer,
+    NodeGroups,
     RayCluster,
     launch_args,
     ray_port,
@@ -389,7 +390,7 @@ class TrialJob:
                                   "label": self.label}
         if not self.spread:
             return ServerProcess(self.argv(), **kwargs)
-        ranks: HeadlessRanks | RayCluster
+        ranks: NodeGroups
         if self.launch == "ray":
             ranks = RayCluster(ledger, self.nodes, label=self.label, port=ray_port(self.port))
         else:
@@ -397,7 +398,7 @@ class TrialJob:
                                   args=self.spec["args"], env=self.spec["env"], master_port=self.master_port)
         return MultiNodeServer(self.argv(), ranks=ranks, **kwargs)
 
-    def _rank_records(self, ranks: HeadlessRanks | RayCluster) -> dict[str, dict[str, Any]]:
+    def _rank_records(self, ranks: NodeGroups) -> dict[str, dict[str, Any]]:
         """What each node ran besides the API server (a headless rank, Ray), its log fetched from the node."""
         fetched = ranks.fetch_logs(self.paths.out_dir)
         key = "ray_log" if isinstance(ranks, RayCluster) else "log"

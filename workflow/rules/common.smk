@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from llmtrial.cleanup import cleanup_with_record, restore_after_run
-from llmtrial.ledger import RUN_ENV, new_run_id
-from llmtrial.nodes import spanned_nodes
+from llmtrial.ledger import NODE_ENV, RUN_ENV, new_run_id
+from llmtrial.nodes import spanned_nodes, this_node_name
 from llmtrial.services import services_on_nodes
 from llmtrial.patchdata import patch_inputs
 from llmtrial.provenance import COMMAND_ENV
@@ -27,6 +27,9 @@ validate_config(config)  # against llmtrial's schemas/config.schema.yaml (packag
 # this id. Jobs inherit it from the environment (never through params, which would make every
 # job's params differ from the last run's).
 RUN = os.environ.setdefault(RUN_ENV, new_run_id())
+# The trial's name for this host (its first local node, or "local"): every ledger entry of this
+# run names it, as entries of the other nodes name theirs.
+os.environ[NODE_ENV] = this_node_name(config)
 # The command line that started this run, for the provenance record (llmtrial.provenance
 # .command_from_env reads it back in a job; secrets are redacted when it is recorded).
 os.environ.setdefault(COMMAND_ENV, json.dumps(sys.argv))
