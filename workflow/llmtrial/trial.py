@@ -297,7 +297,8 @@ class TrialJob:
                   "reach": n.reach, "interface": n.interface, "model_dir": model_dirs[n.name],
                   "env_keys": sorted(n.rank_env())} for i, n in enumerate(self.nodes)]
         log.info("%s: sanity check across nodes %s", self.spec["name"], ", ".join(n.name for n in self.nodes))
-        check = sanity_check(self.nodes, port=self.port + SANITY_PORT_OFFSET)
+        backend = "nccl" if (self.plan.get("hardware") or {}).get("gpus") else "gloo"  # gloo on CPU hosts
+        check = sanity_check(self.nodes, port=self.port + SANITY_PORT_OFFSET, backend=backend)
         log.info("%s: sanity check %s in %.1f s", self.spec["name"], "passed" if check["ok"] else "FAILED",
                  check["wall_s"])
         return {"launch": launch, "nodes": nodes, "collective": check}
