@@ -139,3 +139,21 @@ def test_the_report_block_has_defaults_and_its_baseline_must_name_a_configuratio
     assert validate_config({**minimal(), "report": {"baseline": "b"}})["report"]["baseline"] == "b"
     with pytest.raises(ConfigError, match=r"key 'report.baseline': 'tp9' is not a configuration of this trial \(a, b\)"):
         validate_config({**minimal(), "report": {"baseline": "tp9"}})
+
+
+def test_a_file_patch_is_refused_when_a_configuration_spans_nodes_and_a_plugin_patch_is_not():
+    config = minimal()
+    config["nodes"] = {"a": {}, "b": {"reach": "ssh", "ssh": {"address": "10.0.0.2"}}}
+    config["configurations"]["a"]["nodes"] = ["a", "b"]
+    for entry in ({"mode": "file"}, {}):  # file is the default mode
+        config["patches"] = {"demo-worker-log": entry}
+        with pytest.raises(ConfigError, match=r"key 'patches\.demo-worker-log\.mode': mode file changes this host's "
+                                              r"vLLM only, and configuration 'a' spans more than one node: "
+                                              r"use mode plugin"):
+            validate_config(copy.deepcopy(config))
+    config["patches"] = {"demo-worker-log": {"mode": "plugin"}}
+    validate_config(copy.deepcopy(config))
+    config["configurations"]["a"]["nodes"] = ["a"]  # one node: a file patch reaches it
+    config["patches"] = {"demo-worker-log": {"mode": "file"}}
+    validate_config(copy.deepcopy(config))
+    assert load_config(REPO / "config" / "config.yaml")["patches"] == {"demo-worker-log": {"mode": "file"}}

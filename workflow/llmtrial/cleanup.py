@@ -44,14 +44,15 @@ class HostNotRestored(RuntimeError):
 def outstanding(entries: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Every change the ledger records that no later entry undid, by kind, from any run
     (:func:`llmtrial.ledger.replay`): configuration jobs, servers, process groups on any
-    node, services stopped, patched files and plugin folders, and staged weights whose
-    policy was not applied yet."""
+    node, services stopped, patched files and plugin folders (here, and their copies on
+    other nodes), and staged weights whose policy was not applied yet."""
     state = replay(entries)
     patches = group_patches(state.outstanding["patches"])
     serving = state.open("servers")
     return {"jobs": state.open("jobs"), "servers": [e for e in serving if e["action"] == Action.SERVER_STARTED],
             "groups": [e for e in serving if e["action"] == Action.GROUP_LAUNCH], "services": state.open("services"),
-            "patches": [*patches["files"].values(), *patches["plugins"].values()], "weights": state.open("weights")}
+            "patches": [*patches["files"].values(), *patches["plugins"].values(), *patches["copies"].values()],
+            "weights": state.open("weights")}
 
 
 def unfinished(entries: list[dict[str, Any]]) -> bool:

@@ -16,7 +16,8 @@ Every entry also names the ``node`` (host) it changed; this process's entries na
 the workflow runs on (``LLMTRIAL_NODE``: the trial's own name for this host when it lists
 nodes, else :data:`LOCAL_NODE`) unless told otherwise, and entries of a ledger written
 before nodes read as :data:`LOCAL_NODE`. A change on a node that cleanup must reach (a process group
-started there: ``group_launch``) also carries ``reach``, the node as
+started there: ``group_launch``; weights staged there; a plugin folder copied there:
+``patch_plugin_copy``) also carries ``reach``, the node as
 :meth:`llmtrial.nodes.Node.describe` gives it, so cleanup can rebuild the node from the
 ledger alone.
 
@@ -71,6 +72,9 @@ class Action(StrEnum):
     PATCH_REVERTED = "patch_reverted"                # undo of patch_file: restored, matches RECORD
     PATCH_REVERT_FAILED = "patch_revert_failed"      # mark: a revert left the file not matching RECORD (a residue)
     PATCH_PLUGIN_REMOVED = "patch_plugin_removed"    # undo of patch_plugin
+    PATCH_PLUGIN_COPY = "patch_plugin_copy"          # change: a plugin folder is about to be copied to a node
+    PATCH_PLUGIN_COPIED = "patch_plugin_copied"      # mark: the copy of a patch_plugin_copy verified on its node
+    PATCH_PLUGIN_COPY_REMOVED = "patch_plugin_copy_removed"  # undo of patch_plugin_copy, on its node
     WEIGHTS_STAGED = "weights_staged"                # change: weights staged, their policy (keep/archive/delete) pending
     WEIGHTS_ARCHIVE_START = "weights_archive_start"  # mark: an archive copy is about to be made
     WEIGHTS_ARCHIVED = "weights_archived"            # mark: the archive copy is complete
@@ -112,6 +116,9 @@ ACTIONS: dict[Action, ActionSpec] = {
     Action.PATCH_REVERTED: ActionSpec(("patches", "path", "file", "undoes", "outcome"), "patches", undo=True),
     Action.PATCH_REVERT_FAILED: ActionSpec(("patches", "path", "file", "outcome")),
     Action.PATCH_PLUGIN_REMOVED: ActionSpec(("patches", "dir", "undoes", "outcome"), "patches", undo=True),
+    Action.PATCH_PLUGIN_COPY: ActionSpec(("patches", "reach", "dir", "source"), "patches"),
+    Action.PATCH_PLUGIN_COPIED: ActionSpec(("copy", "dir", "files")),
+    Action.PATCH_PLUGIN_COPY_REMOVED: ActionSpec(("patches", "dir", "undoes", "outcome"), "patches", undo=True),
     Action.WEIGHTS_STAGED: ActionSpec(("path", "root", "after"), "weights"),
     Action.WEIGHTS_ARCHIVE_START: ActionSpec(("path", "archive")),
     Action.WEIGHTS_ARCHIVED: ActionSpec(("path", "archive", "bytes")),
@@ -152,7 +159,8 @@ CHANGES: dict[str, Change] = {c.kind: c for c in (
     Change("jobs", (Action.JOB_STARTED,), (Action.JOB_FINISHED, Action.JOB_STOPPED), lambda e: e.get("pid")),
     Change("servers", (Action.SERVER_STARTED, Action.GROUP_LAUNCH), (Action.SERVER_STOPPED, Action.GROUP_STOPPED),
            lambda e: e.get("pgid")),
-    Change("patches", (Action.PATCH_FILE, Action.PATCH_PLUGIN), (Action.PATCH_REVERTED, Action.PATCH_PLUGIN_REMOVED),
+    Change("patches", (Action.PATCH_FILE, Action.PATCH_PLUGIN, Action.PATCH_PLUGIN_COPY),
+           (Action.PATCH_REVERTED, Action.PATCH_PLUGIN_REMOVED, Action.PATCH_PLUGIN_COPY_REMOVED),
            lambda e: e.get("file") or e.get("dir")),
     Change("services", (Action.SERVICE_QUIET,), (Action.SERVICE_RESTORED,), _service_name,
            lambda e: bool(e.get("was_running"))),

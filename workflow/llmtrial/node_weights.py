@@ -39,7 +39,7 @@ from llmtrial.ledger import Action, Ledger
 from llmtrial.manifest import MANIFEST_NAME
 from llmtrial.nodes import Node, NodeError, trial_nodes
 
-__all__ = ["stage_on_nodes", "copy_to_nodes", "undo_on_node"]
+__all__ = ["stage_on_nodes", "copy_to_nodes", "undo_on_node", "send_files"]
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +141,10 @@ def _expected(manifest: Mapping[str, Any]) -> dict[str, str]:
     return files
 
 
-def _send(node: Node, folder: Path, rels: Sequence[str], dest: str) -> dict[str, str]:
+def send_files(node: Node, folder: Path, rels: Sequence[str], dest: str) -> dict[str, str]:
     """Copy exactly ``rels`` of ``folder`` to ``dest`` on the node (a folder of symlinks
-    to them travels: the tar stream follows links); the hashes verified on the node."""
+    to them travels: the tar stream follows links); the hashes verified on the node (the
+    manifest :meth:`llmtrial.nodes.Node.copy_to` returns)."""
     with tempfile.TemporaryDirectory(prefix="llmtrial-send-") as tmp:
         for rel in rels:
             link = Path(tmp) / rel
@@ -166,7 +167,7 @@ def _copy_one(node: Node, manifest: Mapping[str, Any], expected: Mapping[str, st
     reused = hashes == dict(expected)
     if not reused:
         _folder(node, "delete", dest, root)  # another model's files never mix with these
-        hashes = _send(node, Path(manifest["model_dir"]), list(expected), dest)
+        hashes = send_files(node, Path(manifest["model_dir"]), list(expected), dest)
     took = round(time.monotonic() - started, 3)
     log.info("%s %s on %s in %.1f s", "found a verified copy of" if reused else "copied", model_name, node.label(), took)
     entry = {"model_dir": dest, "files": len(manifest["files"]), "bytes": int(manifest["total_bytes"]),

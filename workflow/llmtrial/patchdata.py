@@ -29,6 +29,9 @@ SCHEMA_PATH = SCHEMAS / "patch.schema.yaml"
 PLUGIN_PACKAGE = "llmtrial_vllm_patches"
 PLUGIN_VERSION = "1.0"
 PLUGIN_GROUP = "vllm.general_plugins"
+#: The file whose presence makes a folder an llmtrial plugin folder (relative to it, POSIX):
+#: the test cleanup applies before it removes a plugin folder, here or on another node.
+PLUGIN_MARK = f"{PLUGIN_PACKAGE}-{PLUGIN_VERSION}.dist-info/entry_points.txt"
 
 
 class PatchError(RuntimeError):

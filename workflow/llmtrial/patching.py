@@ -19,10 +19,14 @@ unpatched; a serving configuration sets the flag in its env.
   ``PYTHONPATH``. vLLM loads general plugins in every process it starts (API server, engine
   core, workers; under Ray each worker through ``WorkerWrapperBase.init_worker``), and each
   hook logs ``llmtrial patch <name>: hook installed in pid N``. A plugin that fails to load
-  is only logged by vLLM, so the trial job reads the log (:func:`evidence`).
+  is only logged by vLLM, so the trial job reads the log (:func:`evidence`). A configuration
+  spanning several nodes carries the folder to each other node and puts that node's copy on
+  its ranks' PYTHONPATH (:func:`node_plugin_env`, :mod:`llmtrial.node_patches`); mode file
+  changes this host only, so the config loader refuses it for such a trial.
 * Revert, from the ledger alone: restore each backup when the file still holds what the
   patch wrote, then verify it against ``RECORD`` again; a mismatch is a residue naming the
-  file, never forced. The plugin folder is removed. Reverting twice changes nothing.
+  file, never forced. The plugin folder is removed, here and on every node it was carried
+  to. Reverting twice changes nothing.
 
 Patches as data, diffs and RECORD live in :mod:`llmtrial.patchdata`. Python's bytecode cache needs nothing: a ``.pyc`` records
 its source's mtime and size, and both change on apply and on revert.
@@ -45,9 +49,12 @@ from typing import Any
 from llmtrial.fileio import atomic_write_bytes
 from llmtrial.ledger import Action, Ledger, replay
 from llmtrial.logs import find_lines
+from llmtrial.node_patches import carry_plugin, remove_copies
+from llmtrial.nodes import Node
 from llmtrial.patchdata import (
     PATCHES_DIR,
     PLUGIN_GROUP,
+    PLUGIN_MARK,
     PLUGIN_PACKAGE,
     PLUGIN_VERSION,
     FileDiff,
@@ -179,7 +186,7 @@ def write_file_patches(prepared: list[PreparedFile], ledger: Ledger, backup_dir:
 
 
 def _is_plugin_dir(path: Path) -> bool:
-    return (path / f"{PLUGIN_PACKAGE}-{PLUGIN_VERSION}.dist-info" / "entry_points.txt").is_file()
+    return (path / PLUGIN_MARK).is_file()
 
 
 def ray_runtime_env(plugin_dir: str, flags: Iterable[str]) -> dict[str, Any]:
@@ -348,19 +355,39 @@ def _outstanding_unapplied(entries: list[dict[str, Any]]) -> bool:
     return any(not set(e.get("patches", [])) <= applied for e in [*state["files"].values(), *state["plugins"].values()])
 
 
-def server_env(env: Mapping[str, str], plugin_dir: str | None, patches: list[dict[str, Any]]) -> dict[str, str]:
+def server_env(env: Mapping[str, str], plugin_dir: str | None, patches: list[dict[str, Any]], *,
+               inherited: Mapping[str, str] | None = None) -> dict[str, str]:
     """The server's environment with the plugin folder first on PYTHONPATH (mode plugin) and
-    the plugins added to a VLLM_PLUGINS allow-list when one is set."""
+    the plugins added to a VLLM_PLUGINS allow-list when one is set. ``env`` is added to
+    ``inherited``, what the server inherits (default this process's environment; for a
+    rank on another node, what its node adds)."""
     out = dict(env)
     if not plugin_dir:
         return out
-    path = out.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    inherited = os.environ if inherited is None else inherited
+    path = out.get("PYTHONPATH", inherited.get("PYTHONPATH", ""))
     out["PYTHONPATH"] = os.pathsep.join([plugin_dir, *([path] if path else [])])
-    allow = out.get("VLLM_PLUGINS", os.environ.get("VLLM_PLUGINS"))
+    allow = out.get("VLLM_PLUGINS", inherited.get("VLLM_PLUGINS"))
     if allow is not None:
         names = [n for n in allow.split(",") if n]
         wanted = [entry_point_name(p["name"]) for p in patches if p["mode"] == "plugin"]
         out["VLLM_PLUGINS"] = ",".join(names + [n for n in wanted if n not in names])
+    return out
+
+
+def node_plugin_env(ledger: Ledger, nodes: list[Node], plugin_dir: str | None, patches: list[dict[str, Any]],
+                    spec_env: Mapping[str, str], *, trial: str) -> dict[str, dict[str, str]]:
+    """Each node's serving environment, by node name, for a configuration spanning ``nodes``
+    (the first one this host): the plugin folder ``plugin_dir`` (mode plugin; None for none)
+    carried to every other node (:func:`llmtrial.node_patches.carry_plugin`, ledger first)
+    and put first on that node's PYTHONPATH, with the patches' allow-list, as
+    :func:`server_env` does here; ``spec_env`` (the patches' flags) on every node. A rank's
+    environment is added to its node's own ``env``, so that is what it inherits."""
+    first, *others = nodes
+    out = {first.name: server_env(spec_env, plugin_dir, patches)}
+    for node in others:
+        there = carry_plugin(ledger, node, Path(plugin_dir), trial=trial) if plugin_dir else None
+        out[node.name] = server_env(spec_env, there, patches, inherited=dict(node.env))
     return out
 
 
@@ -402,19 +429,23 @@ def _patch_key(e: dict[str, Any]) -> str | None:
 
 def group_patches(changes: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     """Outstanding patch changes (by id, as :func:`llmtrial.ledger.replay` gives them) by file
-    or folder. A file changed more than once and not reverted keeps its first entry (the one
-    whose backup holds the original); ``undo_ids`` lists every change a revert of it undoes."""
-    files: dict[str, dict[str, Any]] = {}
-    plugins: dict[str, dict[str, Any]] = {}
+    or folder: ``files``, ``plugins`` (here) and ``copies`` (plugin folders carried to another
+    node, by ``node:folder``). A file changed more than once and not reverted keeps its first
+    entry (the one whose backup holds the original); ``undo_ids`` lists every change a revert
+    of it undoes."""
+    groups: dict[str, dict[str, dict[str, Any]]] = {"files": {}, "plugins": {}, "copies": {}}
     for i, e in changes.items():
-        into = files if e["action"] == Action.PATCH_FILE else plugins
-        into.setdefault(_patch_key(e), {**e, "undo_ids": []})["undo_ids"].append(i)
-    return {"files": files, "plugins": plugins}
+        if e["action"] == Action.PATCH_PLUGIN_COPY:
+            into, key = groups["copies"], f"{e['node']}:{e['dir']}"
+        else:
+            into, key = groups["files" if e["action"] == Action.PATCH_FILE else "plugins"], _patch_key(e)
+        into.setdefault(key, {**e, "undo_ids": []})["undo_ids"].append(i)
+    return groups
 
 
 def outstanding(entries: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     """File and plugin changes the ledger records and no later revert undid (of any run),
-    by file or folder (:func:`group_patches`)."""
+    by file or folder, and plugin copies on other nodes (:func:`group_patches`)."""
     return group_patches(replay(entries).outstanding["patches"])
 
 
@@ -437,10 +468,12 @@ def revert_patches(ledger: Ledger) -> dict[str, Any]:
     """Undo every outstanding patch the ledger records; idempotent. A file is restored from
     its backup only while it holds what the patch wrote (anything else is left as found and
     reported); each file is then checked against RECORD, and a mismatch is a residue naming
-    it. Returns ``{"items", "residues"}``."""
+    it. Plugin folders carried to other nodes are removed there first
+    (:func:`llmtrial.node_patches.remove_copies`). Returns ``{"items", "residues"}``."""
     state = outstanding(ledger.entries())
-    items: list[dict[str, Any]] = []
-    residues: list[dict[str, Any]] = []
+    copies = remove_copies(list(state["copies"].values()), ledger)
+    items: list[dict[str, Any]] = copies["items"]
+    residues: list[dict[str, Any]] = copies["residues"]
     for e in reversed(list(state["files"].values())):
         target, backup = Path(e["file"]), Path(e["backup"])
         found = file_hash(target)
@@ -493,33 +526,39 @@ def revert_patches(ledger: Ledger) -> dict[str, Any]:
 
 
 def patches_table(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each file or plugin folder a patch changed (any run), from the ledger: hashes, applied
-    and reverted times, whether the file matched RECORD after the revert, the run that
-    changed it and the run that reverted it. A revert is matched to the change it names."""
+    """Each file or plugin folder a patch changed (any run), from the ledger, with its node (a
+    plugin folder carried to another node is a row of that node, ``copy_of`` the folder
+    here): hashes, applied (for a copy: verified on its node) and reverted times, whether the
+    file matched RECORD after the revert, the run that changed it and the run that reverted
+    it. A revert is matched to the change it names."""
     rows: dict[str, dict[str, Any]] = {}
     undone = replay(entries).undone
     for e in entries:
         action = e.get("action")
-        if action in (Action.PATCH_FILE, Action.PATCH_PLUGIN):
+        if action in (Action.PATCH_FILE, Action.PATCH_PLUGIN, Action.PATCH_PLUGIN_COPY):
             row = {"patches": e["patches"], "mode": "file" if action == Action.PATCH_FILE else "plugin",
-                   "target": _patch_key(e), "run": e["run"], "change": e["id"], "applied_at": None,
+                   "target": _patch_key(e), "node": e["node"], "run": e["run"], "change": e["id"], "applied_at": None,
                    "reverted_at": None, "reverted_by_run": None, "revert_outcome": None, "matches_record": None}
             if action == Action.PATCH_FILE:
                 row.update({k: e[k] for k in ("path", "backup", "record_hash", "before_hash", "after_hash")})
-            else:
+            elif action == Action.PATCH_PLUGIN:
                 row["entry_points"] = e.get("entry_points")
+            else:
+                row["copy_of"] = e.get("source")
             back = undone.get(e["id"])
             if back is not None:
                 row.update(reverted_at=back["t"], reverted_by_run=back["run"], revert_outcome=back.get("outcome"),
                            matches_record=True if back["action"] == Action.PATCH_REVERTED else None)
             rows[e["id"]] = row
+        elif action == Action.PATCH_PLUGIN_COPIED and e.get("copy") in rows:
+            rows[e["copy"]]["applied_at"] = e["t"]
         elif action == Action.PATCH_APPLIED:
             for row in rows.values():
-                if row["applied_at"] is None and row["run"] == e["run"] and (
+                if row["applied_at"] is None and row["run"] == e["run"] and "copy_of" not in row and (
                         row["target"] == e.get("dir") or row.get("path") in e.get("files", [])):
                     row["applied_at"] = e["t"]
         elif action == Action.PATCH_REVERT_FAILED:
             for row in rows.values():
-                if row["target"] == e.get("file") and row["reverted_at"] is None:
+                if row["target"] == e.get("file") and row["node"] == e["node"] and row["reverted_at"] is None:
                     row.update(revert_outcome=e.get("outcome"), matches_record=False)
     return list(rows.values())
