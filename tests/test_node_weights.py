@@ -134,6 +134,7 @@ def test_snakemake_stages_on_both_hosts_and_its_cleanup_deletes_node_bs_copy(hos
     config["trial"] = "mn"
     config["nodes"] = hosts.node_blocks()
     config["configurations"]["tp1"]["nodes"] = ["a", "b"]
+    config["patches"] = {"demo-worker-log": {"mode": "plugin"}}  # a file patch cannot reach node b
     config["model"]["weights"] = {"after": "delete"}
     write_config(tmp_path, config)
     paths = TrialPaths.of("mn")

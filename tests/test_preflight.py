@@ -237,6 +237,7 @@ def test_snakemake_stops_at_preflight_before_staging_when_node_b_runs_another_py
     config = default_config()
     config["nodes"] = hosts.node_blocks(OTHER_PYTHON)
     config["configurations"]["tp1"]["nodes"] = ["a", "b"]
+    config["patches"] = {"demo-worker-log": {"mode": "plugin"}}  # a file patch cannot reach node b
     write_config(tmp_path, config)
     paths = TrialPaths.of("demo")
     out = snakemake(tmp_path, "--cores", "1", str(paths.manifest), via=hosts.on_a([]))
