@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -152,6 +153,13 @@ def test_the_trial_is_served_across_both_hosts_benchmarked_and_reported(two_host
     # B's own log, fetched from B: its worker joined A's rendezvous as rank 1 of 2
     b_log = (two_host_trial["results"] / "configs" / CONFIGURATION / b["log"]).read_text()
     assert "world_size=2 rank=1" in b_log and f"tcp://{two_host_trial['hosts'].addr_a}:" in b_log
+    # the demo patch, a plugin carried to B: its line in each host's worker log, rank 0 on A, rank 1 on B
+    [on_a] = record["patches"]["patches"]
+    [on_b] = b["patches"]
+    assert on_a["flag_on"] and [re.search(r"CPU worker rank (\d+)", x["line"])[1] for x in on_a["lines"]] == ["0"]
+    assert on_b["flag_on"] and [re.search(r"CPU worker rank (\d+)", x["line"])[1] for x in on_b["lines"]] == ["1"]
+    copies = [e for e in ledger(two_host_trial["results"]) if e["action"] == "patch_plugin_copy"]
+    assert [e["node"] for e in copies] == ["b"]
     report = (two_host_trial["results"] / "report.html").read_text()
     assert "Nodes" in report and f"{CONFIGURATION} spans nodes a and b" in report
 

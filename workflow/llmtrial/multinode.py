@@ -186,9 +186,9 @@ class HeadlessRanks(NodeGroups):
     record's ``args`` of a rank are the serving flags after :data:`HEADLESS_SERVE`."""
 
     def __init__(self, ledger: Ledger, nodes: Sequence[Node], *, label: str, model_dirs: Mapping[str, str],
-                 args: Mapping[str, Any], env: Mapping[str, str], master_port: int) -> None:
+                 args: Mapping[str, Any], envs: Mapping[str, Mapping[str, str]], master_port: int) -> None:
         super().__init__(ledger, nodes, label=label)
-        self.model_dirs, self.args, self.env, self.master_port = model_dirs, dict(args), dict(env), master_port
+        self.model_dirs, self.args, self.envs, self.master_port = model_dirs, dict(args), envs, master_port
 
     def argv(self, node: Node) -> list[str]:
         rank = self.nodes.index(node)
@@ -196,10 +196,9 @@ class HeadlessRanks(NodeGroups):
                              {**self.args, **launch_args(self.nodes, rank, self.master_port)})
 
     def start(self) -> None:
-        """Start every headless rank, each with the configuration's env and its node's rank env."""
+        """Start every headless rank, each with its node's serving environment (``envs``)."""
         for node in self.members():
-            self.start_on(node, label=f"{self.label} rank {self.nodes.index(node)}",
-                          env={**self.env, **node.rank_env()})
+            self.start_on(node, label=f"{self.label} rank {self.nodes.index(node)}", env=self.envs[node.name])
 
 
 class RayCluster(NodeGroups):
@@ -213,9 +212,9 @@ class RayCluster(NodeGroups):
     stop_grace = RAY_STOP_GRACE_S  # the head's daemons outlast a long grace after SIGTERM
 
     def __init__(self, ledger: Ledger, nodes: Sequence[Node], *, label: str, port: int,
-                 join_timeout: float = RAY_JOIN_TIMEOUT_S) -> None:
+                 envs: Mapping[str, Mapping[str, str]], join_timeout: float = RAY_JOIN_TIMEOUT_S) -> None:
         super().__init__(ledger, nodes, label=label)
-        self.port, self.join_timeout = port, join_timeout
+        self.port, self.envs, self.join_timeout = port, envs, join_timeout
         self.joined: dict[str, Any] = {}
 
     @property
@@ -235,8 +234,9 @@ class RayCluster(NodeGroups):
 
     def start(self) -> None:
         """Start Ray on every node, the head first, and wait until every node has joined."""
-        for node in self.nodes:
-            self.start_on(node, label=f"{self.label} ray", env=node.rank_env())
+        for node in self.nodes:  # Ray's workers inherit their raylet's environment: the node's serving env
+            env = {k: v for k, v in self.envs[node.name].items() if k != "RAY_ADDRESS"}
+            self.start_on(node, label=f"{self.label} ray", env=env)
             if node is self.nodes[0]:
                 self._wait_for(1)
         self.joined = self._wait_for(len(self.nodes))

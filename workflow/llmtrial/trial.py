@@ -39,7 +39,7 @@ from llmtrial.multinode import (
 from llmtrial.nodes import Node
 from llmtrial.nodetelemetry import NodeTelemetry, node_window_figures
 from llmtrial.onset import onset, step_figures
-from llmtrial.patching import ensure_patched, evidence, server_env
+from llmtrial.patching import ensure_patched, evidence, node_plugin_env, server_env
 from llmtrial.paths import TrialPaths
 from llmtrial.records import fact, read_record, redact_env, write_record
 from llmtrial.scenarios import SWEEP_KEYS, Repetition, goodput, is_sweep, runs_of
@@ -236,16 +236,16 @@ class TrialJob:
             record["services_requieted"] = quiet_host(self.paths.trial.root, self.services, restored_first=restored)["services"]
         ledger = Ledger(self.paths.ledger)
         patched = ensure_patched(dict(self.patches), ledger=ledger, work_dir=self.paths.trial.patches)
-        env = server_env(self.spec["env"], patched["plugin_dir"], patched["patches"])
+        envs = self._envs(ledger, patched)
+        env = envs[self.nodes[0].name] if self.spread else envs[""]
         if self.spread:
-            env = {**env, **self.nodes[0].rank_env(), **({"RAY_ADDRESS": self.ray_address} if self.launch == "ray" else {})}
             record.update(self._spread_record())
             if not record["collective"]["ok"]:
                 return self._not_served(record, "failed", Failure("sanity_check", "collective_failed",
                                                                   record["collective"]["diagnosis"]))
         record["server"]["env"] = redact_env(env)
         job = ledger.append(Action.JOB_STARTED, label=self.label, pid=os.getpid(), create_time=psutil.Process().create_time())
-        served = self._serve(ledger, env)
+        served = self._serve(ledger, env, envs)
         record["server"].update(served.pop("server"))
         record["timing"].update(served.pop("bench_worker"))
         record["telemetry"].update(served.pop("telemetry"))
@@ -256,11 +256,7 @@ class TrialJob:
         if record["failure"]:
             record["failure"]["error_line"] = logs.diagnose_failure(text, source=record["server"]["log"])
             record["failure"]["log_tail"] = logs.tail(text, 40)
-        for entry in record.get("nodes") or []:
-            entry.update(record["server"].get("ranks", {}).get(entry["name"], {"log": record["server"]["log"]}))
-            if record["failure"] and entry["rank"] and entry.get("log"):
-                rank_log = self.paths.out_dir / entry["log"]
-                entry["error_line"] = logs.diagnose_failure(logs.read_log(rank_log), source=entry["log"])
+        self._node_outcomes(record, patched["patches"], envs)
         if not record["startup"] and text:
             record["startup"] = logs.parse_startup(text, source=record["server"]["log"])
         record["patches"] = {"reapplied": patched["reapplied"], "plugin_dir": patched["plugin_dir"],
@@ -269,6 +265,31 @@ class TrialJob:
         write_record(self.paths.record, record, schema="configuration")
         ledger.append(Action.JOB_FINISHED, label=self.label, pid=os.getpid(), undoes=job["id"])
         return record
+
+    def _envs(self, ledger: Ledger, patched: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+        """The serving environment by node name (``""`` on a single host): the configuration's
+        env with the patches' plugin folder, carried to every other node (ledger first), and on
+        each node of a multi-node configuration its rank environment."""
+        if not self.spread:
+            return {"": server_env(self.spec["env"], patched["plugin_dir"], patched["patches"])}
+        envs = node_plugin_env(ledger, list(self.nodes), patched["plugin_dir"], patched["patches"], self.spec["env"],
+                               trial=self.trial)
+        ray = {"RAY_ADDRESS": self.ray_address} if self.launch == "ray" else {}
+        return {n.name: {**envs[n.name], **n.rank_env(), **ray} for n in self.nodes}
+
+    def _node_outcomes(self, record: dict[str, Any], patches: list[dict[str, Any]],
+                       envs: Mapping[str, Mapping[str, str]]) -> None:
+        """Each node's entry gets what ran there, its log and, from that log, the patches'
+        evidence and (on a failure) the line that explains it."""
+        for entry in record.get("nodes") or []:
+            entry.update(record["server"].get("ranks", {}).get(entry["name"], {"log": record["server"]["log"]}))
+            if not entry["rank"] and entry.get("log"):
+                continue  # node 0's log is the server's own, read for the whole record
+            name = entry.get("log") or entry.get("ray_log")
+            text = logs.read_log(self.paths.out_dir / name) if name else ""
+            entry["patches"] = evidence(patches, text, envs[entry["name"]], name or "")
+            if record["failure"] and text:
+                entry["error_line"] = logs.diagnose_failure(text, source=name)
 
     def _fresh_folder(self) -> None:
         self.paths.out_dir.mkdir(parents=True, exist_ok=True)
@@ -337,13 +358,13 @@ class TrialJob:
                 "startup_s": ready["value"] if ready else None,
                 "bench_s": sum(p["end"] - p["start"] for s in record["scenarios"] for _, p in runs_of(s))}
 
-    def _serve(self, ledger: Ledger, env: Mapping[str, str]) -> dict[str, Any]:
+    def _serve(self, ledger: Ledger, env: Mapping[str, str], envs: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
         """Start the server under the sampler, run the phases, stop it: the record's
         ``server`` and ``telemetry`` additions, ``startup``, ``cold_start``, ``scenarios`` and
         ``failure`` (the first phase that failed, or None)."""
         host_source = HostSource()
         sources, absent = job_sources(host_source, MetricsSource(self.host, self.port))
-        server = self._server(ledger, env)
+        server = self._server(ledger, env, envs)
         out: dict[str, Any] = {"server": {}, "startup": {}, "cold_start": {}, "scenarios": [], "failure": None}
         windows: list[tuple[dict[str, Any], float, float]] = []
         failure: Failure | None = None
@@ -384,7 +405,7 @@ class TrialJob:
             out["failure"] = failure.as_record()
         return out
 
-    def _server(self, ledger: Ledger, env: Mapping[str, str]) -> ServerProcess:
+    def _server(self, ledger: Ledger, env: Mapping[str, str], envs: Mapping[str, Mapping[str, str]]) -> ServerProcess:
         """The configuration's server: on this host, or node 0's with the other nodes' headless ranks."""
         kwargs: dict[str, Any] = {"host": self.host, "port": self.port, "log_path": self.paths.server_log,
                                   "env": dict(env), "ledger": ledger, "stop_timeout": float(self.spec["stop_timeout_s"]),
@@ -393,10 +414,10 @@ class TrialJob:
             return ServerProcess(self.argv(), **kwargs)
         ranks: NodeGroups
         if self.launch == "ray":
-            ranks = RayCluster(ledger, self.nodes, label=self.label, port=ray_port(self.port))
+            ranks = RayCluster(ledger, self.nodes, label=self.label, port=ray_port(self.port), envs=envs)
         else:
             ranks = HeadlessRanks(ledger, self.nodes, label=self.label, model_dirs=self._model_dirs(),
-                                  args=self.spec["args"], env=self.spec["env"], master_port=self.master_port)
+                                  args=self.spec["args"], envs=envs, master_port=self.master_port)
         return MultiNodeServer(self.argv(), ranks=ranks, **kwargs)
 
     def _rank_records(self, ranks: NodeGroups) -> dict[str, dict[str, Any]]:
