@@ -48,6 +48,7 @@ def of(ledger: Ledger, action: Action) -> list[dict]:
     return [e for e in ledger.entries() if e["action"] == action]
 
 
+@pytest.mark.slow
 def test_the_plugin_is_carried_to_node_b_verified_reused_on_its_path_and_removed_there_by_cleanup(hosts, tmp_path):
     ledger, plugin = plugin_here(tmp_path)
     b = node_b(hosts)
@@ -96,6 +97,7 @@ def test_the_plugin_is_carried_to_node_b_verified_reused_on_its_path_and_removed
     assert hosts.python_on_a(CLEANUP, str(tmp_path), current_run())["patches_reverted"] == []  # nothing left
 
 
+@pytest.mark.slow
 def test_a_node_cleanup_cannot_reach_is_a_residue_naming_it_and_its_copy_stays_outstanding(hosts, tmp_path):
     ledger, plugin = plugin_here(tmp_path)
     with pytest.raises(NodeError, match=r"^node b \(ssh root@"):
@@ -120,6 +122,7 @@ def test_a_node_cleanup_cannot_reach_is_a_residue_naming_it_and_its_copy_stays_o
     assert outstanding(ledger.entries())["patches"] == []
 
 
+@pytest.mark.slow
 def test_a_folder_on_the_node_that_is_no_plugin_folder_is_never_replaced_nor_removed(hosts, tmp_path):
     ledger, plugin = plugin_here(tmp_path)
     theirs = hosts.staging_b / PLUGIN_FOLDER / "t3"

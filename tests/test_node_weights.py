@@ -52,6 +52,7 @@ def stage(hosts, tmp_path, trial: str, after: str, **b) -> dict:
                          trial=trial, model_name="tiny", weights={"after": after})
 
 
+@pytest.mark.slow
 def test_the_model_is_copied_to_node_b_verified_then_reused_and_deleted_there_by_cleanup(hosts, tmp_path):
     manifest = stage(hosts, tmp_path, "t1", "delete")
     there = hosts.staging_b / "t1" / "tiny"
@@ -80,6 +81,7 @@ def test_the_model_is_copied_to_node_b_verified_then_reused_and_deleted_there_by
 
 
 @pytest.mark.parametrize(("after", "left"), [("keep", True), ("archive", False)])
+@pytest.mark.slow
 def test_keep_leaves_node_bs_copy_and_archive_removes_it(hosts, tmp_path, after, left):
     stage(hosts, tmp_path, f"t-{after}", after)
     record = cleanup_on_a(hosts, tmp_path)
@@ -88,6 +90,7 @@ def test_keep_leaves_node_bs_copy_and_archive_removes_it(hosts, tmp_path, after,
     assert (hosts.staging_b / f"t-{after}" / "tiny").is_dir() is left and record["restored"]
 
 
+@pytest.mark.slow
 def test_a_node_cleanup_cannot_reach_is_a_residue_naming_it_and_stays_outstanding(hosts, tmp_path):
     stage(hosts, tmp_path, "t2", "delete")
     ledger = Ledger(TrialPaths(tmp_path).ledger)
@@ -105,6 +108,7 @@ def test_a_node_cleanup_cannot_reach_is_a_residue_naming_it_and_stays_outstandin
     assert folder["action"] == "deleted" and not (hosts.staging_b / "t2" / "tiny").exists()
 
 
+@pytest.mark.slow
 def test_cleanup_refuses_a_node_folder_outside_its_root(hosts, tmp_path):
     outside = hosts.staging_b / "not-the-trials"
     outside.mkdir()

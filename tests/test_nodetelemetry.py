@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from llmtrial.cleanup import outstanding
 from llmtrial.groups import group_alive
 from llmtrial.ledger import Action, Ledger
@@ -70,6 +72,7 @@ def test_rows_are_typed_a_torn_line_is_skipped_and_windows_are_per_node(tmp_path
     assert set(node_window_figures(merged, 1.1, 1.3)) == {"a"}
 
 
+@pytest.mark.slow
 def test_every_node_is_sampled_merged_and_sees_the_bytes_pushed_between_them(hosts, tmp_path):
     a, b = hosts.node_a(), hosts.node_b()
     blob = tmp_path / "blob.bin"
@@ -106,6 +109,7 @@ def test_every_node_is_sampled_merged_and_sees_the_bytes_pushed_between_them(hos
         assert group_alive(node, mark["pgid"], mark["create_time"]) == []
 
 
+@pytest.mark.slow
 def test_a_node_whose_sampler_cannot_start_is_listed_with_its_error(hosts, tmp_path):
     a, unreachable = hosts.node_a(), hosts.node_b(identity_file=str(hosts.wrong_key))
     with NodeTelemetry(Ledger(TrialPaths(tmp_path).ledger), [a, unreachable], label="tp2",
@@ -131,6 +135,7 @@ def test_an_exception_inside_still_stops_and_merges(tmp_path):
     assert outstanding(entries(tmp_path))["groups"] == []
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_holder_then_cleanup_stops_the_samplers_on_both_nodes(hosts, tmp_path):
     a, b = hosts.node_a(), hosts.node_b()
     nodes = {"a": a.describe(), "b": b.describe()}  # what the holder knows: no namespace prefix

@@ -374,6 +374,7 @@ def demo_on_b(action: str, port: int, state: Path) -> list[str]:
             "--state", str(state)]
 
 
+@pytest.mark.slow
 def test_a_service_on_node_b_is_quieted_and_restored_there_from_the_ledger(hosts, tmp_path, monkeypatch):
     monkeypatch.setenv(RUN_ENV, "test-services-on-b")
     port, state = free_ports(1)[0], tmp_path / "state"
