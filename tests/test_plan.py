@@ -28,8 +28,8 @@ from llmtrial.plan import (
     recommend_partition,
     split_layers,
 )
+from llmtrial.prediction import compare_with_plan
 from llmtrial.preflight import gpu_inventory
-from llmtrial.trial import compare_with_plan
 
 #: Seed 003: Qwen3-235B-A22B-Instruct-2507-FP8 as its runbook describes it.
 SEED_003 = {"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 94, "num_attention_heads": 64,

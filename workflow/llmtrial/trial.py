@@ -41,12 +41,12 @@ from llmtrial.nodetelemetry import NodeTelemetry, node_window_figures
 from llmtrial.onset import onset, step_figures
 from llmtrial.patching import ensure_patched, evidence, node_plugin_env, server_env
 from llmtrial.paths import TrialPaths
+from llmtrial.prediction import compare_with_plan
 from llmtrial.records import fact, read_record, redact_env, write_record
 from llmtrial.scenarios import SWEEP_KEYS, Repetition, goodput, is_sweep, runs_of
 from llmtrial.scenarios import steps as sweep_steps
 from llmtrial.server import ServerProcess, ServerStartError, build_server_argv
 from llmtrial.services import quiet_host, quiet_needed
-from llmtrial.shape import predict_kv_tokens
 from llmtrial.sources import HostSource, MetricsSource, job_sources
 from llmtrial.telemetry import CSV_HEADER, Sampler, describe_sources, read_samples, window_edge, window_figures
 
@@ -571,49 +571,3 @@ def _pass_failure(name: str, one: Mapping[str, Any]) -> Failure | None:
         return None
     return Failure("benchmark", "pass_failed", f"benchmark pass {name}/{one['pass']} failed "
                    f"(exit {one['returncode']}{', timed out' if one['timed_out'] else ''})")
-
-
-def relative_error(predicted: float | None, measured: float | None) -> float | None:
-    if predicted is None or measured in (None, 0):
-        return None
-    return (predicted - measured) / measured
-
-
-def compare_with_plan(plan: Mapping[str, Any], startup: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The planner's figures beside what vLLM logged, with the relative error of each."""
-    data, facts = plan.get("plan") or {}, plan.get("facts") or {}
-    rows: list[dict[str, Any]] = []
-
-    def add(name: str, predicted: Any, kind: str, measured_key: str) -> None:
-        measured = startup.get(measured_key)
-        if predicted is None or measured is None:
-            return
-        value = measured["value"]
-        rows.append({"name": name, "predicted": predicted, "predicted_kind": kind, "measured": value,
-                     "measured_source": measured["source"], "relative_error": relative_error(predicted, value)})
-
-    if not data:
-        return rows
-    add("KV cache tokens", data.get("predicted_kv_cache_tokens"), facts["predicted_kv_cache_tokens"]["kind"], "kv_cache_tokens")
-    add("max concurrency", data.get("max_concurrency"), facts["max_concurrency"]["kind"], "max_concurrency")
-    weights = data.get("weights_bytes_per_rank") or []
-    if weights:
-        add("weights per rank (GiB)", round(weights[0] / 2**30, 2), facts["weights_bytes_per_rank"]["kind"], "model_load_gib")
-    for name, key, logged in (("GPU budget per rank (GiB)", "gpu_budget_bytes", "gpu_requested_gib"),
-                              ("non-torch memory (GiB)", "non_torch_bytes", "non_torch_gib"),
-                              ("peak activation (GiB)", "peak_activation_bytes", "peak_activation_gib"),
-                              ("CUDA graph memory (GiB)", "cuda_graph_bytes", "cuda_graph_gib")):
-        if key in facts:
-            add(name, round(facts[key]["value"] / 2**30, 2), facts[key]["kind"], logged)
-    kv_memory = data.get("available_kv_bytes_per_rank") or []
-    if kv_memory and "gpu_budget_bytes" in facts:
-        add("KV cache memory per rank (GiB)", round(kv_memory[0] / 2**30, 2), facts["available_kv_bytes_per_rank"]["kind"],
-            "available_kv_gib" if "available_kv_gib" in startup else "kv_cache_in_use_gib")
-    avail = startup.get("available_kv_gib")
-    per_rank = data.get("kv_cache_bytes_per_token_per_rank")
-    if avail and per_rank:
-        per_rank = per_rank if isinstance(per_rank, list) else [per_rank]
-        _, tokens, _ = predict_kv_tokens([avail["value"] * 2**30] * len(per_rank), per_rank, data["block_size"],
-                                         data["max_model_len"])
-        add("KV cache tokens from the logged KV memory", tokens, "predicted", "kv_cache_tokens")
-    return rows
