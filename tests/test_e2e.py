@@ -64,8 +64,6 @@ def trial(tmp_path_factory):
     config = default_config()
     del config["configurations"]["tp2"]  # served and checked by test_rerun's first run
     config["configurations"].update(EXTRA)
-    for scenario in config["scenarios"].values():  # short passes: this trial is about its records
-        scenario["num_prompts"] = 3 * scenario["concurrency"]
     config["serving"]["base_port"] = free_base_port(BASE_PORT, len(config["configurations"]))
     demo_port = free_base_port(BASE_PORT + 90, 1)
     config["services"] = {"demo-web": demo_service(work / "demo", demo_port)}
