@@ -319,7 +319,6 @@ def sanity_check(nodes: Sequence[Node], *, port: int, backend: str = "gloo", siz
                  iters: int = 5, timeout_s: float = SANITY_TIMEOUT_S) -> dict[str, Any]:
     """All-reduce across ``nodes`` (rank i on node i, master on the first node's address) and
     return :func:`llmtrial.collective.summarize`'s record with ``wall_s`` and each rank's node."""
-    source = Path(collective.__file__).read_text(encoding="utf-8")
     world = len(nodes)
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=world) as pool:
@@ -327,8 +326,7 @@ def sanity_check(nodes: Sequence[Node], *, port: int, backend: str = "gloo", siz
         for rank, node in enumerate(nodes):
             argv = collective.rank_argv(rank, world, backend=backend, master_addr=nodes[0].address, port=port,
                                         out="-", size_mib=size_mib, iters=iters, timeout_s=timeout_s,
-                                        interface=node.interface, python=node.python)
-            argv[1:3] = ["-c", source]  # "-m llmtrial.collective" -> the module's source
+                                        interface=node.interface, python=node.python, standalone=True)
             futures.append(pool.submit(_rank_on, node, argv, rank, world, timeout_s + 30))
         results = [f.result() for f in futures]
     summary = collective.summarize(results, world_size=world)
