@@ -127,10 +127,14 @@ def test_replay_returns_what_is_still_outstanding_by_kind_on_each_node(tmp_path)
     ledger.append(Action.SERVICE_QUIET, service={"name": "web"}, was_running=False, state_seen="stopped")
     quiet = ledger.append(Action.SERVICE_QUIET, service={"name": "db"}, was_running=True, state_seen="running")
     staged = ledger.append(Action.WEIGHTS_STAGED, path="/s/m", root="/s", after="keep")
+    failed = ledger.append(Action.GPU_FAILED, gpu=0, uuid="GPU-a", label="t/a", evidence="x", kernel_lines=[])
+    sick = ledger.append(Action.GPU_FAILED, gpu=1, uuid="GPU-b", label="t/a", evidence="x", kernel_lines=[])
+    ledger.append(Action.GPU_CLEARED, gpu=0, uuid="GPU-a", undoes=failed["id"], evidence="allocated")
     state = replay(Ledger(tmp_path / "l.jsonl").entries())
     assert {k: list(v) for k, v in state.outstanding.items()} == {
-        "jobs": [], "servers": [server["id"]], "patches": [], "services": [quiet["id"]], "weights": [staged["id"]]}
-    assert list(state.undone) == [job["id"]] and state.any_open(besides=("weights",))
+        "jobs": [], "servers": [server["id"]], "patches": [], "services": [quiet["id"]], "weights": [staged["id"]],
+        "gpus": [sick["id"]]}
+    assert list(state.undone) == [job["id"], failed["id"]] and state.any_open(besides=("weights",))
     assert all(missing_fields(e) == [] for e in Ledger(tmp_path / "l.jsonl").entries())
     assert missing_fields({"action": "server_started", "pid": 3}) == [
         "t", "run", "id", "node", "label", "pgid", "host", "port", "launched_at"]

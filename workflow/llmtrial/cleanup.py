@@ -26,6 +26,7 @@ from typing import Any
 
 import psutil
 
+from llmtrial.gpus import recheck_failed
 from llmtrial.groups import stop_recorded_groups
 from llmtrial.ledger import CHANGES, Action, Ledger, replay
 from llmtrial.patching import group_patches, patches_table, revert_patches
@@ -52,7 +53,7 @@ def outstanding(entries: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
     return {"jobs": state.open("jobs"), "servers": [e for e in serving if e["action"] == Action.SERVER_STARTED],
             "groups": [e for e in serving if e["action"] == Action.GROUP_LAUNCH], "services": state.open("services"),
             "patches": [*patches["files"].values(), *patches["plugins"].values(), *patches["copies"].values()],
-            "weights": state.open("weights")}
+            "weights": state.open("weights"), "gpus": state.open("gpus")}
 
 
 def unfinished(entries: list[dict[str, Any]]) -> bool:
@@ -198,13 +199,14 @@ def _undo_all(ledger: Ledger, *, ports: Iterable[int], host: str, stop_timeout: 
     port_checks = check_ports(trial_ports, host, residues)
     patched = revert_patches(ledger)
     residues.extend(patched["residues"])
-    back = restore(ledger.entries(), ledger)
+    held = recheck_failed(ledger, residues)
+    back = restore(ledger.entries(), ledger, held=held)
     residues.extend(back["residues"])
     staged = apply_policy(ledger.entries(), ledger) if weights else None
     if staged is not None:
         residues.extend(staged["residues"])
     return {"jobs": jobs, "servers": servers, "groups": groups, "ports": port_checks, "patches": patched,
-            "services": back, "weights": staged}
+            "services": back, "weights": staged, "gpus_held": held}
 
 
 def weights_outcome(staged: dict[str, Any] | None, run: str) -> dict[str, Any]:
@@ -256,6 +258,8 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
                         "patches": left_patches,
                         "weights": [w for w in (staged or {}).get("folders", []) if w.get("run") != ledger.run]},
         "host": {"services": host_check},
+        "gpus_held": [{k: g.get(k) for k in ("gpu", "uuid", "label", "evidence", "evidence_now", "run")}
+                      for g in did["gpus_held"]],
         "residues": residues,
         "restored": not residues and all(c["running_and_healthy"] for c in host_check),
     }

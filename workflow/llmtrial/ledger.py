@@ -81,6 +81,8 @@ class Action(StrEnum):
     WEIGHTS_DELETE_START = "weights_delete_start"    # mark: a staged folder is about to be deleted
     WEIGHTS_DONE = "weights_done"                    # undo of weights_staged: the policy was applied
     WEIGHTS_POLICY_FAILED = "weights_policy_failed"  # mark: the policy left residues (stays outstanding)
+    GPU_FAILED = "gpu_failed"                        # change: a GPU failed its health check; services on it are held
+    GPU_CLEARED = "gpu_cleared"                      # undo of gpu_failed: a later health check passed
     CLEANUP_START = "cleanup_start"                  # mark: a cleanup began
     CLEANUP_DONE = "cleanup_done"                    # mark: a cleanup ended, restored or not
 
@@ -125,6 +127,8 @@ ACTIONS: dict[Action, ActionSpec] = {
     Action.WEIGHTS_DELETE_START: ActionSpec(("path",)),
     Action.WEIGHTS_DONE: ActionSpec(("path", "policy", "undoes", "outcome"), "weights", undo=True),
     Action.WEIGHTS_POLICY_FAILED: ActionSpec(("path", "policy", "outcome")),
+    Action.GPU_FAILED: ActionSpec(("gpu", "uuid", "label", "evidence", "kernel_lines"), "gpus"),
+    Action.GPU_CLEARED: ActionSpec(("gpu", "uuid", "undoes", "evidence"), "gpus", undo=True),
     Action.CLEANUP_START: ActionSpec(),
     Action.CLEANUP_DONE: ActionSpec(("restored", "residues")),
 }
@@ -152,7 +156,9 @@ class Change:
         return e.get("action") in self.undone_by
 
 
-#: Every kind of change a trial makes to a host, in the order cleanup undoes them. ``servers``
+#: Every kind of change a trial makes to a host, in the order cleanup undoes them. ``gpus`` are
+#: GPUs held as failed (a health check after a failure): not a change the trial made, but a hold
+#: on the host that stays until a later check clears it. ``servers``
 #: are serving process groups: a vLLM server started here (``server_started``) and a group
 #: started on any node, this one or another host (``group_launch``: a headless rank, a worker).
 CHANGES: dict[str, Change] = {c.kind: c for c in (
@@ -165,6 +171,7 @@ CHANGES: dict[str, Change] = {c.kind: c for c in (
     Change("services", (Action.SERVICE_QUIET,), (Action.SERVICE_RESTORED,), _service_name,
            lambda e: bool(e.get("was_running"))),
     Change("weights", (Action.WEIGHTS_STAGED,), (Action.WEIGHTS_DONE,), lambda e: e.get("path")),
+    Change("gpus", (Action.GPU_FAILED,), (Action.GPU_CLEARED,), lambda e: e.get("uuid") or e.get("gpu")),
 )}
 
 

@@ -477,11 +477,13 @@ def configuration_checks(*, args: ServingArgs, env: Mapping[str, str], gpus: Map
 def _hardware(hardware: Mapping[str, Any], gpus: Mapping[str, Any], env: Mapping[str, str]) -> Hardware:
     """The hardware a plan assumes: the trial file's figures, else the GPUs preflight found."""
     count = hardware.get("gpus")
-    if count is None:
-        count = int(gpus.get("count") or 0)
+    selected = gpus.get("selected")
+    devices = [d for d in gpus.get("devices") or [] if selected is None or d.get("index") in selected]
+    if count is None or isinstance(count, list):
+        count = len(selected) if selected is not None else int(gpus.get("count") or 0)
     memory = hardware.get("gpu_memory_gib")
-    if memory is None and gpus.get("devices"):
-        memory = min(d["memory_total_bytes"] for d in gpus["devices"] if d.get("memory_total_bytes")) / GiB
+    if memory is None and any(d.get("memory_total_bytes") for d in devices):
+        memory = min(d["memory_total_bytes"] for d in devices if d.get("memory_total_bytes")) / GiB
     kv_space = env.get("VLLM_CPU_KVCACHE_SPACE")
     return Hardware(gpus=int(count), gpu_memory_gib=memory,
                     cpu_kv_space_gib=float(kv_space) if kv_space else (ASSUMED_CPU_KV_GIB if not count else None),
@@ -526,7 +528,8 @@ def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | No
         reasons.append(f"VLLM_CPU_KVCACHE_SPACE is not set: vLLM sizes the KV cache from free memory at start-up; "
                        f"the plan assumes {ASSUMED_CPU_KV_GIB:g} GiB per worker (an estimate).")
     return {**head, "verdict": "does_not_fit" if failed else result.verdict, "reasons": reasons, "checks": checks,
-            "hardware": {"gpus": hw.gpus, "gpu_memory_gib": hw.gpu_memory_gib, "cpu_kv_space_gib": hw.cpu_kv_space_gib},
+            "hardware": {"gpus": hw.gpus, "gpu_memory_gib": hw.gpu_memory_gib, "cpu_kv_space_gib": hw.cpu_kv_space_gib,
+                         "selected_gpus": list(gpus.get("selected_gpus") or [])},
             "plan": result.data, "facts": result.facts, "model": model_summary(model_config)}
 
 

@@ -35,6 +35,7 @@ import psutil
 from llmtrial.checks import MIN_SHM_BYTES, check
 from llmtrial.crossnode import preflight_nodes
 from llmtrial.disk import GiB, headroom_by_filesystem, headroom_message
+from llmtrial.gpus import SelectionError, kernel_log, nvml_module, select
 from llmtrial.model_source import staged_size_estimate
 from llmtrial.nodes import trial_nodes
 from llmtrial.records import redact_env
@@ -142,16 +143,15 @@ def gpu_inventory(nvml: Any | None = None, sysfs: Path = SYSFS) -> dict[str, Any
     Never raises: a host without the library or the driver is recorded as having no GPU,
     with the reason; a field NVML will not give is recorded as None.
     """
+    source = "nvml"
     if nvml is None:
-        try:
-            import pynvml as nvml  # type: ignore[import-not-found,no-redef]
-        except ImportError:
-            return {"present": False, "count": 0, "source": "nvml", "reason": "nvidia-ml-py (pynvml) is not installed",
-                    "devices": []}
+        nvml, source, reason = nvml_module()
+        if nvml is None:
+            return {"present": False, "count": 0, "source": source, "reason": reason, "devices": []}
     try:
         nvml.nvmlInit()
     except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-        return {"present": False, "count": 0, "source": "nvml", "reason": f"NVML unavailable: {exc}", "devices": []}
+        return {"present": False, "count": 0, "source": source, "reason": f"NVML unavailable: {exc}", "devices": []}
     try:
         def get(fn: str, *args: Any) -> Any:
             try:
@@ -172,7 +172,7 @@ def gpu_inventory(nvml: Any | None = None, sysfs: Path = SYSFS) -> dict[str, Any
         driver = get("nvmlSystemGetDriverVersion")
         cuda = get("nvmlSystemGetCudaDriverVersion_v2") or get("nvmlSystemGetCudaDriverVersion")
         return {
-            "present": count > 0, "count": count, "source": "nvml", "reason": None,
+            "present": count > 0, "count": count, "source": source, "reason": None,
             "driver_version": _nvml_text(driver) if driver is not None else None,
             "cuda_driver_version": f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None,
             "devices": devices, "peer_access": peer, "topology": _nvidia_smi_topology(),
@@ -329,9 +329,23 @@ def nodes_preflight(spanned: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return preflight_nodes(nodes, master_addr=nodes[0].address, uses_ray=bool(spanned.get("uses_ray")))
 
 
+def select_gpus(environment: dict[str, Any], hardware: Mapping[str, Any]) -> str | None:
+    """Resolve ``hardware.gpus`` against the inventory into ``environment.gpus.selected`` (NVML
+    indexes) and ``selected_gpus`` (index, UUID, name, PCI bus id); the reason it cannot be,
+    or None."""
+    gpus = environment["gpus"]
+    try:
+        chosen = select(hardware.get("gpus"), gpus.get("devices") or [])
+    except SelectionError as exc:
+        gpus.update(selected=[], selected_gpus=[])
+        return str(exc)
+    gpus.update(selected=[g["index"] for g in chosen], selected_gpus=chosen)
+    return None
+
+
 def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: Mapping[str, Any],
                   nodes: Mapping[str, Any] | None = None, nvml: Any | None = None,
-                  sysfs: Path = SYSFS) -> dict[str, Any]:
+                  sysfs: Path = SYSFS, hardware: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The trial's preflight record. Raises PreflightError naming what failed, with the
     record attached as ``exc.record``, when a check must stop the trial before staging.
 
@@ -346,6 +360,11 @@ def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: M
     headroom = headroom_by_filesystem([("staging", staging_dir, needed, files)], disk)[0]
     checks = [check_allocator(host), check_shm(), check_open_files(), check_nccl_interfaces(host), disk_check(headroom)]
     record = {"environment": environment_record(nvml, sysfs), "checks": checks, "disk": headroom}
+    unselectable = select_gpus(record["environment"], hardware or {})
+    if unselectable:
+        checks.append(check("gpu_selection", "fail", unselectable))
+    if record["environment"]["gpus"]["present"]:
+        record["kernel_log"] = kernel_log()  # the baseline a health check after a failure compares with
     across = nodes_preflight(nodes)
     failed = [f"{c['name']}: {c['detail']}" for c in checks if c["status"] == "fail"]
     if across is not None:

@@ -32,7 +32,7 @@ class Fact(_Model):
 
 
 class Residue(_Model):
-    kind: Literal["process", "port", "service", "file", "weights"]
+    kind: Literal["process", "port", "service", "file", "weights", "gpu"]
     what: str
     tried: str
     seen: str
@@ -151,6 +151,7 @@ class CleanupRecord(_Model):
     left_behind: dict[str, list[dict[str, Any]]]
     host: dict[str, Any]
     residues: list[Residue]
+    gpus_held: list[dict[str, Any]] = []
     restored: bool
 
 

@@ -36,11 +36,12 @@ import logging
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmtrial.gpus import held_gpu
 from llmtrial.ledger import Action, Ledger, replay
 from llmtrial.nodes import Node, NodeError, local_node, trial_nodes
 from llmtrial.paths import TrialPaths
@@ -162,6 +163,8 @@ class Service:
     start_timeout_s: float = 120.0
     health_timeout_s: float = 120.0
     node: Node | None = None  # another node of the trial (None: this host, as the trial's first node)
+    gpus: list[str] = field(default_factory=list)  # the GPUs it runs on (NVML indexes or UUIDs)
+    start_on_failed_gpu: bool = False  # restore it even onto a GPU that failed its health check
 
     @property
     def has_health(self) -> bool:
@@ -187,6 +190,7 @@ class Service:
             health=health,
             stop_timeout_s=float(timeouts.get("stop_s", 60)), start_timeout_s=float(timeouts.get("start_s", 120)),
             health_timeout_s=float(timeouts.get("health_s", 120)), node=node,
+            gpus=[str(g) for g in entry.get("gpus") or []], start_on_failed_gpu=bool(entry.get("start_on_failed_gpu")),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -195,6 +199,7 @@ class Service:
             "status": self.status_argv, "stop": self.stop_argv, "start": self.start_argv,
             "stopped_exit_codes": self.stopped_exit_codes, "health": self.health,
             "timeouts": {"stop_s": self.stop_timeout_s, "start_s": self.start_timeout_s, "health_s": self.health_timeout_s},
+            "gpus": self.gpus, "start_on_failed_gpu": self.start_on_failed_gpu,
         }
         return {**out, **self.where()}
 
@@ -365,15 +370,25 @@ def outstanding_stops(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]
     return replay(entries).outstanding["services"]
 
 
-def restore(entries: list[dict[str, Any]], ledger: Ledger, runner: Runner = run_argv) -> dict[str, Any]:
+def restore(entries: list[dict[str, Any]], ledger: Ledger, runner: Runner = run_argv,
+            held: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """Undo, in reverse order, every stop still outstanding in the ledger (of any run): start
     the service unless it runs, then wait until it runs and answers its health check. Each
-    restart names the stop it undoes. Idempotent: a second call finds nothing to do."""
+    restart names the stop it undoes. A service that runs on a GPU ``held`` as failed
+    (:func:`llmtrial.gpus.recheck_failed`) is not started onto it unless its
+    ``start_on_failed_gpu`` says so: it stays stopped, a residue naming the GPU. Idempotent:
+    a second call finds nothing to do."""
     items, residues = [], []
     for quiet_id, entry in reversed(list(outstanding_stops(entries).items())):
         svc = Service.from_config(entry["service"]["name"], entry["service"])
         item: dict[str, Any] = {"name": svc.name, "kind": svc.kind, "run": entry.get("run"), "quiet": quiet_id,
                                 "started_at": time.time(), **svc.named()}
+        held_back = _held_back(svc, held)
+        if held_back is not None:
+            item.update(healthy=False, held_by_gpu=held_back["gpu"], health_seen="not started")
+            residues.append(held_back["residue"])
+            items.append(item)
+            continue
         state, seen = svc.state(runner)
         item["state_before"] = f"{state} ({seen})"
         if state != RUNNING:
@@ -390,6 +405,18 @@ def restore(entries: list[dict[str, Any]], ledger: Ledger, runner: Runner = run_
         log.info("restored %s: healthy=%s (%s)", svc.name, ok, seen)
         items.append(item)
     return {"services": items, "residues": residues}
+
+
+def _held_back(svc: Service, held: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Why ``svc`` stays stopped (the failed GPU it runs on, and the residue), or None."""
+    failed = held_gpu(svc.gpus, held)
+    if failed is None or svc.start_on_failed_gpu:
+        return None
+    return {"gpu": failed["gpu"], "residue": {
+        "kind": "service", "what": svc.name, "tried": "not started: it runs on a GPU that failed its health check",
+        "seen": f"GPU {failed['gpu']} failed its health check after {failed['label']} failed ({failed['evidence']}); "
+                f"start it once the GPU is sound (`snakemake cleanup` checks the GPU again), or set "
+                f"services.{svc.name}.start_on_failed_gpu"}}
 
 
 def services_table(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

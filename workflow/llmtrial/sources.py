@@ -12,9 +12,12 @@ from __future__ import annotations
 import contextlib
 import re
 import subprocess
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import psutil
+
+from llmtrial.gpus import kernel_log_command, nvml_module
 
 
 @runtime_checkable
@@ -157,26 +160,23 @@ class NvmlSource:
         ("pcie_rx_kbps", "nvmlDeviceGetPcieThroughput", lambda k: k),
     )
 
-    def __init__(self, nvml: Any | None = None, name: str = "nvml") -> None:
+    def __init__(self, nvml: Any | None = None, name: str = "nvml", gpus: Sequence[int] | None = None) -> None:
         self.name = name
         self.available = False
         self.reason: str | None = None
         self.field_errors = 0
         self.lost: list[int] = []
         self._nvml = nvml
-        self._handles: list[Any] = []
+        self.origin = "nvml"
+        self._handles: dict[int, Any] = {}
         if self._nvml is None:
-            try:
-                import pynvml  # type: ignore[import-not-found]
-
-                self._nvml = pynvml
-            except ImportError:
-                self.reason = "nvidia-ml-py (pynvml) is not installed"
+            self._nvml, self.origin, self.reason = nvml_module()
+            if self._nvml is None:
                 return
         try:
             self._nvml.nvmlInit()
-            count = self._nvml.nvmlDeviceGetCount()
-            self._handles = [self._nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            indexes = list(range(self._nvml.nvmlDeviceGetCount())) if gpus is None else list(gpus)
+            self._handles = {i: self._nvml.nvmlDeviceGetHandleByIndex(i) for i in indexes}
         except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
             self.reason = f"NVML unavailable: {exc}"
             return
@@ -198,7 +198,7 @@ class NvmlSource:
 
     def sample(self) -> dict[str, float]:
         out: dict[str, float] = {}
-        for i, handle in enumerate(self._handles):
+        for i, handle in self._handles.items():
             if i in self.lost:
                 continue
             got = 0
@@ -317,8 +317,9 @@ class KernelLogSource:
 
 
 
-def job_sources(*always: Any) -> tuple[list[Any], list[Any]]:
-    """The sources of one configuration's job: ``always`` (host, /metrics) plus NVML and the
-    kernel log where this host has them. Returns (sampled, absent)."""
-    optional = [NvmlSource(), KernelLogSource()]
+def job_sources(*always: Any, gpus: Sequence[int] | None = None) -> tuple[list[Any], list[Any]]:
+    """The sources of one configuration's job: ``always`` (host, /metrics) plus NVML (the
+    selected ``gpus``, by NVML index; every GPU for None) and the kernel log where this host
+    has them. Returns (sampled, absent)."""
+    optional = [NvmlSource(gpus=gpus), KernelLogSource(command=kernel_log_command())]
     return [*always, *(o for o in optional if o.available)], [o for o in optional if not o.available]

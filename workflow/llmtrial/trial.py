@@ -23,6 +23,7 @@ import psutil
 
 from llmtrial import bench, logs
 from llmtrial.cleanup import restore_first
+from llmtrial.gpus import after_failure, launch_check, visible_devices_env
 from llmtrial.ledger import Action, Ledger
 from llmtrial.manifest import verify_manifest
 from llmtrial.multinode import (
@@ -151,6 +152,14 @@ class TrialJob:
     patches: Mapping[str, Any] = field(default_factory=dict)
     #: The nodes the configuration spans, the first serving the API (none or one: this host).
     nodes: Sequence[Node] = ()
+    #: The trial file's ``hardware`` (allow_processes, health_check) and preflight's kernel-log baseline.
+    hardware: Mapping[str, Any] = field(default_factory=dict)
+    kernel_baseline: Sequence[str] = ()
+
+    @property
+    def gpus(self) -> list[dict[str, Any]]:
+        """The GPUs the trial selected (preflight's resolution of ``hardware.gpus``, via the plan)."""
+        return list((self.plan.get("hardware") or {}).get("selected_gpus") or [])
 
     @property
     def label(self) -> str:
@@ -238,6 +247,9 @@ class TrialJob:
         patched = ensure_patched(dict(self.patches), ledger=ledger, work_dir=self.paths.trial.patches)
         envs = self._envs(ledger, patched)
         env = envs[self.nodes[0].name] if self.spread else envs[""]
+        record["gpu_census"], busy = launch_check(ledger, self.gpus, self.hardware.get("allow_processes") or [])
+        if busy:
+            return self._not_served(record, "failed", Failure("gpu_check", "gpu_in_use", busy))
         if self.spread:
             record.update(self._spread_record())
             if not record["collective"]["ok"]:
@@ -254,6 +266,8 @@ class TrialJob:
         record["status"] = "failed" if record["failure"] else "ok"
         record["timing"].update(self._timing(record))
         if record["failure"]:
+            record["gpu_health"] = after_failure(ledger, self.gpus, self.kernel_baseline, self.label,
+                                                 self.hardware.get("health_check"))
             record["failure"]["error_line"] = logs.diagnose_failure(text, source=record["server"]["log"])
             record["failure"]["log_tail"] = logs.tail(text, 40)
         self._node_outcomes(record, patched["patches"], envs)
@@ -271,7 +285,8 @@ class TrialJob:
         env with the patches' plugin folder, carried to every other node (ledger first), and on
         each node of a multi-node configuration its rank environment."""
         if not self.spread:
-            return {"": server_env(self.spec["env"], patched["plugin_dir"], patched["patches"])}
+            env = {**visible_devices_env(self.gpus), **self.spec["env"]}
+            return {"": server_env(env, patched["plugin_dir"], patched["patches"])}
         envs = node_plugin_env(ledger, list(self.nodes), patched["plugin_dir"], patched["patches"], self.spec["env"],
                                trial=self.trial)
         ray = {"RAY_ADDRESS": self.ray_address} if self.launch == "ray" else {}
@@ -363,7 +378,8 @@ class TrialJob:
         ``server`` and ``telemetry`` additions, ``startup``, ``cold_start``, ``scenarios`` and
         ``failure`` (the first phase that failed, or None)."""
         host_source = HostSource()
-        sources, absent = job_sources(host_source, MetricsSource(self.host, self.port))
+        sources, absent = job_sources(host_source, MetricsSource(self.host, self.port),
+                                      gpus=[g["index"] for g in self.gpus] or None)
         server = self._server(ledger, env, envs)
         out: dict[str, Any] = {"server": {}, "startup": {}, "cold_start": {}, "scenarios": [], "failure": None}
         windows: list[tuple[dict[str, Any], float, float]] = []

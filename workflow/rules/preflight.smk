@@ -18,6 +18,7 @@ rule preflight:
         staging=staging_path,
         disk=config["disk"],
         nodes=spanned_nodes(config),
+        hardware=config["hardware"],
     script:
         "../scripts/preflight.py"
 

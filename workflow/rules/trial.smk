@@ -3,6 +3,8 @@ rule trial:
     input:
         manifest=rules.stage_model.output.manifest,
         plan=rules.plan.output.record,
+        # the kernel log's baseline, which a GPU health check after a failure compares with
+        preflight=rules.preflight.output.record,
         # existence, not age: the job re-quiets the host itself when a cleanup gave it back
         quieted=ancient(rules.quiet.output.record),
         # likewise: the job applies the patches again itself when a cleanup reverted them
@@ -39,5 +41,6 @@ rule trial:
         services=services_on_nodes(config),
         results=str(TRIAL_PATHS.root),
         patches=config["patches"],
+        hardware=config["hardware"],
     script:
         "../scripts/run_trial.py"

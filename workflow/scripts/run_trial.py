@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
     from snakemake.iocontainers import snakemake
 
 open_job_log(snakemake.log.job)
+preflight = read_record(snakemake.input.preflight)
 TrialJob(
     trial=snakemake.wildcards.trial,
     spec=snakemake.params.spec,
@@ -27,4 +28,6 @@ TrialJob(
     paths=JobPaths(TrialPaths(Path(snakemake.params.results)), snakemake.wildcards.configuration),
     patches=snakemake.params.patches,
     nodes=spec_nodes(snakemake.params.spec),
+    hardware=snakemake.params.hardware,
+    kernel_baseline=(preflight.get("kernel_log") or {}).get("lines", []),
 ).run()
