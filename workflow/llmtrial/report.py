@@ -36,6 +36,7 @@ from llmtrial.conclusions import (
     streams,
 )
 from llmtrial.fileio import atomic_write_text
+from llmtrial.gpus import report_context as gpu_report
 from llmtrial.records import human_bytes, read_record
 from llmtrial.resources import TEMPLATES
 from llmtrial.scenarios import runs_of
@@ -176,6 +177,7 @@ def build_context(*, trial: str, preflight: Mapping[str, Any], manifest: Mapping
         "notes": notes_html((settings or {}).get("notes")),
         "provenance": provenance,
         "nodes": nodes_context(configurations, preflight, manifest),
+        "gpus": gpu_report(configurations, cleanup),
     }
 
 
