@@ -268,7 +268,8 @@ class TrialJob:
         if record["failure"]:
             record["gpu_health"] = after_failure(ledger, self.gpus, self.kernel_baseline, self.label,
                                                  self.hardware.get("health_check"))
-            record["failure"]["error_line"] = logs.diagnose_failure(text, source=record["server"]["log"])
+            record["failure"]["error_line"] = logs.diagnose_failure(text, source=record["server"]["log"],
+                                                                    ready="ready_seconds" in record["cold_start"])
             record["failure"]["log_tail"] = logs.tail(text, 40)
         self._node_outcomes(record, patched["patches"], envs)
         if not record["startup"] and text:
@@ -304,7 +305,7 @@ class TrialJob:
             text = logs.read_log(self.paths.out_dir / name) if name else ""
             entry["patches"] = evidence(patches, text, envs[entry["name"]], name or "")
             if record["failure"] and text:
-                entry["error_line"] = logs.diagnose_failure(text, source=name)
+                entry["error_line"] = logs.diagnose_failure(text, source=name, ready="ready_seconds" in record["cold_start"])
 
     def _fresh_folder(self) -> None:
         self.paths.out_dir.mkdir(parents=True, exist_ok=True)
