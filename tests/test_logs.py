@@ -515,16 +515,17 @@ def test_diagnose_strips_ansi():
 
 def test_failure_patterns_are_named_and_extensible():
     names = [p.name for p in FAILURE_PATTERNS]
-    assert names[:3] == ["tp_divisibility", "weights_oom", "no_kv_memory"]
+    assert names[:4] == ["tp_divisibility", "runtime_oom", "weights_oom", "no_kv_memory"]
+    assert names[-2:] == ["rpc_timeout", "shm_broadcast"]  # symptoms last
     assert len(names) == len(set(names))
     assert all(p.diagnosis.endswith(".") for p in FAILURE_PATTERNS)
 
-    custom = FailurePattern("nccl", re.compile(r"NCCL error"), "NCCL failed; check the interconnect.")
-    text = "RuntimeError: NCCL error in: ../csrc/nccl.cpp:1, unhandled system error\n"
+    custom = FailurePattern("plugin", re.compile(r"my_plugin failed"), "The plugin failed; reinstall it.")
+    text = "RuntimeError: my_plugin failed to initialise\n"
     assert diagnose_failure(text)["pattern"] == "exception"
     d = diagnose_failure(text, patterns=(custom, *FAILURE_PATTERNS))
-    assert d["pattern"] == "nccl"
-    assert d["diagnosis"] == "NCCL failed; check the interconnect."
+    assert d["pattern"] == "plugin"
+    assert d["diagnosis"] == "The plugin failed; reinstall it."
 
 
 # ------------------------------------------------- whole logs from the installed vLLM
@@ -700,3 +701,150 @@ def test_multi_node_patterns_come_before_the_shared_memory_symptom():
     assert names[-1] == "shm_broadcast"
     assert names.index("node_version_mismatch") < names.index("node_not_joined") < names.index("ray_placement_group")
     assert names.index("ray_placement_group") < names.index("collective_timeout") < names.index("peer_lost")
+
+
+# ------------------------------------------------- out of memory: while loading, or after
+#
+# Two crash signatures the seeds tell apart: 003 ran out while the weights loaded (more GPUs), 001
+# ran out for a large prefill's activations after the weights and the KV cache were in (smaller
+# batches, more headroom). The frames are vLLM 0.32.0's own functions (v1/worker/gpu_worker.py,
+# gpu_model_runner.py, model_executor/model_loader/base_loader.py, utils.py) under the prefixes
+# vLLM prints; the error lines are the seeds' and real GitHub reports' (each cited).
+
+_EC = "(EngineCore_DP0 pid=65064) ERROR 01-08 11:19:33 [core.py:866] "
+#: vLLM 0.32.0's profiling run after the weights are in (gpu_worker.determine_available_memory ->
+#: gpu_model_runner.profile_run -> _dummy_run), the error text as torch prints it.
+RUNTIME_OOM_TRACEBACK = [
+    "(EngineCore_DP0 pid=65064) INFO 01-08 11:19:02 [gpu_model_runner.py:3659] Model loading took 14.25 GiB memory and 6.433 seconds",
+    _EC + "EngineCore failed to start.",
+    _EC + "Traceback (most recent call last):",
+    _EC + '  File "/usr/lib/python3.12/site-packages/vllm/v1/engine/core.py", line 240, in _initialize_kv_caches',
+    _EC + "    available_gpu_memory = self.model_executor.determine_available_memory()",
+    _EC + '  File "/usr/lib/python3.12/site-packages/vllm/v1/worker/gpu_worker.py", line 657, in determine_available_memory',
+    _EC + "    self.model_runner.profile_run()",
+    _EC + '  File "/usr/lib/python3.12/site-packages/vllm/v1/worker/gpu_model_runner.py", line 6160, in profile_run',
+    _EC + "    hidden_states, last_hidden_states = self._dummy_run(",
+    _EC + '  File "/usr/lib/python3.12/site-packages/vllm/v1/worker/gpu_model_runner.py", line 5650, in _dummy_run',
+    _EC + "    outputs = self.model(",
+    _EC + '  File "/usr/lib/python3.12/site-packages/torch/nn/modules/module.py", line 1773, in _wrapped_call_impl',
+    # github.com/vllm-project/vllm/issues/27508 (gpt-oss-120b on H100, the error line of its traceback)
+    _EC + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB. GPU 0 has a total capacity of "
+    "79.11 GiB of which 140.75 MiB is free. Process 3270336 has 78.96 GiB memory in use.",
+]
+_W = "(Worker_PP2 pid=812) ERROR 06-19 23:05:01 [multiproc_executor.py:671] "
+#: Seed 002's crash: the MoE experts repacked after the weights were read ("Loading weights took"
+#: already printed, "Model loading took" not yet), in process_weights_after_loading; the error
+#: text is seed 003's.
+LOAD_OOM_TRACEBACK = [
+    "(Worker_PP2 pid=812) INFO 06-19 23:04:10 [default_loader.py:291] Loading weights took 201.33 seconds",
+    _W + "WorkerProc failed to start.",
+    _W + "Traceback (most recent call last):",
+    _W + '  File "/usr/lib/python3.12/site-packages/vllm/v1/worker/gpu_worker.py", line 598, in load_model',
+    _W + "    self.model_runner.load_model(load_dummy_weights=load_dummy_weights)",
+    _W + '  File "/usr/lib/python3.12/site-packages/vllm/v1/worker/gpu_model_runner.py", line 5060, in load_model',
+    _W + "    self.model = model_loader.load_model(",
+    _W + '  File "/usr/lib/python3.12/site-packages/vllm/model_executor/model_loader/base_loader.py", line 60, in load_model',
+    _W + "    process_weights_after_loading(model, model_config, target_device)",
+    _W + '  File "/usr/lib/python3.12/site-packages/vllm/model_executor/model_loader/utils.py", line 110, in process_weights_after_loading',
+    _W + "    quant_method.process_weights_after_loading(module)",
+    _W + '  File "/usr/lib/python3.12/site-packages/vllm/model_executor/layers/fused_moe/layer.py", line 900, in _repack',
+    _W + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 768.00 MiB. GPU 0 has a total capacity of "
+    "95.01 GiB of which 438.31 MiB is free. Including non-PyTorch memory, this process has 94.57 GiB memory in use.",
+]
+
+
+def test_an_oom_in_the_profiling_run_is_a_runtime_one_with_its_own_fix():
+    d = diagnose_failure("\n".join(RUNTIME_OOM_TRACEBACK) + "\n")
+    assert d["pattern"] == "runtime_oom" and d["source"] == "server.log:13"
+    assert "max_num_batched_tokens" in d["diagnosis"] and "max_num_seqs" in d["diagnosis"]
+    assert "gpu_memory_utilization" in d["diagnosis"]
+    # the frames decide on their own: without the "Model loading took" line it is still runtime
+    assert diagnose_failure("\n".join(RUNTIME_OOM_TRACEBACK[1:]) + "\n")["pattern"] == "runtime_oom"
+
+
+def test_an_oom_while_the_weights_are_processed_is_a_load_one_though_they_were_read():
+    d = diagnose_failure("\n".join(LOAD_OOM_TRACEBACK) + "\n")
+    assert d["pattern"] == "weights_oom" and d["source"] == "server.log:13"
+    assert "tensor_parallel_size" in d["diagnosis"] and "max_num_seqs" not in d["diagnosis"]
+
+
+def test_without_a_traceback_the_phase_comes_from_the_log_or_from_readiness():
+    bare = "(EngineCore pid=104) ERROR 05-05 12:36:59 [core.py:1131] torch.OutOfMemoryError: CUDA out of memory."
+    assert diagnose_failure(bare + "\n")["pattern"] == "weights_oom"
+    assert diagnose_failure(bare + "\n", ready=True)["pattern"] == "runtime_oom"  # the server had served
+    served = "INFO:     Application startup complete.\n" + bare + "\n"
+    assert diagnose_failure(served)["pattern"] == "runtime_oom"
+    # vLLM's own load-time message (seed 003) is a load one, and the first out-of-memory line decides
+    seed003 = ("ERROR [gpu_model_runner.py:5403] Failed to load model - not enough GPU memory. (original error: "
+               "CUDA out of memory. Tried to allocate 768.00 MiB.)")
+    assert diagnose_failure(seed003 + "\n", ready=True)["pattern"] == "weights_oom"
+    assert diagnose_failure(f"{served}{seed003}\n")["pattern"] == "runtime_oom"
+    assert diagnose_failure(f"{seed003}\n{served}")["pattern"] == "weights_oom"
+
+
+def test_vllms_sampler_warm_up_oom_is_a_runtime_one():
+    # github.com/vllm-project/vllm/issues/17939 (vLLM 0.8.x), the frame and the error as logged
+    w = "(VllmWorker rank=1 pid=2445156) ERROR 05-10 16:00:15 [multiproc_executor.py:470] "
+    text = (w + "Traceback (most recent call last):\n"
+            + w + '  File "/opt/conda/lib/python3.10/site-packages/vllm/v1/worker/gpu_model_runner.py", line 1548, '
+            "in _dummy_sampler_run\n"
+            + w + "RuntimeError: CUDA out of memory occurred when warming up sampler with 256 dummy requests. Please "
+            "try lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the engine.\n")
+    d = diagnose_failure(text)
+    assert d["pattern"] == "runtime_oom" and d["source"] == "server.log:3"
+
+
+def test_oom_phase_reads_the_innermost_known_frame():
+    from llmtrial.logs import _lines, oom_phase
+
+    lines = _lines("\n".join(LOAD_OOM_TRACEBACK))
+    assert oom_phase(lines, len(lines) - 1) == "load"
+    assert oom_phase(lines, len(lines) - 1, ready=True) == "runtime"
+    lines = _lines("\n".join(RUNTIME_OOM_TRACEBACK))
+    assert oom_phase(lines, len(lines) - 1) == "runtime"
+
+
+# ------------------------------------------------- NCCL failures and hangs
+
+#: github.com (a Ray-launched vLLM, rank 4 on the second node): c10d raising NCCL's ncclRemoteError.
+NCCL_REMOTE = (
+    "(worker1, rank=1, pid=27522, ip=10.105.0.4) [rank4]: [rank4]: torch.distributed.DistBackendError: NCCL error in: "
+    "/pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, remote process exited or there was a network error, "
+    "NCCL version 2.26.2"
+)
+#: github.com (training log of 8 ranks, torch 2.4+): the watchdog line of a hung BROADCAST.
+NCCL_WATCHDOG_BROADCAST = (
+    "[rank1]:[E810 03:04:11.061727749 ProcessGroupNCCL.cpp:683] [Rank 1] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=78, OpType=BROADCAST, NumelIn=80, NumelOut=80, Timeout(ms)=600000) ran for 600096 milliseconds "
+    "before timing out."
+)
+#: torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (heartbeat monitor: "ProcessGroupNCCL's watchdog got
+#: stuck for ", heartbeatTimeoutInSec_, " seconds without making progress ..."), as a report quoted it.
+NCCL_STUCK = ("[rank1]:[E1111 17:10:53] ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress "
+              "in monitoring enqueued collectives.")
+#: vllm/v1/executor/multiproc_executor.py:442 (0.32.0): raise TimeoutError(f"RPC call to {method} timed out.")
+RPC_TIMEOUT = "(EngineCore_DP0 pid=164) ERROR 01-23 15:58:33 [core.py:1131] TimeoutError: RPC call to sample_tokens timed out."
+
+
+@pytest.mark.parametrize(
+    ("line", "pattern", "fix"),
+    [
+        (NCCL_REMOTE, "nccl_error", "NCCL_SOCKET_IFNAME"),
+        ("[rank13]: ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error.",
+         "nccl_error", "NCCL_IB_DISABLE=1"),  # the line under c10d's, same report family
+        (NCCL_WATCHDOG_BROADCAST, "collective_timeout", "NCCL_SOCKET_IFNAME"),
+        (NCCL_STUCK, "nccl_watchdog_stuck", "Xid"),
+        (RPC_TIMEOUT, "rpc_timeout", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"),
+    ],
+)
+def test_nccl_failures_and_hangs_are_diagnosed_with_their_fix(line, pattern, fix):
+    assert_diagnosed(line, pattern)
+    assert fix in diagnose_failure(f"{line}\n")["diagnosis"]
+
+
+def test_a_cause_beats_the_hang_it_caused():
+    shm = ("(EngineCore pid=558) INFO 08-21 18:30:00 [shm_broadcast.py:466] No available shared memory broadcast "
+           "block found in 60 second.")
+    assert diagnose_failure(f"{shm}\n{RPC_TIMEOUT}\n{NCCL_WATCHDOG_BROADCAST}\n")["pattern"] == "collective_timeout"
+    assert diagnose_failure(f"{NCCL_WATCHDOG_BROADCAST}\n{NCCL_REMOTE}\n")["pattern"] == "nccl_error"
+    assert diagnose_failure(f"{shm}\n{RPC_TIMEOUT}\n")["pattern"] == "rpc_timeout"

@@ -91,3 +91,20 @@ def test_the_quiet_record_matches_its_schema_with_an_earlier_runs_cleanup_inside
 
         run_cleanup(tmp_path)
         subprocess.run(svc["stop"], timeout=30)
+
+
+def test_a_configuration_record_carries_the_engines_warnings_and_a_wrong_one_is_named(tmp_path):
+    record = read_record(DATA / "demo" / "tp2.json")
+    record["engine_warnings"] = [{
+        "name": "p2p_unsupported", "source": "server.log:41", "process": "Worker_TP0", "count": 2, "kind": "measured",
+        "line": "Custom allreduce is disabled because your platform lacks GPU P2P capability.",
+        "summary": "vLLM found no GPU peer-to-peer access and disabled its custom all-reduce",
+        "advice": "Measure the split before trusting it."}]
+    check_record(record, "configuration")
+    assert load_record(write_record(tmp_path / "r.json", record, schema="configuration"),
+                       "configuration").engine_warnings[0].count == 2
+    record["engine_warnings"][0]["kind"] = "predicted"
+    del record["engine_warnings"][0]["line"]
+    with pytest.raises(ValueError) as err:
+        check_record(record, "configuration")
+    assert "engine_warnings.0" in str(err.value) and "'line' is a required" in str(err.value)

@@ -10,6 +10,7 @@ import time
 import synthetic
 from browser import chromium_available, visit
 from conftest import DATA, NvmlDouble, NvmlTelemetryDouble
+from llmtrial.engine_warnings import engine_warnings
 from llmtrial.fileio import atomic_write_text
 from llmtrial.preflight import environment_record
 from llmtrial.records import read_record, write_record
@@ -473,3 +474,17 @@ def test_write_report_also_writes_each_sweeps_chart(tmp_path):
                  plans=[paths["plan-tp1"], paths["plan-tp2"]], configurations=recs, cleanup=paths["cleanup"],
                  charts_dir=tmp_path / "charts")
     assert "sweep-ramp.svg" in {p.name for p in (tmp_path / "charts").glob("*.svg")}
+
+
+def test_an_engine_warning_is_listed_with_its_line_and_source_and_stated_as_a_finding():
+    line = ("(APIServer pid=376429) INFO 02-23 16:58:32 [awq_marlin.py:166] Detected that the model can run with "
+            "awq_marlin, however you specified quantization=awq explicitly, so forcing awq. Use quantization=awq_marlin "
+            "for faster inference")
+    warnings = engine_warnings("INFO x\n" * 122 + line + "\n", source="server.log")
+    ctx = context(tp2={"engine_warnings": warnings})
+    assert ctx["warnings"] == ["tp2: vLLM warned awq could run as awq_marlin (server.log:123)."]
+    html = render_report(ctx)
+    assert "tp2: vLLM warned awq could run as awq_marlin (server.log:123)." in html
+    assert "slower_quant_kernel" in html and line in html and "quantization=awq_marlin (or leave" in html
+    assert "None of the warnings the seeds act on" not in html
+    assert "None of the warnings the seeds act on" in render_report(context())  # records without the key

@@ -11,6 +11,7 @@ from typing import Any
 from llmtrial.checkpoint import WeightsSize
 from llmtrial.cleanup import cleanup_with_record
 from llmtrial.config import ConfigError, load_config
+from llmtrial.engine_warnings import engine_warnings
 from llmtrial.joblog import open_job_log
 from llmtrial.logs import diagnose_failure, parse_startup, read_log
 from llmtrial.model_source import weights_size
@@ -21,13 +22,16 @@ from llmtrial.shape import PlanError, read_model_config
 
 def _parse_log(args: argparse.Namespace) -> int:
     text = read_log(args.log)
-    out = {"startup": parse_startup(text, source=args.log), "failure": diagnose_failure(text, source=args.log)}
+    out = {"startup": parse_startup(text, source=args.log), "engine_warnings": engine_warnings(text, source=args.log),
+           "failure": diagnose_failure(text, source=args.log)}
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
     for name, f in out["startup"].items():
         unit = f" {f['unit']}" if f.get("unit") else ""
         print(f"{name:38} {f['value']}{unit}    ({f['source']})")
+    for w in out["engine_warnings"]:
+        print(f"\nwarning ({w['name']}) at {w['source']}: {w['summary']}\n  {w['advice']}")
     if out["failure"]:
         e = out["failure"]
         print(f"\nfailure ({e['pattern']}) at {e['source']}:\n  {e['line']}\n  {e['diagnosis']}")
@@ -164,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llmtrial", description="Serving trials of LLMs with vLLM.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("parse-log", help="startup facts and failure diagnosis from a vLLM server log")
+    p = sub.add_parser("parse-log", help="startup facts, the engine's warnings and failure diagnosis from a vLLM server log")
     p.add_argument("log")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_parse_log)

@@ -369,6 +369,16 @@ def outcome_sentences(configurations: Iterable[Mapping[str, Any]]) -> list[str]:
     return [f"{r['configuration']} {diagnosis(r)}." for r in configurations if r.get("status") != "ok"]
 
 
+def warning_sentences(configurations: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One sentence per warning the engine printed that the seeds acted on, with its log line."""
+    out = []
+    for r in configurations:
+        for w in r.get("engine_warnings") or []:
+            more = f", {w['count']} lines" if w.get("count", 1) > 1 else ""
+            out.append(f"{r['configuration']}: {w['summary']} ({w['source']}{more}).")
+    return out
+
+
 def _fact_value(facts: Mapping[str, Any], key: str) -> float | None:
     f = facts.get(key)
     return f.get("value") if isinstance(f, Mapping) else None

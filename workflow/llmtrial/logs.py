@@ -11,7 +11,8 @@ wordings seen so far.
   whose ``source`` is ``"<file>:<line>"`` (1-based), so a reader can open the very line.
 * :func:`diagnose_failure` finds the line that explains why a server died, and says
   what to change. Its known patterns live in :data:`FAILURE_PATTERNS`, in priority
-  order, so other code can extend the tuple.
+  order, so other code can extend the tuple. An out-of-memory error is told apart by
+  when it happened (:func:`oom_phase`): while loading the weights, or after.
 * :func:`tail` gives the last lines of a log for a report.
 
 Line numbers count ``\\n``-separated lines, as ``sed -n Np`` and editors do. Within a
@@ -45,6 +46,7 @@ __all__ = [
     "VLLM_VERSION",
     "diagnose_failure",
     "find_lines",
+    "oom_phase",
     "parse_startup",
     "read_log",
     "strip_ansi",
@@ -243,31 +245,94 @@ class FailurePattern:
 
     ``regex`` is searched in each ANSI-stripped line; the first line that matches is
     the explanation. With ``join_next`` the line is also tried joined to the next one,
-    for messages that wrap (the match must start on the first line).
+    for messages that wrap (the match must start on the first line). With ``accept``, a
+    matching line counts only where ``accept(lines, index, ready)`` is true (``ready``:
+    the server had answered /health before it failed).
     """
 
     name: str
     regex: re.Pattern[str]
     diagnosis: str
     join_next: bool = False
+    accept: Callable[[list[str], int, bool], bool] | None = None
 
-    def find(self, lines: list[str]) -> tuple[int, str] | None:
-        """The 0-based index and text of the first line matching, or ``None``."""
+    def find(self, lines: list[str], ready: bool = False) -> tuple[int, str] | None:
+        """The 0-based index and text of the first line matching (and accepted), or ``None``."""
         for i, line in enumerate(lines):
             if not line:
                 continue
-            if self.regex.search(line):
-                return i, line
-            if self.join_next and i + 1 < len(lines) and lines[i + 1]:
-                joined = f"{line} {lines[i + 1]}"
-                m = self.regex.search(joined)
-                if m is not None and m.start() < len(line):
-                    return i, joined
+            text = self._match(lines, i)
+            if text is not None and (self.accept is None or self.accept(lines, i, ready)):
+                return i, text
+        return None
+
+    def _match(self, lines: list[str], i: int) -> str | None:
+        """Line ``i`` when it matches, or it joined to the next when that matches from line ``i``."""
+        line = lines[i]
+        if self.regex.search(line):
+            return line
+        if self.join_next and i + 1 < len(lines) and lines[i + 1]:
+            joined = f"{line} {lines[i + 1]}"
+            m = self.regex.search(joined)
+            if m is not None and m.start() < len(line):
+                return joined
         return None
 
 
 def _any(*alternatives: str) -> re.Pattern[str]:
     return re.compile("|".join(f"(?:{a})" for a in alternatives))
+
+
+#: Out of memory while the weights load asks for more GPUs; after them, for smaller batches or headroom.
+_OOM = r"(?:CUDA|HIP) out of memory"
+_OOM_LINE = re.compile(rf"Failed to load model - not enough GPU memory|{_OOM}")
+#: A traceback frame: ``File "...", line N, in <function>``.
+_FRAME = re.compile(r'File "[^"]+", line \d+, in (?P<func>[\w<>]+)')
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
+#: vLLM functions that run once the weights are in: profiling and warm-up (v1 gpu_model_runner.py
+#: and gpu_worker.py in 0.32.0, v0 worker.py), CUDA-graph capture, and each step while serving.
+_RUNTIME_FRAMES = frozenset({"profile_run", "_dummy_run", "_dummy_sampler_run", "_dummy_pooler_run",
+                             "determine_available_memory", "determine_num_available_blocks", "capture_model",
+                             "compile_or_warm_up_model", "execute_model", "sample_tokens", "run_busy_loop"})
+#: vLLM functions that load the weights (model loaders and the model runner's load_model).
+_LOAD_FRAMES = frozenset({"load_model", "get_model", "load_weights", "process_weights_after_loading"})
+#: Lines that say the weights are all in (v1 and v0 wordings) or that the server is serving.
+_LOADED = _any(MODEL_LOAD.pattern, r"Loading model weights took", r"Application startup complete")
+
+
+def _innermost_frame(lines: list[str], i: int) -> str | None:
+    """The innermost load or runtime function in the traceback that ends at line ``i`` (read up to
+    its ``Traceback`` line, at most 400 lines back), or None."""
+    for line in reversed(lines[max(0, i - 400):i]):
+        if _TRACEBACK.search(line):
+            return None
+        m = _FRAME.search(line)
+        if m is not None and m["func"] in _RUNTIME_FRAMES | _LOAD_FRAMES:
+            return m["func"]
+    return None
+
+
+def oom_phase(lines: list[str], i: int, ready: bool = False) -> str:
+    """``"load"`` or ``"runtime"``: when the out-of-memory error on line ``i`` (0-based, of cleaned
+    lines) happened. Runtime when the server had become ``ready``; else by the innermost vLLM frame
+    of its traceback (``profile_run``, ``_dummy_run``, ``capture_model``, ``execute_model``: runtime;
+    ``load_weights``, ``process_weights_after_loading``, ``load_model``: load); else runtime when
+    the log said the weights were in (``Model loading took``) before it. vLLM's own "Failed to load
+    model - not enough GPU memory" is load."""
+    if "Failed to load model" in lines[i]:
+        return "load"
+    if ready:
+        return "runtime"
+    func = _innermost_frame(lines, i)
+    if func is not None:
+        return "runtime" if func in _RUNTIME_FRAMES else "load"
+    return "runtime" if any(_LOADED.search(line) for line in lines[:i] if line) else "load"
+
+
+def _first_oom_phase(lines: list[str], ready: bool) -> str | None:
+    """The phase of the log's first out-of-memory line (what later ranks print follows from it)."""
+    i = next((i for i, line in enumerate(lines) if line and _OOM_LINE.search(line)), None)
+    return None if i is None else oom_phase(lines, i, ready)
 
 
 #: Known failure patterns, most specific first; :func:`diagnose_failure` tries them in
@@ -281,10 +346,25 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
         join_next=True,
     ),
     FailurePattern(
+        "runtime_oom",
+        # torch's "CUDA out of memory. Tried to allocate ..." under profile_run, capture_model or execute_model,
+        # or vLLM's "CUDA out of memory occurred when warming up sampler" (v1/worker/gpu_model_runner.py:5991)
+        _any(_OOM),
+        "The GPUs ran out of memory after the weights were in, for activations (profiling, CUDA-graph "
+        "capture or a large prefill), not for the weights; lower max_num_batched_tokens or max_num_seqs, "
+        "or lower gpu_memory_utilization to leave headroom outside vLLM's budget (enforce_eager saves the "
+        "CUDA-graph memory too).",
+        accept=lambda lines, _, ready: _first_oom_phase(lines, ready) == "runtime",
+    ),
+    FailurePattern(
         "weights_oom",
-        _any(r"Failed to load model - not enough GPU memory", r"(?:CUDA|HIP) out of memory"),
+        # vLLM's load_model (v1/worker/gpu_model_runner.py, 0.32.0: line 5140) or torch's own error
+        # raised while the weights load
+        _OOM_LINE,
         "The GPUs ran out of memory while loading the model; use more GPUs (a larger "
-        "tensor_parallel_size), a smaller or quantised model, or free the GPUs of other processes.",
+        "tensor_parallel_size), a smaller or quantised model, or free the GPUs of other processes "
+        "(gpu_memory_utilization does not limit what loading takes).",
+        accept=lambda lines, _, ready: _first_oom_phase(lines, ready) == "load",
     ),
     FailurePattern(
         "no_kv_memory",
@@ -379,6 +459,16 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
         "and that VLLM_HOST_IP on each node is the address Ray uses.",
     ),
     FailurePattern(
+        "nccl_error",
+        # torch's c10d raising what NCCL returned (DistBackendError: "NCCL error in: .../NCCLUtils.cpp:77,
+        # remote process exited or there was a network error, NCCL version 2.26.2") and NCCL's result names
+        _any(r"NCCL error in: \S+", r"\bnccl(?:System|Remote|Internal|UnhandledCuda|InvalidUsage)Error\b"),
+        "NCCL failed between the workers (its transport, the network, or a peer that exited); rerun with "
+        "NCCL_DEBUG=INFO to see the transport it chose, pin NCCL_SOCKET_IFNAME to the interface the nodes "
+        "reach each other on, set NCCL_IB_DISABLE=1 where there is no working InfiniBand, and check /dev/shm "
+        "on a single node.",
+    ),
+    FailurePattern(
         "collective_timeout",
         _any(
             # NCCL's watchdog (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp)
@@ -389,6 +479,14 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
         "A collective between the workers timed out: a rank on another node stopped answering or "
         "the link between the nodes is down; read that node's log, and check NCCL_SOCKET_IFNAME or "
         "GLOO_SOCKET_IFNAME on each node (and NCCL_IB_DISABLE=1 where there is no InfiniBand).",
+    ),
+    FailurePattern(
+        "nccl_watchdog_stuck",
+        # torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (the heartbeat monitor's message)
+        _any(r"ProcessGroupNCCL's watchdog got stuck for \d+ seconds"),
+        "A NCCL or CUDA call hung on a rank so long that NCCL's watchdog itself stopped (a GPU fault, or "
+        "a collective one rank never joined); check the kernel log of each node for Xid errors and each "
+        "rank's log for its first error.",
     ),
     FailurePattern(
         "ray_unsupported_platform",
@@ -410,7 +508,16 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
         "A worker on another node went away in the middle of a collective (its process died or the link "
         "dropped): read that node's log for why it stopped; this node's engine stopped because of it.",
     ),
-    # Last of the known ones: a symptom (a rank hung or died), not a cause of its own.
+    # Last of the known ones: symptoms (a rank hung or died), not causes of their own.
+    FailurePattern(
+        "rpc_timeout",
+        # vllm/v1/executor/multiproc_executor.py (collective_rpc, 0.32.0: line 442): a worker did not
+        # answer within VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS
+        _any(r"RPC call to \w+ timed out"),
+        "The engine gave up waiting for a worker, which hung (stuck in a collective or a kernel); find the "
+        "first error or watchdog line of each rank, and raise VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS only when "
+        "a step is legitimately that slow.",
+    ),
     FailurePattern(
         "shm_broadcast",
         _any(r"No available shared memory broadcast block found"),
@@ -449,6 +556,7 @@ def diagnose_failure(
     source: str = "server.log",
     *,
     patterns: tuple[FailurePattern, ...] = FAILURE_PATTERNS,
+    ready: bool = False,
 ) -> dict[str, str] | None:
     """The log line that explains why a vLLM server failed, or ``None``.
 
@@ -456,11 +564,12 @@ def diagnose_failure(
     known ``patterns`` are tried in order and the first line matching the first pattern
     that matches anywhere wins, so a specific cause beats a generic error printed later.
     Without a known pattern: the last Python exception line (``pattern="exception"``),
-    else the last ERROR-level line (``pattern="error"``).
+    else the last ERROR-level line (``pattern="error"``). ``ready``: the server had answered
+    /health before it failed (an out-of-memory error is then a runtime one, see :func:`oom_phase`).
     """
     lines = _lines(text)
     for pattern in patterns:
-        found = pattern.find(lines)
+        found = pattern.find(lines, ready)
         if found is not None:
             i, line = found
             return {

@@ -104,6 +104,19 @@ class PlanVerdict(_Model):
     forced: bool
 
 
+class EngineWarning(_Model):
+    """One warning the engine printed (:func:`llmtrial.engine_warnings.engine_warnings`)."""
+
+    name: str
+    line: str
+    source: str
+    count: int
+    summary: str
+    advice: str
+    kind: Literal["measured"]
+    process: str | None = None
+
+
 class ConfigurationRecord(_Model):
     """results/<trial>/configs/<name>/record.json"""
 
@@ -113,6 +126,7 @@ class ConfigurationRecord(_Model):
     failure: dict[str, Any] | None
     server: dict[str, Any]
     startup: dict[str, Fact]
+    engine_warnings: list[EngineWarning] = []
     cold_start: dict[str, Fact]
     scenarios: list[dict[str, Any]]
     telemetry: dict[str, Any]

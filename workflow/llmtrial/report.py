@@ -34,6 +34,7 @@ from llmtrial.conclusions import (
     scenario_specs,
     scenario_tables,
     streams,
+    warning_sentences,
 )
 from llmtrial.fileio import atomic_write_text
 from llmtrial.gpus import report_context as gpu_report
@@ -166,6 +167,8 @@ def build_context(*, trial: str, preflight: Mapping[str, Any], manifest: Mapping
         "sweeps": sweeps,
         "any_warmup": any(sc.get("warmup") for r in configurations for sc in r.get("scenarios", [])),
         "outcomes": outcome_sentences(configurations),
+        "warnings": warning_sentences(configurations),
+        "warned": [r for r in configurations if r.get("engine_warnings")],
         "unstable": unstable,
         "figures": FIGURES,
         "charts": _charts(tables, configurations, telemetry or {}, per),

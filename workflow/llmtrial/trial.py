@@ -23,6 +23,7 @@ import psutil
 
 from llmtrial import bench, logs
 from llmtrial.cleanup import restore_first
+from llmtrial.engine_warnings import engine_warnings
 from llmtrial.gpus import after_failure, launch_check, visible_devices_env
 from llmtrial.ledger import Action, Ledger
 from llmtrial.manifest import verify_manifest
@@ -214,6 +215,7 @@ class TrialJob:
             "server": {"argv": self.argv(), "env": redact_env(self.spec["env"]), "host": self.host, "port": self.port,
                        "log": self.paths.rel(self.paths.server_log)},
             "startup": {},
+            "engine_warnings": [],
             "cold_start": {},
             "scenarios": [],
             "telemetry": {"file": self.paths.rel(self.paths.telemetry)},
@@ -268,11 +270,13 @@ class TrialJob:
         if record["failure"]:
             record["gpu_health"] = after_failure(ledger, self.gpus, self.kernel_baseline, self.label,
                                                  self.hardware.get("health_check"))
-            record["failure"]["error_line"] = logs.diagnose_failure(text, source=record["server"]["log"])
+            record["failure"]["error_line"] = logs.diagnose_failure(text, source=record["server"]["log"],
+                                                                    ready="ready_seconds" in record["cold_start"])
             record["failure"]["log_tail"] = logs.tail(text, 40)
         self._node_outcomes(record, patched["patches"], envs)
         if not record["startup"] and text:
             record["startup"] = logs.parse_startup(text, source=record["server"]["log"])
+        record["engine_warnings"] = engine_warnings(text, source=record["server"]["log"])
         record["patches"] = {"reapplied": patched["reapplied"], "plugin_dir": patched["plugin_dir"],
                              "patches": evidence(patched["patches"], text, env, record["server"]["log"])}
         record["prediction"] = compare_with_plan(self.plan, record["startup"])
@@ -304,7 +308,7 @@ class TrialJob:
             text = logs.read_log(self.paths.out_dir / name) if name else ""
             entry["patches"] = evidence(patches, text, envs[entry["name"]], name or "")
             if record["failure"] and text:
-                entry["error_line"] = logs.diagnose_failure(text, source=name)
+                entry["error_line"] = logs.diagnose_failure(text, source=name, ready="ready_seconds" in record["cold_start"])
 
     def _fresh_folder(self) -> None:
         self.paths.out_dir.mkdir(parents=True, exist_ok=True)
