@@ -37,6 +37,7 @@ from llmtrial.crossnode import preflight_nodes
 from llmtrial.disk import GiB, headroom_by_filesystem, headroom_message
 from llmtrial.model_source import staged_size_estimate
 from llmtrial.nodes import trial_nodes
+from llmtrial.probes import link_checks, run_probes, selected_gpus, settings_with_defaults
 from llmtrial.records import redact_env
 
 #: Distributions the report lists first.
@@ -329,9 +330,18 @@ def nodes_preflight(spanned: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return preflight_nodes(nodes, master_addr=nodes[0].address, uses_ray=bool(spanned.get("uses_ray")))
 
 
+def probes_part(settings: Mapping[str, Any], gpus: Mapping[str, Any],
+                splits: Mapping[str, int] | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The probes (:mod:`llmtrial.probes`) on the selected GPUs, and their link checks."""
+    s = settings_with_defaults(settings)
+    probes = run_probes(s, selected_gpus(gpus))
+    return probes, link_checks(probes, gpus, splits or {}, float(s["far_below"]))
+
+
 def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: Mapping[str, Any],
                   nodes: Mapping[str, Any] | None = None, nvml: Any | None = None,
-                  sysfs: Path = SYSFS) -> dict[str, Any]:
+                  sysfs: Path = SYSFS, probes: Mapping[str, Any] | None = None,
+                  splits: Mapping[str, int] | None = None) -> dict[str, Any]:
     """The trial's preflight record. Raises PreflightError naming what failed, with the
     record attached as ``exc.record``, when a check must stop the trial before staging.
 
@@ -340,12 +350,20 @@ def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: M
     cross-node preflight under ``nodes``; a failed cross-node check (a node unreachable,
     versions that differ, an interface, ``/dev/shm``, a stale process) stops the trial as
     a failed host check does, its message naming the check and the node.
+
+    ``probes`` (the trial file's ``probes`` block): the bandwidth probes run on the selected
+    GPUs and the record carries them under ``probes``, their link checks (``pcie_link``,
+    ``peer_access`` against ``splits``, configuration name -> TP x PP; ``link_bandwidth``)
+    appended to ``checks``; None runs no probe.
     """
     host = {"host": dict(os.environ)}
     needed, files = staged_size_estimate(source)
     headroom = headroom_by_filesystem([("staging", staging_dir, needed, files)], disk)[0]
     checks = [check_allocator(host), check_shm(), check_open_files(), check_nccl_interfaces(host), disk_check(headroom)]
     record = {"environment": environment_record(nvml, sysfs), "checks": checks, "disk": headroom}
+    if probes is not None:
+        record["probes"], link = probes_part(probes, record["environment"]["gpus"], splits)
+        checks += link
     across = nodes_preflight(nodes)
     failed = [f"{c['name']}: {c['detail']}" for c in checks if c["status"] == "fail"]
     if across is not None:

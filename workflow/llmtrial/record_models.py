@@ -45,6 +45,7 @@ class PreflightRecord(_Model):
     environment: dict[str, Any]
     checks: list[Check]
     disk: dict[str, Any]
+    probes: dict[str, Any] | None = None
 
 
 class PlanRecord(_Model):

@@ -18,6 +18,8 @@ rule preflight:
         staging=staging_path,
         disk=config["disk"],
         nodes=spanned_nodes(config),
+        probes=config["probes"],
+        splits=configuration_splits(config),
     script:
         "../scripts/preflight.py"
 

@@ -11,5 +11,6 @@ if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
 
 open_job_log(snakemake.log[0])
 record = run_preflight(source=snakemake.params.source, staging_dir=snakemake.params.staging,
-                       disk=snakemake.params.disk, nodes=snakemake.params.nodes)
+                       disk=snakemake.params.disk, nodes=snakemake.params.nodes, probes=snakemake.params.probes,
+                       splits=snakemake.params.splits)
 write_record(snakemake.output.record, record, schema="preflight")
