@@ -120,6 +120,7 @@ class ConfigurationRecord(_Model):
     timing: dict[str, Any]
     plan: PlanVerdict
     prediction: list[dict[str, Any]]
+    throughput_bound: list[dict[str, Any]] = []
 
 
 class WeightsOutcome(_Model):
