@@ -488,3 +488,28 @@ def test_an_engine_warning_is_listed_with_its_line_and_source_and_stated_as_a_fi
     assert "slower_quant_kernel" in html and line in html and "quantization=awq_marlin (or leave" in html
     assert "None of the warnings the seeds act on" not in html
     assert "None of the warnings the seeds act on" in render_report(context())  # records without the key
+
+
+def test_the_probes_and_the_throughput_bound_are_shown_beside_the_measured_tok_s():
+    from llmtrial import ceiling
+
+    preflight = read_record(DEMO / "preflight.json")
+    preflight["probes"] = {"torch": "2.13.0+cpu", "cuda_available": False, "devices": [], "reason": "no CUDA here",
+                           "results": [{"name": "host_memory", "status": "measured", "kind": "measured", "devices": [],
+                                        "method": "torch copy_ within host memory", "gbps": 17.25, "bytes": 1, "repeats": 5,
+                                        "seconds_median": 0.1, "reason": None},
+                                       {"name": "all_reduce", "status": "skipped", "kind": "measured", "devices": [],
+                                        "method": None, "gbps": None, "bytes": None, "repeats": None,
+                                        "seconds_median": None, "reason": "no CUDA here"}]}
+    plans = [read_record(DEMO / "plan-tp1.json"), read_record(DEMO / "plan-tp2.json")]
+    configs = [read_record(DEMO / "tp1.json"), read_record(DEMO / "tp2.json")]
+    for plan, rec in zip(plans, configs, strict=True):
+        plan["facts"]["decode_tok_s_ceiling"] = ceiling.plan_ceiling(plan["plan"], plan["facts"], {"hidden_size": 64, "dtype_bytes": 2},
+                                                                     preflight["probes"], is_cpu=True)
+        rec["throughput_bound"] = ceiling.compare_with_measured(plan, rec["scenarios"])
+    html = render_report(build_context(trial="demo", preflight=preflight, manifest=read_record(DEMO / "manifest.json"),
+                                       plans=plans, configurations=configs, cleanup=read_record(DEMO / "cleanup.json")))
+    assert "<h3>Probes</h3>" in html and "17.25" in html and "torch copy_ within host memory" in html
+    assert "no CUDA here" in html
+    row = configs[0]["throughput_bound"][0]
+    assert "Decode throughput bound against measurement" in html and f"{row['bound_tok_s']:,.2f}" in html

@@ -42,7 +42,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -468,7 +468,8 @@ def run_local_group(world_size: int, *, backend: str = "gloo", master_addr: str 
                     size_mib: float = 16, iters: int = 5, timeout_s: float = 30,
                     interface: str | Sequence[str | None] | None = None, python: str = sys.executable,
                     workdir: str | os.PathLike[str], ranks: Sequence[int] | None = None,
-                    prefix: Sequence[Sequence[str]] | None = None) -> dict[str, Any]:
+                    prefix: Sequence[Sequence[str]] | None = None,
+                    env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Start ranks on this host, wait for them within a deadline, and summarize.
 
     ``ranks`` are the ranks to start here (all by default); the others count as missing.
@@ -485,7 +486,7 @@ def run_local_group(world_size: int, *, backend: str = "gloo", master_addr: str 
     work.mkdir(parents=True, exist_ok=True)
     chosen = list(range(world_size)) if ranks is None else list(ranks)
     names = [interface] * world_size if interface is None or isinstance(interface, str) else list(interface)
-    env = dict(os.environ)
+    env = dict(os.environ if env is None else env)
     library = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (library, env.get("PYTHONPATH")) if p)
     procs: dict[int, subprocess.Popen[bytes]] = {}

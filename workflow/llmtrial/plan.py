@@ -29,6 +29,7 @@ from typing import Any
 
 from llmtrial import budget, checkpoint
 from llmtrial.budget import MemoryTerms
+from llmtrial.ceiling import plan_ceiling
 from llmtrial.checkpoint import WeightsSize
 from llmtrial.checks import check
 from llmtrial.preflight import check_allocator, check_nccl_interfaces
@@ -493,13 +494,16 @@ def _hardware(hardware: Mapping[str, Any], gpus: Mapping[str, Any], env: Mapping
 def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | None, weights: WeightsSize | None,
                 environment: Mapping[str, Any], hardware: Mapping[str, Any], settings: Mapping[str, Any],
                 contexts: list[int] | None = None, available_kv_gib: float | None = None,
-                no_config: str = "the model's config.json could not be had before staging") -> dict[str, Any]:
+                no_config: str = "the model's config.json could not be had before staging",
+                probes: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One configuration's plan record: the planner's verdict, figures and reasons, and the
     checks that depend on the configuration. The plan rule and ``llmtrial plan`` both call it.
 
     ``spec`` is the configuration (name, args, env, force); ``environment`` preflight's
     (its ``gpus`` inventory); ``hardware`` the trial file's; ``settings`` the trial file's
-    ``plan`` block. Without a readable config.json the verdict is ``unknown`` with the reason."""
+    ``plan`` block; ``probes`` preflight's probes, for the decode throughput bound
+    (:mod:`llmtrial.ceiling`, the fact ``decode_tok_s_ceiling``). Without a readable config.json
+    the verdict is ``unknown`` with the reason."""
     head = {"configuration": spec["name"], "force": bool(spec.get("force", False))}
     unreadable = None
     if model_config is not None:
@@ -527,10 +531,13 @@ def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | No
     if hw.is_cpu and hw.cpu_kv_space_assumed and args.kv_cache_memory_bytes is None:
         reasons.append(f"VLLM_CPU_KVCACHE_SPACE is not set: vLLM sizes the KV cache from free memory at start-up; "
                        f"the plan assumes {ASSUMED_CPU_KV_GIB:g} GiB per worker (an estimate).")
+    model = model_summary(model_config)
+    if result.data:
+        result.facts["decode_tok_s_ceiling"] = plan_ceiling(result.data, result.facts, model, probes, is_cpu=hw.is_cpu)
     return {**head, "verdict": "does_not_fit" if failed else result.verdict, "reasons": reasons, "checks": checks,
             "hardware": {"gpus": hw.gpus, "gpu_memory_gib": hw.gpu_memory_gib, "cpu_kv_space_gib": hw.cpu_kv_space_gib,
                          "selected_gpus": list(gpus.get("selected_gpus") or [])},
-            "plan": result.data, "facts": result.facts, "model": model_summary(model_config)}
+            "plan": result.data, "facts": result.facts, "model": model}
 
 
 def model_summary(model_config: Mapping[str, Any]) -> dict[str, Any]:

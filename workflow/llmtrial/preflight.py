@@ -38,6 +38,7 @@ from llmtrial.disk import GiB, headroom_by_filesystem, headroom_message
 from llmtrial.gpus import SelectionError, kernel_log, nvml_module, select
 from llmtrial.model_source import staged_size_estimate
 from llmtrial.nodes import trial_nodes
+from llmtrial.probes import link_checks, run_probes, selected_gpus, settings_with_defaults
 from llmtrial.records import redact_env
 
 #: Distributions the report lists first.
@@ -343,9 +344,18 @@ def select_gpus(environment: dict[str, Any], hardware: Mapping[str, Any]) -> str
     return None
 
 
+def probes_part(settings: Mapping[str, Any], gpus: Mapping[str, Any],
+                splits: Mapping[str, int] | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The probes (:mod:`llmtrial.probes`) on the selected GPUs, and their link checks."""
+    s = settings_with_defaults(settings)
+    probes = run_probes(s, selected_gpus(gpus))
+    return probes, link_checks(probes, gpus, splits or {}, float(s["far_below"]))
+
+
 def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: Mapping[str, Any],
                   nodes: Mapping[str, Any] | None = None, nvml: Any | None = None,
-                  sysfs: Path = SYSFS, hardware: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  sysfs: Path = SYSFS, hardware: Mapping[str, Any] | None = None,
+                  probes: Mapping[str, Any] | None = None, splits: Mapping[str, int] | None = None) -> dict[str, Any]:
     """The trial's preflight record. Raises PreflightError naming what failed, with the
     record attached as ``exc.record``, when a check must stop the trial before staging.
 
@@ -354,6 +364,11 @@ def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: M
     cross-node preflight under ``nodes``; a failed cross-node check (a node unreachable,
     versions that differ, an interface, ``/dev/shm``, a stale process) stops the trial as
     a failed host check does, its message naming the check and the node.
+
+    ``probes`` (the trial file's ``probes`` block): the bandwidth probes run on the selected
+    GPUs and the record carries them under ``probes``, their link checks (``pcie_link``,
+    ``peer_access`` against ``splits``, configuration name -> TP x PP; ``link_bandwidth``)
+    appended to ``checks``; None runs no probe.
     """
     host = {"host": dict(os.environ)}
     needed, files = staged_size_estimate(source)
@@ -365,6 +380,9 @@ def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: M
         checks.append(check("gpu_selection", "fail", unselectable))
     if record["environment"]["gpus"]["present"]:
         record["kernel_log"] = kernel_log()  # the baseline a health check after a failure compares with
+    if probes is not None:
+        record["probes"], link = probes_part(probes, record["environment"]["gpus"], splits)
+        checks += link
     across = nodes_preflight(nodes)
     failed = [f"{c['name']}: {c['detail']}" for c in checks if c["status"] == "fail"]
     if across is not None:

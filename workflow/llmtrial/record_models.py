@@ -45,6 +45,7 @@ class PreflightRecord(_Model):
     environment: dict[str, Any]
     checks: list[Check]
     disk: dict[str, Any]
+    probes: dict[str, Any] | None = None
 
 
 class PlanRecord(_Model):
@@ -133,6 +134,7 @@ class ConfigurationRecord(_Model):
     timing: dict[str, Any]
     plan: PlanVerdict
     prediction: list[dict[str, Any]]
+    throughput_bound: list[dict[str, Any]] = []
 
 
 class WeightsOutcome(_Model):

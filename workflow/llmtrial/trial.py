@@ -22,6 +22,7 @@ from typing import Any
 import psutil
 
 from llmtrial import bench, logs
+from llmtrial.ceiling import compare_with_measured
 from llmtrial.cleanup import restore_first
 from llmtrial.engine_warnings import engine_warnings
 from llmtrial.gpus import after_failure, launch_check, visible_devices_env
@@ -280,6 +281,7 @@ class TrialJob:
         record["patches"] = {"reapplied": patched["reapplied"], "plugin_dir": patched["plugin_dir"],
                              "patches": evidence(patched["patches"], text, env, record["server"]["log"])}
         record["prediction"] = compare_with_plan(self.plan, record["startup"])
+        record["throughput_bound"] = compare_with_measured(self.plan, record["scenarios"])
         write_record(self.paths.record, record, schema="configuration")
         ledger.append(Action.JOB_FINISHED, label=self.label, pid=os.getpid(), undoes=job["id"])
         return record

@@ -19,6 +19,8 @@ rule preflight:
         disk=config["disk"],
         nodes=spanned_nodes(config),
         hardware=config["hardware"],
+        probes=config["probes"],
+        splits=configuration_splits(config),
     script:
         "../scripts/preflight.py"
 

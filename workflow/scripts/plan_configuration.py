@@ -12,15 +12,17 @@ if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
 
 open_job_log(snakemake.log[0])
 source, archive_dir = snakemake.params.source, snakemake.params.archive_dir
+preflight = read_record(snakemake.input.preflight)
 record = plan_record(
     spec=snakemake.params.spec,
     model_config=model_config_for(source, archive_dir=archive_dir),
     weights=planned_weights(source, archive_dir),
-    environment=read_record(snakemake.input.preflight)["environment"],
+    environment=preflight["environment"],
     hardware=snakemake.params.hardware,
     settings=snakemake.params.settings,
     contexts=list(snakemake.params.contexts),
     no_config=f"the model's config.json could not be had before staging (source kind {source.get('kind')!r}; "
               "see the plan's log)",
+    probes=preflight.get("probes"),
 )
 write_record(snakemake.output.record, record, schema="plan")
