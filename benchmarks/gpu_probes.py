@@ -6,18 +6,20 @@ Needs torch (with CUDA to measure the GPU probes) and, for the telemetry and the
 checks, nvidia-ml-py and psutil; neither vLLM nor Snakemake. Runs every probe with the trial
 file's defaults (:data:`llmtrial.probes.DEFAULTS`) on the GPUs given (every GPU NVML lists
 by default), prints every figure and the link checks, then samples NVML once a second for
-SECONDS (default 3) while idle. On a host without CUDA it prints each GPU probe's skip and
-its reason. The GPU health check of ``llmtrial.gpus`` runs first when that module exists.
+SECONDS (default 3) while idle. Before the probes it prints the census of compute processes
+on those GPUs and their health check (:mod:`llmtrial.gpus`: a fresh process per GPU that
+initialises CUDA and allocates, fills and frees 64 MiB, and the kernel log's Xid lines since
+the script started). On a host without CUDA it prints each GPU probe's skip and its reason.
 Takes well under five minutes on a host of eight GPUs.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 import time
 
+from llmtrial import gpus
 from llmtrial.probes import link_checks, run_probes, selected_gpus
 
 try:
@@ -30,15 +32,20 @@ else:
     MISSING = None
 
 
-def health() -> None:
-    """llmtrial.gpus' health check, where it exists."""
-    try:
-        gpus = importlib.import_module("llmtrial.gpus")
-    except ImportError:
-        print("llmtrial.gpus is not present: no GPU health check")
-        return
-    check = getattr(gpus, "health_check", None) or getattr(gpus, "check_health", None)
-    print(json.dumps(check() if check else {"note": "llmtrial.gpus has no health_check"}, indent=2, default=str))
+def census_and_health(devices: list[dict], baseline: list[str]) -> None:
+    """Who else computes on the GPUs, and each GPU's health as a failed configuration's job checks it."""
+    found = gpus.census(devices)
+    print(f"census ({found['source']}): {len(found['processes'])} compute process(es)"
+          + (f"; {found['reason']}" if found["reason"] else ""))
+    for p in found["processes"]:
+        print(f"  {gpus.describe_process(p)}")
+    t0 = time.monotonic()
+    checked = gpus.health(devices, baseline)
+    print(f"health ({checked['source']}), {time.monotonic() - t0:.1f} s; kernel log "
+          + ("read" if checked["kernel_log"]["available"] else f"not read: {checked['kernel_log']['reason']}"))
+    for g in checked["gpus"]:
+        print(f"  {gpus.gpu_label(g)}: healthy {g['healthy']}; allocation {g['allocation']['status']} in "
+              f"{g['allocation'].get('seconds')} s: {g['allocation']['evidence']}; new Xid lines {len(g['xid'])}")
 
 
 def telemetry(seconds: float) -> None:
@@ -59,11 +66,12 @@ def telemetry(seconds: float) -> None:
 
 def main() -> int:
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 3.0
-    health()
+    baseline = gpus.kernel_log()["lines"]
     inventory = gpu_inventory() if gpu_inventory else {"devices": [], "reason": MISSING}
     if sys.argv[2:]:
         inventory["selected"] = [int(i) for i in sys.argv[2:]]
     devices = selected_gpus(inventory)
+    census_and_health([d for d in inventory.get("devices") or [] if d["index"] in devices], baseline)
     print(f"GPUs: {len(inventory.get('devices') or [])} found ({inventory.get('reason') or 'NVML'}); probing {devices}")
     t0 = time.monotonic()
     record = run_probes(None, devices)
