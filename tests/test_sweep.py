@@ -83,9 +83,12 @@ def test_the_observed_preemption_onset_lies_where_the_planner_predicted(sweep):
     assert pre["observed_step"] is not None, "no step preempted"
     assert abs(pre["error_steps"]) <= 1
     steps = scenario(sweep, "onset")["steps"]
-    # the counter moved only from the observed step on, and the KV cache was full there
-    assert all(s["figures"]["preemptions"] == 0 for s in steps[: pre["observed_step"] - 1])
-    assert steps[pre["observed_step"] - 1]["figures"]["kv_cache_usage_peak"] >= 0.99
+    # the counter moved only from the observed step on; the KV cache was never seen full before it,
+    # and was seen full from it on (sampled every 0.5 s: a short step's own samples may miss the moment)
+    before, after = steps[: pre["observed_step"] - 1], steps[pre["observed_step"] - 1:]
+    assert all(s["figures"]["preemptions"] == 0 for s in before)
+    assert all(s["figures"]["kv_cache_usage_peak"] < 0.99 for s in before)
+    assert max(s["figures"]["kv_cache_usage_peak"] for s in after) >= 0.99
     assert onset["waiting"]["observed_step"] is not None
 
 
