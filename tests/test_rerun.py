@@ -52,14 +52,17 @@ def running_and_healthy(work: Path) -> bool:
 
 
 #: The second and third runs are about what a rerun leaves in the folder, not about figures: they
-#: shorten the scenarios to one pass of four requests each, from a trial file given on the
-#: command line over the unchanged default (Snakemake merges it in), as an operator may.
-SHORT = {"scenarios": {"c1": {"num_prompts": 4, "passes": 1}, "c4": {"num_prompts": 4, "passes": 1}}}
+#: run the default trial with its scenarios shortened to one pass of four requests each, from a
+#: trial file given with --configfile (the whole trial, in the same results folder).
+SHORT = {"c1": {"num_prompts": 4, "passes": 1}, "c4": {"num_prompts": 4, "passes": 1}}
 
 
 def short(work: Path) -> tuple[str, str]:
+    config = default_config()
+    for name, change in SHORT.items():
+        config["scenarios"][name].update(change)
     path = work / "short-passes.yaml"
-    path.write_text(json.dumps(SHORT))
+    path.write_text(json.dumps(config))
     return "--configfile", str(path)
 
 
