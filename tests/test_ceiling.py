@@ -113,3 +113,22 @@ def test_the_plan_record_carries_the_bound_and_the_configuration_record_compares
                           environment=environment, hardware={}, settings={})
     assert without["facts"]["decode_tok_s_ceiling"]["kind"] == "unknown"
     assert ceiling.compare_with_measured(without, scenarios) == []
+
+
+def test_on_a_cpu_host_the_ranks_share_its_memory_so_tp2_reads_the_whole_model_per_step():
+    """The CPU build's TP2 on one host: both ranks read through the same memory at once, so the
+    bound's memory term is the whole model's weights, as at TP1; split over two hosts, half."""
+    config = load("Meta-Llama-3.1-8B-Instruct")
+    cpu = {"results": [probe("host_memory", 20.0, ())]}
+    environment = {"gpus": {"present": False, "count": 0, "devices": []}}
+    bounds = {}
+    for name, tp, nodes in (("tp1", 1, {}), ("tp2", 2, {}), ("tp2-two-hosts", 2, {"a": {}, "b": {}})):
+        plan = plan_record(spec={"name": name, "args": {"tensor_parallel_size": tp}, "env": {}, "nodes": nodes},
+                           model_config=config, weights=None, environment=environment, hardware={"gpus": 0},
+                           settings={}, probes=cpu)
+        bounds[name] = plan["facts"]["decode_tok_s_ceiling"]
+    whole = sum(plan["plan"]["weights_bytes_per_rank"]) * 2
+    assert bounds["tp1"]["value"] == pytest.approx(20e9 / whole, rel=0.01)
+    assert bounds["tp2"]["value"] == pytest.approx(bounds["tp1"]["value"], rel=0.01)
+    assert bounds["tp2-two-hosts"]["value"] == pytest.approx(2 * bounds["tp1"]["value"], rel=0.01)
+    assert "share its memory" in bounds["tp2"]["method"]

@@ -105,18 +105,27 @@ def bound_at(ceiling: Mapping[str, Any], concurrency: float) -> float | None:
 
 
 def plan_ceiling(plan: Mapping[str, Any], facts: Mapping[str, Any], model: Mapping[str, Any],
-                 probes: Mapping[str, Any] | None, *, is_cpu: bool) -> dict[str, Any]:
+                 probes: Mapping[str, Any] | None, *, is_cpu: bool, hosts: int = 1) -> dict[str, Any]:
     """:func:`decode_ceiling` of a planned configuration (the plan record's ``plan``, ``facts``
-    and ``model``) against the preflight record's probes."""
+    and ``model``) against the preflight record's probes.
+
+    On a CPU host every rank reads its weights through the one host memory at the same time, so
+    each stage's memory term is the weights of all ranks on a host (the whole model spread over
+    ``hosts``), not one rank's: a GPU has its own memory, a CPU rank does not."""
     weights = facts.get("weights_bytes") or {}
     if weights.get("kind") == "unknown" or not plan.get("weights_bytes_per_rank"):
         return {**fact(None, f"the weights' size is unknown ({weights.get('source')})", kind="unknown", unit="tok/s"),
                 "method": METHOD, "terms": None, "not_counted": []}
     offload = (facts.get("offload_bytes_per_rank") or {}).get("value") or [0] * len(plan["stage_layers"])
-    return decode_ceiling(stage_layers=plan["stage_layers"], tp=int(plan["tensor_parallel_size"]),
-                          hidden_size=int(model["hidden_size"]), dtype_bytes=int(model["dtype_bytes"]),
-                          weights_per_rank=plan["weights_bytes_per_rank"], offload_per_rank=offload,
-                          bw=bandwidths(probes, is_cpu=is_cpu))
+    tp, per_rank = int(plan["tensor_parallel_size"]), list(plan["weights_bytes_per_rank"])
+    if is_cpu:  # the ranks on a host share its memory
+        per_rank = [sum(per_rank) * tp / max(1, hosts)] * len(per_rank)
+    out = decode_ceiling(stage_layers=plan["stage_layers"], tp=tp, hidden_size=int(model["hidden_size"]),
+                         dtype_bytes=int(model["dtype_bytes"]), weights_per_rank=per_rank, offload_per_rank=offload,
+                         bw=bandwidths(probes, is_cpu=is_cpu))
+    if is_cpu and out["terms"] is not None:
+        out["method"] += f"; on CPU hosts ({hosts}) the ranks of a host share its memory: each stage reads the weights of every rank on its host"
+    return out
 
 
 def compare_with_measured(plan: Mapping[str, Any], scenarios: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

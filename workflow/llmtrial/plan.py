@@ -533,7 +533,8 @@ def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | No
                        f"the plan assumes {ASSUMED_CPU_KV_GIB:g} GiB per worker (an estimate).")
     model = model_summary(model_config)
     if result.data:
-        result.facts["decode_tok_s_ceiling"] = plan_ceiling(result.data, result.facts, model, probes, is_cpu=hw.is_cpu)
+        result.facts["decode_tok_s_ceiling"] = plan_ceiling(result.data, result.facts, model, probes, is_cpu=hw.is_cpu,
+                                                            hosts=len(nodes_env) or 1)
     return {**head, "verdict": "does_not_fit" if failed else result.verdict, "reasons": reasons, "checks": checks,
             "hardware": {"gpus": hw.gpus, "gpu_memory_gib": hw.gpu_memory_gib, "cpu_kv_space_gib": hw.cpu_kv_space_gib,
                          "selected_gpus": list(gpus.get("selected_gpus") or [])},
