@@ -10,14 +10,12 @@ protocol; :func:`job_sources` picks those a configuration job samples on this ho
 from __future__ import annotations
 
 import contextlib
-import re
-import subprocess
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import psutil
 
-from llmtrial.gpus import kernel_log_command, nvml_module
+from llmtrial.gpus import XID, kernel_log, kernel_log_command, nvml_module
 
 
 @runtime_checkable
@@ -284,42 +282,36 @@ class KernelLogSource:
     ``xid_events`` and ``nvrm_events`` seen since, and keeps the new lines in
     :attr:`events`. Where the kernel log cannot be read (no permission, no dmesg) the
     source is :attr:`available` False with the reason, never retried with more rights.
+    The log is read by :func:`llmtrial.gpus.kernel_log`, as preflight's baseline is.
     """
-
-    XID = re.compile(r"NVRM: Xid \(([^)]*)\): (\d+)")
 
     def __init__(self, name: str = "kernel_log", command: list[str] | None = None) -> None:
         self.name = name
-        self.command = command or ["dmesg"]
-        self.available = False
-        self.reason: str | None = None
+        self.command = command or kernel_log_command()
         self.events: list[str] = []
-        try:
-            self._baseline = set(self._read())
-            self.available = True
-        except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
-            self.reason = f"kernel log unreadable: {exc}"
+        first = kernel_log(self.command)
+        self.available, self.reason = first["available"], first["reason"]
+        self._baseline = set(first["lines"])
 
     def _read(self) -> list[str]:
-        out = subprocess.run(self.command, capture_output=True, text=True, timeout=10, check=False)
-        if out.returncode != 0:
-            raise RuntimeError(out.stderr.strip() or f"{self.command[0]} exited {out.returncode}")
-        return out.stdout.splitlines()
+        now = kernel_log(self.command)
+        if not now["available"]:
+            raise RuntimeError(now["reason"])
+        return now["lines"]
 
     def sample(self) -> dict[str, float]:
         for line in self._read():
-            if line not in self._baseline and ("NVRM" in line or "Xid" in line):
+            if line not in self._baseline:
                 self._baseline.add(line)
                 if len(self.events) < 200:
                     self.events.append(line)
-        return {"xid_events": float(sum(1 for e in self.events if self.XID.search(e))),
+        return {"xid_events": float(sum(1 for e in self.events if XID.search(e))),
                 "nvrm_events": float(len(self.events))}
-
 
 
 def job_sources(*always: Any, gpus: Sequence[int] | None = None) -> tuple[list[Any], list[Any]]:
     """The sources of one configuration's job: ``always`` (host, /metrics) plus NVML (the
     selected ``gpus``, by NVML index; every GPU for None) and the kernel log where this host
     has them. Returns (sampled, absent)."""
-    optional = [NvmlSource(gpus=gpus), KernelLogSource(command=kernel_log_command())]
+    optional = [NvmlSource(gpus=gpus), KernelLogSource()]
     return [*always, *(o for o in optional if o.available)], [o for o in optional if not o.available]
