@@ -217,3 +217,16 @@ def test_a_held_gpu_keeps_its_service_stopped_until_a_later_check_passes(double,
     back = restore(ledger.entries(), ledger, held=held)
     assert held == [] and residues == [] and back["residues"] == [] and flag.exists()
     assert replay(ledger.entries()).open("gpus") == []
+
+
+def test_an_env_that_pins_the_gpus_itself_beside_a_gpu_list_is_refused_naming_the_key():
+    from llmtrial.config import ConfigError, validate_config
+    from workflow_helpers import default_config
+
+    config = default_config()
+    config["hardware"] = {"gpus": ["GPU-7f3e0c1a-0000"]}
+    config["configurations"]["tp2"]["env"]["CUDA_VISIBLE_DEVICES"] = "1"
+    with pytest.raises(ConfigError, match=r"key 'configurations.tp2.env.CUDA_VISIBLE_DEVICES': hardware.gpus lists"):
+        validate_config(config)
+    config["hardware"] = {"gpus": 2}  # a count leaves the env's own choice alone
+    validate_config(config)

@@ -17,6 +17,7 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 
+from llmtrial.gpus import check_pinning
 from llmtrial.node_patches import check_patch_modes
 from llmtrial.nodes import check_nodes
 from llmtrial.resources import SCHEMAS
@@ -85,7 +86,8 @@ def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH, *, 
         problems.append(f"{source} key 'report.baseline': {baseline!r} is not a "
                         f"configuration of this trial ({', '.join(config['configurations'])})")
     problems += [f"{source} key '{key}': {message}" for key, message in [*check_nodes(config),
-                                                                          *check_patch_modes(config)]]
+                                                                          *check_patch_modes(config),
+                                                                          *check_pinning(config)]]
     if problems:
         raise ConfigError("invalid trial configuration:\n  " + "\n  ".join(problems))
     return config
