@@ -20,7 +20,7 @@ import sys
 import time
 
 from llmtrial import gpus
-from llmtrial.probes import link_checks, run_probes, selected_gpus
+from llmtrial.probes import link_checks, peer_check, run_probes, selected_gpus
 
 try:
     from llmtrial.preflight import gpu_inventory
@@ -82,7 +82,8 @@ def main() -> int:
                                    "pcie_width_under_load", "algbw_gbps") if k in r}
         figure = f"{r['gbps']:.3f} GB/s, median {r['seconds_median'] * 1e3:.2f} ms" if r["gbps"] else r["reason"]
         print(f"  {r['name']:<17} {str(r['devices']):<10} {r['status']:<9} {figure} {extra or ''}")
-    for c in link_checks(record, inventory, {"split": 2}):
+    pairs = peer_check(inventory.get("peer_access") or {}, devices, {f"a split over {len(devices)} GPUs": len(devices)})
+    for c in [*link_checks(record, inventory), pairs]:
         print(f"check {c['name']}: {c['status']}: {c['detail']}")
     if NvmlSource is not None:
         telemetry(seconds)

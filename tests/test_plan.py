@@ -395,6 +395,25 @@ class TestConfigurationChecks:
         assert configuration_checks(args=ServingArgs(), env={}, gpus=hopper, model_config=cfg, is_cpu=False)[-1]["status"] == "ok"
 
 
+    def test_peer_access_off_between_the_gpus_a_configuration_splits_over_warns_in_its_plan(self):
+        class NoPeer(NvmlDouble):
+            def nvmlDeviceGetP2PStatus(self, a, b, index):
+                return 2  # NVML_P2P_STATUS_CHIPSET_NOT_SUPPORED: the seed's PHB pair
+
+        gpus = gpu_inventory(NoPeer())
+        assert gpus["peer_access"] == {"0-1": False}
+        [peer] = [c for c in configuration_checks(args=ServingArgs(tensor_parallel_size=2), env={}, gpus=gpus,
+                                                  model_config={}, is_cpu=False, name="tp2") if c["name"] == "peer_access"]
+        assert peer["status"] == "warn" and "between GPUs 0-1 that tp2 split over" in peer["detail"]
+        [one] = [c for c in configuration_checks(args=ServingArgs(), env={}, gpus=gpus, model_config={}, is_cpu=False,
+                                                 name="tp1") if c["name"] == "peer_access"]
+        assert one["status"] == "skip"
+        only_0 = {**gpus, "selected": [0]}  # the trial selected one GPU: no pair to split over
+        [alone] = [c for c in configuration_checks(args=ServingArgs(tensor_parallel_size=2), env={}, gpus=only_0,
+                                                   model_config={}, is_cpu=False, name="tp2") if c["name"] == "peer_access"]
+        assert alone["status"] == "skip"
+
+
 def record_for(*, source, archive_dir=None, **kw):
     """What the plan rule does: the model's config and weights before staging, then the record."""
     return plan_record(model_config=model_config_for(source, archive_dir=archive_dir),

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import NvmlDouble
 from llmtrial import probes
-from llmtrial.config import configuration_splits, load_schema, validate_config
+from llmtrial.config import load_schema, validate_config
 from llmtrial.preflight import gpu_inventory, run_preflight
 from llmtrial.records import check_record
 
@@ -70,10 +70,10 @@ def test_the_defaults_are_the_schemas():
 
 def test_the_preflight_record_carries_the_probes_and_their_checks(tmp_path):
     record = run_preflight(source={"kind": "tiny"}, staging_dir=tmp_path, disk={"reserve_fraction": 0.0,
-                           "reserve_min_gib": 0}, nvml=NvmlDouble(), probes=SMALL, splits={"tp2": 2})
+                           "reserve_min_gib": 0}, nvml=NvmlDouble(), probes=SMALL)
     check_record(record, "preflight")
     names = [c["name"] for c in record["checks"]]
-    assert names[-3:] == ["pcie_link", "peer_access", "link_bandwidth"]
+    assert names[-2:] == ["pcie_link", "link_bandwidth"]
     assert record["probes"]["devices"] == [0, 1]  # no selection: every GPU the inventory lists
 
 
@@ -124,13 +124,6 @@ def test_peer_access_off_warns_only_when_a_configuration_splits():
     assert probes.peer_check({"0-2": False}, [0, 1], {"tp2": 2})["status"] == "ok"  # GPU 2 not selected
 
 
-def test_configuration_splits_reads_tp_and_pp_however_spelled():
-    config = validate_config({"trial": "t", "model": {"name": "m", "source": {"kind": "tiny"}}, "scenarios": {"s": {}},
-                              "configurations": {"one": {}, "tp2": {"args": {"tensor-parallel-size": 2}},
-                                                 "tp2pp2": {"args": {"tp": 2, "pipeline_parallel_size": 2}}}})
-    assert configuration_splits(config) == {"one": 1, "tp2": 2, "tp2pp2": 4}
-
-
 def test_link_bandwidth_far_below_the_promise_warns_with_the_numbers():
     gpus = devices()
     # gen 5 x16 promises 3.938 x 16 = 63.01 GB/s; 3.26 GB/s (the seed's RTX 3060 host) is far below it
@@ -144,5 +137,5 @@ def test_link_bandwidth_far_below_the_promise_warns_with_the_numbers():
 
 def test_link_checks_use_the_selected_gpus_only():
     gpus = {**devices(**{"1": {"pcie_gen": 3}}), "selected": [0]}
-    checks = probes.link_checks({"results": []}, gpus, {"tp2": 2})
-    assert [c["status"] for c in checks] == ["ok", "skip", "skip"]
+    checks = probes.link_checks({"results": []}, gpus)
+    assert [(c["name"], c["status"]) for c in checks] == [("pcie_link", "ok"), ("link_bandwidth", "skip")]

@@ -136,18 +136,6 @@ def configuration_spec(config: dict[str, Any], name: str) -> dict[str, Any]:
     }
 
 
-def configuration_splits(config: dict[str, Any]) -> dict[str, int]:
-    """How many workers each configuration splits the model over: tensor_parallel_size x
-    pipeline_parallel_size of its args (either spelling, or tp and pp), 1 when unset."""
-    out = {}
-    for name in config["configurations"]:
-        args = {str(k).lstrip("-").replace("-", "_"): v for k, v in configuration_spec(config, name)["args"].items()}
-        tp = args.get("tensor_parallel_size", args.get("tp")) or 1
-        pp = args.get("pipeline_parallel_size", args.get("pp")) or 1
-        out[name] = int(tp) * int(pp)
-    return out
-
-
 def _spread(config: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
     """The nodes a configuration spans (their blocks, in its order), when it spans several:
     a single-host configuration's spec stays as it was."""

@@ -33,6 +33,7 @@ from llmtrial.ceiling import plan_ceiling
 from llmtrial.checkpoint import WeightsSize
 from llmtrial.checks import check
 from llmtrial.preflight import check_allocator, check_nccl_interfaces
+from llmtrial.probes import peer_check, selected_gpus
 from llmtrial.records import fact
 from llmtrial.shape import (
     DEFAULT_CPU_BLOCK_SIZE,
@@ -445,9 +446,12 @@ def cpu_binding_check(workers: int, hosts: Mapping[str, Mapping[str, str]]) -> d
 
 def configuration_checks(*, args: ServingArgs, env: Mapping[str, str], gpus: Mapping[str, Any],
                          model_config: Mapping[str, Any], is_cpu: bool,
-                         nodes_env: Mapping[str, Mapping[str, str]] | None = None) -> list[dict[str, Any]]:
+                         nodes_env: Mapping[str, Mapping[str, str]] | None = None,
+                         name: str = "this configuration") -> list[dict[str, Any]]:
     """Checks that depend on one configuration's args and env (merged over the host's);
-    ``nodes_env`` gives each node's own env when the configuration spans several."""
+    ``nodes_env`` gives each node's own env when the configuration spans several. On a GPU host,
+    peer access between the GPUs it splits over (the first TP x PP selected GPUs, in the order
+    the servers see them)."""
     server_env = {"server": {**os.environ, **env}}
     out = [check_allocator(server_env), check_nccl_interfaces(server_env)]
     workers = args.tensor_parallel_size * args.pipeline_parallel_size
@@ -457,6 +461,7 @@ def configuration_checks(*, args: ServingArgs, env: Mapping[str, str], gpus: Map
         out.append(check("deepgemm", "skip", "CPU host"))
         return out
     out.append(check("cpu_thread_binding", "skip", "GPU host"))
+    out.append(peer_check(gpus.get("peer_access") or {}, selected_gpus(gpus)[:workers], {name: workers}))
     quant = (model_config.get("quantization_config") or {})
     block_fp8 = str(quant.get("quant_method", "")).lower() == "fp8" and quant.get("weight_block_size")
     archs = {tuple(d["compute_capability"]) for d in gpus.get("devices", []) if d.get("compute_capability")}
@@ -525,6 +530,7 @@ def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | No
                                                                          "cuda_graph_gib")}))
     nodes_env = {name: dict(block.get("env") or {}) for name, block in (spec.get("nodes") or {}).items()}
     checks = configuration_checks(args=args, env=env, gpus=gpus, model_config=model_config, is_cpu=hw.is_cpu,
+                                  name=spec["name"],
                                   nodes_env=nodes_env or None)
     failed = [c["detail"] for c in checks if c["status"] == "fail"]
     reasons = failed + list(result.reasons)

@@ -344,18 +344,17 @@ def select_gpus(environment: dict[str, Any], hardware: Mapping[str, Any]) -> str
     return None
 
 
-def probes_part(settings: Mapping[str, Any], gpus: Mapping[str, Any],
-                splits: Mapping[str, int] | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def probes_part(settings: Mapping[str, Any], gpus: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The probes (:mod:`llmtrial.probes`) on the selected GPUs, and their link checks."""
     s = settings_with_defaults(settings)
     probes = run_probes(s, selected_gpus(gpus))
-    return probes, link_checks(probes, gpus, splits or {}, float(s["far_below"]))
+    return probes, link_checks(probes, gpus, float(s["far_below"]))
 
 
 def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: Mapping[str, Any],
                   nodes: Mapping[str, Any] | None = None, nvml: Any | None = None,
                   sysfs: Path = SYSFS, hardware: Mapping[str, Any] | None = None,
-                  probes: Mapping[str, Any] | None = None, splits: Mapping[str, int] | None = None) -> dict[str, Any]:
+                  probes: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The trial's preflight record. Raises PreflightError naming what failed, with the
     record attached as ``exc.record``, when a check must stop the trial before staging.
 
@@ -367,8 +366,8 @@ def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: M
 
     ``probes`` (the trial file's ``probes`` block): the bandwidth probes run on the selected
     GPUs and the record carries them under ``probes``, their link checks (``pcie_link``,
-    ``peer_access`` against ``splits``, configuration name -> TP x PP; ``link_bandwidth``)
-    appended to ``checks``; None runs no probe.
+    ``link_bandwidth``) appended to ``checks``; None runs no probe. Peer access between the
+    GPUs a configuration splits over is checked by its plan.
     """
     host = {"host": dict(os.environ)}
     needed, files = staged_size_estimate(source)
@@ -381,7 +380,7 @@ def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: M
     if record["environment"]["gpus"]["present"]:
         record["kernel_log"] = kernel_log()  # the baseline a health check after a failure compares with
     if probes is not None:
-        record["probes"], link = probes_part(probes, record["environment"]["gpus"], splits)
+        record["probes"], link = probes_part(probes, record["environment"]["gpus"])
         checks += link
     across = nodes_preflight(nodes)
     failed = [f"{c['name']}: {c['detail']}" for c in checks if c["status"] == "fail"]

@@ -223,11 +223,12 @@ def bandwidth_check(devices: Sequence[Mapping[str, Any]], results: Sequence[Mapp
     return check("link_bandwidth", "ok", "; ".join(seen), far_below=far_below)
 
 
-def link_checks(probes: Mapping[str, Any], gpus: Mapping[str, Any], splits: Mapping[str, int],
+def link_checks(probes: Mapping[str, Any], gpus: Mapping[str, Any],
                 far_below: float = DEFAULTS["far_below"]) -> list[dict[str, Any]]:
-    """The three link checks from the preflight inventory (``environment.gpus``) and the probes."""
+    """The host's link checks from the preflight inventory (``environment.gpus``) and the probes:
+    ``pcie_link`` and ``link_bandwidth``. Peer access depends on a configuration's split, so
+    each plan checks it (:func:`peer_check`)."""
     chosen = selected_gpus(gpus)
     devices = [d for d in gpus.get("devices") or [] if d["index"] in chosen]
     results = probes.get("results") or []
-    return [pcie_check(devices, results), peer_check(gpus.get("peer_access") or {}, chosen, splits),
-            bandwidth_check(devices, results, far_below)]
+    return [pcie_check(devices, results), bandwidth_check(devices, results, far_below)]

@@ -16,7 +16,6 @@ from llmtrial.paths import TrialPaths
 from llmtrial.config import (
     configuration_port,
     configuration_spec,
-    configuration_splits,
     scenario_contexts,
     validate_config,
 )

@@ -20,7 +20,6 @@ rule preflight:
         nodes=spanned_nodes(config),
         hardware=config["hardware"],
         probes=config["probes"],
-        splits=configuration_splits(config),
     script:
         "../scripts/preflight.py"
 

@@ -12,6 +12,5 @@ if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
 open_job_log(snakemake.log[0])
 record = run_preflight(source=snakemake.params.source, staging_dir=snakemake.params.staging,
                        disk=snakemake.params.disk, nodes=snakemake.params.nodes,
-                       hardware=snakemake.params.hardware, probes=snakemake.params.probes,
-                       splits=snakemake.params.splits)
+                       hardware=snakemake.params.hardware, probes=snakemake.params.probes)
 write_record(snakemake.output.record, record, schema="preflight")
