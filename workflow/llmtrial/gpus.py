@@ -170,11 +170,12 @@ def _allowed_by(proc: Mapping[str, Any], allow: Iterable[str]) -> str | None:
     return next((a for a in allow if a in words), None)
 
 
-def census(selected: Sequence[Mapping[str, Any]], allow: Iterable[str] = (), own: Iterable[int] = ()) -> dict[str, Any]:
+def census(selected: Sequence[Mapping[str, Any]], allow: Iterable[str] = ()) -> dict[str, Any]:
     """Every compute process NVML lists on a selected GPU, with its pid, user, command and
     memory, whether the trial file allows it by name (``hardware.allow_processes``: a process
-    name or the command's program) and which are ``foreign`` (not allowed, not in ``own``)."""
-    allow, own = list(allow), set(own)
+    name or the command's program) and which are ``foreign`` (not allowed). It runs before the
+    trial's server starts, so no process on the GPUs is the trial's own."""
+    allow = list(allow)
     nvml, source, reason = nvml_module()
     out: dict[str, Any] = {"source": source, "checked_at": time.time(), "gpus": [g["index"] for g in selected],
                            "allow": allow, "processes": [], "foreign": [], "reason": reason}
@@ -194,7 +195,7 @@ def census(selected: Sequence[Mapping[str, Any]], allow: Iterable[str] = (), own
                         "memory_bytes": getattr(p, "usedGpuMemory", None), **_process(int(p.pid), nvml)}
                 proc["allowed_by"] = _allowed_by(proc, allow)
                 out["processes"].append(proc)
-                if proc["allowed_by"] is None and proc["pid"] not in own:
+                if proc["allowed_by"] is None:
                     out["foreign"].append(proc)
     finally:
         nvml.nvmlShutdown()
@@ -217,8 +218,8 @@ def launch_check(ledger: Ledger, gpus: Sequence[Mapping[str, Any]], allow: Itera
     """Before a server starts on the selected ``gpus``: the census, and why it must not
     start (a foreign process, or a GPU the ledger still holds as failed), or None."""
     found = census(gpus, allow)
-    selected = {str(g["index"]) for g in gpus} | {str(g.get("uuid")) for g in gpus if g.get("uuid")}
-    failed = [e for e in replay(ledger.entries()).open("gpus") if {str(e["gpu"]), str(e.get("uuid"))} & selected]
+    selected = [g.get("uuid") or g["index"] for g in gpus]
+    failed = held_gpus(selected, replay(ledger.entries()).open("gpus"))
     found["held_failed"] = [{k: e.get(k) for k in ("gpu", "uuid", "label", "evidence")} for e in failed]
     if failed:
         return found, ("a selected GPU failed its health check after an earlier configuration failed: "
@@ -369,10 +370,10 @@ def recheck_failed(ledger: Ledger, residues: list[dict[str, Any]]) -> list[dict[
     return held
 
 
-def held_gpu(gpus: Iterable[Any], held: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    """The held (failed) GPU among a service's ``gpus`` (indexes or UUIDs), if any."""
+def held_gpus(gpus: Iterable[Any], held: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The ``gpu_failed`` entries (``held``) among ``gpus``, given by NVML index or UUID."""
     wanted = {str(g) for g in gpus}
-    return next((h for h in held if {str(h["gpu"]), str(h.get("uuid"))} & wanted), None)
+    return [h for h in held if {str(h["gpu"]), str(h.get("uuid"))} & wanted]
 
 
 # --------------------------------------------------------------------------- for the report

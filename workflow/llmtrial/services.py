@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmtrial.gpus import held_gpu
+from llmtrial.gpus import held_gpus
 from llmtrial.ledger import Action, Ledger, replay
 from llmtrial.nodes import Node, NodeError, local_node, trial_nodes
 from llmtrial.paths import TrialPaths
@@ -409,7 +409,7 @@ def restore(entries: list[dict[str, Any]], ledger: Ledger, runner: Runner = run_
 
 def _held_back(svc: Service, held: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """Why ``svc`` stays stopped (the failed GPU it runs on, and the residue), or None."""
-    failed = held_gpu(svc.gpus, held)
+    failed = next(iter(held_gpus(svc.gpus, held)), None)
     if failed is None or svc.start_on_failed_gpu:
         return None
     return {"gpu": failed["gpu"], "residue": {
