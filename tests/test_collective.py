@@ -21,7 +21,8 @@ import pytest
 
 from hosts import INTERFACE
 from llmtrial.collective import busbw_factor, diagnose_rank, free_port, main, run_local_group, summarize
-from llmtrial.logs import diagnose_failure, read_log
+from llmtrial.failures import diagnose_failure
+from llmtrial.logs import read_log
 from llmtrial.multinode import sanity_check
 
 

@@ -9,15 +9,9 @@ import re
 
 import pytest
 
-from llmtrial.logs import (
-    FAILURE_PATTERNS,
-    FailurePattern,
-    diagnose_failure,
-    parse_startup,
-    read_log,
-    strip_ansi,
-    tail,
-)
+from llmtrial.failures import FAILURE_PATTERNS, FailurePattern, diagnose_failure
+from llmtrial.logs import read_log, strip_ansi, tail
+from llmtrial.startup_log import parse_startup
 
 # A 0.10-era TP=4 startup, prefixes as vLLM prints them (the field report lines included).
 FIELD_STARTUP = """\
@@ -319,24 +313,25 @@ def test_weights_oom_field_line_beats_generic_exception_after_it():
     assert d["line"] == "(Worker_TP0 pid=770) ERROR [gpu_model_runner.py:5403] Failed to load model - not enough GPU memory."
 
 
-def test_cuda_oom_is_weights_oom():
-    text = (
-        "INFO 06-19 23:04:10 [loader.py:1] loading\n"
-        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 79.19 GiB\n"
-    )
-    d = diagnose_failure(text)
-    assert d["pattern"] == "weights_oom"
-    assert d["source"] == "server.log:2"
+def test_cuda_oom_phase_comes_from_the_log_never_by_default():
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 79.19 GiB\n"
+    # nothing before it says what was running: the phase is not known, and the kind says so
+    d = diagnose_failure("INFO 06-19 23:04:10 [loader.py:1] loading\n" + oom)
+    assert d["pattern"] == "oom" and d["source"] == "server.log:2"
+    assert "does not show" in d["diagnosis"]
+    # the weights had started loading and never finished: a load one
+    loading = "INFO 06-19 23:04:10 [gpu_model_runner.py:1] Starting to load model Qwen/Qwen3-32B...\n"
+    assert diagnose_failure(loading + oom)["pattern"] == "weights_oom"
 
 
-def test_weights_oom_takes_priority_over_no_kv_memory():
+def test_an_oom_takes_priority_over_no_kv_memory():
     text = (
         "(EngineCore pid=1) ERROR 01-01 00:00:00 [core.py:1] ValueError: No available memory for the cache blocks. "
         "Try increasing `gpu_memory_utilization` when initializing the engine.\n"
         "(Worker pid=2) ERROR 01-01 00:00:01 [w.py:1] torch.OutOfMemoryError: CUDA out of memory.\n"
     )
     d = diagnose_failure(text)
-    assert d["pattern"] == "weights_oom"
+    assert d["pattern"] == "oom"  # nothing says when: not guessed
     assert d["source"] == "server.log:2"
 
 
@@ -345,9 +340,6 @@ def test_weights_oom_takes_priority_over_no_kv_memory():
     [
         "(EngineCore pid=558) ERROR 08-21 18:20:00 [core.py:700] ValueError: No available memory for the cache blocks. "
         "Try increasing `gpu_memory_utilization` when initializing the engine.",
-        "ValueError: To serve at least one request with the models's max seq len (131072), (16.0 GiB KV cache is "
-        "needed, which is larger than the available KV cache memory (9.5 GiB). Based on the available memory, the "
-        "estimated maximum model length is 77808. Try increasing `gpu_memory_utilization` or decreasing `max_model_len`",
         "(Worker pid=5) INFO 09-09 09:09:09 [gpu_worker.py:300] Available KV cache memory: -3.02 GiB",
     ],
 )
@@ -357,6 +349,22 @@ def test_no_kv_memory(line):
     assert d["pattern"] == "no_kv_memory"
     assert d["source"] == "server.log:2"
     assert d["line"] == line
+    assert "max_model_len" in d["diagnosis"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "ValueError: To serve at least one request with the models's max seq len (131072), (16.0 GiB KV cache is "
+        "needed, which is larger than the available KV cache memory (9.5 GiB). Based on the available memory, the "
+        "estimated maximum model length is 77808. Try increasing `gpu_memory_utilization` or decreasing `max_model_len`",
+        "ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that can be stored in "
+        "KV cache (9024). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.",
+    ],
+)
+def test_kv_cache_too_small_for_max_model_len(line):
+    d = diagnose_failure(f"{line}\n")
+    assert d["pattern"] == "kv_cache_too_small"
     assert "max_model_len" in d["diagnosis"]
 
 
@@ -390,7 +398,7 @@ def test_argparse_rejection(line):
 
 def test_exception_containing_error_word_is_not_argparse():
     d = diagnose_failure("ValueError: error: something odd\n")
-    assert d["pattern"] == "exception"
+    assert d["pattern"] == "unknown"
     assert d["source"] == "server.log:1"
 
 
@@ -453,7 +461,7 @@ def test_shm_broadcast_is_weakest_known_pattern():
         "(EngineCore pid=558) INFO 08-21 18:30:00 [shm_broadcast.py:466] No available shared memory broadcast block found in 60 second.\n"
         "(Worker_TP1 pid=771) ERROR 08-21 18:30:05 [w.py:1] torch.OutOfMemoryError: CUDA out of memory.\n"
     )
-    assert diagnose_failure(text)["pattern"] == "weights_oom"
+    assert diagnose_failure(text)["pattern"] == "oom"
 
 
 def test_first_occurrence_of_a_pattern_wins():
@@ -473,7 +481,7 @@ def test_generic_last_exception_after_log_prefix():
         "(APIServer pid=380) INFO 08-21 18:20:01 [api_server.py:1] shutting down\n"
     )
     d = diagnose_failure(text)
-    assert d["pattern"] == "exception"
+    assert d["pattern"] == "unknown"
     assert d["source"] == "server.log:4"
     assert d["line"].endswith("HFValidationError: bad repo id")
 
@@ -485,11 +493,11 @@ def test_generic_prefers_root_cause_over_wrapper_exception():
         "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
     )
     d = diagnose_failure(text)
-    assert d["pattern"] == "exception"
+    assert d["pattern"] == "unknown"
     assert d["source"] == "server.log:1"
     # With only the wrapper, the wrapper is reported.
     d = diagnose_failure("RuntimeError: Engine core initialization failed. See root cause above.\n")
-    assert d["pattern"] == "exception"
+    assert d["pattern"] == "unknown"
     assert d["source"] == "server.log:1"
 
 
@@ -501,7 +509,7 @@ def test_generic_error_level_line_when_no_exception():
         "INFO 08-21 18:20:02 [a.py:1] bye\n"
     )
     d = diagnose_failure(text)
-    assert d["pattern"] == "error"
+    assert d["pattern"] == "unknown"
     assert d["source"] == "server.log:3"
     assert d["line"] == "ERROR 08-21 18:20:01 [launcher.py:1] Engine process died unexpectedly"
 
@@ -515,14 +523,15 @@ def test_diagnose_strips_ansi():
 
 def test_failure_patterns_are_named_and_extensible():
     names = [p.name for p in FAILURE_PATTERNS]
-    assert names[:4] == ["tp_divisibility", "runtime_oom", "weights_oom", "no_kv_memory"]
+    assert names[:6] == ["tp_divisibility", "free_memory_below_utilization", "memory_profiling_error", "runtime_oom",
+                         "weights_oom", "oom"]
     assert names[-2:] == ["rpc_timeout", "shm_broadcast"]  # symptoms last
     assert len(names) == len(set(names))
     assert all(p.diagnosis.endswith(".") for p in FAILURE_PATTERNS)
 
     custom = FailurePattern("plugin", re.compile(r"my_plugin failed"), "The plugin failed; reinstall it.")
     text = "RuntimeError: my_plugin failed to initialise\n"
-    assert diagnose_failure(text)["pattern"] == "exception"
+    assert diagnose_failure(text)["pattern"] == "unknown"
     d = diagnose_failure(text, patterns=(custom, *FAILURE_PATTERNS))
     assert d["pattern"] == "plugin"
     assert d["diagnosis"] == "The plugin failed; reinstall it."
@@ -770,7 +779,7 @@ def test_an_oom_while_the_weights_are_processed_is_a_load_one_though_they_were_r
 
 def test_without_a_traceback_the_phase_comes_from_the_log_or_from_readiness():
     bare = "(EngineCore pid=104) ERROR 05-05 12:36:59 [core.py:1131] torch.OutOfMemoryError: CUDA out of memory."
-    assert diagnose_failure(bare + "\n")["pattern"] == "weights_oom"
+    assert diagnose_failure(bare + "\n")["pattern"] == "oom"  # an excerpt that does not say when
     assert diagnose_failure(bare + "\n", ready=True)["pattern"] == "runtime_oom"  # the server had served
     served = "INFO:     Application startup complete.\n" + bare + "\n"
     assert diagnose_failure(served)["pattern"] == "runtime_oom"
@@ -795,12 +804,13 @@ def test_vllms_sampler_warm_up_oom_is_a_runtime_one():
 
 
 def test_oom_phase_reads_the_innermost_known_frame():
-    from llmtrial.logs import _lines, oom_phase
+    from llmtrial.failures import oom_phase
+    from llmtrial.logs import log_lines
 
-    lines = _lines("\n".join(LOAD_OOM_TRACEBACK))
+    lines = log_lines("\n".join(LOAD_OOM_TRACEBACK))
     assert oom_phase(lines, len(lines) - 1) == "load"
     assert oom_phase(lines, len(lines) - 1, ready=True) == "runtime"
-    lines = _lines("\n".join(RUNTIME_OOM_TRACEBACK))
+    lines = log_lines("\n".join(RUNTIME_OOM_TRACEBACK))
     assert oom_phase(lines, len(lines) - 1) == "runtime"
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from conftest import DATA, NvmlDouble
 from llmtrial.cli import main as cli_main
-from llmtrial.logs import parse_startup, read_log
+from llmtrial.logs import read_log
+from llmtrial.startup_log import parse_startup
 from llmtrial.model_source import model_config_for, planned_weights
 from llmtrial.plan import (
     Extras,

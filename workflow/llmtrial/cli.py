@@ -13,11 +13,13 @@ from llmtrial.cleanup import cleanup_with_record
 from llmtrial.config import ConfigError, load_config
 from llmtrial.engine_warnings import engine_warnings
 from llmtrial.joblog import open_job_log
-from llmtrial.logs import diagnose_failure, parse_startup, read_log
+from llmtrial.failures import diagnose_failure
+from llmtrial.logs import read_log
 from llmtrial.model_source import weights_size
 from llmtrial.patching import PATCHES_DIR, check_patches
 from llmtrial.plan import plan_record
 from llmtrial.shape import PlanError, read_model_config
+from llmtrial.startup_log import parse_startup
 
 
 def _parse_log(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from llmtrial.shape import predict_kv_tokens
+from llmtrial.startup_log import logged_gib
 
 
 def relative_error(predicted: float | None, measured: float | None) -> float | None:
@@ -24,7 +25,10 @@ def compare_with_plan(plan: Mapping[str, Any], startup: Mapping[str, Mapping[str
         measured = startup.get(measured_key)
         if predicted is None or measured is None:
             return
-        value = measured["value"]
+        # a memory figure is compared in GiB, and only where its logged unit says so (not an old "MB")
+        value = logged_gib(measured) if measured_key.endswith("_gib") else measured["value"]
+        if value is None:
+            return
         rows.append({"name": name, "predicted": predicted, "predicted_kind": kind, "measured": value,
                      "measured_source": measured["source"], "relative_error": relative_error(predicted, value)})
 

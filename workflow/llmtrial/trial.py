@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from llmtrial import bench, logs
+from llmtrial import bench, failures, logs, startup_log
 from llmtrial.ceiling import compare_with_measured
 from llmtrial.cleanup import restore_first
 from llmtrial.engine_warnings import engine_warnings
@@ -271,12 +271,12 @@ class TrialJob:
         if record["failure"]:
             record["gpu_health"] = after_failure(ledger, self.gpus, self.kernel_baseline, self.label,
                                                  self.hardware.get("health_check"))
-            record["failure"]["error_line"] = logs.diagnose_failure(text, source=record["server"]["log"],
+            record["failure"]["error_line"] = failures.diagnose_failure(text, source=record["server"]["log"],
                                                                     ready="ready_seconds" in record["cold_start"])
             record["failure"]["log_tail"] = logs.tail(text, 40)
         self._node_outcomes(record, patched["patches"], envs)
         if not record["startup"] and text:
-            record["startup"] = logs.parse_startup(text, source=record["server"]["log"])
+            record["startup"] = startup_log.parse_startup(text, source=record["server"]["log"])
         record["engine_warnings"] = engine_warnings(text, source=record["server"]["log"])
         record["patches"] = {"reapplied": patched["reapplied"], "plugin_dir": patched["plugin_dir"],
                              "patches": evidence(patched["patches"], text, env, record["server"]["log"])}
@@ -310,7 +310,7 @@ class TrialJob:
             text = logs.read_log(self.paths.out_dir / name) if name else ""
             entry["patches"] = evidence(patches, text, envs[entry["name"]], name or "")
             if record["failure"] and text:
-                entry["error_line"] = logs.diagnose_failure(text, source=name, ready="ready_seconds" in record["cold_start"])
+                entry["error_line"] = failures.diagnose_failure(text, source=name, ready="ready_seconds" in record["cold_start"])
 
     def _fresh_folder(self) -> None:
         self.paths.out_dir.mkdir(parents=True, exist_ok=True)
@@ -457,7 +457,7 @@ class TrialJob:
         except ServerStartError as exc:
             raise Failure("startup", exc.reason, str(exc), exc.returncode) from None
         log.info("%s ready in %.1f s", self.spec["name"], ready_s)
-        startup = logs.parse_startup(logs.read_log(server.log_path), source=self.paths.rel(self.paths.server_log))
+        startup = startup_log.parse_startup(logs.read_log(server.log_path), source=self.paths.rel(self.paths.server_log))
         return ({"launched_at": server.launched_at, "ready_at": server.ready_at}, startup,
                 {"ready_seconds": fact(round(ready_s, 3), "launch to first /health 200", unit="s")})
 
