@@ -858,3 +858,119 @@ def test_a_cause_beats_the_hang_it_caused():
     assert diagnose_failure(f"{shm}\n{RPC_TIMEOUT}\n{NCCL_WATCHDOG_BROADCAST}\n")["pattern"] == "collective_timeout"
     assert diagnose_failure(f"{NCCL_WATCHDOG_BROADCAST}\n{NCCL_REMOTE}\n")["pattern"] == "nccl_error"
     assert diagnose_failure(f"{shm}\n{RPC_TIMEOUT}\n")["pattern"] == "rpc_timeout"
+
+
+# ------------------------------------------------- wrapped lines, nested prefixes, OOM wordings
+
+#: Seed 003's memory-profile line (one worker's, as logged at TP4).
+SEED_003_FREE_MEMORY = (
+    "(Worker_TP0 pid=770) INFO 08-21 18:22:06 [gpu_worker.py:789] Free memory on device (94.05/95.01 GiB) on startup. "
+    "Desired GPU memory utilization is (0.9, 85.51 GiB). Actual usage is 56.89 GiB for consumed memory (weights + "
+    "non-torch), 0.76 GiB for peak activation, and 0.32 GiB for CUDAGraph memory. Replace gpu_memory_utilization "
+    "config with `--kv-cache-memory=29407858586` (27.39 GiB) to fit into requested memory, or "
+    "`--kv-cache-memory=38581581312` (35.93 GiB) to fully utilize gpu memory. Current kv cache memory in use is 27.85 GiB."
+)
+SEED_003_FIGURES = {"gpu_free_on_startup_gib": 94.05, "gpu_total_gib": 95.01, "gpu_memory_utilization": 0.9,
+                    "gpu_requested_gib": 85.51, "consumed_gib": 56.89, "peak_activation_gib": 0.76,
+                    "cuda_graph_gib": 0.32, "kv_cache_memory_to_fit_bytes": 29407858586,
+                    "kv_cache_memory_to_fill_bytes": 38581581312, "kv_cache_in_use_gib": 27.85}
+
+
+@pytest.mark.parametrize("width", [0, 80, 97, 123])
+def test_the_whole_memory_profile_line_also_as_a_terminal_wraps_it(width):
+    line = SEED_003_FREE_MEMORY
+    # a terminal breaks at its width, inside words and numbers alike
+    text = line if not width else "\n".join(line[i:i + width] for i in range(0, len(line), width))
+    text = "INFO 08-21 18:22:00 [a.py:1] before\n" + text + "\n(EngineCore pid=558) INFO 08-21 18:22:07 [core.py:1] after\n"
+    facts = parse_startup(text)
+    assert {k: facts[k]["value"] for k in SEED_003_FIGURES} == SEED_003_FIGURES
+    assert {facts[k]["source"] for k in SEED_003_FIGURES} == {"server.log:2"}
+    assert facts["kv_cache_memory_to_fit_bytes"]["unit"] == "bytes" and "unit" not in facts["gpu_memory_utilization"]
+
+
+def test_the_refusal_of_the_same_words_is_a_failure_not_figures():
+    refusal = ("(EngineCore_DP0 pid=6940) ValueError: Free memory on device cuda:1 (19.77/22.05 GiB) on startup is less "
+               "than desired GPU memory utilization (0.9, 19.84 GiB). Decrease GPU memory utilization or reduce GPU "
+               "memory used by other processes.")
+    wrapped = "\n".join(refusal[i:i + 90] for i in range(0, len(refusal), 90))
+    for text in (refusal, wrapped):
+        assert "gpu_free_on_startup_gib" not in parse_startup(text)
+        d = diagnose_failure(text + "\n")
+        assert d["pattern"] == "free_memory_below_utilization" and d["source"] == "server.log:1"
+        assert "gpu_memory_utilization" in d["diagnosis"]
+
+
+def test_nested_process_prefixes_name_the_innermost_process():
+    from llmtrial.logs import find_lines
+
+    line = ("(Worker pid=749) (Worker_TP0 pid=749) ERROR 04-27 19:04:42 [multiproc_executor.py:880] RuntimeError: "
+            "Assertion error (csrc/apis/../jit_kernels/impls/../../jit/kernel_runtime.hpp:45): exit_code == 0")
+    found = find_lines(line, re.compile("Assertion"))
+    assert (found[0]["process"], found[0]["pid"]) == ("Worker_TP0", 749)
+    assert diagnose_failure(line)["pattern"] == "deepgemm"
+    # the unknown fallback reads the exception behind both prefixes
+    other = line.replace("Assertion error (csrc/apis/../jit_kernels/impls/../../jit/kernel_runtime.hpp:45): exit_code == 0",
+                         "KeyError: 'lm_head'")
+    assert diagnose_failure(other) == {"line": other, "source": "server.log:1", "pattern": "unknown",
+                                       "diagnosis": diagnose_failure(other)["diagnosis"]}
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.",
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.",
+        "RuntimeError: CUDA error: out of memory",
+        "RuntimeError: CUDA driver error: out of memory",
+        "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 12.95 GiB.",
+        "RuntimeError: UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY",
+    ],
+)
+def test_every_oom_wording_with_its_phase_told_by_the_log(error):
+    assert diagnose_failure(error + "\n")["pattern"] == "oom"
+    assert diagnose_failure("\n".join(RUNTIME_OOM_TRACEBACK[:-1] + [_EC + error]) + "\n")["pattern"] == "runtime_oom"
+    assert diagnose_failure("\n".join(LOAD_OOM_TRACEBACK[:-1] + [_W + error]) + "\n")["pattern"] == "weights_oom"
+    loaded = "INFO 03-07 10:42:35 model_runner.py:1115] Loading model weights took 0.4855 GB\n"
+    assert diagnose_failure(loaded + error + "\n")["pattern"] == "runtime_oom"
+
+
+def test_a_traceback_that_quotes_the_message_in_its_source_is_not_the_error():
+    # github.com/vllm-project/vllm/issues/10439: the frame's source line spells the message too
+    text = (
+        'ERROR 11-18 18:07:28 engine.py:366]   File "/usr/local/lib/python3.12/dist-packages/vllm/worker/worker.py", '
+        "line 493, in raise_if_cache_size_invalid\n"
+        'ERROR 11-18 18:07:28 engine.py:366]     raise ValueError("No available memory for the cache blocks. "\n'
+        "ERROR 11-18 18:07:28 engine.py:366] ValueError: No available memory for the cache blocks. Try increasing "
+        "`gpu_memory_utilization` when initializing the engine.\n"
+    )
+    assert diagnose_failure(text)["source"] == "server.log:3"
+
+
+@pytest.mark.parametrize(
+    ("line", "pattern"),
+    [
+        # vllm/distributed/device_communicators/shm_broadcast.py, 0.6.x wording
+        ("(VllmWorkerProcess pid=2207) WARNING 10-01 12:00:00 shm_broadcast.py:386] No available block found in 60 "
+         "second.", "shm_broadcast"),
+        ("RuntimeError: No CUDA GPUs are available", "no_gpu"),
+        ("RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and installed a "
+         "driver from http://www.nvidia.com/Download/index.aspx", "no_gpu"),
+        ("RuntimeError: FlashAttention only supports Ampere GPUs or newer.", "unsupported_gpu_arch"),
+        ("[rank0]:[E1224 13:23:05.483 ProcessGroupNCCL.cpp:1595] [PG 0 Rank 0] Some NCCL operations have failed or timed "
+         "out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/"
+         "incomplete data.", "collective_timeout"),
+        ("ValueError: User-specified max_model_len (8192) is greater than the derived max_model_len "
+         "(max_position_embeddings=2048 or model_max_length=None in model's config.json).", "max_model_len_exceeds_model"),
+        ("ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your Tesla T4 GPU has "
+         "compute capability 7.5.", "unsupported_dtype"),
+        ("ValueError: The quantization method fp8 is not supported for the current GPU. Minimum capability: 80. Current "
+         "capability: 75.", "unsupported_quantization"),
+        ("ValueError: Model architectures ['InternLM2ForCausalLM'] are not supported for now.", "unsupported_architecture"),
+        ("RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)", "nccl_error"),
+        ("Error while creating shared memory segment /dev/shm/nccl-bWHyCi (size 9637888)", "nccl_shm"),
+        ("ERROR 02-09 02:31:11 engine.py:389] Ray does not allocate any GPUs on the driver node. Consider adjusting the "
+         "Ray placement group or running the driver on a GPU node.", "ray_driver_no_gpu"),
+    ],
+)
+def test_the_kinds_operators_meet(line, pattern):
+    assert_diagnosed(line, pattern)

@@ -10,7 +10,6 @@ import pytest
 from conftest import DATA, NvmlDouble
 from llmtrial.cli import main as cli_main
 from llmtrial.logs import read_log
-from llmtrial.startup_log import parse_startup
 from llmtrial.model_source import model_config_for, planned_weights
 from llmtrial.plan import (
     Extras,
@@ -31,6 +30,7 @@ from llmtrial.plan import (
 )
 from llmtrial.prediction import compare_with_plan
 from llmtrial.preflight import gpu_inventory
+from llmtrial.startup_log import parse_startup
 
 #: Seed 003: Qwen3-235B-A22B-Instruct-2507-FP8 as its runbook describes it.
 SEED_003 = {"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 94, "num_attention_heads": 64,

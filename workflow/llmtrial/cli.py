@@ -12,8 +12,8 @@ from llmtrial.checkpoint import WeightsSize
 from llmtrial.cleanup import cleanup_with_record
 from llmtrial.config import ConfigError, load_config
 from llmtrial.engine_warnings import engine_warnings
-from llmtrial.joblog import open_job_log
 from llmtrial.failures import diagnose_failure
+from llmtrial.joblog import open_job_log
 from llmtrial.logs import read_log
 from llmtrial.model_source import weights_size
 from llmtrial.patching import PATCHES_DIR, check_patches

@@ -93,6 +93,9 @@ _OOM_LINE = _any(
 )
 #: Messages that name the load themselves: vLLM's load_model and its linear layers' create_weights.
 _LOAD_MESSAGE = re.compile(r"Failed to load model - not enough GPU memory|Failed to create \w+ (?:\w+ )?weights")
+#: V0's worker processes name the method they ran: "Exception in worker VllmWorkerProcess while processing
+#: method load_model: CUDA out of memory ...".
+_METHOD = re.compile(r"while processing method (?P<func>\w+)")
 #: A traceback frame: ``File "...", line N, in <function>``.
 _FRAME = re.compile(r'File "[^"]+", line \d+, in (?P<func>[\w<>]+)')
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
@@ -149,7 +152,8 @@ def oom_phase(lines: list[LogLine], i: int, ready: bool = False) -> str:
     """``"load"``, ``"runtime"`` or ``"unknown"``: when the out-of-memory error on line ``i`` (0-based,
     of :func:`llmtrial.logs.log_lines`) happened. Load when vLLM's message says so ("Failed to load
     model - not enough GPU memory", "Failed to create ... weights"); runtime when the server had
-    become ``ready``; else by the innermost vLLM frame of its traceback (``profile_run``,
+    become ``ready``; else by the method a V0 worker names ("while processing method load_model"),
+    or the innermost vLLM frame of its traceback (``profile_run``,
     ``_dummy_run``, ``capture_model``, ``execute_model``: runtime; ``load_weights``,
     ``process_weights_after_loading``, ``load_model``: load); else by the log before it: runtime
     after a line that says the weights were in (``Model loading took``), load after one that says
@@ -159,6 +163,9 @@ def oom_phase(lines: list[LogLine], i: int, ready: bool = False) -> str:
         return "load"
     if ready:
         return "runtime"
+    method = _METHOD.search(lines[i].text)
+    if method is not None and _known(method["func"]):
+        return "runtime" if method["func"] in _RUNTIME_FRAMES else "load"
     func = _innermost_frame(lines, i)
     if func is not None:
         return "runtime" if func in _RUNTIME_FRAMES else "load"
@@ -275,14 +282,17 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
     FailurePattern(
         "unsupported_gpu_arch",
         _any(r"no kernel image is available for execution on the device",
-             r"with CUDA capability sm_\d+ is not compatible with the current PyTorch installation"),
+             r"with CUDA capability sm_\d+ is not compatible with the current PyTorch installation",
+             r"FlashAttention only supports Ampere GPUs or newer",
+             r"fp8e4nv data type is not supported on CUDA arch"),
         "The installed torch or vLLM was not built for this GPU's architecture (a new GPU on an older build); "
         "install a build that includes its compute capability (e.g. CUDA 12.8+ wheels for sm_120).",
     ),
     FailurePattern(
         "deepgemm",
         # seed 003's DeepGEMM layout assertion, and DeepGEMM's host assertions of its JIT runtime
-        _any(r"Unknown SF transformation", r"Assertion error \([^)]*(?:deepgemm|deep_gemm|jit_kernels|/jit/)[^)]*\): \S"),
+        _any(r"Unknown SF transformation", r"Assertion error \([^)]*(?:deepgemm|deep_gemm|jit_kernels|/jit/)[^)]*\): \S",
+             r"\bDeepGEMM\b[^.]*\b(?:failed|error|not supported|assert)"),
         "DeepGEMM (vLLM's FP8 block-scaled GEMM) failed on this GPU (an unsupported scale-factor layout or a JIT "
         "kernel it could not build); disable it with VLLM_USE_DEEP_GEMM=0 to use vLLM's own FP8 kernels, or "
         "use a vLLM build made for this GPU.",
@@ -353,6 +363,16 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
         "--master-port, that the first node is up, and that no firewall drops the connection.",
     ),
     FailurePattern(
+        "no_gpu",
+        # torch's CUDA init where the process sees no GPU (container without --gpus, CUDA_VISIBLE_DEVICES,
+        # a node of a Ray cluster without GPUs) or no driver
+        _any(r"No CUDA GPUs are available", r"Found no NVIDIA driver on your system",
+             r"Failed to infer device type"),
+        "The server's process sees no GPU: check CUDA_VISIBLE_DEVICES, that the container was given the GPUs "
+        "(--gpus all, the NVIDIA runtime), that nvidia-smi works where it runs, and under Ray that the node "
+        "running the driver has GPUs.",
+    ),
+    FailurePattern(
         "ray_driver_no_gpu",
         # vllm/executor/ray_utils.py and ray_gpu_executor.py (V0): the driver's node holds none of the GPUs
         _any(r"Ray does not allocate any GPUs on the driver node", r"Current node has no GPU available"),
@@ -400,6 +420,8 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
             r"Watchdog caught collective operation timeout",
             # gloo's TCP transport (third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78)
             r"Timed out waiting \d+ms for (?:recv|send) operation to complete",
+            # torch's c10d when the watchdog tears the process down
+            r"Some NCCL operations have failed or timed out",
         ),
         "A collective between the workers timed out: a rank on another node stopped answering or "
         "the link between the nodes is down; read that node's log, and check NCCL_SOCKET_IFNAME or "
@@ -445,7 +467,8 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
     ),
     FailurePattern(
         "shm_broadcast",
-        _any(r"No available shared memory broadcast block found"),
+        # vllm/distributed/device_communicators/shm_broadcast.py: 0.6.x wording, then the current one
+        _any(r"No available shared memory broadcast block found", r"No available block found in \d+ seconds?"),
         "Workers stopped answering over shared memory, so one rank hung or died; look for "
         "its error earlier in the log and check /dev/shm size.",
     ),

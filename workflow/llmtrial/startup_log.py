@@ -110,8 +110,8 @@ STARTUP_LINES: tuple[StartupLine, ...] = (
     StartupLine.one(rf"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<x>{_NUM})x",
                     Figure("max_concurrency", "x", float, "x"),
                     Figure("max_concurrency_tokens_per_request", "len", _int, "tokens")),
-    StartupLine.one(rf"(?:# ?|\b)(?:GPU|gpu|cuda|CUDA|xpu|XPU|npu|NPU|hpu|HPU|tpu|TPU|neuron) blocks: (?P<dev>\d+)"
-                    rf"(?:, # CPU blocks: (?P<cpu>\d+))?",
+    StartupLine.one(r"(?:# ?|\b)(?:GPU|gpu|cuda|CUDA|xpu|XPU|npu|NPU|hpu|HPU|tpu|TPU|neuron) blocks: (?P<dev>\d+)"
+                    r"(?:, # CPU blocks: (?P<cpu>\d+))?",
                     Figure("gpu_blocks", "dev", int, "blocks"), Figure("cpu_blocks", "cpu", int, "blocks")),
     StartupLine.one(r"(?<!, )# CPU blocks: (?P<cpu>\d+)", Figure("cpu_blocks", "cpu", int, "blocks")),
     StartupLine.one(rf"init engine \(profile, create kv cache, warmup model\) took (?P<sec>{_NUM}) (?:s|seconds)\b",
@@ -167,18 +167,22 @@ STARTUP_LINES: tuple[StartupLine, ...] = (
 )
 
 
-def _found(line: LogLine, lines: list[LogLine], spec: StartupLine) -> tuple[str, list[tuple[Figure, Any, str | None]]]:
-    """The text ``spec`` was read from on ``line`` and each figure found in it, with its value and unit."""
-    text = line.text[: len(line.text) - len(line.message)] + continued(lines, line.number - 1) if spec.wraps \
-        else line.text
+def _found(line: LogLine, joined: str, spec: StartupLine) -> tuple[str, list[tuple[Figure, Any, str | None]]] | None:
+    """The text ``spec`` is read from on ``line`` (``joined``: the line with what a terminal wrapped onto
+    the next lines) and each figure found in it with its value and unit; None where ``spec``'s message
+    does not begin on this line."""
+    text = joined if spec.wraps else line.text
+    m = spec.anchor.search(text)
+    if m is None or m.start() >= len(line.text):
+        return None
     out = []
     for regex, figures in spec.terms:
-        m = regex.search(text)
-        if m is None:
+        t = regex.search(text)
+        if t is None:
             continue
         for f in figures:
-            if m.group(f.group) is not None:
-                out.append((f, f.convert(m.group(f.group)), m.group(f.unit_group) if f.unit_group else f.unit))
+            if t.group(f.group) is not None:
+                out.append((f, f.convert(t.group(f.group)), t.group(f.unit_group) if f.unit_group else f.unit))
     return text, out
 
 
@@ -208,13 +212,13 @@ def parse_startup(text: str, source: str = "server.log") -> dict[str, dict[str, 
     for line in lines:
         if not line.text:
             continue
+        joined = line.text[: len(line.text) - len(line.message)] + continued(lines, line.number - 1)
         for spec in STARTUP_LINES:
-            if not spec.anchor.search(line.text):
+            found = _found(line, joined, spec)
+            if found is None:
                 continue
-            read_from, found = _found(line, lines, spec)
-            if spec.wraps and not spec.anchor.search(read_from):
-                continue  # the rest of the wrapped message says it is another one (a refusal)
-            for figure, value, unit in found:
+            read_from, figures = found
+            for figure, value, unit in figures:
                 if figure.key in facts:
                     first = facts[figure.key]
                     first.setdefault("per_rank", [first["value"]]).append(value)
