@@ -523,8 +523,8 @@ def test_diagnose_strips_ansi():
 
 def test_failure_patterns_are_named_and_extensible():
     names = [p.name for p in FAILURE_PATTERNS]
-    assert names[:6] == ["tp_divisibility", "free_memory_below_utilization", "memory_profiling_error", "runtime_oom",
-                         "weights_oom", "oom"]
+    assert names[:7] == ["tp_divisibility", "gpus_too_few", "free_memory_below_utilization", "memory_profiling_error",
+                         "runtime_oom", "weights_oom", "oom"]
     assert names[-2:] == ["rpc_timeout", "shm_broadcast"]  # symptoms last
     assert len(names) == len(set(names))
     assert all(p.diagnosis.endswith(".") for p in FAILURE_PATTERNS)
@@ -974,3 +974,29 @@ def test_a_traceback_that_quotes_the_message_in_its_source_is_not_the_error():
 )
 def test_the_kinds_operators_meet(line, pattern):
     assert_diagnosed(line, pattern)
+
+
+@pytest.mark.parametrize(
+    ("line", "pattern"),
+    [
+        # vllm/distributed/utils.py:54 (0.32.0), a vocabulary of 151,936 over TP 5
+        ("AssertionError: 151936 is not divisible by 5", "tp_divisibility"),
+        ("(Worker_TP3 pid=812) ERROR 05-01 10:00:00 [multiproc_executor.py:671] AssertionError: 151936 is not divisible "
+         "by 5", "tp_divisibility"),
+        # vllm/v1/worker/gpu_worker.py:493 (0.32.0), DP 2 on a host that shows the server one GPU
+        ("AssertionError: DP adjusted local rank 1 is out of bounds for 1 devices.", "gpus_too_few"),
+        # transformers/models/auto/configuration_auto.py:432 (4.5x)
+        ("Value error, The checkpoint you are trying to load has model type `gemma4` but Transformers does not "
+         "recognize this architecture. This could be because of an issue with the checkpoint.", "unsupported_architecture"),
+        # transformers/utils/hub.py:621
+        ("OSError: We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the "
+         "cached files.", "model_files_unreachable"),
+    ],
+)
+def test_the_kinds_vllms_own_checks_raise(line, pattern):
+    assert_diagnosed(line, pattern)
+
+
+def test_a_number_not_divisible_inside_a_sentence_is_not_taken_for_a_split():
+    assert diagnose_failure("ValueError: the 7 layers of block 3 is not divisible by 2 in a way we explain\n")["pattern"] \
+        == "unknown"

@@ -200,10 +200,20 @@ _OOM_LOAD = ("The GPUs ran out of memory while loading the model; use more GPUs 
 FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
     FailurePattern(
         "tp_divisibility",
-        _spaced(r"must be divisible by tensor parallel size", r"is not divisible by (?:the )?tensor parallel size"),
+        _spaced(r"must be divisible by tensor parallel size", r"is not divisible by (?:the )?tensor parallel size",
+                # vllm/distributed/utils.py (ensure_divisibility, 0.32.0: line 54; a vocabulary or a layer split over TP)
+                r"(?:^|\s)\d+ is not divisible by \d+\.?$",
+                r"Weight input_size_per_partition=\d+ is not divisible by"),
         "A model dimension (the attention heads, KV heads or vocabulary) is not divisible by the tensor parallel "
         "size; choose a tensor_parallel_size that divides it (e.g. 1, 2, 4 or 8).",
         wraps=True,
+    ),
+    FailurePattern(
+        "gpus_too_few",
+        # vllm/v1/worker/gpu_worker.py (0.32.0: lines 484-494): a data-parallel rank beyond the visible GPUs
+        _any(r"DP adjusted local rank \d+ is out of bounds", r"local_world_size \(\d+\) exceeds assigned_physical_gpu_ids"),
+        "The configuration asks for more GPUs (data_parallel_size x tensor_parallel_size x pipeline_parallel_size) "
+        "than the server sees; lower a parallel size or make more GPUs visible (CUDA_VISIBLE_DEVICES, hardware.gpus).",
     ),
     FailurePattern(
         "free_memory_below_utilization",
@@ -255,6 +265,15 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
         "lower it, or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 only with a RoPE scaling that supports the length.",
     ),
     FailurePattern(
+        "model_files_unreachable",
+        # transformers/utils/hub.py and huggingface_hub's errors: the model's files neither cached nor reachable
+        _any(r"We couldn't connect to '[^']+' to load the files", r"Cannot access gated repo",
+             r"Repository Not Found for url", r"is not a local folder and is not a valid model identifier"),
+        "The model's files are neither in the local cache nor reachable on the Hub (offline, a gated repository, "
+        "a wrong name); stage the weights first (model.source) and serve the local folder, or give HF_TOKEN for a "
+        "gated model.",
+    ),
+    FailurePattern(
         "argparse",
         _any(r"(?:^|\s)(?![\w.]*(?:Error|Exception|Warning):)[\w.\-/]+(?: [\w.\-]+)?: error: "),
         "vLLM rejected a command-line argument; check the flag name and value against "
@@ -275,7 +294,9 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
     ),
     FailurePattern(
         "unsupported_architecture",
-        _any(r"Model architectures? \[[^\]]*\] (?:are|is) not supported", r"Model architectures? \[[^\]]*\] failed"),
+        _any(r"Model architectures? \[[^\]]*\] (?:are|is) not supported", r"Model architectures? \[[^\]]*\] failed",
+             # transformers/models/auto/configuration_auto.py: a model type newer than the installed Transformers
+             r"Transformers does not recognize this architecture"),
         "This vLLM has no implementation of the model's architecture (config.json's architectures); use a vLLM "
         "release that lists it, or the model's own plugin.",
     ),
