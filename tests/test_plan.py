@@ -9,6 +9,7 @@ import pytest
 
 from conftest import DATA, NvmlDouble
 from llmtrial.cli import main as cli_main
+from llmtrial.launch_checks import configuration_checks
 from llmtrial.logs import read_log
 from llmtrial.model_source import model_config_for, planned_weights
 from llmtrial.plan import (
@@ -18,7 +19,6 @@ from llmtrial.plan import (
     PlanError,
     ServingArgs,
     WeightsSize,
-    configuration_checks,
     kv_bytes_per_token_per_layer,
     model_shape,
     model_summary,
@@ -30,6 +30,7 @@ from llmtrial.plan import (
 )
 from llmtrial.prediction import compare_with_plan
 from llmtrial.preflight import gpu_inventory
+from llmtrial.shape import derived_max_model_len
 from llmtrial.startup_log import parse_startup
 
 #: Seed 003: Qwen3-235B-A22B-Instruct-2507-FP8 as its runbook describes it.
@@ -297,7 +298,7 @@ class TestArithmetic:
         assert p.verdict == "fits_with_offload"
 
     def test_max_model_len_longer_than_the_cache_is_refused(self):
-        p = plan(TINY, Hardware(cpu_kv_space_gib=1), ServingArgs(max_model_len=2_000_000))
+        p = plan(TINY, Hardware(cpu_kv_space_gib=1), ServingArgs(max_model_len=2_000_000, allow_long_max_model_len=True))
         assert p.verdict == "does_not_fit" and "less than one request" in p.reasons[0]
 
     def test_preemption_boundary_counts_requests_of_each_context(self):
@@ -492,3 +493,86 @@ def test_qwen3_next_keeps_kv_per_token_only_in_its_full_attention_layers():
     assert p.data["kv_cache_bytes_per_token"] == 12 * 2 * 2 * 256 * 2
     assert any("36 linear-attention/Mamba layers keep state per sequence" in r for r in p.reasons)
     assert model_summary(cfg)["layer_kinds"] == {"state": 36, "full_attention": 12}
+
+
+class TestRefusalsBeforeLaunch:
+    """What vLLM refuses within seconds, said by the plan with the argument and the model's field."""
+
+    H100 = Hardware(gpus=1, gpu_memory_gib=79.19)
+
+    def test_data_parallel_ranks_count_against_the_gpus(self):
+        llama = real_config("Meta-Llama-3.1-8B-Instruct")
+        p = plan(llama, self.H100, ServingArgs.from_config({"data_parallel_size": 2, "max_model_len": 8192}))
+        assert p.verdict == "does_not_fit"
+        assert ("data_parallel_size 2 x tensor_parallel_size 1 x pipeline_parallel_size 1 = 2 GPUs asked, 1 available "
+                "(hardware.gpus).") in p.reasons
+        two = plan(llama, Hardware(gpus=2, gpu_memory_gib=79.19), ServingArgs.from_config({"data_parallel_size": 2,
+                                                                                           "max_model_len": 8192}))
+        assert two.verdict == "fits"
+
+    def test_a_vocabulary_tp_does_not_divide_is_named(self):
+        p = plan(real_config("Qwen3-30B-A3B"), Hardware(gpus=5, gpu_memory_gib=79.19),
+                 ServingArgs(tensor_parallel_size=5, max_model_len=8192))
+        [vocab] = [r for r in p.reasons if "vocab_size" in r]
+        assert vocab.startswith("tensor_parallel_size 5 does not divide the vocabulary (config.json vocab_size 151,936")
+        assert "'151936 is not divisible by 5'" in vocab  # vLLM's own assertion, as it will print it
+        assert not [r for r in plan(real_config("Qwen3-30B-A3B"), Hardware(gpus=4, gpu_memory_gib=79.19),
+                                    ServingArgs(tensor_parallel_size=4, max_model_len=8192)).reasons if "vocab_size" in r]
+
+    def test_max_model_len_above_the_models_own(self):
+        llama = real_config("Meta-Llama-3.1-8B-Instruct")  # rope_type llama3: its 131072 already counts the factor
+        over = plan(llama, self.H100, ServingArgs(max_model_len=262144))
+        assert over.verdict == "does_not_fit"
+        assert any(r.startswith("max_model_len 262,144 is above the 131,072 tokens the model allows (config.json "
+                                "max_position_embeddings=131072)") for r in over.reasons), over.reasons
+        assert not any("max_model_len 131,072 is above" in r for r in plan(llama, self.H100,
+                                                                           ServingArgs(max_model_len=131072)).reasons)
+        allowed = ServingArgs.from_config({"max_model_len": 262144}, {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"})
+        assert not any("is above the" in r for r in plan(llama, self.H100, allowed).reasons)
+
+    def test_yarn_scaling_lengthens_what_the_model_allows(self):
+        # Qwen's model cards have users add this block to config.json for 131,072 tokens
+        qwen = {**real_config("Qwen3-30B-A3B"),
+                "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
+        assert derived_max_model_len(qwen) == (131072, "max_position_embeddings=40960, rope_scaling yarn factor 4")
+        assert derived_max_model_len(real_config("Qwen3-30B-A3B")) == (40960, "max_position_embeddings=40960")
+        assert derived_max_model_len({"num_hidden_layers": 1})[0] is None
+
+
+class TestWeightsAsServed:
+    """--dtype and --quantization change what the GPU holds, not what the checkpoint stores."""
+
+    H100 = Hardware(gpus=1, gpu_memory_gib=79.19)
+    LLAMA = "Meta-Llama-3.1-8B-Instruct"
+
+    def weights_gib(self, args, **kw):
+        p = plan(real_config(self.LLAMA), self.H100, ServingArgs.from_config({"max_model_len": 8192, **args}), **kw)
+        return p.data["weights_bytes_per_rank"][0] / GiB, p
+
+    def test_online_fp8_quantizes_the_linear_layers_and_keeps_the_embeddings(self):
+        bf16, _ = self.weights_gib({})
+        fp8, p = self.weights_gib({"quantization": "fp8"})
+        # 8,030,261,248 parameters: the two 128,256 x 4,096 embeddings stay at 2 B, the rest drop to 1 B
+        embeddings = 2 * 128256 * 4096
+        assert fp8 == pytest.approx(bf16 - (8030261248 - embeddings) / GiB, abs=0.01)
+        assert p.facts["weights_bytes"]["kind"] == "estimated"
+        assert "served with quantization fp8" in p.facts["weights_bytes"]["source"]
+
+    def test_float32_doubles_the_weights_and_the_kv_cache(self):
+        bf16, p16 = self.weights_gib({})
+        fp32, p32 = self.weights_gib({"dtype": "float32"})
+        assert fp32 == pytest.approx(2 * bf16, rel=1e-6)
+        assert p32.data["kv_cache_bytes_per_token"] == 2 * p16.data["kv_cache_bytes_per_token"]
+
+    def test_a_measured_size_is_scaled_and_says_so(self):
+        measured = WeightsSize(16_060_522_496, "measured", "staged files")
+        fp32, p = self.weights_gib({"dtype": "float32"}, weights=measured)
+        assert fp32 == pytest.approx(2 * 16_060_522_496 / GiB, rel=1e-4)
+        assert p.facts["weights_bytes"]["source"].startswith("staged files (measured), times 2.0000 for dtype float32")
+        same, q = self.weights_gib({"dtype": "bfloat16"}, weights=measured)  # the checkpoint's own dtype: unchanged
+        assert q.facts["weights_bytes"]["kind"] == "measured"
+
+    def test_an_online_quantization_it_cannot_size_is_said(self):
+        _, p = self.weights_gib({"quantization": "bitsandbytes"})
+        assert any(r.startswith("Weights: quantization bitsandbytes of an unquantized checkpoint is not one the planner "
+                                "can size") for r in p.reasons)

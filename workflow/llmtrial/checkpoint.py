@@ -304,3 +304,26 @@ def estimate(config: Mapping[str, Any]) -> WeightsSize:
     parts, how = part_bytes(config)
     return WeightsSize(sum(parts.values()), "estimated", f"estimate from parameters and quantization ({how})",
                        parts=parts)
+
+
+def served(config: Mapping[str, Any], *, dtype: str | None = None, quantization: str | None = None
+           ) -> tuple[Mapping[str, Any] | None, str]:
+    """config.json as vLLM holds the model on the GPU under ``--dtype`` and ``--quantization``: the
+    model's dtype replaced, and an unquantized checkpoint quantized online to FP8 (vLLM's linear and
+    MoE layers take FP8 weights with per-tensor scales; embeddings and the head stay at the dtype).
+    (None, "") when the args change nothing; (None, why) when they change what the planner cannot size."""
+    quantized = bool(config.get("quantization_config") or text_config(config).get("quantization_config"))
+    out: dict[str, Any] = dict(config)
+    said = []
+    if dtype and dtype != "auto" and str(config.get("torch_dtype", "")).replace("torch.", "") != dtype:
+        out["torch_dtype"] = dtype
+        if "text_config" in out:
+            out["text_config"] = {**out["text_config"], "torch_dtype": dtype}
+        said.append(f"dtype {dtype}")
+    if quantization and not quantized:
+        if quantization != "fp8":
+            return None, (f"quantization {quantization} of an unquantized checkpoint is not one the planner can size "
+                          "(it knows online fp8)")
+        out["quantization_config"] = {"quant_method": "fp8"}
+        said.append("quantization fp8 (online, per-tensor scales)")
+    return (out, ", ".join(said)) if said else (None, "")

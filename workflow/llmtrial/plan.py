@@ -22,7 +22,6 @@ budget follows vLLM's own accounting term by term (:mod:`llmtrial.budget`).
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,9 +30,8 @@ from llmtrial import budget, checkpoint
 from llmtrial.budget import MemoryTerms
 from llmtrial.ceiling import plan_ceiling
 from llmtrial.checkpoint import WeightsSize
-from llmtrial.checks import check
-from llmtrial.preflight import check_allocator, check_nccl_interfaces
-from llmtrial.probes import peer_check, selected_gpus
+from llmtrial.launch_checks import configuration_checks, refusals
+from llmtrial.plan_inputs import Hardware, ServingArgs
 from llmtrial.records import fact
 from llmtrial.shape import (
     DEFAULT_CPU_BLOCK_SIZE,
@@ -52,85 +50,9 @@ from llmtrial.shape import (
 GiB = 1024**3
 #: KV space per worker the plan assumes on a CPU host when none is configured.
 ASSUMED_CPU_KV_GIB = 4.0
-#: GPU architectures DeepGEMM has kernels for (compute capability major.minor).
-DEEPGEMM_ARCHS = ((9, 0), (10, 0))
 
 
 # --------------------------------------------------------------------------- inputs
-
-
-@dataclass
-class Hardware:
-    """Where the model runs: GPUs and usable memory each, or a CPU KV space per worker."""
-
-    gpus: int = 0
-    gpu_memory_gib: float | None = None
-    cpu_kv_space_gib: float | None = None  # VLLM_CPU_KVCACHE_SPACE
-    cpu_kv_space_assumed: bool = False  # True when the KV space is a guess, not the configured value
-
-    @property
-    def is_cpu(self) -> bool:
-        return self.gpus == 0
-
-
-def _flag(value: Any) -> bool:
-    return value is True or str(value).lower() in ("true", "1", "yes", "")
-
-
-@dataclass
-class ServingArgs:
-    """The vLLM arguments that change memory, from a configuration's args and env."""
-
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    enable_expert_parallel: bool = False
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    kv_cache_dtype: str = "auto"
-    cpu_offload_gb: float = 0.0
-    cpu_offload_params: tuple[str, ...] = ()
-    kv_cache_memory_bytes: int | None = None
-    block_size: int | None = None
-    pp_layer_partition: list[int] | None = None
-    dtype: str | None = None
-    enforce_eager: bool = False
-    cudagraphs_in_budget: bool = True  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS (vLLM >= 0.21)
-
-    @classmethod
-    def from_config(cls, args: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ServingArgs:
-        """From a configuration's ``args`` mapping (dashes or underscores) and ``env``."""
-        norm = {str(k).lstrip("-").replace("-", "_"): v for k, v in args.items()}
-        norm.setdefault("kv_cache_memory_bytes", norm.get("kv_cache_memory"))
-        out = cls()
-        for name, conv in (("tensor_parallel_size", int), ("pipeline_parallel_size", int),
-                           ("gpu_memory_utilization", float), ("max_model_len", int), ("max_num_seqs", int),
-                           ("max_num_batched_tokens", int), ("cpu_offload_gb", float), ("block_size", int),
-                           ("kv_cache_memory_bytes", int)):
-            if norm.get(name) is not None:
-                setattr(out, name, conv(norm[name]))
-        for short, name in (("tp", "tensor_parallel_size"), ("pp", "pipeline_parallel_size")):
-            if norm.get(short) is not None:
-                setattr(out, name, int(norm[short]))
-        if norm.get("kv_cache_dtype"):
-            out.kv_cache_dtype = str(norm["kv_cache_dtype"])
-        if norm.get("dtype") and str(norm["dtype"]) != "auto":
-            out.dtype = str(norm["dtype"])
-        params = norm.get("cpu_offload_params")
-        if params:
-            out.cpu_offload_params = tuple(params if isinstance(params, (list, tuple)) else str(params).split(","))
-        out.enable_expert_parallel = "enable_expert_parallel" in norm and _flag(norm["enable_expert_parallel"])
-        out.enforce_eager = "enforce_eager" in norm and _flag(norm["enforce_eager"])
-        env = env or {}
-        out.cudagraphs_in_budget = str(env.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1")) != "0"
-        partition = env.get("VLLM_PP_LAYER_PARTITION")
-        if partition:
-            try:
-                out.pp_layer_partition = [int(x) for x in str(partition).split(",")]
-            except ValueError:
-                raise PlanError(f"VLLM_PP_LAYER_PARTITION {partition!r} is not a comma-separated list of integers") from None
-        return out
 
 
 @dataclass
@@ -152,30 +74,6 @@ class Plan:
 
 
 # --------------------------------------------------------------------------- arithmetic
-
-
-def _blocking(shape: ModelShape, hardware: Hardware, args: ServingArgs) -> tuple[list[str], list[str]]:
-    """(reasons vLLM would refuse the configuration for in a second, other remarks)."""
-    tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
-    blocking: list[str] = []
-    reasons: list[str] = []
-    if not hardware.is_cpu and tp * pp > hardware.gpus:
-        blocking.append(f"TP x PP = {tp * pp} GPUs asked, {hardware.gpus} available.")
-    if shape.num_heads % tp:
-        blocking.append(f"Total number of attention heads ({shape.num_heads}) must be divisible by tensor parallel "
-                        f"size ({tp}): pick a TP size that divides {shape.num_heads}.")
-    if shape.mla_kv_dim is None and tp > shape.num_kv_heads and tp % shape.num_kv_heads:
-        blocking.append(f"TP {tp} exceeds the {shape.num_kv_heads} KV heads and is not a multiple of them.")
-    elif shape.mla_kv_dim is None and tp <= shape.num_kv_heads and shape.num_kv_heads % tp:
-        blocking.append(f"KV heads ({shape.num_kv_heads}) must be divisible by tensor parallel size ({tp}).")
-    if shape.mla_kv_dim is None and tp > shape.num_kv_heads and not blocking:
-        reasons.append(f"TP {tp} exceeds the {shape.num_kv_heads} KV heads: each rank replicates one KV head, "
-                       "so KV memory does not shrink further with TP.")
-    if shape.num_experts and args.enable_expert_parallel and shape.num_experts % tp:
-        blocking.append(f"{shape.num_experts} experts cannot be split evenly over an expert parallel size of {tp}.")
-    if pp > shape.num_layers:
-        blocking.append(f"Pipeline parallel size {pp} exceeds the {shape.num_layers} layers.")
-    return blocking, reasons
 
 
 @dataclass(frozen=True)
@@ -239,10 +137,29 @@ def _offload(args: ServingArgs, lay: Layout, stages: list[int], stage_bytes: lis
     return out
 
 
-def _weights(config: Mapping[str, Any], weights: WeightsSize | None) -> WeightsSize:
-    """The weights to plan on: those given, else the estimate from config.json (raises
-    :class:`checkpoint.UnknownCheckpoint` with the reason when there is none)."""
-    return weights if weights is not None else checkpoint.estimate(config)
+def _weights(config: Mapping[str, Any], weights: WeightsSize | None, args: ServingArgs,
+             reasons: list[str]) -> WeightsSize:
+    """The weights to plan on, as vLLM holds them: those given, else the estimate from config.json
+    (raises :class:`checkpoint.UnknownCheckpoint` with the reason when there is none); where
+    ``--dtype`` or ``--quantization`` changes them on the GPU, the estimate as served (a size given
+    or measured on disk is scaled by the estimates' ratio)."""
+    stored = weights if weights is not None else checkpoint.estimate(config)
+    as_served, what = checkpoint.served(config, dtype=args.dtype, quantization=args.quantization)
+    if as_served is None:
+        if what:
+            reasons.append(f"Weights: {what}; planned at the checkpoint's size.")
+        return stored
+    try:
+        est = checkpoint.estimate(as_served)
+        ratio = est.bytes / max(1, checkpoint.estimate(config).bytes) if weights is not None else 1.0
+    except checkpoint.UnknownCheckpoint as exc:
+        reasons.append(f"Weights: served with {what}, which the planner cannot size ({exc}); planned at the "
+                       "checkpoint's size.")
+        return stored
+    if weights is None:
+        return WeightsSize(est.bytes, "estimated", f"{est.source}, served with {what}", parts=est.parts)
+    return WeightsSize(int(stored.bytes * ratio), "estimated",
+                       f"{stored.source} ({stored.kind}), times {ratio:.4f} for {what} (the estimates' ratio)")
 
 
 def _kv_per_token(shape: ModelShape, args: ServingArgs, stages: list[int], reasons: list[str]) -> tuple[int, list[int]]:
@@ -355,14 +272,14 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
     extras = extras or Extras()
     shape = model_shape(config, dtype=args.dtype)
     tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
-    blocking, reasons = _blocking(shape, hardware, args)
+    blocking, reasons = refusals(shape, config, hardware, args)
     try:
         stages = split_layers(shape.num_layers, pp, args.pp_layer_partition)
     except PlanError as exc:
         blocking.append(str(exc))
         stages = split_layers(shape.num_layers, pp)
     try:
-        size = _weights(config, weights)
+        size = _weights(config, weights, args, reasons)
     except checkpoint.UnknownCheckpoint as exc:
         if not hardware.is_cpu:
             return Plan("does_not_fit" if blocking else "unknown", blocking + [f"Weights: {exc}"],
@@ -420,64 +337,6 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
 
 
 # --------------------------------------------------------------------------- the plan record
-
-
-def cpu_binding_check(workers: int, hosts: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
-    """VLLM_CPU_OMP_THREADS_BIND against the workers each host runs: ``hosts`` maps a host
-    (a node of a multi-node configuration, each running its share of the workers) to the
-    environment its workers see."""
-    per_host = max(1, workers // max(1, len(hosts)))
-    problems, seen = [], []
-    for name, env in hosts.items():
-        bind = env.get("VLLM_CPU_OMP_THREADS_BIND")
-        where = f" on node {name}" if len(hosts) > 1 else ""
-        if per_host > 1 and not bind:
-            problems.append(f"TP x PP = {per_host} workers{where or ' on a CPU host'} need VLLM_CPU_OMP_THREADS_BIND "
-                            "(one core list per worker, such as 0|1), else the engine asserts 'Not enough allowed "
-                            "NUMA nodes to bind threads'")
-        elif bind and bind not in ("auto", "nobind") and len(bind.split("|")) != per_host:
-            problems.append(f"VLLM_CPU_OMP_THREADS_BIND={bind}{where} lists {len(bind.split('|'))} core sets for "
-                            f"{per_host} workers")
-        seen.append(f"{bind or 'auto'}{where}")
-    if problems:
-        return check("cpu_thread_binding", "fail", "; ".join(problems))
-    return check("cpu_thread_binding", "ok", f"{workers} worker(s); binding {', '.join(seen)}")
-
-
-def configuration_checks(*, args: ServingArgs, env: Mapping[str, str], gpus: Mapping[str, Any],
-                         model_config: Mapping[str, Any], is_cpu: bool,
-                         nodes_env: Mapping[str, Mapping[str, str]] | None = None,
-                         name: str = "this configuration") -> list[dict[str, Any]]:
-    """Checks that depend on one configuration's args and env (merged over the host's);
-    ``nodes_env`` gives each node's own env when the configuration spans several. On a GPU host,
-    peer access between the GPUs it splits over (the first TP x PP selected GPUs, in the order
-    the servers see them)."""
-    server_env = {"server": {**os.environ, **env}}
-    out = [check_allocator(server_env), check_nccl_interfaces(server_env)]
-    workers = args.tensor_parallel_size * args.pipeline_parallel_size
-    if is_cpu:
-        hosts = {name: {**env, **node_env} for name, node_env in nodes_env.items()} if nodes_env else {"": env}
-        out.append(cpu_binding_check(workers, hosts))
-        out.append(check("deepgemm", "skip", "CPU host"))
-        return out
-    out.append(check("cpu_thread_binding", "skip", "GPU host"))
-    out.append(peer_check(gpus.get("peer_access") or {}, selected_gpus(gpus)[:workers], {name: workers}))
-    quant = (model_config.get("quantization_config") or {})
-    block_fp8 = str(quant.get("quant_method", "")).lower() == "fp8" and quant.get("weight_block_size")
-    archs = {tuple(d["compute_capability"]) for d in gpus.get("devices", []) if d.get("compute_capability")}
-    unsupported = sorted(a for a in archs if a not in DEEPGEMM_ARCHS)
-    if not block_fp8:
-        out.append(check("deepgemm", "skip", "not a block-FP8 checkpoint"))
-    elif env.get("VLLM_USE_DEEP_GEMM", "1") == "0":
-        out.append(check("deepgemm", "ok", "block-FP8 checkpoint with VLLM_USE_DEEP_GEMM=0"))
-    elif unsupported:
-        out.append(check("deepgemm", "fail",
-                         f"block-FP8 checkpoint (weight_block_size {quant.get('weight_block_size')}) on GPUs of compute "
-                         f"capability {', '.join(f'{a[0]}.{a[1]}' for a in unsupported)}, which DeepGEMM does not support "
-                         "('Unknown SF transformation' at startup): set VLLM_USE_DEEP_GEMM=0 in the configuration's env"))
-    else:
-        out.append(check("deepgemm", "ok", "block-FP8 checkpoint on GPUs DeepGEMM supports"))
-    return out
 
 
 def _hardware(hardware: Mapping[str, Any], gpus: Mapping[str, Any], env: Mapping[str, str]) -> Hardware:

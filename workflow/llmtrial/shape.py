@@ -143,6 +143,35 @@ def model_shape(config: Mapping[str, Any], *, dtype: str | None = None) -> Model
     )
 
 
+#: The config.json keys vLLM takes the model's length from (the smallest of those set), in its order.
+MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_sequence_length", "max_seq_length", "seq_len")
+#: RoPE types whose factor vLLM does not apply to the length (their max_position_embeddings already counts it).
+_UNSCALED_ROPE = ("su", "longrope", "llama3", "default", "mrope")
+
+
+def derived_max_model_len(config: Mapping[str, Any]) -> tuple[int | None, str]:
+    """The longest max_model_len vLLM accepts for the model without VLLM_ALLOW_LONG_MAX_MODEL_LEN, as
+    its ``_get_and_verify_max_len`` derives it from config.json: the smallest of :data:`MAX_LEN_KEYS`,
+    times the RoPE scaling factor (from ``original_max_position_embeddings`` for yarn), and the
+    config fields it came from in words. None when config.json sets none of them."""
+    cfg = text_config(config)
+    found = {k: cfg[k] for k in MAX_LEN_KEYS if isinstance(cfg.get(k), (int, float)) and cfg[k] > 0}
+    if not found:
+        return None, "config.json sets none of " + ", ".join(MAX_LEN_KEYS)
+    key = min(found, key=lambda k: found[k])
+    length, where = float(found[key]), f"{key}={found[key]:g}"
+    rope = cfg.get("rope_scaling") or {}
+    kind = rope.get("rope_type") or rope.get("type")
+    factor = rope.get("factor")
+    if isinstance(rope, Mapping) and factor and kind not in _UNSCALED_ROPE and "gemma3" not in str(cfg.get("model_type")):
+        if kind == "yarn" and rope.get("original_max_position_embeddings"):
+            length = float(rope["original_max_position_embeddings"])
+        length *= float(factor)
+        where += f", rope_scaling {kind} factor {factor:g}"
+    return int(length), where
+
+
 def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
     """KV heads each TP rank caches: split when they divide, replicated when TP exceeds them."""
     return max(1, num_kv_heads // tp)
