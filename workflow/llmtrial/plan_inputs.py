@@ -19,6 +19,7 @@ class Hardware:
     gpu_memory_gib: float | None = None
     cpu_kv_space_gib: float | None = None  # VLLM_CPU_KVCACHE_SPACE
     cpu_kv_space_assumed: bool = False  # True when the KV space is a guess, not the configured value
+    peer_access: bool | None = None  # every pair of the GPUs reaches the other directly (None: not known)
 
     @property
     def is_cpu(self) -> bool:
@@ -50,7 +51,8 @@ class ServingArgs:
     dtype: str | None = None
     quantization: str | None = None
     enforce_eager: bool = False
-    cudagraphs_in_budget: bool = True  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS (vLLM >= 0.21)
+    disable_custom_all_reduce: bool = False
+    cudagraphs_in_budget: bool | None = None  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS; None: as the version does
     allow_long_max_model_len: bool = False  # VLLM_ALLOW_LONG_MAX_MODEL_LEN
 
     @property
@@ -84,8 +86,10 @@ class ServingArgs:
             out.cpu_offload_params = tuple(params if isinstance(params, (list, tuple)) else str(params).split(","))
         out.enable_expert_parallel = "enable_expert_parallel" in norm and _flag(norm["enable_expert_parallel"])
         out.enforce_eager = "enforce_eager" in norm and _flag(norm["enforce_eager"])
+        out.disable_custom_all_reduce = "disable_custom_all_reduce" in norm and _flag(norm["disable_custom_all_reduce"])
         env = env or {}
-        out.cudagraphs_in_budget = str(env.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1")) != "0"
+        graphs = env.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS")
+        out.cudagraphs_in_budget = None if graphs is None else str(graphs) != "0"
         out.allow_long_max_model_len = str(env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0")).strip().lower() in ("1", "true")
         partition = env.get("VLLM_PP_LAYER_PARTITION")
         if partition:
