@@ -636,3 +636,19 @@ class TestAccountingByVersion:
         assert r["facts"]["non_torch_bytes"]["value"] == int(2.1 * GiB)
         assert "fitted on vLLM 0.19.0" in r["facts"]["peak_activation_bytes"]["source"]
         assert r["facts"]["cuda_graph_bytes"]["value"] == 0
+
+
+def test_expert_parallel_over_data_parallel_ranks_splits_the_experts_further():
+    mixtral = real_config("Mixtral-8x7B-v0.1")
+    hw = Hardware(gpus=4, gpu_memory_gib=79.19)
+    tp2 = plan(mixtral, hw, ServingArgs.from_config({"tensor_parallel_size": 2, "max_model_len": 8192}))
+    ep4 = plan(mixtral, hw, ServingArgs.from_config({"tensor_parallel_size": 2, "data_parallel_size": 2,
+                                                      "enable_expert_parallel": True, "max_model_len": 8192}))
+    from llmtrial.checkpoint import parameter_parts
+    experts = parameter_parts(mixtral)["experts"] * 2  # bf16
+    # the routed experts over 4 ranks instead of 2; attention, embeddings and the head stay split over TP 2
+    assert tp2.data["weights_bytes_per_rank"][0] - ep4.data["weights_bytes_per_rank"][0] == pytest.approx(
+        experts / 2 - experts / 4, rel=1e-3)
+    odd = plan(mixtral, Hardware(gpus=6, gpu_memory_gib=79.19), ServingArgs.from_config(
+        {"tensor_parallel_size": 2, "data_parallel_size": 3, "enable_expert_parallel": True, "max_model_len": 8192}))
+    assert any("8 experts cannot be split evenly over an expert parallel size of 6" in r for r in odd.reasons)

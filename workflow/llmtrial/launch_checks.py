@@ -64,8 +64,10 @@ def refusals(shape: ModelShape, config: Mapping[str, Any], hardware: Hardware,
     if shape.mla_kv_dim is None and tp > shape.num_kv_heads and not blocking:
         reasons.append(f"TP {tp} exceeds the {shape.num_kv_heads} KV heads: each rank replicates one KV head, "
                        "so KV memory does not shrink further with TP.")
-    if shape.num_experts and args.enable_expert_parallel and shape.num_experts % tp:
-        blocking.append(f"{shape.num_experts} experts cannot be split evenly over an expert parallel size of {tp}.")
+    ep = tp * args.data_parallel_size
+    if shape.num_experts and args.enable_expert_parallel and shape.num_experts % ep:
+        blocking.append(f"{shape.num_experts} experts cannot be split evenly over an expert parallel size of {ep} "
+                        "(data_parallel_size x tensor_parallel_size).")
     if pp > shape.num_layers:
         blocking.append(f"Pipeline parallel size {pp} exceeds the {shape.num_layers} layers.")
     return blocking, reasons

@@ -89,8 +89,11 @@ class Layout:
     layer_replicated: float
     layer_experts: float | None  # None when the architecture's parts are not known
 
-    def stage_bytes(self, layers: int, first: bool, last: bool, tp: int, last_extra: float = 0.0) -> float:
-        out = layers * (self.layer_split / tp + self.layer_replicated)
+    def stage_bytes(self, layers: int, first: bool, last: bool, tp: int, last_extra: float = 0.0, ep: int = 0) -> float:
+        """Bytes one rank of a stage holds; ``ep``: the expert parallel size the routed experts are split
+        over instead of TP (data x tensor parallel with expert parallel on), 0 for none."""
+        experts = (self.layer_experts or 0.0) if ep else 0.0
+        out = layers * ((self.layer_split - experts) / tp + experts / max(1, ep) + self.layer_replicated)
         return out + (self.embed / tp if first else 0.0) + ((self.head + last_extra) / tp if last else 0.0)
 
 
@@ -310,7 +313,8 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
                         facts={"weights_bytes": fact(None, str(exc), kind="unknown", unit="B")})
         size = WeightsSize(0, "unknown", str(exc))  # a CPU KV space does not depend on the weights
     lay = layout(config, shape, size.bytes, pp)
-    stage_bytes = [lay.stage_bytes(n, i == 0, i == pp - 1, tp, extras.last_stage_bytes) for i, n in enumerate(stages)]
+    ep = tp * args.data_parallel_size if args.enable_expert_parallel and lay.layer_experts else 0
+    stage_bytes = [lay.stage_bytes(n, i == 0, i == pp - 1, tp, extras.last_stage_bytes, ep) for i, n in enumerate(stages)]
     offload = _offload(args, lay, stages, stage_bytes, reasons)
     weights_per_rank = [max(0.0, b - o) for b, o in zip(stage_bytes, offload, strict=True)]
     per_token_whole, per_token_rank = _kv_per_token(shape, args, stages, reasons)
