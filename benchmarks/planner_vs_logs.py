@@ -67,6 +67,8 @@ def _one(case: dict[str, Any], config: dict[str, Any], hw: Hardware) -> dict[str
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("truth", type=Path, help="the data set's truth.json (configs are read relative to it)")
+    ap.add_argument("--gpu-memory-gib", type=float, default=79.19,
+                    help="the GPUs' memory where a case did not log it (default: an H100-80GB's 79.19)")
     opts = ap.parse_args(argv)
     data = json.loads(opts.truth.read_text())
     rows, failed = [], []
@@ -75,12 +77,18 @@ def main(argv: list[str] | None = None) -> int:
             continue
         config = json.loads((opts.truth.parent / case["config"]).read_text())
         # llm-d's H100s reach each other over NVLink: vLLM's custom all-reduce runs at TP > 1
-        hw = Hardware(gpus=case["gpus"], gpu_memory_gib=case["logged"].get("total_memory_gib"), peer_access=True)
+        # a run that died before logging the GPU's memory ran on the same GPUs as the others (--gpu-memory-gib)
+        hw = Hardware(gpus=case["gpus"], gpu_memory_gib=case["logged"].get("total_memory_gib") or opts.gpu_memory_gib,
+                      peer_access=True)
         if case["status"] == "ok":
             rows.append(_one(case, config, hw))
         else:
-            p = plan(config, hw, _args(case), vllm_version=case["logged"].get("vllm_version"))
-            failed.append((case["id"], p.verdict, (p.reasons or [""])[0], (case.get("failure_lines") or [""])[0]))
+            try:
+                p = plan(config, hw, _args(case), vllm_version=case["logged"].get("vllm_version"))
+                verdict, reason = p.verdict, (p.reasons or [""])[0]
+            except PlanError as exc:  # a run that died before it logged the GPU's memory
+                verdict, reason = "not planned", str(exc)
+            failed.append((case["id"], verdict, reason, (case.get("failure_lines") or [""])[0]))
     print(f"{'case':58} {'verdict':12} {'weights/rank GiB':>18} {'err':>7} {'KV tokens':>21} {'err':>7} "
           f"{'given':>7} {'non-torch':>11} {'activation':>11}")
     kv_errors, given_errors = [], []

@@ -11,8 +11,8 @@ silent bf16 guess.
 Parts: ``embed`` (token embeddings), ``lm_head`` (the output head; none when tied),
 ``attention`` (q/k/v/o and MLA projections), ``linear_attention`` (projections of
 linear-attention layers), ``mlp`` (dense feed-forward), ``experts`` (routed MoE experts),
-``shared_experts``, ``router`` (MoE gates), ``norms`` and ``other`` (biases, convolution
-and decay parameters). Quantization methods convert linear layers; embeddings, norms,
+``shared_experts``, ``router`` (MoE gates), ``norms``, ``other`` (biases, attention sinks,
+convolution and decay parameters) and ``vision`` (a multimodal model's vision tower and projector). Quantization methods convert linear layers; embeddings, norms,
 routers and ``other`` stay at the model's dtype, and so does whatever the config lists as
 not converted (``modules_to_not_convert``, ``ignored_layers``, compressed-tensors'
 ``ignore``, bitsandbytes' ``llm_int8_skip_modules``).
@@ -66,18 +66,30 @@ class WeightsSize:
 # --------------------------------------------------------------------------- parameter counts
 
 
+#: Model types whose output projection carries a bias when ``attention_bias`` is set (Qwen2's and GLM's do not).
+O_BIAS_TYPES = ("llama", "gpt_oss", "granite", "granitemoe", "granitemoeshared", "mistral")
+#: Model types with four norms a layer (before and after attention and feed-forward).
+SANDWICH_NORM_TYPES = ("gemma2", "gemma3_text", "gemma3", "glm4")
+#: Model types whose embeddings are tied unless config.json says otherwise (their config classes' defaults).
+TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "gemma3", "granite", "granitemoe", "granitemoeshared")
+
+
 def _attention(cfg: Mapping[str, Any], h: int) -> tuple[int, int, int]:
-    """(projection, bias, norm) parameters of one standard attention layer."""
+    """(projection, bias and other, norm) parameters of one standard attention layer."""
     heads = int(cfg["num_attention_heads"])
     head_dim = int(config_value(cfg, "head_dim", default=h // heads))
     kv = int(config_value(cfg, "num_key_value_heads", default=heads))
     q, k = heads * head_dim, kv * head_dim
+    kind = str(cfg.get("model_type", ""))
     # Qwen3-Next's gated attention doubles q_proj
-    gate = q if cfg.get("attn_output_gate", cfg.get("model_type") == "qwen3_next") else 0
+    gate = q if cfg.get("attn_output_gate", kind == "qwen3_next") else 0
     proj = h * (q + gate) + 2 * h * k + q * h
-    bias = q + 2 * k if config_value(cfg, "attention_bias", default=cfg.get("model_type") == "qwen2") else 0
-    norm = 2 * head_dim if cfg.get("model_type", "").startswith("qwen3") else 0  # q_norm, k_norm
-    return proj, bias, norm
+    biased = config_value(cfg, "attention_bias", default=kind in ("qwen2", "glm"))
+    bias = (q + 2 * k + (h if kind in O_BIAS_TYPES else 0)) if biased else 0
+    bias += heads if kind == "gpt_oss" else 0  # gpt-oss's attention sinks, one logit per head
+    # q_norm and k_norm (Llama 4's QK norm is an L2 norm without weights)
+    qk_norm = kind.startswith(("qwen3", "gemma3")) or (cfg.get("use_qk_norm") and kind != "llama4_text")
+    return proj, bias, 2 * head_dim if qk_norm else 0
 
 
 def _mla(cfg: Mapping[str, Any], h: int) -> tuple[int, int]:
@@ -100,13 +112,15 @@ def _linear_attention(cfg: Mapping[str, Any], h: int) -> tuple[int, int, int]:
 
 
 def _is_moe_layer(cfg: Mapping[str, Any], i: int) -> bool:
-    if "first_k_dense_replace" in cfg:  # DeepSeek
+    if "first_k_dense_replace" in cfg:  # DeepSeek, GLM-4.5
         step = int(config_value(cfg, "moe_layer_freq", default=1))
         return i >= int(cfg["first_k_dense_replace"]) and i % step == 0
+    if isinstance(cfg.get("moe_layers"), list):  # Llama 4
+        return i in cfg["moe_layers"]
     if i in (cfg.get("mlp_only_layers") or []):
         return False
-    step = int(config_value(cfg, "decoder_sparse_step", default=1))
-    return (i + 1) % step == 0
+    step = int(config_value(cfg, "decoder_sparse_step", "interleave_moe_layer_step", default=1))
+    return step > 0 and (i + 1) % step == 0
 
 
 def _layer_kinds(cfg: Mapping[str, Any], layers: int) -> list[str]:
@@ -118,15 +132,32 @@ def _add(parts: dict[str, int], **counts: int) -> None:
         parts[k] = parts.get(k, 0) + int(v)
 
 
+def _moe(cfg: Mapping[str, Any], h: int) -> dict[str, int]:
+    """Parameters per part of one MoE feed-forward block: routed experts, shared experts, router."""
+    kind = str(cfg.get("model_type", ""))
+    experts = int(config_value(cfg, "num_experts", "n_routed_experts", "num_local_experts"))
+    inter = int(config_value(cfg, "moe_intermediate_size", default=cfg.get("intermediate_size", 0)))
+    shared = int(config_value(cfg, "shared_expert_intermediate_size", "shared_intermediate_size", default=0)) or \
+        int(config_value(cfg, "n_shared_experts", default=1 if kind == "llama4_text" else 0)) * inter
+    out = {"experts": experts * 3 * h * inter, "router": h * experts, "shared_experts": 3 * h * shared, "other": 0}
+    if cfg.get("shared_expert_intermediate_size"):  # Qwen's sigmoid gate on the shared expert
+        out["router"] += h
+    if cfg.get("topk_method") == "noaux_tc" or kind == "glm4_moe":  # e_score_correction_bias
+        out["other"] += experts
+    if kind == "gpt_oss":  # biases on the router and on every expert's projections
+        out["other"] += experts + experts * (2 * inter + h)
+    return out
+
+
 def _decoder(cfg: Mapping[str, Any], attention: str) -> dict[str, int]:
     """Parameters per part of a decoder-only transformer: dense, MoE, MLA or hybrid."""
     h, layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
-    vocab = int(cfg["vocab_size"])
-    parts = {"embed": vocab * h, "lm_head": 0 if cfg.get("tie_word_embeddings") else vocab * h, "norms": h}
-    experts = int(config_value(cfg, "num_experts", "n_routed_experts", "num_local_experts", default=0))
-    expert_inter = int(config_value(cfg, "moe_intermediate_size", default=cfg.get("intermediate_size", 0)))
-    shared = int(config_value(cfg, "shared_expert_intermediate_size", default=0)) or \
-        int(config_value(cfg, "n_shared_experts", default=0)) * expert_inter
+    vocab, kind = int(cfg["vocab_size"]), str(cfg.get("model_type", ""))
+    tied = config_value(cfg, "tie_word_embeddings", default=kind in TIED_BY_DEFAULT)
+    parts = {"embed": vocab * h, "lm_head": 0 if tied else vocab * h, "norms": h}
+    experts = config_value(cfg, "num_experts", "n_routed_experts", "num_local_experts", default=0)
+    dense = int(config_value(cfg, "intermediate_size_mlp", "intermediate_size", default=0))  # Llama 4's dense width
+    norms = 4 if kind in SANDWICH_NORM_TYPES else 2
     kinds = _layer_kinds(cfg, layers)
     for i in range(layers):
         if attention == "mla":
@@ -138,15 +169,56 @@ def _decoder(cfg: Mapping[str, Any], attention: str) -> dict[str, int]:
         else:
             proj, bias, norm = _attention(cfg, h)
             _add(parts, attention=proj, other=bias, norms=norm)
-        _add(parts, norms=2 * h)
+        _add(parts, norms=norms * h)
         if experts and _is_moe_layer(cfg, i):
-            _add(parts, experts=experts * 3 * h * expert_inter, router=h * experts, shared_experts=3 * h * shared)
-            if cfg.get("shared_expert_intermediate_size"):  # Qwen's sigmoid gate on the shared expert
-                _add(parts, router=h)
-            if cfg.get("topk_method") == "noaux_tc":  # DeepSeek V3's e_score_correction_bias
-                _add(parts, other=experts)
+            _add(parts, **_moe(cfg, h))
         else:
-            _add(parts, mlp=3 * h * int(cfg["intermediate_size"]))
+            _add(parts, mlp=3 * h * dense, other=(2 * dense + h) if cfg.get("mlp_bias") else 0)
+    return parts
+
+
+def _phi(cfg: Mapping[str, Any]) -> dict[str, int]:
+    """Phi-1/Phi-2: one LayerNorm a layer feeding attention and MLP in parallel, biases on every
+    projection and on the head, a two-matrix GELU MLP."""
+    try:  # transformers' keys, or the older phi-msft ones
+        h, layers = int(config_value(cfg, "hidden_size", "n_embd")), int(config_value(cfg, "num_hidden_layers", "n_layer"))
+        heads = int(config_value(cfg, "num_attention_heads", "n_head"))
+    except TypeError:
+        raise KeyError("hidden_size, num_hidden_layers or num_attention_heads") from None
+    vocab, inter = int(cfg["vocab_size"]), int(config_value(cfg, "intermediate_size", "n_inner", default=4 * h))
+    head_dim = h // heads
+    k = int(config_value(cfg, "num_key_value_heads", "n_head_kv", default=heads)) * head_dim
+    qk_norm = 4 * head_dim if cfg.get("qk_layernorm") else 0
+    per = {"attention": h * h + 2 * h * k + h * h, "mlp": 2 * h * inter, "norms": 2 * h + qk_norm,
+           "other": h + 2 * k + h + inter + h}  # q/k/v/dense, fc1 and fc2 biases
+    parts = {p: n * layers for p, n in per.items()}
+    _add(parts, embed=vocab * h, lm_head=0 if cfg.get("tie_word_embeddings") else vocab * h, other=vocab, norms=2 * h)
+    return parts
+
+
+def _vision(config: Mapping[str, Any], text_h: int) -> int:
+    """Parameters of the vision tower vLLM loads with the language model, and of its projector:
+    Llama 4's (class token, patch linear, pixel-shuffle adapter into the text model's width)."""
+    vc = config["vision_config"]
+    vh, inter, layers = int(vc["hidden_size"]), int(vc["intermediate_size"]), int(vc["num_hidden_layers"])
+    patch, image, channels = int(vc["patch_size"]), int(vc["image_size"]), int(vc.get("num_channels", 3))
+    patches = (image // patch) ** 2
+    body = layers * (4 * (vh * vh + vh) + vh * inter + inter + inter * vh + vh + 4 * vh)  # attention, MLP, 2 LayerNorms
+    if vc.get("model_type") == "llama4_vision_model":  # vision_model.* and multi_modal_projector
+        shuffled = int(vh / float(vc["pixel_shuffle_ratio"]) ** 2)
+        adapter = shuffled * int(vc["projector_input_dim"]) + int(vc["projector_input_dim"]) * int(vc["projector_output_dim"])
+        embed = vh + (patches + 1) * vh + channels * patch * patch * vh + 4 * vh  # class, positions, patches, norms
+        return body + embed + adapter + int(vc["vision_output_dim"]) * text_h
+    raise UnknownCheckpoint(f"vision tower {vc.get('model_type')!r} is not one the planner can count")
+
+
+def _multimodal(config: Mapping[str, Any]) -> dict[str, int]:
+    """The language model of a multimodal config.json, and the vision tower vLLM loads with it."""
+    cfg = dict(text_config(config))
+    if "tie_word_embeddings" not in cfg and "tie_word_embeddings" in config:
+        cfg["tie_word_embeddings"] = config["tie_word_embeddings"]
+    parts = _decoder(cfg, "standard")
+    parts["vision"] = _vision(config, int(cfg["hidden_size"]))
     return parts
 
 
@@ -154,22 +226,31 @@ def _decoder(cfg: Mapping[str, Any], attention: str) -> dict[str, int]:
 ARCHITECTURES: dict[str, Callable[[Mapping[str, Any]], dict[str, int]]] = {
     **{a: (lambda c: _decoder(c, "standard")) for a in (
         "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-        "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen3NextForCausalLM")},
+        "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen3NextForCausalLM",
+        "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "GptOssForCausalLM", "Llama4ForCausalLM",
+        "GraniteForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM",
+        "GlmForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM")},
     **{a: (lambda c: _decoder(c, "mla")) for a in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")},
+    "PhiForCausalLM": _phi,
 }
+#: Multimodal architectures, counted from the whole config.json: language model and vision tower.
+MULTIMODAL: dict[str, Callable[[Mapping[str, Any]], dict[str, int]]] = {"Llama4ForConditionalGeneration": _multimodal}
 
 
 def parameter_parts(config: Mapping[str, Any]) -> dict[str, int]:
-    """Parameters per part of the model vLLM loads (a DeepSeek checkpoint's MTP layers are not
-    counted: vLLM skips them unless they serve speculative decoding)."""
+    """Parameters per part of the model vLLM loads (a DeepSeek or GLM-4.5 checkpoint's MTP layers
+    are not counted: vLLM skips them unless they serve speculative decoding). A multimodal model's
+    vision tower and projector, which vLLM loads too, are the part ``vision``."""
     archs = config.get("architectures") or []
     arch = archs[0] if archs else None
-    if arch not in ARCHITECTURES:
+    if arch not in ARCHITECTURES and arch not in MULTIMODAL:
         raise UnknownCheckpoint(f"architecture {arch or '(none in config.json)'} is not one the planner can count "
-                                f"parameters for (known: {', '.join(sorted(ARCHITECTURES))}); give the weight size "
-                                "(--weights-gib, or stage the weights first)")
+                                f"parameters for (known: {', '.join(sorted({*ARCHITECTURES, *MULTIMODAL}))}); give "
+                                "the weight size (--weights-gib, or stage the weights first)")
     try:
-        return ARCHITECTURES[arch](text_config(config))
+        return MULTIMODAL[arch](config) if arch in MULTIMODAL else ARCHITECTURES[arch](text_config(config))
+    except UnknownCheckpoint as exc:
+        raise UnknownCheckpoint(f"{arch}: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:
         raise UnknownCheckpoint(f"{arch}: config.json lacks {exc} needed to count parameters") from None
 

@@ -92,6 +92,9 @@ def layer_kinds(cfg: Mapping[str, Any], num_layers: int, sliding_window: int | N
     interval = cfg.get("full_attention_interval")
     if interval:
         return tuple("full_attention" if (i + 1) % int(interval) == 0 else "state" for i in range(num_layers))
+    interleaved = _interleaved_sliding(cfg, num_layers)
+    if interleaved:
+        return interleaved
     if sliding_window and cfg.get("use_sliding_window", True) is not False:
         window_from = cfg.get("max_window_layers")
         if window_from is not None and cfg.get("use_sliding_window") is True:
@@ -99,6 +102,21 @@ def layer_kinds(cfg: Mapping[str, Any], num_layers: int, sliding_window: int | N
         if cfg.get("use_sliding_window") is None and "max_window_layers" not in cfg:
             return ("sliding_attention",) * num_layers
     return ("full_attention",) * num_layers
+
+
+def _interleaved_sliding(cfg: Mapping[str, Any], num_layers: int) -> tuple[str, ...] | None:
+    """Sliding-window layers interleaved with global ones, where config.json gives no ``layer_types``:
+    Gemma 2 (every other layer, layer 0 sliding), a ``sliding_window_pattern`` n (Gemma 3, Cohere 2:
+    every n-th layer global, the others sliding), Llama 4's chunked attention (on the RoPE layers of
+    ``no_rope_layers``; the NoPE layers, every fourth, attend globally)."""
+    pattern = cfg.get("sliding_window_pattern") or (2 if cfg.get("model_type") == "gemma2" else None)
+    if pattern and config_value(cfg, "sliding_window", "sliding_window_size"):
+        return tuple("sliding_attention" if (i + 1) % int(pattern) else "full_attention" for i in range(num_layers))
+    if cfg.get("attention_chunk_size"):
+        rope = cfg.get("no_rope_layers") or [
+            int((i + 1) % int(config_value(cfg, "no_rope_layer_interval", default=4)) != 0) for i in range(num_layers)]
+        return tuple("sliding_attention" if rope[i] else "full_attention" for i in range(num_layers))
+    return None
 
 
 def model_shape(config: Mapping[str, Any], *, dtype: str | None = None) -> ModelShape:
@@ -116,7 +134,7 @@ def model_shape(config: Mapping[str, Any], *, dtype: str | None = None) -> Model
     dtype_name = dtype_name.replace("torch.", "")
     if dtype_name not in DTYPE_BYTES:
         raise PlanError(f"unknown dtype {dtype_name!r} in config.json")
-    sliding = config_value(cfg, "sliding_window", "attention_window_size")
+    sliding = config_value(cfg, "sliding_window", "attention_window_size", "attention_chunk_size")
     sliding = int(sliding) if isinstance(sliding, (int, float)) and sliding else None
     mla = None
     if cfg.get("kv_lora_rank"):

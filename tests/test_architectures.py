@@ -1,0 +1,90 @@
+"""Architectures the planner counts beyond Llama/Qwen/Mixtral/DeepSeek: parameter counts from real
+config.json files (tests/data/configs, sources in SOURCES.md) against the published counts, and the
+sliding-window layers the shape reads from them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import DATA
+from llmtrial.checkpoint import UnknownCheckpoint, estimate, parameter_parts
+from llmtrial.shape import model_shape
+
+
+def config(name: str) -> dict:
+    return json.loads((DATA / "configs" / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("name,published,within", [
+    # https://huggingface.co/google/gemma-2-9b-it: "Model size 9.24B params"
+    ("gemma-2-9b-it", 9.24e9, 0.005e9),
+    # https://huggingface.co/microsoft/phi-4: "Model size 14.7B params"
+    ("phi-4", 14.7e9, 0.05e9),
+    # https://huggingface.co/microsoft/phi-2: "Model size 2.78B params" (the card's text rounds it down to 2.7 billion)
+    ("phi-2", 2.78e9, 0.005e9),
+    # https://huggingface.co/openai/gpt-oss-20b model card (arXiv 2508.10925, table 1): 20.91B total
+    ("gpt-oss-20b", 20.91e9, 0.005e9),
+])
+def test_parameter_count_matches_the_published_total(name, published, within):
+    assert sum(parameter_parts(config(name)).values()) == pytest.approx(published, abs=within)
+
+
+def test_gemma2_ties_its_head_and_has_four_norms_a_layer():
+    parts = parameter_parts(config("gemma-2-9b-it"))  # config.json leaves tie_word_embeddings to the default
+    assert parts["lm_head"] == 0
+    assert parts["norms"] == 42 * 4 * 3584 + 3584
+
+
+def test_gpt_oss_active_parameters():
+    # gpt-oss model card: 3.61B active per token (the unembedding counted, the embedding not), 4 of 32 experts
+    cfg = config("gpt-oss-20b")
+    parts = parameter_parts(cfg)
+    active = sum(parts.values()) - parts["embed"] - parts["experts"] * (1 - cfg["num_experts_per_tok"] / 32)
+    assert active == pytest.approx(3.61e9, abs=0.005e9)
+
+
+def test_gpt_oss_mxfp4_prices_only_the_experts():
+    # the Hub's config.json carries this quantization_config; the stored copy does not
+    qc = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    cfg = {**config("gpt-oss-20b"), "quantization_config": qc, "torch_dtype": "bfloat16"}
+    params, size = parameter_parts(cfg), estimate(cfg)
+    assert size.parts["experts"] == round(params["experts"] * (0.5 + 1 / 32))
+    assert size.parts["attention"] == 2 * params["attention"] and size.parts["other"] == 2 * params["other"]
+
+
+def test_phi2_in_the_older_phi_msft_spelling_counts_the_same():
+    cfg = config("phi-2")
+    renamed = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
+               "intermediate_size": "n_inner", "num_key_value_heads": "n_head_kv"}
+    msft = {renamed.get(k, k): v for k, v in cfg.items()}
+    assert parameter_parts(msft) == parameter_parts(cfg)
+
+
+def test_gemma2_slides_every_other_layer_from_layer_0():
+    cfg = config("gemma-2-9b-it")  # no layer_types: Gemma 2's layers alternate, layer 0 sliding
+    shape = model_shape(cfg)
+    assert shape.layer_kinds == tuple("sliding_attention" if i % 2 == 0 else "full_attention" for i in range(42))
+    assert shape.sliding_window == 4096
+
+
+def test_gpt_oss_layer_kinds_follow_its_layer_types():
+    cfg = config("gpt-oss-20b")
+    assert model_shape(cfg).layer_kinds == tuple(cfg["layer_types"])
+    assert model_shape(cfg).layer_kinds.count("sliding_attention") == 12
+
+
+def test_phi4_has_no_sliding_layers():
+    assert set(model_shape(config("phi-4")).layer_kinds) == {"full_attention"}
+
+
+def test_what_it_still_cannot_count_stays_unknown_with_the_reason():
+    with pytest.raises(UnknownCheckpoint, match="MixFormerSequentialForCausalLM is not one"):
+        parameter_parts({**config("phi-2"), "architectures": ["MixFormerSequentialForCausalLM"]})
+    odd_vision = {"architectures": ["Llama4ForConditionalGeneration"], "text_config": config("phi-4"),
+                  "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024, "intermediate_size": 4096,
+                                    "num_hidden_layers": 24, "patch_size": 14, "image_size": 336}}
+    with pytest.raises(UnknownCheckpoint, match="vision tower 'clip_vision_model'"):
+        parameter_parts(odd_vision)
