@@ -652,3 +652,17 @@ def test_expert_parallel_over_data_parallel_ranks_splits_the_experts_further():
     odd = plan(mixtral, Hardware(gpus=6, gpu_memory_gib=79.19), ServingArgs.from_config(
         {"tensor_parallel_size": 2, "data_parallel_size": 3, "enable_expert_parallel": True, "max_model_len": 8192}))
     assert any("8 experts cannot be split evenly over an expert parallel size of 6" in r for r in odd.reasons)
+
+
+def test_a_draft_model_for_speculative_decoding_is_named_when_its_size_is_not_given():
+    llama = real_config("Meta-Llama-3.1-8B-Instruct")
+    hw = Hardware(gpus=1, gpu_memory_gib=79.19)
+    draft = {"speculative_config": '{"model": "meta-llama/Llama-3.2-1B-Instruct", "num_speculative_tokens": 5}'}
+    p = plan(llama, hw, ServingArgs.from_config({"max_model_len": 8192, **draft}))
+    assert any(r.startswith("speculative_config's draft model meta-llama/Llama-3.2-1B-Instruct is not counted") for r in
+               p.reasons)
+    given = plan(llama, hw, ServingArgs.from_config({"max_model_len": 8192, **draft}), extras=Extras(last_stage_bytes=GiB))
+    assert not any("draft model" in r for r in given.reasons)
+    ngram = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}}
+    assert not any("draft model" in r for r in plan(llama, hw, ServingArgs.from_config({"max_model_len": 8192,
+                                                                                          **ngram})).reasons)

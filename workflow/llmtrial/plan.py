@@ -338,6 +338,9 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
         verdict = "fits_with_offload"
         reasons.append(f"Fits with {max(offload) / GiB:.2f} GiB per GPU offloaded to CPU memory (slower: weights "
                        "cross the host link on every step).")
+    if args.draft_model and not extras.last_stage_bytes:
+        reasons.append(f"speculative_config's draft model {args.draft_model} is not counted (its weights and KV sit "
+                       "beside the target's): give its size as plan.last_stage_extra_gib.")
     recommended = _partition(shape, pp, tp, lay, extras, reasons)
     facts.update(_figures(size, weights_per_rank, offload, per_token_whole, per_token_rank, avail, avail_kind,
                           avail_source, tokens, concurrency))

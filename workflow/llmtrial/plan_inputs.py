@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,20 @@ class Hardware:
     @property
     def is_cpu(self) -> bool:
         return self.gpus == 0
+
+
+def _draft_model(spec: Any) -> str | None:
+    """The draft model a ``speculative_config`` (a mapping or its JSON) loads beside the target, or None
+    (no speculation, or a method without weights of its own: ngram, the target's own MTP layers)."""
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except ValueError:
+            return None
+    if not isinstance(spec, Mapping) or str(spec.get("method", "")).lower() in ("ngram", "mtp", "suffix"):
+        return None
+    model = spec.get("model")
+    return str(model) if model and str(model) not in ("[ngram]", "ngram") else None
 
 
 def _flag(value: Any) -> bool:
@@ -50,6 +65,7 @@ class ServingArgs:
     pp_layer_partition: list[int] | None = None
     dtype: str | None = None
     quantization: str | None = None
+    draft_model: str | None = None  # speculative_config's draft model, when it names one
     enforce_eager: bool = False
     disable_custom_all_reduce: bool = False
     cudagraphs_in_budget: bool | None = None  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS; None: as the version does
@@ -79,6 +95,7 @@ class ServingArgs:
             out.kv_cache_dtype = str(norm["kv_cache_dtype"])
         if norm.get("dtype") and str(norm["dtype"]) != "auto":
             out.dtype = str(norm["dtype"])
+        out.draft_model = _draft_model(norm.get("speculative_config"))
         if norm.get("quantization"):
             out.quantization = str(norm["quantization"]).lower()
         params = norm.get("cpu_offload_params")
