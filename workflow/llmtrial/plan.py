@@ -22,7 +22,7 @@ budget follows vLLM's own accounting term by term (:mod:`llmtrial.budget`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,6 +291,35 @@ def _figures(size: WeightsSize, weights_per_rank: list[float], offload: list[flo
     }
 
 
+def _placement(config: Mapping[str, Any], shape: ModelShape, size: WeightsSize, args: ServingArgs, stages: list[int],
+               extras: Extras, reasons: list[str]) -> tuple[Layout, list[float], list[float]]:
+    """Where the weights sit: their layout, the bytes each rank offloads, and the bytes each rank holds
+    (the routed experts over data x tensor parallel ranks with expert parallel, the rest over TP)."""
+    tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
+    lay = layout(config, shape, size.bytes, pp)
+    ep = tp * args.data_parallel_size if args.enable_expert_parallel and lay.layer_experts else 0
+    stage_bytes = [lay.stage_bytes(n, i == 0, i == pp - 1, tp, extras.last_stage_bytes, ep) for i, n in enumerate(stages)]
+    offload = _offload(args, lay, stages, stage_bytes, reasons)
+    if args.draft_model and not extras.last_stage_bytes:
+        reasons.append(f"speculative_config's draft model {args.draft_model} is not counted (its weights and KV sit "
+                       "beside the target's): give its size as plan.last_stage_extra_gib.")
+    return lay, offload, [max(0.0, b - o) for b, o in zip(stage_bytes, offload, strict=True)]
+
+
+def _capacity(avail: list[float], per_token_rank: list[int], block_size: int, max_len: int, blocking: list[str],
+              shortfall: Callable[[], str]) -> tuple[int, int, float]:
+    """KV blocks, tokens and concurrency; a reason in ``blocking`` where no memory is left or one
+    request at max_model_len does not fit."""
+    if min(avail) <= 0:
+        blocking.append(shortfall())
+        return 0, 0, 0.0
+    blocks, tokens, concurrency = predict_kv_tokens(avail, per_token_rank, block_size, max_len)
+    if concurrency < 1:
+        blocking.append(f"The KV cache holds {tokens:,} tokens, less than one request at max_model_len {max_len:,}: "
+                        f"lower max_model_len to at most {blocks * block_size:,} or free memory.")
+    return blocks, tokens, concurrency
+
+
 def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, weights: WeightsSize | None = None,
          available_kv_gib: float | None = None, contexts: list[int] | None = None, extras: Extras | None = None,
          memory: MemoryTerms | None = None, vllm_version: str | None = None) -> Plan:
@@ -312,11 +341,7 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
             return Plan("does_not_fit" if blocking else "unknown", blocking + [f"Weights: {exc}"],
                         facts={"weights_bytes": fact(None, str(exc), kind="unknown", unit="B")})
         size = WeightsSize(0, "unknown", str(exc))  # a CPU KV space does not depend on the weights
-    lay = layout(config, shape, size.bytes, pp)
-    ep = tp * args.data_parallel_size if args.enable_expert_parallel and lay.layer_experts else 0
-    stage_bytes = [lay.stage_bytes(n, i == 0, i == pp - 1, tp, extras.last_stage_bytes, ep) for i, n in enumerate(stages)]
-    offload = _offload(args, lay, stages, stage_bytes, reasons)
-    weights_per_rank = [max(0.0, b - o) for b, o in zip(stage_bytes, offload, strict=True)]
+    lay, offload, weights_per_rank = _placement(config, shape, size, args, stages, extras, reasons)
     per_token_whole, per_token_rank = _kv_per_token(shape, args, stages, reasons)
     facts: dict[str, dict[str, Any]] = {"weights_bytes": size.fact()}
     avail, avail_kind, avail_source = _kv_memory(hardware, args, shape, weights_per_rank, size.kind, available_kv_gib,
@@ -324,23 +349,13 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
                                                  moe_bytes_per_token=_moe_bytes_per_token(config, shape, tp))
     block_size = _block_size(shape, hardware, args)
     max_len = args.max_model_len or shape.max_position_embeddings
-    blocks = tokens = 0
-    concurrency = 0.0
-    if min(avail) <= 0:
-        blocking.append(_shortfall(facts, weights_per_rank, avail))
-    else:
-        blocks, tokens, concurrency = predict_kv_tokens(avail, per_token_rank, block_size, max_len)
-        if concurrency < 1:
-            blocking.append(f"The KV cache holds {tokens:,} tokens, less than one request at max_model_len {max_len:,}: "
-                            f"lower max_model_len to at most {blocks * block_size:,} or free memory.")
+    blocks, tokens, concurrency = _capacity(avail, per_token_rank, block_size, max_len, blocking,
+                                            lambda: _shortfall(facts, weights_per_rank, avail))
     verdict = "does_not_fit" if blocking else "fits"
     if not blocking and not hardware.is_cpu and any(offload):
         verdict = "fits_with_offload"
         reasons.append(f"Fits with {max(offload) / GiB:.2f} GiB per GPU offloaded to CPU memory (slower: weights "
                        "cross the host link on every step).")
-    if args.draft_model and not extras.last_stage_bytes:
-        reasons.append(f"speculative_config's draft model {args.draft_model} is not counted (its weights and KV sit "
-                       "beside the target's): give its size as plan.last_stage_extra_gib.")
     recommended = _partition(shape, pp, tp, lay, extras, reasons)
     facts.update(_figures(size, weights_per_rank, offload, per_token_whole, per_token_rank, avail, avail_kind,
                           avail_source, tokens, concurrency))
