@@ -301,6 +301,7 @@ def probe(env: dict[str, str], read_only: bool = False) -> dict[str, str]:
     return {"all": text, "on": on, "off": off}
 
 
+@pytest.mark.slow  # imports vLLM's CPU worker in a fresh interpreter
 def test_mode_file_the_flag_switches_the_patched_behaviour(work):
     apply_patches({DEMO: {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir)
     seen = probe({})
@@ -318,6 +319,7 @@ def tree_state(root: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
+@pytest.mark.slow  # imports vLLM's CPU worker in a fresh interpreter
 def test_mode_plugin_switches_the_behaviour_without_writing_site_packages(work):
     record = apply_patches({DEMO: {"mode": "plugin"}}, ledger=work.ledger, work_dir=work.dir)
     [patch] = record["patches"]

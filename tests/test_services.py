@@ -142,6 +142,7 @@ class TestSupervisor:
         assert restore(ledger.entries(), ledger)["services"] == []
         assert status(supervisor, "idle") == "STOPPED"
 
+    @pytest.mark.slow  # waits out the health check's timeout of a service that stays down
     def test_a_service_that_will_not_come_back_is_a_residue(self, supervisor, tmp_path):
         ledger = Ledger(tmp_path / "ledger.jsonl")
         web = supervised(supervisor, "web", health_s=3)
