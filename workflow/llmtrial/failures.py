@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmtrial.logs import LogLine, continued, log_lines
+from llmtrial.logs import LogLine, continued, log_lines, spaced
 
 __all__ = ["FAILURE_PATTERNS", "FailurePattern", "diagnose_failure", "oom_phase"]
 
@@ -77,7 +77,7 @@ def _any(*alternatives: str) -> re.Pattern[str]:
 
 def _spaced(*alternatives: str) -> re.Pattern[str]:
     """:func:`_any` with every literal space allowing any spacing (for messages a terminal wraps)."""
-    return _any(*(a.replace(" ", r"\s*") for a in alternatives))
+    return _any(*(spaced(a) for a in alternatives))
 
 
 # ------------------------------------------------------------------ out of memory

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LogLine", "continued", "find_lines", "log_lines", "read_log", "strip_ansi", "tail"]
+__all__ = ["LogLine", "continued", "find_lines", "log_lines", "read_log", "spaced", "strip_ansi", "tail"]
 
 _ANSI = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves (ESC [ ... final byte)
@@ -125,6 +125,12 @@ def continued(lines: list[LogLine], i: int, most: int = 8) -> str:
             break
         parts.append(line.text)
     return "".join(parts)
+
+
+def spaced(pattern: str) -> str:
+    """``pattern`` with every literal space allowing any spacing, none included: the form in which a
+    message :func:`continued` rejoined from a terminal's wrap still matches."""
+    return pattern.replace(" ", r"\s*")
 
 
 def find_lines(text: str, regex: re.Pattern[str], source: str = "server.log") -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from llmtrial.logs import LogLine, continued, log_lines
+from llmtrial.logs import LogLine, continued, log_lines, spaced
 from llmtrial.records import fact
 
 __all__ = ["STARTUP_LINES", "StartupLine", "logged_gib", "parse_startup"]
@@ -40,12 +40,6 @@ _GB_NOTE = "vLLM computes this figure as bytes / 2**30 (GiB) and labels it GB"
 
 def _int(s: str) -> int:
     return int(s.replace(",", ""))
-
-
-def _spaced(pattern: str) -> str:
-    """``pattern`` with every literal space allowing any spacing, none included: the form in
-    which a message wrapped by a terminal (and rejoined without separators) still matches."""
-    return pattern.replace(" ", r"\s*")
 
 
 @dataclass(frozen=True)
@@ -80,7 +74,7 @@ class StartupLine:
     @classmethod
     def wrapped(cls, anchor: str, *terms: tuple[str, tuple[Figure, ...]]) -> StartupLine:
         """A long message that a terminal may wrap: terms are searched with any spacing."""
-        return cls(re.compile(_spaced(anchor)), tuple((re.compile(_spaced(t)), f) for t, f in terms), wraps=True)
+        return cls(re.compile(spaced(anchor)), tuple((re.compile(spaced(t)), f) for t, f in terms), wraps=True)
 
 
 def _gib(key: str, group: str = "v") -> Figure:
