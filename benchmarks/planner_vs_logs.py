@@ -11,7 +11,16 @@ successful case with a config it plans twice:
   planner's non-torch and peak-activation terms beside the logged ones, each by the case's vLLM version;
 * given the KV memory vLLM logged: the arithmetic per token alone.
 
-For every failed case it prints the planner's verdict and first reason beside vLLM's failure line.
+and prints the memory outside the budget (``headroom_bytes``: what the utilization leaves free less
+the CUDA graphs and the sampler's warm-up) from config.json and given the logged CUDA graph memory.
+
+For every failed case it prints the planner's verdict and first reason beside vLLM's failure line,
+and the headroom warning where the plan, given the terms the case logged, gives one.
+
+llm-d-planner's harness asks Kubernetes for ``tensor_parallel_size x pipeline_parallel_size`` GPUs
+per pod whatever ``data_parallel_size`` is (``num_gpus = run["tp"] * run["pp"]`` in its
+``accuracy/scripts/sweep_runner.py``), so the GPUs a case saw are that product (``--gpus pod``, the
+default); ``--gpus case`` takes the data set's own ``gpus`` instead.
 
     .venv/bin/python benchmarks/planner_vs_logs.py ../shared/anchors/llmd/truth.json
 """
@@ -25,7 +34,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llmtrial.plan import GiB, Hardware, ServingArgs, plan
+from llmtrial.budget import MemoryTerms
+from llmtrial.plan import GiB, Hardware, Plan, ServingArgs, plan
 from llmtrial.shape import PlanError
 
 
@@ -41,6 +51,17 @@ def _pct(x: float | None) -> str:
     return "     -" if x is None else f"{100 * x:+6.1f}%"
 
 
+def _logged_terms(logged: dict[str, Any]) -> MemoryTerms:
+    """The memory terms the case's first worker logged, as the trial file would give them."""
+    usage = (logged.get("actual_usage_per_worker") or [{}])[0]
+    return MemoryTerms(non_torch_gib=usage.get("non_torch"), peak_activation_gib=usage.get("peak_activation"),
+                       cuda_graph_gib=usage.get("cuda_graph"))
+
+
+def _headroom(p: Plan) -> float | None:
+    return p.facts["headroom_bytes"]["value"] / GiB if "headroom_bytes" in p.facts else None
+
+
 def _one(case: dict[str, Any], config: dict[str, Any], hw: Hardware) -> dict[str, Any]:
     logged = case["logged"]
     args = _args(case)
@@ -48,8 +69,10 @@ def _one(case: dict[str, Any], config: dict[str, Any], hw: Hardware) -> dict[str
         cold = plan(config, hw, args, vllm_version=logged.get("vllm_version"))
         given = plan(config, hw, args, available_kv_gib=logged.get("available_kv_gib_binding"),
                      vllm_version=logged.get("vllm_version"))
+        given_terms = plan(config, hw, args, memory=_logged_terms(logged), vllm_version=logged.get("vllm_version"))
     except PlanError as exc:
         return {"id": case["id"], "verdict": f"error: {exc}"}
+    graphs = cold.facts.get("cuda_graph_outside_bytes") or cold.facts.get("cuda_graph_bytes")
     weights = (cold.data.get("weights_bytes_per_rank") or [None])[0]
     profile = (logged.get("profile_per_worker") or [{}])[0]
     terms = {k: (cold.facts[k]["value"] / GiB if k in cold.facts else None) for k in ("non_torch_bytes",
@@ -61,7 +84,47 @@ def _one(case: dict[str, Any], config: dict[str, Any], hw: Hardware) -> dict[str
         "kv_given": (given.data.get("predicted_kv_cache_tokens"), logged.get("kv_cache_tokens")),
         "non_torch": (terms["non_torch_bytes"], profile.get("non_torch_fwd_gib")),
         "activation": (terms["peak_activation_bytes"], profile.get("torch_peak_gib")),
+        "graphs": (graphs["value"] / GiB if graphs else None, (logged.get("cuda_graph_actual_gib") or [None])[0]),
+        "headroom": (_headroom(cold), _headroom(given_terms)),
     }
+
+
+def _failed(case: dict[str, Any], config: dict[str, Any], hw: Hardware) -> tuple[str, str, str | None]:
+    """The verdict and first blocking reason (else the first reason), and the headroom warning given the
+    case's logged terms (None without one)."""
+    version = case["logged"].get("vllm_version")
+    try:
+        p = plan(config, hw, _args(case), vllm_version=version)
+        given = plan(config, hw, _args(case), memory=_logged_terms(case["logged"]), vllm_version=version)
+    except PlanError as exc:  # a run that died before it logged the GPU's memory
+        return "not planned", str(exc), None
+    warning = next((r for r in given.reasons if r.startswith("Memory outside the KV budget")), None)
+    first = next((r for r in p.reasons if r.startswith("Memory outside the KV budget")), None) \
+        if p.verdict == "fits" else None
+    return p.verdict, first or (p.reasons or [""])[0], warning
+
+
+def _hardware(case: dict[str, Any], opts: argparse.Namespace) -> Hardware:
+    args = case["args"]
+    gpus = case["gpus"] if opts.gpus == "case" else \
+        args.get("tensor_parallel_size", 1) * args.get("pipeline_parallel_size", 1)
+    # llm-d's H100s reach each other over NVLink: vLLM's custom all-reduce runs at TP > 1;
+    # a run that died before logging the GPU's memory ran on the same GPUs as the others (--gpu-memory-gib)
+    return Hardware(gpus=gpus, gpu_memory_gib=case["logged"].get("total_memory_gib") or opts.gpu_memory_gib,
+                    peer_access=True)
+
+
+def _row(r: dict[str, Any]) -> str:
+    (pw, lw), (pk, lk), (gk, _) = r["weights"], r["kv"], r["kv_given"]
+    nt, act, cg, (hc, hg) = r["non_torch"], r["activation"], r["graphs"], r["headroom"]
+    return (f"{r['id'][:58]:58} {r['verdict']:12} {(pw or 0):8.2f}/{(lw or 0):8.2f} {_pct(_error(pw, lw))} "
+            f"{(pk or 0):>10,}/{(lk or 0):>10,} {_pct(_error(pk, lk))} {_pct(_error(gk, lk))} "
+            f"{(nt[0] or 0):5.2f}/{(nt[1] or 0):5.2f} {(act[0] or 0):5.2f}/{(act[1] or 0):5.2f} "
+            f"{(cg[0] or 0):5.2f}/{(cg[1] or 0):5.2f} {_gib(hc)}/{_gib(hg)}")
+
+
+def _gib(x: float | None) -> str:
+    return "    -" if x is None else f"{x:+5.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("truth", type=Path, help="the data set's truth.json (configs are read relative to it)")
     ap.add_argument("--gpu-memory-gib", type=float, default=79.19,
                     help="the GPUs' memory where a case did not log it (default: an H100-80GB's 79.19)")
+    ap.add_argument("--gpus", choices=("pod", "case"), default="pod",
+                    help="the GPUs a case saw: its pod's TP x PP (default, as llm-d's harness asks) or the case's gpus")
     opts = ap.parse_args(argv)
     data = json.loads(opts.truth.read_text())
     rows, failed = [], []
@@ -76,45 +141,36 @@ def main(argv: list[str] | None = None) -> int:
         if not case.get("config"):
             continue
         config = json.loads((opts.truth.parent / case["config"]).read_text())
-        # llm-d's H100s reach each other over NVLink: vLLM's custom all-reduce runs at TP > 1
-        # a run that died before logging the GPU's memory ran on the same GPUs as the others (--gpu-memory-gib)
-        hw = Hardware(gpus=case["gpus"], gpu_memory_gib=case["logged"].get("total_memory_gib") or opts.gpu_memory_gib,
-                      peer_access=True)
         if case["status"] == "ok":
-            rows.append(_one(case, config, hw))
+            rows.append(_one(case, config, _hardware(case, opts)))
         else:
-            try:
-                p = plan(config, hw, _args(case), vllm_version=case["logged"].get("vllm_version"))
-                verdict, reason = p.verdict, (p.reasons or [""])[0]
-            except PlanError as exc:  # a run that died before it logged the GPU's memory
-                verdict, reason = "not planned", str(exc)
-            failed.append((case["id"], verdict, reason, (case.get("failure_lines") or [""])[0]))
+            failed.append((case, *_failed(case, config, _hardware(case, opts))))
     print(f"{'case':58} {'verdict':12} {'weights/rank GiB':>18} {'err':>7} {'KV tokens':>21} {'err':>7} "
-          f"{'given':>7} {'non-torch':>11} {'activation':>11}")
-    kv_errors, given_errors = [], []
+          f"{'given':>7} {'non-torch':>11} {'activation':>11} {'CUDA graphs':>11} {'headroom':>11}")
     for r in rows:
-        if "kv" not in r:
-            print(f"{r['id'][:58]:58} {r['verdict']}")
-            continue
-        (pw, lw), (pk, lk), (gk, _) = r["weights"], r["kv"], r["kv_given"]
-        e, g = _error(pk, lk), _error(gk, lk)
-        kv_errors += [e] if e is not None else []
-        given_errors += [g] if g is not None else []
-        nt, act = r["non_torch"], r["activation"]
-        print(f"{r['id'][:58]:58} {r['verdict']:12} {(pw or 0):8.2f}/{(lw or 0):8.2f} {_pct(_error(pw, lw))} "
-              f"{(pk or 0):>10,}/{(lk or 0):>10,} {_pct(e)} {_pct(g)} "
-              f"{(nt[0] or 0):5.2f}/{(nt[1] or 0):5.2f} {(act[0] or 0):5.2f}/{(act[1] or 0):5.2f}")
+        print(_row(r) if "kv" in r else f"{r['id'][:58]:58} {r['verdict']}")
     print()
-    for fid, verdict, reason, line in failed:
-        print(f"FAILED {fid[:60]:60} planned {verdict}: {reason[:110]}\n       vLLM: {line[:140]}")
-    if kv_errors:
-        within = sum(1 for e in kv_errors if abs(e) <= 0.05)
-        print(f"\nKV tokens from config.json: {within} of {len(rows)} successful cases within 5 % "
-              f"({len(kv_errors)} predicted), median |error| {100 * statistics.median(abs(e) for e in kv_errors):.2f} %")
-    if given_errors:
-        print(f"KV tokens given the logged KV memory: {sum(1 for e in given_errors if abs(e) <= 0.005)} of "
-              f"{len(given_errors)} within 0.5 %")
+    for case, verdict, reason, warning in failed:
+        print(f"FAILED {case['id'][:60]:60} planned {verdict}: {reason[:110]}\n"
+              f"       vLLM: {(case.get('failure_lines') or [''])[0][:140]}"
+              + (f"\n       given the logged terms: {warning[:140]}" if warning else ""))
+    _summary(rows, failed)
     return 0
+
+
+def _summary(rows: list[dict[str, Any]], failed: list[tuple[Any, ...]]) -> None:
+    kv = [e for r in rows if "kv" in r and (e := _error(*r["kv"])) is not None]
+    given = [e for r in rows if "kv" in r and (e := _error(r["kv_given"][0], r["kv"][1])) is not None]
+    if kv:
+        print(f"\nKV tokens from config.json: {sum(1 for e in kv if abs(e) <= 0.05)} of {len(rows)} successful cases "
+              f"within 5 % ({len(kv)} predicted), median |error| {100 * statistics.median(abs(e) for e in kv):.2f} %")
+    if given:
+        print(f"KV tokens given the logged KV memory: {sum(1 for e in given if abs(e) <= 0.005)} of "
+              f"{len(given)} within 0.5 %")
+    short = [r["id"] for r in rows if "headroom" in r and (r["headroom"][1] or 0) < 0]
+    print(f"Headroom short given the logged CUDA graphs: {sum(1 for f in failed if f[3])} of {len(failed)} failed "
+          f"cases warned; {len(short)} of {len(rows)} successful start-ups warned as well"
+          + (f" ({', '.join(s[:28] for s in short)})" if short else ""))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from conftest import DATA, NvmlDouble
+from llmtrial.budget import MemoryTerms
 from llmtrial.cli import main as cli_main
 from llmtrial.launch_checks import configuration_checks
 from llmtrial.logs import read_log
@@ -129,7 +130,11 @@ class TestSeedsFromConfigAlone:
         assert rows["non-torch memory (GiB)"]["measured"] == pytest.approx(1.70)
         assert rows["peak activation (GiB)"]["measured"] == 0.76
         assert rows["peak activation (GiB)"]["predicted_kind"] == "estimated"
-        assert rows["CUDA graph memory (GiB)"]["predicted"] == 0  # this release left it out of the budget
+        # this configuration leaves the graphs out of the budget: the row sets the graphs captured outside it
+        # beside the logged CUDAGraph memory, and the budget loses none of it
+        assert p.facts["cuda_graph_bytes"]["value"] == 0
+        assert rows["CUDA graph memory (GiB)"]["measured"] == 0.32
+        assert rows["CUDA graph memory (GiB)"]["predicted"] == pytest.approx(0.32)
         assert abs(rows["KV cache memory per rank (GiB)"]["relative_error"]) < 0.015
         assert rows["KV cache memory per rank (GiB)"]["measured_source"] == "seed003.log:4"
         assert abs(rows["weights per rank (GiB)"]["relative_error"]) < 0.005
@@ -613,6 +618,41 @@ class TestAccountingByVersion:
         p = plan(real_config(self.LLAMA), self.H100, ServingArgs.from_config(
             {"max_model_len": 8192}, {"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0"}), vllm_version="0.32.0")
         assert p.facts["cuda_graph_bytes"]["value"] == 0  # the configuration's env decides first
+
+    def test_cuda_graphs_for_0_19_grow_with_the_layers_on_the_rank(self):
+        one = self.facts("0.19.0")["cuda_graph_outside_bytes"]
+        assert one["value"] == int((0.32 + 0.0177 * 32) * GiB) and "32 layers on the rank" in one["source"]
+        pp2 = self.facts("0.19.0", Hardware(gpus=2, gpu_memory_gib=79.19), pipeline_parallel_size=2)
+        assert pp2["cuda_graph_outside_bytes"]["value"] == int((0.32 + 0.0177 * 16) * GiB)
+        assert self.facts("0.21.0")["cuda_graph_bytes"]["value"] == int(0.32 * GiB)  # other releases: the earlier rule
+        assert "cuda_graph_outside_bytes" not in self.facts("0.21.0")
+
+    GPT_OSS = "gpt-oss-20b"
+
+    def gpt_oss(self, utilization, version="0.19.0", **args):
+        return plan(real_config(self.GPT_OSS), self.H100, ServingArgs.from_config(
+            {"max_model_len": 8192, "gpu_memory_utilization": utilization, **args}),
+            memory=MemoryTerms(cuda_graph_gib=1.84), vllm_version=version)
+
+    def test_graphs_and_the_sampler_warm_up_must_fit_in_what_the_utilization_leaves(self):
+        # vLLM 0.19.0 ran gpt-oss-20b out of memory at 0.95 warming up the sampler after 1.84 GiB of graphs
+        # (1,024 rows of its 201,088-entry vocabulary); at 0.90 the same start-up ran
+        short = self.gpt_oss(0.95)
+        free, sampler = int(79.19 * GiB * 0.05), 14 * 1024 * 201088
+        assert short.facts["sampler_warmup_bytes"]["value"] == sampler
+        assert short.facts["headroom_bytes"]["value"] == free - int(1.84 * GiB) - sampler < 0
+        warning = next(r for r in short.reasons if r.startswith("Memory outside the KV budget"))
+        assert "1.84 GiB of CUDA graphs" in warning and "2.68 GiB for the sampler" in warning
+        assert "set gpu_memory_utilization to 0.94 or lower" in warning
+        assert short.verdict == "fits"  # a warning: the start-up may still run
+        ok = self.gpt_oss(0.90)
+        assert ok.facts["headroom_bytes"]["value"] > 0
+        assert not any(r.startswith("Memory outside the KV budget") for r in ok.reasons)
+
+    def test_no_headroom_check_where_graphs_are_inside_the_budget_or_not_captured(self):
+        assert "headroom_bytes" not in self.gpt_oss(0.95, version="0.21.0").facts
+        eager = self.gpt_oss(0.95, enforce_eager=True)
+        assert "headroom_bytes" not in eager.facts and eager.facts["cuda_graph_bytes"]["value"] == 0
 
     def test_non_torch_memory_follows_the_layout(self):
         two = dict(gpus=2, gpu_memory_gib=79.19)

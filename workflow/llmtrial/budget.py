@@ -29,6 +29,16 @@ plan knows (its source says which), and where it does not know, the earlier rule
   else outside the budget before vLLM 0.21 (0.19.0's log says so) and inside from 0.21 on, and for
   an unknown version.
 
+Memory outside the budget must fit in what the utilization leaves free, ``(1 - utilization)`` x
+the GPU's memory: vLLM 0.19 captures CUDA graphs there after the KV cache is allocated, then warms
+up the sampler over ``max_num_seqs`` rows of the vocabulary (its logits in fp32, sorted values and
+indices: the sampler's share of the profiling peak). Two gpt-oss-20b start-ups at utilization 0.95
+ran out of memory there (1.84 and 1.55 GiB of graphs, 201,088-entry vocabulary) while one at 0.90
+ran. ``headroom_bytes`` is what is left (negative: short); the planner warns when it is short.
+CUDA graph memory for it: given, else 0.32 GiB + 0.0177 GiB per layer the rank holds for vLLM
+0.19 (fitted on 30 dense start-ups' logged "CUDAGraph memory", largest error 0.21 GiB; MoE models
+logged 0-1.1 GiB more), else the 0.32 GiB rule.
+
 Recent vLLM logs these terms in one line per worker ("Free memory on device ... Actual usage
 is X GiB for consumed memory (weights + non-torch), Y GiB for peak activation, and Z GiB for
 CUDAGraph memory ... Current kv cache memory in use is K GiB"); :mod:`llmtrial.logs` reads
@@ -41,6 +51,7 @@ is ``predicted``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,8 +73,10 @@ NON_TORCH_PP_GIB = 0.07
 SAMPLER_BYTES_PER_ENTRY = 14
 HIDDEN_BUFFERS_SINCE_019 = 3
 MOE_INTERMEDIATES = 1.5
-#: CUDA graph memory when graphs are captured: seed 003 logged 0.32 GiB at TP4.
+#: CUDA graph memory when graphs are captured: seed 003 logged 0.32 GiB at TP4; vLLM 0.19 on H100s:
+#: the same base and so much per layer on the rank (see the module's text).
 CUDA_GRAPH_GIB = 0.32
+CUDA_GRAPH_PER_LAYER_019_GIB = 0.0177
 #: Live hidden-sized buffers per token at the profiling run's peak (residual, normed input,
 #: attention output, MLP input and output, rotary scratch, and slack).
 HIDDEN_BUFFERS = 8
@@ -138,9 +151,11 @@ def scheduler_defaults(gpu_memory_gib: float) -> tuple[int, int]:
 def terms(*, gpu_memory_gib: float, utilization: float, tp: int, pp: int, hidden_size: int, vocab_size: int,
           dtype_bytes: int, max_num_batched_tokens: int | None, max_num_seqs: int | None, enforce_eager: bool,
           cudagraphs_in_budget: bool | None, given: MemoryTerms, moe_bytes_per_token: int = 0,
-          vllm_version: str | None = None, custom_all_reduce: bool | None = None) -> dict[str, dict[str, Any]]:
-    """The budget and each term it loses before the weights, as facts (bytes per rank).
-    ``cudagraphs_in_budget`` None: as the vLLM version does (0.21 and later)."""
+          vllm_version: str | None = None, custom_all_reduce: bool | None = None,
+          layers_per_rank: int = 0) -> dict[str, dict[str, Any]]:
+    """The budget and each term it loses before the weights, as facts (bytes per rank), and the
+    headroom outside it. ``cudagraphs_in_budget`` None: as the vLLM version does (0.21 and later);
+    ``layers_per_rank``: the most layers one rank holds (for the CUDA graph estimate)."""
     tokens_default, seqs_default = scheduler_defaults(gpu_memory_gib)
     tokens, seqs = max_num_batched_tokens or tokens_default, max_num_seqs or seqs_default
     out = {"gpu_budget_bytes": fact(int(gpu_memory_gib * GiB * utilization),
@@ -160,22 +175,71 @@ def terms(*, gpu_memory_gib: float, utilization: float, tp: int, pp: int, hidden
     in_budget = cudagraphs_in_budget
     if in_budget is None:
         in_budget = version_at_least(vllm_version, "0.21") is not False  # unknown: inside, as recent releases do
-    if enforce_eager or not in_budget:
-        why = "enforce_eager: no CUDA graphs" if enforce_eager else (
-            "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0: not taken from the KV budget" if cudagraphs_in_budget is False
-            else f"vLLM {vllm_version} keeps CUDA graphs outside the KV budget (taken from it since 0.21)")
-        out["cuda_graph_bytes"] = fact(0, why, kind="predicted", unit="B")
-    elif given.cuda_graph_gib is not None:
-        out["cuda_graph_bytes"] = fact(int(given.cuda_graph_gib * GiB), "plan.cuda_graph_gib", kind="given", unit="B")
+    graphs = fact(0, "enforce_eager: no CUDA graphs", kind="predicted", unit="B") if enforce_eager else \
+        _cuda_graphs(given, vllm_version, layers_per_rank)
+    if enforce_eager or in_budget:
+        out["cuda_graph_bytes"] = graphs
     else:
-        out["cuda_graph_bytes"] = fact(int(CUDA_GRAPH_GIB * GiB), f"rule: {CUDA_GRAPH_GIB:g} GiB when graphs are captured",
-                                       kind="estimated", unit="B")
+        why = ("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0: not taken from the KV budget" if cudagraphs_in_budget is False
+               else f"vLLM {vllm_version} keeps CUDA graphs outside the KV budget (taken from it since 0.21)")
+        out["cuda_graph_bytes"] = fact(0, why, kind="predicted", unit="B")
+        out["cuda_graph_outside_bytes"] = graphs
+    out.update(_headroom(out, gpu_memory_gib, utilization, seqs, vocab_size))
     return out
+
+
+def _cuda_graphs(given: MemoryTerms, vllm_version: str | None, layers: int) -> dict[str, Any]:
+    if given.cuda_graph_gib is not None:
+        return fact(int(given.cuda_graph_gib * GiB), "plan.cuda_graph_gib", kind="given", unit="B")
+    if version_at_least(vllm_version, "0.19") and not version_at_least(vllm_version, "0.20") and layers:
+        gib = CUDA_GRAPH_GIB + CUDA_GRAPH_PER_LAYER_019_GIB * layers
+        return fact(int(gib * GiB), f"rule fitted on vLLM 0.19.0's logged CUDAGraph memory: {CUDA_GRAPH_GIB:g} GiB + "
+                    f"{CUDA_GRAPH_PER_LAYER_019_GIB:g} GiB x {layers} layers on the rank (vLLM {vllm_version})",
+                    kind="estimated", unit="B")
+    return fact(int(CUDA_GRAPH_GIB * GiB), f"rule: {CUDA_GRAPH_GIB:g} GiB when graphs are captured",
+                kind="estimated", unit="B")
+
+
+def _headroom(out: dict[str, dict[str, Any]], gpu_memory_gib: float, utilization: float, seqs: int,
+              vocab: int) -> dict[str, dict[str, Any]]:
+    """What must fit outside the budget (graphs captured outside it, then the sampler's warm-up,
+    where vLLM keeps graphs outside) against what the utilization leaves free."""
+    if "cuda_graph_outside_bytes" not in out:
+        return {}
+    free = int(gpu_memory_gib * GiB * (1 - utilization))
+    sampler = seqs * vocab * SAMPLER_BYTES_PER_ENTRY
+    needed = out["cuda_graph_outside_bytes"]["value"] + sampler
+    kind = derived_kind(out["cuda_graph_outside_bytes"]["kind"], "estimated")
+    return {
+        "sampler_warmup_bytes": fact(sampler, f"rule: {SAMPLER_BYTES_PER_ENTRY} B x max_num_seqs {seqs} x vocab {vocab} "
+                                     "(the sampler's share of the profiling peak, warmed up after the graphs)",
+                                     kind="estimated", unit="B"),
+        "headroom_bytes": fact(free - needed, f"{gpu_memory_gib:g} GiB x (1 - gpu_memory_utilization {utilization:g}) - "
+                               "cuda_graph_outside_bytes - sampler_warmup_bytes", kind=kind, unit="B"),
+    }
+
+
+def headroom_warning(facts: dict[str, dict[str, Any]], gpu_memory_gib: float, utilization: float) -> str | None:
+    """The warning for a plan whose memory outside the budget does not fit in what is left free."""
+    if "headroom_bytes" not in facts or facts["headroom_bytes"]["value"] >= 0:
+        return None
+    graphs, sampler = facts["cuda_graph_outside_bytes"]["value"], facts["sampler_warmup_bytes"]["value"]
+    short = -facts["headroom_bytes"]["value"]
+    safe = math.floor(100 * (utilization - short / (gpu_memory_gib * GiB))) / 100
+    return (f"Memory outside the KV budget may not fit: {graphs / GiB:.2f} GiB of CUDA graphs and "
+            f"{sampler / GiB:.2f} GiB for the sampler's warm-up ({facts['sampler_warmup_bytes']['source']}) exceed the "
+            f"{(graphs + sampler - short) / GiB:.2f} GiB that gpu_memory_utilization {utilization:g} leaves free by "
+            f"{short / GiB:.2f} GiB; vLLM may run out of memory after allocating the KV cache: set "
+            f"gpu_memory_utilization to {safe:.2f} or lower, lower max_num_seqs, or enforce_eager.")
+
+
+#: The facts whose sum the budget loses besides the weights.
+BUDGET_TERMS = ("gpu_budget_bytes", "non_torch_bytes", "peak_activation_bytes", "cuda_graph_bytes")
 
 
 def overhead(facts: dict[str, dict[str, Any]]) -> int:
     """Bytes per rank the budget loses besides the weights."""
-    return sum(int(facts[k]["value"]) for k in ("non_torch_bytes", "peak_activation_bytes", "cuda_graph_bytes"))
+    return sum(int(facts[k]["value"]) for k in BUDGET_TERMS[1:])
 
 
 def derived_kind(*kinds: str) -> str:

@@ -129,7 +129,10 @@ def _plan_rows(record: dict[str, Any]) -> list[tuple[str, str]]:
     if any(f["offload_bytes_per_rank"]["value"]):
         rows.append(("offloaded per rank", ", ".join(f"{x / gib:,.2f} GiB" for x in f["offload_bytes_per_rank"]["value"])))
     for key, label in (("gpu_budget_bytes", "GPU budget per rank"), ("non_torch_bytes", "non-torch memory"),
-                       ("peak_activation_bytes", "peak activation"), ("cuda_graph_bytes", "CUDA graph memory")):
+                       ("peak_activation_bytes", "peak activation"), ("cuda_graph_bytes", "CUDA graph memory"),
+                       ("cuda_graph_outside_bytes", "CUDA graphs outside the budget"),
+                       ("sampler_warmup_bytes", "sampler warm-up outside the budget"),
+                       ("headroom_bytes", "headroom outside the budget")):
         if key in f:
             rows.append((label, f"{f[key]['value'] / gib:,.2f} GiB ({f[key]['kind']}: {f[key]['source']})"))
     rows += [

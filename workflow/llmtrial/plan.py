@@ -210,7 +210,7 @@ def _custom_all_reduce(hardware: Hardware, args: ServingArgs) -> bool | None:
 def _kv_memory(hardware: Hardware, args: ServingArgs, shape: ModelShape, weights_per_rank: list[float],
                weights_kind: str, available_kv_gib: float | None, memory: MemoryTerms,
                facts: dict[str, dict[str, Any]], *, moe_bytes_per_token: int = 0,
-               vllm_version: str | None = None) -> tuple[list[float], str, str]:
+               vllm_version: str | None = None, layers_per_rank: int = 0) -> tuple[list[float], str, str]:
     """KV memory per rank of each stage, its kind and its source; GPU terms go into ``facts``."""
     pp = len(weights_per_rank)
     if available_kv_gib is not None:
@@ -233,11 +233,11 @@ def _kv_memory(hardware: Hardware, args: ServingArgs, shape: ModelShape, weights
                        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                        enforce_eager=args.enforce_eager, cudagraphs_in_budget=args.cudagraphs_in_budget, given=memory,
                        moe_bytes_per_token=moe_bytes_per_token, vllm_version=vllm_version,
-                       custom_all_reduce=_custom_all_reduce(hardware, args))
+                       custom_all_reduce=_custom_all_reduce(hardware, args), layers_per_rank=layers_per_rank)
     facts.update(gpu)
     lost = budget.overhead(gpu)
     avail = [gpu["gpu_budget_bytes"]["value"] - w - lost for w in weights_per_rank]
-    kind = budget.derived_kind(weights_kind, *(f["kind"] for f in gpu.values()))
+    kind = budget.derived_kind(weights_kind, *(gpu[k]["kind"] for k in budget.BUDGET_TERMS))
     return avail, kind, "gpu_budget_bytes - weights per rank - non_torch_bytes - peak_activation_bytes - cuda_graph_bytes"
 
 
@@ -346,7 +346,10 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
     facts: dict[str, dict[str, Any]] = {"weights_bytes": size.fact()}
     avail, avail_kind, avail_source = _kv_memory(hardware, args, shape, weights_per_rank, size.kind, available_kv_gib,
                                                  memory or MemoryTerms(), facts, vllm_version=vllm_version,
-                                                 moe_bytes_per_token=_moe_bytes_per_token(config, shape, tp))
+                                                 moe_bytes_per_token=_moe_bytes_per_token(config, shape, tp),
+                                                 layers_per_rank=max(stages))
+    if warning := budget.headroom_warning(facts, hardware.gpu_memory_gib or 0.0, args.gpu_memory_utilization):
+        reasons.append(warning)
     block_size = _block_size(shape, hardware, args)
     max_len = args.max_model_len or shape.max_position_embeddings
     blocks, tokens, concurrency = _capacity(avail, per_token_rank, block_size, max_len, blocking,
