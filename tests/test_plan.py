@@ -572,7 +572,8 @@ class TestWeightsAsServed:
     def test_a_measured_size_is_scaled_and_says_so(self):
         measured = WeightsSize(16_060_522_496, "measured", "staged files")
         fp32, p = self.weights_gib({"dtype": "float32"}, weights=measured)
-        assert fp32 == pytest.approx(2 * 16_060_522_496 / GiB, rel=1e-4)
+        rope = 131072 * 128 * 4  # the rotary cache in the served dtype beside the weights
+        assert fp32 == pytest.approx((2 * 16_060_522_496 + rope) / GiB, rel=1e-4)
         assert p.facts["weights_bytes"]["source"].startswith("staged files (measured), times 2.0000 for dtype float32")
         same, q = self.weights_gib({"dtype": "bfloat16"}, weights=measured)  # the checkpoint's own dtype: unchanged
         assert q.facts["weights_bytes"]["kind"] == "measured"
@@ -618,6 +619,18 @@ class TestAccountingByVersion:
         p = plan(real_config(self.LLAMA), self.H100, ServingArgs.from_config(
             {"max_model_len": 8192}, {"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0"}), vllm_version="0.32.0")
         assert p.facts["cuda_graph_bytes"]["value"] == 0  # the configuration's env decides first
+
+    def test_every_rank_holds_the_rope_cache_beside_the_weights(self):
+        # vllm-project/vllm#10517 (tests/data/vllm-logs/v0-vllm-10517-rtx3090-20k-ok.log, line 1):
+        # Llama-3.1-8B-Instruct in bf16 "Loading model weights took 14.9888 GB", its weights and the
+        # cos/sin cache of 131,072 positions x 128 rotary dimensions in bf16
+        p = plan(real_config(self.LLAMA), Hardware(gpus=1, gpu_memory_gib=23.58),
+                 ServingArgs.from_config({"max_model_len": 20000, "gpu_memory_utilization": 0.9}))
+        assert p.facts["rope_cache_bytes"]["value"] == 131072 * 128 * 2
+        logged = float(read_log(DATA / "vllm-logs" / "v0-vllm-10517-rtx3090-20k-ok.log").split("took ")[1].split()[0])
+        assert logged == 14.9888
+        assert p.data["weights_bytes_per_rank"][0] / GiB == pytest.approx(logged, abs=0.0005)
+        assert (p.data["weights_bytes_per_rank"][0] - 131072 * 128 * 2) / GiB < logged - 0.03  # without it: short
 
     def test_cuda_graphs_for_0_19_grow_with_the_layers_on_the_rank(self):
         one = self.facts("0.19.0")["cuda_graph_outside_bytes"]

@@ -45,6 +45,7 @@ from llmtrial.shape import (
     model_shape,
     predict_kv_tokens,
     recommend_partition,
+    rope_cache_bytes,
     split_layers,
     text_config,
 )
@@ -292,13 +293,15 @@ def _figures(size: WeightsSize, weights_per_rank: list[float], offload: list[flo
 
 
 def _placement(config: Mapping[str, Any], shape: ModelShape, size: WeightsSize, args: ServingArgs, stages: list[int],
-               extras: Extras, reasons: list[str]) -> tuple[Layout, list[float], list[float]]:
+               extras: Extras, reasons: list[str], rope: int = 0) -> tuple[Layout, list[float], list[float]]:
     """Where the weights sit: their layout, the bytes each rank offloads, and the bytes each rank holds
-    (the routed experts over data x tensor parallel ranks with expert parallel, the rest over TP)."""
+    (the routed experts over data x tensor parallel ranks with expert parallel, the rest over TP), with
+    the ``rope`` cache every rank builds beside them."""
     tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
     lay = layout(config, shape, size.bytes, pp)
     ep = tp * args.data_parallel_size if args.enable_expert_parallel and lay.layer_experts else 0
-    stage_bytes = [lay.stage_bytes(n, i == 0, i == pp - 1, tp, extras.last_stage_bytes, ep) for i, n in enumerate(stages)]
+    stage_bytes = [lay.stage_bytes(n, i == 0, i == pp - 1, tp, extras.last_stage_bytes, ep) + rope
+                   for i, n in enumerate(stages)]
     offload = _offload(args, lay, stages, stage_bytes, reasons)
     if args.draft_model and not extras.last_stage_bytes:
         reasons.append(f"speculative_config's draft model {args.draft_model} is not counted (its weights and KV sit "
@@ -341,9 +344,11 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
             return Plan("does_not_fit" if blocking else "unknown", blocking + [f"Weights: {exc}"],
                         facts={"weights_bytes": fact(None, str(exc), kind="unknown", unit="B")})
         size = WeightsSize(0, "unknown", str(exc))  # a CPU KV space does not depend on the weights
-    lay, offload, weights_per_rank = _placement(config, shape, size, args, stages, extras, reasons)
+    rope, rope_source = rope_cache_bytes(config, shape.dtype_bytes)
+    lay, offload, weights_per_rank = _placement(config, shape, size, args, stages, extras, reasons, rope)
     per_token_whole, per_token_rank = _kv_per_token(shape, args, stages, reasons)
-    facts: dict[str, dict[str, Any]] = {"weights_bytes": size.fact()}
+    facts: dict[str, dict[str, Any]] = {"weights_bytes": size.fact(),
+                                        "rope_cache_bytes": fact(rope, rope_source, kind="predicted", unit="B")}
     avail, avail_kind, avail_source = _kv_memory(hardware, args, shape, weights_per_rank, size.kind, available_kv_gib,
                                                  memory or MemoryTerms(), facts, vllm_version=vllm_version,
                                                  moe_bytes_per_token=_moe_bytes_per_token(config, shape, tp),

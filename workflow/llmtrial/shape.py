@@ -190,6 +190,40 @@ def derived_max_model_len(config: Mapping[str, Any]) -> tuple[int | None, str]:
     return int(length), where
 
 
+#: RoPE types whose cached positions are the original length times the factor, and those whose are
+#: max_position_embeddings times it (vLLM's ``get_rope``: YaRN and DeepSeek's YaRN, linear and dynamic NTK).
+_ROPE_FROM_ORIGINAL = ("yarn", "deepseek_yarn")
+_ROPE_SCALED = ("linear", "dynamic")
+
+
+def rope_cache_bytes(config: Mapping[str, Any], dtype_bytes: int) -> tuple[int, str]:
+    """The cos/sin cache vLLM's rotary embedding registers on every rank when it builds the model (part
+    of the memory its "Model loading took" line reports): positions x rotary dimensions x dtype, one
+    cache per distinct RoPE (Gemma 3 keeps a local and a global one), and how it was counted. 0 for a
+    model without RoPE."""
+    cfg = text_config(config)
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if "rope_theta" not in cfg and not rope and "qk_rope_head_dim" not in cfg:
+        return 0, "no RoPE in config.json"
+    heads = int(config_value(cfg, "num_attention_heads", "n_head"))
+    head_dim = int(config_value(cfg, "head_dim", default=int(config_value(cfg, "hidden_size", "n_embd")) // heads))
+    dim = int(cfg.get("qk_rope_head_dim") or cfg.get("rotary_dim")
+              or head_dim * float(cfg.get("partial_rotary_factor") or cfg.get("rotary_pct") or 1.0))
+    positions = int(config_value(cfg, "max_position_embeddings", "n_positions", default=2048))
+    kind, factor = rope.get("rope_type") or rope.get("type"), float(rope.get("factor") or 1.0)
+    original = int(rope.get("original_max_position_embeddings") or positions)
+    if kind in _ROPE_FROM_ORIGINAL:
+        positions = int(original * factor)
+    elif kind in _ROPE_SCALED:
+        positions = int(positions * factor)
+    elif kind in ("longrope", "su"):
+        positions += original  # the short and the long cache side by side
+    caches = 2 if str(cfg.get("model_type", "")).startswith("gemma3") else 1
+    width = 4 if str(cfg.get("model_type")) == "gpt_oss" else dtype_bytes  # gpt-oss builds its RoPE in float32
+    return caches * positions * dim * width, (f"{caches} x {positions:,} positions x rotary dim {dim} x {width} B "
+                                              "(vLLM's rotary cos/sin cache on every rank)")
+
+
 def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
     """KV heads each TP rank caches: split when they divide, replicated when TP exceeds them."""
     return max(1, num_kv_heads // tp)
