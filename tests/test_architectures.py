@@ -31,6 +31,26 @@ def test_parameter_count_matches_the_published_total(name, published, within):
     assert sum(parameter_parts(config(name)).values()) == pytest.approx(published, abs=within)
 
 
+@pytest.mark.parametrize("name,published,within", [
+    # https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct: "Model size 8.03B params"
+    ("Meta-Llama-3.1-8B-Instruct", 8.03e9, 0.005e9),
+    # https://mistral.ai/news/mixtral-of-experts: "46.7B total parameters"
+    ("Mixtral-8x7B-v0.1", 46.7e9, 0.05e9),
+    # https://huggingface.co/Qwen/Qwen2.5-7B-Instruct: "Number of Parameters: 7.61B"
+    ("Qwen2.5-7B-Instruct-AWQ", 7.61e9, 0.01e9),  # parameters as the bf16 model has them
+    # https://huggingface.co/Qwen/Qwen3-30B-A3B: "Number of Parameters: 30.5B in total and 3.3B activated"
+    ("Qwen3-30B-A3B", 30.5e9, 0.05e9),
+    # https://huggingface.co/Qwen/Qwen3-235B-A22B-Instruct-2507-FP8: "Number of Parameters: 235B in total"
+    ("Qwen3-235B-A22B-Instruct-2507-FP8", 235e9, 0.5e9),
+    # https://huggingface.co/Qwen/Qwen3-Next-80B-A3B-Instruct: "Number of Parameters: 80B in total and 3B activated"
+    ("Qwen3-Next-80B-A3B-Instruct", 80e9, 0.5e9),
+    # DeepSeek-V3 technical report (arXiv 2412.19437): "671B total parameters", the MTP module's 14B apart
+    ("DeepSeek-V3", 671e9, 0.5e9),
+])
+def test_the_families_counted_before_match_their_published_totals(name, published, within):
+    assert sum(parameter_parts(config(name)).values()) == pytest.approx(published, abs=within)
+
+
 def test_gemma2_ties_its_head_and_has_four_norms_a_layer():
     parts = parameter_parts(config("gemma-2-9b-it"))  # config.json leaves tie_word_embeddings to the default
     assert parts["lm_head"] == 0
