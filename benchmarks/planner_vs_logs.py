@@ -14,6 +14,9 @@ successful case with a config it plans twice:
 and prints the memory outside the budget (``headroom_bytes``: what the utilization leaves free less
 the CUDA graphs and the sampler's warm-up) from config.json and given the logged CUDA graph memory.
 
+Cases the data set gives no config.json for are planned from ``--configs`` folders where one
+holds ``<model>.json`` (this project's own real configs in tests/data/configs, with their sources).
+
 For every failed case it prints the planner's verdict and first reason beside vLLM's failure line,
 and the headroom warning where the plan, given the terms the case logged, gives one.
 
@@ -132,15 +135,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("truth", type=Path, help="the data set's truth.json (configs are read relative to it)")
     ap.add_argument("--gpu-memory-gib", type=float, default=79.19,
                     help="the GPUs' memory where a case did not log it (default: an H100-80GB's 79.19)")
+    ap.add_argument("--configs", type=Path, action="append", default=[],
+                    help="a folder of config.json files named <model>.json (the model's name without its owner) "
+                         "for cases the data set gives none, e.g. tests/data/configs; may repeat")
     ap.add_argument("--gpus", choices=("pod", "case"), default="pod",
                     help="the GPUs a case saw: its pod's TP x PP (default, as llm-d's harness asks) or the case's gpus")
     opts = ap.parse_args(argv)
     data = json.loads(opts.truth.read_text())
     rows, failed = [], []
     for case in data["cases"]:
-        if not case.get("config"):
+        found = [opts.truth.parent / case["config"]] if case.get("config") else \
+            [p for d in opts.configs if (p := d / f"{case['model'].split('/')[-1]}.json").is_file()]
+        if not found:
             continue
-        config = json.loads((opts.truth.parent / case["config"]).read_text())
+        config = json.loads(found[0].read_text())
         if case["status"] == "ok":
             rows.append(_one(case, config, _hardware(case, opts)))
         else:

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import DATA
 from llmtrial.checkpoint import UnknownCheckpoint, estimate, parameter_parts
-from llmtrial.shape import model_shape
+from llmtrial.shape import CACHED_KINDS, kv_layer_slots, model_shape
 
 
 def config(name: str) -> dict:
@@ -48,6 +48,26 @@ def test_parameter_count_matches_the_published_total(name, published, within):
     ("DeepSeek-V3", 671e9, 0.5e9),
 ])
 def test_the_families_counted_before_match_their_published_totals(name, published, within):
+    assert sum(parameter_parts(config(name)).values()) == pytest.approx(published, abs=within)
+
+
+@pytest.mark.parametrize("name,published,within", [
+    # https://huggingface.co/lm-kit/granite-3.1-8b-instruct-gguf: "Model size 8.17B params" (3.3 8B has the same
+    # dimensions: 4,096 hidden, 40 layers, 49,159 vocabulary)
+    ("granite-3.3-8b-instruct", 8.17e9, 0.005e9),
+    # the GLM-4.5-Air card: "106 billion total parameters and 12 billion active parameters" (106.85B without
+    # its MTP layer, which vLLM does not load unless it drafts: the card truncates)
+    ("GLM-4.5-Air", 106e9, 1e9),
+    # Meta's Llama 4 card: "Llama 4 Scout (17Bx16E) ... 17B (Activated) 109B (Total)", the vision tower included
+    ("Llama-4-Scout-17B-16E-Instruct", 109e9, 0.5e9),
+    # https://huggingface.co/mzwing/DeepSeek-V2-Lite-Chat-GGUF: "Model size 15.7B params"
+    ("DeepSeek-V2-Lite", 15.7e9, 0.05e9),
+    # https://huggingface.co/syGOAT/Mistral-v0.3-wo-STaR-Like (the v0.3 architecture): "Model size 7.25B params"
+    ("Mistral-7B-Instruct-v0.3", 7.25e9, 0.005e9),
+    # https://oss.report/models/google/gemma-3-27b-it: 25.6B non-embedding, 1.4B embedding, a ~400M SigLIP tower
+    ("gemma-3-27b-it", 27.4e9, 0.05e9),
+])
+def test_the_families_added_match_their_published_totals(name, published, within):
     assert sum(parameter_parts(config(name)).values()) == pytest.approx(published, abs=within)
 
 
@@ -108,3 +128,50 @@ def test_what_it_still_cannot_count_stays_unknown_with_the_reason():
                                     "num_hidden_layers": 24, "patch_size": 14, "image_size": 336}}
     with pytest.raises(UnknownCheckpoint, match="vision tower 'clip_vision_model'"):
         parameter_parts(odd_vision)
+
+
+@pytest.mark.slow  # imports vLLM's KV cache code (about 10 s here)
+@pytest.mark.parametrize("name", ["gemma-3-27b-it", "gemma-2-9b-it", "gpt-oss-20b", "Llama-4-Scout-17B-16E-Instruct"])
+def test_hybrid_layers_are_grouped_as_vllms_own_kv_cache_code_groups_them(name):
+    torch = pytest.importorskip("torch")
+    utils = pytest.importorskip("vllm.v1.core.kv_cache_utils")
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    shape = model_shape(config(name))
+    common = {"block_size": 16, "num_kv_heads": shape.num_kv_heads, "head_size": shape.head_dim, "dtype": torch.bfloat16}
+    specs = {f"layer.{i}": FullAttentionSpec(**common) if kind == "full_attention" else
+             SlidingWindowSpec(**common, sliding_window=shape.sliding_window or 8192)
+             for i, kind in enumerate(shape.layer_kinds) if kind in CACHED_KINDS}
+    groups = utils._get_kv_cache_groups_uniform_page_size(specs)
+    size = max(len(g.layer_names) for g in groups)
+    slots, how = kv_layer_slots(shape.layer_kinds)
+    assert slots == len(groups) * size  # every group costs a group's layers a token
+    assert f"in {len(groups)} KV cache groups of {size}" in how
+
+
+def test_gemma3_pads_its_52_sliding_layers_to_six_groups_of_ten():
+    shape = model_shape(config("gemma-3-27b-it"))  # text_config leaves the layer pattern to Gemma3TextConfig
+    assert shape.layer_kinds.count("full_attention") == 10 and shape.layer_kinds.count("sliding_attention") == 52
+    assert kv_layer_slots(shape.layer_kinds) == (70, "10 full-attention, 52 sliding-attention layers in 7 KV cache "
+                                                     "groups of 10 (8 padding layers)")
+
+
+def test_gemma3_counts_its_text_model_from_the_config_class_defaults_and_its_siglip_tower():
+    parts = parameter_parts(config("gemma-3-27b-it"))
+    # oss.report: "Non-embedding Parameters 25.6B / Embedding Parameters 1.4B"; the embedding is tied
+    assert parts["embed"] == 262208 * 5376 and parts["lm_head"] == 0  # Gemma3TextConfig's vocabulary
+    assert parts["attention"] + parts["mlp"] + parts["norms"] == pytest.approx(25.6e9, abs=0.05e9)
+    # SigLIP so400m at 896 px (27 layers, 4,096 patches) and the projector into 5,376
+    assert parts["vision"] - (1152 * 5376 + 1152) == pytest.approx(417e6, abs=1e6)
+
+
+@pytest.mark.parametrize("name,positions,dim,width", [
+    ("Llama-4-Scout-17B-16E-Instruct", 10485760, 128, 2),  # 10M positions: 2.5 GiB on every rank
+    ("gpt-oss-20b", 4096 * 32, 64, 4),  # YaRN: the original 4,096 positions x factor 32, built in float32
+    ("phi-2", 2048, 32, 2),  # partial_rotary_factor 0.4 of 80-wide heads
+    ("DeepSeek-V2-Lite", 163840, 64, 2),  # MLA ropes qk_rope_head_dim; YaRN 4,096 x 40
+])
+def test_the_rope_cache_is_what_vllms_rotary_embedding_registers(name, positions, dim, width):
+    from llmtrial.shape import rope_cache_bytes
+    got, how = rope_cache_bytes(config(name), 2)
+    assert got == positions * dim * width and f"{positions:,} positions x rotary dim {dim}" in how

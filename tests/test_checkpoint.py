@@ -98,5 +98,5 @@ def test_an_unknown_quantization_method_is_unknown_not_bf16():
 
 
 def test_an_unknown_architecture_is_unknown_with_the_reason():
-    with pytest.raises(UnknownCheckpoint, match="architecture Gemma3ForConditionalGeneration"):
-        estimate({"architectures": ["Gemma3ForConditionalGeneration"], "hidden_size": 2560})
+    with pytest.raises(UnknownCheckpoint, match="architecture Qwen2_5_VLForConditionalGeneration"):
+        estimate({"architectures": ["Qwen2_5_VLForConditionalGeneration"], "hidden_size": 2560})

@@ -198,7 +198,8 @@ def _phi(cfg: Mapping[str, Any]) -> dict[str, int]:
 
 def _vision(config: Mapping[str, Any], text_h: int) -> int:
     """Parameters of the vision tower vLLM loads with the language model, and of its projector:
-    Llama 4's (class token, patch linear, pixel-shuffle adapter into the text model's width)."""
+    Llama 4's (class token, patch linear, pixel-shuffle adapter into the text model's width) and Gemma 3's
+    SigLIP (no pooling head)."""
     vc = config["vision_config"]
     vh, inter, layers = int(vc["hidden_size"]), int(vc["intermediate_size"]), int(vc["num_hidden_layers"])
     patch, image, channels = int(vc["patch_size"]), int(vc["image_size"]), int(vc.get("num_channels", 3))
@@ -209,6 +210,10 @@ def _vision(config: Mapping[str, Any], text_h: int) -> int:
         adapter = shuffled * int(vc["projector_input_dim"]) + int(vc["projector_input_dim"]) * int(vc["projector_output_dim"])
         embed = vh + (patches + 1) * vh + channels * patch * patch * vh + 4 * vh  # class, positions, patches, norms
         return body + embed + adapter + int(vc["vision_output_dim"]) * text_h
+    if vc.get("model_type") == "siglip_vision_model" and not vc.get("vision_use_head"):
+        # Gemma 3: patch convolution with bias, positions, post-LayerNorm; the projector's matrix and RMSNorm
+        embed = channels * patch * patch * vh + vh + patches * vh + 2 * vh
+        return body + embed + vh * text_h + vh
     raise UnknownCheckpoint(f"vision tower {vc.get('model_type')!r} is not one the planner can count")
 
 
@@ -234,7 +239,8 @@ ARCHITECTURES: dict[str, Callable[[Mapping[str, Any]], dict[str, int]]] = {
     "PhiForCausalLM": _phi,
 }
 #: Multimodal architectures, counted from the whole config.json: language model and vision tower.
-MULTIMODAL: dict[str, Callable[[Mapping[str, Any]], dict[str, int]]] = {"Llama4ForConditionalGeneration": _multimodal}
+MULTIMODAL: dict[str, Callable[[Mapping[str, Any]], dict[str, int]]] = {
+    a: _multimodal for a in ("Llama4ForConditionalGeneration", "Gemma3ForConditionalGeneration")}
 
 
 def parameter_parts(config: Mapping[str, Any]) -> dict[str, int]:

@@ -34,6 +34,7 @@ from llmtrial.launch_checks import configuration_checks, refusals
 from llmtrial.plan_inputs import Hardware, ServingArgs
 from llmtrial.records import fact
 from llmtrial.shape import (
+    CACHED_KINDS,
     DEFAULT_CPU_BLOCK_SIZE,
     DEFAULT_GPU_BLOCK_SIZE,
     DTYPE_BYTES,
@@ -42,6 +43,7 @@ from llmtrial.shape import (
     config_value,
     kv_bytes_per_token_per_layer,
     kv_heads_per_rank,
+    kv_layer_slots,
     model_shape,
     predict_kv_tokens,
     recommend_partition,
@@ -174,13 +176,16 @@ def _kv_per_token(shape: ModelShape, args: ServingArgs, stages: list[int], reaso
     if kv_dtype is None:
         raise PlanError(f"unknown kv_cache_dtype {args.kv_cache_dtype!r}")
     layer_whole, layer_rank = kv_bytes_per_token_per_layer(shape, args.tensor_parallel_size, kv_dtype)
-    cached = ("full_attention", "sliding_attention")
-    per_token_whole = sum(1 for k in shape.layer_kinds if k in cached) * layer_whole
+    slots, grouped = kv_layer_slots(shape.layer_kinds)
+    per_token_whole = slots * layer_whole
     bounds = [sum(stages[:i]) for i in range(len(stages) + 1)]
-    per_token_rank = [sum(layer_rank for j in range(bounds[i], bounds[i + 1]) if shape.layer_kinds[j] in cached)
+    per_token_rank = [kv_layer_slots(shape.layer_kinds[bounds[i]:bounds[i + 1]])[0] * layer_rank
                       for i in range(len(stages))]
     sliding = shape.layer_kinds.count("sliding_attention")
     state = shape.layer_kinds.count("state")
+    if grouped and slots > sum(1 for k in shape.layer_kinds if k in CACHED_KINDS):
+        reasons.append(f"vLLM's hybrid KV cache manager holds {grouped}: a token costs {slots} layers' KV, and "
+                       "the KV cache tokens vLLM logs are those of one group.")
     if sliding:
         reasons.append(f"{sliding} sliding-window layers (window {shape.sliding_window}) hold at most "
                        "the window per sequence; capacity is counted on all attention layers (a lower bound).")

@@ -9,7 +9,7 @@ as vLLM's v1 ``kv_cache_utils`` counts them (:func:`predict_kv_tokens`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,9 +55,21 @@ class ModelShape:
     max_position_embeddings: int = 2048
 
 
+#: What a model's config class sets where its config.json is silent (Gemma 3's multimodal files
+#: give a short text_config and leave the rest to transformers' ``Gemma3TextConfig``).
+CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"vocab_size": 262208, "max_position_embeddings": 131072, "head_dim": 256,
+                    "sliding_window": 4096, "sliding_window_pattern": 6, "tie_word_embeddings": True,
+                    "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0},
+}
+
+
 def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The language model's part of a (possibly multimodal) config.json."""
-    return config.get("text_config") or config.get("llm_config") or config
+    """The language model's part of a (possibly multimodal) config.json, with its config class's
+    defaults (:data:`CONFIG_DEFAULTS`) where the file is silent."""
+    cfg = config.get("text_config") or config.get("llm_config") or config
+    defaults = CONFIG_DEFAULTS.get(str(cfg.get("model_type")))
+    return {**defaults, **cfg} if defaults else cfg
 
 
 def config_value(cfg: Mapping[str, Any], *names: str, default: Any = None) -> Any:
@@ -222,6 +234,29 @@ def rope_cache_bytes(config: Mapping[str, Any], dtype_bytes: int) -> tuple[int, 
     width = 4 if str(cfg.get("model_type")) == "gpt_oss" else dtype_bytes  # gpt-oss builds its RoPE in float32
     return caches * positions * dim * width, (f"{caches} x {positions:,} positions x rotary dim {dim} x {width} B "
                                               "(vLLM's rotary cos/sin cache on every rank)")
+
+
+#: The layer kinds whose KV cache grows with the tokens.
+CACHED_KINDS = ("full_attention", "sliding_attention")
+
+
+def kv_layer_slots(kinds: Sequence[str]) -> tuple[int, str | None]:
+    """The layers a token's KV costs under vLLM's hybrid KV cache manager, and how, in words (None
+    when every cached layer is of one kind): layers of each attention kind are split into groups of
+    the smallest kind's count (the largest's where it is under 1.5 times the smallest), the last
+    group of each kind padded, and every group costs a group's layers a token
+    (``kv_cache_utils._get_kv_cache_groups_uniform_page_size``)."""
+    counts = {k: sum(1 for x in kinds if x == k) for k in CACHED_KINDS}
+    counts = {k: n for k, n in counts.items() if n}
+    if len(counts) < 2:
+        return sum(counts.values()), None
+    lo, hi = min(counts.values()), max(counts.values())
+    size = hi if hi < 1.5 * lo else lo
+    groups = sum(-(-n // size) for n in counts.values())
+    padding = size * groups - sum(counts.values())
+    return size * groups, (", ".join(f"{n} {k.replace('_', '-')}" for k, n in counts.items()) +
+                           f" layers in {groups} KV cache groups of {size}" +
+                           (f" ({padding} padding layers)" if padding else ""))
 
 
 def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
