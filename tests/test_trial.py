@@ -15,10 +15,10 @@ import pytest
 from conftest import DATA, SERVER_SCRIPT
 from llmtrial.bench import agreement
 from llmtrial.ledger import Ledger
-from llmtrial.paths import TrialPaths
+from llmtrial.paths import JobPaths, TrialPaths
 from llmtrial.records import check_record, read_record
 from llmtrial.server import group_members, port_open
-from llmtrial.trial import JobPaths, TrialJob
+from llmtrial.trial import TrialJob
 
 
 def test_agreement_is_the_spread_over_the_mean():
@@ -29,10 +29,10 @@ def test_agreement_is_the_spread_over_the_mean():
 
 JOB = r"""
 import sys, time
-from llmtrial.paths import TrialPaths
+from llmtrial.paths import JobPaths, TrialPaths
 from llmtrial.records import check_record, read_record
 from llmtrial.server import ServerProcess
-from llmtrial.trial import sigterm_as_exit
+from llmtrial.measure import sigterm_as_exit
 script, port, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 server = ServerProcess([sys.executable, script, str(port), "0.2", "0"], host="127.0.0.1", port=port, log_path=log)
 with sigterm_as_exit():
@@ -112,7 +112,7 @@ def test_a_configuration_the_planner_rejects_is_skipped_without_a_server(tmp_pat
 def test_the_cold_first_request_records_its_tokens_and_their_rate(tmp_path, completions_server):
     host, port = completions_server
     job = fake_job(tmp_path, port)
-    facts = job._first_request()
+    facts = job.measurement().first_request()
     source = "first streamed completion after ready"
     assert facts["first_output_tokens"] == {"value": 2, "kind": "measured", "source": source, "unit": "tokens"}
     rate = facts["first_output_tok_s"]

@@ -101,8 +101,10 @@ class NodeGroups:
     server, each started through the ledger (:func:`llmtrial.groups.start_group`), so cleanup
     stops it on its node from the ledger alone. Subclasses say what runs where."""
 
-    #: The prefix of each node's log fetched into the configuration's folder.
+    #: The prefix of each node's log fetched into the configuration's folder, and the key its
+    #: name takes in the node's record.
     log_prefix = "server"
+    log_key = "log"
     #: Seconds a group gets after SIGTERM at most (None: the configuration's stop timeout).
     stop_grace: float | None = None
 
@@ -114,6 +116,11 @@ class NodeGroups:
     def members(self) -> list[Node]:
         """The nodes that run a group: every node but the first."""
         return self.nodes[1:]
+
+    def records(self, out_dir: Path) -> dict[str, dict[str, Any]]:
+        """What each node ran besides the API server, its log fetched from the node into ``out_dir``."""
+        fetched = self.fetch_logs(out_dir)
+        return {n.name: {**self.describe(n), self.log_key: fetched.get(n.name)} for n in self.members()}
 
     def argv(self, node: Node) -> list[str]:
         raise NotImplementedError
@@ -209,6 +216,7 @@ class RayCluster(NodeGroups):
     ``--distributed-executor-backend ray``."""
 
     log_prefix = "ray"
+    log_key = "ray_log"
     stop_grace = RAY_STOP_GRACE_S  # the head's daemons outlast a long grace after SIGTERM
 
     def __init__(self, ledger: Ledger, nodes: Sequence[Node], *, label: str, port: int,

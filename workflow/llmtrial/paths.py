@@ -105,3 +105,47 @@ class TrialPaths:
 
     def server_log(self, configuration: str = "{configuration}") -> Path:
         return self.configuration(configuration) / "server.log"
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    """Where one configuration's job writes (its folder under the trial's results)."""
+
+    trial: TrialPaths
+    configuration: str
+
+    @property
+    def out_dir(self) -> Path:
+        return self.trial.configuration(self.configuration)
+
+    @property
+    def record(self) -> Path:
+        return self.trial.config_record(self.configuration)
+
+    @property
+    def telemetry(self) -> Path:
+        return self.trial.telemetry(self.configuration)
+
+    @property
+    def server_log(self) -> Path:
+        return self.trial.server_log(self.configuration)
+
+    @property
+    def ledger(self) -> Path:
+        return self.trial.ledger
+
+    @property
+    def node_telemetry(self) -> Path:
+        """Every node's samples of a multi-node configuration, merged, with a node column."""
+        return self.out_dir / "telemetry-nodes.csv"
+
+    @property
+    def bench_dir(self) -> Path:
+        return self.out_dir / "bench"
+
+    def rel(self, path: Path) -> str:
+        """``path`` relative to the configuration's folder, as records name files."""
+        try:
+            return str(path.relative_to(self.out_dir))
+        except ValueError:
+            return str(path)

@@ -5,9 +5,9 @@ from typing import TYPE_CHECKING
 
 from llmtrial.joblog import open_job_log
 from llmtrial.nodes import spec_nodes
-from llmtrial.paths import TrialPaths
+from llmtrial.paths import JobPaths, TrialPaths
 from llmtrial.records import read_record
-from llmtrial.trial import JobPaths, TrialJob
+from llmtrial.trial import TrialJob
 
 if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
     from snakemake.iocontainers import snakemake
