@@ -18,6 +18,8 @@ from llmtrial.config import (
     load_schema,
     validate_config,
 )
+from llmtrial.plan_inputs import ServingArgs
+from llmtrial.server import build_server_argv
 
 
 def minimal() -> dict:
@@ -119,6 +121,27 @@ def test_configuration_spec_merges_common_and_own_settings():
     assert spec["args"] == {"max_model_len": 512, "tensor_parallel_size": 2}
     assert spec["env"] == {"A": "x", "X": "1"}
     assert spec["port"] == 8101 == configuration_port(config, "b")
+
+
+def test_args_are_read_once_under_vllms_own_names_for_the_planner_and_the_server():
+    config = minimal()
+    config["serving"] = {"args": {"--max-model-len": 512, "tp": 1}}
+    config["configurations"]["b"]["args"] = {"tp": 2, "enforce-eager": True}
+    validate_config(config)
+    spec = configuration_spec(config, "b")
+    # an alias is translated once: the configuration's tp overrides the common one, and no --tp reaches vLLM
+    assert spec["args"] == {"max_model_len": 512, "tensor_parallel_size": 2, "enforce_eager": True}
+    argv = build_server_argv(model_dir="/m", served_model_name="m", host="127.0.0.1", port=8101, args=spec["args"])
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2" and "--tp" not in argv
+    assert ServingArgs.from_config(spec["args"]).tensor_parallel_size == 2
+
+
+def test_one_argument_spelled_twice_is_refused_naming_both_keys():
+    config = minimal()
+    config["configurations"]["b"]["args"] = {"tp": 2, "tensor-parallel-size": 2}
+    with pytest.raises(ConfigError, match=r"configurations\.b\.args': 'tp' and 'tensor-parallel-size' both set "
+                                          "tensor_parallel_size"):
+        validate_config(config)
 
 
 def test_editing_one_configuration_leaves_the_others_spec_unchanged():

@@ -20,6 +20,7 @@ from jsonschema.exceptions import ValidationError, best_match
 from llmtrial.gpus import check_pinning
 from llmtrial.node_patches import check_patch_modes
 from llmtrial.nodes import check_nodes
+from llmtrial.plan_inputs import canonical_args
 from llmtrial.resources import SCHEMAS
 from llmtrial.scenarios import check_scenario, contexts
 
@@ -85,12 +86,25 @@ def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH, *, 
     if baseline is not None and baseline not in config["configurations"]:
         problems.append(f"{source} key 'report.baseline': {baseline!r} is not a "
                         f"configuration of this trial ({', '.join(config['configurations'])})")
-    problems += [f"{source} key '{key}': {message}" for key, message in [*check_nodes(config),
+    problems += [f"{source} key '{key}': {message}" for key, message in [*_check_args(config), *check_nodes(config),
                                                                           *check_patch_modes(config),
                                                                           *check_pinning(config)]]
     if problems:
         raise ConfigError("invalid trial configuration:\n  " + "\n  ".join(problems))
     return config
+
+
+def _check_args(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, problem) for each args block that spells one vLLM argument twice."""
+    blocks = {"serving.args": config["serving"]["args"],
+              **{f"configurations.{n}.args": e["args"] for n, e in config["configurations"].items()}}
+    out = []
+    for key, args in blocks.items():
+        try:
+            canonical_args(args)
+        except ValueError as exc:
+            out.append((key, str(exc)))
+    return out
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -128,7 +142,7 @@ def configuration_spec(config: dict[str, Any], name: str) -> dict[str, Any]:
         "force": bool(entry.get("force", False)),
         "host": serving["host"],
         "port": configuration_port(config, name),
-        "args": {**serving["args"], **entry["args"]},
+        "args": {**canonical_args(serving["args"]), **canonical_args(entry["args"])},
         "env": {**serving["env"], **entry["env"]},
         "startup_timeout_s": serving["startup_timeout_s"],
         "stop_timeout_s": serving["stop_timeout_s"],

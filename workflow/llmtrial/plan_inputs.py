@@ -9,7 +9,26 @@ from typing import Any
 
 from llmtrial.shape import PlanError
 
-__all__ = ["Hardware", "ServingArgs"]
+__all__ = ["ARG_ALIASES", "Hardware", "ServingArgs", "canonical_args"]
+
+#: Short names of vLLM arguments that its CLI spells otherwise; translated once, here.
+ARG_ALIASES = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size", "dp": "data_parallel_size"}
+
+
+def canonical_args(args: Mapping[str, Any]) -> dict[str, Any]:
+    """A configuration's vLLM ``args`` under vLLM's own names, the one reading of them that the
+    planner and the server's argv both use: leading dashes dropped, dashes as underscores,
+    :data:`ARG_ALIASES` translated. Two spellings of one argument are refused (ValueError
+    naming both), whatever their values."""
+    out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in args.items():
+        name = str(key).lstrip("-").replace("-", "_")
+        name = ARG_ALIASES.get(name, name)
+        if name in out:
+            raise ValueError(f"{spelled[name]!r} and {key!r} both set {name}: keep one")
+        out[name], spelled[name] = value, str(key)
+    return out
 
 
 @dataclass
@@ -78,8 +97,8 @@ class ServingArgs:
 
     @classmethod
     def from_config(cls, args: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ServingArgs:
-        """From a configuration's ``args`` mapping (dashes or underscores) and ``env``."""
-        norm = {str(k).lstrip("-").replace("-", "_"): v for k, v in args.items()}
+        """From a configuration's ``args`` mapping (read by :func:`canonical_args`) and ``env``."""
+        norm = canonical_args(args)
         norm.setdefault("kv_cache_memory_bytes", norm.get("kv_cache_memory"))
         out = cls()
         for name, conv in (("tensor_parallel_size", int), ("pipeline_parallel_size", int), ("data_parallel_size", int),
@@ -88,9 +107,6 @@ class ServingArgs:
                            ("kv_cache_memory_bytes", int)):
             if norm.get(name) is not None:
                 setattr(out, name, conv(norm[name]))
-        for short, name in (("tp", "tensor_parallel_size"), ("pp", "pipeline_parallel_size")):
-            if norm.get(short) is not None:
-                setattr(out, name, int(norm[short]))
         if norm.get("kv_cache_dtype"):
             out.kv_cache_dtype = str(norm["kv_cache_dtype"])
         if norm.get("dtype") and str(norm["dtype"]) != "auto":
