@@ -30,8 +30,14 @@ demo-service: $(STAMP)
 stop-demo-service: $(STAMP)
 	$(VENV_PATH) $(DEMO) stop
 
+# The tests serve the default trial on its own ports: a demo service `make run` left running is
+# stopped for them and started again after, whatever the tests' outcome.
 test: $(STAMP) chromium sshd
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@resident=; if $(VENV_PATH) $(DEMO) status >/dev/null 2>&1; then resident=1; \
+		echo "make test: stopping the demo service on 127.0.0.1:8190 for the tests (started again after)"; \
+		$(VENV_PATH) $(DEMO) stop; fi; \
+	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ -n "$$resident" ]; then $(VENV_PATH) $(DEMO) start; fi; exit $$rc
 
 lint: $(STAMP)
 	$(VENV)/bin/snakemake --lint

@@ -65,6 +65,9 @@ def trial(tmp_path_factory):
     del config["configurations"]["tp2"]  # served and checked by test_rerun's first run
     config["configurations"].update(EXTRA)
     config["serving"]["base_port"] = free_base_port(BASE_PORT, len(config["configurations"]))
+    # no torch.compile at start-up (40 s a server here): test_rerun's first run serves the default trial
+    # as README shows it, compiled; these tests are about the records, failures and the report
+    config["serving"]["args"]["enforce_eager"] = True
     demo_port = free_base_port(BASE_PORT + 90, 1)
     config["services"] = {"demo-web": demo_service(work / "demo", demo_port)}
     subprocess.run(config["services"]["demo-web"]["start"], check=True, timeout=60)  # the host's resident service

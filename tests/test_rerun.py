@@ -52,8 +52,9 @@ def running_and_healthy(work: Path) -> bool:
 
 
 #: The second and third runs are about what a rerun leaves in the folder, not about figures: they
-#: run the default trial with its scenarios shortened to one pass of four requests each, from a
-#: trial file given with --configfile (the whole trial, in the same results folder).
+#: run the default trial with its scenarios shortened to one pass of four requests each and its
+#: servers eager (no torch.compile at start-up), from a trial file given with --configfile (the
+#: whole trial, in the same results folder).
 SHORT = {"c1": {"num_prompts": 4, "passes": 1}, "c4": {"num_prompts": 4, "passes": 1}}
 
 
@@ -61,6 +62,7 @@ def short(work: Path) -> tuple[str, str]:
     config = default_config()
     for name, change in SHORT.items():
         config["scenarios"][name].update(change)
+    config["serving"]["args"]["enforce_eager"] = True
     path = work / "short-passes.yaml"
     path.write_text(json.dumps(config))
     return "--configfile", str(path)
