@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtrial.bench import agreement, headline
-from llmtrial.scenarios import is_sweep
+from llmtrial.scenarios import Repetition, is_sweep
 
 #: The ranked figures: key, label, unit, whether higher is better, digits shown.
 FIGURES: tuple[tuple[str, str, str, bool, int], ...] = (
@@ -124,8 +124,8 @@ def repetition_of(entry: Mapping[str, Any] | None) -> dict[str, Any]:
     rep = entry.get("repetition")
     if rep:
         return {"passes_run": len(passes), **rep}
-    asked = (entry.get("spec") or {}).get("passes")
-    n = int(asked) if isinstance(asked, int) else len(passes)
+    spec = entry.get("spec") or {}
+    n = Repetition.of(spec).max if isinstance(spec.get("passes"), int) else len(passes)
     return {"min": n, "max": n, "agreement": None, "passes_run": len(passes),
             "spread": (entry.get("agreement") or {}).get("output_throughput"),
             "stopped": "failed" if any(p.get("status") == "failed" for p in passes) else "fixed"}
@@ -267,11 +267,7 @@ def scenario_tables(configurations: list[Mapping[str, Any]], plans: Mapping[str,
 
 def passes_asked(spec: Mapping[str, Any]) -> str:
     """What the trial file asked for: a fixed count, or passes until they agree."""
-    asked = spec.get("passes")
-    if isinstance(asked, Mapping):
-        return (f"{asked.get('min')}–{asked.get('max')} passes, stopping once they agree within "
-                f"{_pct(asked.get('agreement'))}")
-    return f"{asked} pass(es)" if asked is not None else "passes not recorded"
+    return Repetition.of(spec).describe() if spec.get("passes") is not None else "passes not recorded"
 
 
 def _ratio_sentence(lead: Mapping[str, Any], other: Mapping[str, Any]) -> str:

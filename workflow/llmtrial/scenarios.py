@@ -84,6 +84,12 @@ class Repetition:
             return cls(int(passes["min"]), int(passes["max"]), float(passes["agreement"]))
         return cls(int(passes), int(passes), None)
 
+    def describe(self) -> str:
+        """What the trial file asked for, in words: a fixed count, or passes until they agree."""
+        if self.agreement is None:
+            return f"{self.max} pass(es)"
+        return f"{self.min}–{self.max} passes, stopping once they agree within {100 * self.agreement:.1f} %"
+
     def verdict(self, spread: float | None, ran: int, failed: bool) -> str | None:
         """Why to stop after ``ran`` passes (``failed``: the last one failed), or None to go on:
         ``fixed`` (a count was asked: it runs whatever fails), ``failed`` (agreement cannot be
