@@ -124,3 +124,29 @@ def test_the_cold_first_request_records_its_tokens_and_their_rate(tmp_path, comp
     record["cold_start"]["first_output_tokens"]["unit"] = "s"
     with pytest.raises(ValueError, match="first_output_tokens"):
         check_record(record, "configuration")
+
+
+#: What differs between two runs of one job: clocks, pids, ports, paths, and what the host measured.
+VOLATILE = {("cold_start", "ready_seconds", "value"), ("failure", "log_tail"), ("gpu_census", "checked_at"),
+            ("server", "argv"), ("server", "launched_at"), ("server", "pid"), ("server", "port"),
+            ("server", "ready_at"), ("server", "stop", "stop_seconds"), ("telemetry", "sampler"),
+            ("telemetry", "startup_window"), ("timing",)}
+
+
+def stable(value, path=()):
+    """The record with what :data:`VOLATILE` names replaced by its type's name."""
+    if path in VOLATILE:
+        return type(value).__name__
+    if isinstance(value, dict):
+        return {k: stable(v, (*path, k)) for k, v in value.items()}
+    return [stable(v, path) for v in value] if isinstance(value, list) else value
+
+
+def test_the_jobs_record_is_the_one_it_wrote_before_its_phases_were_split(tmp_path, free_port):
+    """tests/data/records/fake-job-cold-start-failure.json is the record this job wrote before
+    it was split into readiness, measurement and comparison, with what differs between runs
+    replaced by its type: the record's keys, their order and every stable value are the same."""
+    record = fake_job(tmp_path, free_port).run()
+    stored = json.loads((DATA / "records" / "fake-job-cold-start-failure.json").read_text())
+    assert json.loads(json.dumps(stable(record))) == stored
+    assert list(record) == list(stored)
