@@ -23,6 +23,7 @@ report: "workflow/report/workflow.rst"
 
 # ---- stages, in the order data flows
 include: "workflow/rules/preflight.smk"
+include: "workflow/rules/plan.smk"
 include: "workflow/rules/model.smk"
 include: "workflow/rules/services.smk"
 include: "workflow/rules/patch.smk"
