@@ -374,33 +374,3 @@ def held_gpus(gpus: Iterable[Any], held: Sequence[Mapping[str, Any]]) -> list[Ma
     """The ``gpu_failed`` entries (``held``) among ``gpus``, given by NVML index or UUID."""
     wanted = {str(g) for g in gpus}
     return [h for h in held if {str(h["gpu"]), str(h.get("uuid"))} & wanted]
-
-
-# --------------------------------------------------------------------------- for the report
-
-
-def report_context(configurations: Sequence[Mapping[str, Any]], cleanup: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The report's GPUs section: per configuration, what the census found before launch and
-    each GPU's health after a failure; the GPUs cleanup still holds; one finding sentence per
-    fact an auditor must see. None when no configuration had a GPU to look at."""
-    rows = [{"configuration": r["configuration"], "census": r.get("gpu_census"), "health": r.get("gpu_health")}
-            for r in configurations if (r.get("gpu_census") or {}).get("gpus") or r.get("gpu_health")]
-    if not rows:
-        return None
-    sentences = []
-    for row in rows:
-        census_ = row["census"] or {}
-        if census_.get("foreign"):
-            sentences.append(f"{row['configuration']} was not launched: " + "; ".join(
-                map(describe_process, census_["foreign"])) + " computed on a selected GPU.")
-        allowed = [p for p in census_.get("processes", []) if p.get("allowed_by")]
-        if allowed:
-            sentences.append(f"{row['configuration']} shared its GPUs with " + "; ".join(
-                f"{describe_process(p)}, allowed as {p['allowed_by']}" for p in allowed) + ".")
-        for gpu in (row["health"] or {}).get("gpus", []):
-            if gpu.get("healthy") is False:
-                sentences.append(f"After {row['configuration']} failed, {gpu_label(gpu)} failed its health check: "
-                                 f"{gpu['evidence']}.")
-    for held in cleanup.get("gpus_held") or []:
-        sentences.append(f"Cleanup still holds GPU {held['gpu']} as failed, so the services on it were not started.")
-    return {"rows": rows, "sentences": sentences, "held": list(cleanup.get("gpus_held") or [])}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from llmtrial.conclusions import (
     warning_sentences,
 )
 from llmtrial.fileio import atomic_write_text
-from llmtrial.gpus import report_context as gpu_report
+from llmtrial.gpus import describe_process, gpu_label
 from llmtrial.records import human_bytes, read_record
 from llmtrial.resources import TEMPLATES
 from llmtrial.scenarios import runs_of
@@ -229,3 +229,30 @@ def write_charts(folder: Path, items: Iterable[charts.Chart]) -> list[Path]:
     for old in folder.glob("*.svg"):
         old.unlink()
     return [atomic_write_text(folder / f"{c.name}.svg", c.svg) for c in items]
+
+
+def gpu_report(configurations: Sequence[Mapping[str, Any]], cleanup: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The report's GPUs section: per configuration, what the census found before launch and
+    each GPU's health after a failure; the GPUs cleanup still holds; one finding sentence per
+    fact an auditor must see. None when no configuration had a GPU to look at."""
+    rows = [{"configuration": r["configuration"], "census": r.get("gpu_census"), "health": r.get("gpu_health")}
+            for r in configurations if (r.get("gpu_census") or {}).get("gpus") or r.get("gpu_health")]
+    if not rows:
+        return None
+    sentences = []
+    for row in rows:
+        census_ = row["census"] or {}
+        if census_.get("foreign"):
+            sentences.append(f"{row['configuration']} was not launched: " + "; ".join(
+                map(describe_process, census_["foreign"])) + " computed on a selected GPU.")
+        allowed = [p for p in census_.get("processes", []) if p.get("allowed_by")]
+        if allowed:
+            sentences.append(f"{row['configuration']} shared its GPUs with " + "; ".join(
+                f"{describe_process(p)}, allowed as {p['allowed_by']}" for p in allowed) + ".")
+        for gpu in (row["health"] or {}).get("gpus", []):
+            if gpu.get("healthy") is False:
+                sentences.append(f"After {row['configuration']} failed, {gpu_label(gpu)} failed its health check: "
+                                 f"{gpu['evidence']}.")
+    for held in cleanup.get("gpus_held") or []:
+        sentences.append(f"Cleanup still holds GPU {held['gpu']} as failed, so the services on it were not started.")
+    return {"rows": rows, "sentences": sentences, "held": list(cleanup.get("gpus_held") or [])}
