@@ -204,6 +204,8 @@ def test_the_plan_of_a_hub_model_rests_on_the_hubs_byte_counts_before_any_downlo
     assert weights["value"] == (3 << 20) + (5 << 19)
     assert weights["kind"] == "measured"
     assert weights["source"].startswith(f"Hub file sizes of {REPO_ID}@{commit[:12]} (2 weight files")
-    assert record["plan"]["weights_bytes_per_rank"] == [weights["value"]]  # one GPU holds it all
+    rope = record["facts"]["rope_cache_bytes"]
+    assert rope["kind"] == "predicted" and rope["value"] > 0  # vLLM's rotary cache, built on the rank
+    assert record["plan"]["weights_bytes_per_rank"] == [weights["value"] + rope["value"]]  # one GPU holds it all
     assert record["verdict"] == "fits"
     assert [r.path for r in hub.gets()] and all(r.path.endswith("config.json") for r in hub.gets())
