@@ -161,5 +161,5 @@ def test_gemma3_counts_its_text_model_from_the_config_class_defaults_and_its_sig
 ])
 def test_the_rope_cache_is_what_vllms_rotary_embedding_registers(name, positions, dim, width):
     from llmtrial.shape import rope_cache_bytes
-    got, how = rope_cache_bytes(config(name), 2)
+    got, how = rope_cache_bytes(config(name), model_shape(config(name), dtype="bfloat16"))
     assert got == positions * dim * width and f"{positions:,} positions x rotary dim {dim}" in how

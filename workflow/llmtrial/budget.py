@@ -209,13 +209,12 @@ def _headroom(out: dict[str, dict[str, Any]], gpu_memory_gib: float, utilization
     free = int(gpu_memory_gib * GiB * (1 - utilization))
     sampler = seqs * vocab * SAMPLER_BYTES_PER_ENTRY
     needed = out["cuda_graph_outside_bytes"]["value"] + sampler
-    kind = derived_kind(out["cuda_graph_outside_bytes"]["kind"], "estimated")
     return {
         "sampler_warmup_bytes": fact(sampler, f"rule: {SAMPLER_BYTES_PER_ENTRY} B x max_num_seqs {seqs} x vocab {vocab} "
                                      "(the sampler's share of the profiling peak, warmed up after the graphs)",
                                      kind="estimated", unit="B"),
         "headroom_bytes": fact(free - needed, f"{gpu_memory_gib:g} GiB x (1 - gpu_memory_utilization {utilization:g}) - "
-                               "cuda_graph_outside_bytes - sampler_warmup_bytes", kind=kind, unit="B"),
+                               "cuda_graph_outside_bytes - sampler_warmup_bytes", kind="estimated", unit="B"),
     }
 
 

@@ -349,7 +349,7 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
             return Plan("does_not_fit" if blocking else "unknown", blocking + [f"Weights: {exc}"],
                         facts={"weights_bytes": fact(None, str(exc), kind="unknown", unit="B")})
         size = WeightsSize(0, "unknown", str(exc))  # a CPU KV space does not depend on the weights
-    rope, rope_source = rope_cache_bytes(config, shape.dtype_bytes)
+    rope, rope_source = rope_cache_bytes(config, shape)
     lay, offload, weights_per_rank = _placement(config, shape, size, args, stages, extras, reasons, rope)
     per_token_whole, per_token_rank = _kv_per_token(shape, args, stages, reasons)
     facts: dict[str, dict[str, Any]] = {"weights_bytes": size.fact(),

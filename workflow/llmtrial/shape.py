@@ -208,7 +208,7 @@ _ROPE_FROM_ORIGINAL = ("yarn", "deepseek_yarn")
 _ROPE_SCALED = ("linear", "dynamic")
 
 
-def rope_cache_bytes(config: Mapping[str, Any], dtype_bytes: int) -> tuple[int, str]:
+def rope_cache_bytes(config: Mapping[str, Any], shape: ModelShape) -> tuple[int, str]:
     """The cos/sin cache vLLM's rotary embedding registers on every rank when it builds the model (part
     of the memory its "Model loading took" line reports): positions x rotary dimensions x dtype, one
     cache per distinct RoPE (Gemma 3 keeps a local and a global one), and how it was counted. 0 for a
@@ -217,10 +217,8 @@ def rope_cache_bytes(config: Mapping[str, Any], dtype_bytes: int) -> tuple[int, 
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     if "rope_theta" not in cfg and not rope and "qk_rope_head_dim" not in cfg:
         return 0, "no RoPE in config.json"
-    heads = int(config_value(cfg, "num_attention_heads", "n_head"))
-    head_dim = int(config_value(cfg, "head_dim", default=int(config_value(cfg, "hidden_size", "n_embd")) // heads))
     dim = int(cfg.get("qk_rope_head_dim") or cfg.get("rotary_dim")
-              or head_dim * float(cfg.get("partial_rotary_factor") or cfg.get("rotary_pct") or 1.0))
+              or shape.head_dim * float(cfg.get("partial_rotary_factor") or cfg.get("rotary_pct") or 1.0))
     positions = int(config_value(cfg, "max_position_embeddings", "n_positions", default=2048))
     kind, factor = rope.get("rope_type") or rope.get("type"), float(rope.get("factor") or 1.0)
     original = int(rope.get("original_max_position_embeddings") or positions)
@@ -231,7 +229,7 @@ def rope_cache_bytes(config: Mapping[str, Any], dtype_bytes: int) -> tuple[int, 
     elif kind in ("longrope", "su"):
         positions += original  # the short and the long cache side by side
     caches = 2 if str(cfg.get("model_type", "")).startswith("gemma3") else 1
-    width = 4 if str(cfg.get("model_type")) == "gpt_oss" else dtype_bytes  # gpt-oss builds its RoPE in float32
+    width = 4 if str(cfg.get("model_type")) == "gpt_oss" else shape.dtype_bytes  # gpt-oss builds its RoPE in float32
     return caches * positions * dim * width, (f"{caches} x {positions:,} positions x rotary dim {dim} x {width} B "
                                               "(vLLM's rotary cos/sin cache on every rank)")
 

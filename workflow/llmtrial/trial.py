@@ -14,6 +14,7 @@ explains it; only faults of the workflow itself raise.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -84,7 +85,7 @@ class TrialJob:
     def model_dir(self) -> str:
         return str(self.manifest["model_dir"])
 
-    @property
+    @functools.cached_property
     def spread(self) -> Spread | None:
         """The configuration's nodes when it spans several, else None."""
         if len(self.nodes) < 2:
@@ -93,8 +94,7 @@ class TrialJob:
                       launch=str(self.spec.get("launch") or "native"), manifest=self.manifest)
 
     def argv(self) -> list[str]:
-        spread = self.spread
-        args = {**self.spec["args"], **(spread.server_args() if spread else {})}
+        args = {**self.spec["args"], **(self.spread.server_args() if self.spread else {})}
         return build_server_argv(model_dir=self.model_dir, served_model_name=self.served_model_name,
                                  host=self.host, port=self.port, args=args)
 
@@ -188,9 +188,8 @@ class TrialJob:
         kwargs: dict[str, Any] = {"host": self.host, "port": self.port, "log_path": self.paths.server_log,
                                   "env": dict(env), "stop_timeout": float(self.spec["stop_timeout_s"]),
                                   "label": self.label}
-        spread = self.spread
-        if spread:
-            return spread.server(self.argv(), ledger, envs, self.spec["args"], **kwargs)
+        if self.spread:
+            return self.spread.server(self.argv(), ledger, envs, self.spec["args"], **kwargs)
         return ServerProcess(self.argv(), ledger=ledger, **kwargs)
 
     def _fresh_folder(self) -> None:
