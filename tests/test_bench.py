@@ -21,8 +21,8 @@ from llmtrial.bench import (
     stall_flag,
     summarize_result,
 )
+from llmtrial.groups import group_members
 from llmtrial.records import check_record, read_record
-from llmtrial.server import group_members
 from llmtrial.tiny import generate_tiny_model
 
 SCENARIO = {"input_len": 64, "output_len": 32, "num_prompts": 12, "concurrency": 4, "request_rate": "inf"}

@@ -7,9 +7,9 @@ import socket
 from conftest import child_pid, fake_server
 from llmtrial.cleanup import run_cleanup
 from llmtrial.cli import main as cli_main
+from llmtrial.groups import group_members, port_open
 from llmtrial.ledger import Ledger
 from llmtrial.paths import TrialPaths
-from llmtrial.server import group_members, port_open
 
 
 def abandoned_server(tmp_path, port, run=None):

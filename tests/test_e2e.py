@@ -17,10 +17,10 @@ import pytest
 
 from browser import PNG_MAGIC, chromium_available, visit
 from conftest import REPO
+from llmtrial.groups import group_members, port_open
 from llmtrial.ledger import Ledger
 from llmtrial.logs import read_log
 from llmtrial.patching import revert_patches, verify_files
-from llmtrial.server import group_members, port_open
 from llmtrial.telemetry import read_samples
 from workflow_helpers import (
     assert_snakemake_report_bundles,

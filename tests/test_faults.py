@@ -17,9 +17,9 @@ import time
 import pytest
 
 from conftest import REPO, free_ports
+from llmtrial.groups import group_members, port_open
 from llmtrial.ledger import Ledger
 from llmtrial.patching import revert_patches, verify_files
-from llmtrial.server import group_members, port_open
 from workflow_helpers import SNAKEMAKE, default_config, demo_service, snakemake, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.workflow]

@@ -35,9 +35,8 @@ import yaml
 
 from conftest import REPO
 from hosts import INTERFACE
-from llmtrial.groups import group_alive
+from llmtrial.groups import group_alive, group_members, port_open
 from llmtrial.nodes import Node
-from llmtrial.server import group_members, port_open
 from test_e2e import free_base_port
 from workflow_helpers import SNAKEMAKE, write_config
 

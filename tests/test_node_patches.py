@@ -16,10 +16,11 @@ import pytest
 
 from llmtrial.cleanup import outstanding
 from llmtrial.ledger import Action, Ledger, current_run
+from llmtrial.ledger_tables import patches_table
 from llmtrial.node_patches import PLUGIN_FOLDER, carry_plugin, plugin_files
 from llmtrial.nodes import NodeError
 from llmtrial.patchdata import PLUGIN_GROUP, PatchError, entry_point_name
-from llmtrial.patching import apply_patches, ensure_patched, live_patches, node_plugin_env, patches_table
+from llmtrial.patching import apply_patches, ensure_patched, live_patches, node_plugin_env
 from llmtrial.paths import TrialPaths
 from llmtrial.records import check_record
 

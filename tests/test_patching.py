@@ -24,6 +24,7 @@ from conftest import REPO, free_ports
 from llmtrial.cleanup import run_cleanup, unfinished
 from llmtrial.cli import main as cli_main
 from llmtrial.ledger import Ledger
+from llmtrial.ledger_tables import patches_table
 from llmtrial.patching import (
     PatchError,
     apply_file_diff,
@@ -35,7 +36,6 @@ from llmtrial.patching import (
     live_patches,
     load_patch,
     parse_diff,
-    patches_table,
     prepare_file_patches,
     revert_patches,
     server_env,

@@ -15,13 +15,12 @@ from pathlib import Path
 import pytest
 
 from conftest import NvmlDouble, NVMLError
+from llmtrial.checks import check_allocator, check_open_files
 from llmtrial.disk import disk_headroom
 from llmtrial.nodes import spanned_nodes
 from llmtrial.paths import TrialPaths
 from llmtrial.preflight import (
     PreflightError,
-    check_allocator,
-    check_open_files,
     environment_record,
     gpu_inventory,
     linux_bus_id,

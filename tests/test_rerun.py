@@ -22,9 +22,9 @@ import pytest
 from browser import PNG_MAGIC, chromium_available, visit
 from conftest import REPO
 from llmtrial.cleanup import outstanding
+from llmtrial.groups import port_open
 from llmtrial.ledger import Ledger
 from llmtrial.patching import revert_patches
-from llmtrial.server import port_open
 from workflow_helpers import SNAKEMAKE, default_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.workflow]

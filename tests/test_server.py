@@ -13,14 +13,13 @@ import psutil
 import pytest
 
 from conftest import child_pid, fake_server
+from llmtrial.groups import group_members, port_open
 from llmtrial.ledger import Ledger
 from llmtrial.server import (
     ServerProcess,
     ServerStartError,
     args_to_flags,
     build_server_argv,
-    group_members,
-    port_open,
 )
 
 

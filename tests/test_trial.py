@@ -14,10 +14,10 @@ import pytest
 
 from conftest import DATA, SERVER_SCRIPT
 from llmtrial.bench import agreement
+from llmtrial.groups import group_members, port_open
 from llmtrial.ledger import Ledger
 from llmtrial.paths import JobPaths, TrialPaths
 from llmtrial.records import check_record, read_record
-from llmtrial.server import group_members, port_open
 from llmtrial.trial import TrialJob
 
 

@@ -91,8 +91,8 @@ def test_snakemake_cleanup_stops_what_a_killed_run_left(tmp_path, free_port):
     import json
 
     from conftest import fake_server
+    from llmtrial.groups import group_members, port_open
     from llmtrial.ledger import Ledger
-    from llmtrial.server import group_members, port_open
 
     config = default_config()
     config["serving"]["base_port"] = free_port
@@ -183,7 +183,7 @@ def test_snakemake_report_bundles_every_record_of_a_trial_with_a_failed_and_a_sk
     import json
 
     from conftest import free_ports
-    from llmtrial.server import port_open
+    from llmtrial.groups import port_open
     from workflow_helpers import assert_snakemake_report_bundles
 
     config = default_config()

@@ -27,13 +27,13 @@ from typing import Any
 import psutil
 
 from llmtrial.gpus import recheck_failed
-from llmtrial.groups import stop_recorded_groups
-from llmtrial.ledger import CHANGES, Action, Ledger, replay
-from llmtrial.patching import group_patches, patches_table, revert_patches
+from llmtrial.groups import group_members, port_open, stop_group, stop_recorded_groups
+from llmtrial.ledger import Action, Ledger, replay
+from llmtrial.ledger_tables import patches_table, services_table, undo_rows
+from llmtrial.patching import group_patches, revert_patches
 from llmtrial.paths import TrialPaths
 from llmtrial.records import write_record
-from llmtrial.server import group_members, port_open, stop_group
-from llmtrial.services import check_running, restore, services_table
+from llmtrial.services import check_running, restore
 from llmtrial.weights import apply_policy
 
 log = logging.getLogger(__name__)
@@ -85,22 +85,6 @@ def _listener_pids(port: int) -> list[int]:
     return sorted({c.pid for c in conns if c.laddr and c.laddr.port == port
                    and c.status == psutil.CONN_LISTEN and c.pid})
 
-
-def _undo_rows(entries: list[dict[str, Any]], kind: str, fields: tuple[str, ...],
-               only: Action | None = None) -> list[dict[str, Any]]:
-    """One row per change of ``kind`` (any run; with ``only``, of that action): its
-    ``fields``, its run, and the run and outcome of the entry that undid it (None while
-    outstanding)."""
-    undone = replay(entries).undone
-    rows = []
-    for e in entries:
-        if CHANGES[kind].is_change(e) and (only is None or e["action"] == only):
-            back = undone.get(e["id"])
-            rows.append({**{f: e.get(f) for f in fields}, "run": e["run"], "change": e["id"], "alive_pids": [],
-                         "undone_by_run": back["run"] if back else None,
-                         "action": (back.get("outcome") or f"none (ended by its own {back['action']})") if back else
-                         "not undone"})
-    return rows
 
 
 def _split(rows: list[dict[str, Any]], run: str, by: str,
@@ -235,11 +219,11 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
     after = ledger.entries()
     services, left_services = _split(services_table(after), ledger.run, "restored_by_run")
     patches, left_patches = _split(patches_table(after), ledger.run, "reverted_by_run")
-    servers, left_servers = _split(_undo_rows(after, "servers", ("label", "pgid", "port"), Action.SERVER_STARTED),
+    servers, left_servers = _split(undo_rows(after, "servers", ("label", "pgid", "port"), Action.SERVER_STARTED),
                                    ledger.run, "undone_by_run", did["servers"])
-    groups, left_groups = _split(_undo_rows(after, "servers", ("label", "node"), Action.GROUP_LAUNCH),
+    groups, left_groups = _split(undo_rows(after, "servers", ("label", "node"), Action.GROUP_LAUNCH),
                                  ledger.run, "undone_by_run", did["groups"])
-    jobs, left_jobs = _split(_undo_rows(after, "jobs", ("label", "pid")), ledger.run, "undone_by_run", did["jobs"])
+    jobs, left_jobs = _split(undo_rows(after, "jobs", ("label", "pid")), ledger.run, "undone_by_run", did["jobs"])
     host_check = check_running([r["quiet"] for r in [*services, *left_services] if r["was_running"]], after)
     for c in host_check:
         if not c["running_and_healthy"] and not any(r["what"] == c["name"] for r in residues):

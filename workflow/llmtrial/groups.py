@@ -12,7 +12,7 @@ with the node's own Python (:meth:`llmtrial.nodes.Node.program`: argv, the progr
 - :func:`group_alive` lists the live members of a group created at or after ``not_before``
   (the leader's start time), so a recycled group id of an older process is never touched.
 - :func:`stop_remote_group` sends SIGTERM to those members, waits, then SIGKILL, and reports
-  survivors, as :func:`llmtrial.server.stop_group` does here. Nothing is killed by name.
+  survivors, as :func:`stop_group` does here. Nothing is killed by name.
 
 Each group may carry a ``token`` (an environment variable its processes inherit): a process
 that carries it belongs to the group even if it left the session, and a group whose start
@@ -27,23 +27,30 @@ it, and the launch stays outstanding for the next cleanup.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
+import signal
+import socket
+import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import psutil
 
 from llmtrial.ledger import Action, Ledger
 from llmtrial.nodes import Node, NodeError
 
-__all__ = ["GROUP_ENV", "spawn_group", "group_alive", "stop_remote_group", "start_group", "finish_group",
+__all__ = ["GROUP_ENV", "port_open", "group_members", "stop_group", "spawn_group", "group_alive", "stop_remote_group", "start_group", "finish_group",
            "stop_recorded_groups"]
 
 log = logging.getLogger(__name__)
 
 #: The environment variable that carries a group's token into every process of it.
 GROUP_ENV = "LLMTRIAL_GROUP"
-#: Seconds a stop waits after SIGKILL (as llmtrial.server.stop_group).
+#: Seconds a stop waits after SIGKILL (as :func:`stop_group`).
 KILL_GRACE_S = 10.0
 #: Seconds for the program that starts or lists a group to answer.
 ANSWER_TIMEOUT_S = 60.0
@@ -236,3 +243,72 @@ def stop_recorded_groups(launches: list[dict[str, Any]], ledger: Ledger, timeout
         log.info("stopping group %s on node %s from the ledger", launch.get("label"), launch.get("node"))
         out.append(_stop_one(launch, marks.get(launch["id"]), ledger, timeout, residues))
     return out
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    """True when something accepts TCP connections on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def group_members(pgid: int, not_before: float | None = None) -> list[psutil.Process]:
+    """Live (non-zombie) processes of process group ``pgid``.
+
+    With ``not_before`` (a Unix time), only processes created at or after it count, so a
+    recycled group id of an unrelated, older process is never touched.
+    """
+    members = []
+    for proc in psutil.process_iter(["pid", "status", "create_time"]):
+        try:
+            if os.getpgid(proc.pid) != pgid or proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+        if not_before is not None and proc.info["create_time"] + 1.0 < not_before:
+            continue
+        members.append(proc)
+    return members
+
+
+def stop_group(pgid: int, *, host: str, port: int, timeout: float, not_before: float | None = None,
+               leader: subprocess.Popen[bytes] | None = None) -> dict[str, Any]:
+    """SIGTERM the group, wait, SIGKILL what is left, then confirm the port is closed.
+
+    Returns what was done and seen; ``survivors`` lists pids still alive afterwards.
+    """
+    t0 = time.monotonic()
+    sent: list[str] = []
+
+    def reap() -> None:
+        if leader is not None:
+            leader.poll()
+
+    for sig, grace in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+        reap()
+        members = group_members(pgid, not_before)
+        if not members:
+            break
+        sent.append(sig.name)
+        for proc in members:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            reap()
+            if not group_members(pgid, not_before):
+                break
+            time.sleep(0.2)
+    reap()
+    survivors = [p.pid for p in group_members(pgid, not_before)]
+    closed_deadline = time.monotonic() + 10.0
+    while port_open(host, port) and time.monotonic() < closed_deadline:
+        time.sleep(0.2)
+    return {
+        "signals": sent,
+        "stop_seconds": round(time.monotonic() - t0, 3),
+        "survivors": survivors,
+        "port_closed": not port_open(host, port),
+    }

@@ -8,9 +8,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from llmtrial.checks import check
+from llmtrial.checks import check, check_allocator, check_nccl_interfaces
 from llmtrial.plan_inputs import Hardware, ServingArgs
-from llmtrial.preflight import check_allocator, check_nccl_interfaces
 from llmtrial.probes import peer_check, selected_gpus
 from llmtrial.shape import ModelShape, derived_max_model_len
 

@@ -423,7 +423,7 @@ def evidence(patches: list[dict[str, Any]], log_text: str, env: Mapping[str, str
 # ------------------------------------------------------------------ revert
 
 
-def _patch_key(e: dict[str, Any]) -> str | None:
+def patch_key(e: dict[str, Any]) -> str | None:
     return e.get("file") or e.get("dir")
 
 
@@ -438,7 +438,7 @@ def group_patches(changes: dict[str, dict[str, Any]]) -> dict[str, dict[str, dic
         if e["action"] == Action.PATCH_PLUGIN_COPY:
             into, key = groups["copies"], f"{e['node']}:{e['dir']}"
         else:
-            into, key = groups["files" if e["action"] == Action.PATCH_FILE else "plugins"], _patch_key(e)
+            into, key = groups["files" if e["action"] == Action.PATCH_FILE else "plugins"], patch_key(e)
         into.setdefault(key, {**e, "undo_ids": []})["undo_ids"].append(i)
     return groups
 
@@ -525,40 +525,3 @@ def revert_patches(ledger: Ledger) -> dict[str, Any]:
     return {"items": items, "residues": residues}
 
 
-def patches_table(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each file or plugin folder a patch changed (any run), from the ledger, with its node (a
-    plugin folder carried to another node is a row of that node, ``copy_of`` the folder
-    here): hashes, applied (for a copy: verified on its node) and reverted times, whether the
-    file matched RECORD after the revert, the run that changed it and the run that reverted
-    it. A revert is matched to the change it names."""
-    rows: dict[str, dict[str, Any]] = {}
-    undone = replay(entries).undone
-    for e in entries:
-        action = e.get("action")
-        if action in (Action.PATCH_FILE, Action.PATCH_PLUGIN, Action.PATCH_PLUGIN_COPY):
-            row = {"patches": e["patches"], "mode": "file" if action == Action.PATCH_FILE else "plugin",
-                   "target": _patch_key(e), "node": e["node"], "run": e["run"], "change": e["id"], "applied_at": None,
-                   "reverted_at": None, "reverted_by_run": None, "revert_outcome": None, "matches_record": None}
-            if action == Action.PATCH_FILE:
-                row.update({k: e[k] for k in ("path", "backup", "record_hash", "before_hash", "after_hash")})
-            elif action == Action.PATCH_PLUGIN:
-                row["entry_points"] = e.get("entry_points")
-            else:
-                row["copy_of"] = e.get("source")
-            back = undone.get(e["id"])
-            if back is not None:
-                row.update(reverted_at=back["t"], reverted_by_run=back["run"], revert_outcome=back.get("outcome"),
-                           matches_record=True if back["action"] == Action.PATCH_REVERTED else None)
-            rows[e["id"]] = row
-        elif action == Action.PATCH_PLUGIN_COPIED and e.get("copy") in rows:
-            rows[e["copy"]]["applied_at"] = e["t"]
-        elif action == Action.PATCH_APPLIED:
-            for row in rows.values():
-                if row["applied_at"] is None and row["run"] == e["run"] and "copy_of" not in row and (
-                        row["target"] == e.get("dir") or row.get("path") in e.get("files", [])):
-                    row["applied_at"] = e["t"]
-        elif action == Action.PATCH_REVERT_FAILED:
-            for row in rows.values():
-                if row["target"] == e.get("file") and row["node"] == e["node"] and row["reverted_at"] is None:
-                    row.update(revert_outcome=e.get("outcome"), matches_record=False)
-    return list(rows.values())

@@ -8,12 +8,9 @@ process is still alive. Every launch is written to the trial's ledger before it 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,8 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from llmtrial.groups import port_open, stop_group
 from llmtrial.ledger import Action, Ledger
 
 log = logging.getLogger(__name__)
@@ -89,74 +85,6 @@ def build_server_argv(
         *args_to_flags(merged),
     ]
 
-
-def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
-    """True when something accepts TCP connections on host:port."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def group_members(pgid: int, not_before: float | None = None) -> list[psutil.Process]:
-    """Live (non-zombie) processes of process group ``pgid``.
-
-    With ``not_before`` (a Unix time), only processes created at or after it count, so a
-    recycled group id of an unrelated, older process is never touched.
-    """
-    members = []
-    for proc in psutil.process_iter(["pid", "status", "create_time"]):
-        try:
-            if os.getpgid(proc.pid) != pgid or proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            continue
-        if not_before is not None and proc.info["create_time"] + 1.0 < not_before:
-            continue
-        members.append(proc)
-    return members
-
-
-def stop_group(pgid: int, *, host: str, port: int, timeout: float, not_before: float | None = None,
-               leader: subprocess.Popen[bytes] | None = None) -> dict[str, Any]:
-    """SIGTERM the group, wait, SIGKILL what is left, then confirm the port is closed.
-
-    Returns what was done and seen; ``survivors`` lists pids still alive afterwards.
-    """
-    t0 = time.monotonic()
-    sent: list[str] = []
-
-    def reap() -> None:
-        if leader is not None:
-            leader.poll()
-
-    for sig, grace in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-        reap()
-        members = group_members(pgid, not_before)
-        if not members:
-            break
-        sent.append(sig.name)
-        for proc in members:
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(sig)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            reap()
-            if not group_members(pgid, not_before):
-                break
-            time.sleep(0.2)
-    reap()
-    survivors = [p.pid for p in group_members(pgid, not_before)]
-    closed_deadline = time.monotonic() + 10.0
-    while port_open(host, port) and time.monotonic() < closed_deadline:
-        time.sleep(0.2)
-    return {
-        "signals": sent,
-        "stop_seconds": round(time.monotonic() - t0, 3),
-        "survivors": survivors,
-        "port_closed": not port_open(host, port),
-    }
 
 
 class ServerProcess:

@@ -419,29 +419,6 @@ def _held_back(svc: Service, held: Sequence[Mapping[str, Any]]) -> dict[str, Any
                 f"services.{svc.name}.start_on_failed_gpu"}}
 
 
-def services_table(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per quiet of a service (any run): state before, stopped at, restarted at, health, the
-    run that quieted it and the run that restarted it, from the ledger."""
-    rows: dict[str, dict[str, Any]] = {}
-    undone = replay(entries).undone
-    for e in entries:
-        action = e.get("action")
-        if action == Action.SERVICE_QUIET:
-            name = e["service"]["name"]
-            rows[e["id"]] = {"name": name, "kind": e["service"]["kind"], "run": e["run"], "quiet": e["id"],
-                             "was_running": e["was_running"], "state_seen": e.get("state_seen"),
-                             "stopped_at": e["t"] if e["was_running"] else None, "down": None,
-                             "restarted_at": None, "healthy": None, "restored_by_run": None}
-            back = undone.get(e["id"])
-            if back is not None:
-                rows[e["id"]].update(restarted_at=back["t"], healthy=True, healthy_after_s=back.get("healthy_after_s"),
-                                     restored_by_run=back["run"])
-        elif action == Action.SERVICE_STOPPED:
-            quiet_id = e.get("quiet") or next((i for i in reversed(rows) if rows[i]["name"] == e.get("name")), None)
-            if quiet_id in rows:
-                rows[quiet_id]["down"] = e["down"]
-    return list(rows.values())
-
 
 def check_running(quiet_ids: list[str], entries: list[dict[str, Any]], runner: Runner = run_argv) -> list[dict[str, Any]]:
     """Read, from the host now, whether each service whose ``service_quiet`` entry is named
