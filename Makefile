@@ -15,7 +15,7 @@ CONSTRAINTS := $(wildcard envs/constraints-$(SERVING).txt)
 CHROMIUM ?= $(shell command -v chromium || command -v chromium-browser || echo /usr/bin/chromium)
 SSHD ?= /usr/sbin/sshd
 
-DEMO := python -m llmtrial.demo_service --port 8190 --state .demo-service
+DEMO := python -m llmtrial.host.demo_service --port 8190 --state .demo-service
 VENV_PATH := PATH="$(abspath $(VENV))/bin:$$PATH"
 
 .PHONY: run test lint lock chromium sshd clean-venv demo-service stop-demo-service

@@ -3,7 +3,7 @@
     PYTHONPATH=workflow python benchmarks/collective.py [SIZE_MIB ...] [--iters N] [--port P]
 
 For each size (default 1, 4, 16 and 64 MiB of float32) it runs
-:func:`llmtrial.collective.run_local_group` with two ranks on loopback and prints the wall
+:func:`llmtrial.host.collective.run_local_group` with two ranks on loopback and prints the wall
 time of the whole check (process start, torch import, rendezvous, warm-up, iterations), the
 rendezvous time, the slowest rank's median all_reduce time, and the algorithm and bus
 bandwidths as nccl-tests defines them for all_reduce (busbw = algbw * 2(n-1)/n; equal for
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-from llmtrial.collective import free_port, run_local_group
+from llmtrial.host.collective import free_port, run_local_group
 
 
 def main() -> None:

@@ -4,10 +4,10 @@
 
 Needs torch (with CUDA to measure the GPU probes) and, for the telemetry and the link
 checks, nvidia-ml-py and psutil; neither vLLM nor Snakemake. Runs every probe with the trial
-file's defaults (:data:`llmtrial.probes.DEFAULTS`) on the GPUs given (every GPU NVML lists
+file's defaults (:data:`llmtrial.host.probes.DEFAULTS`) on the GPUs given (every GPU NVML lists
 by default), prints every figure and the link checks, then samples NVML once a second for
 SECONDS (default 3) while idle. Before the probes it prints the census of compute processes
-on those GPUs and their health check (:mod:`llmtrial.gpus`: a fresh process per GPU that
+on those GPUs and their health check (:mod:`llmtrial.host.gpus`: a fresh process per GPU that
 initialises CUDA and allocates, fills and frees 64 MiB, and the kernel log's Xid lines since
 the script started). On a host without CUDA it prints each GPU probe's skip and its reason.
 Takes well under five minutes on a host of eight GPUs.
@@ -19,12 +19,12 @@ import json
 import sys
 import time
 
-from llmtrial import gpus
-from llmtrial.probes import link_checks, peer_check, run_probes, selected_gpus
+from llmtrial.host import gpus
+from llmtrial.host.probes import link_checks, peer_check, run_probes, selected_gpus
 
 try:
-    from llmtrial.preflight import gpu_inventory
-    from llmtrial.sources import NvmlSource
+    from llmtrial.borrow.preflight import gpu_inventory
+    from llmtrial.host.sources import NvmlSource
 except ImportError as exc:  # psutil missing: probes only
     gpu_inventory = NvmlSource = None  # type: ignore[assignment,misc]
     MISSING = str(exc)

@@ -5,7 +5,7 @@
 Serves a repository of SHARDS weight shards of SHARD_MIB MiB each (default 4 x 64 MiB)
 plus small files from the loopback Hub server (tests/hub_server.py) and, ROUNDS times
 (default 3, alternating which goes first), downloads it into a fresh folder with the
-model stage (llmtrial.staging.stage_model: resolve, headroom, download, verify every
+model stage (llmtrial.weights.staging.stage_model: resolve, headroom, download, verify every
 file's sha256) and with `hf download --local-dir` (huggingface_hub's CLI, which does not
 hash). Both run as their own processes with the same HF_ENDPOINT and token, and both
 must produce the same bytes. Prints seconds and MiB/s per round and the stage's
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from hub_server import HubServer, model_files  # noqa: E402
 
-STAGE = ("import json, sys; from pathlib import Path; from llmtrial.staging import stage_model; "
+STAGE = ("import json, sys; from pathlib import Path; from llmtrial.weights.staging import stage_model; "
          "stage_model(json.loads(sys.argv[1]), Path(sys.argv[2]), "
          "disk={'reserve_fraction': 0, 'reserve_min_gib': 0})")
 

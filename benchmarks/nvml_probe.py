@@ -16,9 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from llmtrial.preflight import gpu_inventory
-from llmtrial.sources import NvmlSource
-from llmtrial.telemetry import Sampler, read_samples, window_figures
+from llmtrial.borrow.preflight import gpu_inventory
+from llmtrial.host.sources import NvmlSource
+from llmtrial.serve.telemetry import Sampler, read_samples, window_figures
 
 
 def main() -> int:

@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from llmtrial.scenarios import runs_of
+from llmtrial.serve.scenarios import runs_of
 
 
 def main() -> None:

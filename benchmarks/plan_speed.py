@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 import time
 
-from llmtrial.model_source import model_config_for
-from llmtrial.plan import GiB, Hardware, ServingArgs, WeightsSize, plan
+from llmtrial.plan.planner import GiB, Hardware, ServingArgs, WeightsSize, plan
+from llmtrial.weights.model_source import model_config_for
 
 SEED_003 = {"num_hidden_layers": 94, "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128,
             "hidden_size": 4096, "vocab_size": 151936, "torch_dtype": "bfloat16", "num_experts": 128,

@@ -37,9 +37,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llmtrial.budget import MemoryTerms
-from llmtrial.plan import GiB, Hardware, Plan, ServingArgs, plan
-from llmtrial.shape import PlanError
+from llmtrial.plan.budget import MemoryTerms
+from llmtrial.plan.planner import GiB, Hardware, Plan, ServingArgs, plan
+from llmtrial.plan.shape import PlanError
 
 
 def _args(case: dict[str, Any]) -> ServingArgs:

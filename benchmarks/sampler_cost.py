@@ -18,8 +18,8 @@ import threading
 import time
 from pathlib import Path
 
-from llmtrial.sources import HostSource, MetricsSource
-from llmtrial.telemetry import Sampler, read_samples
+from llmtrial.host.sources import HostSource, MetricsSource
+from llmtrial.serve.telemetry import Sampler, read_samples
 
 METRICS = Path(__file__).resolve().parent.parent / "tests" / "data" / "vllm-0.32.0-cpu-metrics.txt"
 

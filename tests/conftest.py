@@ -16,10 +16,19 @@ from types import SimpleNamespace
 import pytest
 
 from hosts import SSHD, TwoHosts, two_hosts
-from llmtrial.server import ServerProcess
+from llmtrial.host.groups import port_open
+from llmtrial.serve.server import ServerProcess
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
+
+
+def free_base_port(start: int, count: int) -> int:
+    """The first of ``count`` consecutive loopback ports, from ``start`` up in steps of ten, none open."""
+    port = start
+    while any(port_open("127.0.0.1", port + i) for i in range(count)):
+        port += 10
+    return port
 
 
 def free_ports(n: int) -> list[int]:

@@ -1,6 +1,6 @@
 """A test double of a GPU host's stack, for the workflow run end to end on a machine with no GPU.
 
-``LLMTRIAL_GPU_DOUBLE=<this file>`` makes llmtrial use it (:mod:`llmtrial.gpus`): the module
+``LLMTRIAL_GPU_DOUBLE=<this file>`` makes llmtrial use it (:mod:`llmtrial.host.gpus`): the module
 stands in for nvidia-ml-py's ``pynvml``; :func:`cuda_health` for CUDA in the health check's
 fresh process; ``python gpu_double.py dmesg`` for the kernel log. What it reports comes from
 the JSON file named by ``GPU_DOUBLE_SCENARIO`` (read at every call, so a test can change the

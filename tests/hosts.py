@@ -33,7 +33,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmtrial.nodes import Node, local_node
+import psutil
+
+from llmtrial.core.ledger import Ledger
+from llmtrial.core.paths import TrialPaths
+from llmtrial.host.nodes import Node, local_node
 
 SSHD = Path("/usr/sbin/sshd")
 #: sshd's compiled-in privilege separation folder; it refuses to start without it.
@@ -256,3 +260,24 @@ def two_hosts(subnet: str = "10.231.1", port: int = 2222) -> Iterator[TwoHosts]:
             with contextlib.suppress(OSError):
                 PRIVSEP_DIR.rmdir()
         h.teardown_s = time.monotonic() - stopping
+
+
+CLEANUP = ("import json, sys; from llmtrial.borrow.cleanup import run_cleanup; "
+           "print(json.dumps(run_cleanup(sys.argv[1], stop_timeout=5), default=str))")
+
+
+def cleanup_on_a(hosts: TwoHosts, results: Path) -> dict:
+    """``run_cleanup(results)`` in a new Python on host A."""
+    return hosts.python_on_a(CLEANUP, str(results))
+
+
+def kill_planted(pids: list[int]) -> None:
+    """Kill processes a test planted (by pid), whatever became of them."""
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).kill()
+
+
+def entries(results: Path) -> list[dict]:
+    """The trial ledger's entries under ``results``."""
+    return Ledger(TrialPaths(results).ledger).entries()

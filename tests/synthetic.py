@@ -10,8 +10,8 @@ import math
 from typing import Any
 
 from conftest import DATA
-from llmtrial.collective import summarize
-from llmtrial.records import read_record
+from llmtrial.core.records import read_record
+from llmtrial.host.collective import summarize
 
 DEMO = DATA / "demo"
 SLO = {"ttft_ms": 500, "tpot_ms": 50, "percentile": 90}
@@ -141,7 +141,7 @@ MiB = 2**20
 
 
 def collective(ok: bool = True, wall_s: float = 1.2) -> dict[str, Any]:
-    """The sanity check's record as llmtrial.collective.summarize makes it from two ranks' results."""
+    """The sanity check's record as llmtrial.host.collective.summarize makes it from two ranks' results."""
     ranks = [{"rank": r, "world_size": 2, "backend": "gloo", "ok": ok, "median_s": 0.0262 + 0.0001 * r,
               "size_bytes": 16 * MiB, "torch": "2.13.0+cpu", "python": "3.11.2"} for r in (0, 1)]
     if not ok:

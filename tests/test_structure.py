@@ -1,5 +1,5 @@
-"""The library's imports run one way: no module imports a module that imports it back, and no
-llmtrial import hides inside a function.
+"""The library's imports run one way: no module imports a module that imports it back, no
+llmtrial import hides inside a function, and the packages import only the packages below them.
 
 The imports are read from the source with ``ast`` (module level, inside functions and
 classes, under ``if TYPE_CHECKING:`` alike), never by importing the modules, so import order
@@ -18,6 +18,9 @@ from conftest import REPO
 
 PACKAGE = "llmtrial"
 LIBRARY = REPO / "workflow" / PACKAGE
+#: The library's packages, bottom first: each may import only those before it. The modules at
+#: the top (the trial file, provenance, the command line) may import any package; none imports them.
+PACKAGES = ("core", "logs", "host", "plan", "weights", "patch", "borrow", "serve", "report")
 
 
 def module_name(path: Path, root: Path = LIBRARY) -> str:
@@ -51,7 +54,7 @@ def imports_of(path: Path, importer: str, known: set[str]) -> list[tuple[str, in
                 names = [alias.name for alias in child.names]
             elif isinstance(child, ast.ImportFrom):
                 target = _resolve(child, importer, is_package)
-                # ``from llmtrial import hub`` imports the submodule; ``from llmtrial.hub import X`` the module
+                # ``from llmtrial import hub`` imports the submodule; ``from llmtrial.weights.hub import X`` the module
                 names = [f"{target}.{alias.name}" if f"{target}.{alias.name}" in known else target
                          for alias in child.names]
             else:
@@ -132,7 +135,75 @@ def test_no_llmtrial_import_inside_a_function() -> None:
     assert not hidden, "llmtrial imports inside functions (import at module level instead):\n" + "\n".join(hidden)
 
 
+def package_of(module: str) -> str | None:
+    """The package a library module sits in (``llmtrial.plan.shape`` -> ``plan``); None at the top."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in PACKAGES) else None
+
+
+def upward_imports(graph: dict[str, set[str]], order: tuple[str, ...] = PACKAGES) -> list[str]:
+    """Every import that runs against ``order``: a package importing one above it, or a top module."""
+    rank = {p: i for i, p in enumerate(order)}
+    out = []
+    for importer, targets in sorted(graph.items()):
+        here = package_of(importer)
+        if here is None:
+            continue
+        for target in sorted(targets):
+            there = package_of(target)
+            if there is None:
+                out.append(f"{importer} imports the top module {target}")
+            elif there not in rank or here not in rank:
+                out.append(f"{importer} imports {target}: a package outside {order}")
+            elif rank[there] > rank[here]:
+                out.append(f"{importer} ({here}) imports {target} ({there}), a package above it")
+    return out
+
+
+def test_the_packages_import_only_the_packages_below_them() -> None:
+    graph, _ = import_graph()
+    # patches/ holds patch data (a hook.py among them), not library code
+    found = {package_of(m) for m in graph} - {None, "patches"}
+    assert found == set(PACKAGES), f"packages on disk {sorted(found)} against the order {PACKAGES}"
+    upward = upward_imports(graph)
+    assert not upward, "imports that run up the package order:\n" + "\n".join(upward)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_each_package_names_what_it_offers(package: str) -> None:
+    """The package's ``__init__`` describes every module and lists it in ``__all__``, and imports
+    nothing (a package is never loaded whole for one module)."""
+    init = LIBRARY / package / "__init__.py"
+    tree = ast.parse(init.read_text(encoding="utf-8"))
+    doc = ast.get_docstring(tree) or ""
+    modules = sorted(p.stem for p in init.parent.glob("*.py") if p.stem != "__init__")
+    [offered] = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                 and [t.id for t in n.targets if isinstance(t, ast.Name)] == ["__all__"]]
+    assert sorted(offered) == modules
+    assert [m for m in modules if f":mod:`llmtrial.{package}.{m}`" not in doc] == []
+    assert not [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+def test_the_tests_mirror_the_packages() -> None:
+    """Each package's tests sit in ``tests/<package>/``; no test file sits in a folder named
+    after no package."""
+    tests = REPO / "tests"
+    folders = {p.parent.name for p in tests.glob("*/test_*.py")}
+    assert folders <= {*PACKAGES, "workflow"}, sorted(folders - {*PACKAGES, "workflow"})
+    assert [p for p in PACKAGES if not (tests / p).is_dir()] == []
+
+
 # --------------------------------------------------------------------------- the checker itself
+
+
+def test_the_checker_finds_an_import_up_the_package_order(tmp_path: Path) -> None:
+    root = _package(tmp_path, {"low/__init__.py": "", "low/a.py": "from llmtrial.high.b import x\n",
+                               "high/__init__.py": "", "high/b.py": "from llmtrial.low import a\n",
+                               "top.py": "from llmtrial.high import b\n"})
+    graph, _ = import_graph(root)
+    assert upward_imports(graph, ("low", "high")) == ["llmtrial.low.a (low) imports llmtrial.high.b (high), a package above it"]
+    (root / "low" / "a.py").write_text("from llmtrial import top\n")
+    assert upward_imports(import_graph(root)[0], ("low", "high")) == ["llmtrial.low.a imports the top module llmtrial.top"]
 
 
 def _package(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -178,7 +249,7 @@ def test_schemas_templates_and_patches_ship_in_the_package(tmp_path):
     import subprocess
     import zipfile
 
-    from llmtrial.resources import PATCHES, SCHEMAS, TEMPLATES
+    from llmtrial.core.resources import PATCHES, SCHEMAS, TEMPLATES
 
     assert (SCHEMAS / "config.schema.yaml").is_file() and (TEMPLATES / "report.html.j2").is_file()
     assert (PATCHES / "demo-worker-log" / "patch.yaml").is_file()

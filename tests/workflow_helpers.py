@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from conftest import REPO
-from llmtrial.paths import TrialPaths
+from llmtrial.core.paths import TrialPaths
 
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 
@@ -56,7 +56,7 @@ def job_counts(output: str) -> dict[str, int]:
 
 def demo_service(state_dir: Path, port: int) -> dict:
     """The resident demo service as a trial config's ``command`` service, run by this venv."""
-    base = [sys.executable, "-m", "llmtrial.demo_service"]
+    base = [sys.executable, "-m", "llmtrial.host.demo_service"]
     opts = ["--port", str(port), "--state", str(state_dir)]
     return {"kind": "command", "status": [*base, "status", *opts], "stop": [*base, "stop", *opts],
             "start": [*base, "start", *opts], "health": {"kind": "http", "url": f"http://127.0.0.1:{port}/health"},

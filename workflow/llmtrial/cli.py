@@ -8,18 +8,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llmtrial.checkpoint import WeightsSize
-from llmtrial.cleanup import cleanup_with_record
+from llmtrial.borrow.cleanup import cleanup_with_record
 from llmtrial.config import ConfigError, load_config
-from llmtrial.engine_warnings import engine_warnings
-from llmtrial.failures import diagnose_failure
-from llmtrial.joblog import open_job_log
-from llmtrial.logs import read_log
-from llmtrial.model_source import weights_size
-from llmtrial.patching import PATCHES_DIR, check_patches
-from llmtrial.plan import plan_record
-from llmtrial.shape import PlanError, read_model_config
-from llmtrial.startup_log import parse_startup
+from llmtrial.core.joblog import open_job_log
+from llmtrial.logs.engine_warnings import engine_warnings
+from llmtrial.logs.failures import diagnose_failure
+from llmtrial.logs.lines import read_log
+from llmtrial.logs.startup_log import parse_startup
+from llmtrial.patch.patching import PATCHES_DIR, check_patches
+from llmtrial.plan.checkpoint import WeightsSize
+from llmtrial.plan.planner import plan_record
+from llmtrial.plan.shape import PlanError, read_model_config
+from llmtrial.weights.model_source import weights_size
 
 
 def _parse_log(args: argparse.Namespace) -> int:

@@ -17,12 +17,12 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 
-from llmtrial.gpus import check_pinning
-from llmtrial.node_patches import check_patch_modes
-from llmtrial.nodes import check_nodes
-from llmtrial.plan_inputs import canonical_args
-from llmtrial.resources import SCHEMAS
-from llmtrial.scenarios import check_scenario, contexts
+from llmtrial.core.resources import SCHEMAS
+from llmtrial.host.gpus import check_pinning
+from llmtrial.host.nodes import check_nodes
+from llmtrial.patch.node_patches import check_patch_modes
+from llmtrial.plan.plan_inputs import canonical_args
+from llmtrial.serve.scenarios import check_scenario, contexts
 
 SCHEMA_PATH = SCHEMAS / "config.schema.yaml"
 

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from llmtrial.config import validate_config
-from llmtrial.fileio import file_digest
-from llmtrial.records import redact_argv, redact_config
+from llmtrial.core.fileio import file_digest
+from llmtrial.core.records import redact_argv, redact_config
 
 #: The main Snakemake process' argv as JSON; jobs inherit it (never passed through params).
 COMMAND_ENV = "LLMTRIAL_COMMAND"

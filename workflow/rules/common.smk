@@ -6,13 +6,13 @@ import re
 import sys
 from pathlib import Path
 
-from llmtrial.cleanup import cleanup_with_record, restore_after_run
-from llmtrial.ledger import NODE_ENV, RUN_ENV, new_run_id
-from llmtrial.nodes import spanned_nodes, this_node_name
-from llmtrial.services import services_on_nodes
-from llmtrial.patchdata import patch_inputs
+from llmtrial.borrow.cleanup import cleanup_with_record, restore_after_run
+from llmtrial.core.ledger import NODE_ENV, RUN_ENV, new_run_id
+from llmtrial.host.nodes import spanned_nodes, this_node_name
+from llmtrial.host.services import services_on_nodes
+from llmtrial.patch.patchdata import patch_inputs
 from llmtrial.provenance import COMMAND_ENV
-from llmtrial.paths import TrialPaths
+from llmtrial.core.paths import TrialPaths
 from llmtrial.config import (
     configuration_port,
     configuration_spec,

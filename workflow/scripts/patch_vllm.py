@@ -3,11 +3,11 @@
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmtrial.joblog import open_job_log
-from llmtrial.ledger import Ledger
-from llmtrial.patching import apply_patches
-from llmtrial.paths import TrialPaths
-from llmtrial.records import write_record
+from llmtrial.core.joblog import open_job_log
+from llmtrial.core.ledger import Ledger
+from llmtrial.core.paths import TrialPaths
+from llmtrial.core.records import write_record
+from llmtrial.patch.patching import apply_patches
 
 if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
     from snakemake.iocontainers import snakemake

@@ -2,10 +2,10 @@
 
 from typing import TYPE_CHECKING
 
-from llmtrial.joblog import open_job_log
-from llmtrial.model_source import model_config_for, planned_weights
-from llmtrial.plan import plan_record
-from llmtrial.records import read_record, write_record
+from llmtrial.core.joblog import open_job_log
+from llmtrial.core.records import read_record, write_record
+from llmtrial.plan.planner import plan_record
+from llmtrial.weights.model_source import model_config_for, planned_weights
 
 if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
     from snakemake.iocontainers import snakemake

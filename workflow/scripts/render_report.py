@@ -4,9 +4,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llmtrial import provenance
-from llmtrial.joblog import open_job_log
-from llmtrial.records import write_record
-from llmtrial.report import write_report
+from llmtrial.core.joblog import open_job_log
+from llmtrial.core.records import write_record
+from llmtrial.report.render import write_report
 
 if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
     from snakemake.iocontainers import snakemake

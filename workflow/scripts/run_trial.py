@@ -3,11 +3,11 @@
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmtrial.joblog import open_job_log
-from llmtrial.nodes import spec_nodes
-from llmtrial.paths import JobPaths, TrialPaths
-from llmtrial.records import read_record
-from llmtrial.trial import TrialJob
+from llmtrial.core.joblog import open_job_log
+from llmtrial.core.paths import JobPaths, TrialPaths
+from llmtrial.core.records import read_record
+from llmtrial.host.nodes import spec_nodes
+from llmtrial.serve.trial import TrialJob
 
 if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
     from snakemake.iocontainers import snakemake

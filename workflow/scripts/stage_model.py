@@ -3,16 +3,16 @@
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmtrial.joblog import open_job_log
-from llmtrial.ledger import Ledger
-from llmtrial.node_weights import stage_on_nodes
-from llmtrial.records import write_record
-from llmtrial.staging import stage_model
+from llmtrial.core.joblog import open_job_log
+from llmtrial.core.ledger import Ledger
+from llmtrial.core.records import write_record
+from llmtrial.weights.node_weights import stage_on_nodes
+from llmtrial.weights.staging import stage_model
 
 if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
     from snakemake.iocontainers import snakemake
 
-open_job_log(snakemake.log[0], echo=("llmtrial.hub",))  # download progress on the terminal too
+open_job_log(snakemake.log[0], echo=("llmtrial.weights.hub",))  # download progress on the terminal too
 ledger = Ledger(snakemake.params.ledger)
 manifest = stage_model(snakemake.params.source, Path(snakemake.params.staging), ledger=ledger,
                        root=Path(snakemake.params.root), weights=snakemake.params.weights, disk=snakemake.params.disk)

@@ -1,0 +1,148 @@
+"""Cleanup from the ledger alone: stops what a crashed job left, idempotent, honest residues."""
+
+from __future__ import annotations
+
+import socket
+
+from conftest import child_pid, fake_server
+from llmtrial.borrow.cleanup import run_cleanup
+from llmtrial.cli import main as cli_main
+from llmtrial.core.ledger import Ledger
+from llmtrial.core.paths import TrialPaths
+from llmtrial.host.groups import group_members, port_open
+
+
+def abandoned_server(tmp_path, port, run=None):
+    """A server started through the ledger whose job then vanished without stopping it."""
+    server = fake_server(tmp_path, port, ledger=Ledger(TrialPaths(tmp_path).ledger, run=run))
+    server.start()
+    server.wait_ready(timeout=20, poll=0.1)
+    return server
+
+
+def test_cleanup_stops_a_server_left_running_and_is_idempotent(tmp_path, free_port):
+    server = abandoned_server(tmp_path, free_port)
+    child = child_pid(server.log_path)
+    record = run_cleanup(tmp_path, ports=[free_port], stop_timeout=5)
+    server.proc.poll()  # reap the leader in this (parent) process
+    assert record["restored"] and record["residues"] == []
+    [entry] = record["servers"]
+    assert entry["action"] == "stopped" and child in entry["alive_pids"]
+    assert entry["stop"]["port_closed"] and not port_open("127.0.0.1", free_port)
+    assert group_members(server.pgid) == []
+
+    again = run_cleanup(tmp_path, ports=[free_port])
+    assert again["restored"] and again["servers"][0]["action"] == "stopped"  # by the first cleanup
+    actions = [e["action"] for e in Ledger(TrialPaths(tmp_path).ledger).entries()]
+    assert actions.count("cleanup_done") == 2 and actions.count("server_stopped") == 1
+
+
+def test_a_foreign_listener_on_a_trial_port_is_a_residue_not_killed(tmp_path, free_port):
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", free_port))
+        sock.listen()
+        record = run_cleanup(tmp_path, ports=[free_port])
+        assert not record["restored"]
+        [residue] = record["residues"]
+        assert residue["kind"] == "port" and str(free_port) in residue["what"]
+        assert port_open("127.0.0.1", free_port)  # still ours: cleanup does not force
+        assert cli_main(["cleanup", str(tmp_path), "--port", str(free_port)]) == 1
+    assert (tmp_path / "cleanup" / "on-demand.json").exists()
+
+
+def test_cleanup_with_no_ledger_checks_ports_only(tmp_path, free_port):
+    record = run_cleanup(tmp_path, ports=[free_port])
+    assert record["restored"] and record["servers"] == [] and record["ports"] == [
+        {"port": free_port, "listening": False}]
+
+
+def test_cleanup_restores_quieted_services_and_records_them(tmp_path, free_port):
+    import subprocess
+
+    from llmtrial.host.services import quiet_host
+    from workflow_helpers import demo_service
+
+    svc = demo_service(tmp_path / "demo", free_port)
+    subprocess.run(svc["start"], check=True, timeout=30)
+    try:
+        quieted = quiet_host(tmp_path, {"demo": svc})
+        assert quieted["services"][0]["action"] == "stopped" and not port_open("127.0.0.1", free_port)
+        record = run_cleanup(tmp_path)
+        assert record["restored"] and port_open("127.0.0.1", free_port)
+        [row] = record["services"]
+        assert row["was_running"] and row["down"] and row["healthy"] and row["restarted_at"] > row["stopped_at"]
+        assert run_cleanup(tmp_path)["services_restored"] == []  # nothing left to do
+    finally:
+        subprocess.run(svc["stop"], timeout=30)
+
+
+def test_a_new_run_restores_what_a_crashed_run_left_before_quieting(tmp_path, free_port):
+    import os
+
+    import psutil
+
+    from llmtrial.borrow.cleanup import restore_first, unfinished
+    from llmtrial.host.services import quiet_needed
+
+    ledger = Ledger(TrialPaths(tmp_path).ledger, run="crashed")
+    server = abandoned_server(tmp_path, free_port, run="crashed")  # a crashed run's server, still up
+    ledger.append("job_started", label="demo/tp1", pid=os.getpid() + 10**6, create_time=psutil.Process().create_time())
+    assert unfinished(ledger.entries())
+    assert quiet_needed(tmp_path, {}) == "an earlier run left it changed"
+    first = restore_first(tmp_path)
+    server.proc.poll()
+    assert first["restored"] and first["servers"] == [] and first["jobs"] == []  # this run started none
+    [left] = first["left_behind"]["servers"]
+    assert left["action"] == "stopped" and left["run"] == "crashed" and left["undone_by_run"] == first["run"]
+    assert first["left_behind"]["jobs"][0]["action"] == "none (already gone)"
+    assert not port_open("127.0.0.1", free_port) and not unfinished(Ledger(TrialPaths(tmp_path).ledger).entries())
+    assert quiet_needed(tmp_path, {}) is None and restore_first(tmp_path) is None  # nothing left to do
+
+
+def test_an_orphaned_configuration_job_is_stopped(tmp_path):
+    import subprocess
+    import sys
+
+    import psutil
+
+    from llmtrial.core.ledger import Ledger as L
+
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    L(TrialPaths(tmp_path).ledger).append("job_started", label="demo/tp1", pid=job.pid,
+                                     create_time=psutil.Process(job.pid).create_time())
+    record = run_cleanup(tmp_path, stop_timeout=5)
+    [item] = record["jobs"]
+    assert (item["label"], item["pid"], item["action"]) == ("demo/tp1", job.pid, "stopped")
+    assert job.wait(timeout=10) is not None and record["restored"]
+
+
+def test_quieting_on_a_gpu_host_records_the_memory_freed(tmp_path):
+    from types import SimpleNamespace
+
+    from conftest import NvmlDoubleBase
+    from llmtrial.host.services import quiet_host
+
+    class NvmlDouble(NvmlDoubleBase):
+        """A double of nvidia-ml-py's pynvml: one GPU whose memory use drops when the service stops."""
+
+        count = 1
+
+        def __init__(self, flag):
+            super().__init__()
+            self.flag = flag
+
+        def nvmlDeviceGetMemoryInfo(self, h):
+            return SimpleNamespace(used=(30 if self.flag.exists() else 2) * 2**30, total=80 * 2**30)
+
+        def nvmlDeviceGetComputeRunningProcesses(self, h):
+            return [SimpleNamespace(usedGpuMemory=28 * 2**30)] if self.flag.exists() else []
+
+    flag = tmp_path / "up"
+    flag.write_text("")
+    svc = {"kind": "command", "status": ["test", "-f", str(flag)], "stopped_exit_codes": [1], "stop": ["rm", str(flag)],
+           "start": ["touch", str(flag)], "timeouts": {"stop_s": 5}}
+    record = quiet_host(tmp_path, {"tts": svc}, nvml=NvmlDouble(flag))
+    assert record["gpu"]["memory_freed_bytes"] == 28 * 2**30
+    assert record["gpu"]["before"]["compute_processes"] == {"gpu0": 1}
+    assert record["gpu"]["after"]["compute_processes"] == {"gpu0": 0}

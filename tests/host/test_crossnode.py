@@ -1,0 +1,299 @@
+"""Cross-node preflight: the checks over per-node facts, and the facts of two real hosts made on
+this machine (tests/hosts.py: host B reached over ssh from host A).
+
+The two hosts are network namespaces: they share this machine's processes, so a process of
+either (or of anything else running here) is seen from both, and the tests look only for the
+processes they plant.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from llmtrial.host.crossnode import (
+    _FACTS_SCRIPT,
+    STALE_MARKERS,
+    cross_checks,
+    node_facts,
+    preflight_nodes,
+    same_files,
+)
+from llmtrial.host.disk import GiB
+from llmtrial.host.nodes import local_node
+
+# --- the checks over facts --------------------------------------------------------------------
+
+#: Seed 000's two nodes as the cross-node facts would show them. From the seed: Node A ran
+#: the Ray head on Python 3.12.3, Node B's worker was on 3.12.13 and could not join until its
+#: environment was rebuilt; Ray 2.52.1 spanned the nodes; NCCL was pinned to the 200G path on
+#: both; /dev/shm had to be remounted larger. The seed names no vLLM, torch or NCCL version,
+#: no interface and no /dev/shm size: those values below are placeholders.
+SEED_FACTS = {
+    "node-a": {
+        "hostname": "node-a", "python": "/opt/serve/.venv/bin/python", "python_version": "3.12.3",
+        "vllm": "0.0.0-placeholder", "vllm_distribution": "vllm", "torch": "0.0.0-placeholder+cu128",
+        "torch_cuda": "12.8", "nccl": "0.0.0-placeholder", "ray": "2.52.1",
+        "interface": {"name": "fabric200g", "exists": True, "addresses": ["10.200.0.1/24"]},
+        "master": {"address": "10.200.0.1", "port": None, "ip": "10.200.0.1", "method": "subnet", "route_dev": "lo",
+                   "ok": True, "error": None},
+        "dev_shm": {"size_bytes": 256 * GiB, "free_bytes": 256 * GiB, "min_bytes": GiB},
+        "stale": {"source": "psutil", "processes": []},
+    },
+}
+SEED_FACTS["node-b"] = {
+    **copy.deepcopy(SEED_FACTS["node-a"]), "hostname": "node-b", "python_version": "3.12.13",
+    "interface": {"name": "fabric200g", "exists": True, "addresses": ["10.200.0.2/24"]},
+    "master": {"address": "10.200.0.1", "port": None, "ip": "10.200.0.1", "method": "subnet",
+               "route_dev": "fabric200g", "ok": True, "error": None},
+}
+
+
+def seed(**changes_b) -> dict:
+    """Seed 000's facts, node B's changed; node B on node A's Python unless changed."""
+    facts = copy.deepcopy(SEED_FACTS)
+    facts["node-b"]["python_version"] = "3.12.3"
+    facts["node-b"].update(copy.deepcopy(changes_b))
+    return facts
+
+
+def by_name(checks: list[dict]) -> dict[str, dict]:
+    return {c["name"]: c for c in checks}
+
+
+def test_seed_000s_python_patch_mismatch_fails_naming_both_versions():
+    checks = by_name(cross_checks(SEED_FACTS, uses_ray=True))
+    python = checks["python_patch_level"]
+    assert python["status"] == "fail"
+    assert python["detail"].startswith("Python differs across nodes: node-a 3.12.3, node-b 3.12.13; Ray refuses")
+    assert python["versions"] == {"node-a": "3.12.3", "node-b": "3.12.13"}
+    assert [c["status"] for n, c in checks.items() if n != "python_patch_level"] == ["ok"] * 7
+
+
+def test_equal_versions_are_ok_on_every_check():
+    checks = cross_checks(seed(), uses_ray=True)
+    assert [(c["name"], c["status"]) for c in checks] == [
+        ("python_patch_level", "ok"), ("vllm_version", "ok"), ("torch_version", "ok"), ("nccl_version", "ok"),
+        ("ray_version", "ok"), ("node_interface", "ok"), ("node_dev_shm", "ok"), ("stale_processes", "ok")]
+    assert by_name(checks)["python_patch_level"]["detail"] == "Python 3.12.3 on every node (node-a, node-b)"
+    assert "node-b: fabric200g (10.200.0.2/24) reaches the master 10.200.0.1 (on its subnet)" in checks[5]["detail"]
+
+
+@pytest.mark.parametrize(("key", "value", "name", "text"), [
+    ("vllm", None, "vllm_version", "vLLM differs across nodes: node-a 0.0.0-placeholder (vllm), node-b not installed"),
+    ("torch", "0.0.1-placeholder+cu128", "torch_version", "node-b 0.0.1-placeholder+cu128"),
+    ("nccl", None, "nccl_version", "NCCL differs across nodes: node-a 0.0.0-placeholder, node-b not installed"),
+    ("ray", "2.60.0", "ray_version", "Ray differs across nodes: node-a 2.52.1, node-b 2.60.0; the configuration uses Ray"),
+])
+def test_a_version_differing_on_one_node_fails_naming_it(key, value, name, text):
+    check = by_name(cross_checks(seed(**{key: value}), uses_ray=True))[name]
+    assert check["status"] == "fail" and text in check["detail"]
+
+
+def test_ray_missing_on_one_node_fails_only_when_the_configuration_uses_ray():
+    assert by_name(cross_checks(seed(ray=None), uses_ray=True))["ray_version"]["status"] == "fail"
+    assert by_name(cross_checks(seed(ray=None), uses_ray=False))["ray_version"]["status"] == "warn"
+    nowhere = seed(ray=None)
+    nowhere["node-a"]["ray"] = None
+    assert by_name(cross_checks(nowhere, uses_ray=False))["ray_version"]["status"] == "skip"
+    assert by_name(cross_checks(nowhere, uses_ray=True))["ray_version"]["status"] == "fail"
+
+
+def test_a_small_dev_shm_fails_naming_the_node_and_both_sizes():
+    small = seed(dev_shm={"size_bytes": 64 * 2**20, "free_bytes": 64 * 2**20, "min_bytes": 8 * GiB})
+    check = by_name(cross_checks(small))["node_dev_shm"]
+    assert check["status"] == "fail"
+    assert check["detail"].startswith("node-b: /dev/shm is 0.06 GiB, below the 8.00 GiB minimum; remount /dev/shm larger")
+    assert check["size_bytes"] == {"node-a": 256 * GiB, "node-b": 64 * 2**20}
+
+
+def test_a_stale_ray_process_fails_with_its_pid():
+    raylet = {"pid": 4242, "marker": "raylet", "what": STALE_MARKERS["raylet"], "age_s": 86400.0, "user": "serve",
+              "cmdline": "/opt/serve/.venv/lib/python3.12/site-packages/ray/core/src/ray/raylet/raylet --node_id=..."}
+    check = by_name(cross_checks(seed(stale={"source": "psutil", "processes": [raylet]})))["stale_processes"]
+    assert check["status"] == "fail"
+    assert check["detail"].startswith("node-b: pid 4242 (Ray node daemon, 86400 s old, serve): /opt/serve/")
+    assert check["processes"] == {"node-b": [raylet]}
+
+
+def test_an_interface_that_is_missing_or_not_on_the_way_to_the_master_fails_naming_node_and_interface():
+    missing = seed(interface={"name": "fabric200g", "exists": False, "addresses": []})
+    check = by_name(cross_checks(missing))["node_interface"]
+    assert (check["status"], check["detail"]) == ("fail", "node-b: interface fabric200g does not exist")
+    other_way = seed()
+    other_way["node-b"]["master"]["route_dev"] = "eno1"
+    check = by_name(cross_checks(other_way))["node_interface"]
+    assert check["detail"] == "node-b: traffic to the master 10.200.0.1 leaves by eno1, not by fabric200g"
+    unnamed = seed(interface={"name": None, "exists": False, "addresses": []})
+    assert by_name(cross_checks(unnamed))["node_interface"]["status"] == "warn"
+
+
+def test_a_node_that_did_not_answer_is_left_out_of_the_comparison():
+    facts = {**copy.deepcopy(SEED_FACTS), "node-c": {"node": {"name": "node-c"}, "error": "node node-c: gone"}}
+    assert by_name(cross_checks(facts))["python_patch_level"]["versions"] == {"node-a": "3.12.3", "node-b": "3.12.13"}
+
+
+def test_same_files_detects_a_differing_hash_and_a_missing_file():
+    a = {"config.json": "a" * 64, "model-00001.safetensors": "1" * 64, "tokenizer.json": "t" * 64}
+    assert same_files({"a": a, "b": dict(a)})["status"] == "ok"
+    b = {**a, "model-00001.safetensors": "2" * 64}
+    del b["tokenizer.json"]
+    check = same_files({"a": a, "b": b})
+    assert check["status"] == "fail"
+    assert check["detail"] == ("2 of 3 staged files differ across nodes: model-00001.safetensors: a 111111111111, "
+                               "b 222222222222; tokenizer.json: a tttttttttttt, b missing")
+    assert [d["path"] for d in check["differing"]] == ["model-00001.safetensors", "tokenizer.json"]
+    assert same_files({"a": a, "b": {**a, "config.json": None}})["differing"][0]["sha256"]["b"] is None
+    assert same_files({})["status"] == "skip"
+
+
+def test_the_fact_program_carries_no_marker_so_it_never_finds_itself():
+    assert not [m for m in STALE_MARKERS if m in _FACTS_SCRIPT]
+
+
+# --- two hosts on this machine ----------------------------------------------------------------
+
+#: A TCP listener in host A: prints its port, then accepts and closes connections.
+LISTENER = """\
+import socket, sys
+s = socket.socket()
+s.bind((sys.argv[1], 0))
+s.listen(16)
+print(s.getsockname()[1], flush=True)
+while True:
+    s.accept()[0].close()
+"""
+#: A second real interpreter of another patch level than this one (no torch, vLLM nor psutil).
+OTHER_PYTHON = "/usr/bin/python3.11"
+
+
+@pytest.fixture
+def listener(hosts):
+    """The port of a TCP listener in host A, on A's address; stopped at the end."""
+    proc = subprocess.Popen(hosts.on_a([sys.executable, "-c", LISTENER, hosts.addr_a]), stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        yield int(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def venv_node_b(hosts, **changes):
+    """Host B over ssh, on this test's interpreter (the repository's venv, as host A's node)."""
+    return dataclasses.replace(hosts.node_b(), **{"python": sys.executable, **changes})
+
+
+def test_host_b_over_ssh_reports_its_interface_and_reaches_the_master_on_host_a(hosts, listener):
+    b = node_facts(venv_node_b(hosts), master_addr=hosts.addr_a, master_port=listener)
+    a = node_facts(hosts.node_a(), master_addr=hosts.addr_a, master_port=listener)
+    assert b["interface"] == {"name": "llmt0", "exists": True, "addresses": [f"{hosts.addr_b}/24"]}
+    assert a["interface"] == {"name": "llmt0", "exists": True, "addresses": [f"{hosts.addr_a}/24"]}
+    assert b["master"] == {"address": hosts.addr_a, "port": listener, "ip": hosts.addr_a, "method": "tcp",
+                           "route_dev": "llmt0", "ok": True, "error": None}
+    assert b["node"]["ssh"]["address"] == hosts.addr_b and b["stale"]["source"] == "psutil"
+    for key in ("python", "python_version", "vllm", "vllm_distribution", "torch", "nccl", "ray"):
+        assert a[key] == b[key], key
+    assert b["python_version"] == ".".join(map(str, sys.version_info[:3])) and b["torch"] and b["vllm"]
+    checks = by_name(cross_checks({"a": a, "b": b}))
+    for name in ("python_patch_level", "vllm_version", "torch_version", "node_interface", "node_dev_shm"):
+        assert checks[name]["status"] == "ok", checks[name]
+    assert checks["nccl_version"]["status"] == "skip"  # the CPU build of torch: no NCCL
+
+
+def test_a_master_not_reachable_from_host_b_fails_naming_node_and_interface(hosts):
+    b = node_facts(venv_node_b(hosts), master_addr=hosts.addr_a, master_port=9)  # nothing listens on 9 in A
+    check = by_name(cross_checks({"b": b}))["node_interface"]
+    assert check["status"] == "fail"
+    assert check["detail"].startswith(f"b: the master {hosts.addr_a}:9 is not reachable from llmt0 (TCP connect to "
+                                      f"{hosts.addr_a}:9 from {hosts.addr_b}: [Errno 111] Connection refused")
+    on_subnet = node_facts(venv_node_b(hosts), master_addr=hosts.addr_a)
+    assert on_subnet["master"]["method"] == "subnet" and on_subnet["master"]["ok"]
+    elsewhere = node_facts(venv_node_b(hosts), master_addr="10.99.0.1")
+    assert elsewhere["master"]["error"] == f"10.99.0.1 is not on a subnet of llmt0 ({hosts.addr_b}/24)"
+
+
+def test_a_python_patch_mismatch_planted_on_host_b_fails_with_torch_and_vllm_missing(hosts):
+    other = Path(OTHER_PYTHON)
+    version = subprocess.run([str(other), "-c", "import platform; print(platform.python_version())"],
+                             capture_output=True, text=True).stdout.strip() if other.is_file() else None
+    mine = ".".join(map(str, sys.version_info[:3]))
+    if not version or version == mine:
+        pytest.skip(f"no second Python of another patch level than {mine} at {OTHER_PYTHON}")
+    started = time.monotonic()
+    record = preflight_nodes([hosts.node_a(), venv_node_b(hosts, python=OTHER_PYTHON)], master_addr=hosts.addr_a)
+    took = time.monotonic() - started
+    checks = by_name(record["checks"])
+    assert checks["node_reachable"]["status"] == "ok"
+    assert checks["python_patch_level"]["status"] == "fail"
+    assert checks["python_patch_level"]["detail"].startswith(f"Python differs across nodes: a {mine}, b {version};")
+    assert checks["vllm_version"]["status"] == checks["torch_version"]["status"] == "fail"
+    assert f"torch differs across nodes: a {record['nodes']['a']['torch']}, b not installed" in checks["torch_version"]["detail"]
+    b = record["nodes"]["b"]
+    assert (b["python"], b["vllm"], b["torch"], b["stale"]["source"]) == (OTHER_PYTHON, None, None, "/proc")
+    assert took < 30
+
+
+def test_a_stale_vllm_process_planted_on_host_b_is_found_with_its_pid_and_left_running(hosts):
+    argv = [sys.executable, "-c", "import time; time.sleep(300)", "vllm.entrypoints.openai.api_server"]
+    planted = subprocess.Popen(hosts.on_b(argv))  # ip netns exec execs: the pid is python's
+    try:
+        time.sleep(0.5)
+        for python in (sys.executable, OTHER_PYTHON):  # psutil, then /proc
+            if not Path(python).is_file():
+                continue
+            facts = node_facts(venv_node_b(hosts, python=python), master_addr=hosts.addr_a)
+            [found] = [p for p in facts["stale"]["processes"] if p["pid"] == planted.pid]
+            assert found["marker"] == "vllm.entrypoints" and found["what"] == "vLLM server" and found["user"] == "root"
+            assert found["cmdline"].endswith("import time; time.sleep(300) vllm.entrypoints.openai.api_server")
+            assert 0 <= found["age_s"] < 60
+            check = by_name(cross_checks({"b": facts}))["stale_processes"]
+            assert check["status"] == "fail" and f"b: pid {planted.pid} (vLLM server, " in check["detail"]
+        assert planted.poll() is None  # found, never killed
+    finally:
+        planted.send_signal(signal.SIGKILL)
+        planted.wait(timeout=10)
+
+
+def test_a_small_dev_shm_on_host_b_fails(hosts):
+    facts = node_facts(venv_node_b(hosts), master_addr=hosts.addr_a, shm_min_bytes=1 << 50)
+    check = by_name(cross_checks({"b": facts}))["node_dev_shm"]
+    size = os.statvfs("/dev/shm")
+    assert check["status"] == "fail"
+    assert check["detail"].startswith(f"b: /dev/shm is {size.f_blocks * size.f_frsize / GiB:.2f} GiB, below the "
+                                      "1048576.00 GiB minimum")
+
+
+def test_a_node_that_cannot_be_reached_is_a_failed_check_naming_it(hosts):
+    started = time.monotonic()
+    record = preflight_nodes([hosts.node_a(), hosts.node_b(identity_file=str(hosts.wrong_key))],
+                             master_addr=hosts.addr_a, timeout=30)
+    assert time.monotonic() - started < 15
+    check = record["checks"][0]
+    assert check["name"] == "node_reachable" and check["status"] == "fail"
+    assert check["detail"].startswith(f"node b (ssh root@{hosts.addr_b}:{hosts.port}): ssh could not run ")
+    assert "Permission denied (publickey)" in check["detail"] and list(check["errors"]) == ["b"]
+    assert record["nodes"]["b"]["node"]["ssh"]["identity_file"] == str(hosts.wrong_key)
+    assert record["nodes"]["a"]["python_version"] and "error" not in record["nodes"]["a"]
+    assert by_name(record["checks"])["python_patch_level"]["versions"] == {"a": record["nodes"]["a"]["python_version"]}
+
+
+def test_a_node_that_does_not_answer_in_time_is_a_failed_check_naming_it(tmp_path):
+    hang = tmp_path / "python"
+    hang.write_text("#!/bin/sh\nexec sleep 30\n")
+    hang.chmod(0o755)
+    started = time.monotonic()
+    record = preflight_nodes([local_node("slow", python=str(hang))], master_addr="127.0.0.1", timeout=1)
+    assert time.monotonic() - started < 5
+    check = record["checks"][0]
+    assert check["status"] == "fail" and check["detail"].startswith("node slow (this host): ")
+    assert "did not finish within 1 s" in check["detail"]
+    assert record["checks"][1] == {"name": "cross_node", "status": "fail", "detail": "no node answered: nothing to compare"}

@@ -1,0 +1,140 @@
+"""A mode-plugin patch on every node (llmtrial.patch.node_patches) on two hosts made on this machine
+(tests/hosts.py): the real plugin folder of the demo patch, written by the patch stage on
+host A, carried to host B and verified there, reused while it verifies, put on B's ranks'
+PYTHONPATH, and removed on B by cleanup from the ledger alone, run on host A as `snakemake
+cleanup` runs after a `kill -9`. No vLLM process starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmtrial.borrow.cleanup import outstanding
+from llmtrial.borrow.ledger_tables import patches_table
+from llmtrial.core.ledger import Action, Ledger, current_run
+from llmtrial.core.paths import TrialPaths
+from llmtrial.core.records import check_record
+from llmtrial.host.nodes import NodeError
+from llmtrial.patch.node_patches import PLUGIN_FOLDER, carry_plugin, plugin_files
+from llmtrial.patch.patchdata import PLUGIN_GROUP, PatchError, entry_point_name
+from llmtrial.patch.patching import apply_patches, ensure_patched, live_patches, node_plugin_env
+
+DEMO = "demo-worker-log"
+FLAG = "LLMTRIAL_DEMO_WORKER_LOG"
+#: run_cleanup on host A in a fresh process, as `snakemake cleanup` runs it, as this test's run.
+CLEANUP = ("import json, sys; from llmtrial.borrow.cleanup import run_cleanup; "
+           "print(json.dumps(run_cleanup(sys.argv[1], stop_timeout=5, run=sys.argv[2]), default=str))")
+#: On a node: the vllm.general_plugins entry points its Python finds on its PYTHONPATH.
+ENTRY_POINTS = ("import json, sys; from importlib.metadata import entry_points; "
+                "print(json.dumps(sorted(ep.name for ep in entry_points(group=sys.argv[1]))))")
+
+
+def node_b(hosts, **ssh):
+    return dataclasses.replace(hosts.node_b(**ssh), python=sys.executable)  # shared filesystem: the venv's Python
+
+
+def plugin_here(tmp_path) -> tuple[Ledger, Path]:
+    """The patch stage on host A in mode plugin: the trial's ledger and the plugin folder."""
+    ledger = Ledger(TrialPaths(tmp_path).ledger)
+    record = apply_patches({DEMO: {"mode": "plugin"}}, ledger=ledger, work_dir=tmp_path / "patches")
+    return ledger, Path(record["patches"][0]["plugin"]["dir"])
+
+
+def of(ledger: Ledger, action: Action) -> list[dict]:
+    return [e for e in ledger.entries() if e["action"] == action]
+
+
+@pytest.mark.slow
+def test_the_plugin_is_carried_to_node_b_verified_reused_on_its_path_and_removed_there_by_cleanup(hosts, tmp_path):
+    ledger, plugin = plugin_here(tmp_path)
+    b = node_b(hosts)
+    there = carry_plugin(ledger, b, plugin, trial="t1")
+    assert there == str(hosts.staging_b / PLUGIN_FOLDER / "t1")
+    files = plugin_files(plugin)
+    assert any(rel.endswith("entry_points.txt") for rel in files) and len(files) >= 4
+    on_b = b.sha256([f"{there}/{rel}" for rel in files])
+    assert {rel: on_b[f"{there}/{rel}"] for rel in files} == files
+    [copy] = of(ledger, Action.PATCH_PLUGIN_COPY)
+    assert (copy["node"], copy["dir"], copy["patches"], copy["source"]) == ("b", there, [DEMO], str(plugin))
+    assert copy["reach"]["ssh"]["address"] == hosts.addr_b
+    [mark] = of(ledger, Action.PATCH_PLUGIN_COPIED)
+    assert (mark["copy"], mark["node"], mark["files"]) == (copy["id"], "b", files)
+
+    assert carry_plugin(ledger, b, plugin, trial="t1") == there  # verifies: reused, nothing new
+    assert len(of(ledger, Action.PATCH_PLUGIN_COPY)) == 1
+    # the node's copy leaves this host's patches as they are: live here, not applied again
+    assert live_patches(ledger.entries()) == {DEMO: {"mode": "plugin", "dir": str(plugin)}}
+    assert not ensure_patched({DEMO: {"mode": "plugin"}}, ledger=ledger, work_dir=tmp_path / "patches")["reapplied"]
+
+    (Path(there) / next(rel for rel in files if rel.endswith(".py") and "__init__" not in rel)).write_text("# changed")
+    patches = [{"name": DEMO, "mode": "plugin"}]
+    env = node_plugin_env(ledger, [hosts.node_a(), b], str(plugin), patches, {FLAG: "1"}, trial="t1")
+    assert len(of(ledger, Action.PATCH_PLUGIN_COPY)) == 2  # B's copy no longer verified: copied again
+    on_b = b.sha256([f"{there}/{rel}" for rel in files])
+    assert {rel: on_b[f"{there}/{rel}"] for rel in files} == files
+    assert env["a"]["PYTHONPATH"].split(os.pathsep)[0] == str(plugin) and env["a"][FLAG] == "1"
+    assert env["b"] == {FLAG: "1", "PYTHONPATH": there}
+    found = b.run([b.python, "-c", ENTRY_POINTS, PLUGIN_GROUP], timeout=60, check=True, env=env["b"])
+    assert entry_point_name(DEMO) in json.loads(found.stdout)  # what vLLM's plugin loader finds on B
+
+    rows = [r for r in patches_table(ledger.entries()) if r.get("copy_of")]
+    assert [(r["node"], r["target"], r["copy_of"]) for r in rows] == [("b", there, str(plugin))] * 2
+    assert all(r["applied_at"] and r["reverted_at"] is None for r in rows)
+
+    record = hosts.python_on_a(CLEANUP, str(tmp_path), current_run())
+    assert record["restored"] and not Path(there).exists() and not plugin.exists()
+    check_record(record, "cleanup")
+    assert [(p.get("node"), p["action"]) for p in record["patches_reverted"]] == [("b", "removed"), (None, "removed")]
+    [undo] = of(ledger, Action.PATCH_PLUGIN_COPY_REMOVED)
+    assert (undo["node"], undo["dir"], undo["outcome"]) == ("b", there, "removed")
+    assert sorted(undo["undoes"]) == sorted(e["id"] for e in of(ledger, Action.PATCH_PLUGIN_COPY))
+    assert {(r["node"], r["revert_outcome"]) for r in record["patches"]} == {("b", "removed"), ("local", "removed")}
+    assert outstanding(ledger.entries())["patches"] == []
+    assert hosts.python_on_a(CLEANUP, str(tmp_path), current_run())["patches_reverted"] == []  # nothing left
+
+
+@pytest.mark.slow
+def test_a_node_cleanup_cannot_reach_is_a_residue_naming_it_and_its_copy_stays_outstanding(hosts, tmp_path):
+    ledger, plugin = plugin_here(tmp_path)
+    with pytest.raises(NodeError, match=r"^node b \(ssh root@"):
+        carry_plugin(ledger, node_b(hosts, identity_file=str(hosts.wrong_key)), plugin, trial="t2")
+    assert of(ledger, Action.PATCH_PLUGIN_COPY) == []  # nothing written: nothing was changed on B
+
+    there = carry_plugin(ledger, node_b(hosts), plugin, trial="t2")
+    path = TrialPaths(tmp_path).ledger
+    path.write_text(path.read_text().replace(str(hosts.key), str(hosts.wrong_key)))
+    record = hosts.python_on_a(CLEANUP, str(tmp_path), current_run())
+    [residue] = record["residues"]
+    assert (residue["node"], residue["what"], residue["kind"]) == ("b", there, "file") and not record["restored"]
+    assert "Permission denied (publickey)" in residue["seen"] and Path(there).is_dir()
+    check_record(record, "cleanup")
+    assert of(ledger, Action.PATCH_PLUGIN_COPY_REMOVED) == []
+    [left] = outstanding(ledger.entries())["patches"]
+    assert (left["action"], left["node"], left["dir"]) == (Action.PATCH_PLUGIN_COPY, "b", there)
+
+    path.write_text(path.read_text().replace(str(hosts.wrong_key), str(hosts.key)))
+    again = hosts.python_on_a(CLEANUP, str(tmp_path), current_run())
+    assert again["restored"] and not Path(there).exists()
+    assert outstanding(ledger.entries())["patches"] == []
+
+
+@pytest.mark.slow
+def test_a_folder_on_the_node_that_is_no_plugin_folder_is_never_replaced_nor_removed(hosts, tmp_path):
+    ledger, plugin = plugin_here(tmp_path)
+    theirs = hosts.staging_b / PLUGIN_FOLDER / "t3"
+    theirs.mkdir(parents=True)
+    (theirs / "keep.txt").write_text("someone else's")
+    with pytest.raises(PatchError, match="is not a plugin folder of llmtrial: not replaced"):
+        carry_plugin(ledger, node_b(hosts), plugin, trial="t3")
+    assert of(ledger, Action.PATCH_PLUGIN_COPY) == [] and (theirs / "keep.txt").read_text() == "someone else's"
+    ledger.append(Action.PATCH_PLUGIN_COPY, node="b", reach=node_b(hosts).describe(), dir=str(theirs),
+                  patches=[DEMO], source=str(plugin))
+    record = hosts.python_on_a(CLEANUP, str(tmp_path), current_run())
+    [residue] = record["residues"]
+    assert residue["node"] == "b" and residue["seen"].startswith("it holds no llmtrial plugin dist-info")
+    assert (theirs / "keep.txt").is_file()

@@ -1,0 +1,247 @@
+"""What the report concludes, worked out of real records of the default trial (tests/data/demo,
+written by a run of it) and of variants of them: rankings, medians over passes, differences
+from the baseline, stability, generated sentences, cold against warm and what was not measured."""
+
+from __future__ import annotations
+
+import copy
+import statistics
+
+import pytest
+
+import synthetic
+from conftest import DATA
+from llmtrial.core.records import read_record
+from llmtrial.report.conclusions import (
+    FIGURES,
+    Settings,
+    cold_warm,
+    not_measured,
+    outcome_sentences,
+    repetition_note,
+    repetition_of,
+    scenario_sentences,
+    scenario_tables,
+    streams,
+)
+
+DEMO = DATA / "demo"
+
+
+def records():
+    return [read_record(DEMO / "tp1.json"), read_record(DEMO / "tp2.json")]
+
+
+def plans():
+    return {n: read_record(DEMO / f"plan-{n}.json") for n in ("tp1", "tp2")}
+
+
+def tok_s(record, scenario):
+    sc = next(s for s in record["scenarios"] if s["name"] == scenario)
+    return [p["summary"]["output_throughput"] for p in sc["passes"]]
+
+
+def cell(tables, scenario, name):
+    return next(c for t in tables if t["name"] == scenario for c in t["cells"] if c["configuration"] == name)
+
+
+def test_each_scenario_ranks_the_configurations_on_the_median_over_passes():
+    tp1, tp2 = records()
+    tables = scenario_tables([tp1, tp2], plans(), Settings())
+    assert [t["name"] for t in tables] == ["c1", "c4"]
+    for t in tables:
+        medians = {c["configuration"]: c["figures"]["output_tok_s"]["median"] for c in t["cells"]}
+        assert medians == {"tp1": statistics.median(tok_s(tp1, t["name"])), "tp2": statistics.median(tok_s(tp2, t["name"]))}
+        assert [c["configuration"] for c in t["cells"]] == sorted(medians, key=medians.get, reverse=True)
+        assert [c["rank"] for c in t["cells"]] == [1, 2]
+    c4 = cell(tables, "c4", "tp2")["figures"]["output_tok_s"]
+    assert (c4["min"], c4["max"]) == (min(tok_s(tp2, "c4")), max(tok_s(tp2, "c4")))
+
+
+def test_a_figure_is_the_median_of_three_passes_not_one_pass_picked():
+    tp1, tp2 = records()
+    sc = tp1["scenarios"][1]
+    third = copy.deepcopy(sc["passes"][0])
+    third["pass"], third["summary"]["output_throughput"] = 3, 1.0
+    sc["passes"].append(third)
+    fig = cell(scenario_tables([tp1, tp2], plans(), Settings()), "c4", "tp1")["figures"]["output_tok_s"]
+    assert fig["median"] == statistics.median(tok_s(tp1, "c4")) and fig["min"] == 1.0 and fig["n"] == 3
+
+
+def test_per_accelerator_and_per_user_divide_by_tp_x_pp_and_by_concurrency():
+    tp1, tp2 = records()
+    c = cell(scenario_tables([tp1, tp2], plans(), Settings()), "c4", "tp2")["figures"]
+    assert c["tok_s_per_accelerator"]["median"] == pytest.approx(c["output_tok_s"]["median"] / 2)
+    assert c["tok_s_per_user"]["median"] == pytest.approx(c["output_tok_s"]["median"] / 4)
+
+
+def test_differences_are_against_the_baseline_and_the_best_is_marked():
+    tp1, tp2 = records()
+    tables = scenario_tables([tp1, tp2], plans(), Settings())
+    a, b = cell(tables, "c4", "tp1"), cell(tables, "c4", "tp2")
+    expected = 100 * (b["figures"]["output_tok_s"]["median"] - a["figures"]["output_tok_s"]["median"]) / a["figures"]["output_tok_s"]["median"]
+    assert b["figures"]["output_tok_s"]["delta_pct"] == pytest.approx(expected)
+    assert a["figures"]["output_tok_s"]["delta_pct"] is None  # the baseline itself
+    assert a["figures"]["output_tok_s"]["best"] and not b["figures"]["output_tok_s"]["best"]
+    lower_ttft = min((a, b), key=lambda c: c["figures"]["ttft_median_ms"]["median"])
+    assert lower_ttft["figures"]["ttft_median_ms"]["best"]  # lower is better for latency
+    flipped = scenario_tables([tp1, tp2], plans(), Settings(baseline="tp2"))
+    assert cell(flipped, "c4", "tp1")["figures"]["output_tok_s"]["delta_pct"] > 0
+    assert cell(flipped, "c4", "tp2")["figures"]["output_tok_s"]["delta_pct"] is None
+
+
+def test_passes_that_disagree_more_than_the_threshold_mark_the_configuration_unstable():
+    tp1, tp2 = records()
+    spread = tp1["scenarios"][0]["agreement"]["output_throughput"]  # 13.2 % in the real run
+    assert spread > 0.10
+    loose = scenario_tables([tp1, tp2], plans(), Settings(max_disagreement=spread + 0.01))
+    tight = scenario_tables([tp1, tp2], plans(), Settings(max_disagreement=0.10))
+    assert cell(tight, "c1", "tp1")["unstable"] and cell(tight, "c1", "tp1")["spread"] == pytest.approx(spread)
+    assert not cell(loose, "c1", "tp1")["unstable"]
+    assert "tp1" in tight[0]["unstable"]
+    assert f"Unstable: passes disagree on output tok/s by tp1 {100 * spread:.1f} %" in " ".join(scenario_sentences(tight[0]))
+
+
+def test_sentences_are_generated_from_the_numbers():
+    tp1, tp2 = records()
+    t = scenario_tables([tp1, tp2], plans(), Settings(max_disagreement=1.0))[1]
+    a = statistics.median(tok_s(tp1, "c4"))
+    b = statistics.median(tok_s(tp2, "c4"))
+    first = scenario_sentences(t)[0]
+    assert first == (f"In scenario c4 (concurrency 4), tp1 delivers {a / b:.1f}x the output tok/s of tp2 "
+                     f"({a:,.1f} against {b:,.1f} tok/s).")
+    ttft = {c["configuration"]: c["figures"]["ttft_median_ms"]["median"] for c in t["cells"]}
+    fast, slow = sorted(ttft, key=ttft.get)
+    pct = 100 * (ttft[slow] - ttft[fast]) / ttft[slow]
+    assert f"{fast} is {pct:.0f} % faster to first token than {slow}" in scenario_sentences(t)[1]
+
+
+def test_failed_and_skipped_configurations_sit_in_the_same_table_with_a_one_line_diagnosis():
+    tp1, tp2 = records()
+    bad = {**copy.deepcopy(tp2), "configuration": "badarg", "status": "failed", "scenarios": [],
+           "failure": {"phase": "startup", "reason": "exited", "message": "server exited with code 2",
+                       "error_line": {"diagnosis": "vLLM rejected a command-line argument."}}}
+    skipped = {**copy.deepcopy(tp2), "configuration": "tp3", "status": "skipped", "scenarios": [],
+               "plan": {"verdict": "does_not_fit", "reasons": ["4 heads do not divide over 3 ranks."]}}
+    tables = scenario_tables([tp1, tp2, bad, skipped], plans(), Settings())
+    rows = {c["configuration"]: c for c in tables[0]["cells"]}
+    assert [c["configuration"] for c in tables[0]["cells"]][-2:] == ["badarg", "tp3"]
+    assert rows["badarg"]["diagnosis"] == "failed in startup: vLLM rejected a command-line argument"
+    assert rows["tp3"]["diagnosis"] == "not launched: the planner said does_not_fit (4 heads do not divide over 3 ranks)"
+    assert outcome_sentences([tp1, bad, skipped]) == [
+        "badarg failed in startup: vLLM rejected a command-line argument.",
+        "tp3 not launched: the planner said does_not_fit (4 heads do not divide over 3 ranks)."]
+
+
+def test_cold_against_warm_gives_the_ratio_of_warm_c1_tok_s_to_the_first_request():
+    tp1 = records()[0]
+    tp1["cold_start"]["first_output_tok_s"] = {"value": 20.0, "kind": "measured", "source": "first streamed completion"}
+    cw = cold_warm(tp1)
+    warm = statistics.median(tok_s(tp1, "c1"))
+    assert cw["warm_scenario"] == "c1" and cw["warm_tok_s"]["median"] == warm
+    assert cw["tok_s_ratio"] == pytest.approx(warm / 20.0)
+    first_ttft_ms = tp1["cold_start"]["first_ttft_s"]["value"] * 1000
+    assert cw["ttft_ratio"] == pytest.approx(first_ttft_ms / cw["warm_ttft_ms"]["median"])
+
+
+def test_per_request_throughput_comes_from_concurrent_passes_only():
+    tp1 = records()[0]
+    for sc in tp1["scenarios"]:
+        for p in sc["passes"]:
+            p["summary"]["request_output_tok_s"] = [4.40, 4.37, 4.37, 4.37]
+    got = streams(tp1)
+    assert {(s["scenario"], s["pass"]) for s in got} == {("c4", 1), ("c4", 2)}
+    assert got[0]["requests"] == [4.40, 4.37, 4.37, 4.37] and got[0]["concurrency"] == 4
+
+
+def test_what_was_not_measured_is_read_from_the_records():
+    tp1, tp2 = records()
+    tp2["scenarios"][0]["passes"] = tp2["scenarios"][0]["passes"][:1]
+    tables = scenario_tables([tp1, tp2], plans(), Settings())
+    lines = not_measured(preflight=read_record(DEMO / "preflight.json"), configurations=[tp1, tp2],
+                         plans=plans().values(), tables=tables)
+    text = "\n".join(lines)
+    assert "No GPU: NVML unavailable" in text
+    assert "Telemetry source nvml: NVML unavailable: NVML Shared Library Not Found (tp1, tp2)" in text
+    assert "Scenario c1: one pass only for tp2, so no agreement figure." in text
+    assert "tp1: the weights' size is estimated" in text
+    assert "No host probes are recorded" in text
+
+
+def test_seed_000s_cold_and_warm_single_stream_give_its_4_7x():
+    # seed 000: 1.86 tok/s on the first request, 8.80 tok/s once warm, "a 4.7x gain"
+    tp1 = records()[0]
+    tp1["cold_start"]["first_output_tok_s"] = {"value": 1.86, "kind": "measured", "source": "first streamed completion"}
+    for p in tp1["scenarios"][0]["passes"]:
+        p["summary"]["output_throughput"] = 8.80
+    assert f"{cold_warm(tp1)['tok_s_ratio']:.1f}" == "4.7"
+
+
+# ---------------------------------------------------- sweeps left out, goodput, warm-up and repetition
+
+
+def new_format():
+    return synthetic.records(), synthetic.plans()
+
+
+def test_sweeps_are_left_out_of_the_rankings_cold_warm_and_streams():
+    recs, pl = new_format()
+    tables = scenario_tables(recs, pl, Settings())
+    assert [t["name"] for t in tables] == ["c1", "slo4"]  # "ramp" is a sweep: its spec holds lists
+    assert cold_warm(recs[0])["warm_scenario"] == "c1"
+    assert all(s["scenario"] != "ramp" for r in recs for s in streams(r))
+    bare = {**recs[0], "scenarios": [{**recs[0]["scenarios"][2], "kind": None}]}  # no kind: its steps tell
+    assert scenario_tables([bare], pl, Settings()) == []
+
+
+def test_a_scenario_with_a_target_ranks_on_goodput_with_the_slo_share_over_passes():
+    recs, pl = new_format()
+    t = next(t for t in scenario_tables(recs, pl, Settings()) if t["name"] == "slo4")
+    assert t["ranked_by"] == "goodput" and [f[0] for f in t["figures"][:2]] == ["goodput", "slo_share"]
+    # tp2 has the higher output tok/s, tp1 the higher goodput: goodput decides the order
+    assert [c["configuration"] for c in t["cells"]] == ["tp1", "tp2"]
+    tp1, tp2 = t["cells"]
+    assert tp2["figures"]["output_tok_s"]["median"] > tp1["figures"]["output_tok_s"]["median"]
+    g = tp1["figures"]["goodput"]
+    assert (g["median"], g["min"], g["max"], g["n"]) == (1.18, 1.10, 1.23, 3) and g["best"]
+    share = tp2["figures"]["slo_share"]
+    assert share["median"] == pytest.approx(100 * statistics.median(s for _r, s in synthetic.TP2_SLO["goodput"]))
+    assert tp2["figures"]["goodput"]["delta_pct"] == pytest.approx(100 * (0.83 - 1.18) / 1.18)
+    assert tp1["slo"] == {"met": 3, "n": 3, "percentile": 90} and tp2["slo"]["met"] == 0
+    lines = scenario_sentences(t)
+    assert lines[0] == ("In scenario slo4 (concurrency 4), under the target (TTFT ≤ 500 ms, TPOT ≤ 50 ms at p90), tp1 "
+                        "has a higher goodput than tp2 (1.18 against 0.83 req/s meeting every target); ranked by goodput.")
+    assert lines[1] == "On output tok/s alone, tp2 delivers 1.2x the output tok/s of tp1 (480.0 against 410.0 tok/s)."
+    assert lines[-1] == ("The SLO asks for at least 90 % of requests within the target: tp1 meets it in every pass "
+                         "(93.0 % of requests within target); tp2 misses it in every pass (71.0 % of requests within target).")
+
+
+def test_a_scenario_without_a_target_keeps_its_figures_and_order():
+    recs, pl = new_format()
+    c1 = scenario_tables(recs, pl, Settings())[0]
+    assert c1["ranked_by"] == "output_tok_s" and c1["figures"] == FIGURES
+    assert all(set(c["figures"]) == {f[0] for f in FIGURES} for c in c1["cells"])
+
+
+def test_the_warm_up_pass_is_in_no_figure_and_the_repetition_says_why_passes_stopped():
+    recs, pl = new_format()
+    t = next(t for t in scenario_tables(recs, pl, Settings()) if t["name"] == "slo4")
+    tp1, tp2 = t["cells"]
+    assert recs[0]["scenarios"][1]["warmup"]["summary"]["output_throughput"] == 5.0
+    assert tp1["figures"]["output_tok_s"]["min"] == 400.0 and tp1["figures"]["output_tok_s"]["n"] == 3
+    assert tp1["passes"] == 3 and tp2["passes"] == 6
+    assert tp1["repetition_note"] == ("3 passes: stopped once they agreed within 10.0 % (spread 4.2 %); "
+                                      "a warm-up pass ran first, kept out of the figures")
+    assert tp2["repetition_note"].startswith("6 passes, the most allowed: they never agreed within 10.0 % (spread 14.5 %)")
+    assert t["passes_asked"] == "2–6 passes, stopping once they agree within 10.0 %"
+
+
+def test_records_without_the_new_keys_read_as_fixed_passes_without_a_warm_up():
+    tp1, tp2 = records()
+    assert all("kind" not in s and "repetition" not in s for s in tp1["scenarios"])
+    c4 = cell(scenario_tables([tp1, tp2], plans(), Settings()), "c4", "tp1")
+    assert c4["repetition"]["stopped"] == "fixed" and c4["repetition"]["passes_run"] == 2
+    assert c4["repetition_note"] == "2 passes, a fixed count"
+    tp1["scenarios"][1]["passes"][1]["status"] = "failed"
+    assert repetition_of(tp1["scenarios"][1])["stopped"] == "failed"
+    assert repetition_note(repetition_of(tp1["scenarios"][1])) == "2 passes: stopped when pass 2 failed"

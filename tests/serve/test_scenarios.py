@@ -1,0 +1,137 @@
+"""Scenarios: sweeps, repetition until passes agree, latency targets, and the predicted preemption onset."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+
+from conftest import REPO
+from llmtrial.config import ConfigError, load_config, scenario_contexts, validate_config
+from llmtrial.serve.bench import bench_argv
+from llmtrial.serve.onset import onset, predict
+from llmtrial.serve.scenarios import Repetition, goodput, is_sweep, steps
+
+
+def _with_scenario(**spec):
+    config = load_config(REPO / "config" / "config.yaml")
+    config = copy.deepcopy(config)
+    config["scenarios"] = {"s": spec}
+    return config
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"concurrency": []}, r"key 'scenarios\.s\.concurrency': a sweep's list is empty"),
+    ({"concurrency": [1, 4, 2]}, r"key 'scenarios\.s\.concurrency': a sweep's values must increase.*\[1, 4, 2\]"),
+    ({"concurrency": [1, 2], "input_len": [64, 64]}, r"key 'scenarios\.s\.input_len': a sweep's values must increase"),
+    ({"concurrency": [1, 2], "output_len": [16, 32, 64]}, r"key 'scenarios\.s': a sweep's lists must have one value per step"),
+    ({"num_prompts": [8, 4], "concurrency": [1, 2]}, r"key 'scenarios\.s\.num_prompts': a sweep's prompt counts must not decrease"),
+    ({"slo": {"ttft_ms": 500, "p99_ms": 3}}, r"key 'scenarios\.s\.slo\.p99_ms'"),
+    ({"slo": {"percentile": 99}}, r"key 'scenarios\.s\.slo': give at least one target"),
+    ({"passes": {"min": 4, "max": 2, "agreement": 0.1}}, r"key 'scenarios\.s\.passes\.min': 4 is more than passes\.max \(2\)"),
+    ({"concurrency": [1, 0]}, r"key 'scenarios\.s\.concurrency'"),
+])
+def test_bad_sweeps_targets_and_repetition_are_rejected_naming_the_key(spec, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_config(_with_scenario(**spec), source="trial.yaml")
+
+
+def test_a_sweep_is_its_steps_in_order_with_scalars_repeated():
+    config = validate_config(_with_scenario(concurrency=[1, 2, 4, 8], num_prompts=16, input_len=192, output_len=128,
+                                            slo={"ttft_ms": 500}))
+    spec = config["scenarios"]["s"]
+    assert is_sweep(spec) and not is_sweep({"concurrency": 4})
+    got = steps(spec)
+    assert [(s["step"], s["concurrency"], s["num_prompts"], s["input_len"], s["output_len"]) for s in got] == [
+        (1, 1, 16, 192, 128), (2, 2, 16, 192, 128), (3, 4, 16, 192, 128), (4, 8, 16, 192, 128)]
+    assert all(s["slo"]["ttft_ms"] == 500 and s["slo"]["percentile"] == 90 for s in got)
+    # each step is a plain scenario: it builds vLLM benchmark flags, with the target as --goodput
+    argv = bench_argv(host="h", port=1, served_model_name="m", tokenizer="t", scenario=got[2], seed=7,
+                      result_dir="d", result_filename="f.json", percentiles=[50, 99])
+    assert argv[argv.index("--max-concurrency") + 1] == "4"
+    assert argv[argv.index("--goodput") + 1:] == ["ttft:500"]
+    lengths = validate_config(_with_scenario(concurrency=4, input_len=[64, 128], output_len=[32, 64]))
+    assert scenario_contexts(lengths) == [96, 192]
+
+
+def test_repetition_runs_until_passes_agree_or_max():
+    rule = Repetition.of({"passes": {"min": 2, "max": 4, "agreement": 0.1}})
+    assert rule.verdict(None, 1, False) is None
+    assert rule.verdict(0.25, 2, False) is None
+    assert rule.verdict(0.04, 3, False) == "agreed"
+    assert rule.verdict(0.04, 1, False) is None  # min not reached
+    assert rule.verdict(0.25, 4, False) == "max_reached"
+    assert rule.verdict(None, 2, True) == "failed"
+    fixed = Repetition.of({"passes": 2})
+    assert (fixed.verdict(0.5, 1, True), fixed.verdict(0.5, 2, False)) == (None, "fixed")
+
+
+def _outputs(n: int, seed: int) -> list:
+    from vllm.benchmarks.lib.endpoint_request_func import RequestFuncOutput
+
+    rnd = random.Random(seed)
+    outs = []
+    for i in range(n):
+        ttft = rnd.uniform(0.05, 0.9)
+        tokens = rnd.choice([1, 8, 32])
+        lat = ttft + (tokens - 1) * rnd.uniform(0.01, 0.08)
+        outs.append(RequestFuncOutput(success=i % 7 != 3, latency=lat, ttft=ttft, output_tokens=tokens, prompt_len=16,
+                                      error="" if i % 7 != 3 else "boom"))
+    return outs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slo", [{"ttft_ms": 400}, {"ttft_ms": 600, "tpot_ms": 50}, {"e2el_ms": 1200, "tpot_ms": 40}])
+def test_goodput_counts_the_requests_vllm_counts(slo):
+    """The share meeting the target agrees with vLLM's own goodput arithmetic (calculate_metrics)."""
+    from vllm.benchmarks.datasets.datasets import SampleRequest
+    from vllm.benchmarks.serve import calculate_metrics
+
+    outs = _outputs(40, seed=len(slo))
+    metrics, lens = calculate_metrics([SampleRequest(prompt="x", prompt_len=16)] * len(outs), outs, 10.0, None, [50],
+                                      {k.removesuffix("_ms"): v for k, v in slo.items()})
+    result = {"ttfts": [o.ttft for o in outs], "latencies": [o.latency for o in outs], "output_lens": lens,
+              "errors": [o.error for o in outs], "request_goodput": metrics.request_goodput}
+    got = goodput(result, {**slo, "percentile": 90})
+    assert got["requests"] == metrics.completed
+    assert got["requests_meeting"] == round(metrics.request_goodput * 10.0)
+    assert 0 < got["requests_meeting"] < got["requests"]
+    assert got["share"] == got["requests_meeting"] / got["requests"]
+    assert got["met"] is (got["share"] >= 0.9)
+
+
+def _seed_sweep(concurrency, preemptions, context):
+    """Seed 001's memory-boundary sweep (Qwen2.5-7B-AWQ, 56,192 KV tokens, 128 output tokens)."""
+    return [{"step": i + 1, "status": "ok", "concurrency": c, "num_prompts": c, "input_len": context - 128,
+             "output_len": 128, "figures": {"preemptions": p, "waiting_peak": None}}
+            for i, (c, p) in enumerate(zip(concurrency, preemptions, strict=True))]
+
+
+@pytest.mark.parametrize(("context", "concurrency", "preemptions", "step"), [
+    (2048, [16, 24, 32, 48], [0, 0, 2, 2], 3),
+    (4096, [8, 16, 24, 48], [0, 1, 1, 3], 2),
+])
+def test_the_seeds_memory_boundary_is_predicted_where_it_was_observed(context, concurrency, preemptions, step):
+    """Seed 001: "preemption begins right between the two sweep points that bracket that boundary"
+    (about 27 requests at 2,048 tokens, 13.7 at 4,096), with vLLM's 16-token GPU blocks."""
+    got = onset(_seed_sweep(concurrency, preemptions, context),
+                {"value": 56192, "source": "seed 001: room for 56,192 tokens of KV"}, 16)
+    pre = got["preemption"]
+    assert (pre["predicted_step"], pre["observed_step"], pre["error_steps"], pre["error_requests"]) == (step, step, 0, 0)
+    assert pre["predicted_concurrency"] == concurrency[step - 1]
+    assert [r["tokens_needed"] for r in got["per_step"]] == [c * context for c in concurrency]
+    assert got["waiting"]["observed_step"] is None  # the seed did not sample the queue
+    assert got["waiting"]["predicted_step"] == step
+
+
+def test_onset_rounds_to_blocks_and_says_what_it_could_not_predict():
+    row = predict({"step": 1, "concurrency": 8, "num_prompts": 4, "input_len": 192, "output_len": 128}, 1024, 128)
+    assert (row["in_flight"], row["blocks_per_request"], row["blocks_needed"]) == (4, 3, 12)
+    assert row["predicted_preempts"] and row["predicted_waits"]
+    row = predict({"step": 1, "concurrency": 2, "num_prompts": 8, "input_len": 192, "output_len": 128}, 1024, 128)
+    assert (row["blocks_needed"], row["predicted_preempts"], row["predicted_waits"]) == (6, False, False)
+    steps_ = _seed_sweep([1, 2], [0, 3], 256)
+    late = onset(steps_, None, 16)
+    assert late["unpredicted"] == "no KV cache size in the server log" and late["per_step"] == []
+    assert (late["preemption"]["predicted_step"], late["preemption"]["observed_step"]) == (None, 2)

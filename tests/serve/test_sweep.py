@@ -1,0 +1,143 @@
+"""The sweep trial (config/trials/onset-sweep-cpu.yaml) end to end with real vLLM (CPU build).
+
+One server serves a concurrency sweep whose KV cache (vLLM's own kv_cache_memory_bytes, 1,024
+tokens) is small enough that preemption starts inside the sweep, then a scenario with a
+latency target, a warm-up pass and passes repeated until they agree. One session-scoped run
+is shared by every test here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+
+import pytest
+import yaml
+
+from conftest import REPO, free_base_port
+from llmtrial.logs.lines import read_log
+from llmtrial.serve.telemetry import read_samples
+from workflow_helpers import snakemake, write_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
+
+TRIAL_FILE = REPO / "config" / "trials" / "onset-sweep-cpu.yaml"
+
+
+@pytest.fixture(scope="session")
+def sweep(tmp_path_factory):
+    work = tmp_path_factory.mktemp("sweep")
+    config = yaml.safe_load(TRIAL_FILE.read_text())
+    config["serving"]["base_port"] = free_base_port(18600, 1)
+    write_config(work, config)
+    t0 = time.time()
+    run = snakemake(work, "--cores", "all", timeout=1200)
+    print(f"sweep trial took {time.time() - t0:.0f} s", file=sys.stderr)
+    results = work / "results" / config["trial"]
+    record = json.loads((results / "configs" / "tp1" / "record.json").read_text()) if run.returncode == 0 else None
+    return {"work": work, "run": run, "results": results, "config": config, "record": record}
+
+
+def scenario(sweep, name):
+    return next(s for s in sweep["record"]["scenarios"] if s["name"] == name)
+
+
+def test_the_sweep_trial_runs_to_its_report(sweep):
+    run = sweep["run"]
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert sweep["record"]["status"] == "ok"
+    assert (sweep["results"] / "report.html").exists()
+
+
+def test_every_step_ran_once_on_the_same_warm_server(sweep):
+    onset = scenario(sweep, "onset")
+    assert onset["kind"] == "sweep" and onset["passes"] == []
+    spec = sweep["config"]["scenarios"]["onset"]
+    got = [(s["step"], s["concurrency"], s["num_prompts"]) for s in onset["steps"]]
+    assert got == [(i + 1, c, n) for i, (c, n) in enumerate(zip(spec["concurrency"], spec["num_prompts"], strict=True))]
+    seeds = [s["seed"] for s in onset["steps"]]
+    assert len(set(seeds)) == len(seeds)
+    for step in onset["steps"]:
+        result = json.loads((sweep["results"] / "configs" / "tp1" / step["result_file"]).read_text())
+        assert result["max_concurrency"] == step["concurrency"] and result["completed"] == step["num_prompts"]
+        assert step["figures"]["failed"] == 0 and step["figures"]["output_tok_s"] > 0
+        assert 0 < step["figures"]["kv_cache_usage_peak"] <= 1
+        assert step["figures"]["running_peak"] <= step["concurrency"]
+    # one server: launched once, its start-up window before the first step
+    assert sweep["record"]["server"]["launched_at"] < onset["steps"][0]["window"]["start"]
+    starts = [s["window"]["start"] for s in onset["steps"]]
+    assert starts == sorted(starts)
+
+
+def test_the_observed_preemption_onset_lies_where_the_planner_predicted(sweep):
+    onset = scenario(sweep, "onset")["onset"]
+    assert onset["kv_cache_tokens"] == 1024 and onset["block_size"] == 128
+    log_line = int(onset["kv_cache_tokens_source"].removeprefix("server.log:"))
+    server_log = read_log(sweep["results"] / "configs" / "tp1" / "server.log").split("\n")  # lines as sed numbers them
+    assert "KV cache size: 1,024 tokens" in server_log[log_line - 1]  # the fact names the line it came from
+    pre = onset["preemption"]
+    assert pre["predicted_step"] == 3 and pre["predicted_concurrency"] == 4
+    assert pre["observed_step"] is not None, "no step preempted"
+    assert abs(pre["error_steps"]) <= 1
+    steps = scenario(sweep, "onset")["steps"]
+    # the counter moved only from the observed step on, and the KV cache was never seen full before it.
+    # From it on the cache is held as full as its blocks allow, but "full" itself lasts only until the
+    # scheduler preempts (it frees a whole request's blocks at once), so a 0.5 s sample of the gauge
+    # need not catch 100 %: what it must show is a cache at least as full as any earlier step left it.
+    before, after = steps[: pre["observed_step"] - 1], steps[pre["observed_step"] - 1:]
+    assert all(s["figures"]["preemptions"] == 0 for s in before)
+    assert all(s["figures"]["kv_cache_usage_peak"] < 0.99 for s in before)
+    assert sum(s["figures"]["preemptions"] for s in after) > 0
+    assert max(s["figures"]["kv_cache_usage_peak"] for s in after) >= max(
+        s["figures"]["kv_cache_usage_peak"] for s in before)
+    assert onset["waiting"]["observed_step"] is not None
+
+
+def test_step_preemptions_are_the_servers_own_counter_over_the_step(sweep):
+    steps = scenario(sweep, "onset")["steps"]
+    df = read_samples(sweep["results"] / "configs" / "tp1" / "telemetry.csv")
+    counter = df[(df["source"] == "metrics") & (df["metric"] == "preemptions_total")]
+    total = counter["value"].max() - counter["value"].min()
+    assert sum(s["figures"]["preemptions"] for s in steps) == total > 0
+
+
+def test_a_latency_target_gives_goodput_per_pass(sweep):
+    slo = scenario(sweep, "slo")
+    target = sweep["config"]["scenarios"]["slo"]["slo"]
+    for p in slo["passes"]:
+        g = p["summary"]["goodput"]
+        assert g["targets"] == {"ttft_ms": target["ttft_ms"], "tpot_ms": target["tpot_ms"]}
+        assert g["requests"] == p["summary"]["completed"]
+        # vLLM's own goodput (req/s) is our count over its duration
+        assert g["request_goodput"] == pytest.approx(g["requests_meeting"] / p["summary"]["duration"], rel=1e-6)
+        assert g["met"] is (g["share"] >= target["percentile"] / 100)
+        assert "--goodput" in p["argv"]
+
+
+def test_passes_repeat_until_they_agree_and_the_warmup_is_kept_apart(sweep):
+    slo = scenario(sweep, "slo")
+    rep = slo["repetition"]
+    rule = sweep["config"]["scenarios"]["slo"]["passes"]
+    assert rule["min"] <= rep["passes_run"] == len(slo["passes"]) <= rule["max"]
+    tok_s = [p["summary"]["output_throughput"] for p in slo["passes"]]
+    spread = (max(tok_s) - min(tok_s)) / (sum(tok_s) / len(tok_s))
+    assert rep["spread"] == pytest.approx(spread)
+    if rep["stopped"] == "agreed":
+        assert spread <= rule["agreement"]
+        earlier = tok_s[:-1]
+        assert len(earlier) < rule["min"] or (max(earlier) - min(earlier)) / (sum(earlier) / len(earlier)) > rule["agreement"]
+    else:
+        assert rep["stopped"] == "max_reached" and rep["passes_run"] == rule["max"] and spread > rule["agreement"]
+    warm = slo["warmup"]
+    assert warm["pass"] == 0 and warm["status"] == "ok"
+    assert warm["seed"] not in {p["seed"] for p in slo["passes"]}
+    assert warm["end"] <= slo["passes"][0]["start"]  # the warm-up ran first, then the passes
+    assert slo["agreement"]["output_throughput"] == pytest.approx(spread)
+
+
+def test_the_report_shows_the_sweep_beside_its_prediction(sweep):
+    html = (sweep["results"] / "report.html").read_text()
+    assert re.search(r"id=\"sweeps\"", html)
+    assert "onset" in html and "predicted" in html

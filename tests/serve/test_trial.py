@@ -1,0 +1,152 @@
+"""Pieces of the configuration job that need no vLLM: pass agreement, SIGTERM handling, the job's
+phases against a double of the server."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import DATA, SERVER_SCRIPT
+from llmtrial.core.ledger import Ledger
+from llmtrial.core.paths import JobPaths, TrialPaths
+from llmtrial.core.records import check_record, read_record
+from llmtrial.host.groups import group_members, port_open
+from llmtrial.serve.bench import agreement
+from llmtrial.serve.trial import TrialJob
+
+
+def test_agreement_is_the_spread_over_the_mean():
+    assert agreement([100.0, 102.0]) == 2.0 / 101.0
+    assert agreement([5.0]) is None and agreement([]) is None
+    assert agreement([0.0, 0.0]) is None
+
+
+JOB = r"""
+import sys, time
+from llmtrial.core.paths import JobPaths, TrialPaths
+from llmtrial.core.records import check_record, read_record
+from llmtrial.serve.server import ServerProcess
+from llmtrial.serve.measure import sigterm_as_exit
+script, port, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+server = ServerProcess([sys.executable, script, str(port), "0.2", "0"], host="127.0.0.1", port=port, log_path=log)
+with sigterm_as_exit():
+    try:
+        server.start()
+        server.wait_ready(20, poll=0.1)
+        print(server.pgid, flush=True)
+        time.sleep(600)
+    finally:
+        server.stop()
+"""
+
+
+def test_a_job_stopped_with_sigterm_stops_its_server_first(tmp_path, free_port):
+    script = tmp_path / "fake_server.py"
+    script.write_text(SERVER_SCRIPT)
+    job = subprocess.Popen([sys.executable, "-c", JOB, str(script), str(free_port), str(tmp_path / "s.log")],
+                           stdout=subprocess.PIPE, text=True)
+    pgid = int(job.stdout.readline())
+    assert group_members(pgid)
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=30) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 5
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert group_members(pgid) == [] and not port_open("127.0.0.1", free_port)
+
+
+class FakeServerJob(TrialJob):
+    """The job with a double of the vLLM server (a loopback /health server): the job's own
+    phases run for real, the first completion fails (the double has no /v1/completions)."""
+
+    script: Path | None = None
+
+    def argv(self) -> list[str]:
+        return [sys.executable, str(self.script), str(self.port), "0.3", "0"]
+
+
+def fake_job(tmp_path: Path, port: int, verdict: str = "fits") -> FakeServerJob:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    job = FakeServerJob(
+        trial="demo", spec={"name": "tp1", "host": "127.0.0.1", "port": port, "args": {}, "env": {},
+                            "startup_timeout_s": 30, "stop_timeout_s": 10},
+        manifest={"model_dir": str(model), "files": [{"path": "config.json", "size": 2}]},
+        plan={"verdict": verdict, "reasons": ["a reason"], "plan": {}, "facts": {}}, services={},
+        served_model_name="m", scenarios={"c1": {"passes": 1}}, bench_settings={"seed": 0, "percentiles": [50]},
+        cold_start={"prompt": "Hi", "max_tokens": 2, "timeout_s": 5}, telemetry_interval=0.5,
+        paths=JobPaths(TrialPaths.of("demo", tmp_path / "results"), "tp1"))
+    job.script = tmp_path / "fake_server.py"
+    job.script.write_text(SERVER_SCRIPT)
+    return job
+
+
+def test_a_server_that_cannot_serve_is_a_failure_record_with_each_phase_part(tmp_path, free_port):
+    record = fake_job(tmp_path, free_port).run()
+    assert record["status"] == "failed"
+    assert record["failure"]["phase"] == "cold_start" and record["failure"]["reason"] == "request_failed"
+    assert record["cold_start"]["ready_seconds"]["value"] > 0 and "first_ttft_s" not in record["cold_start"]
+    assert record["scenarios"] == []  # no pass after a failed cold start
+    assert record["server"]["launched_at"] <= record["server"]["ready_at"]
+    assert record["server"]["stop"]["survivors"] == [] and not port_open("127.0.0.1", free_port)
+    assert record["telemetry"]["startup_window"]["start"] == record["server"]["launched_at"]
+    assert record["timing"]["startup_s"] == record["cold_start"]["ready_seconds"]["value"]
+    assert json.loads((tmp_path / "results/demo/configs/tp1/record.json").read_text()) == json.loads(json.dumps(record))
+    actions = [e["action"] for e in Ledger(tmp_path / "results/demo/ledger.jsonl").entries()]
+    assert actions[0] == "job_started" and actions[-1] == "job_finished" and "server_started" in actions
+
+
+def test_a_configuration_the_planner_rejects_is_skipped_without_a_server(tmp_path, free_port):
+    record = fake_job(tmp_path, free_port, verdict="does_not_fit").run()
+    assert record["status"] == "skipped" and record["plan"]["reasons"] == ["a reason"]
+    assert not (tmp_path / "results/demo/ledger.jsonl").exists()
+
+
+def test_the_cold_first_request_records_its_tokens_and_their_rate(tmp_path, completions_server):
+    host, port = completions_server
+    job = fake_job(tmp_path, port)
+    facts = job.measurement().first_request()
+    source = "first streamed completion after ready"
+    assert facts["first_output_tokens"] == {"value": 2, "kind": "measured", "source": source, "unit": "tokens"}
+    rate = facts["first_output_tok_s"]
+    assert rate["kind"] == "measured" and rate["source"] == source and rate["unit"] == "tok/s"
+    assert rate["value"] == round(2 / facts["first_total_s"]["value"], 3)
+    record = read_record(DATA / "demo" / "tp1.json")
+    record["cold_start"].update(facts)
+    check_record(record, "configuration")
+    record["cold_start"]["first_output_tokens"]["unit"] = "s"
+    with pytest.raises(ValueError, match="first_output_tokens"):
+        check_record(record, "configuration")
+
+
+#: What differs between two runs of one job: clocks, pids, ports, paths, and what the host measured.
+VOLATILE = {("cold_start", "ready_seconds", "value"), ("failure", "log_tail"), ("gpu_census", "checked_at"),
+            ("server", "argv"), ("server", "launched_at"), ("server", "pid"), ("server", "port"),
+            ("server", "ready_at"), ("server", "stop", "stop_seconds"), ("telemetry", "sampler"),
+            ("telemetry", "startup_window"), ("timing",)}
+
+
+def stable(value, path=()):
+    """The record with what :data:`VOLATILE` names replaced by its type's name."""
+    if path in VOLATILE:
+        return type(value).__name__
+    if isinstance(value, dict):
+        return {k: stable(v, (*path, k)) for k, v in value.items()}
+    return [stable(v, path) for v in value] if isinstance(value, list) else value
+
+
+def test_the_jobs_record_is_the_one_it_wrote_before_its_phases_were_split(tmp_path, free_port):
+    """tests/data/records/fake-job-cold-start-failure.json is the record this job wrote before
+    it was split into readiness, measurement and comparison, with what differs between runs
+    replaced by its type: the record's keys, their order and every stable value are the same."""
+    record = fake_job(tmp_path, free_port).run()
+    stored = json.loads((DATA / "records" / "fake-job-cold-start-failure.json").read_text())
+    assert json.loads(json.dumps(stable(record))) == stored
+    assert list(record) == list(stored)

@@ -1,0 +1,182 @@
+"""The trial configuration: schema, defaults, error messages, per-configuration params."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import yaml
+
+from conftest import REPO
+from llmtrial.config import (
+    SCHEMA_PATH,
+    ConfigError,
+    configuration_port,
+    configuration_spec,
+    load_config,
+    load_schema,
+    validate_config,
+)
+from llmtrial.plan.plan_inputs import ServingArgs
+from llmtrial.serve.server import build_server_argv
+
+
+def minimal() -> dict:
+    return {
+        "trial": "t",
+        "model": {"name": "m", "source": {"kind": "tiny"}},
+        "configurations": {"a": {}, "b": {"args": {"tensor_parallel_size": 2}, "env": {"X": "1"}}},
+        "scenarios": {"s": {}},
+    }
+
+
+def schema_keys(node: dict, prefix: str = "") -> list[tuple[str, dict]]:
+    out = []
+    for name, sub in node.get("properties", {}).items():
+        out.append((prefix + name, sub))
+        out.extend(schema_keys(sub, prefix + name + "."))
+    extra = node.get("additionalProperties")
+    if isinstance(extra, dict) and "properties" in extra:
+        out.extend(schema_keys(extra, prefix + "<name>."))
+    return out
+
+
+def test_defaults_fill_nested_keys_even_when_parents_are_missing():
+    config = validate_config(minimal())
+    assert config["serving"]["base_port"] == 8100
+    assert config["serving"]["args"] == {}
+    assert config["model"]["source"]["tiny"]["hidden_size"] == 256
+    assert config["scenarios"]["s"] == {
+        "concurrency": 1, "num_prompts": 8, "input_len": 32, "output_len": 16,
+        "request_rate": "inf", "passes": 1, "warmup": False, "slo": None, "timeout_s": 900,
+    }
+    assert config["configurations"]["a"] == {"args": {}, "env": {}, "description": "", "force": False, "nodes": [],
+                                                "launch": "native"}
+    assert config["nodes"] == {}
+
+
+def test_unknown_key_is_named_with_its_full_path():
+    config = minimal()
+    config["serving"] = {"bas_port": 9000}
+    with pytest.raises(ConfigError) as err:
+        validate_config(config)
+    assert "'serving.bas_port'" in str(err.value)
+
+
+def test_wrong_type_is_named_and_every_error_is_listed():
+    config = minimal()
+    config["scenarios"]["s"] = {"concurrency": "two"}
+    config["configurations"]["a"] = {"env": {"N": 1}}
+    with pytest.raises(ConfigError) as err:
+        validate_config(config)
+    msg = str(err.value)
+    assert "'scenarios.s.concurrency': 'two' is not of type 'integer'" in msg
+    assert "'configurations.a.env.N'" in msg
+
+
+def test_missing_required_key_is_named():
+    config = minimal()
+    del config["scenarios"]
+    with pytest.raises(ConfigError, match="'scenarios'"):
+        validate_config(config)
+
+
+def test_bad_configuration_name_is_rejected():
+    config = minimal()
+    config["configurations"]["../x"] = {}
+    with pytest.raises(ConfigError, match="configurations"):
+        validate_config(config)
+
+
+def test_every_schema_key_has_a_description_and_a_default():
+    missing = [key for key, sub in schema_keys(load_schema()) if "description" not in sub or "default" not in sub]
+    assert missing == []
+
+
+def test_config_readme_documents_every_key():
+    readme = (REPO / "config" / "README.md").read_text()
+    undocumented = [key for key, _ in schema_keys(load_schema()) if f"`{key}`" not in readme]
+    assert undocumented == []
+
+
+def test_default_trial_is_valid_and_has_two_configurations_and_two_scenarios():
+    config = load_config(REPO / "config" / "config.yaml")
+    assert len(config["configurations"]) == 2 and len(config["scenarios"]) == 2
+    assert config["model"]["source"]["kind"] == "tiny"
+
+
+def test_load_config_names_the_file(tmp_path):
+    bad = tmp_path / "trial.yaml"
+    bad.write_text(yaml.safe_dump({**minimal(), "extra": 1}))
+    with pytest.raises(ConfigError, match=re.escape(str(bad)) + " key 'extra'"):
+        load_config(bad)
+
+
+def test_configuration_spec_merges_common_and_own_settings():
+    config = minimal()
+    config["serving"] = {"args": {"max_model_len": 512, "tensor_parallel_size": 1}, "env": {"A": "x", "X": "0"}}
+    validate_config(config)
+    spec = configuration_spec(config, "b")
+    assert spec["args"] == {"max_model_len": 512, "tensor_parallel_size": 2}
+    assert spec["env"] == {"A": "x", "X": "1"}
+    assert spec["port"] == 8101 == configuration_port(config, "b")
+
+
+def test_args_are_read_once_under_vllms_own_names_for_the_planner_and_the_server():
+    config = minimal()
+    config["serving"] = {"args": {"--max-model-len": 512, "tp": 1}}
+    config["configurations"]["b"]["args"] = {"tp": 2, "enforce-eager": True}
+    validate_config(config)
+    spec = configuration_spec(config, "b")
+    # an alias is translated once: the configuration's tp overrides the common one, and no --tp reaches vLLM
+    assert spec["args"] == {"max_model_len": 512, "tensor_parallel_size": 2, "enforce_eager": True}
+    argv = build_server_argv(model_dir="/m", served_model_name="m", host="127.0.0.1", port=8101, args=spec["args"])
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2" and "--tp" not in argv
+    assert ServingArgs.from_config(spec["args"]).tensor_parallel_size == 2
+
+
+def test_one_argument_spelled_twice_is_refused_naming_both_keys():
+    config = minimal()
+    config["configurations"]["b"]["args"] = {"tp": 2, "tensor-parallel-size": 2}
+    with pytest.raises(ConfigError, match=r"configurations\.b\.args': 'tp' and 'tensor-parallel-size' both set "
+                                          "tensor_parallel_size"):
+        validate_config(config)
+
+
+def test_editing_one_configuration_leaves_the_others_spec_unchanged():
+    config = validate_config(minimal())
+    edited = copy.deepcopy(config)
+    edited["configurations"]["b"]["args"]["max_num_seqs"] = 4
+    assert configuration_spec(edited, "a") == configuration_spec(config, "a")
+    assert configuration_spec(edited, "b") != configuration_spec(config, "b")
+
+
+def test_schema_path_points_at_the_workflow_schema():
+    assert SCHEMA_PATH == REPO / "workflow" / "llmtrial" / "schemas" / "config.schema.yaml"
+
+
+def test_the_report_block_has_defaults_and_its_baseline_must_name_a_configuration():
+    config = validate_config(minimal())
+    assert config["report"] == {"baseline": None, "max_disagreement": 0.1, "notes": ""}
+    assert validate_config({**minimal(), "report": {"baseline": "b"}})["report"]["baseline"] == "b"
+    with pytest.raises(ConfigError, match=r"key 'report.baseline': 'tp9' is not a configuration of this trial \(a, b\)"):
+        validate_config({**minimal(), "report": {"baseline": "tp9"}})
+
+
+def test_a_file_patch_is_refused_when_a_configuration_spans_nodes_and_a_plugin_patch_is_not():
+    config = minimal()
+    config["nodes"] = {"a": {}, "b": {"reach": "ssh", "ssh": {"address": "10.0.0.2"}}}
+    config["configurations"]["a"]["nodes"] = ["a", "b"]
+    for entry in ({"mode": "file"}, {}):  # file is the default mode
+        config["patches"] = {"demo-worker-log": entry}
+        with pytest.raises(ConfigError, match=r"key 'patches\.demo-worker-log\.mode': mode file changes this host's "
+                                              r"vLLM only, and configuration 'a' spans more than one node: "
+                                              r"use mode plugin"):
+            validate_config(copy.deepcopy(config))
+    config["patches"] = {"demo-worker-log": {"mode": "plugin"}}
+    validate_config(copy.deepcopy(config))
+    config["configurations"]["a"]["nodes"] = ["a"]  # one node: a file patch reaches it
+    config["patches"] = {"demo-worker-log": {"mode": "file"}}
+    validate_config(copy.deepcopy(config))
+    assert load_config(REPO / "config" / "config.yaml")["patches"] == {"demo-worker-log": {"mode": "file"}}

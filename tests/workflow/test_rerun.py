@@ -1,0 +1,222 @@
+"""The default trial run three times, as README.md shows it, from a shell without the venv on PATH.
+
+After each run the demo service is running and healthy, every change any run made is undone
+(servers, services, patches, weights), and a run's records hold only that run's own changes:
+the third holds one application and one revert of the demo patch and one quiet and one
+restore of the demo service. Real vLLM (CPU build): minutes per run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from browser import PNG_MAGIC, chromium_available, visit
+from conftest import REPO
+from llmtrial.borrow.cleanup import outstanding
+from llmtrial.core.ledger import Ledger
+from llmtrial.host.groups import port_open
+from llmtrial.patch.patching import revert_patches
+from workflow_helpers import SNAKEMAKE, default_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
+
+DEMO_PORT = 8190  # the default trial's, unchanged
+
+
+def shell_env() -> dict[str, str]:
+    """The environment of a shell whose PATH has no venv: `python3` is whatever else is there."""
+    venv_bin = str(Path(sys.executable).parent)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "LLMTRIAL_RUN")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p and p != venv_bin)
+    return env
+
+
+def demo(work: Path, action: str) -> subprocess.CompletedProcess[str]:
+    """The demo service's own command, as `make run` starts it (the trial's state folder)."""
+    return subprocess.run([sys.executable, "-m", "llmtrial.host.demo_service", action, "--port", str(DEMO_PORT),
+                           "--state", ".demo-service"], cwd=work, capture_output=True, text=True, timeout=60)
+
+
+def running_and_healthy(work: Path) -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{DEMO_PORT}/health", timeout=5) as resp:
+        return demo(work, "status").returncode == 0 and resp.status == 200
+
+
+#: The second and third runs are about what a rerun leaves in the folder, not about figures: they
+#: run the default trial with its scenarios shortened to one pass of four requests each and its
+#: servers eager (no torch.compile at start-up), from a trial file given with --configfile (the
+#: whole trial, in the same results folder).
+SHORT = {"c1": {"num_prompts": 4, "passes": 1}, "c4": {"num_prompts": 4, "passes": 1}}
+
+
+def short(work: Path) -> tuple[str, str]:
+    config = default_config()
+    for name, change in SHORT.items():
+        config["scenarios"][name].update(change)
+    config["serving"]["args"]["enforce_eager"] = True
+    path = work / "short-passes.yaml"
+    path.write_text(json.dumps(config))
+    return "--configfile", str(path)
+
+
+def run_trial(work: Path, *args: str, watch=None) -> subprocess.CompletedProcess[str]:
+    """`.venv/bin/snakemake --cores all` (README.md) in the trial's folder; ``watch(ledger_entries)``
+    is polled while it runs."""
+    cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(work), "--cores", "all", *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=shell_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ledger = Ledger(work / "results" / "demo" / "ledger.jsonl")
+    while watch is not None and proc.poll() is None and not watch(ledger.entries()):
+        time.sleep(0.5)
+    out, _ = proc.communicate(timeout=1800)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    if port_open("127.0.0.1", DEMO_PORT) or port_open("127.0.0.1", 8100) or port_open("127.0.0.1", 8101):
+        pytest.skip("the default trial's ports (8190, 8100, 8101) are in use here (`make stop-demo-service`?)")
+    work = tmp_path_factory.mktemp("rerun")
+    (work / "config").mkdir()
+    shutil.copy(REPO / "config" / "config.yaml", work / "config" / "config.yaml")  # unchanged
+    assert demo(work, "start").returncode == 0  # the host's resident service, as `make run` starts it
+    yield work
+    demo(work, "stop")
+    revert_patches(Ledger(work / "results" / "demo" / "ledger.jsonl"))  # whatever happened, vLLM is not left patched
+
+
+def records(work: Path) -> tuple[dict, list[dict], str]:
+    results = work / "results" / "demo"
+    cleanup = json.loads((results / "cleanup" / "record.json").read_text())
+    return cleanup, Ledger(results / "ledger.jsonl").entries(), (results / "report.html").read_text()
+
+
+def assert_given_back(work: Path) -> tuple[dict, list[dict], str]:
+    cleanup, entries, html = records(work)
+    assert cleanup["restored"] and cleanup["residues"] == [] and running_and_healthy(work)
+    assert [c["name"] for c in cleanup["host"]["services"] if c["running_and_healthy"]] == ["demo-web"]
+    assert {kind: changes for kind, changes in outstanding(entries).items() if changes} == {}
+    return cleanup, entries, html
+
+
+def test_the_default_trial_as_readme_shows_it_quiets_and_restores_the_demo_service(work):
+    seen_down: list[bool] = []
+
+    def at_first_server(entries):
+        if any(e["action"] == "server_started" for e in entries):
+            seen_down.append(not port_open("127.0.0.1", DEMO_PORT) and demo(work, "status").returncode == 3)
+            return True
+        return False
+
+    run = run_trial(work, watch=at_first_server)
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert seen_down == [True]  # stopped while the servers ran
+    cleanup, entries, _ = assert_given_back(work)
+    [quiet] = [e for e in entries if e["action"] == "service_quiet"]
+    assert quiet["was_running"] and quiet["service"]["status"][0] == sys.executable  # {python}, not PATH's python3
+    [row] = cleanup["services"]
+    assert row["was_running"] and row["down"] and row["healthy"] and row["restored_by_run"] == cleanup["run"]
+
+
+def test_the_default_trials_report_concludes_and_opens_offline(work):
+    """The first run's report: rankings and sentences on the first screen, the charts, cold and
+    warm, each request's tok/s, provenance, under 3 MB; in headless Chromium with the network off
+    it asks for nothing and logs no error, and its first screen is kept beside it."""
+    results = work / "results" / "demo"
+    html = (results / "report.html").read_text()
+    assert (results / "report.html").stat().st_size < 3 * 2**20
+    top = html.split('<h2 id="charts">', 1)[0]
+    assert "In scenario c1 (concurrency 1), tp" in top and "In scenario c4 (concurrency 4), tp" in top
+    assert top.count('<table class="rank">') == 2 and "baseline" in top
+    tp1 = json.loads((results / "configs" / "tp1" / "record.json").read_text())
+    spread = tp1["scenarios"][0]["agreement"]["output_throughput"]
+    mark = "unstable</span>: passes disagree by" if spread > 0.10 else "passes agree within"
+    assert f"{mark} {100 * spread:.1f} %" in top  # judged against report.max_disagreement, 10 %
+    assert sorted(p.name for p in (results / "charts").glob("*.svg")) == [
+        "latency.svg", "pareto.svg", "prediction.svg", "timeline-tp1.svg", "timeline-tp2.svg"]
+    assert html.count("<svg") == 5 and html.count("The numbers in this chart") == 5
+    cold = tp1["cold_start"]["first_output_tok_s"]["value"]
+    assert cold > 0 and f"{cold:,.2f} tok/s" in html.split('<h2 id="cold-warm">', 1)[1].split("<h2", 1)[0]
+    streams = html.split('<h2 id="streams">', 1)[1].split("<h2", 1)[0]
+    c4_passes = sum(len(json.loads((results / "configs" / name / "record.json").read_text())["scenarios"][1]["passes"])
+                    for name in ("tp1", "tp2"))
+    assert streams.count("c4 pass") == c4_passes >= 4  # every c4 pass of both configurations, each request's tok/s
+    provenance = json.loads((results / "provenance.json").read_text())
+    assert provenance["commit"] and provenance["config"]["trial"] == "demo" and provenance["command_line"]
+    assert provenance["commit"] in html and provenance["config_sha256"] in html
+    if not chromium_available():
+        pytest.skip("chromium not installed (make test installs it)")
+    page = visit(results / "report.html", results / "report-first-screen.png")
+    assert page.requests == [] and page.errors == [], (page.requests, page.errors)
+    assert page.too_wide == []  # nothing makes the page scroll sideways at 1400 px
+    assert (results / "report-first-screen.png").read_bytes()[:8] == PNG_MAGIC
+
+
+@pytest.mark.parametrize("name,kv_tokens,flag", [("tp1", 524_288, True), ("tp2", 1_048_576, False)])
+def test_the_first_run_served_each_configuration_as_planned(work, name, kv_tokens, flag):
+    """The default trial's own servers (test_e2e's run leaves tp2 to this one): 1 GiB of KV per
+    worker at 2 KiB per token split by TP, as the planner predicted; every pass complete, with
+    each request's tok/s; the demo patch seen only where its flag is set."""
+    results = work / "results" / "demo"
+    rec = json.loads((results / "configs" / name / "record.json").read_text())
+    assert rec["status"] == "ok", rec["failure"]
+    assert rec["startup"]["kv_cache_tokens"]["value"] == kv_tokens
+    row = next(r for r in rec["prediction"] if r["name"] == "KV cache tokens")
+    assert row["predicted"] == row["measured"] == kv_tokens
+    for sc in rec["scenarios"]:
+        assert len(sc["passes"]) >= 2 and all(p["status"] == "ok" for p in sc["passes"])
+        for p in sc["passes"]:
+            s = p["summary"]
+            assert s["completed"] == len(s["request_output_tok_s"]) == s["request_output_tok_s_summary"]["n"]
+            assert s["request_output_tok_s_summary"]["min"] > 0
+    [patch] = rec["patches"]["patches"]
+    assert patch["flag_on"] is flag and patch["observed"] is flag and patch["as_expected"]
+    assert rec["server"]["stop"]["port_closed"] and rec["server"]["stop"]["survivors"] == []
+
+
+def test_a_second_run_after_a_complete_first_leaves_nothing_undone(work):
+    first = records(work)[0]["run"]
+    run = run_trial(work, "--forceall", *short(work))
+    assert run.returncode == 0, run.stdout[-4000:]
+    cleanup, entries, _ = assert_given_back(work)
+    assert cleanup["run"] != first
+    mine = [e for e in entries if e["run"] == cleanup["run"]]
+    kinds = {"server_started": "servers", "service_quiet": "services", "patch_file": "patches",
+             "weights_staged": "weights", "job_started": "jobs"}
+    changed = {kinds[e["action"]] for e in mine if e["action"] in kinds}
+    assert changed == set(kinds.values())  # the second run made every kind of change, and undid each
+    undone = {i for e in mine for i in ([e["undoes"]] if isinstance(e.get("undoes"), str) else e.get("undoes") or [])}
+    assert {e["id"] for e in mine if e["action"] in kinds and (e["action"] != "service_quiet" or e["was_running"])} <= undone
+    assert all(not rows for rows in cleanup["left_behind"].values())  # the first run left nothing
+
+
+def test_the_third_run_records_one_patch_and_one_quiet_of_its_own(work):
+    run = run_trial(work, "--forceall", *short(work))
+    assert run.returncode == 0, run.stdout[-4000:]
+    cleanup, entries, html = assert_given_back(work)
+    mine = [e["action"] for e in entries if e["run"] == cleanup["run"]]
+    assert (mine.count("patch_file"), mine.count("patch_reverted")) == (1, 1)
+    assert (mine.count("service_quiet"), mine.count("service_restored")) == (1, 1)
+    [patch] = cleanup["patches"]
+    assert patch["run"] == patch["reverted_by_run"] == cleanup["run"] and patch["applied_at"] < patch["reverted_at"]
+    [service] = cleanup["services"]
+    assert service["name"] == "demo-web" and service["restored_by_run"] == cleanup["run"]
+    assert len(cleanup["patches_reverted"]) == 1 and len(cleanup["services_restored"]) == 1
+    assert all(not rows for rows in cleanup["left_behind"].values())
+    assert html.count(f"<code>{patch['target']}</code>") == 1  # the patched file, once
+    assert html.split('<h2 id="cleanup">', 1)[1].count("<tr><td>demo-web</td>") == 1  # restored once, by this run
+    assert "None: no earlier run of this trial left a change open." in html
+    assert len({e["run"] for e in entries if e["action"] == "service_quiet"}) == 3  # three runs in one ledger
+
+
+def test_the_default_config_is_used_unchanged(work):
+    assert (work / "config" / "config.yaml").read_text() == (REPO / "config" / "config.yaml").read_text()
+    assert default_config()["services"]["demo-web"]["status"][0] == "{python}"

@@ -1,0 +1,19 @@
+"""The host borrowed and given back: preflight before anything changes, readiness before a
+configuration serves (re-quiet, re-patch, census), and cleanup from the ledger alone.
+
+- :mod:`llmtrial.borrow.cleanup`: Cleanup: give the host back, from the trial's ledger alone.
+- :mod:`llmtrial.borrow.ledger_tables`: What the trial's ledger says was changed and given back, one
+  row per change: each quieted service, each patched file or plugin folder, each server, group and
+  job. The cleanup record carries these tables (:func:`llmtrial.borrow.cleanup.cleanup_record`);
+  they are read from the ledger alone, so any run's cleanup tells every run's changes apart.
+- :mod:`llmtrial.borrow.preflight`: Preflight: what the trial runs on and whether it can run, before
+  anything changes the host.
+- :mod:`llmtrial.borrow.readiness`: Host readiness before a configuration serves, one function for
+  each step the quiet and patch stages do and a configuration's job does again when a cleanup has
+  undone them: quiet the services (restoring first what an earlier run left changed), apply the
+  trial's patches, take the GPU census, and build the serving environment.
+
+Imports from: core, logs, host, plan, weights, patch. (tests/test_structure.py holds the order.)
+"""
+
+__all__ = ["cleanup", "ledger_tables", "preflight", "readiness"]

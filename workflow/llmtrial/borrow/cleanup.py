@@ -1,0 +1,276 @@
+"""Cleanup: give the host back, from the trial's ledger alone.
+
+Idempotent: it runs after a finished trial, from ``onerror`` when a job fails, after a
+successful partial run, and on demand after a crash or ``kill -9``. In reverse order of
+what the trial did: stop any trial server still alive (by process group, then confirm
+its port closed), stop each process group the trial started on any node (on that node,
+rebuilt from the ledger; llmtrial.host.groups), check that no trial port listens, revert each
+vLLM patch (restore the backups, check the files against RECORD; llmtrial.patch.patching), then restart and health-check
+each service the trial quieted, and (the trial's own cleanup and on demand, not after a
+failed job) apply the staged weights' policy: keep, archive or delete (llmtrial.weights.policy). What
+cannot be undone without force is recorded as a residue.
+
+Undo is matched change by change (each undo entry names the change it undoes), so every
+change still open from any run is undone, and nothing already undone is touched again.
+The record separates what this run changed from what earlier runs left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from llmtrial.borrow.ledger_tables import patches_table, services_table, undo_rows
+from llmtrial.core.ledger import Action, Ledger, replay
+from llmtrial.core.paths import TrialPaths
+from llmtrial.core.records import write_record
+from llmtrial.host.gpus import recheck_failed
+from llmtrial.host.groups import group_members, port_open, stop_group, stop_recorded_groups
+from llmtrial.host.services import check_running, restore
+from llmtrial.patch.patching import group_patches, revert_patches
+from llmtrial.weights.policy import apply_policy
+
+log = logging.getLogger(__name__)
+
+class HostNotRestored(RuntimeError):
+    """Cleanup left residues: the workflow must not report success."""
+
+
+def outstanding(entries: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Every change the ledger records that no later entry undid, by kind, from any run
+    (:func:`llmtrial.core.ledger.replay`): configuration jobs, servers, process groups on any
+    node, services stopped, patched files and plugin folders (here, and their copies on
+    other nodes), and staged weights whose policy was not applied yet."""
+    state = replay(entries)
+    patches = group_patches(state.outstanding["patches"])
+    serving = state.open("servers")
+    return {"jobs": state.open("jobs"), "servers": [e for e in serving if e["action"] == Action.SERVER_STARTED],
+            "groups": [e for e in serving if e["action"] == Action.GROUP_LAUNCH], "services": state.open("services"),
+            "patches": [*patches["files"].values(), *patches["plugins"].values(), *patches["copies"].values()],
+            "weights": state.open("weights"), "gpus": state.open("gpus")}
+
+
+def unfinished(entries: list[dict[str, Any]]) -> bool:
+    """True when the ledger holds a change to the host that no entry undid (the staged
+    weights aside: a failed run keeps them for its rerun)."""
+    return replay(entries).any_open(besides=("weights",))
+
+
+def restore_first(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1") -> dict[str, Any] | None:
+    """Before the host is quieted: when any run of this trial left a change open (a crash),
+    give the host back first. Returns that cleanup's record (None when nothing was open);
+    raises :class:`HostNotRestored` when residues remain."""
+    ledger = Ledger(TrialPaths(Path(results_dir)).ledger)
+    if not unfinished(ledger.entries()):
+        return None
+    log.warning("an earlier run of this trial left the host changed (ledger %s): restoring it first", ledger.path)
+    record = run_cleanup(results_dir, ports=ports, host=host)
+    if not record["restored"]:
+        raise HostNotRestored("an earlier run of this trial left residues that cleanup could not undo: "
+                              f"{record['residues']}; fix them, then run `snakemake cleanup`")
+    return record
+
+
+def _listener_pids(port: int) -> list[int]:
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return []
+    return sorted({c.pid for c in conns if c.laddr and c.laddr.port == port
+                   and c.status == psutil.CONN_LISTEN and c.pid})
+
+
+
+def _split(rows: list[dict[str, Any]], run: str, by: str,
+           done: list[dict[str, Any]] = ()) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """This run's rows, and the rows of earlier runs' changes this run undid or that are
+    still outstanding (an earlier run's change already undone before is in neither). A row
+    takes the fields of what this cleanup ``done`` to its change."""
+    by_change = {d["change"]: d for d in done}
+    rows = [{**r, **by_change.get(r.get("change"), {})} for r in rows]
+    mine = [r for r in rows if r["run"] == run]
+    left = [r for r in rows if r["run"] != run and r.get(by) in (run, None)]
+    return mine, left
+
+
+def stop_orphaned_jobs(jobs: list[dict[str, Any]], ledger: Ledger, timeout: float,
+                       residues: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """End each configuration job the ledger still has open: one that outlived its workflow
+    (after ``kill -9`` of snakemake) gets SIGTERM first, which makes it stop its own server,
+    then SIGKILL; one already gone is marked so. Each ``job_stopped`` names its ``job_started``."""
+    out = []
+    for e in jobs:
+        if e.get("pid") == os.getpid():
+            continue
+        try:
+            proc = psutil.Process(int(e["pid"]))
+            alive = abs(proc.create_time() - float(e["create_time"])) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
+        except (psutil.Error, KeyError, ValueError):
+            alive = False
+        left: list[Any] = []
+        if alive:
+            log.warning("configuration job %s (pid %s) outlived its workflow: stopping it", e.get("label"), e["pid"])
+            proc.terminate()
+            gone, left = psutil.wait_procs([proc], timeout=timeout)
+            if left:
+                proc.kill()
+                gone, left = psutil.wait_procs([proc], timeout=10)
+        item = {"label": e.get("label"), "pid": e["pid"], "run": e["run"], "change": e["id"],
+                "action": "none (already gone)" if not alive else "stopped" if not left else "would not stop"}
+        if left:
+            residues.append({"kind": "process", "what": f"job {e.get('label')} pid {e['pid']}",
+                             "tried": "SIGTERM, SIGKILL", "seen": "still alive"})
+        else:
+            ledger.append(Action.JOB_STOPPED, label=e.get("label"), pid=e["pid"], undoes=e["id"], outcome=item["action"])
+        out.append(item)
+    return out
+
+
+def stop_servers(servers: list[dict[str, Any]], ledger: Ledger, host: str, timeout: float,
+                 residues: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Stop, newest first, each server the ledger still has open (by process group, then
+    confirm its port closed); each ``server_stopped`` names its ``server_started``."""
+    out = []
+    for entry in reversed(servers):
+        pgid, port = int(entry["pgid"]), int(entry["port"])
+        alive = [p.pid for p in group_members(pgid, not_before=entry.get("launched_at"))]
+        item: dict[str, Any] = {"label": entry.get("label"), "pgid": pgid, "port": port, "run": entry["run"],
+                                "change": entry["id"], "alive_pids": alive, "action": "none (already stopped)"}
+        if alive:
+            log.warning("server %s (pgid %d) still alive: stopping it", entry.get("label"), pgid)
+            item["action"] = "stopped"
+            item["stop"] = stop_group(pgid, host=entry.get("host", host), port=port, timeout=timeout,
+                                      not_before=entry.get("launched_at"))
+            if item["stop"]["survivors"]:
+                item["action"] = "would not stop"
+                residues.append({"kind": "process", "what": f"server {entry.get('label')} pgid {pgid}",
+                                 "tried": item["stop"]["signals"], "seen": f"pids {item['stop']['survivors']} still alive"})
+        if item["action"] != "would not stop":
+            ledger.append(Action.SERVER_STOPPED, label=entry.get("label"), pgid=pgid, port=port, undoes=entry["id"],
+                          outcome=item["action"])
+        out.append(item)
+    return out
+
+
+def check_ports(ports: Iterable[int], host: str, residues: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Whether each trial port still listens after the servers were stopped (a residue if so)."""
+    checks = []
+    for port in sorted(set(ports)):
+        listening = port_open(host, port)
+        check: dict[str, Any] = {"port": port, "listening": listening}
+        if listening:
+            check["pids"] = _listener_pids(port)
+            residues.append({"kind": "port", "what": f"{host}:{port}", "tried": "checked after stopping trial servers",
+                             "seen": f"still listening (pids {check['pids'] or 'unknown'})"})
+        checks.append(check)
+    return checks
+
+
+def _undo_all(ledger: Ledger, *, ports: Iterable[int], host: str, stop_timeout: float, weights: bool,
+              residues: list[dict[str, Any]]) -> dict[str, Any]:
+    """Undo every outstanding change in reverse order of the stages; what each step did."""
+    todo = outstanding(ledger.entries())
+    jobs = stop_orphaned_jobs(todo["jobs"], ledger, stop_timeout, residues)
+    servers = stop_servers(todo["servers"], ledger, host, stop_timeout, residues)
+    groups = stop_recorded_groups(todo["groups"], ledger, stop_timeout, residues)
+    trial_ports = {*ports, *(int(e["port"]) for e in todo["servers"])}
+    port_checks = check_ports(trial_ports, host, residues)
+    patched = revert_patches(ledger)
+    residues.extend(patched["residues"])
+    held = recheck_failed(ledger, residues)
+    back = restore(ledger.entries(), ledger, held=held)
+    residues.extend(back["residues"])
+    staged = apply_policy(ledger.entries(), ledger) if weights else None
+    if staged is not None:
+        residues.extend(staged["residues"])
+    return {"jobs": jobs, "servers": servers, "groups": groups, "ports": port_checks, "patches": patched,
+            "services": back, "weights": staged, "gpus_held": held}
+
+
+def weights_outcome(staged: dict[str, Any] | None, run: str) -> dict[str, Any]:
+    """The cleanup record's ``weights``, always one shape: whether the staged weights' policy
+    was applied (and why not), this run's folders, the bytes freed and the residues."""
+    if staged is None:
+        return {"applied": False, "reason": "not applied: the trial did not finish (a rerun needs them)",
+                "folders": [], "freed_bytes": 0, "residues": []}
+    return {"applied": True, "reason": None, **staged, "folders": [w for w in staged["folders"] if w.get("run") == run]}
+
+
+def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1",
+                stop_timeout: float = 30.0, weights: bool = False, run: str | None = None) -> dict[str, Any]:
+    """Undo every change the ledger in ``results_dir`` still has open, from this run or an
+    earlier one; return the cleanup record. The record keeps what this run changed apart
+    from what earlier runs left behind and this run undid, and says the host is restored
+    only when nothing is a residue and every service stopped is running and healthy again,
+    as read from the host now. With ``weights``, also apply each staged model's policy
+    (keep, archive or delete): the trial's own cleanup and an on-demand cleanup do, a
+    cleanup after a failed job does not, so that the rerun finds its weights."""
+    ledger = Ledger(TrialPaths(Path(results_dir)).ledger, run=run)
+    started, n_entries = time.time(), len(ledger.entries())
+    ledger.append(Action.CLEANUP_START)
+    residues: list[dict[str, Any]] = []
+    did = _undo_all(ledger, ports=ports, host=host, stop_timeout=stop_timeout, weights=weights, residues=residues)
+    after = ledger.entries()
+    services, left_services = _split(services_table(after), ledger.run, "restored_by_run")
+    patches, left_patches = _split(patches_table(after), ledger.run, "reverted_by_run")
+    servers, left_servers = _split(undo_rows(after, "servers", ("label", "pgid", "port"), Action.SERVER_STARTED),
+                                   ledger.run, "undone_by_run", did["servers"])
+    groups, left_groups = _split(undo_rows(after, "servers", ("label", "node"), Action.GROUP_LAUNCH),
+                                 ledger.run, "undone_by_run", did["groups"])
+    jobs, left_jobs = _split(undo_rows(after, "jobs", ("label", "pid")), ledger.run, "undone_by_run", did["jobs"])
+    host_check = check_running([r["quiet"] for r in [*services, *left_services] if r["was_running"]], after)
+    for c in host_check:
+        if not c["running_and_healthy"] and not any(r["what"] == c["name"] for r in residues):
+            residues.append({"kind": "service", "what": c["name"], "tried": "read its state after cleanup",
+                             "seen": c["seen"]})
+    staged = did["weights"]
+    record = {
+        "run": ledger.run, "started": started, "finished": time.time(), "ledger": str(ledger.path),
+        "ledger_entries": n_entries, "jobs": jobs, "servers": servers, "groups": groups, "ports": did["ports"],
+        "services_restored": [s for s in did["services"]["services"] if s["run"] == ledger.run],
+        "services": services,
+        "patches_reverted": [p for p in did["patches"]["items"] if p["run"] == ledger.run],
+        "patches": patches,
+        "weights": weights_outcome(staged, ledger.run),
+        "left_behind": {"jobs": left_jobs, "servers": left_servers, "groups": left_groups, "services": left_services,
+                        "patches": left_patches,
+                        "weights": [w for w in (staged or {}).get("folders", []) if w.get("run") != ledger.run]},
+        "host": {"services": host_check},
+        "gpus_held": [{k: g.get(k) for k in ("gpu", "uuid", "label", "evidence", "evidence_now", "run")}
+                      for g in did["gpus_held"]],
+        "residues": residues,
+        "restored": not residues and all(c["running_and_healthy"] for c in host_check),
+    }
+    ledger.append(Action.CLEANUP_DONE, restored=record["restored"], residues=len(residues))
+    return record
+
+
+def cleanup_with_record(results_dir: Path, record_path: Path | None = None, *, ports: Iterable[int] = (),
+                        host: str = "127.0.0.1", stop_timeout: float = 30.0, weights: bool = False) -> dict[str, Any]:
+    """Run cleanup and write its record (default ``<results>/cleanup/on-demand.json``)."""
+    record = run_cleanup(results_dir, ports=ports, host=host, stop_timeout=stop_timeout, weights=weights)
+    write_record(record_path or TrialPaths(Path(results_dir)).cleanup_on_demand, record, schema="cleanup")
+    return record
+
+
+def restore_after_run(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1") -> dict[str, Any] | None:
+    """After a successful workflow run: give back what a partial run left changed (recorded
+    as ``cleanup/on-success.json``), and raise HostNotRestored when the last cleanup could
+    not restore the host, so the run's exit status says so. Returns the new record, if any."""
+    results = Path(results_dir)
+    entries = Ledger(TrialPaths(results).ledger).entries()
+    record = None
+    if unfinished(entries):
+        record = cleanup_with_record(results, TrialPaths(results).cleanup_on_success, ports=ports, host=host)
+        entries = Ledger(TrialPaths(results).ledger).entries()
+    done = [e for e in entries if e.get("action") == Action.CLEANUP_DONE]
+    if done and not done[-1].get("restored", True):
+        raise HostNotRestored(f"the host was not fully restored ({done[-1].get('residues')} residue(s)); see "
+                              f"{results / 'cleanup'} and the report, fix them, then run `snakemake cleanup`")
+    return record

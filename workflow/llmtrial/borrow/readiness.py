@@ -1,0 +1,62 @@
+"""Host readiness before a configuration serves, one function for each step the quiet and patch
+stages do and a configuration's job does again when a cleanup has undone them: quiet the
+services (restoring first what an earlier run left changed), apply the trial's patches, take the
+GPU census, and build the serving environment.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmtrial.borrow.cleanup import restore_first
+from llmtrial.core.ledger import Ledger
+from llmtrial.host.gpus import launch_check, visible_devices_env
+from llmtrial.host.services import quiet_host, quiet_needed
+from llmtrial.patch.patching import ensure_patched, server_env
+
+log = logging.getLogger(__name__)
+
+
+def quiet(results: Path, services: Mapping[str, Any], *, ports: Sequence[int], host: str) -> dict[str, Any]:
+    """The quiet stage: restore first what an earlier run left changed (servers on ``ports``
+    stopped, services started again), then quiet the trial's services; the quiet record."""
+    restored = restore_first(results, ports=list(ports), host=host)
+    return quiet_host(results, dict(services), restored_first=restored)
+
+
+@dataclass
+class Readiness:
+    """What a configuration's job found and did before serving."""
+
+    #: The services the job quieted again (None when the quiet stage's work still stood).
+    requieted: list[dict[str, Any]] | None
+    #: :func:`llmtrial.patch.patching.ensure_patched`'s answer: the patches, the plugin folder, what was reapplied.
+    patched: dict[str, Any]
+    #: The GPU census before launch and, when a foreign process holds a selected GPU, why the job stops.
+    census: dict[str, Any]
+    busy: str | None
+
+
+def ready_host(*, results: Path, services: Mapping[str, Any], ports: Sequence[int], host: str,
+               patches: Mapping[str, Any], ledger: Ledger, patches_dir: Path, gpus: Sequence[Mapping[str, Any]],
+               allow_processes: Sequence[str]) -> Readiness:
+    """Quiet the host again when a cleanup restored it, re-apply the patches a cleanup reverted,
+    and take the census of the selected GPUs."""
+    requieted = None
+    why = quiet_needed(results, services)
+    if why is not None:
+        log.info("quieting the host first (%s)", why)
+        requieted = quiet(results, services, ports=ports, host=host)["services"]
+    patched = ensure_patched(dict(patches), ledger=ledger, work_dir=patches_dir)
+    census, busy = launch_check(ledger, list(gpus), list(allow_processes))
+    return Readiness(requieted, patched, census, busy)
+
+
+def host_env(gpus: Sequence[Mapping[str, Any]], env: Mapping[str, str], patched: Mapping[str, Any]) -> dict[str, str]:
+    """A single host's serving environment: the selected GPUs made visible, the configuration's
+    ``env``, and the patches' plugin folder."""
+    return server_env({**visible_devices_env(list(gpus)), **env}, patched["plugin_dir"], patched["patches"])

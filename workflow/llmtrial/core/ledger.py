@@ -1,0 +1,306 @@
+"""The trial ledger: an append-only record of every change a trial makes to the host.
+
+Each entry is written (flushed and fsynced) *before* the change it describes, with what
+is needed to undo it, so cleanup can restore the host from the ledger alone after a
+crash or ``kill -9``. One JSON object per line; a line torn by a crash is skipped.
+
+Every entry carries ``run`` (the workflow invocation that wrote it: the workflow sets
+``LLMTRIAL_RUN`` once per snakemake invocation, and its jobs inherit it) and its own
+``id``. An entry that undoes a change names it: ``undoes`` holds the change's id (or a
+list of ids), so undo is matched change by change, never by name across runs. Entries
+of a ledger written before runs had ids read as one earlier run (``run`` ``earlier``);
+their undo entries name no id and are matched by a key of the change (its service, file,
+folder or process group) instead.
+
+Every entry also names the ``node`` (host) it changed; this process's entries name the node
+the workflow runs on (``LLMTRIAL_NODE``: the trial's own name for this host when it lists
+nodes, else :data:`LOCAL_NODE`) unless told otherwise, and entries of a ledger written
+before nodes read as :data:`LOCAL_NODE`. A change on a node that cleanup must reach (a process group
+started there: ``group_launch``; weights staged there; a plugin folder copied there:
+``patch_plugin_copy``) also carries ``reach``, the node as
+:meth:`llmtrial.host.nodes.Node.describe` gives it, so cleanup can rebuild the node from the
+ledger alone.
+
+The vocabulary is here and only here: :class:`Action` lists every entry kind, :data:`ACTIONS`
+declares each kind's payload (its required fields) and :data:`CHANGES` each kind of change
+to the host with the actions that make it and the actions that undo it. :func:`replay`
+reads a ledger once and returns every change still outstanding, by kind, and what undid
+the others: every stage that undoes something asks it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+#: The environment variable that names the current run; the workflow sets it once per invocation.
+RUN_ENV = "LLMTRIAL_RUN"
+#: The environment variable naming the node this process runs on (set by the workflow).
+NODE_ENV = "LLMTRIAL_NODE"
+#: The run of entries written before runs had ids.
+EARLIER_RUN = "earlier"
+#: The node (host) of entries this process writes unless told otherwise, and of entries written before nodes.
+LOCAL_NODE = "local"
+
+
+class Action(StrEnum):
+    """Every kind of ledger entry. A change is written before it is made; an undo names the
+    change it undoes (``undoes``); the rest are marks that say when a stage began or ended."""
+
+    JOB_STARTED = "job_started"                      # change: a configuration job runs (cleanup stops it)
+    JOB_FINISHED = "job_finished"                    # undo of job_started: the job ended by itself
+    JOB_STOPPED = "job_stopped"                      # undo of job_started: cleanup stopped a job that outlived its run
+    SERVER_LAUNCH = "server_launch"                  # mark: a server is about to start
+    SERVER_STARTED = "server_started"                # change: a vLLM server runs in its own process group
+    SERVER_STOPPED = "server_stopped"                # undo of server_started
+    GROUP_LAUNCH = "group_launch"                    # change: a serving process group is about to start on a node
+    GROUP_STARTED = "group_started"                  # mark: the group of a group_launch runs (pid, pgid, start time)
+    GROUP_STOPPED = "group_stopped"                  # undo of group_launch: stopped or found gone, on its node
+    SERVICE_QUIET = "service_quiet"                  # change (when was_running): a service is about to be stopped
+    SERVICE_STOPPED = "service_stopped"              # mark: the stop of a service_quiet, and whether it went down
+    SERVICE_RESTORED = "service_restored"            # undo of service_quiet: running and healthy again
+    PATCH_FILE = "patch_file"                        # change: a vLLM file is about to be patched (backup kept)
+    PATCH_PLUGIN = "patch_plugin"                    # change: a plugin folder is about to be written
+    PATCH_APPLIED = "patch_applied"                  # mark: the patches are in place
+    PATCH_REVERTED = "patch_reverted"                # undo of patch_file: restored, matches RECORD
+    PATCH_REVERT_FAILED = "patch_revert_failed"      # mark: a revert left the file not matching RECORD (a residue)
+    PATCH_PLUGIN_REMOVED = "patch_plugin_removed"    # undo of patch_plugin
+    PATCH_PLUGIN_COPY = "patch_plugin_copy"          # change: a plugin folder is about to be copied to a node
+    PATCH_PLUGIN_COPIED = "patch_plugin_copied"      # mark: the copy of a patch_plugin_copy verified on its node
+    PATCH_PLUGIN_COPY_REMOVED = "patch_plugin_copy_removed"  # undo of patch_plugin_copy, on its node
+    WEIGHTS_STAGED = "weights_staged"                # change: weights staged, their policy (keep/archive/delete) pending
+    WEIGHTS_ARCHIVE_START = "weights_archive_start"  # mark: an archive copy is about to be made
+    WEIGHTS_ARCHIVED = "weights_archived"            # mark: the archive copy is complete
+    WEIGHTS_DELETE_START = "weights_delete_start"    # mark: a staged folder is about to be deleted
+    WEIGHTS_DONE = "weights_done"                    # undo of weights_staged: the policy was applied
+    WEIGHTS_POLICY_FAILED = "weights_policy_failed"  # mark: the policy left residues (stays outstanding)
+    GPU_FAILED = "gpu_failed"                        # change: a GPU failed its health check; services on it are held
+    GPU_CLEARED = "gpu_cleared"                      # undo of gpu_failed: a later health check passed
+    CLEANUP_START = "cleanup_start"                  # mark: a cleanup began
+    CLEANUP_DONE = "cleanup_done"                    # mark: a cleanup ended, restored or not
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """The payload of one entry kind: the fields it must carry beyond t, action, run, id and
+    node, and the kind of change it makes or undoes (None for a mark)."""
+
+    required: tuple[str, ...] = ()
+    change: str | None = None
+    undo: bool = False
+
+
+#: The payload of every entry kind (the typed shape of each ledger line).
+ACTIONS: dict[Action, ActionSpec] = {
+    Action.JOB_STARTED: ActionSpec(("label", "pid", "create_time"), "jobs"),
+    Action.JOB_FINISHED: ActionSpec(("label", "pid", "undoes"), "jobs", undo=True),
+    Action.JOB_STOPPED: ActionSpec(("label", "pid", "undoes", "outcome"), "jobs", undo=True),
+    Action.SERVER_LAUNCH: ActionSpec(("label", "host", "port", "argv", "env_keys")),
+    Action.SERVER_STARTED: ActionSpec(("label", "pid", "pgid", "host", "port", "launched_at"), "servers"),
+    Action.SERVER_STOPPED: ActionSpec(("label", "pgid", "port"), "servers", undo=True),
+    Action.GROUP_LAUNCH: ActionSpec(("label", "reach", "argv", "env_keys", "log_path", "token"), "servers"),
+    Action.GROUP_STARTED: ActionSpec(("label", "launch", "pid", "pgid", "create_time")),
+    Action.GROUP_STOPPED: ActionSpec(("label", "undoes", "outcome"), "servers", undo=True),
+    Action.SERVICE_QUIET: ActionSpec(("service", "was_running", "state_seen"), "services"),
+    Action.SERVICE_STOPPED: ActionSpec(("name", "down", "quiet")),
+    Action.SERVICE_RESTORED: ActionSpec(("name", "undoes", "healthy_after_s"), "services", undo=True),
+    Action.PATCH_FILE: ActionSpec(("patches", "dist", "version", "path", "file", "backup", "record_hash",
+                                   "before_hash", "after_hash"), "patches"),
+    Action.PATCH_PLUGIN: ActionSpec(("patches", "dir", "entry_points"), "patches"),
+    Action.PATCH_APPLIED: ActionSpec(("mode", "patches")),
+    Action.PATCH_REVERTED: ActionSpec(("patches", "path", "file", "undoes", "outcome"), "patches", undo=True),
+    Action.PATCH_REVERT_FAILED: ActionSpec(("patches", "path", "file", "outcome")),
+    Action.PATCH_PLUGIN_REMOVED: ActionSpec(("patches", "dir", "undoes", "outcome"), "patches", undo=True),
+    Action.PATCH_PLUGIN_COPY: ActionSpec(("patches", "reach", "dir", "source"), "patches"),
+    Action.PATCH_PLUGIN_COPIED: ActionSpec(("copy", "dir", "files")),
+    Action.PATCH_PLUGIN_COPY_REMOVED: ActionSpec(("patches", "dir", "undoes", "outcome"), "patches", undo=True),
+    Action.WEIGHTS_STAGED: ActionSpec(("path", "root", "after"), "weights"),
+    Action.WEIGHTS_ARCHIVE_START: ActionSpec(("path", "archive")),
+    Action.WEIGHTS_ARCHIVED: ActionSpec(("path", "archive", "bytes")),
+    Action.WEIGHTS_DELETE_START: ActionSpec(("path",)),
+    Action.WEIGHTS_DONE: ActionSpec(("path", "policy", "undoes", "outcome"), "weights", undo=True),
+    Action.WEIGHTS_POLICY_FAILED: ActionSpec(("path", "policy", "outcome")),
+    Action.GPU_FAILED: ActionSpec(("gpu", "uuid", "label", "evidence", "kernel_lines"), "gpus"),
+    Action.GPU_CLEARED: ActionSpec(("gpu", "uuid", "undoes", "evidence"), "gpus", undo=True),
+    Action.CLEANUP_START: ActionSpec(),
+    Action.CLEANUP_DONE: ActionSpec(("restored", "residues")),
+}
+
+
+def _service_name(e: dict[str, Any]) -> Any:
+    return e["service"]["name"] if "service" in e else e.get("name", "")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One kind of change to the host: the actions that make it (``when`` it holds), the
+    actions that undo it, and the key an old-format undo entry (no ids) is matched by."""
+
+    kind: str
+    makes: tuple[Action, ...]
+    undone_by: tuple[Action, ...]
+    key: Callable[[dict[str, Any]], Any]
+    when: Callable[[dict[str, Any]], bool] = field(default=lambda e: True)
+
+    def is_change(self, e: dict[str, Any]) -> bool:
+        return e.get("action") in self.makes and self.when(e)
+
+    def is_undo(self, e: dict[str, Any]) -> bool:
+        return e.get("action") in self.undone_by
+
+
+#: Every kind of change a trial makes to a host, in the order cleanup undoes them. ``gpus`` are
+#: GPUs held as failed (a health check after a failure): not a change the trial made, but a hold
+#: on the host that stays until a later check clears it. ``servers``
+#: are serving process groups: a vLLM server started here (``server_started``) and a group
+#: started on any node, this one or another host (``group_launch``: a headless rank, a worker).
+CHANGES: dict[str, Change] = {c.kind: c for c in (
+    Change("jobs", (Action.JOB_STARTED,), (Action.JOB_FINISHED, Action.JOB_STOPPED), lambda e: e.get("pid")),
+    Change("servers", (Action.SERVER_STARTED, Action.GROUP_LAUNCH), (Action.SERVER_STOPPED, Action.GROUP_STOPPED),
+           lambda e: e.get("pgid")),
+    Change("patches", (Action.PATCH_FILE, Action.PATCH_PLUGIN, Action.PATCH_PLUGIN_COPY),
+           (Action.PATCH_REVERTED, Action.PATCH_PLUGIN_REMOVED, Action.PATCH_PLUGIN_COPY_REMOVED),
+           lambda e: e.get("file") or e.get("dir")),
+    Change("services", (Action.SERVICE_QUIET,), (Action.SERVICE_RESTORED,), _service_name,
+           lambda e: bool(e.get("was_running"))),
+    Change("weights", (Action.WEIGHTS_STAGED,), (Action.WEIGHTS_DONE,), lambda e: e.get("path")),
+    Change("gpus", (Action.GPU_FAILED,), (Action.GPU_CLEARED,), lambda e: e.get("uuid") or e.get("gpu")),
+)}
+
+
+def missing_fields(entry: dict[str, Any]) -> list[str]:
+    """The fields an entry of a known action lacks (its declared payload); [] for a complete
+    entry or an action outside the vocabulary."""
+    try:
+        spec = ACTIONS[Action(entry.get("action"))]
+    except ValueError:
+        return []
+    return [f for f in ("t", "action", "run", "id", "node", *spec.required) if f not in entry]
+
+
+def new_run_id() -> str:
+    """A run id: the local start time and a random suffix (sortable, unique enough)."""
+    return time.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
+
+
+_PROCESS_RUN = new_run_id()
+
+
+def current_run() -> str:
+    """The run this process belongs to: ``LLMTRIAL_RUN`` when set (a workflow invocation and
+    its jobs), else one id for this process (the command line's own cleanup, a test)."""
+    return os.environ.get(RUN_ENV) or _PROCESS_RUN
+
+
+def current_node() -> str:
+    """The name of the node this process runs on: ``LLMTRIAL_NODE``, else :data:`LOCAL_NODE`."""
+    return os.environ.get(NODE_ENV) or LOCAL_NODE
+
+
+class Ledger:
+    """Append-only JSON-lines file at ``path``; entries written here carry ``run``."""
+
+    def __init__(self, path: str | os.PathLike[str], run: str | None = None, node: str | None = None) -> None:
+        self.path = Path(path)
+        self.run = run or current_run()
+        self.node = node or current_node()
+
+    def append(self, action: str, **data: Any) -> dict[str, Any]:
+        """Write one entry (``node`` defaults to this ledger's) and return it."""
+        entry = {"t": time.time(), "action": str(action), "run": self.run, "id": secrets.token_hex(8),
+                 "node": self.node, **data}
+        line = (json.dumps(entry, default=str) + "\n").encode("utf-8")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)  # one write with O_APPEND: concurrent jobs do not interleave
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return entry
+
+    def entries(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        out = []
+        for i, raw in enumerate(self.path.read_text(encoding="utf-8").splitlines()):
+            try:
+                entry = json.loads(raw)
+            except json.JSONDecodeError:
+                continue  # a line torn by a crash mid-write
+            entry.setdefault("run", EARLIER_RUN)
+            entry.setdefault("id", f"line-{i + 1}")
+            entry.setdefault("node", LOCAL_NODE)
+            out.append(entry)
+        return out
+
+
+def undone_ids(entry: dict[str, Any]) -> list[str]:
+    """The ids an undo entry names (none for an entry of an old-format ledger)."""
+    ids = entry.get("undoes")
+    if ids is None:
+        return []
+    return [ids] if isinstance(ids, str) else list(ids)
+
+
+def match_undos(entries: Iterable[dict[str, Any]], is_change: Callable[[dict[str, Any]], bool],
+                is_undo: Callable[[dict[str, Any]], bool],
+                key: Callable[[dict[str, Any]], Any]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Pair each change with the entry that undid it, in ledger order.
+
+    Returns ``(outstanding, undone)``: the changes no entry has undone (by id, in order) and,
+    per undone change's id, the entry that undid it. An undo entry of an old-format ledger
+    (no run, no ids) undoes every outstanding change with the same ``key``; any other entry
+    undoes only the ids it names; the key is matched on the same node only."""
+    outstanding: dict[str, dict[str, Any]] = {}
+    undone: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        if is_change(e):
+            outstanding[e["id"]] = e
+        elif is_undo(e):
+            legacy = "undoes" not in e and e.get("run") == EARLIER_RUN
+            ids = [i for i, c in outstanding.items()
+                   if key(c) == key(e) and c.get("node", LOCAL_NODE) == e.get("node", LOCAL_NODE)] \
+                if legacy else undone_ids(e)
+            for i in ids:
+                if i in outstanding:
+                    outstanding.pop(i)
+                    undone[i] = e
+    return outstanding, undone
+
+
+@dataclass
+class Replay:
+    """What a ledger says now: per kind of change (:data:`CHANGES`), the changes no entry
+    has undone, by id in ledger order; and, per undone change's id, the entry that undid it."""
+
+    outstanding: dict[str, dict[str, dict[str, Any]]]
+    undone: dict[str, dict[str, Any]]
+
+    def open(self, kind: str) -> list[dict[str, Any]]:
+        """The outstanding changes of one kind, in ledger order."""
+        return list(self.outstanding[kind].values())
+
+    def any_open(self, *, besides: Iterable[str] = ()) -> bool:
+        """True when a change of any kind (other than those named) is outstanding."""
+        skip = set(besides)
+        return any(changes for kind, changes in self.outstanding.items() if kind not in skip)
+
+
+def replay(entries: Iterable[dict[str, Any]]) -> Replay:
+    """Replay a ledger (from any run, any node): every change still outstanding, by kind,
+    and what undid the rest. The one reading of a ledger every undoing stage uses."""
+    entries = list(entries)
+    outstanding: dict[str, dict[str, dict[str, Any]]] = {}
+    undone: dict[str, dict[str, Any]] = {}
+    for kind, change in CHANGES.items():
+        outstanding[kind], done = match_undos(entries, change.is_change, change.is_undo, change.key)
+        undone.update(done)
+    return Replay(outstanding, undone)

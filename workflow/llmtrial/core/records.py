@@ -1,0 +1,159 @@
+"""Stage records: the JSON files that stages hand to each other and to the report.
+
+Every number a record carries can say where it came from: ``measured`` (read from a
+log line, a benchmark result or a sampler), ``predicted`` (computed before launch) or
+``estimated`` (computed from an assumption), ``given`` (a figure a person supplied) or
+``unknown`` (no figure; the source says why). :func:`fact` builds that shape.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from llmtrial.core.fileio import atomic_write_text
+from llmtrial.core.record_models import KINDS
+from llmtrial.core.resources import SCHEMAS
+
+Kind = Literal["measured", "predicted", "estimated", "given", "unknown"]
+
+#: Environment variable names whose values never reach a record, a log or the report.
+_SECRET_WORDS = r"TOKEN|SECRET|PASSWORD|PASSWD|API[_-]?KEY|CREDENTIAL"
+SECRET_NAME = re.compile(_SECRET_WORDS, re.IGNORECASE)
+
+
+def human_bytes(value: float) -> str:
+    """A byte count for people: 1,023 B, 1.50 KiB, ... TiB."""
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.2f} {unit}"
+        size /= 1024
+    return f"{value} B"
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    """Environment for records: values of secret-looking names replaced by ``<redacted>``."""
+    return {k: (REDACTED if SECRET_NAME.search(k) else v) for k, v in env.items()}
+
+
+#: ``name=value`` or ``name: value`` inside one argument, where the name looks secret.
+_SECRET_PAIR = re.compile(
+    rf"(?P<key>[\w.-]*(?:{_SECRET_WORDS})[\w.-]*['\"]?\s*[:=]\s*)"
+    r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s,;}\]]+)", re.IGNORECASE)
+_NUMBER = re.compile(r"[+-]?\d+(\.\d+)?")
+REDACTED = "<redacted>"
+
+
+def _redact_pair(m: re.Match[str]) -> str:
+    # a number is a setting (max_tokens=32), never a secret worth hiding
+    return m[0] if _NUMBER.fullmatch(m["value"]) else m["key"] + REDACTED
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """A command line for records: the value of every secret-looking name replaced by
+    ``<redacted>``, whether it follows in the same argument (``hf_token=abc``,
+    ``--hf-token=abc``, ``serving={env: {HF_TOKEN: abc}}``) or is the next one
+    (``--hf-token abc``). Numbers are kept (``max_tokens=32``)."""
+    out: list[str] = []
+    hide_next = False
+    for arg in map(str, argv):
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+        elif arg.startswith("-") and "=" not in arg and SECRET_NAME.search(arg):
+            out.append(arg)
+            hide_next = True
+        else:
+            out.append(_SECRET_PAIR.sub(_redact_pair, arg))
+    return out
+
+
+def redact_config(value: Any) -> Any:
+    """A configuration (or any JSON-like value) for records: under a secret-looking key, a
+    value that is not a number or a boolean is ``<redacted>``; lists of strings (argv) are
+    redacted as command lines."""
+    if isinstance(value, dict):
+        return {k: (REDACTED if SECRET_NAME.search(str(k)) and not isinstance(v, (int, float, bool)) and v is not None
+                    else redact_config(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        if value and all(isinstance(v, str) for v in value):
+            return redact_argv(value)
+        return [redact_config(v) for v in value]
+    return value
+
+
+def fact(value: Any, source: str, kind: Kind = "measured", unit: str | None = None) -> dict[str, Any]:
+    """A number with its provenance: ``{"value", "kind", "source"[, "unit"]}``."""
+    out: dict[str, Any] = {"value": value, "kind": kind, "source": source}
+    if unit is not None:
+        out["unit"] = unit
+    return out
+
+
+_BASE = "https://llmtrial.invalid/schemas/"
+
+
+@functools.cache
+def _validator(schema: str) -> Any:
+    """The validator of ``<schema>.record.schema.yaml``; a schema may refer to another record
+    schema by its file name (``cleanup.record.schema.yaml#/$defs/residue``)."""
+    import yaml
+    from jsonschema import Draft202012Validator
+    from referencing import Registry, Resource
+
+    resources = []
+    for file in sorted(SCHEMAS.glob("*.record.schema.yaml")):
+        with open(file, encoding="utf-8") as fh:
+            doc = {**yaml.safe_load(fh), "$id": _BASE + file.name}
+        resources.append((_BASE + file.name, Resource.from_contents(doc)))
+    registry = Registry().with_resources(resources)
+    return Draft202012Validator(registry.contents(_BASE + f"{schema}.record.schema.yaml"), registry=registry)
+
+
+def check_record(data: Any, schema: str) -> None:
+    """Raise ValueError naming every field of ``data`` that breaks ``<schema>.record.schema.yaml``.
+
+    A record that does not match is a fault of the workflow, never of the trial.
+    """
+    errors = [f"{'.'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message}"
+              for e in _validator(schema).iter_errors(json.loads(json.dumps(data, default=str)))]
+    if errors:
+        raise ValueError(f"{schema} record does not match its schema:\n  " + "\n  ".join(errors))
+
+
+def load_record(path: str | os.PathLike[str], kind: str) -> Any:
+    """Read a record as its typed model (:mod:`llmtrial.core.record_models`); ValueError naming
+    each field at fault when it does not match."""
+    try:
+        return KINDS[kind].model_validate(read_record(path))
+    except ValidationError as exc:
+        raise ValueError(f"{kind} record {path} does not match its model:\n{exc}") from None
+
+
+def write_record(path: str | os.PathLike[str], data: Any, schema: str | None = None) -> Path:
+    """Write ``data`` (a dict or a record model) as JSON atomically (temporary file, fsync,
+    rename), after checking it against the record schema named ``schema`` (every stage's
+    record names its kind; see :data:`llmtrial.core.record_models.KINDS`)."""
+    if hasattr(data, "model_dump"):
+        data = data.model_dump(mode="json")
+    if schema is not None:
+        check_record(data, schema)
+    return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def read_record(path: str | os.PathLike[str]) -> Any:
+    """Read a record, naming the file when it is missing or not valid JSON."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"record not found: {p}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"record {p} is not valid JSON: {exc}") from None

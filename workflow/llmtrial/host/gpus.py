@@ -1,0 +1,376 @@
+"""The GPUs a trial uses: which ones (the selection), who else computes on them (the census
+before launch), and whether they are still healthy after a configuration failed.
+
+- **Selection.** The trial file's ``hardware.gpus`` is a count (the first N GPUs NVML lists)
+  or a list of NVML indexes and UUIDs. Preflight resolves it against the inventory; the
+  planner, the servers' ``CUDA_VISIBLE_DEVICES`` (by UUID, so CUDA's own device order does
+  not matter) and telemetry then use exactly those GPUs.
+- **Census.** Before a server starts, every compute process on a selected GPU is read from
+  NVML with its pid, user, command and memory; one the trial file does not allow by name
+  (``hardware.allow_processes``) keeps the configuration from launching.
+- **Health.** After a configuration fails, each selected GPU is checked by what the field
+  trusts: a fresh process that initialises CUDA and allocates and frees a buffer, and the
+  NVIDIA Xid lines the kernel log gained since preflight's baseline. A GPU that fails is
+  written to the ledger (``gpu_failed``): cleanup reports it as a residue and does not start
+  the services that run on it, unless a later check passes (``gpu_cleared``) or the trial
+  file lets the service start anyway.
+
+A host this machine cannot be (NVML, CUDA, a kernel log with Xid lines) is played by a test
+double: a Python file named by ``LLMTRIAL_GPU_DOUBLE``. Its module stands in for pynvml;
+its ``cuda_health(nbytes)`` for CUDA in the fresh process; run as ``python FILE dmesg`` it
+prints the kernel log. Every record made through it says so in its ``source``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from types import ModuleType
+from typing import Any
+
+import psutil
+
+from llmtrial.core.ledger import Action, Ledger, replay
+
+log = logging.getLogger(__name__)
+
+#: The environment variable naming a test double of the host's GPU stack (a Python file).
+DOUBLE_ENV = "LLMTRIAL_GPU_DOUBLE"
+#: What the health check allocates on each GPU, and how long the fresh process may take.
+HEALTH_BYTES = 64 * 2**20
+HEALTH_TIMEOUT_S = 60.0
+#: ``NVRM: Xid (PCI:0000:17:00): 79, pid=..., GPU has fallen off the bus.``
+XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]+)\): (?P<code>\d+)")
+
+
+class SelectionError(ValueError):
+    """``hardware.gpus`` names a GPU this host does not have."""
+
+
+# --------------------------------------------------------------------------- the GPU stack
+
+
+def double_path() -> str | None:
+    """The test double's file, when one plays this host's GPUs."""
+    return os.environ.get(DOUBLE_ENV) or None
+
+
+@functools.cache
+def _load_double(path: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("llmtrial_gpu_double", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{DOUBLE_ENV}={path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def nvml_module() -> tuple[Any | None, str, str | None]:
+    """(pynvml or the double standing in for it, where figures come from, why none)."""
+    path = double_path()
+    if path:
+        return _load_double(path), f"nvml double ({path})", None
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        return None, "nvml", "nvidia-ml-py (pynvml) is not installed"
+    return pynvml, "nvml", None
+
+
+def kernel_log_command() -> list[str]:
+    """The argv that prints the kernel log: ``dmesg``, or the double's."""
+    path = double_path()
+    return [sys.executable, path, "dmesg"] if path else ["dmesg"]
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def select(setting: int | Sequence[int | str] | None, devices: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The GPUs ``hardware.gpus`` selects among ``devices`` (preflight's inventory): every
+    GPU for null, the first N for a count (none on a host NVML shows no GPU: the count is
+    then the planner's assumption), or each listed NVML index or UUID. Raises
+    SelectionError naming the entry this host lacks."""
+    if setting is None:
+        chosen = list(devices)
+    elif isinstance(setting, int):
+        chosen = list(devices[:setting]) if devices else []
+        if devices and setting > len(devices):
+            raise SelectionError(f"hardware.gpus: {setting} GPUs asked for, this host has {len(devices)}")
+    else:
+        chosen = []
+        for i, want in enumerate(setting):
+            found = [d for d in devices if d.get("index") == want or (isinstance(want, str) and d.get("uuid") in
+                                                                       (want, f"GPU-{want}"))]
+            if not found:
+                have = ", ".join(f"{d.get('index')} ({d.get('uuid')})" for d in devices) or "none"
+                raise SelectionError(f"hardware.gpus[{i}]: no GPU {want!r} on this host (it has {have})")
+            if found[0] in chosen:
+                raise SelectionError(f"hardware.gpus[{i}]: GPU {want!r} is listed twice")
+            chosen.append(found[0])
+    return [{k: d.get(k) for k in ("index", "uuid", "name", "pci_bus_id")} for d in chosen]
+
+
+def check_pinning(config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Problems no schema rule catches, as (dotted key, message): an env that sets
+    ``CUDA_VISIBLE_DEVICES`` itself while ``hardware.gpus`` lists the GPUs (the census and
+    telemetry would watch other GPUs than the server used)."""
+    if not isinstance((config.get("hardware") or {}).get("gpus"), list):
+        return []
+    envs = [("serving.env", (config.get("serving") or {}).get("env") or {})]
+    envs += [(f"configurations.{n}.env", (e or {}).get("env") or {}) for n, e in (config.get("configurations") or {}).items()]
+    return [(f"{key}.CUDA_VISIBLE_DEVICES", "hardware.gpus lists the trial's GPUs and pins the servers to them "
+             "(by UUID): leave CUDA_VISIBLE_DEVICES out of the env") for key, env in envs if "CUDA_VISIBLE_DEVICES" in env]
+
+
+def visible_devices_env(selected: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The serving environment that pins a server to the selected GPUs ({} with none):
+    ``CUDA_VISIBLE_DEVICES`` by UUID where known, and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so an
+    index means what NVML and nvidia-smi call it."""
+    if not selected:
+        return {}
+    ids = [str(g.get("uuid") or g["index"]) for g in selected]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(ids), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def gpu_label(gpu: Mapping[str, Any]) -> str:
+    return f"GPU {gpu.get('index')}" + (f" ({gpu['uuid']})" if gpu.get("uuid") else "")
+
+
+# --------------------------------------------------------------------------- census
+
+
+def _process(pid: int, nvml: Any) -> dict[str, Any]:
+    """Who runs ``pid``, from this host's process table, else from NVML's process name."""
+    try:
+        p = psutil.Process(pid)
+        with p.oneshot():
+            return {"user": p.username(), "command": " ".join(p.cmdline()) or p.name(), "name": p.name()}
+    except (psutil.Error, OSError):
+        pass
+    try:
+        name = nvml.nvmlSystemGetProcessName(pid)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:
+        name = ""
+    return {"user": "unknown (not in this host's process table)", "command": name or "unknown",
+            "name": os.path.basename(name.split()[0]) if name else ""}
+
+
+def _allowed_by(proc: Mapping[str, Any], allow: Iterable[str]) -> str | None:
+    words = {proc.get("name") or "", os.path.basename((proc.get("command") or "").split(" ")[0])}
+    return next((a for a in allow if a in words), None)
+
+
+def census(selected: Sequence[Mapping[str, Any]], allow: Iterable[str] = ()) -> dict[str, Any]:
+    """Every compute process NVML lists on a selected GPU, with its pid, user, command and
+    memory, whether the trial file allows it by name (``hardware.allow_processes``: a process
+    name or the command's program) and which are ``foreign`` (not allowed). It runs before the
+    trial's server starts, so no process on the GPUs is the trial's own."""
+    allow = list(allow)
+    nvml, source, reason = nvml_module()
+    out: dict[str, Any] = {"source": source, "checked_at": time.time(), "gpus": [g["index"] for g in selected],
+                           "allow": allow, "processes": [], "foreign": [], "reason": reason}
+    if not selected or nvml is None:
+        out["reason"] = reason or "no GPU selected"
+        return out
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:
+        out["reason"] = f"NVML unavailable: {exc}"
+        return out
+    try:
+        for gpu in selected:
+            handle = nvml.nvmlDeviceGetHandleByIndex(gpu["index"])
+            for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                proc = {"gpu": gpu["index"], "uuid": gpu.get("uuid"), "pid": int(p.pid),
+                        "memory_bytes": getattr(p, "usedGpuMemory", None), **_process(int(p.pid), nvml)}
+                proc["allowed_by"] = _allowed_by(proc, allow)
+                out["processes"].append(proc)
+                if proc["allowed_by"] is None:
+                    out["foreign"].append(proc)
+    finally:
+        nvml.nvmlShutdown()
+    return out
+
+
+def describe_process(p: Mapping[str, Any]) -> str:
+    mem = p.get("memory_bytes")
+    used = f", {mem / 2**30:.2f} GiB" if isinstance(mem, (int, float)) else ""
+    return f"pid {p['pid']} on GPU {p['gpu']} (user {p['user']}, {p['command']}{used})"
+
+
+def census_failure(found: Mapping[str, Any]) -> str:
+    """The diagnosis of a census that found foreign processes."""
+    return ("another process computes on a selected GPU: " + "; ".join(map(describe_process, found["foreign"]))
+            + ". Stop it, or allow it by name in hardware.allow_processes if the trial may share the GPU.")
+
+
+def launch_check(ledger: Ledger, gpus: Sequence[Mapping[str, Any]], allow: Iterable[str]) -> tuple[dict[str, Any], str | None]:
+    """Before a server starts on the selected ``gpus``: the census, and why it must not
+    start (a foreign process, or a GPU the ledger still holds as failed), or None."""
+    found = census(gpus, allow)
+    selected = [g.get("uuid") or g["index"] for g in gpus]
+    failed = held_gpus(selected, replay(ledger.entries()).open("gpus"))
+    found["held_failed"] = [{k: e.get(k) for k in ("gpu", "uuid", "label", "evidence")} for e in failed]
+    if failed:
+        return found, ("a selected GPU failed its health check after an earlier configuration failed: "
+                       + "; ".join(f"GPU {e['gpu']} after {e['label']} ({e['evidence']})" for e in failed)
+                       + ". `snakemake cleanup` checks it again and clears it once it passes.")
+    return found, census_failure(found) if found["foreign"] else None
+
+
+# --------------------------------------------------------------------------- health
+
+#: The fresh process of the health check: initialise CUDA on the one GPU it is shown, allocate,
+#: touch and free a buffer, synchronise. Standard library and torch only; prints one JSON line.
+HEALTH_PROGRAM = r"""
+import importlib.util, json, os, sys, time
+nbytes = int(sys.argv[1])
+t0 = time.perf_counter()
+double = os.environ.get("LLMTRIAL_GPU_DOUBLE")
+try:
+    if double:
+        spec = importlib.util.spec_from_file_location("gpu_double", double)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        out = mod.cuda_health(nbytes)
+    else:
+        import torch
+        if not torch.cuda.is_available():
+            out = {"status": "skipped", "evidence": f"torch {torch.__version__}: torch.cuda.is_available() is False"}
+        else:
+            torch.cuda.init()
+            x = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
+            x.fill_(1)
+            torch.cuda.synchronize()
+            del x
+            torch.cuda.empty_cache()
+            out = {"status": "ok", "evidence": f"allocated, filled and freed {nbytes} bytes on "
+                                                 f"{torch.cuda.get_device_name(0)}"}
+except Exception as exc:
+    out = {"status": "failed", "evidence": f"{type(exc).__name__}: {exc}"}
+out["seconds"] = round(time.perf_counter() - t0, 3)
+print(json.dumps(out))
+"""
+
+
+def allocation_check(gpu: Mapping[str, Any], nbytes: int = HEALTH_BYTES, timeout: float = HEALTH_TIMEOUT_S,
+                     python: str = sys.executable) -> dict[str, Any]:
+    """A fresh process shown only ``gpu`` initialises CUDA and allocates ``nbytes``: status
+    ``ok``, ``failed`` (an error, a hang past ``timeout``, a crash) or ``skipped`` (no CUDA)."""
+    env = {**os.environ, **visible_devices_env([gpu])}
+    argv = [python, "-c", HEALTH_PROGRAM, str(nbytes)]
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"status": "failed", "evidence": f"the fresh process did not finish in {timeout:g} s (a hang)"}
+    lines = done.stdout.strip().splitlines()
+    try:
+        return dict(json.loads(lines[-1]))
+    except (IndexError, ValueError):
+        err = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return {"status": "failed", "evidence": f"the fresh process died (exit {done.returncode}): {err}"}
+
+
+def kernel_log(command: list[str] | None = None) -> dict[str, Any]:
+    """The kernel log's NVIDIA lines (NVRM, Xid) now: the baseline preflight keeps."""
+    command = command or kernel_log_command()
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"available": False, "reason": f"kernel log unreadable: {exc}", "lines": [], "source": command[0]}
+    if out.returncode != 0:
+        return {"available": False, "reason": f"kernel log unreadable: {out.stderr.strip() or out.returncode}",
+                "lines": [], "source": " ".join(command)}
+    lines = [ln for ln in out.stdout.splitlines() if "NVRM" in ln or "Xid" in ln]
+    return {"available": True, "reason": None, "lines": lines, "source": "double" if double_path() else "dmesg"}
+
+
+def new_xid(baseline: Iterable[str], gpus: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Xid lines the kernel log gained since ``baseline``, by selected GPU (matched on the PCI
+    bus id the line names); lines naming no selected GPU are kept apart."""
+    now = kernel_log()
+    known = set(baseline)
+    fresh = [ln for ln in now["lines"] if ln not in known and XID.search(ln)]
+    by_gpu: dict[int, list[str]] = {g["index"]: [] for g in gpus}
+    other = []
+    for line in fresh:
+        pci = XID.search(line)["pci"].lower()  # type: ignore[index]
+        owner = next((g for g in gpus if (g.get("pci_bus_id") or "").lower().startswith(pci)), None)
+        (by_gpu[owner["index"]] if owner else other).append(line)
+    return {"available": now["available"], "reason": now["reason"], "by_gpu": by_gpu, "other": other}
+
+
+def health(gpus: Sequence[Mapping[str, Any]], baseline: Iterable[str], *, nbytes: int = HEALTH_BYTES,
+           timeout: float = HEALTH_TIMEOUT_S) -> dict[str, Any]:
+    """Each GPU's health: the fresh allocation and the new Xid lines, ``healthy`` False when
+    either fails (None when the allocation could not be tried), with the evidence."""
+    xid = new_xid(baseline, gpus)
+    out = []
+    for gpu in gpus:
+        alloc = allocation_check(gpu, nbytes, timeout)
+        lines = xid["by_gpu"].get(gpu["index"], [])
+        bad = [f"allocation {alloc['status']}: {alloc['evidence']}"] if alloc["status"] == "failed" else []
+        bad += [f"kernel log: {ln.strip()}" for ln in lines]
+        healthy = False if bad else (None if alloc["status"] == "skipped" else True)
+        out.append({**gpu, "allocation": alloc, "xid": lines, "healthy": healthy,
+                    "evidence": "; ".join(bad) or alloc["evidence"]})
+    return {"source": "double" if double_path() else "cuda", "checked_at": time.time(), "gpus": out,
+            "xid_other": xid["other"], "kernel_log": {"available": xid["available"], "reason": xid["reason"]}}
+
+
+def after_failure(ledger: Ledger, gpus: Sequence[Mapping[str, Any]], baseline: Iterable[str], label: str,
+                  settings: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """After a configuration failed: each selected GPU's health, and a ``gpu_failed`` ledger
+    entry for each that failed (cleanup then holds back the services that run on it)."""
+    if not gpus:
+        return None
+    settings = settings or {}
+    baseline = list(baseline)
+    found = health(gpus, baseline, nbytes=int(settings.get("bytes", HEALTH_BYTES)),
+                   timeout=float(settings.get("timeout_s", HEALTH_TIMEOUT_S)))
+    for gpu in found["gpus"]:
+        if gpu["healthy"] is False:
+            ledger.append(Action.GPU_FAILED, gpu=gpu["index"], uuid=gpu.get("uuid"), pci_bus_id=gpu.get("pci_bus_id"),
+                          label=label, evidence=gpu["evidence"], kernel_lines=baseline + gpu["xid"],
+                          health={k: settings[k] for k in ("bytes", "timeout_s") if k in settings})
+            log.warning("%s failed its health check after %s failed: %s", gpu_label(gpu), label, gpu["evidence"])
+    return found
+
+
+def recheck_failed(ledger: Ledger, residues: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Cleanup's look at every GPU the ledger still holds as failed: check it again (a fresh
+    allocation, and no Xid line since it failed); one that passes is cleared (``gpu_cleared``),
+    one that fails stays held and is a residue naming the GPU and the evidence. Returns the
+    GPUs still held."""
+    held = []
+    for entry in replay(ledger.entries()).open("gpus"):
+        gpu = {"index": entry["gpu"], "uuid": entry.get("uuid"), "pci_bus_id": entry.get("pci_bus_id")}
+        settings = entry.get("health") or {}
+        now = health([gpu], entry.get("kernel_lines") or [], nbytes=int(settings.get("bytes", HEALTH_BYTES)),
+                     timeout=float(settings.get("timeout_s", HEALTH_TIMEOUT_S)))["gpus"][0]
+        if now["healthy"]:
+            ledger.append(Action.GPU_CLEARED, gpu=gpu["index"], uuid=gpu["uuid"], undoes=entry["id"],
+                          evidence=now["evidence"])
+            continue
+        held.append({**entry, "evidence_now": now["evidence"]})
+        residues.append({"kind": "gpu", "what": gpu_label(gpu),
+                         "tried": "a fresh process allocating on it, and the kernel log since it failed",
+                         "seen": f"failed its health check after {entry['label']} failed ({entry['evidence']}); "
+                                 f"now: {now['evidence']}"})
+    return held
+
+
+def held_gpus(gpus: Iterable[Any], held: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The ``gpu_failed`` entries (``held``) among ``gpus``, given by NVML index or UUID."""
+    wanted = {str(g) for g in gpus}
+    return [h for h in held if {str(h["gpu"]), str(h.get("uuid"))} & wanted]

@@ -1,0 +1,423 @@
+"""The hosts a trial spans: each a :class:`Node`, reached on this host or over ssh.
+
+Every command is an argv list. On a local node it runs as given; on an ssh node it becomes
+``ssh <fixed options> user@address -- <the argv quoted with shlex>``: ssh hands the remote
+side one string, which its login shell splits back into exactly the argv given, because
+each argument is quoted. Nothing from the trial file passes through a shell on this host:
+options that make ssh run a local command (ProxyCommand and the like) are rejected, and
+ssh never prompts (BatchMode), so a node that cannot be reached fails in seconds, naming
+itself.
+
+A trial without ``nodes`` runs on one local node (:func:`local_node`);
+:func:`trial_nodes` and :func:`configuration_nodes` give the nodes a trial and one of its
+configurations use, :func:`spanned_nodes` what the trial-wide stages (preflight, staging)
+need of the nodes any configuration spans, and :func:`check_nodes` is the cross-key check
+the config loader runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+import shlex
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmtrial.core.fileio import sha256_file
+
+__all__ = [
+    "LOCAL_NAME", "NodeError", "Node", "local_node", "this_node_name", "trial_nodes", "configuration_nodes", "spec_nodes",
+    "spanned_nodes", "check_nodes",
+]
+
+#: Name of the one node of a trial that lists none.
+LOCAL_NAME = "local"
+
+#: ssh options (lower case, as ssh compares them) that are refused in the trial file: the
+#: first four run a command through a shell on this host, BatchMode=no could make ssh prompt.
+REFUSED_OPTIONS = {
+    "proxycommand": "runs a command through a shell on this host",
+    "localcommand": "runs a command through a shell on this host",
+    "permitlocalcommand": "enables LocalCommand, a command run through a shell on this host",
+    "knownhostscommand": "runs a command through a shell on this host",
+    "batchmode": "is always yes: the trial never waits for a password or a prompt",
+}
+
+#: ssh's own exit status for its failures (connection, authentication, host key).
+SSH_FAILED = 255
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+#: Run on the node with its own Python: reads a JSON list of paths on stdin, prints a JSON
+#: object path -> hex sha256 (null for a path that is not a readable file).
+_SHA256_SCRIPT = """\
+import hashlib, json, sys
+out = {}
+for p in json.load(sys.stdin):
+    try:
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        out[p] = h.hexdigest()
+    except OSError:
+        out[p] = None
+print(json.dumps(out))
+"""
+
+#: Run on the node with its own Python: what preflight compares across nodes.
+_PROBE_SCRIPT = """\
+import json, platform, socket, sys
+print(json.dumps({"hostname": socket.gethostname(), "python": sys.executable,
+                  "python_version": platform.python_version(), "machine": platform.machine()}))
+"""
+
+
+class NodeError(RuntimeError):
+    """A command on a node could not run, timed out, or failed; the message names the node."""
+
+
+def _option_key(option: str) -> str:
+    return option.split("=", 1)[0].strip().lower()
+
+
+def option_problem(option: str) -> str | None:
+    """Why ``option`` (``Key=value``) may not be given to ssh from the trial file, or None."""
+    if "=" not in option or not option.split("=", 1)[0].strip().isalnum():
+        return f"{option!r} is not Key=value"
+    reason = REFUSED_OPTIONS.get(_option_key(option))
+    return f"{option.split('=', 1)[0]} {reason}" if reason else None
+
+
+@dataclass(frozen=True)
+class Node:
+    """One host of a trial and how to run argv lists on it.
+
+    ``via`` is not a trial key: an argv prefix for every process this node starts on this
+    host (the tests use ``ip netns exec <namespace>`` to act as a second host).
+    """
+
+    name: str
+    reach: str = "local"
+    python: str = sys.executable
+    staging_dir: str = "staging"
+    address: str = "127.0.0.1"
+    interface: str | None = None
+    user: str | None = None
+    ssh_address: str | None = None
+    port: int = 22
+    identity_file: str | None = None
+    options: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    via: tuple[str, ...] = field(default=(), compare=False)
+
+    @classmethod
+    def from_config(cls, name: str, block: Mapping[str, Any], defaults: Mapping[str, Any]) -> Node:
+        """The node ``name`` of the trial file's ``nodes`` (``block`` is its mapping, defaults
+        filled or not); ``defaults`` gives the trial's ``staging_dir`` (and ``python``, the
+        interpreter of a local node, default this one)."""
+        reach = block.get("reach", "local")
+        ssh = dict(block.get("ssh") or {})
+        if reach not in ("local", "ssh"):
+            raise ValueError(f"node {name}: reach must be local or ssh, not {reach!r}")
+        if reach == "ssh" and not ssh.get("address"):
+            raise ValueError(f"node {name}: a node reached over ssh needs ssh.address")
+        options = tuple(ssh.get("options") or ())
+        for option in options:
+            if problem := option_problem(option):
+                raise ValueError(f"node {name}: ssh option {problem}")
+        local_python = defaults.get("python") or sys.executable
+        return cls(
+            name=name,
+            reach=reach,
+            python=block.get("python") or (local_python if reach == "local" else "python3"),
+            staging_dir=str(block.get("staging_dir") or defaults.get("staging_dir") or "staging"),
+            address=block.get("address") or (ssh.get("address") if reach == "ssh" else None) or "127.0.0.1",
+            interface=block.get("interface"),
+            user=ssh.get("user"),
+            ssh_address=ssh.get("address") if reach == "ssh" else None,
+            port=int(ssh.get("port") or 22),
+            identity_file=ssh.get("identity_file"),
+            options=options,
+            env=tuple(sorted((str(k), str(v)) for k, v in (block.get("env") or {}).items())),
+        )
+
+    @classmethod
+    def from_reach(cls, name: str, reach: Mapping[str, Any]) -> Node:
+        """The node a record or ledger entry describes (``reach`` as :meth:`describe` gives it):
+        what cleanup rebuilds to undo a change on that node from the ledger alone. The same
+        checks as the trial file's apply (a refused ssh option raises ValueError)."""
+        block = {k: reach.get(k) for k in ("reach", "python", "staging_dir", "address", "interface", "ssh")
+                 if reach.get(k) is not None}
+        return cls.from_config(name, block, {"staging_dir": reach.get("staging_dir") or "staging",
+                                             "python": reach.get("python")})
+
+    @property
+    def is_local(self) -> bool:
+        return self.reach == "local"
+
+    def rank_env(self) -> dict[str, str]:
+        """The environment of a rank this node runs: the interface for gloo and NCCL, the
+        address vLLM announces (VLLM_HOST_IP), then the node's own ``env`` over them."""
+        out = {"VLLM_HOST_IP": self.address}
+        if self.interface:
+            out.update(GLOO_SOCKET_IFNAME=self.interface, NCCL_SOCKET_IFNAME=self.interface)
+        return {**out, **dict(self.env)}
+
+    def label(self) -> str:
+        """How messages name the node: ``node b (ssh root@10.0.0.2:22)`` or ``node local (this host)``."""
+        if self.is_local:
+            return f"node {self.name} (this host)"
+        return f"node {self.name} (ssh {self._target()}:{self.port})"
+
+    def _target(self) -> str:
+        return f"{self.user}@{self.ssh_address}" if self.user else str(self.ssh_address)
+
+    def ssh_options(self) -> list[str]:
+        """The ``-o`` options, defaults first unless ``options`` names the same key."""
+        given = {_option_key(o) for o in self.options}
+        strict = "yes" if "userknownhostsfile" in given else "accept-new"
+        defaults = ["BatchMode=yes", f"StrictHostKeyChecking={strict}", "ConnectTimeout=10"]
+        if self.identity_file:
+            defaults.append("IdentitiesOnly=yes")
+        chosen = [o for o in defaults if _option_key(o) not in given] + list(self.options)
+        return [arg for option in chosen for arg in ("-o", option)]
+
+    def argv(self, cmd: Sequence[str]) -> list[str]:
+        """The argv that runs ``cmd`` on this node: ``cmd`` itself on a local node, else ssh
+        with the command quoted so the remote shell splits it back into exactly ``cmd``."""
+        cmd = [str(c) for c in cmd]
+        if not cmd:
+            raise ValueError("empty command")
+        if self.is_local:
+            return [*self.via, *cmd]
+        key = ["-i", self.identity_file] if self.identity_file else []
+        return [*self.via, "ssh", *key, "-p", str(self.port), *self.ssh_options(), self._target(), "--",
+                shlex.join(cmd)]
+
+    def _command(self, cmd: Sequence[str], env: Mapping[str, str] | None) -> tuple[list[str], dict[str, str] | None]:
+        """(argv to run here, environment for it): a remote ``env`` becomes ``env K=V ...``."""
+        for key in env or {}:
+            if not _ENV_NAME.match(key):
+                raise ValueError(f"{self.label()}: {key!r} is not an environment variable name")
+        if self.is_local:
+            return self.argv(cmd), ({**os.environ, **env} if env else None)
+        prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
+        return self.argv([*prefix, *cmd]), None
+
+    def run(self, cmd: Sequence[str], timeout: float, check: bool = False, env: Mapping[str, str] | None = None,
+            input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run ``cmd`` on the node and wait at most ``timeout`` seconds; output is captured as text.
+
+        A timeout raises :class:`NodeError` (the ssh client is killed; a remote command that
+        ignores the hang-up may go on). With ``check``, a non-zero exit raises NodeError naming
+        the node, the command and the end of its stderr.
+        """
+        argv, local_env = self._command(cmd, env)
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=local_env,
+                                  input=input, stdin=None if input is not None else subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as err:
+            raise NodeError(f"{self.label()}: {shlex.join(map(str, cmd))} did not finish within {timeout} s") from err
+        except OSError as err:
+            raise NodeError(f"{self.label()}: cannot start {argv[0]}: {err}") from err
+        if check and proc.returncode != 0:
+            raise NodeError(self.failure(cmd, proc.returncode, proc.stderr))
+        return proc
+
+    def failure(self, cmd: Sequence[str], returncode: int, stderr: str) -> str:
+        """One readable line on a failed command; ssh's own failures say so."""
+        tail = " | ".join(line.strip() for line in (stderr or "").strip().splitlines()[-3:]) or "no error output"
+        if not self.is_local and returncode == SSH_FAILED:
+            return (f"{self.label()}: ssh could not run {shlex.join(map(str, cmd))} (exit {SSH_FAILED}: "
+                    f"unreachable, refused, key or host key not accepted): {tail}")
+        return f"{self.label()}: {shlex.join(map(str, cmd))} exited {returncode}: {tail}"
+
+    def program(self, script: str, inputs: Any = None, timeout: float = 60.0) -> dict[str, Any]:
+        """Run ``script`` (a program of the standard library) with the node's own Python as
+        ``python -c``, ``inputs`` as JSON on its stdin, and return the JSON object it prints
+        last. Nothing passes through a shell on this host; a failure raises :class:`NodeError`
+        naming the node."""
+        stdin = json.dumps(inputs) if inputs is not None else None
+        proc = self.run([self.python, "-c", script], timeout, check=True, input=stdin)
+        return _json_answer(self, proc.stdout)
+
+    def sha256(self, paths: Sequence[str], timeout: float = 600.0) -> dict[str, str | None]:
+        """The sha256 of each file, computed on the node with its own Python; None for a path
+        that is not a readable file there."""
+        return self.program(_SHA256_SCRIPT, [str(p) for p in paths], timeout)
+
+    def probe(self, timeout: float = 60.0) -> dict[str, Any]:
+        """Hostname, interpreter, Python version and machine of the node (for cross-node checks)."""
+        return self.program(_PROBE_SCRIPT, timeout=timeout)
+
+    def copy_to(self, local_path: str | os.PathLike[str], remote_path: str, timeout: float = 3600.0) -> dict[str, str]:
+        """Copy a file or a folder's files from this host to ``remote_path`` on the node and
+        verify every sha256 there; returns the manifest (path relative to ``remote_path``, or
+        the file's name, -> sha256).
+
+        A folder's files (hidden ones too, symlinks followed) land under ``remote_path``; a file
+        becomes ``remote_path``. The bytes travel as a tar stream into ``tar -x`` on the node.
+        A file whose hash on the node differs raises :class:`NodeError` listing it.
+        """
+        src = Path(local_path)
+        if src.is_dir():
+            dest = remote_path
+            members = [(f, f.relative_to(src).as_posix()) for f in _files_under(src)]
+        elif src.is_file():
+            dest, name = posixpath.split(remote_path.rstrip("/"))
+            members = [(src, name)]
+        else:
+            raise NodeError(f"{self.label()}: nothing to copy at {src}")
+        manifest = {rel: sha256_file(f) for f, rel in members}
+        self.run(["mkdir", "-p", dest or "."], timeout=60, check=True)
+        self._send_tar(members, dest or ".", timeout)
+        there = self.sha256([posixpath.join(dest, rel) for rel in manifest], timeout=timeout)
+        bad = [f"{rel}: sha256 {there.get(posixpath.join(dest, rel))} on the node, {digest} here"
+               for rel, digest in manifest.items() if there.get(posixpath.join(dest, rel)) != digest]
+        if bad:
+            raise NodeError(f"{self.label()}: copy of {src} to {remote_path} does not verify: " + "; ".join(bad))
+        return manifest
+
+    def _send_tar(self, members: list[tuple[Path, str]], dest: str, timeout: float) -> None:
+        cmd = ["tar", "-x", "-f", "-", "-C", dest, "--no-same-owner"]
+        with tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(self.argv(cmd), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err)
+            expired = threading.Event()
+            watchdog = threading.Timer(timeout, lambda: (expired.set(), proc.kill()))
+            watchdog.start()
+            try:
+                assert proc.stdin is not None
+                with proc.stdin, tarfile.open(fileobj=proc.stdin, mode="w|", dereference=True) as tar:
+                    for file, rel in members:
+                        tar.add(file, arcname=rel, recursive=False)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the receiver is gone: its status and stderr say why
+            finally:
+                returncode = proc.wait()
+                watchdog.cancel()
+            err.seek(0)
+            stderr = err.read().decode(errors="replace")
+        if expired.is_set():
+            raise NodeError(f"{self.label()}: copy into {dest} did not finish within {timeout} s")
+        if returncode != 0:
+            raise NodeError(self.failure(cmd, returncode, stderr))
+
+    def describe(self) -> dict[str, Any]:
+        """What a record says about the node (no secrets; the identity file's path only)."""
+        out: dict[str, Any] = {"name": self.name, "reach": self.reach, "address": self.address,
+                               "python": self.python, "staging_dir": self.staging_dir, "interface": self.interface,
+                               "env_keys": [k for k, _ in self.env]}
+        if not self.is_local:
+            out["ssh"] = {"user": self.user, "address": self.ssh_address, "port": self.port,
+                          "identity_file": self.identity_file, "options": list(self.options)}
+        return out
+
+
+def _json_answer(node: Node, stdout: str) -> dict[str, Any]:
+    try:
+        answer = json.loads(stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError) as err:
+        raise NodeError(f"{node.label()}: unreadable answer from {node.python}: {stdout[-200:]!r}") from err
+    if not isinstance(answer, dict):
+        raise NodeError(f"{node.label()}: unexpected answer from {node.python}: {stdout[-200:]!r}")
+    return answer
+
+
+def _files_under(root: Path) -> list[Path]:
+    """Regular files under ``root`` (hidden ones too), sorted by relative path."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        found.extend(Path(dirpath) / n for n in sorted(filenames) if (Path(dirpath) / n).is_file())
+    return found
+
+
+def local_node(name: str = LOCAL_NAME, *, staging_dir: str = "staging", python: str | None = None,
+               via: Sequence[str] = ()) -> Node:
+    """This host as a node (the only node of a trial that lists none)."""
+    return Node(name=name, python=python or sys.executable, staging_dir=str(staging_dir), via=tuple(via))
+
+
+def this_node_name(config: Mapping[str, Any]) -> str:
+    """The trial's name for the host the workflow runs on: its first node reached locally, or
+    :data:`LOCAL_NAME` when it lists none."""
+    blocks = config.get("nodes") or {}
+    return next((name for name, block in blocks.items() if (block or {}).get("reach", "local") == "local"), LOCAL_NAME)
+
+
+def trial_nodes(config: Mapping[str, Any]) -> dict[str, Node]:
+    """The trial's nodes by name, in file order; one local node when it lists none."""
+    defaults = {"staging_dir": config.get("staging_dir", "staging")}
+    blocks = config.get("nodes") or {}
+    if not blocks:
+        return {LOCAL_NAME: local_node(staging_dir=defaults["staging_dir"])}
+    return {name: Node.from_config(name, block, defaults) for name, block in blocks.items()}
+
+
+def configuration_nodes(config: Mapping[str, Any], name: str) -> list[Node]:
+    """The nodes configuration ``name`` spans, the first serving the API (default: the
+    trial's first node)."""
+    nodes = trial_nodes(config)
+    names = config["configurations"][name].get("nodes") or [next(iter(nodes))]
+    return [nodes[n] for n in names]
+
+
+def spec_nodes(spec: Mapping[str, Any]) -> list[Node]:
+    """The nodes of a configuration's spec (:func:`llmtrial.config.configuration_spec`), in
+    its order; empty for a configuration on this host alone."""
+    defaults = {"staging_dir": spec.get("staging_dir", "staging")}
+    return [Node.from_config(name, block, defaults) for name, block in (spec.get("nodes") or {}).items()]
+
+
+def spanned_nodes(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What a trial-wide stage that runs on every node needs of the trial file, as rule
+    params (so editing a node no configuration spans reruns nothing): ``nodes``, the blocks
+    of the nodes any configuration spans, in the trial's order ({} when the trial lists
+    none: one local node); ``staging_dir``; and ``uses_ray``, whether a configuration
+    is launched with Ray or asks for its executor (the Ray versions must then agree)."""
+    blocks = config.get("nodes") or {}
+    spanned = set()
+    if blocks:
+        for name in config.get("configurations") or {}:
+            spanned.update(node.name for node in configuration_nodes(config, name))
+    configurations = (config.get("configurations") or {}).values()
+    backends = [(entry.get("args") or {}).get("distributed_executor_backend")
+                for entry in [config.get("serving") or {}, *configurations]]
+    uses_ray = "ray" in backends or any(entry.get("launch") == "ray" for entry in configurations)
+    return {"nodes": {name: dict(block) for name, block in blocks.items() if name in spanned},
+            "staging_dir": str(config.get("staging_dir", "staging")), "uses_ray": uses_ray}
+
+
+def check_nodes(config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Problems no schema rule catches, as (dotted key, message): a configuration or a
+    service naming a node the trial lacks, an ssh node without an address, a refused ssh
+    option."""
+    problems: list[tuple[str, str]] = []
+    blocks = config.get("nodes") or {}
+    for name, block in blocks.items():
+        ssh = block.get("ssh") or {}
+        if block.get("reach") == "ssh" and not ssh.get("address"):
+            problems.append((f"nodes.{name}.ssh.address", "a node reached over ssh needs an address"))
+        for i, option in enumerate(ssh.get("options") or []):
+            if problem := option_problem(option):
+                problems.append((f"nodes.{name}.ssh.options.{i}", f"ssh option {problem}"))
+    known = ", ".join(blocks) if blocks else "the trial lists no nodes"
+    for cname, entry in (config.get("configurations") or {}).items():
+        for node in entry.get("nodes") or []:
+            if node not in blocks:
+                problems.append((f"configurations.{cname}.nodes", f"{node!r} is not a node of this trial ({known})"))
+    for sname, entry in (config.get("services") or {}).items():
+        node = entry.get("node")
+        if node is not None and node not in blocks:
+            problems.append((f"services.{sname}.node", f"{node!r} is not a node of this trial ({known})"))
+    return problems

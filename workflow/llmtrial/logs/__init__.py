@@ -1,0 +1,16 @@
+"""vLLM's logs read: a server's log as lines, the start-up figures, why a server failed, the engine's
+own warnings.
+
+- :mod:`llmtrial.logs.engine_warnings`: The engine's own warnings: start-up lines of vLLM (and of
+  NCCL under it) that the seeds acted on.
+- :mod:`llmtrial.logs.failures`: Why a vLLM server failed: the line of its log that explains it, and
+  what to change.
+- :mod:`llmtrial.logs.lines`: A vLLM server's log as lines: read, cleaned, their prefixes told apart
+  from their message.
+- :mod:`llmtrial.logs.startup_log`: Start-up figures from a vLLM server's log, in the wordings of
+  every engine generation.
+
+Imports from: core. (tests/test_structure.py holds the order.)
+"""
+
+__all__ = ["engine_warnings", "failures", "lines", "startup_log"]

@@ -1,0 +1,163 @@
+"""A mode-plugin patch on the other nodes of a trial: the plugin folder carried to each node,
+verified there, and removed there from the ledger alone.
+
+A headless vLLM rank on another host imports the plugin from that host's files, so the folder
+:func:`llmtrial.patch.patching.install_plugin` wrote here must be on the node too. :func:`carry_plugin`
+puts it in ``<node staging_dir>/.llmtrial-plugin/<trial>``: a ``patch_plugin_copy`` ledger entry
+naming the node, with its ``reach`` (:meth:`llmtrial.host.nodes.Node.describe`), the folder on the
+node, the patches and the source folder here, is written before the copy; the files travel as
+a tar stream and every sha256 is checked on the node (:meth:`llmtrial.host.nodes.Node.copy_to`);
+``patch_plugin_copied`` marks the verified copy. A copy still outstanding in the ledger whose
+files hash the same on the node as here is reused: no new entry, no copy. The node's copy is a
+change of kind ``patches`` of its own action, not a ``patch_plugin``: which patches are live
+here (:func:`llmtrial.patch.patching.live_patches`) never depends on another node.
+
+:func:`remove_copies` is what :func:`llmtrial.patch.patching.revert_patches` (and so cleanup) does
+with every copy still outstanding: rebuild the node from the entry, remove the folder there
+only when it is an llmtrial plugin folder (the test applied here: :data:`PLUGIN_MARK` inside
+it), and write ``patch_plugin_copy_removed`` naming the node. A node that cannot be reached,
+or a folder that is not a plugin folder, is a residue naming the node; the entry stays
+outstanding.
+
+Mode ``file`` cannot reach another node (it rewrites this host's site-packages only):
+:func:`check_patch_modes` is the config loader's cross-key check that says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from llmtrial.core.fileio import sha256_file
+from llmtrial.core.ledger import Action, Ledger, replay
+from llmtrial.host.nodes import Node, NodeError
+from llmtrial.patch.patchdata import PLUGIN_MARK, PatchError
+from llmtrial.weights.node_weights import send_files
+
+__all__ = ["PLUGIN_FOLDER", "plugin_files", "carry_plugin", "remove_copies", "check_patch_modes"]
+
+log = logging.getLogger(__name__)
+
+#: The folder under a node's staging folder that holds each trial's plugin copy.
+PLUGIN_FOLDER = ".llmtrial-plugin"
+#: Seconds a node may take to inspect or remove a plugin folder.
+FOLDER_TIMEOUT_S = 60.0
+
+#: Run on the node with its own Python (the standard library only). Reads {"dir", "mark",
+#: "remove"} on stdin; prints the folder's absolute path, whether it exists, whether it is an
+#: llmtrial plugin folder (``mark`` inside it, the folder not a link) and, with ``remove``,
+#: whether it was removed (only a plugin folder is).
+_PLUGIN_DIR_SCRIPT = r'''
+import json, os, shutil, sys
+inp = json.load(sys.stdin)
+d = os.path.abspath(os.path.expanduser(inp["dir"]))
+out = {"path": d, "exists": os.path.lexists(d),
+       "plugin": not os.path.islink(d) and os.path.isfile(os.path.join(d, inp["mark"])), "removed": False}
+if inp["remove"] and out["plugin"]:
+    shutil.rmtree(d)
+    out["removed"] = True
+print(json.dumps(out))
+'''
+
+
+def _inspect(node: Node, directory: str, *, remove: bool = False) -> dict[str, Any]:
+    return node.program(_PLUGIN_DIR_SCRIPT, {"dir": directory, "mark": PLUGIN_MARK, "remove": remove},
+                        FOLDER_TIMEOUT_S)
+
+
+def plugin_files(plugin_dir: Path) -> dict[str, str]:
+    """Path relative to the plugin folder -> sha256 of each file a node's copy must hold
+    (bytecode caches left out: a process that imported the plugin writes them)."""
+    files = sorted(p for p in Path(plugin_dir).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    return {p.relative_to(plugin_dir).as_posix(): sha256_file(p) for p in files}
+
+
+def _plugin_patches(entries: list[dict[str, Any]], plugin_dir: Path) -> list[str]:
+    """The patches of the outstanding ``patch_plugin`` that wrote ``plugin_dir`` here."""
+    for e in replay(entries).open("patches"):
+        if e["action"] == Action.PATCH_PLUGIN and e.get("dir") == str(plugin_dir):
+            return list(e["patches"])
+    return []
+
+
+def _verified_copy(entries: list[dict[str, Any]], node: Node, dest: str, files: Mapping[str, str]) -> bool:
+    """True when an outstanding copy to ``dest`` on ``node`` holds ``files`` there now."""
+    if not any(e["action"] == Action.PATCH_PLUGIN_COPY and e["node"] == node.name and e.get("dir") == dest
+               for e in replay(entries).open("patches")):
+        return False
+    there = node.sha256([posixpath.join(dest, rel) for rel in files], timeout=FOLDER_TIMEOUT_S)
+    return {rel: there.get(posixpath.join(dest, rel)) for rel in files} == dict(files)
+
+
+def carry_plugin(ledger: Ledger, node: Node, plugin_dir: Path, *, trial: str) -> str:
+    """Carry the plugin folder ``plugin_dir`` (here) to ``node`` (see the module's docstring)
+    and return the folder's absolute path on the node. Raises :class:`NodeError` naming the
+    node when it cannot be reached or the copy does not verify there, and PatchError when the
+    path on the node holds something that is not an llmtrial plugin folder."""
+    plugin_dir = Path(plugin_dir).resolve()
+    files = plugin_files(plugin_dir)
+    found = _inspect(node, posixpath.join(node.staging_dir, PLUGIN_FOLDER, trial))
+    dest = found["path"]
+    entries = ledger.entries()
+    if _verified_copy(entries, node, dest, files):
+        log.info("plugin folder on %s verified at %s: reused", node.label(), dest)
+        return dest
+    if found["exists"] and not found["plugin"]:
+        raise PatchError(f"{node.label()}: {dest} exists and is not a plugin folder of llmtrial: not replaced")
+    entry = ledger.append(Action.PATCH_PLUGIN_COPY, node=node.name, reach=node.describe(), dir=dest,
+                          patches=_plugin_patches(entries, plugin_dir), source=str(plugin_dir))
+    if found["exists"]:
+        _inspect(node, dest, remove=True)  # an older copy's files never mix with these
+    copied = send_files(node, plugin_dir, list(files), dest)
+    ledger.append(Action.PATCH_PLUGIN_COPIED, node=node.name, copy=entry["id"], dir=dest, files=copied)
+    log.info("plugin folder %s copied to %s at %s (%d files verified)", plugin_dir, node.label(), dest, len(copied))
+    return dest
+
+
+def _remove_one(e: Mapping[str, Any], ledger: Ledger, residues: list[dict[str, Any]]) -> dict[str, Any]:
+    name, directory = e["node"], str(e["dir"])
+    item: dict[str, Any] = {"dir": directory, "node": name, "patches": e["patches"], "run": e["run"]}
+    try:
+        found = _inspect(Node.from_reach(name, e["reach"]), directory, remove=True)
+    except (NodeError, ValueError, KeyError) as err:
+        item["action"] = "not reached"
+        residues.append({"kind": "file", "what": directory, "node": name,
+                         "tried": f"remove the plugin folder on node {name} from the ledger", "seen": str(err)})
+        return item
+    if found["exists"] and not found["removed"]:
+        item["action"] = "not removed: not a plugin folder of llmtrial"
+        residues.append({"kind": "file", "what": directory, "node": name, "tried": "remove the plugin folder",
+                         "seen": "it holds no llmtrial plugin dist-info; left as found"})
+        return item
+    item["action"] = "removed" if found["removed"] else "none (already gone)"
+    ledger.append(Action.PATCH_PLUGIN_COPY_REMOVED, node=name, patches=e["patches"], dir=directory,
+                  undoes=e["undo_ids"], outcome=item["action"])
+    return item
+
+
+def remove_copies(copies: list[dict[str, Any]], ledger: Ledger) -> dict[str, Any]:
+    """Remove, newest first, each outstanding plugin copy on its node (``copies`` as
+    :func:`llmtrial.patch.patching.group_patches` gives them, with ``undo_ids``). Returns
+    ``{"items", "residues"}``; each residue names the node."""
+    items: list[dict[str, Any]] = []
+    residues: list[dict[str, Any]] = []
+    for e in reversed(copies):
+        item = _remove_one(e, ledger, residues)
+        log.info("plugin copy %s on node %s: %s", item["dir"], item["node"], item["action"])
+        items.append(item)
+    return {"items": items, "residues": residues}
+
+
+def check_patch_modes(config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Problems no schema rule catches, as (dotted key, message): a patch in mode ``file``
+    while a configuration spans more than one node (a file patch changes this host only)."""
+    spread = [name for name, entry in (config.get("configurations") or {}).items()
+              if len((entry or {}).get("nodes") or []) > 1]
+    if not spread:
+        return []
+    return [(f"patches.{name}.mode", f"mode file changes this host's vLLM only, and configuration {spread[0]!r} "
+             "spans more than one node: use mode plugin, which is carried to every node")
+            for name, entry in (config.get("patches") or {}).items() if (entry or {}).get("mode", "file") == "file"]

@@ -1,0 +1,527 @@
+"""Patch vLLM behind a flag, reversibly: patches as data, two ways in, one way out.
+
+A patch is a folder ``workflow/llmtrial/patches/<name>/``: ``patch.yaml`` (the vLLM versions it
+applies to, the environment flag that guards the changed behaviour, why it exists, and a
+log pattern that shows it ran), a unified diff and an import-time hook making the same
+change. The flag is the switch: with the patch applied and the flag unset, vLLM behaves as
+unpatched; a serving configuration sets the flag in its env.
+
+* Mode ``file`` changes the installed files. The installed vLLM must be in the patch's
+  version range, and every target file must match the distribution's ``RECORD`` hash (a
+  file someone already changed is caught). The whole diff is applied in memory first: a
+  hunk that does not match exactly fails naming the file and the hunk, and nothing is
+  touched. Then, file by file, the original is backed up, the ledger entry is written
+  (with the RECORD, before and after hashes) and the file is replaced atomically, keeping
+  its mode and owner. All files or none: a failure part way reverts what was written.
+* Mode ``plugin`` leaves site-packages alone. The hooks go into a folder of the trial's own
+  holding a package and a ``dist-info`` whose ``entry_points.txt`` names them in vLLM's
+  ``vllm.general_plugins`` group; the trial job puts the folder on the server's
+  ``PYTHONPATH``. vLLM loads general plugins in every process it starts (API server, engine
+  core, workers; under Ray each worker through ``WorkerWrapperBase.init_worker``), and each
+  hook logs ``llmtrial patch <name>: hook installed in pid N``. A plugin that fails to load
+  is only logged by vLLM, so the trial job reads the log (:func:`evidence`). A configuration
+  spanning several nodes carries the folder to each other node and puts that node's copy on
+  its ranks' PYTHONPATH (:func:`node_plugin_env`, :mod:`llmtrial.patch.node_patches`); mode file
+  changes this host only, so the config loader refuses it for such a trial.
+* Revert, from the ledger alone: restore each backup when the file still holds what the
+  patch wrote, then verify it against ``RECORD`` again; a mismatch is a residue naming the
+  file, never forced. The plugin folder is removed, here and on every node it was carried
+  to. Reverting twice changes nothing.
+
+Patches as data, diffs and RECORD live in :mod:`llmtrial.patch.patchdata`. Python's bytecode cache needs nothing: a ``.pyc`` records
+its source's mtime and size, and both change on apply and on revert.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import logging
+import os
+import re
+import shutil
+import stat
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmtrial.core.fileio import atomic_write_bytes
+from llmtrial.core.ledger import Action, Ledger, replay
+from llmtrial.host.nodes import Node
+from llmtrial.logs.lines import find_lines
+from llmtrial.patch.node_patches import carry_plugin, remove_copies
+from llmtrial.patch.patchdata import (
+    PATCHES_DIR,
+    PLUGIN_GROUP,
+    PLUGIN_MARK,
+    PLUGIN_PACKAGE,
+    PLUGIN_VERSION,
+    FileDiff,
+    Patch,
+    PatchError,
+    apply_file_diff,
+    available_patches,
+    check_version,
+    entry_point_name,
+    file_hash,
+    hook_pattern,
+    load_patch,
+    parse_diff,
+    record_hash,
+    record_of,
+    site_root,
+    verify_files,
+    vllm_distribution,
+)
+
+log = logging.getLogger(__name__)
+
+# ------------------------------------------------------------------ mode file
+
+
+@dataclass
+class PreparedFile:
+    """One target file with its patched content computed (the dry run), nothing written."""
+
+    path: str
+    target: Path
+    patches: list[str]
+    record_hash: str
+    before_hash: str
+    after_hash: str
+    after: bytes
+    hunks: list[dict[str, Any]]
+
+
+def prepare_file_patches(patches: list[Patch], dist: md.Distribution) -> list[PreparedFile]:
+    """The dry run of every file patch together: each target in RECORD, unchanged since
+    install and writable, every hunk matching. Raises PatchError; touches nothing."""
+    root, record = site_root(dist), record_of(dist)
+    dist_label = f"{dist.metadata['Name']} {dist.version}"
+    by_path: dict[str, list[tuple[Patch, FileDiff]]] = {}
+    for p in patches:
+        assert p.diff is not None
+        for fd in parse_diff(p.diff.read_text(encoding="utf-8"), source=str(p.diff)):
+            by_path.setdefault(fd.path, []).append((p, fd))
+    prepared = []
+    for rel, diffs in by_path.items():
+        target = root / rel
+        expected = record.get(rel)
+        if expected is None:
+            raise PatchError(f"{target}: not listed with a hash in {dist_label}'s RECORD, so its content cannot be "
+                             "verified; nothing was changed (mode plugin does not need RECORD)")
+        try:
+            data = target.read_bytes()
+        except FileNotFoundError:
+            raise PatchError(f"{target}: listed in {dist_label}'s RECORD but missing; nothing was changed") from None
+        before = record_hash(data)
+        if before != expected:
+            raise PatchError(f"{target}: does not match {dist_label}'s RECORD ({before}, RECORD says {expected}): "
+                             "it was modified since install (an earlier patch not reverted?); nothing was changed")
+        if target.is_symlink():
+            raise PatchError(f"{target}: a symbolic link; nothing was changed (patch the file it points to)")
+        if not (os.access(target, os.W_OK) and os.access(target.parent, os.W_OK)):
+            raise PatchError(f"{target}: not writable (a read-only site-packages?); nothing was changed; "
+                             "mode plugin patches without writing site-packages")
+        text, hunks = data.decode("utf-8"), []
+        for p, fd in diffs:
+            text, applied = apply_file_diff(fd, text, label=f"patch {p.name}: {rel}")
+            hunks.extend({"patch": p.name, **a} for a in applied)
+        after = text.encode("utf-8")
+        prepared.append(PreparedFile(rel, target, [p.name for p, _ in diffs], expected, before,
+                                     record_hash(after), after, hunks))
+    return prepared
+
+
+def _replace_contents(target: Path, data: bytes, like: os.stat_result) -> None:
+    """Write ``data`` to ``target`` atomically (a temporary file beside it, then rename) with
+    the mode and owner of ``like``."""
+    atomic_write_bytes(target, data, mode=stat.S_IMODE(like.st_mode), owner=(like.st_uid, like.st_gid))
+
+
+def _backup(src: Path, dst: Path, expected: str) -> None:
+    """``cp -p`` to ``dst`` (atomically), then check the copy's hash."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    shutil.copy2(src, tmp)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, dst)
+    if file_hash(dst) != expected:
+        raise PatchError(f"backup {dst} of {src} does not match the original's hash {expected}")
+
+
+def write_file_patches(prepared: list[PreparedFile], ledger: Ledger, backup_dir: Path,
+                       dist: md.Distribution) -> list[dict[str, Any]]:
+    """For each prepared file: back up, ledger entry, replace, check. All or none."""
+    written = []
+    try:
+        for f in prepared:
+            backup = (backup_dir / f.path).resolve()
+            _backup(f.target, backup, f.before_hash)
+            ledger.append(Action.PATCH_FILE, patches=f.patches, dist=dist.metadata["Name"], version=dist.version,
+                          path=f.path, file=str(f.target), backup=str(backup), record_hash=f.record_hash,
+                          before_hash=f.before_hash, after_hash=f.after_hash, hunks=f.hunks)
+            _replace_contents(f.target, f.after, f.target.stat())
+            now = file_hash(f.target)
+            if now != f.after_hash:
+                raise PatchError(f"{f.target}: after writing it hashes to {now}, not the expected {f.after_hash}")
+            written.append({"path": f.path, "file": str(f.target), "patches": f.patches, "backup": str(backup),
+                            "record_hash": f.record_hash, "before_hash": f.before_hash, "after_hash": f.after_hash,
+                            "hunks": f.hunks})
+            log.info("patched %s (%s -> %s)", f.target, f.before_hash, f.after_hash)
+    except BaseException:
+        log.error("file patching failed part way: reverting what was written")
+        back = revert_patches(ledger)
+        for r in back["residues"]:
+            log.error("RESIDUE %s: %s", r["what"], r["seen"])
+        raise
+    ledger.append(Action.PATCH_APPLIED, mode="file", patches=sorted({n for f in prepared for n in f.patches}),
+                  files=[f.path for f in prepared])
+    return written
+
+
+# ------------------------------------------------------------------ mode plugin
+
+
+def _is_plugin_dir(path: Path) -> bool:
+    return (path / PLUGIN_MARK).is_file()
+
+
+def ray_runtime_env(plugin_dir: str, flags: Iterable[str]) -> dict[str, Any]:
+    """How the plugin would reach Ray workers (not exercised here: Ray is not installed).
+
+    Ray workers start with the raylet's environment, not the server's, and vLLM copies only
+    some variables to them after they started, too late for PYTHONPATH. So the folder must
+    be on every node at the same path, and either on PYTHONPATH before ``ray start`` or in
+    the job's runtime_env (vLLM passes ``ParallelConfig.ray_runtime_env`` to ``ray.init``).
+    """
+    flags = sorted(set(flags))
+    return {
+        "runtime_env": {"env_vars": {"PYTHONPATH": plugin_dir}},
+        "env_to_copy": {"VLLM_RAY_EXTRA_ENV_VARS_TO_COPY": ",".join(flags)},
+        "note": ("Ray workers inherit the raylet's environment: put this folder at the same path on every node and "
+                 "on PYTHONPATH before `ray start`, or pass runtime_env through ParallelConfig.ray_runtime_env; "
+                 "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY carries the flags, which are read at call time. "
+                 "vLLM loads general plugins in each Ray worker (WorkerWrapperBase.init_worker)."),
+    }
+
+
+def install_plugin(patches: list[Patch], ledger: Ledger, plugin_dir: Path) -> dict[str, Any]:
+    """Write the plugin folder (ledger first) and check that its entry points are found."""
+    plugin_dir = plugin_dir.resolve()
+    entry_points = {p.entry_point: f"{PLUGIN_PACKAGE}.{p.module}:register" for p in patches}
+    names = [p.name for p in patches]
+    ledger.append(Action.PATCH_PLUGIN, patches=names, dir=str(plugin_dir), entry_points=entry_points)
+    try:
+        tmp = plugin_dir.with_name(f".{plugin_dir.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        package = tmp / PLUGIN_PACKAGE
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text('"""vLLM patches of one llmtrial trial (generated; cleanup removes it)."""\n')
+        for p in patches:
+            assert p.hook is not None
+            shutil.copyfile(p.hook, package / f"{p.module}.py")
+        info = tmp / f"{PLUGIN_PACKAGE}-{PLUGIN_VERSION}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {PLUGIN_PACKAGE}\nVersion: {PLUGIN_VERSION}\n"
+                                       "Summary: vLLM patches of one llmtrial trial, as general plugins\n")
+        (info / "entry_points.txt").write_text(f"[{PLUGIN_GROUP}]\n" + "".join(
+            f"{name} = {value}\n" for name, value in entry_points.items()))
+        if plugin_dir.exists():
+            if not _is_plugin_dir(plugin_dir):
+                raise PatchError(f"{plugin_dir} exists and is not a plugin folder of llmtrial: not replaced")
+            shutil.rmtree(plugin_dir)
+        os.replace(tmp, plugin_dir)
+        found = {ep.name: ep.value for d in md.distributions(path=[str(plugin_dir)]) for ep in d.entry_points
+                 if ep.group == PLUGIN_GROUP}
+        if found != entry_points:
+            raise PatchError(f"{plugin_dir}: entry points found {found}, expected {entry_points}")
+    except BaseException:
+        revert_patches(ledger)
+        raise
+    ledger.append(Action.PATCH_APPLIED, mode="plugin", patches=names, dir=str(plugin_dir))
+    log.info("plugin folder %s: entry points %s", plugin_dir, entry_points)
+    return {"dir": str(plugin_dir), "entry_points": entry_points,
+            "ray": ray_runtime_env(str(plugin_dir), [p.flag for p in patches])}
+
+
+def check_patches(names: Iterable[str] | None = None, *, patches_dir: Path = PATCHES_DIR,
+                  dist: md.Distribution | None = None) -> list[dict[str, Any]]:
+    """Without changing anything: per patch, whether the installed vLLM is in its range,
+    whether each target file matches RECORD (a file left patched does not), and whether the
+    diff applies. ``llmtrial patches`` prints it."""
+    dist = dist or vllm_distribution()
+    out = []
+    for name in available_patches(patches_dir) if names is None else names:
+        p = load_patch(name, patches_dir)
+        item: dict[str, Any] = {"name": name, "vllm_range": p.vllm, "installed": dist.version, "flag": p.flag,
+                                "files": [], "dry_run": None}
+        try:
+            check_version(p, dist)
+            item["version_ok"] = True
+        except PatchError:
+            item["version_ok"] = False
+        if p.diff is not None:
+            item["files"] = verify_files([fd.path for fd in parse_diff(p.diff.read_text(encoding="utf-8"), str(p.diff))],
+                                         dist)
+            try:
+                prepare_file_patches([p], dist)
+                item["dry_run"] = "applies"
+            except PatchError as exc:
+                item["dry_run"] = str(exc)
+        out.append(item)
+    return out
+
+
+# ------------------------------------------------------------------ the stage
+
+
+def apply_patches(patches_cfg: Mapping[str, Mapping[str, Any]], *, ledger: Ledger, work_dir: Path,
+                  patches_dir: Path = PATCHES_DIR, dist: md.Distribution | None = None) -> dict[str, Any]:
+    """The patch stage: revert what an earlier run left patched, then apply every patch named
+    in ``patches_cfg`` (``{name: {"mode": "file" | "plugin"}}``). Returns the patches record;
+    raises PatchError with nothing left changed when a patch cannot be applied."""
+    started = time.time()
+    leftover = revert_patches(ledger)
+    if leftover["residues"]:
+        raise PatchError("an earlier patch could not be reverted: " + "; ".join(
+            f"{r['what']}: {r['seen']}" for r in leftover["residues"]) + "; fix it, then run `snakemake cleanup`")
+    record: dict[str, Any] = {"started": started, "reverted_first": leftover["items"], "vllm": None, "patches": []}
+    chosen = [(load_patch(name, patches_dir), str((entry or {}).get("mode", "file"))) for name, entry in patches_cfg.items()]
+    if chosen:
+        dist = dist or vllm_distribution()
+        record["vllm"] = {"distribution": dist.metadata["Name"], "version": dist.version,
+                          "site_packages": str(site_root(dist))}
+        for p, mode in chosen:
+            check_version(p, dist)
+            if (mode == "file" and p.diff is None) or (mode == "plugin" and p.hook is None):
+                raise PatchError(f"patch {p.name} has no {'diff' if mode == 'file' else 'hook'} for mode {mode}")
+        prepared = prepare_file_patches([p for p, m in chosen if m == "file"], dist)
+        files = write_file_patches(prepared, ledger, Path(work_dir) / "backup", dist) if prepared else []
+        plugin_patches = [p for p, m in chosen if m == "plugin"]
+        try:
+            plugin = install_plugin(plugin_patches, ledger, Path(work_dir) / "plugin") if plugin_patches else None
+        except BaseException:
+            revert_patches(ledger)  # all or none across both modes
+            raise
+        applied_at = time.time()
+        for p, mode in chosen:
+            record["patches"].append({**p.to_json(), "mode": mode, "applied_at": applied_at,
+                                      "files": [f for f in files if p.name in f["patches"]],
+                                      "plugin": plugin if mode == "plugin" else None})
+    record["finished"] = time.time()
+    record["apply_seconds"] = round(record["finished"] - started, 4)
+    return record
+
+
+def live_patches(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Patches applied and not reverted since, by name: ``{"mode", "dir"}``."""
+    live: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        action = e.get("action")
+        if action == Action.PATCH_APPLIED:
+            for name in e.get("patches", []):
+                live[name] = {"mode": e.get("mode"), "dir": e.get("dir")}
+        elif action in (Action.PATCH_FILE, Action.PATCH_PLUGIN, Action.PATCH_REVERTED, Action.PATCH_PLUGIN_REMOVED):
+            for name in e.get("patches", []):
+                live.pop(name, None)  # being applied again, or reverted
+    return live
+
+
+def ensure_patched(patches_cfg: Mapping[str, Mapping[str, Any]], *, ledger: Ledger, work_dir: Path,
+                   patches_dir: Path = PATCHES_DIR) -> dict[str, Any]:
+    """Before a configuration's server starts: make the live patches what the config asks for
+    (a configuration rerun on its own after cleanup reverted them applies them again).
+    Returns ``{"reapplied", "patches", "plugin_dir"}``."""
+    want = {name: str((entry or {}).get("mode", "file")) for name, entry in patches_cfg.items()}
+    live = live_patches(ledger.entries())
+    reapplied = False
+    if {n: v["mode"] for n, v in live.items()} != want or _outstanding_unapplied(ledger.entries()):
+        log.info("applying patches %s first (live: %s)", want, {n: v["mode"] for n, v in live.items()})
+        apply_patches(patches_cfg, ledger=ledger, work_dir=work_dir, patches_dir=patches_dir)
+        live = live_patches(ledger.entries())
+        reapplied = True
+    dirs = sorted({v["dir"] for v in live.values() if v["mode"] == "plugin" and v.get("dir")})
+    patches = [{**load_patch(name, patches_dir).to_json(), "mode": mode} for name, mode in want.items()]
+    return {"reapplied": reapplied, "patches": patches, "plugin_dir": dirs[0] if dirs else None}
+
+
+def _outstanding_unapplied(entries: list[dict[str, Any]]) -> bool:
+    """A file or plugin change recorded but never completed (an apply interrupted by a crash)."""
+    state = outstanding(entries)
+    applied = {n for n in live_patches(entries)}
+    return any(not set(e.get("patches", [])) <= applied for e in [*state["files"].values(), *state["plugins"].values()])
+
+
+def server_env(env: Mapping[str, str], plugin_dir: str | None, patches: list[dict[str, Any]], *,
+               inherited: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The server's environment with the plugin folder first on PYTHONPATH (mode plugin) and
+    the plugins added to a VLLM_PLUGINS allow-list when one is set. ``env`` is added to
+    ``inherited``, what the server inherits (default this process's environment; for a
+    rank on another node, what its node adds)."""
+    out = dict(env)
+    if not plugin_dir:
+        return out
+    inherited = os.environ if inherited is None else inherited
+    path = out.get("PYTHONPATH", inherited.get("PYTHONPATH", ""))
+    out["PYTHONPATH"] = os.pathsep.join([plugin_dir, *([path] if path else [])])
+    allow = out.get("VLLM_PLUGINS", inherited.get("VLLM_PLUGINS"))
+    if allow is not None:
+        names = [n for n in allow.split(",") if n]
+        wanted = [entry_point_name(p["name"]) for p in patches if p["mode"] == "plugin"]
+        out["VLLM_PLUGINS"] = ",".join(names + [n for n in wanted if n not in names])
+    return out
+
+
+def node_plugin_env(ledger: Ledger, nodes: list[Node], plugin_dir: str | None, patches: list[dict[str, Any]],
+                    spec_env: Mapping[str, str], *, trial: str) -> dict[str, dict[str, str]]:
+    """Each node's serving environment, by node name, for a configuration spanning ``nodes``
+    (the first one this host): the plugin folder ``plugin_dir`` (mode plugin; None for none)
+    carried to every other node (:func:`llmtrial.patch.node_patches.carry_plugin`, ledger first)
+    and put first on that node's PYTHONPATH, with the patches' allow-list, as
+    :func:`server_env` does here; ``spec_env`` (the patches' flags) on every node. A rank's
+    environment is added to its node's own ``env``, so that is what it inherits."""
+    first, *others = nodes
+    out = {first.name: server_env(spec_env, plugin_dir, patches)}
+    for node in others:
+        there = carry_plugin(ledger, node, Path(plugin_dir), trial=trial) if plugin_dir else None
+        out[node.name] = server_env(spec_env, there, patches, inherited=dict(node.env))
+    return out
+
+
+_PID = re.compile(r"\bin pid (\d+)")
+
+
+def evidence(patches: list[dict[str, Any]], log_text: str, env: Mapping[str, str],
+             source: str = "server.log") -> list[dict[str, Any]]:
+    """Per patch: whether the configuration set its flag, the log lines that show the patched
+    behaviour ran (with the process and pid that logged each), the hook lines (mode plugin),
+    and whether what was seen is what the flag asked for."""
+    names: dict[int, str] = {}  # pid -> the last name vLLM gave the process (Worker -> Worker_TP0)
+    for x in find_lines(log_text, re.compile(r"^\(\S+ pid=\d+\)"), source):
+        names[x["pid"]] = x["process"]
+    out = []
+    for p in patches:
+        flag_on = env.get(p["flag"]) == "1"
+        lines = find_lines(log_text, re.compile(p["evidence"]), source)
+        hooks = find_lines(log_text, re.compile(hook_pattern(p["name"])), source)
+        for x in [*lines, *hooks]:  # a hook prints before vLLM's prefix exists: its pid is in the text
+            m = _PID.search(x["line"])
+            if x["pid"] is None and m:
+                x["pid"] = int(m[1])
+            if x["pid"] is not None:
+                x["process"] = names.get(x["pid"], x["process"])
+        out.append({"name": p["name"], "mode": p["mode"], "flag": p["flag"], "flag_on": flag_on,
+                    "observed": bool(lines), "as_expected": bool(lines) == flag_on,
+                    "processes": sorted({f"{x['process']} pid {x['pid']}" for x in lines if x["pid"] is not None}),
+                    "lines": lines, "hooks": hooks})
+    return out
+
+
+# ------------------------------------------------------------------ revert
+
+
+def patch_key(e: dict[str, Any]) -> str | None:
+    return e.get("file") or e.get("dir")
+
+
+def group_patches(changes: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Outstanding patch changes (by id, as :func:`llmtrial.core.ledger.replay` gives them) by file
+    or folder: ``files``, ``plugins`` (here) and ``copies`` (plugin folders carried to another
+    node, by ``node:folder``). A file changed more than once and not reverted keeps its first
+    entry (the one whose backup holds the original); ``undo_ids`` lists every change a revert
+    of it undoes."""
+    groups: dict[str, dict[str, dict[str, Any]]] = {"files": {}, "plugins": {}, "copies": {}}
+    for i, e in changes.items():
+        if e["action"] == Action.PATCH_PLUGIN_COPY:
+            into, key = groups["copies"], f"{e['node']}:{e['dir']}"
+        else:
+            into, key = groups["files" if e["action"] == Action.PATCH_FILE else "plugins"], patch_key(e)
+        into.setdefault(key, {**e, "undo_ids": []})["undo_ids"].append(i)
+    return groups
+
+
+def outstanding(entries: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """File and plugin changes the ledger records and no later revert undid (of any run),
+    by file or folder, and plugin copies on other nodes (:func:`group_patches`)."""
+    return group_patches(replay(entries).outstanding["patches"])
+
+
+def _record_hash_now(entry: dict[str, Any]) -> str | None:
+    """The RECORD hash of the entry's file, read from RECORD again (the ledger's copy when
+    the distribution is gone)."""
+    try:
+        return record_of(md.distribution(entry["dist"])).get(entry["path"])
+    except (md.PackageNotFoundError, KeyError):
+        return entry.get("record_hash")
+
+
+def _restore(backup: Path, target: Path) -> None:
+    like = backup.stat()
+    _replace_contents(target, backup.read_bytes(), target.stat() if target.exists() else like)
+    os.utime(target, ns=(like.st_atime_ns, like.st_mtime_ns))  # the original's times, as cp -p kept them
+
+
+def revert_patches(ledger: Ledger) -> dict[str, Any]:
+    """Undo every outstanding patch the ledger records; idempotent. A file is restored from
+    its backup only while it holds what the patch wrote (anything else is left as found and
+    reported); each file is then checked against RECORD, and a mismatch is a residue naming
+    it. Plugin folders carried to other nodes are removed there first
+    (:func:`llmtrial.patch.node_patches.remove_copies`). Returns ``{"items", "residues"}``."""
+    state = outstanding(ledger.entries())
+    copies = remove_copies(list(state["copies"].values()), ledger)
+    items: list[dict[str, Any]] = copies["items"]
+    residues: list[dict[str, Any]] = copies["residues"]
+    for e in reversed(list(state["files"].values())):
+        target, backup = Path(e["file"]), Path(e["backup"])
+        found = file_hash(target)
+        item: dict[str, Any] = {"path": e["path"], "file": e["file"], "patches": e["patches"], "run": e["run"],
+                                "found_hash": found}
+        tried = f"restore {backup}"
+        if found == e["after_hash"]:
+            if file_hash(backup) != e["before_hash"]:
+                item["action"] = "not restored: the backup does not match the original's hash"
+            else:
+                _restore(backup, target)
+                item["action"] = "restored from backup"
+        elif found == e["before_hash"]:
+            item["action"] = "none (already the original)"
+        elif found is None:
+            item["action"] = "not restored: the file is missing"
+        else:
+            item["action"] = "not restored: changed since the patch was applied (left as found)"
+        record = _record_hash_now(e)
+        now = file_hash(target)
+        item.update(hash=now, record_hash=record, matches_record=now is not None and now == record)
+        if item["matches_record"]:
+            ledger.append(Action.PATCH_REVERTED, patches=e["patches"], path=e["path"], file=e["file"],
+                          undoes=e["undo_ids"], outcome=item["action"], hash=now, matches_record=True)
+        else:
+            ledger.append(Action.PATCH_REVERT_FAILED, patches=e["patches"], path=e["path"], file=e["file"],
+                          outcome=item["action"], hash=now, record_hash=record)
+            residues.append({"kind": "file", "what": e["file"], "tried": tried,
+                             "seen": f"{item['action']}; hash {now} does not match RECORD {record}"})
+        log.info("revert %s: %s (matches RECORD: %s)", e["file"], item["action"], item["matches_record"])
+        items.append(item)
+    for directory, e in reversed(list(state["plugins"].items())):
+        path = Path(directory)
+        item = {"dir": directory, "patches": e["patches"], "run": e["run"]}
+        if not path.exists():
+            item["action"] = "none (already gone)"
+        elif _is_plugin_dir(path):
+            shutil.rmtree(path)
+            item["action"] = "removed"
+        else:
+            item["action"] = "not removed: not a plugin folder of llmtrial"
+            residues.append({"kind": "file", "what": directory, "tried": "remove the plugin folder",
+                             "seen": "it holds no llmtrial plugin dist-info; left as found"})
+            items.append(item)
+            continue
+        ledger.append(Action.PATCH_PLUGIN_REMOVED, patches=e["patches"], dir=directory, undoes=e["undo_ids"],
+                      outcome=item["action"])
+        items.append(item)
+    return {"items": items, "residues": residues}
+
+

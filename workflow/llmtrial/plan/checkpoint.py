@@ -1,0 +1,416 @@
+"""What a checkpoint weighs before it is downloaded: parameters by part, bytes by quantization.
+
+The planner gates launches, so the weight figure it plans on says where it came from
+(:class:`WeightsSize`): the bytes of staged files or of the Hub's file listing first
+(``measured``), a size a person gave (``given``), and only then an estimate from config.json
+(``estimated``), which counts the parameters of each part of the model by its architecture
+and prices each part by the checkpoint's ``quantization_config``. An architecture or a
+quantization method this module does not know gives ``unknown`` with the reason, never a
+silent bf16 guess.
+
+Parts: ``embed`` (token embeddings), ``lm_head`` (the output head; none when tied),
+``attention`` (q/k/v/o and MLA projections), ``linear_attention`` (projections of
+linear-attention layers), ``mlp`` (dense feed-forward), ``experts`` (routed MoE experts),
+``shared_experts``, ``router`` (MoE gates), ``norms``, ``other`` (biases, attention sinks,
+convolution and decay parameters) and ``vision`` (a multimodal model's vision tower and projector). Quantization methods convert linear layers; embeddings, norms,
+routers and ``other`` stay at the model's dtype, and so does whatever the config lists as
+not converted (``modules_to_not_convert``, ``ignored_layers``, compressed-tensors'
+``ignore``, bitsandbytes' ``llm_int8_skip_modules``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmtrial.plan.shape import DTYPE_BYTES, config_value, layer_kinds, text_config
+
+#: Parts a quantization method converts (linear layers), unless the config lists them as not converted.
+#: The output head is not among them: FP8, AWQ, GPTQ, bitsandbytes and MXFP4 checkpoints keep it
+#: at the model's dtype unless their config says otherwise (GPTQ's ``lm_head: true``).
+LINEAR_PARTS = ("attention", "linear_attention", "mlp", "experts", "shared_experts")
+#: Parts a tensor-parallel rank holds a full copy of (everything else is split over the ranks).
+REPLICATED_PARTS = ("router", "norms", "other")
+#: Module-name fragments that name each part in a list of modules not converted.
+PART_NAMES = {
+    "lm_head": ("lm_head", "output_layer"),
+    "embed": ("embed_tokens", "wte", "embeddings"),
+    "attention": ("self_attn", "attn", "attention"),
+    "linear_attention": ("linear_attn",),
+    "experts": ("experts",),
+    "shared_experts": ("shared_expert", "shared_experts"),
+    "mlp": ("mlp",),
+    "router": ("gate", "router"),
+}
+
+
+class UnknownCheckpoint(ValueError):
+    """config.json does not say enough to size the checkpoint; the message says why."""
+
+
+@dataclass(frozen=True)
+class WeightsSize:
+    """The weight bytes a plan rests on, with where the figure came from."""
+
+    bytes: int
+    kind: str  # measured, given or estimated
+    source: str
+    parts: dict[str, int] = field(default_factory=dict)  # bytes per part, for estimates
+
+    def fact(self) -> dict[str, Any]:
+        return {"value": self.bytes, "kind": self.kind, "source": self.source, "unit": "B"}
+
+
+# --------------------------------------------------------------------------- parameter counts
+
+
+#: Model types whose output projection carries a bias when ``attention_bias`` is set (Qwen2's and GLM's do not).
+O_BIAS_TYPES = ("llama", "gpt_oss", "granite", "granitemoe", "granitemoeshared", "mistral")
+#: Model types with four norms a layer (before and after attention and feed-forward).
+SANDWICH_NORM_TYPES = ("gemma2", "gemma3_text", "gemma3", "glm4")
+#: Model types whose embeddings are tied unless config.json says otherwise (their config classes' defaults).
+TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "gemma3", "granite", "granitemoe", "granitemoeshared")
+
+
+def _attention(cfg: Mapping[str, Any], h: int) -> tuple[int, int, int]:
+    """(projection, bias and other, norm) parameters of one standard attention layer."""
+    heads = int(cfg["num_attention_heads"])
+    head_dim = int(config_value(cfg, "head_dim", default=h // heads))
+    kv = int(config_value(cfg, "num_key_value_heads", default=heads))
+    q, k = heads * head_dim, kv * head_dim
+    kind = str(cfg.get("model_type", ""))
+    # Qwen3-Next's gated attention doubles q_proj
+    gate = q if cfg.get("attn_output_gate", kind == "qwen3_next") else 0
+    proj = h * (q + gate) + 2 * h * k + q * h
+    biased = config_value(cfg, "attention_bias", default=kind in ("qwen2", "glm"))
+    bias = (q + 2 * k + (h if kind in O_BIAS_TYPES else 0)) if biased else 0
+    bias += heads if kind == "gpt_oss" else 0  # gpt-oss's attention sinks, one logit per head
+    # q_norm and k_norm (Llama 4's QK norm is an L2 norm without weights)
+    qk_norm = kind.startswith(("qwen3", "gemma3")) or (cfg.get("use_qk_norm") and kind != "llama4_text")
+    return proj, bias, 2 * head_dim if qk_norm else 0
+
+
+def _mla(cfg: Mapping[str, Any], h: int) -> tuple[int, int]:
+    """(projection, norm) parameters of one multi-head latent attention layer (DeepSeek V2/V3)."""
+    heads = int(cfg["num_attention_heads"])
+    nope, rope, v = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"]), int(cfg["v_head_dim"])
+    kv_rank, q_rank = int(cfg["kv_lora_rank"]), cfg.get("q_lora_rank")
+    q = h * int(q_rank) + int(q_rank) * heads * (nope + rope) if q_rank else h * heads * (nope + rope)
+    proj = q + h * (kv_rank + rope) + kv_rank * heads * (nope + v) + heads * v * h
+    return proj, kv_rank + (int(q_rank) if q_rank else 0)
+
+
+def _linear_attention(cfg: Mapping[str, Any], h: int) -> tuple[int, int, int]:
+    """(projection, other, norm) parameters of one gated DeltaNet layer (Qwen3-Next)."""
+    k_heads, v_heads = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
+    key, value = k_heads * int(cfg["linear_key_head_dim"]), v_heads * int(cfg["linear_value_head_dim"])
+    proj = h * (2 * key + 2 * value) + h * 2 * v_heads + value * h  # in_proj_qkvz, in_proj_ba, out_proj
+    other = (2 * key + value) * int(config_value(cfg, "linear_conv_kernel_dim", default=4)) + 2 * v_heads  # conv1d, A_log, dt_bias
+    return proj, other, int(cfg["linear_value_head_dim"])
+
+
+def _is_moe_layer(cfg: Mapping[str, Any], i: int) -> bool:
+    if "first_k_dense_replace" in cfg:  # DeepSeek, GLM-4.5
+        step = int(config_value(cfg, "moe_layer_freq", default=1))
+        return i >= int(cfg["first_k_dense_replace"]) and i % step == 0
+    if isinstance(cfg.get("moe_layers"), list):  # Llama 4
+        return i in cfg["moe_layers"]
+    if i in (cfg.get("mlp_only_layers") or []):
+        return False
+    step = int(config_value(cfg, "decoder_sparse_step", "interleave_moe_layer_step", default=1))
+    return step > 0 and (i + 1) % step == 0
+
+
+def _layer_kinds(cfg: Mapping[str, Any], layers: int) -> list[str]:
+    return ["linear" if k == "state" else "attention" for k in layer_kinds(cfg, layers)]
+
+
+def _add(parts: dict[str, int], **counts: int) -> None:
+    for k, v in counts.items():
+        parts[k] = parts.get(k, 0) + int(v)
+
+
+def _moe(cfg: Mapping[str, Any], h: int) -> dict[str, int]:
+    """Parameters per part of one MoE feed-forward block: routed experts, shared experts, router."""
+    kind = str(cfg.get("model_type", ""))
+    experts = int(config_value(cfg, "num_experts", "n_routed_experts", "num_local_experts"))
+    inter = int(config_value(cfg, "moe_intermediate_size", default=cfg.get("intermediate_size", 0)))
+    shared = int(config_value(cfg, "shared_expert_intermediate_size", "shared_intermediate_size", default=0)) or \
+        int(config_value(cfg, "n_shared_experts", default=1 if kind == "llama4_text" else 0)) * inter
+    out = {"experts": experts * 3 * h * inter, "router": h * experts, "shared_experts": 3 * h * shared, "other": 0}
+    if cfg.get("shared_expert_intermediate_size"):  # Qwen's sigmoid gate on the shared expert
+        out["router"] += h
+    if cfg.get("topk_method") == "noaux_tc" or kind == "glm4_moe":  # e_score_correction_bias
+        out["other"] += experts
+    if kind == "gpt_oss":  # biases on the router and on every expert's projections
+        out["other"] += experts + experts * (2 * inter + h)
+    return out
+
+
+def _decoder(cfg: Mapping[str, Any], attention: str) -> dict[str, int]:
+    """Parameters per part of a decoder-only transformer: dense, MoE, MLA or hybrid."""
+    h, layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
+    vocab, kind = int(cfg["vocab_size"]), str(cfg.get("model_type", ""))
+    tied = config_value(cfg, "tie_word_embeddings", default=kind in TIED_BY_DEFAULT)
+    parts = {"embed": vocab * h, "lm_head": 0 if tied else vocab * h, "norms": h}
+    experts = config_value(cfg, "num_experts", "n_routed_experts", "num_local_experts", default=0)
+    dense = int(config_value(cfg, "intermediate_size_mlp", "intermediate_size", default=0))  # Llama 4's dense width
+    norms = 4 if kind in SANDWICH_NORM_TYPES else 2
+    kinds = _layer_kinds(cfg, layers)
+    for i in range(layers):
+        if attention == "mla":
+            proj, norm = _mla(cfg, h)
+            _add(parts, attention=proj, norms=norm)
+        elif kinds[i] == "linear":
+            proj, other, norm = _linear_attention(cfg, h)
+            _add(parts, linear_attention=proj, other=other, norms=norm)
+        else:
+            proj, bias, norm = _attention(cfg, h)
+            _add(parts, attention=proj, other=bias, norms=norm)
+        _add(parts, norms=norms * h)
+        if experts and _is_moe_layer(cfg, i):
+            _add(parts, **_moe(cfg, h))
+        else:
+            _add(parts, mlp=3 * h * dense, other=(2 * dense + h) if cfg.get("mlp_bias") else 0)
+    return parts
+
+
+def _phi(cfg: Mapping[str, Any]) -> dict[str, int]:
+    """Phi-1/Phi-2: one LayerNorm a layer feeding attention and MLP in parallel, biases on every
+    projection and on the head, a two-matrix GELU MLP."""
+    try:  # transformers' keys, or the older phi-msft ones
+        h, layers = int(config_value(cfg, "hidden_size", "n_embd")), int(config_value(cfg, "num_hidden_layers", "n_layer"))
+        heads = int(config_value(cfg, "num_attention_heads", "n_head"))
+    except TypeError:
+        raise KeyError("hidden_size, num_hidden_layers or num_attention_heads") from None
+    vocab, inter = int(cfg["vocab_size"]), int(config_value(cfg, "intermediate_size", "n_inner", default=4 * h))
+    head_dim = h // heads
+    k = int(config_value(cfg, "num_key_value_heads", "n_head_kv", default=heads)) * head_dim
+    qk_norm = 4 * head_dim if cfg.get("qk_layernorm") else 0
+    per = {"attention": h * h + 2 * h * k + h * h, "mlp": 2 * h * inter, "norms": 2 * h + qk_norm,
+           "other": h + 2 * k + h + inter + h}  # q/k/v/dense, fc1 and fc2 biases
+    parts = {p: n * layers for p, n in per.items()}
+    _add(parts, embed=vocab * h, lm_head=0 if cfg.get("tie_word_embeddings") else vocab * h, other=vocab, norms=2 * h)
+    return parts
+
+
+def _vision(config: Mapping[str, Any], text_h: int) -> int:
+    """Parameters of the vision tower vLLM loads with the language model, and of its projector:
+    Llama 4's (class token, patch linear, pixel-shuffle adapter into the text model's width) and Gemma 3's
+    SigLIP (no pooling head)."""
+    vc = config["vision_config"]
+    vh, inter, layers = int(vc["hidden_size"]), int(vc["intermediate_size"]), int(vc["num_hidden_layers"])
+    patch, image, channels = int(vc["patch_size"]), int(vc["image_size"]), int(vc.get("num_channels", 3))
+    patches = (image // patch) ** 2
+    body = layers * (4 * (vh * vh + vh) + vh * inter + inter + inter * vh + vh + 4 * vh)  # attention, MLP, 2 LayerNorms
+    if vc.get("model_type") == "llama4_vision_model":  # vision_model.* and multi_modal_projector
+        shuffled = int(vh / float(vc["pixel_shuffle_ratio"]) ** 2)
+        adapter = shuffled * int(vc["projector_input_dim"]) + int(vc["projector_input_dim"]) * int(vc["projector_output_dim"])
+        embed = vh + (patches + 1) * vh + channels * patch * patch * vh + 4 * vh  # class, positions, patches, norms
+        return body + embed + adapter + int(vc["vision_output_dim"]) * text_h
+    if vc.get("model_type") == "siglip_vision_model" and not vc.get("vision_use_head"):
+        # Gemma 3: patch convolution with bias, positions, post-LayerNorm; the projector's matrix and RMSNorm
+        embed = channels * patch * patch * vh + vh + patches * vh + 2 * vh
+        return body + embed + vh * text_h + vh
+    raise UnknownCheckpoint(f"vision tower {vc.get('model_type')!r} is not one the planner can count")
+
+
+def _multimodal(config: Mapping[str, Any]) -> dict[str, int]:
+    """The language model of a multimodal config.json, and the vision tower vLLM loads with it."""
+    cfg = dict(text_config(config))
+    if "tie_word_embeddings" not in cfg and "tie_word_embeddings" in config:
+        cfg["tie_word_embeddings"] = config["tie_word_embeddings"]
+    parts = _decoder(cfg, "standard")
+    parts["vision"] = _vision(config, int(cfg["hidden_size"]))
+    return parts
+
+
+#: Architectures whose parameters :func:`parameter_parts` counts, by ``architectures[0]``.
+ARCHITECTURES: dict[str, Callable[[Mapping[str, Any]], dict[str, int]]] = {
+    **{a: (lambda c: _decoder(c, "standard")) for a in (
+        "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+        "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen3NextForCausalLM",
+        "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "GptOssForCausalLM", "Llama4ForCausalLM",
+        "GraniteForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM",
+        "GlmForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM")},
+    **{a: (lambda c: _decoder(c, "mla")) for a in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")},
+    "PhiForCausalLM": _phi,
+}
+#: Multimodal architectures, counted from the whole config.json: language model and vision tower.
+MULTIMODAL: dict[str, Callable[[Mapping[str, Any]], dict[str, int]]] = {
+    a: _multimodal for a in ("Llama4ForConditionalGeneration", "Gemma3ForConditionalGeneration")}
+
+
+def parameter_parts(config: Mapping[str, Any]) -> dict[str, int]:
+    """Parameters per part of the model vLLM loads (a DeepSeek or GLM-4.5 checkpoint's MTP layers
+    are not counted: vLLM skips them unless they serve speculative decoding). A multimodal model's
+    vision tower and projector, which vLLM loads too, are the part ``vision``."""
+    archs = config.get("architectures") or []
+    arch = archs[0] if archs else None
+    if arch not in ARCHITECTURES and arch not in MULTIMODAL:
+        raise UnknownCheckpoint(f"architecture {arch or '(none in config.json)'} is not one the planner can count "
+                                f"parameters for (known: {', '.join(sorted({*ARCHITECTURES, *MULTIMODAL}))}); give "
+                                "the weight size (--weights-gib, or stage the weights first)")
+    try:
+        return MULTIMODAL[arch](config) if arch in MULTIMODAL else ARCHITECTURES[arch](text_config(config))
+    except UnknownCheckpoint as exc:
+        raise UnknownCheckpoint(f"{arch}: {exc}") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UnknownCheckpoint(f"{arch}: config.json lacks {exc} needed to count parameters") from None
+
+
+# --------------------------------------------------------------------------- bytes per parameter
+
+
+def _scale_bytes(bits: float, group: int, *, scale: int = 2, zero: bool = False) -> float:
+    """Bytes per parameter of a group-wise quantized weight: packed values, one scale (and one
+    packed zero point) per ``group`` parameters; a group of -1 or 0 is one per output channel,
+    which is negligible here."""
+    per = bits / 8
+    if group and group > 0:
+        per += scale / group + (bits / 8 / group if zero else 0.0)
+    return per
+
+
+def _fp8(q: Mapping[str, Any]) -> tuple[float, list[str], str]:
+    block = q.get("weight_block_size")
+    per = 1.0 + (4 / (int(block[0]) * int(block[1])) if block else 0.0)  # one fp32 scale per block
+    what = f"FP8 ({'block ' + 'x'.join(map(str, block)) + ' scales' if block else 'per-tensor scales'})"
+    return per, list(q.get("modules_to_not_convert") or q.get("ignored_layers") or []), what
+
+
+def _awq(q: Mapping[str, Any]) -> tuple[float, list[str], str]:
+    bits, group = int(q.get("bits", q.get("w_bit", 4))), int(q.get("group_size", q.get("q_group_size", 128)))
+    zero = bool(q.get("zero_point", True))
+    return (_scale_bytes(bits, group, zero=zero), list(q.get("modules_to_not_convert") or []),
+            f"AWQ {bits}-bit, group {group}{', zero points' if zero else ''}")
+
+
+def _gptq(q: Mapping[str, Any]) -> tuple[float, list[str], str]:
+    bits, group = int(q.get("bits", 4)), int(q.get("group_size", 128))
+    # GPTQ checkpoints store packed zero points even when symmetric
+    return (_scale_bytes(bits, group, zero=True), list(q.get("modules_to_not_convert") or []),
+            f"GPTQ {bits}-bit, group {group}{', act-order' if q.get('desc_act') else ''}")
+
+
+def _compressed_tensors(q: Mapping[str, Any]) -> tuple[float, list[str], str]:
+    groups = [g for g in (q.get("config_groups") or {}).values() if g.get("weights")]
+    if not groups:
+        raise UnknownCheckpoint("compressed-tensors config without weight quantization groups")
+    w = groups[0]["weights"]
+    bits, strategy = int(w.get("num_bits", 8)), str(w.get("strategy", "tensor"))
+    group = int(w.get("group_size") or 0)
+    if strategy == "block" and w.get("block_structure"):
+        group = int(w["block_structure"][0]) * int(w["block_structure"][1])
+    fmt = str(q.get("format", ""))
+    scale = 1 if "nvfp4" in fmt else 2  # NVFP4 keeps one FP8 scale per 16 values
+    per = _scale_bytes(bits, group if strategy in ("group", "tensor_group", "block") else 0, scale=scale,
+                       zero=not w.get("symmetric", True))
+    return per, list(q.get("ignore") or []), f"compressed-tensors {fmt or w.get('type', '')} {bits}-bit {strategy}"
+
+
+def _bitsandbytes(q: Mapping[str, Any]) -> tuple[float, list[str], str]:
+    skip = list(q.get("llm_int8_skip_modules") or [])
+    if q.get("load_in_4bit") or q.get("_load_in_4bit"):
+        double = bool(q.get("bnb_4bit_use_double_quant"))
+        # blocks of 64: an fp32 absmax each, or with double quantization a byte each and an fp32 per 256 blocks
+        per = 0.5 + (1 / 64 + 4 / (64 * 256) if double else 4 / 64)
+        return per, skip, f"bitsandbytes 4-bit {q.get('bnb_4bit_quant_type', 'fp4')}{' double-quant' if double else ''}"
+    return 1.0, skip, "bitsandbytes 8-bit"
+
+
+def _mxfp4(q: Mapping[str, Any]) -> tuple[float, list[str], str]:
+    return 0.5 + 1 / 32, list(q.get("modules_to_not_convert") or []), "MXFP4 (E8M0 scale per 32 values)"
+
+
+#: Quantization methods by ``quant_method``: bytes per converted parameter, modules not converted, a label.
+METHODS: dict[str, Callable[[Mapping[str, Any]], tuple[float, list[str], str]]] = {
+    "fp8": _fp8, "awq": _awq, "gptq": _gptq, "compressed-tensors": _compressed_tensors,
+    "compressed_tensors": _compressed_tensors, "bitsandbytes": _bitsandbytes, "mxfp4": _mxfp4,
+}
+
+
+def _not_converted(patterns: list[str]) -> set[str]:
+    """The parts a list of modules not converted names: by a module's last name
+    (``model.layers.0.mlp.gate`` is a router, ``lm_head`` the head, ``model.layers.*.self_attn``
+    attention) or by a ``re:`` pattern. A part named for some layers only is counted as kept in
+    every layer: the estimate errs on the heavy side."""
+    out = set()
+    for raw in patterns:
+        words = re.findall(r"[A-Za-z_]+", str(raw).removeprefix("re:"))
+        for part, names in PART_NAMES.items():
+            if words and words[-1] in names:
+                out.add(part)
+    return out
+
+
+def quantization(config: Mapping[str, Any]) -> tuple[float | None, set[str], str]:
+    """(bytes per converted parameter, the parts converted, a label); None bytes and no parts
+    when the checkpoint is not quantized."""
+    q = config.get("quantization_config") or text_config(config).get("quantization_config")
+    if not q:
+        return None, set(), "not quantized"
+    method = str(q.get("quant_method", "")).lower()
+    if method not in METHODS:
+        raise UnknownCheckpoint(f"quantization method {method or '(none)'!r} is not one the planner can size "
+                                f"(known: {', '.join(sorted(METHODS))}); give the weight size instead")
+    per, patterns, label = METHODS[method](q)
+    converted = set(LINEAR_PARTS) - _not_converted(patterns)
+    if method == "mxfp4":  # gpt-oss: only the experts are MXFP4
+        converted &= {"experts"}
+    if q.get("lm_head") is True:
+        converted.add("lm_head")
+    return per, converted, label
+
+
+def dtype_bytes(config: Mapping[str, Any]) -> int:
+    name = str(config_value(text_config(config), "torch_dtype", "dtype", default=config.get("torch_dtype", "bfloat16")))
+    name = name.replace("torch.", "")
+    if DTYPE_BYTES.get(name, 0) < 2:  # fp8 and int8 name quantized weights, not a model's dtype
+        raise UnknownCheckpoint(f"config.json's dtype {name!r} is not a floating-point dtype the planner knows")
+    return DTYPE_BYTES[name]
+
+
+def part_bytes(config: Mapping[str, Any]) -> tuple[dict[str, int], str]:
+    """Estimated bytes per part of the checkpoint, and how they were priced."""
+    params = parameter_parts(config)
+    base = dtype_bytes(config)
+    per, converted, label = quantization(config)
+    out = {part: int(round(n * (per if per is not None and part in converted else base))) for part, n in params.items()}
+    how = f"{sum(params.values()):,} parameters; {label}"
+    if per is not None:
+        how += f" at {per:.4f} B per converted parameter; kept at {base} B: " + \
+            ", ".join(sorted(p for p in params if p not in converted))
+    return out, how
+
+
+def estimate(config: Mapping[str, Any]) -> WeightsSize:
+    """The checkpoint's bytes from config.json alone (raises :class:`UnknownCheckpoint`)."""
+    parts, how = part_bytes(config)
+    return WeightsSize(sum(parts.values()), "estimated", f"estimate from parameters and quantization ({how})",
+                       parts=parts)
+
+
+def served(config: Mapping[str, Any], *, dtype: str | None = None, quantization: str | None = None
+           ) -> tuple[Mapping[str, Any] | None, str]:
+    """config.json as vLLM holds the model on the GPU under ``--dtype`` and ``--quantization``: the
+    model's dtype replaced, and an unquantized checkpoint quantized online to FP8 (vLLM's linear and
+    MoE layers take FP8 weights with per-tensor scales; embeddings and the head stay at the dtype).
+    (None, "") when the args change nothing; (None, why) when they change what the planner cannot size."""
+    quantized = bool(config.get("quantization_config") or text_config(config).get("quantization_config"))
+    out: dict[str, Any] = dict(config)
+    said = []
+    if dtype and dtype != "auto" and str(config.get("torch_dtype", "")).replace("torch.", "") != dtype:
+        out["torch_dtype"] = dtype
+        if "text_config" in out:
+            out["text_config"] = {**out["text_config"], "torch_dtype": dtype}
+        said.append(f"dtype {dtype}")
+    if quantization and not quantized:
+        if quantization != "fp8":
+            return None, (f"quantization {quantization} of an unquantized checkpoint is not one the planner can size "
+                          "(it knows online fp8)")
+        out["quantization_config"] = {"quant_method": "fp8"}
+        said.append("quantization fp8 (online, per-tensor scales)")
+    return (out, ", ".join(said)) if said else (None, "")

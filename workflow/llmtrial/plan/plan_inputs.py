@@ -1,0 +1,133 @@
+"""What a plan is given: the hardware and the vLLM arguments of one configuration that change memory."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from llmtrial.plan.shape import PlanError
+
+__all__ = ["ARG_ALIASES", "Hardware", "ServingArgs", "canonical_args"]
+
+#: Short names of vLLM arguments that its CLI spells otherwise; translated once, here.
+ARG_ALIASES = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size", "dp": "data_parallel_size"}
+
+
+def canonical_args(args: Mapping[str, Any]) -> dict[str, Any]:
+    """A configuration's vLLM ``args`` under vLLM's own names, the one reading of them that the
+    planner and the server's argv both use: leading dashes dropped, dashes as underscores,
+    :data:`ARG_ALIASES` translated. Two spellings of one argument are refused (ValueError
+    naming both), whatever their values."""
+    out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in args.items():
+        name = str(key).lstrip("-").replace("-", "_")
+        name = ARG_ALIASES.get(name, name)
+        if name in out:
+            raise ValueError(f"{spelled[name]!r} and {key!r} both set {name}: keep one")
+        out[name], spelled[name] = value, str(key)
+    return out
+
+
+@dataclass
+class Hardware:
+    """Where the model runs: GPUs and usable memory each, or a CPU KV space per worker."""
+
+    gpus: int = 0
+    gpu_memory_gib: float | None = None
+    cpu_kv_space_gib: float | None = None  # VLLM_CPU_KVCACHE_SPACE
+    cpu_kv_space_assumed: bool = False  # True when the KV space is a guess, not the configured value
+    peer_access: bool | None = None  # every pair of the GPUs reaches the other directly (None: not known)
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.gpus == 0
+
+
+def _draft_model(spec: Any) -> str | None:
+    """The draft model a ``speculative_config`` (a mapping or its JSON) loads beside the target, or None
+    (no speculation, or a method without weights of its own: ngram, the target's own MTP layers)."""
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except ValueError:
+            return None
+    if not isinstance(spec, Mapping) or str(spec.get("method", "")).lower() in ("ngram", "mtp", "suffix"):
+        return None
+    model = spec.get("model")
+    return str(model) if model and str(model) not in ("[ngram]", "ngram") else None
+
+
+def _flag(value: Any) -> bool:
+    return value is True or str(value).lower() in ("true", "1", "yes", "")
+
+
+@dataclass
+class ServingArgs:
+    """The vLLM arguments that change memory, from a configuration's args and env."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_cache_dtype: str = "auto"
+    cpu_offload_gb: float = 0.0
+    cpu_offload_params: tuple[str, ...] = ()
+    kv_cache_memory_bytes: int | None = None
+    block_size: int | None = None
+    pp_layer_partition: list[int] | None = None
+    dtype: str | None = None
+    quantization: str | None = None
+    draft_model: str | None = None  # speculative_config's draft model, when it names one
+    enforce_eager: bool = False
+    disable_custom_all_reduce: bool = False
+    cudagraphs_in_budget: bool | None = None  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS; None: as the version does
+    allow_long_max_model_len: bool = False  # VLLM_ALLOW_LONG_MAX_MODEL_LEN
+
+    @property
+    def gpus_asked(self) -> int:
+        """GPUs the configuration occupies: data x tensor x pipeline parallel."""
+        return self.data_parallel_size * self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @classmethod
+    def from_config(cls, args: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ServingArgs:
+        """From a configuration's ``args`` mapping (read by :func:`canonical_args`) and ``env``."""
+        norm = canonical_args(args)
+        norm.setdefault("kv_cache_memory_bytes", norm.get("kv_cache_memory"))
+        out = cls()
+        for name, conv in (("tensor_parallel_size", int), ("pipeline_parallel_size", int), ("data_parallel_size", int),
+                           ("gpu_memory_utilization", float), ("max_model_len", int), ("max_num_seqs", int),
+                           ("max_num_batched_tokens", int), ("cpu_offload_gb", float), ("block_size", int),
+                           ("kv_cache_memory_bytes", int)):
+            if norm.get(name) is not None:
+                setattr(out, name, conv(norm[name]))
+        if norm.get("kv_cache_dtype"):
+            out.kv_cache_dtype = str(norm["kv_cache_dtype"])
+        if norm.get("dtype") and str(norm["dtype"]) != "auto":
+            out.dtype = str(norm["dtype"])
+        out.draft_model = _draft_model(norm.get("speculative_config"))
+        if norm.get("quantization"):
+            out.quantization = str(norm["quantization"]).lower()
+        params = norm.get("cpu_offload_params")
+        if params:
+            out.cpu_offload_params = tuple(params if isinstance(params, (list, tuple)) else str(params).split(","))
+        out.enable_expert_parallel = "enable_expert_parallel" in norm and _flag(norm["enable_expert_parallel"])
+        out.enforce_eager = "enforce_eager" in norm and _flag(norm["enforce_eager"])
+        out.disable_custom_all_reduce = "disable_custom_all_reduce" in norm and _flag(norm["disable_custom_all_reduce"])
+        env = env or {}
+        graphs = env.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS")
+        out.cudagraphs_in_budget = None if graphs is None else str(graphs) != "0"
+        out.allow_long_max_model_len = str(env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0")).strip().lower() in ("1", "true")
+        partition = env.get("VLLM_PP_LAYER_PARTITION")
+        if partition:
+            try:
+                out.pp_layer_partition = [int(x) for x in str(partition).split(",")]
+            except ValueError:
+                raise PlanError(f"VLLM_PP_LAYER_PARTITION {partition!r} is not a comma-separated list of integers") from None
+        return out

@@ -1,0 +1,19 @@
+"""The report, from records only: conclusions, sweeps, multi-node spans, charts and the rendered HTML.
+
+- :mod:`llmtrial.report.charts`: The report's charts: matplotlib drawn to inline SVG (text kept as
+  text, no font or script fetched), each with the table of the numbers it draws so a figure can be
+  copied.
+- :mod:`llmtrial.report.conclusions`: What the trial concludes, worked out from the records alone
+  (no log is read again).
+- :mod:`llmtrial.report.render`: The trial report: one self-contained HTML file rendered from the
+  stage records only.
+- :mod:`llmtrial.report.spans`: What the report says about configurations that span several nodes,
+  from the records only.
+- :mod:`llmtrial.report.sweeps`: What the trial's sweeps show, worked out from the configuration
+  records alone.
+
+Imports from: core, logs, host, plan, weights, patch, borrow, serve. (tests/test_structure.py holds
+the order.)
+"""
+
+__all__ = ["charts", "conclusions", "render", "spans", "sweeps"]

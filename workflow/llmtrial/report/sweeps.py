@@ -1,0 +1,168 @@
+"""What the trial's sweeps show, worked out from the configuration records alone.
+
+A sweep scenario (``kind: sweep``) runs one pass per step, each step at its own concurrency
+(and lengths), against the same warm server. Per sweep and configuration this gives the rows
+of its steps (preemptions, KV cache usage, running and waiting requests, throughput and
+latency, goodput where the scenario has a target) and the planner's predicted onset of
+preemption and of waiting requests against the first step that showed them, with sentences
+generated from these numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from llmtrial.report.conclusions import diagnosis, warmup_note
+from llmtrial.serve.scenarios import is_sweep
+
+#: The two onsets compared: key in the record's ``onset``, what was observed, what none observed reads.
+ONSETS: tuple[tuple[str, str, str], ...] = (
+    ("preemption", "first preempted", "no step preempted"),
+    ("waiting", "first had requests waiting", "no step had requests waiting"),
+)
+_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five"}
+
+
+def _pct(x: float | None) -> float | None:
+    return 100.0 * x if x is not None else None
+
+
+def step_row(step: Mapping[str, Any], predicted: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One step of one configuration: what it asked for, what /metrics and the benchmark saw,
+    and what the planner predicted of it."""
+    f = step.get("figures") or {}
+    goodput = f.get("goodput") or (step.get("summary") or {}).get("goodput")
+    return {
+        "step": step.get("step"), "concurrency": step.get("concurrency"), "input_len": step.get("input_len"),
+        "output_len": step.get("output_len"), "num_prompts": step.get("num_prompts"),
+        "status": step.get("status"), "log": step.get("log"), "seed": step.get("seed"),
+        "preemptions": f.get("preemptions"),
+        "kv_peak_pct": _pct(f.get("kv_cache_usage_peak")), "kv_mean_pct": _pct(f.get("kv_cache_usage_mean")),
+        "running_peak": f.get("running_peak"), "waiting_peak": f.get("waiting_peak"),
+        "output_tok_s": f.get("output_tok_s"),
+        "ttft_median_ms": f.get("ttft_median_ms"), "ttft_p99_ms": f.get("ttft_p99_ms"),
+        "tpot_median_ms": f.get("tpot_median_ms"), "tpot_p99_ms": f.get("tpot_p99_ms"),
+        "failed": f.get("failed"),
+        "slo_share_pct": _pct(goodput.get("share")) if goodput else None,
+        "slo_met": goodput.get("met") if goodput else None,
+        "predicted_preempts": (predicted or {}).get("predicted_preempts"),
+        "predicted_waits": (predicted or {}).get("predicted_waits"),
+        "tokens_needed": (predicted or {}).get("tokens_needed"),
+    }
+
+
+def _at(step: int | None, concurrency: int | None) -> str:
+    return f"concurrency {concurrency} (step {step})"
+
+
+def _plural(n: int, one: str) -> str:
+    return f"{n} {one}{'' if n == 1 else 's'}"
+
+
+def error_words(error_steps: int, error_requests: int | None) -> str:
+    """``on the mark``, ``one step late (1 step, 4 requests)`` or ``two steps early (...)``:
+    late when the onset came at a later step than predicted."""
+    if error_steps == 0:
+        return "on the mark"
+    n = abs(error_steps)
+    words = f"{_WORDS.get(n, n)} step{'' if n == 1 else 's'} {'late' if error_steps > 0 else 'early'}"
+    detail = _plural(n, "step") + (f", {_plural(abs(error_requests), 'request')}" if error_requests is not None else "")
+    return f"{words} ({detail})"
+
+
+def onset_sentence(configuration: str, kind: str, cmp: Mapping[str, Any] | None, last: int | None,
+                   unpredicted: str | None = None) -> str:
+    """One sentence on one onset (``preemption`` or ``waiting``) of one configuration's sweep."""
+    _key, seen, none_seen = next(o for o in ONSETS if o[0] == kind)
+    cmp = cmp or {}
+    obs, pred = cmp.get("observed_step"), cmp.get("predicted_step")
+    observed = (f"{configuration} {seen} at {_at(obs, cmp.get('observed_concurrency'))}" if obs is not None
+                else f"{configuration}: {none_seen}" + (f" up to concurrency {last}" if last is not None else ""))
+    if unpredicted:
+        return f"{observed}; nothing was predicted ({unpredicted})."
+    if pred is None:
+        return f"{observed}; predicted none." if obs is None else f"{observed}; the planner predicted none: not foreseen."
+    if obs is None:
+        return f"{observed}; predicted at step {pred} (concurrency {cmp.get('predicted_concurrency')}) but none observed."
+    errs = cmp.get("error_steps")
+    errs = obs - pred if errs is None else errs
+    return (f"{observed}; the planner predicted {_at(pred, cmp.get('predicted_concurrency'))}: "
+            f"{error_words(errs, cmp.get('error_requests'))}.")
+
+
+def onset_rows(onset: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Predicted against observed onset of preemption and of waiting, one row each."""
+    return [{"what": "preemption" if key == "preemption" else "requests waiting", "key": key,
+             **{k: (onset.get(key) or {}).get(k) for k in ("predicted_step", "predicted_concurrency", "observed_step",
+                                                           "observed_concurrency", "error_steps", "error_requests")}}
+            for key, _seen, _none in ONSETS]
+
+
+def sweep_cell(record: Mapping[str, Any], entry: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One configuration in one sweep: its step rows, its onset comparison and sentences."""
+    name = record["configuration"]
+    cell: dict[str, Any] = {"configuration": name, "rows": [], "onset": None, "onset_rows": [], "sentences": [],
+                            "warmup_note": None, "diagnosis": None}
+    steps = (entry or {}).get("steps") or []
+    if record.get("status") != "ok" and not steps:
+        return {**cell, "status": record.get("status"), "diagnosis": diagnosis(record)}
+    if not steps:
+        return {**cell, "status": "no steps", "diagnosis": "no step of this sweep ran"}
+    onset = entry.get("onset") or {}
+    predicted = {p.get("step"): p for p in onset.get("per_step") or []}
+    cell["rows"] = [step_row(s, predicted.get(s.get("step"))) for s in steps]
+    cell["status"] = "ok" if all(r["status"] == "ok" for r in cell["rows"]) else "failed"
+    cell["onset"] = onset or None
+    cell["onset_rows"] = onset_rows(onset) if onset else []
+    last = max((r["concurrency"] for r in cell["rows"] if r["status"] == "ok" and r["concurrency"]), default=None)
+    if onset:
+        cell["sentences"] = [onset_sentence(name, key, onset.get(key), last, onset.get("unpredicted"))
+                             for key, _seen, _none in ONSETS]
+    cell["sentences"] += _peak_sentence(name, cell["rows"])
+    cell["warmup_note"] = warmup_note(entry.get("warmup"))
+    return cell
+
+
+def _peak_sentence(name: str, rows: list[Mapping[str, Any]]) -> list[str]:
+    timed = [r for r in rows if r["status"] == "ok" and r["output_tok_s"] is not None]
+    if not timed:
+        return [f"{name}: no step of this sweep completed."]
+    best = max(timed, key=lambda r: r["output_tok_s"])
+    return [f"{name} delivers the most output tok/s at concurrency {best['concurrency']} "
+            f"({best['output_tok_s']:,.1f} tok/s, step {best['step']} of {len(rows)})."]
+
+
+def sweep_tables(configurations: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per sweep scenario (in the trial's order): its spec and each configuration's cell."""
+    configurations = list(configurations)
+    specs: dict[str, Mapping[str, Any]] = {}
+    for rec in configurations:
+        for sc in rec.get("scenarios", []):
+            if is_sweep(sc.get("spec") or {}):
+                specs.setdefault(sc["name"], sc.get("spec") or {})
+    tables = []
+    for name, spec in specs.items():
+        cells = [sweep_cell(rec, next((s for s in rec.get("scenarios", []) if s["name"] == name and is_sweep(s.get("spec") or {})), None))
+                 for rec in configurations]
+        tables.append({"name": name, "spec": dict(spec), "cells": cells,
+                       "has_goodput": any(r["slo_share_pct"] is not None for c in cells for r in c["rows"]),
+                       "sentences": [line for c in cells for line in c["sentences"]],
+                       "outcomes": [f"{c['configuration']}: {c['diagnosis']}." for c in cells if c["diagnosis"]]})
+    return tables
+
+
+def sweep_gaps(tables: Iterable[Mapping[str, Any]]) -> list[str]:
+    """What the sweeps did not give, one sentence each: an onset nothing predicted, a step with no
+    /metrics figures (so neither preemptions nor KV cache usage are known there)."""
+    out = []
+    for t in tables:
+        for c in t["cells"]:
+            why = (c.get("onset") or {}).get("unpredicted")
+            if why:
+                out.append(f"Sweep {t['name']}: no onset predicted for {c['configuration']} ({why}).")
+            blind = [str(r["step"]) for r in c["rows"] if r["status"] == "ok" and r["kv_peak_pct"] is None]
+            if blind:
+                out.append(f"Sweep {t['name']}: no KV cache usage sampled for {c['configuration']} in step(s) "
+                           f"{', '.join(blind)}.")
+    return out

@@ -1,0 +1,39 @@
+"""Serving and measuring one configuration: the server process, vLLM's serving benchmark, scenarios and
+sweeps, telemetry, multi-node serving, and the trial job in its phases.
+
+- :mod:`llmtrial.serve.bench`: Benchmark scenarios: vLLM's serving benchmark per pass, and the cold
+  first request.
+- :mod:`llmtrial.serve.comparison`: The comparison phase of one configuration's job, after its
+  server stopped: what the log explains (the failure's line and the GPUs' health after it, the
+  start-up facts, the engine's warnings, each patch's evidence) and the measured figures beside the
+  plan's (the predicted start-up terms, the throughput bound).
+- :mod:`llmtrial.serve.measure`: The measurement phase of one configuration's job: start the server
+  under the telemetry sampler, wait for it, time the cold first request, run every scenario's passes
+  (warm-up, repeated passes, a sweep's steps) each in its own telemetry window, and stop the server.
+- :mod:`llmtrial.serve.multinode`: One configuration served across several nodes with vLLM's own
+  multi-node launch.
+- :mod:`llmtrial.serve.multinode_job`: The multi-node side of one configuration's job, beside
+  :class:`~llmtrial.serve.multinode.MultiNodeServer`: the launch and the nodes' roles, the
+  collective sanity check across them before any server starts, where each node holds the model,
+  every node's serving environment, the server with the other nodes' ranks (headless vLLM ranks or a
+  Ray cluster), and what ran on each node afterwards.
+- :mod:`llmtrial.serve.nodetelemetry`: Telemetry on every node of a multi-node configuration, merged
+  into one CSV with a node column.
+- :mod:`llmtrial.serve.onset`: Where a sweep starts to preempt: the planner's arithmetic against
+  what /metrics showed.
+- :mod:`llmtrial.serve.scenarios`: What a scenario asks for: fixed passes or a sweep's steps, how
+  many passes, and its latency target.
+- :mod:`llmtrial.serve.server`: The vLLM server process: argv building, launch in its own session,
+  readiness, teardown.
+- :mod:`llmtrial.serve.telemetry`: Telemetry: a per-second sampler that runs beside one serving
+  configuration's job.
+- :mod:`llmtrial.serve.trial`: One serving configuration's job: make the host ready, serve and
+  measure, compare, stop.
+- :mod:`llmtrial.serve.vllm_bench`: Run vLLM's own serving benchmark (``vllm.benchmarks.serve``) as
+  a module.
+
+Imports from: core, logs, host, plan, weights, patch, borrow. (tests/test_structure.py holds the
+order.)
+"""
+
+__all__ = ["bench", "comparison", "measure", "multinode", "multinode_job", "nodetelemetry", "onset", "scenarios", "server", "telemetry", "trial", "vllm_bench"]

@@ -1,0 +1,312 @@
+"""Benchmark scenarios: vLLM's serving benchmark per pass, and the cold first request.
+
+The load generator is vLLM's own (random dataset, ``ignore_eos``, a distinct seed per
+pass, per-request detail kept). Server-side counters around each pass come from the
+telemetry's /metrics series (:class:`llmtrial.host.sources.MetricsSource`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import selectors
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from llmtrial.serve import vllm_bench
+from llmtrial.serve.scenarios import goodput_flags
+
+#: Summary fields copied from vLLM's result file into the record.
+SUMMARY_FIELDS = (
+    "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
+    "request_throughput", "output_throughput", "total_token_throughput", "max_concurrency",
+)
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+#: The headline figures of a pass, by the name the records use, from the key of vLLM's result summary.
+HEADLINE = {"output_tok_s": "output_throughput", "ttft_median_ms": "median_ttft_ms", "ttft_p99_ms": "p99_ttft_ms",
+            "tpot_median_ms": "median_tpot_ms", "tpot_p99_ms": "p99_tpot_ms"}
+
+
+def headline(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """Output tok/s and TTFT/TPOT median and p99 of one pass, from its summary (None where absent)."""
+    return {name: summary.get(key) for name, key in HEADLINE.items()}
+
+
+def agreement(values: list[float]) -> float | None:
+    """Spread of a figure across passes, (max - min) / mean; None with fewer than two."""
+    vals = [v for v in values if v is not None]
+    if len(vals) < 2 or statistics.fmean(vals) == 0:
+        return None
+    return (max(vals) - min(vals)) / statistics.fmean(vals)
+
+
+def pass_seed(base: int, scenario_index: int, pass_index: int) -> int:
+    """The dataset seed of one pass: distinct for every scenario and pass."""
+    return base + 1000 * scenario_index + pass_index
+
+
+def bench_argv(
+    *,
+    host: str,
+    port: int,
+    served_model_name: str,
+    tokenizer: str,
+    scenario: Mapping[str, Any],
+    seed: int,
+    result_dir: str,
+    result_filename: str,
+    percentiles: list[float],
+    python: str = sys.executable,
+) -> list[str]:
+    """The argv of one benchmark pass (vLLM serving benchmark flags, no shell)."""
+    return [
+        python, "-m", "llmtrial.serve.vllm_bench",
+        "--backend", "vllm",
+        "--host", host,
+        "--port", str(port),
+        "--endpoint", "/v1/completions",
+        "--model", served_model_name,
+        "--served-model-name", served_model_name,
+        "--tokenizer", tokenizer,
+        "--dataset-name", "random",
+        "--random-input-len", str(scenario["input_len"]),
+        "--random-output-len", str(scenario["output_len"]),
+        "--num-prompts", str(scenario["num_prompts"]),
+        "--max-concurrency", str(scenario["concurrency"]),
+        "--request-rate", str(scenario["request_rate"]),
+        "--ignore-eos",
+        "--seed", str(seed),
+        "--percentile-metrics", ",".join(LATENCY_METRICS),
+        "--metric-percentiles", ",".join(_fmt_pct(p) for p in percentiles),
+        "--save-result",
+        "--save-detailed",
+        "--result-dir", result_dir,
+        "--result-filename", result_filename,
+        "--disable-tqdm",
+        *goodput_flags(scenario.get("slo")),
+    ]
+
+
+def _fmt_pct(p: float) -> str:
+    return str(int(p)) if float(p).is_integer() else str(p)
+
+
+def summarize_result(result: Mapping[str, Any], percentiles: list[float]) -> dict[str, Any]:
+    """The figures the report shows, taken from vLLM's result file as they are."""
+    out: dict[str, Any] = {k: result.get(k) for k in SUMMARY_FIELDS}
+    if out["failed"] is None and result.get("num_prompts") is not None and out["completed"] is not None:
+        out["failed"] = result["num_prompts"] - out["completed"]
+    for metric in LATENCY_METRICS:
+        for stat in ("mean", "median", "std"):
+            out[f"{stat}_{metric}_ms"] = result.get(f"{stat}_{metric}_ms")
+        for p in percentiles:
+            key = f"p{_fmt_pct(p)}_{metric}_ms"
+            out[key] = result.get(key)
+    out["request_output_tok_s"] = request_output_rates(result)
+    out["request_output_tok_s_summary"] = rate_summary(out["request_output_tok_s"])
+    return out
+
+
+def request_output_rates(result: Mapping[str, Any]) -> list[float]:
+    """Each successful request's own output throughput (output tokens over its latency, tok/s),
+    in the order of the result file's per-request lists (``--save-detailed``). A request
+    that failed (a non-empty error) or has no positive latency is left out."""
+    lens, latencies = result.get("output_lens") or [], result.get("latencies") or []
+    errors = result.get("errors") or [""] * len(lens)
+    return [round(n / lat, 3) for n, lat, err in zip(lens, latencies, errors, strict=False)
+            if not err and isinstance(lat, (int, float)) and lat > 0 and isinstance(n, (int, float))]
+
+
+def rate_summary(rates: list[float]) -> dict[str, Any]:
+    """``{n, min, median, max}`` of per-request rates; the figures are None when there are none."""
+    if not rates:
+        return {"n": 0, "min": None, "median": None, "max": None}
+    return {"n": len(rates), "min": min(rates), "median": round(statistics.median(rates), 3), "max": max(rates)}
+
+
+def stall_flag(mean: float | None, median: float | None, ratio: float = 1.5) -> bool:
+    """True when a mean sits far above its median: a few requests stalled."""
+    if mean is None or median is None or median <= 0 or math.isnan(mean):
+        return False
+    return mean > ratio * median
+
+
+class BenchWorker:
+    """vLLM's serving benchmark in one long-lived process (``python -m llmtrial.serve.vllm_bench
+    --worker``), so the passes of a configuration import it once instead of once a pass.
+
+    :meth:`run` takes a pass's standalone argv (:func:`bench_argv`) and returns what a
+    standalone run would have: the worker runs the same code with the same flags and
+    writes the same result file, the pass's output going to the pass's own log. The
+    worker starts on the first pass (or on :meth:`start`), in its own session, with its
+    stderr (anything printed outside a pass) appended to ``log_path``. A pass that times
+    out kills the worker's process group and a worker that died is reaped; either way the
+    next pass starts a fresh one. ``starts`` counts the workers started and ``import_s``
+    sums the seconds they took to import vLLM's benchmark (None before any was ready).
+    """
+
+    def __init__(self, *, log_path: Path, python: str = sys.executable, close_timeout: float = 10.0) -> None:
+        self.log_path = Path(log_path)
+        self.python = python
+        self.close_timeout = close_timeout
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.import_s: float | None = None
+        self._ready = False
+        self._buf = b""
+
+    def start(self) -> None:
+        """Start a worker unless one is running; it imports while the caller goes on (the
+        first :meth:`run` waits for it). Started during vLLM's own start-up on a machine
+        with few cores, its import would slow that start-up and skew its measurement."""
+        if self.proc is not None:
+            return
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([self.python, "-m", vllm_bench.MODULE, vllm_bench.WORKER_FLAG],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                         start_new_session=True)
+        self.starts += 1
+        self._ready, self._buf = False, b""
+
+    def run(self, argv: list[str], *, log_path: Path, timeout: float) -> dict[str, Any]:
+        """One pass: ``{"start", "end", "returncode", "timed_out"}``, times in Unix seconds.
+        The timeout covers the whole pass, including the start of a worker it needed."""
+        if argv[1:3] != ["-m", vllm_bench.MODULE]:
+            raise ValueError(f"not a benchmark pass argv: {argv[:3]}")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        start = time.time()
+        try:
+            rc: int | None = self._pass(argv[3:], log_path, time.monotonic() + timeout)
+            timed_out = False
+        except TimeoutError:
+            pid = self.proc.pid if self.proc else None
+            self._stop(grace=0.0)
+            _note(log_path, f"benchmark pass timed out after {timeout:g} s: its worker (process group {pid}) was killed")
+            rc, timed_out = None, True
+        return {"start": start, "end": time.time(), "returncode": rc, "timed_out": timed_out}
+
+    def _pass(self, flags: list[str], log_path: Path, deadline: float) -> int | None:
+        self.start()
+        assert self.proc is not None and self.proc.stdin is not None
+        if not self._ready:
+            message = self._read(deadline)
+            if message is None:
+                return self._died(log_path)
+            self.import_s = (self.import_s or 0.0) + float(message["import_s"])
+            self._ready = True
+        try:
+            self.proc.stdin.write(vllm_bench.request(flags, log_path))
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            return self._died(log_path)
+        message = self._read(deadline)
+        return self._died(log_path) if message is None else int(message["returncode"])
+
+    def _read(self, deadline: float) -> dict[str, Any] | None:
+        """The worker's next message; None at the end of its output (it exited).
+        Raises TimeoutError when none is complete by ``deadline`` (monotonic)."""
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self._buf:
+                left = deadline - time.monotonic()
+                if left <= 0 or not selector.select(left):
+                    raise TimeoutError
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    return None
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return vllm_bench.decode(line)
+
+    def _died(self, log_path: Path) -> int | None:
+        code = self._stop(grace=self.close_timeout)
+        _note(log_path, f"benchmark worker exited with code {code} (its own output: {self.log_path})")
+        return code
+
+    def _stop(self, grace: float) -> int | None:
+        """End the worker: its stdin closed, ``grace`` seconds to exit, then its process
+        group killed (while its exited leader is not yet reaped, so the group id is still
+        its own) and the leader reaped. Its exit code, or None without a worker."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        assert proc.stdin is not None and proc.stdout is not None
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        deadline = time.monotonic() + grace
+        while not _exited(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        code = proc.wait()
+        proc.stdout.close()
+        return code
+
+    def close(self) -> None:
+        """Stop the worker (EOF on its stdin, up to ``close_timeout`` s to exit, then its group killed)."""
+        self._stop(grace=self.close_timeout)
+
+    def __enter__(self) -> BenchWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _exited(pid: int) -> bool:
+    """Whether child ``pid`` has exited, without reaping it."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def _note(log_path: Path, text: str) -> None:
+    """A line of the workflow's own in a pass's log."""
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"llmtrial: {text}\n")
+
+
+def first_request(host: str, port: int, *, model: str, prompt: str, max_tokens: int,
+                  timeout: float) -> dict[str, Any]:
+    """Send one streaming completion and time it: TTFT and total, in seconds, and ``chunks``,
+    the streamed chunks that carried text (vLLM streams one token per chunk)."""
+    body = json.dumps({
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+        "temperature": 0.0, "ignore_eos": True,
+    }).encode()
+    req = urllib.request.Request(f"http://{host}:{port}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    start = time.time()
+    ttft = None
+    chunks = 0
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        for raw in resp:
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            payload = json.loads(line[5:])
+            text = "".join(c.get("text", "") for c in payload.get("choices", []))
+            if text:
+                chunks += 1
+                if ttft is None:
+                    ttft = time.time() - start
+    return {"start": start, "ttft_s": ttft, "total_s": time.time() - start, "chunks": chunks}
+
+
+def output_rate(tokens: int | None, seconds: float | None) -> float | None:
+    """Tokens over seconds (tok/s, 3 decimals), or None when either is missing or seconds is not positive."""
+    if tokens is None or not seconds or seconds <= 0:
+        return None
+    return round(tokens / seconds, 3)

@@ -1,0 +1,286 @@
+"""The measurement phase of one configuration's job: start the server under the telemetry
+sampler, wait for it, time the cold first request, run every scenario's passes (warm-up,
+repeated passes, a sweep's steps) each in its own telemetry window, and stop the server.
+
+A phase that ends the configuration is a :class:`Failure`, a result the record keeps; only
+faults of the workflow itself raise past :meth:`Measurement.serve`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llmtrial.core.ledger import Ledger
+from llmtrial.core.paths import JobPaths
+from llmtrial.core.records import fact, read_record
+from llmtrial.host.nodes import Node
+from llmtrial.host.sources import HostSource, MetricsSource, job_sources
+from llmtrial.logs import lines as logs
+from llmtrial.logs import startup_log
+from llmtrial.serve import bench
+from llmtrial.serve.multinode import MultiNodeServer
+from llmtrial.serve.nodetelemetry import NodeTelemetry, node_window_figures
+from llmtrial.serve.onset import onset, step_figures
+from llmtrial.serve.scenarios import SWEEP_KEYS, Repetition, goodput, is_sweep
+from llmtrial.serve.scenarios import steps as sweep_steps
+from llmtrial.serve.server import ServerProcess, ServerStartError
+from llmtrial.serve.telemetry import Sampler, describe_sources, read_samples, window_edge, window_figures
+
+log = logging.getLogger(__name__)
+
+#: Per-pass server counters (deltas of the /metrics series over the pass's window).
+SERVER_COUNTERS = {
+    "preemptions": "preemptions_total",
+    "prompt_tokens": "prompt_tokens_total",
+    "generation_tokens": "generation_tokens_total",
+    "requests_finished": "requests_finished_total",
+}
+
+
+@contextlib.contextmanager
+def sigterm_as_exit():
+    """Turn SIGTERM (Snakemake stopping a job) into SystemExit so ``finally`` blocks run
+    and the server's process group is stopped before the job goes."""
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@dataclass
+class Failure(Exception):
+    """A phase that ended the configuration: a result, not a fault of the workflow."""
+
+    phase: str
+    reason: str
+    message: str
+    returncode: int | None = None
+
+    def as_record(self) -> dict[str, Any]:
+        return {"phase": self.phase, "reason": self.reason, "message": self.message, "returncode": self.returncode}
+
+
+@dataclass
+class Measurement:
+    """What the measurement of one configuration needs, from the trial's config and its plan."""
+
+    name: str
+    label: str
+    host: str
+    port: int
+    served_model_name: str
+    model_dir: str
+    scenarios: Mapping[str, Mapping[str, Any]]
+    bench_settings: Mapping[str, Any]
+    cold_start: Mapping[str, Any]
+    telemetry_interval: float
+    startup_timeout_s: float
+    paths: JobPaths
+    #: The selected GPUs' indices (NVML telemetry), the plan's KV block size (a sweep's onset).
+    gpus: Sequence[int] = ()
+    block_size: int | None = None
+    #: The nodes a multi-node configuration spans (each samples its own telemetry).
+    nodes: Sequence[Node] = ()
+
+    def serve(self, ledger: Ledger, server: ServerProcess) -> dict[str, Any]:
+        """Start ``server`` under the sampler, run the phases, stop it: the record's
+        ``server`` and ``telemetry`` additions, ``startup``, ``cold_start``, ``scenarios`` and
+        ``failure`` (the first phase that failed, or None)."""
+        host_source = HostSource()
+        sources, absent = job_sources(host_source, MetricsSource(self.host, self.port),
+                                      gpus=list(self.gpus) or None)
+        out: dict[str, Any] = {"server": {}, "startup": {}, "cold_start": {}, "scenarios": [], "failure": None}
+        windows: list[tuple[dict[str, Any], float, float]] = []
+        failure: Failure | None = None
+        worker = bench.BenchWorker(log_path=self.paths.bench_dir / "worker.log")  # every pass of this job
+        per_node = (NodeTelemetry(ledger, self.nodes, label=self.label, out_csv=self.paths.node_telemetry,
+                                  interval=self.telemetry_interval) if len(self.nodes) > 1 else contextlib.nullcontext())
+        with sigterm_as_exit(), per_node, Sampler(self.paths.telemetry, sources, interval=self.telemetry_interval) as sampler, \
+                worker:
+            try:
+                out["server"], out["startup"], out["cold_start"] = self._start(server, host_source)
+                out["cold_start"].update(self.first_request())
+                failure = self._scenarios(server, sampler, worker, windows, out["scenarios"])
+            except Failure as raised:
+                failure = raised
+            finally:
+                worker.close()
+                sampler.retire("metrics")  # the server is going away: its /metrics with it
+                out["server"]["stop"] = server.stop()
+                out["server"]["pid"] = server.proc.pid if server.proc else None
+                if isinstance(server, MultiNodeServer):
+                    out["server"]["ranks"] = server.ranks.records(self.paths.out_dir)
+            out["telemetry"] = {"sampler": sampler.stats(), "errors": dict(sampler.errors),
+                                "sources": describe_sources(sources, absent, sampler)}
+        out["telemetry"].update(self._telemetry(server, windows))
+        if isinstance(per_node, NodeTelemetry):
+            out["telemetry"]["nodes"] = per_node.summary
+            for one, start, end in windows:
+                one["node_telemetry"] = node_window_figures(self.paths.node_telemetry, start, end)
+        out["bench_worker"] = {"bench_import_s": worker.import_s, "bench_workers": worker.starts}
+        for entry in out["scenarios"]:
+            if entry["kind"] == "sweep":
+                for step in entry["steps"]:
+                    step["figures"] = step_figures(step)
+                entry["onset"] = onset(entry["steps"], out["startup"].get("kv_cache_tokens"),
+                                       self.block_size)
+        if failure is not None:
+            log.warning("configuration %s failed in %s: %s", self.name, failure.phase, failure.message)
+            out["failure"] = failure.as_record()
+        return out
+
+    def _start(self, server: ServerProcess, host_source: HostSource) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """Launch and wait for /health: (server times, startup facts, cold start's ready time)."""
+        try:
+            server.start()
+            host_source.pid = server.proc.pid if server.proc else None
+            ready_s = server.wait_ready(self.startup_timeout_s)
+        except ServerStartError as exc:
+            raise Failure("startup", exc.reason, str(exc), exc.returncode) from None
+        log.info("%s ready in %.1f s", self.name, ready_s)
+        startup = startup_log.parse_startup(logs.read_log(server.log_path), source=self.paths.rel(self.paths.server_log))
+        return ({"launched_at": server.launched_at, "ready_at": server.ready_at}, startup,
+                {"ready_seconds": fact(round(ready_s, 3), "launch to first /health 200", unit="s")})
+
+    def first_request(self) -> dict[str, Any]:
+        cs = self.cold_start
+        try:
+            first = bench.first_request(self.host, self.port, model=self.served_model_name, prompt=cs["prompt"],
+                                        max_tokens=int(cs["max_tokens"]), timeout=float(cs["timeout_s"]))
+        except Exception as exc:  # the server answered /health but cannot serve: a result, not a fault
+            raise Failure("cold_start", "request_failed", f"first request failed: {exc}") from None
+        source = "first streamed completion after ready"
+        return {"first_ttft_s": fact(first["ttft_s"], source, unit="s"),
+                "first_total_s": fact(first["total_s"], source, unit="s"),
+                "first_output_tokens": fact(first["chunks"], source, unit="tokens"),
+                "first_output_tok_s": fact(bench.output_rate(first["chunks"], first["total_s"]), source, unit="tok/s")}
+
+    def _scenarios(self, server: ServerProcess, sampler: Sampler, worker: bench.BenchWorker,
+                   windows: list[tuple[dict[str, Any], float, float]], out: list[dict[str, Any]]) -> Failure | None:
+        """Every scenario, in order, appended to ``out`` (the record's scenarios) as it runs: its
+        warm-up pass when asked, then its passes (or a sweep's steps); returns the first failed
+        pass, or None. A server that dies ends the phase at once (raised as :class:`Failure`)."""
+        failed: Failure | None = None
+        for s_index, (name, scenario) in enumerate(self.scenarios.items()):
+            entry: dict[str, Any] = {"name": name, "spec": dict(scenario), "kind": "sweep" if is_sweep(scenario) else "fixed",
+                                     "passes": [], "warmup": None}
+            out.append(entry)
+            run = functools.partial(self._checked_pass, server, sampler, worker, windows, name, s_index)
+            if scenario.get("warmup"):
+                entry["warmup"] = run(scenario, 0, f"{name}-warmup")
+            first = (self._sweep if entry["kind"] == "sweep" else self._repeat)(entry, run)
+            failed = failed or first
+        return failed
+
+    def _sweep(self, entry: dict[str, Any], run: Callable[..., dict[str, Any]]) -> Failure | None:
+        """A sweep's steps in order, each one pass with its own seed, into ``entry["steps"]``."""
+        failed: Failure | None = None
+        entry["steps"] = []
+        for step in sweep_steps(entry["spec"]):
+            one = run(step, step["step"], f"{entry['name']}-step{step['step']}")
+            one.update({k: step[k] for k in ("step", *SWEEP_KEYS)})
+            entry["steps"].append(one)
+            failed = failed or _pass_failure(entry["name"], one)
+        return failed
+
+    def _repeat(self, entry: dict[str, Any], run: Callable[..., dict[str, Any]]) -> Failure | None:
+        """A scenario's passes until its repetition rule says stop; the record says why it stopped."""
+        rule = Repetition.of(entry["spec"])
+        failed: Failure | None = None
+        stopped = None
+        while stopped is None:
+            p = len(entry["passes"]) + 1
+            one = run(entry["spec"], p, f"{entry['name']}-pass{p}")
+            entry["passes"].append(one)
+            failed = failed or _pass_failure(entry["name"], one)
+            ok = [q["summary"] for q in entry["passes"] if q["status"] == "ok"]
+            spread = bench.agreement([s["output_throughput"] for s in ok])
+            stopped = rule.verdict(spread, p, one["status"] == "failed")
+        entry["repetition"] = {"min": rule.min, "max": rule.max, "agreement": rule.agreement,
+                               "passes_run": len(entry["passes"]), "spread": spread, "stopped": stopped}
+        entry["agreement"] = {"output_throughput": spread,
+                              "median_ttft_ms": bench.agreement([s["median_ttft_ms"] for s in ok])}
+        return failed
+
+    def _checked_pass(self, server: ServerProcess, sampler: Sampler, worker: bench.BenchWorker,
+                      windows: list[tuple[dict[str, Any], float, float]], name: str, s_index: int,
+                      scenario: Mapping[str, Any], p: int, stem: str) -> dict[str, Any]:
+        """One pass (window kept for telemetry); a server that died during it ends the phase."""
+        one = self._pass(scenario, bench.pass_seed(int(self.bench_settings["seed"]), s_index, p), stem, sampler, worker)
+        one["pass"] = p
+        windows.append((one, one["window"]["start"], one["window"]["end"]))
+        if not server.alive():
+            raise Failure("benchmark", "exited", f"{server.down_reason()} during scenario {name} ({stem})",
+                          server.exit_code())
+        return one
+
+    def _pass(self, scenario: Mapping[str, Any], seed: int, stem: str, sampler: Sampler,
+              worker: bench.BenchWorker) -> dict[str, Any]:
+        """One benchmark pass inside its telemetry window: its record entry."""
+        percentiles = list(self.bench_settings["percentiles"])
+        bench_dir = self.paths.bench_dir
+        argv = bench.bench_argv(host=self.host, port=self.port, served_model_name=self.served_model_name,
+                                tokenizer=self.model_dir, scenario=scenario, seed=seed, result_dir=str(bench_dir),
+                                result_filename=f"{stem}.json", percentiles=percentiles)
+        log.info("%s: %s (seed %d)", self.name, stem, seed)
+        # the window opens before its first /metrics sample and closes after its last, so a
+        # counter's change over the window is exactly the pass's own
+        w_start = window_edge(time.time())
+        sampler.mark(f"{stem}:start")  # the CSV names its own windows
+        sampler.sample_now("metrics")
+        run = worker.run(argv, log_path=bench_dir / f"{stem}.log", timeout=float(scenario["timeout_s"]))
+        sampler.sample_now("metrics")
+        sampler.mark(f"{stem}:end")
+        w_end = window_edge(time.time(), end=True)
+        result_file = bench_dir / f"{stem}.json"
+        one: dict[str, Any] = {
+            "seed": seed, "start": run["start"], "end": run["end"],
+            "argv": argv, "log": self.paths.rel(bench_dir / f"{stem}.log"),
+            "returncode": run["returncode"], "timed_out": run["timed_out"],
+        }
+        if run["returncode"] == 0 and result_file.exists():
+            one["status"] = "ok"
+            one["result_file"] = self.paths.rel(result_file)
+            result = read_record(result_file)
+            one["summary"] = bench.summarize_result(result, percentiles)
+            if scenario.get("slo"):
+                one["summary"]["goodput"] = goodput(result, scenario["slo"])
+            one["stall"] = bench.stall_flag(one["summary"].get("mean_ttft_ms"), one["summary"].get("median_ttft_ms"))
+        else:
+            one["status"] = "failed"
+        one["window"] = {"start": w_start, "end": w_end}
+        return one
+
+    def _telemetry(self, server: ServerProcess, windows: list[tuple[dict[str, Any], float, float]]) -> dict[str, Any]:
+        """The start-up window's figures; each pass gets its own window's figures and server counters."""
+        if not self.paths.telemetry.exists():
+            return {}
+        df = read_samples(self.paths.telemetry)
+        out: dict[str, Any] = {}
+        if server.launched_at is not None:
+            end = server.ready_at or time.time()
+            out["startup_window"] = {"start": server.launched_at, "end": end,
+                                     **window_figures(df, server.launched_at, end)}
+        for one, start, end in windows:
+            one["telemetry"] = window_figures(df, start, end)
+            deltas = one["telemetry"]["deltas"]
+            one["server_metrics"] = {name: deltas[f"metrics.{counter}"] for name, counter in SERVER_COUNTERS.items()
+                                     if f"metrics.{counter}" in deltas}
+        return out
+
+def _pass_failure(name: str, one: Mapping[str, Any]) -> Failure | None:
+    if one["status"] != "failed":
+        return None
+    return Failure("benchmark", "pass_failed", f"benchmark pass {name}/{one['pass']} failed "
+                   f"(exit {one['returncode']}{', timed out' if one['timed_out'] else ''})")

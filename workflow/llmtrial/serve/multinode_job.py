@@ -1,0 +1,124 @@
+"""The multi-node side of one configuration's job, beside :class:`~llmtrial.serve.multinode.MultiNodeServer`:
+the launch and the nodes' roles, the collective sanity check across them before any server
+starts, where each node holds the model, every node's serving environment, the server with the
+other nodes' ranks (headless vLLM ranks or a Ray cluster), and what ran on each node afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmtrial.core.ledger import Ledger
+from llmtrial.host.nodes import Node
+from llmtrial.logs import failures
+from llmtrial.logs import lines as logs
+from llmtrial.patch.patching import evidence, node_plugin_env
+from llmtrial.serve.multinode import (
+    MASTER_PORT_OFFSET,
+    SANITY_PORT_OFFSET,
+    HeadlessRanks,
+    MultiNodeServer,
+    NodeGroups,
+    RayCluster,
+    launch_args,
+    ray_port,
+    sanity_check,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One configuration spread over ``nodes`` (the first serves the API), launched ``native``
+    (vLLM's own multi-node launch) or with ``ray``."""
+
+    name: str
+    label: str
+    trial: str
+    nodes: Sequence[Node]
+    port: int
+    launch: str
+    manifest: Mapping[str, Any]
+
+    @property
+    def master_port(self) -> int:
+        return self.port + MASTER_PORT_OFFSET
+
+    @property
+    def ray_address(self) -> str:
+        return f"{self.nodes[0].address}:{ray_port(self.port)}"
+
+    def server_args(self) -> dict[str, Any]:
+        """What the API server's argv adds for the other nodes."""
+        if self.launch == "ray":
+            return {"distributed_executor_backend": "ray"}
+        return launch_args(self.nodes, 0, self.master_port)
+
+    def record(self, *, gpus: bool) -> dict[str, Any]:
+        """The launch, the nodes' roles and the collective run across them (NCCL with GPUs, gloo
+        on CPU hosts) before any server starts."""
+        model_dirs = self.model_dirs()
+        launch: dict[str, Any] = {"kind": self.launch, "nnodes": len(self.nodes), "master_addr": self.nodes[0].address,
+                                  "master_port": self.master_port}
+        roles = ("api server, ray head", "ray worker") if self.launch == "ray" else ("api server", "headless")
+        if self.launch == "ray":
+            launch.update(master_port=None, ray_address=self.ray_address)
+        nodes = [{"name": n.name, "rank": i, "role": roles[bool(i)], "address": n.address,
+                  "reach": n.reach, "interface": n.interface, "model_dir": model_dirs[n.name],
+                  "env_keys": sorted(n.rank_env())} for i, n in enumerate(self.nodes)]
+        log.info("%s: sanity check across nodes %s", self.name, ", ".join(n.name for n in self.nodes))
+        check = sanity_check(self.nodes, port=self.port + SANITY_PORT_OFFSET, backend="nccl" if gpus else "gloo")
+        log.info("%s: sanity check %s in %.1f s", self.name, "passed" if check["ok"] else "FAILED", check["wall_s"])
+        return {"launch": launch, "nodes": nodes, "collective": check}
+
+    def model_dirs(self) -> dict[str, str]:
+        """Where each node holds the staged model: the manifest's own folder on the first node,
+        the verified copy the model stage made on every other one."""
+        copies = self.manifest.get("nodes") or {}
+        out = {self.nodes[0].name: str(self.manifest["model_dir"])}
+        for node in self.nodes[1:]:
+            folder = (copies.get(node.name) or {}).get("model_dir")
+            if not folder:
+                raise FileNotFoundError(f"the manifest has no staged copy of the model on node {node.name}: "
+                                        "restage it with `snakemake --forcerun stage_model`")
+            out[node.name] = folder
+        return out
+
+    def envs(self, ledger: Ledger, patched: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, dict[str, str]]:
+        """Every node's serving environment: the configuration's ``env`` with the patches' plugin
+        folder, carried to every other node (ledger first), and its rank environment."""
+        envs = node_plugin_env(ledger, list(self.nodes), patched["plugin_dir"], patched["patches"], env,
+                               trial=self.trial)
+        ray = {"RAY_ADDRESS": self.ray_address} if self.launch == "ray" else {}
+        return {n.name: {**envs[n.name], **n.rank_env(), **ray} for n in self.nodes}
+
+    def server(self, argv: list[str], ledger: Ledger, envs: Mapping[str, Mapping[str, str]],
+               args: Mapping[str, Any], **kwargs: Any) -> MultiNodeServer:
+        """Node 0's API server with the other nodes' ranks (``args``: the configuration's vLLM args)."""
+        ranks: NodeGroups
+        if self.launch == "ray":
+            ranks = RayCluster(ledger, self.nodes, label=self.label, port=ray_port(self.port), envs=envs)
+        else:
+            ranks = HeadlessRanks(ledger, self.nodes, label=self.label, model_dirs=self.model_dirs(),
+                                  args=args, envs=envs, master_port=self.master_port)
+        return MultiNodeServer(argv, ranks=ranks, ledger=ledger, **kwargs)
+
+
+def node_outcomes(record: dict[str, Any], patches: list[dict[str, Any]], envs: Mapping[str, Mapping[str, str]],
+                  out_dir: Path) -> None:
+    """Each node's entry gets what ran there, its log and, from that log, the patches' evidence
+    and (on a failure) the line that explains it."""
+    for entry in record.get("nodes") or []:
+        entry.update(record["server"].get("ranks", {}).get(entry["name"], {"log": record["server"]["log"]}))
+        if not entry["rank"] and entry.get("log"):
+            continue  # node 0's log is the server's own, read for the whole record
+        name = entry.get("log") or entry.get("ray_log")
+        text = logs.read_log(out_dir / name) if name else ""
+        entry["patches"] = evidence(patches, text, envs[entry["name"]], name or "")
+        if record["failure"] and text:
+            entry["error_line"] = failures.diagnose_failure(text, source=name, ready="ready_seconds" in record["cold_start"])

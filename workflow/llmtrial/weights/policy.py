@@ -1,0 +1,285 @@
+"""What happens to staged weights after a trial: ``keep``, ``archive`` or ``delete``.
+
+The model stage writes a ``weights_staged`` ledger entry before its first byte, with the
+staged folder, the staging root it must stay inside, the policy and the archive folder.
+Cleanup applies the policy from that entry alone:
+
+* ``archive`` copies the staged files to ``<archive_dir>/hub/<org--name>/<commit>`` (or
+  ``tiny/<digest>``), hashing as it copies, verifies the copy against the manifest, renames
+  it into place and only then removes the staged copy. An archive that already verifies is
+  not copied again. A later stage of the same repository and commit restages from it.
+* ``delete`` removes only what the trial staged: paths are resolved, anything outside the
+  staging root is refused, symlinks are removed and never followed. A file that cannot be
+  removed without force (read-only mount, another owner's folder) is a residue with its
+  path, size and what was seen; nothing is chowned or forced.
+
+Both report the bytes freed. A folder staged on another node of the trial (its entry
+carries the node's ``reach``) is dealt with on that node (:func:`llmtrial.weights.node_weights
+.undo_on_node`): ``keep`` leaves it, ``delete`` and ``archive`` remove it (the archive is
+made from the first node's copy), under the same rules.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from llmtrial.core.fileio import file_digest
+from llmtrial.core.ledger import LOCAL_NODE, Action, Ledger, replay
+from llmtrial.core.records import human_bytes, write_record
+from llmtrial.host.disk import headroom_by_filesystem, headroom_message
+from llmtrial.weights.hub import PARTIAL_PREFIX, VerificationError
+from llmtrial.weights.manifest import MANIFEST_NAME, verify_manifest
+from llmtrial.weights.node_weights import undo_on_node
+
+log = logging.getLogger(__name__)
+
+POLICIES = ("keep", "archive", "delete")
+
+
+def archive_path(archive_dir: str | Path, manifest: Mapping[str, Any]) -> Path:
+    """Where the archive of a staged model lives: by repository and commit for the Hub, by
+    the generator's settings for a tiny model."""
+    hub = manifest.get("hub")
+    if hub:
+        return Path(archive_dir) / "hub" / str(hub["repo_id"]).replace("/", "--") / str(hub["commit"])
+    key = json.dumps(manifest.get("generator") or manifest.get("source"), sort_keys=True, default=str)
+    return Path(archive_dir) / "tiny" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def find_archive(archive_dir: str | Path | None, repo_id: str, revision: str) -> tuple[Path, dict[str, Any]] | None:
+    """The archived copy of ``repo_id`` at ``revision`` (a commit, or the branch or tag it was
+    staged from; the newest archive wins), with its manifest, or None."""
+    if not archive_dir:
+        return None
+    base = Path(archive_dir) / "hub" / repo_id.replace("/", "--")
+    found: list[tuple[float, Path, dict[str, Any]]] = []
+    for manifest_path in sorted(base.glob(f"*/{MANIFEST_NAME}")):
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        hub = manifest.get("hub") or {}
+        if hub.get("repo_id") == repo_id and revision in (hub.get("commit"), hub.get("revision")):
+            found.append((float(manifest.get("archived_at") or 0), manifest_path.parent, manifest))
+    if not found:
+        return None
+    _, folder, manifest = max(found, key=lambda item: item[0])
+    return folder, manifest
+
+
+def copy_verified(src: Path, dest: Path, files: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Copy ``files`` (manifest entries) from ``src`` to ``dest``, hashing while copying. Each
+    file is written under a hidden partial name and renamed into place once it matches, so a
+    killed copy never leaves a short file where a server would load it. Raises
+    VerificationError naming the first file whose size or sha256 differs from its entry."""
+    copied = []
+    for entry in files:
+        rel = str(entry["path"])
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f"{PARTIAL_PREFIX}{target.name}")
+        try:
+            with partial.open("wb") as fout:
+                sha256 = file_digest(src / rel, copy_to=fout).hexdigest()
+                fout.flush()
+                os.fsync(fout.fileno())
+                size = fout.tell()
+            if size != entry["size"] or sha256 != entry["sha256"]:
+                raise VerificationError(f"{rel}: copied {size:,} bytes with sha256 {sha256}, the "
+                                        f"manifest says {entry['size']:,} bytes and {entry['sha256']}")
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+        copied.append({"path": rel, "size": size, "sha256": entry["sha256"]})
+    return copied
+
+
+# --------------------------------------------------------------------------- delete
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+    except ValueError:
+        return False
+    return True
+
+
+def delete_staged(folder: str | Path, root: str | Path) -> dict[str, Any]:
+    """Remove the staged ``folder``, which must lie inside ``root``; returns freed bytes,
+    files removed and residues. Never follows a symlink; never forces."""
+    root_r = Path(root).resolve()
+    given = Path(folder)
+    residues: list[dict[str, Any]] = []
+    out: dict[str, Any] = {"path": str(given), "freed_bytes": 0, "files_removed": 0, "residues": residues}
+    if not os.path.lexists(given):
+        out["action"] = "none (already gone)"
+        return out
+    # resolve the parent only: a staged folder that is itself a symlink is unlinked, not followed
+    target = given.parent.resolve() / given.name
+    if not _inside(target, root_r) or target == root_r or root_r == Path(root_r.anchor):
+        residues.append({"kind": "weights", "what": str(target), "size": None,
+                         "tried": "delete", "seen": f"refused: not inside the staging root {root_r}"})
+        out["action"] = "refused"
+        return out
+    if target.is_symlink() or not target.is_dir():
+        _remove(target, out)
+        out["action"] = "deleted" if not residues else "partly deleted"
+        return out
+    for dirpath, dirnames, filenames in os.walk(target, topdown=False, followlinks=False):
+        here = Path(dirpath)
+        for name in filenames + [d for d in dirnames if (here / d).is_symlink()]:
+            _remove(here / name, out)
+        for name in dirnames:
+            sub = here / name
+            if not sub.is_symlink() and sub.exists():
+                _rmdir(sub, out)
+    _rmdir(target, out)
+    out["action"] = "deleted" if not residues else "partly deleted"
+    return out
+
+
+def _remove(path: Path, out: dict[str, Any]) -> None:
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    try:
+        path.unlink()
+    except OSError as exc:
+        out["residues"].append({"kind": "weights", "what": str(path), "size": st.st_size,
+                                "tried": "remove without force",
+                                "seen": f"{errno.errorcode.get(exc.errno or 0, 'error')}: {exc.strerror}; not forced"})
+        return
+    out["files_removed"] += 1
+    if not path.is_symlink():
+        out["freed_bytes"] += st.st_size
+
+
+def _rmdir(path: Path, out: dict[str, Any]) -> None:
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if any(r["what"].startswith(str(path) + os.sep) for r in out["residues"]):
+            return  # not empty because of a residue already listed
+        out["residues"].append({"kind": "weights", "what": str(path), "size": None,
+                                "tried": "remove without force",
+                                "seen": f"{errno.errorcode.get(exc.errno or 0, 'error')}: {exc.strerror}; not forced"})
+
+
+# --------------------------------------------------------------------------- archive
+
+
+def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Archive the staged folder of a ``weights_staged`` entry, verify, then delete it."""
+    folder = Path(entry["path"])
+    out: dict[str, Any] = {"path": str(folder), "policy": "archive", "residues": []}
+    manifest_path = folder / MANIFEST_NAME
+    if not manifest_path.is_file():
+        if not folder.exists():
+            out.update(action="none (already gone)", freed_bytes=0)
+            return out
+        out["residues"].append({"kind": "weights", "what": str(folder), "size": None,
+                                "tried": "archive", "seen": f"no manifest at {manifest_path}; the staged copy is kept"})
+        out.update(action="kept", freed_bytes=0)
+        return out
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    dest = archive_path(entry["archive_dir"], manifest)
+    out["archive"] = str(dest)
+    files = manifest["files"]
+    started = time.monotonic()
+    if (dest / MANIFEST_NAME).is_file() and not verify_manifest({"model_dir": str(dest), "files": files}):
+        out["copy"] = "archive already present and verified"
+    else:
+        space = headroom_by_filesystem([("archive", dest.parent, manifest["total_bytes"], len(files))],
+                                       disk or {"reserve_fraction": 0.0, "reserve_min_gib": 0.0})[0]
+        if not space["ok"]:
+            out["residues"].append({"kind": "weights", "what": str(folder), "size": manifest["total_bytes"],
+                                    "tried": "archive", "seen": f"staged copy kept: {headroom_message(space, 'archive')}"})
+            out.update(action="kept", freed_bytes=0)
+            return out
+        ledger.append(Action.WEIGHTS_ARCHIVE_START, path=str(folder), archive=str(dest))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
+        try:
+            copy_verified(folder, tmp, files)
+            problems = verify_manifest({"model_dir": str(tmp), "files": files})
+            if problems:
+                raise VerificationError("; ".join(problems))
+            archived = {**manifest, "model_dir": str(dest), "archived_at": time.time(), "archived_from": str(folder)}
+            write_record(tmp / MANIFEST_NAME, archived, schema="manifest")
+            if dest.exists():
+                shutil.rmtree(dest)  # an archive that failed verification above
+            os.replace(tmp, dest)
+        except (OSError, VerificationError) as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            out["residues"].append({"kind": "weights", "what": str(folder), "size": manifest["total_bytes"],
+                                    "tried": "archive", "seen": f"staged copy kept: {exc}"})
+            out.update(action="kept", freed_bytes=0)
+            return out
+        out["copy"] = f"copied and verified {len(files)} files, {human_bytes(manifest['total_bytes'])}"
+    out["archive_seconds"] = round(time.monotonic() - started, 3)
+    ledger.append(Action.WEIGHTS_ARCHIVED, path=str(folder), archive=str(dest), bytes=manifest["total_bytes"])
+    removed = delete_staged(folder, entry["root"])
+    out.update(action="archived" if not removed["residues"] else "archived, staged copy partly removed",
+               freed_bytes=removed["freed_bytes"], files_removed=removed["files_removed"])
+    out["residues"].extend(removed["residues"])
+    return out
+
+
+def outstanding_weights(entries: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The ``weights_staged`` entries (of any run) whose policy no cleanup has applied, by id
+    (:func:`llmtrial.core.ledger.replay`)."""
+    return replay(entries).outstanding["weights"]
+
+
+def _apply_here(path: str, entry: Mapping[str, Any], ledger: Ledger) -> dict[str, Any]:
+    """The policy of one folder staged on this host: the cleanup record's item for it."""
+    policy = entry.get("after", "keep")
+    if policy == "keep":
+        size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file() and not f.is_symlink()) \
+            if Path(path).is_dir() else 0
+        return {"path": path, "policy": "keep", "action": "kept", "freed_bytes": 0, "kept_bytes": size, "residues": []}
+    if policy == "archive":
+        return archive_staged(entry, ledger, entry.get("disk"))
+    ledger.append(Action.WEIGHTS_DELETE_START, path=path)
+    return {"policy": "delete", **delete_staged(path, entry["root"])}
+
+
+def apply_policy(entries: Sequence[dict[str, Any]], ledger: Ledger) -> dict[str, Any]:
+    """Apply the policy (keep, archive or delete) of each staged folder no cleanup has dealt
+    with yet (the folder's latest ``weights_staged`` entry on its node holds the staging
+    root, the archive folder and its reserve), on this host or, for an entry that carries a
+    node's ``reach``, on that node; the ``weights_done`` entry names the node and every
+    staging it settles. A policy that leaves residues (a node that cannot be reached) stays
+    outstanding, so a later cleanup tries again."""
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    for i, e in outstanding_weights(entries).items():
+        key = (str(e.get("node", LOCAL_NODE)), str(e["path"]))
+        latest[key] = {**e, "undo_ids": [*latest.get(key, {}).get("undo_ids", []), i]}
+    results = []
+    for (node, path), entry in latest.items():
+        policy = entry.get("after", "keep")
+        item = undo_on_node(entry, ledger) if entry.get("reach") else _apply_here(path, entry, ledger)
+        item["run"] = entry["run"]
+        if item.get("freed_bytes"):
+            log.info("weights %s on node %s: %s, freed %s", path, node, item["action"], human_bytes(item["freed_bytes"]))
+        ledger.append(Action.WEIGHTS_DONE if not item["residues"] else Action.WEIGHTS_POLICY_FAILED, node=node,
+                      path=path, policy=policy, undoes=entry["undo_ids"] if not item["residues"] else None,
+                      outcome=item["action"], freed_bytes=item.get("freed_bytes", 0), residues=len(item["residues"]))
+        results.append(item)
+    residues = [r for item in results for r in item["residues"]]
+    return {"folders": results, "freed_bytes": sum(int(i.get("freed_bytes") or 0) for i in results),
+            "residues": residues}

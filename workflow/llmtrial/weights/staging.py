@@ -1,0 +1,302 @@
+"""Model stage: put a servable Hugging Face-format model folder in place and describe it.
+
+A trial serves one model folder. This module produces or checks that folder and writes
+a *manifest* (every file with its size and sha256) so later stages and the report can
+say exactly which bytes were served.
+
+Source kinds (the ``source`` dict of the trial config):
+
+``tiny``
+    A small Llama-architecture model generated locally and deterministically from a
+    seed (random weights, a byte-level BPE tokenizer trained on a pseudo-word corpus).
+    Needs no network and no download; same seed gives byte-identical files: see
+    :mod:`llmtrial.weights.tiny`.
+``local``
+    An existing Hugging Face-format folder, checked and manifested in place (no copy).
+``hub``
+    A Hugging Face Hub repository at a revision (resolved to a commit), fetched with
+    huggingface_hub into the staging folder: see :mod:`llmtrial.weights.hub`.
+``archive``
+    The same repository and commit restaged from ``weights.archive_dir`` (see
+    :mod:`llmtrial.weights.policy`); a ``hub`` source uses an archive automatically too.
+
+The manifest itself is built and checked in :mod:`llmtrial.weights.manifest`; reading a model's
+source before it is staged (config.json, sizes) is :mod:`llmtrial.weights.model_source`; the disk
+headroom check is :mod:`llmtrial.host.disk`. Heavy imports (torch, transformers, tokenizers,
+huggingface_hub) happen inside the functions that need them, so importing this module is
+cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from llmtrial.core.ledger import Action, Ledger
+from llmtrial.core.records import write_record
+from llmtrial.host.disk import Need, require_headroom
+from llmtrial.weights import hub
+from llmtrial.weights.manifest import MANIFEST_NAME, build_manifest, verify_manifest
+from llmtrial.weights.model_source import check_local_model
+from llmtrial.weights.policy import copy_verified, find_archive
+from llmtrial.weights.tiny import generate_tiny_model, tiny_parameters
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["stage_model"]
+
+#: What staging a hub or archive source returns: (manifest files, fetch figures, headroom).
+Staged = tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]
+
+
+def _json_normal(value: Any) -> Any:
+    """``value`` as it reads back from JSON, for comparing with a stored manifest."""
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def _reusable(manifest_path: Path, staging_dir: Path, source: Mapping[str, Any],
+              generator: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The stored manifest if the staged model can be reused as is, else None (logged)."""
+    if not manifest_path.is_file():
+        return None
+    try:
+        old = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        logger.info("ignoring unreadable manifest %s: %s", manifest_path, exc)
+        return None
+    if not isinstance(old, dict):
+        return None
+    if old.get("source") != _json_normal(source) or old.get("generator") != _json_normal(generator):
+        logger.info("staged model in %s came from another source; regenerating", staging_dir)
+        return None
+    if old.get("model_dir") != str(staging_dir.resolve()):
+        logger.info("manifest %s describes another folder; regenerating", manifest_path)
+        return None
+    problems = verify_manifest(old)
+    if problems:
+        logger.info("staged model in %s fails its manifest (%s); regenerating",
+                    staging_dir, "; ".join(problems))
+        return None
+    return old
+
+
+def _staged_weights_entry(folder: Path, weights: Mapping[str, Any] | None, source: Mapping[str, Any],
+                          **extra: Any) -> dict[str, Any]:
+    """The ``weights_staged`` ledger entry: what cleanup keeps, archives or deletes, and where."""
+    weights = weights or {}
+    archive_dir = weights.get("archive_dir")
+    return {"path": str(folder.resolve()), "after": weights.get("after", "keep"),
+            "archive_dir": str(Path(archive_dir).resolve()) if archive_dir else None,
+            "kind": source.get("kind"), **extra}
+
+
+def _reuse_staged_hub(folder: Path, source: Mapping[str, Any], commit: str | None) -> dict[str, Any] | None:
+    """The manifest of a hub model already staged in ``folder`` from the same repository,
+    commit (or, with no commit known, the same revision) and patterns, if every file is
+    unchanged since it verified."""
+    try:
+        manifest = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+        origin = manifest["hub"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    same = (origin.get("repo_id") == source.get("repo_id")
+            and (origin.get("commit") == commit if commit
+                 else str(source.get("revision")) in (origin.get("revision"), origin.get("commit")))
+            and all(manifest["source"].get(k) == _json_normal(source.get(k))
+                    for k in ("allow_patterns", "ignore_patterns")))
+    verified = hub.VerifiedFiles(folder)
+    if not same or any(verified.sha256(f["path"], folder / f["path"], sha256=f["sha256"]) is None
+                       for f in manifest["files"]):
+        return None
+    return manifest
+
+
+def _hub_commit(source: Mapping[str, Any], revision: str) -> tuple[str | None, str | None]:
+    """(commit, why the Hub is not used): the commit ``revision`` names, from the Hub unless
+    the source is an archive, HF_HUB_OFFLINE is set or the Hub cannot be reached."""
+    if hub.COMMIT.match(revision):
+        return revision, None
+    if source.get("kind") == "archive":
+        return None, "the source is an archive"
+    if hub.offline():
+        return None, "HF_HUB_OFFLINE is set"
+    try:
+        commit = hub.resolve_commit(str(source["repo_id"]), revision)
+    except Exception as exc:
+        if not hub.unreachable(exc):
+            raise
+        return None, f"the Hub at {hub.endpoint()} cannot be reached ({type(exc).__name__})"
+    logger.info("%s@%s is commit %s", source["repo_id"], revision, commit)
+    return commit, None
+
+
+def _restage_from_archive(archive: Path, archived: Mapping[str, Any], folder: Path, verified: hub.VerifiedFiles,
+                          disk: Mapping[str, Any] | None, record_write: Callable[[], None]) -> Staged:
+    """Copy (hashing) what ``folder`` lacks from an archive; (files, fetch figures, headroom)."""
+    entries = list(archived["files"])
+    todo = [f for f in entries if verified.sha256(f["path"], folder / f["path"], sha256=f["sha256"]) is None]
+    todo_bytes = sum(f["size"] for f in todo)
+    what = f"{archived['hub']['repo_id']}@{archived['hub']['commit']}"
+    headroom = require_headroom([("staging", folder, todo_bytes, len(todo))], disk, f"{what} from the archive {archive}")
+    record_write()
+    _remove_stale(folder, {f["path"] for f in entries})
+    logger.info("restaging %s from the archive %s (%d files, %.1f MiB to copy); the Hub is not used",
+                what, archive, len(todo), todo_bytes / (1 << 20))
+    started = time.monotonic()
+    for f in copy_verified(archive, folder, todo):
+        verified.add(f["path"], folder / f["path"], f["sha256"])
+    files = [{k: f[k] for k in ("path", "size", "sha256", "blob_id") if k in f} for f in entries]
+    fetch = {"files_copied": len(todo), "bytes_copied": todo_bytes, "files_downloaded": 0, "bytes_downloaded": 0,
+             "seconds": round(time.monotonic() - started, 3), "restaged_from": str(archive)}
+    return files, fetch, headroom
+
+
+def _fetch_from_hub(source: Mapping[str, Any], commit: str, folder: Path, verified: hub.VerifiedFiles,
+                    disk: Mapping[str, Any] | None, weights: Mapping[str, Any] | None,
+                    record_write: Callable[[], None]) -> Staged:
+    """Fetch (verifying) what ``folder`` lacks from the Hub; (files, fetch figures, headroom)."""
+    from huggingface_hub import constants
+
+    repo_id = str(source["repo_id"])
+    remote = hub.list_files(repo_id, commit, allow_patterns=source.get("allow_patterns"),
+                            ignore_patterns=source.get("ignore_patterns"))
+    record_write()
+    todo, removed_bad = hub.plan_fetch(folder, remote, verified)
+    needs: list[Need] = [("staging", folder, sum(f.size for f in todo), len(todo)), ("cache", constants.HF_HUB_CACHE, 0, 0)]
+    archive_dir = (weights or {}).get("archive_dir")
+    if (weights or {}).get("after") == "archive" and archive_dir:
+        needs.append(("archive", archive_dir, sum(f.size for f in remote), len(remote)))
+    headroom = require_headroom(needs, disk, f"{repo_id}@{commit}")
+    _remove_stale(folder, {f.path for f in remote})
+    logger.info("%d of %d files already staged and verified; %d to fetch", len(remote) - len(todo), len(remote), len(todo))
+    fetch = hub.download(repo_id, commit, todo, folder, verified, **hub.settings(source)) if todo else \
+        {"files_downloaded": 0, "bytes_downloaded": 0, "seconds": 0.0, "bytes_per_s": None, "retries": []}
+    fetch.update(files_reused=len(remote) - len(todo), corrupt_removed=removed_bad)
+    return hub.manifest_files(folder, remote, verified), fetch, headroom
+
+
+def _stage_hub(source: Mapping[str, Any], folder: Path, *, disk: Mapping[str, Any] | None,
+               weights: Mapping[str, Any] | None, record_write: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Stage a ``hub`` (or ``archive``) source into ``folder``: a staged copy that verifies,
+    else the archive of the same repository and commit, else the Hub. See llmtrial.weights.hub."""
+    repo_id = source.get("repo_id")
+    if not repo_id:
+        raise ValueError(f"source kind {source.get('kind')!r} needs 'repo_id' (such as Qwen/Qwen3-8B)")
+    revision = str(source.get("revision") or "main")
+    archive_dir = (weights or {}).get("archive_dir")
+    started = time.monotonic()
+    folder.mkdir(parents=True, exist_ok=True)
+    with hub.stage_lock(folder):
+        orphans, _ = hub.remove_orphans(folder)
+        commit, why_no_hub = _hub_commit(source, revision)
+        staged = _reuse_staged_hub(folder, source, commit)
+        if staged is not None:
+            record_write(_staged_weights_entry(folder, weights, source, repo_id=repo_id, commit=staged["hub"]["commit"]))
+            logger.info("reusing staged %s@%s in %s (every file verified): done in %.1f s",
+                        repo_id, staged["hub"]["commit"], folder, time.monotonic() - started)
+            return {**staged, "fetch": {"files_downloaded": 0, "bytes_downloaded": 0, "reused": True,
+                                        "orphans_removed": orphans}}
+        found = find_archive(archive_dir, repo_id, commit or revision)
+        if found is None and commit is None:
+            raise hub.HubError(f"cannot stage {repo_id}@{revision}: {why_no_hub}, and there is no verified copy "
+                               f"in {folder} and no archive of it in {archive_dir or '(no archive_dir)'}")
+        resolved_by = "given" if hub.COMMIT.match(revision) else "hub" if commit else "archive"
+        commit = commit or found[1]["hub"]["commit"]  # type: ignore[index]
+        ledger_entry = _staged_weights_entry(folder, weights, source, repo_id=repo_id, commit=commit)
+        verified = hub.VerifiedFiles(folder)
+        if found is not None:
+            files, fetch, headroom = _restage_from_archive(found[0], found[1], folder, verified, disk,
+                                                           lambda: record_write(ledger_entry))
+        else:
+            files, fetch, headroom = _fetch_from_hub(source, commit, folder, verified, disk, weights,
+                                                     lambda: record_write(ledger_entry))
+        fetch["orphans_removed"] = orphans
+        manifest = {"model_dir": str(folder.resolve()), "source": _json_normal(source),
+                    "hub": {"repo_id": repo_id, "revision": revision, "commit": commit, "endpoint": hub.endpoint(),
+                            "token": hub.token_state(), "resolved_by": resolved_by},
+                    "files": files, "total_bytes": sum(f["size"] for f in files),
+                    "created": datetime.now(UTC).isoformat(timespec="seconds"),
+                    "fetch": fetch, "headroom": headroom}
+        write_record(folder / MANIFEST_NAME, manifest, schema="manifest")
+    logger.info("staged %s@%s in %s: done in %.1f s", repo_id, commit, folder, time.monotonic() - started)
+    return manifest
+
+
+def _remove_stale(folder: Path, keep: set[str]) -> None:
+    """Remove visible files that are not part of the model (another revision's shards), so
+    a server never loads them."""
+    for rel in hub.stale_files(folder, keep):
+        logger.warning("removing %s from %s: not part of the selected files", rel, folder)
+        hub.forget_download(folder, rel)
+
+
+def stage_model(source: Mapping[str, Any], staging_dir: Path, *, seed_default: int = 0,
+                ledger: Ledger | None = None, root: Path | None = None, weights: Mapping[str, Any] | None = None,
+                disk: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Stage the model a trial serves and return its manifest.
+
+    Dispatches on ``source["kind"]``:
+
+    * ``"tiny"``: generate with :func:`llmtrial.weights.tiny.generate_tiny_model` into ``staging_dir`` from
+      ``source["seed"]`` (``seed_default`` when absent) and the size overrides in
+      ``source["tiny"]`` (keys from :data:`llmtrial.weights.tiny.TINY_PARAMETERS`), then write the manifest to
+      ``staging_dir / MANIFEST_NAME``. A model already staged there is reused, without
+      regenerating, when that manifest came from the same source and still verifies.
+      The manifest also carries ``"generator"``: the effective seed and overrides.
+    * ``"local"``: check ``source["path"]`` with :func:`llmtrial.weights.model_source.check_local_model` and manifest
+      it in place (no copy; nothing is written, ``staging_dir`` is unused).
+    * ``"hub"``: resolve ``revision`` to its commit and fetch the selected files with
+      huggingface_hub (a verified staged copy or an archive of that commit is used
+      instead); ``"archive"``: the same from ``weights.archive_dir`` only, never the Hub.
+
+    ``ledger`` (a :class:`llmtrial.core.ledger.Ledger`) gets a ``weights_staged`` entry before
+    the first byte is written, with ``root`` (the staging root cleanup must stay inside)
+    and ``weights`` (``after``: keep, archive or delete; ``archive_dir``). ``disk`` holds
+    the reserve settings of the headroom check.
+
+    Raises:
+        ValueError: unknown kind, missing ``path`` or ``repo_id``, or bad tiny parameters.
+        FileNotFoundError: a ``local`` model folder or one of its files is missing.
+        llmtrial.host.disk.HeadroomError: a filesystem would fall below its reserve.
+        llmtrial.weights.hub.HubError, llmtrial.weights.hub.VerificationError: the Hub failed or a file
+            does not match its metadata.
+    """
+    kind = source.get("kind")
+    started = time.monotonic()
+    folder = Path(staging_dir)
+
+    def record_write(entry: dict[str, Any]) -> None:
+        if ledger is not None:  # with all cleanup needs: the root it stays inside, the archive's reserve
+            entry.update(root=str(Path(root or folder.parent).resolve()), disk=dict(disk) if disk else None)
+            ledger.append(Action.WEIGHTS_STAGED, **entry)
+
+    if kind == "tiny":
+        generator = tiny_parameters(source, seed_default)
+        manifest_path = folder / MANIFEST_NAME
+        reused = _reusable(manifest_path, folder, source, generator)
+        record_write(_staged_weights_entry(folder, weights, source))
+        if reused is not None:
+            logger.info("reusing staged tiny model in %s (manifest verifies): done in %.1f s",
+                        folder, time.monotonic() - started)
+            return reused
+        generate_tiny_model(folder, **generator)
+        manifest = build_manifest(folder, source=_json_normal(source))
+        manifest["generator"] = _json_normal(generator)
+        write_record(manifest_path, manifest, schema="manifest")
+        logger.info("staged tiny model in %s: done in %.1f s", folder, time.monotonic() - started)
+        return manifest
+    if kind == "local":
+        if not source.get("path"):
+            raise ValueError("source kind 'local' needs a 'path' to a Hugging Face-format model folder")
+        model_dir = check_local_model(Path(str(source["path"])))
+        manifest = build_manifest(model_dir, source=_json_normal(source))
+        logger.info("staged local model %s in place: done in %.1f s", model_dir, time.monotonic() - started)
+        return manifest
+    if kind in ("hub", "archive"):
+        return _stage_hub(source, folder, disk=disk, weights=weights, record_write=record_write)
+    raise ValueError(f"unknown model source kind {kind!r}; expected 'tiny', 'local', 'hub' or 'archive'")
