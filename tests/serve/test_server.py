@@ -15,6 +15,7 @@ import pytest
 from conftest import child_pid, fake_server
 from llmtrial.core.ledger import Ledger
 from llmtrial.host.groups import group_members, port_open
+from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve.server import (
     ServerProcess,
     ServerStartError,
@@ -35,18 +36,18 @@ class TestArgs:
 
     def test_server_argv_turns_prefix_caching_off_unless_overridden(self):
         argv = build_server_argv(model_dir="/m", served_model_name="x", host="127.0.0.1", port=9000,
-                                 args={"max_model_len": 512}, python="py")
+                                 args=ServingArgs.from_config({"max_model_len": 512}), python="py")
         assert argv[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
         assert argv[argv.index("--model") + 1] == "/m"
         assert argv[argv.index("--port") + 1] == "9000"
         assert "--no-enable-prefix-caching" in argv and "--enable-prefix-caching" not in argv
         on = build_server_argv(model_dir="/m", served_model_name="x", host="h", port=1,
-                               args={"enable_prefix_caching": True}, python="py")
+                               args=ServingArgs.from_config({"enable_prefix_caching": True}), python="py")
         assert "--enable-prefix-caching" in on and "--no-enable-prefix-caching" not in on
 
     def test_config_values_stay_single_arguments(self):
         argv = build_server_argv(model_dir="/m", served_model_name="x", host="h", port=1,
-                                 args={"chat_template": "a b; rm -rf /"}, python="py")
+                                 args=ServingArgs.from_config({"chat_template": "a b; rm -rf /"}), python="py")
         assert "a b; rm -rf /" in argv
 
 

@@ -131,9 +131,16 @@ def test_args_are_read_once_under_vllms_own_names_for_the_planner_and_the_server
     spec = configuration_spec(config, "b")
     # an alias is translated once: the configuration's tp overrides the common one, and no --tp reaches vLLM
     assert spec["args"] == {"max_model_len": 512, "tensor_parallel_size": 2, "enforce_eager": True}
-    argv = build_server_argv(model_dir="/m", served_model_name="m", host="127.0.0.1", port=8101, args=spec["args"])
+    args = ServingArgs.from_config(spec["args"])  # the one reading, for the planner and the argv alike
+    assert args.tensor_parallel_size == 2 and args.given == spec["args"]
+    argv = build_server_argv(model_dir="/m", served_model_name="m", host="127.0.0.1", port=8101, args=args)
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2" and "--tp" not in argv
-    assert ServingArgs.from_config(spec["args"]).tensor_parallel_size == 2
+    # given straight, an alias is translated by the same reading, never passed through
+    raw = build_server_argv(model_dir="/m", served_model_name="m", host="h", port=1,
+                            args=ServingArgs.from_config({"tp": 2, "kv-cache-memory": 2**30}))
+    assert raw[raw.index("--tensor-parallel-size") + 1] == "2" and "--tp" not in raw
+    assert ServingArgs.from_config({"kv-cache-memory": 2**30}).kv_cache_memory_bytes == 2**30
+    assert "--kv-cache-memory-bytes" not in raw and raw[raw.index("--kv-cache-memory") + 1] == str(2**30)
 
 
 def test_one_argument_spelled_twice_is_refused_naming_both_keys():

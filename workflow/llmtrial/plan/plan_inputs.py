@@ -1,10 +1,15 @@
-"""What a plan is given: the hardware and the vLLM arguments of one configuration that change memory."""
+"""What a plan is given: the hardware, and one configuration's vLLM arguments read once.
+
+:class:`ServingArgs` is the one reading of a configuration's ``args``: the planner takes the
+arguments that change memory from it, and the server's argv carries every argument it was given
+(:func:`llmtrial.serve.server.build_server_argv`), so an alias is translated once, here.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from llmtrial.plan.shape import PlanError
@@ -66,7 +71,8 @@ def _flag(value: Any) -> bool:
 
 @dataclass
 class ServingArgs:
-    """The vLLM arguments that change memory, from a configuration's args and env."""
+    """A configuration's vLLM arguments, read once from its args and env: those that change
+    memory as typed fields, and every argument as given (under vLLM's names) for the argv."""
 
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -89,6 +95,8 @@ class ServingArgs:
     disable_custom_all_reduce: bool = False
     cudagraphs_in_budget: bool | None = None  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS; None: as the version does
     allow_long_max_model_len: bool = False  # VLLM_ALLOW_LONG_MAX_MODEL_LEN
+    #: Every argument as the configuration gave it, under vLLM's names (:func:`canonical_args`).
+    given: dict[str, Any] = field(default_factory=dict)
 
     @property
     def gpus_asked(self) -> int:
@@ -98,9 +106,9 @@ class ServingArgs:
     @classmethod
     def from_config(cls, args: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ServingArgs:
         """From a configuration's ``args`` mapping (read by :func:`canonical_args`) and ``env``."""
-        norm = canonical_args(args)
-        norm.setdefault("kv_cache_memory_bytes", norm.get("kv_cache_memory"))
-        out = cls()
+        given = canonical_args(args)
+        norm = {"kv_cache_memory_bytes": given.get("kv_cache_memory"), **given}
+        out = cls(given=given)
         for name, conv in (("tensor_parallel_size", int), ("pipeline_parallel_size", int), ("data_parallel_size", int),
                            ("gpu_memory_utilization", float), ("max_model_len", int), ("max_num_seqs", int),
                            ("max_num_batched_tokens", int), ("cpu_offload_gb", float), ("block_size", int),

@@ -22,6 +22,7 @@ from typing import Any
 
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.host.groups import port_open, stop_group
+from llmtrial.plan.plan_inputs import ServingArgs
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +72,12 @@ def build_server_argv(
     served_model_name: str,
     host: str,
     port: int,
-    args: Mapping[str, Any],
+    args: ServingArgs,
     python: str = sys.executable,
 ) -> list[str]:
-    """The argv that starts one configuration's server (no shell involved)."""
-    merged = {**DEFAULT_ARGS, **args}
+    """The argv that starts one configuration's server (no shell involved): every argument the
+    configuration gave, as :class:`~llmtrial.plan.plan_inputs.ServingArgs` read them."""
+    merged = {**DEFAULT_ARGS, **args.given}
     return [
         python, "-m", SERVER_MODULE,
         "--model", model_dir,

@@ -31,6 +31,7 @@ from llmtrial.core.paths import JobPaths
 from llmtrial.core.records import redact_env, write_record
 from llmtrial.host.nodes import Node
 from llmtrial.logs import lines as logs
+from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve import comparison
 from llmtrial.serve.measure import Failure, Measurement
 from llmtrial.serve.multinode_job import Spread, node_outcomes
@@ -97,7 +98,7 @@ class TrialJob:
     def argv(self) -> list[str]:
         args = {**self.spec["args"], **(self.spread.server_args() if self.spread else {})}
         return build_server_argv(model_dir=self.model_dir, served_model_name=self.served_model_name,
-                                 host=self.host, port=self.port, args=args)
+                                 host=self.host, port=self.port, args=ServingArgs.from_config(args, self.spec["env"]))
 
     def measurement(self) -> Measurement:
         return Measurement(
