@@ -52,9 +52,11 @@ def running_and_healthy(work: Path) -> bool:
 
 
 #: The second and third runs are about what a rerun leaves in the folder, not about figures: they
-#: run the default trial with its scenarios shortened to one pass of four requests each and its
-#: servers eager (no torch.compile at start-up), from a trial file given with --configfile (the
-#: whole trial, in the same results folder).
+#: run the default trial with the least serving that still makes every kind of change (its
+#: weights, the demo service quieted, the demo patch applied, a server started): tp1 only (the
+#: configuration with the patch's flag), its scenarios shortened to one pass of four requests
+#: each, eager (no torch.compile at start-up), from a trial file given with --configfile, in the
+#: same results folder.
 SHORT = {"c1": {"num_prompts": 4, "passes": 1}, "c4": {"num_prompts": 4, "passes": 1}}
 
 
@@ -63,6 +65,7 @@ def short(work: Path) -> tuple[str, str]:
     for name, change in SHORT.items():
         config["scenarios"][name].update(change)
     config["serving"]["args"]["enforce_eager"] = True
+    del config["configurations"]["tp2"]
     path = work / "short-passes.yaml"
     path.write_text(json.dumps(config))
     return "--configfile", str(path)
