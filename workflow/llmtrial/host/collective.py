@@ -405,7 +405,6 @@ def summarize(results: Sequence[dict[str, Any]], *, world_size: int | None = Non
     n = world_size or max((int(r.get("world_size") or 0) for r in ranks), default=0)
     reported = [r["rank"] for r in ranks if "rank" in r]
     missing = [i for i in range(n) if i not in reported]
-    failed = [r for r in ranks if not r.get("ok")]
     backend = next((r.get("backend") for r in ranks if r.get("backend")), None)
     record: dict[str, Any] = {
         "ok": False, "world_size": n, "backend": backend, "ranks": ranks, "reported": reported, "missing": missing,
@@ -419,41 +418,47 @@ def summarize(results: Sequence[dict[str, Any]], *, world_size: int | None = Non
         algbw = record["size_bytes"] / record["median_s"]
         record["algbw_gbps"] = algbw / 1e9
         record["busbw_gbps"] = algbw * busbw_factor(n) / 1e9
+    found = _group_diagnosis(ranks, n=n, reported=reported, missing=missing)
+    if found is not None:
+        return {**record, "ok": False, "phase": found[0], "diagnosis": found[1]}
+    return {**record, "ok": True, "phase": "done"}
 
-    def verdict(phase: str, diagnosis: str) -> dict[str, Any]:
-        return {**record, "ok": False, "phase": phase, "diagnosis": diagnosis}
 
+def _group_diagnosis(ranks: list[dict[str, Any]], *, n: int, reported: list[int],
+                     missing: list[int]) -> tuple[str, str] | None:
+    """(phase, diagnosis) of a group that failed, in :func:`summarize`'s order; None when it did not."""
+    failed = [r for r in ranks if not r.get("ok")]
     for key, name in (("torch", "torch"), ("python", "Python")):
         differ = _versions_differ(ranks, key)
         if differ:
             listed = ", ".join(f"rank {k} {v}" for k, v in sorted(differ.items()))
-            return verdict("versions", f"{name} versions differ between ranks ({listed}); install the same build "
-                                       "on every node before serving across them.")
+            return "versions", (f"{name} versions differ between ranks ({listed}); install the same build "
+                                "on every node before serving across them.")
     for r in failed:
         if "no such interface" in (r.get("diagnosis") or ""):
-            return verdict("init", f"rank {r['rank']}: {r['diagnosis']}")
+            return "init", f"rank {r['rank']}: {r['diagnosis']}"
     for r in failed:
         d = r.get("diagnosis") or ""
         if d.startswith(("Connection refused", f"{r.get('master_addr')}:{r.get('master_port')} does not answer",
                          "Cannot reach")):
-            return verdict("init", f"rank {r['rank']}: {d}")
+            return "init", f"rank {r['rank']}: {d}"
     if not n:
-        return verdict("init", "No rank reported a result.")
+        return "init", "No rank reported a result."
     store_wait = next((r for r in failed if _STORE_WAIT.search(r.get("error") or "")), None)
     if missing or store_wait:
         absent = missing or [r["rank"] for r in failed if r.get("phase") in ("init", "process") and r is not store_wait]
         what = f" (rank {store_wait['rank']}: {_STORE_WAIT.search(store_wait['error'])[0]})" if store_wait else ""
-        return verdict("init", f"A peer never joined: rank(s) {', '.join(map(str, absent)) or 'unknown'} of {n} did "
-                               f"not reach the rendezvous{what}; ranks that reported: "
-                               f"{', '.join(map(str, reported)) or 'none'}. Start the missing ranks, or check that "
-                               "they reach the master address and port.")
+        return "init", (f"A peer never joined: rank(s) {', '.join(map(str, absent)) or 'unknown'} of {n} did "
+                        f"not reach the rendezvous{what}; ranks that reported: "
+                        f"{', '.join(map(str, reported)) or 'none'}. Start the missing ranks, or check that "
+                        "they reach the master address and port.")
     for r in failed:
         if r.get("phase") in ("all_reduce", "barrier"):
-            return verdict(r["phase"], f"rank {r['rank']}: {r.get('diagnosis')}")
+            return r["phase"], f"rank {r['rank']}: {r.get('diagnosis')}"
     if failed:
         r = failed[0]
-        return verdict(r.get("phase") or "unknown", f"rank {r['rank']}: {r.get('diagnosis') or r.get('error')}")
-    return {**record, "ok": True, "phase": "done"}
+        return r.get("phase") or "unknown", f"rank {r['rank']}: {r.get('diagnosis') or r.get('error')}"
+    return None
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -462,6 +467,38 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
+
+
+def _wait_for_ranks(procs: Mapping[int, subprocess.Popen[bytes]], deadline: float) -> int | None:
+    """Wait until every rank has ended or ``deadline`` (a monotonic time) passes; the first rank
+    that failed, when one did (a collective needs every rank: the others cannot succeed now)."""
+    while time.monotonic() < deadline:
+        codes = {rank: proc.poll() for rank, proc in procs.items()}
+        if all(c is not None for c in codes.values()):
+            return None
+        failed_rank = next((rank for rank, c in codes.items() if c not in (None, 0)), None)
+        if failed_rank is not None:
+            return failed_rank
+        time.sleep(0.1)
+    return None
+
+
+def _rank_result(rank: int, proc: subprocess.Popen[bytes], work: Path, log: Path, *, killed: bool,
+                 stopped_by: int | None, world_size: int, backend: str) -> dict[str, Any]:
+    """What rank ``rank`` wrote to ``rank<R>.json``, or, when it wrote nothing, how its process ended."""
+    try:
+        return json.loads((work / f"rank{rank}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    if not killed:
+        how = f"exited with status {proc.returncode}"
+    elif stopped_by is not None:
+        how = f"was stopped after rank {stopped_by} failed"
+    else:
+        how = "was killed at the deadline"
+    return {"rank": rank, "world_size": world_size, "backend": backend, "ok": False,
+            "phase": "process", "error": f"rank {rank} {how} without writing a result",
+            "diagnosis": f"Rank {rank}'s process {how} without writing a result; see {log}."}
 
 
 def run_local_group(world_size: int, *, backend: str = "gloo", master_addr: str = "127.0.0.1", port: int,
@@ -505,36 +542,14 @@ def run_local_group(world_size: int, *, backend: str = "gloo", master_addr: str 
                 procs[rank] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                                                env=env, cwd=work, start_new_session=True)
             logs[rank] = log
-        deadline = t0 + timeout_s + _GRACE_S
-        while time.monotonic() < deadline:
-            codes = {rank: proc.poll() for rank, proc in procs.items()}
-            if all(c is not None for c in codes.values()):
-                break
-            failed_rank = next((rank for rank, c in codes.items() if c not in (None, 0)), None)
-            if failed_rank is not None:  # a collective needs every rank: the others cannot succeed now
-                stopped_by = failed_rank
-                break
-            time.sleep(0.1)
+        stopped_by = _wait_for_ranks(procs, t0 + timeout_s + _GRACE_S)
     finally:
         killed = [rank for rank, proc in procs.items() if proc.poll() is None]
         for rank in killed:
             _kill_group(procs[rank])
     wall = time.monotonic() - t0
-    results = []
-    for rank, proc in procs.items():
-        path = work / f"rank{rank}.json"
-        try:
-            results.append(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError):
-            if rank not in killed:
-                how = f"exited with status {proc.returncode}"
-            elif stopped_by is not None:
-                how = f"was stopped after rank {stopped_by} failed"
-            else:
-                how = "was killed at the deadline"
-            results.append({"rank": rank, "world_size": world_size, "backend": backend, "ok": False,
-                            "phase": "process", "error": f"rank {rank} {how} without writing a result",
-                            "diagnosis": f"Rank {rank}'s process {how} without writing a result; see {logs[rank]}."})
+    results = [_rank_result(rank, proc, work, logs[rank], killed=rank in killed, stopped_by=stopped_by,
+                            world_size=world_size, backend=backend) for rank, proc in procs.items()]
     summary = summarize(results, world_size=world_size)
     summary["wall_s"] = round(wall, 3)
     summary["logs"] = {str(rank): str(path) for rank, path in logs.items()}

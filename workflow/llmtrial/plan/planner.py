@@ -328,6 +328,26 @@ def _capacity(avail: list[float], per_token_rank: list[int], block_size: int, ma
     return blocks, tokens, concurrency
 
 
+def _stages(shape: ModelShape, args: ServingArgs, blocking: list[str]) -> list[int]:
+    """Layers per pipeline stage: as ``VLLM_PP_LAYER_PARTITION`` asks, else vLLM's even split (a
+    partition vLLM would refuse is a blocking reason)."""
+    try:
+        return split_layers(shape.num_layers, args.pipeline_parallel_size, args.pp_layer_partition)
+    except PlanError as exc:
+        blocking.append(str(exc))
+        return split_layers(shape.num_layers, args.pipeline_parallel_size)
+
+
+def _verdict(blocking: list[str], hardware: Hardware, offload: list[float], reasons: list[str]) -> str:
+    if blocking:
+        return "does_not_fit"
+    if not hardware.is_cpu and any(offload):
+        reasons.append(f"Fits with {max(offload) / GiB:.2f} GiB per GPU offloaded to CPU memory (slower: weights "
+                       "cross the host link on every step).")
+        return "fits_with_offload"
+    return "fits"
+
+
 def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, weights: WeightsSize | None = None,
          available_kv_gib: float | None = None, contexts: list[int] | None = None, extras: Extras | None = None,
          memory: MemoryTerms | None = None, vllm_version: str | None = None) -> Plan:
@@ -337,11 +357,7 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
     shape = model_shape(config, dtype=args.dtype)
     tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
     blocking, reasons = refusals(shape, config, hardware, args)
-    try:
-        stages = split_layers(shape.num_layers, pp, args.pp_layer_partition)
-    except PlanError as exc:
-        blocking.append(str(exc))
-        stages = split_layers(shape.num_layers, pp)
+    stages = _stages(shape, args, blocking)
     try:
         size = _weights(config, weights, args, reasons)
     except checkpoint.UnknownCheckpoint as exc:
@@ -364,11 +380,7 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
     max_len = args.max_model_len or shape.max_position_embeddings
     blocks, tokens, concurrency = _capacity(avail, per_token_rank, block_size, max_len, blocking,
                                             lambda: _shortfall(facts, weights_per_rank, avail))
-    verdict = "does_not_fit" if blocking else "fits"
-    if not blocking and not hardware.is_cpu and any(offload):
-        verdict = "fits_with_offload"
-        reasons.append(f"Fits with {max(offload) / GiB:.2f} GiB per GPU offloaded to CPU memory (slower: weights "
-                       "cross the host link on every step).")
+    verdict = _verdict(blocking, hardware, offload, reasons)
     recommended = _partition(shape, pp, tp, lay, extras, reasons)
     facts.update(_figures(size, weights_per_rank, offload, per_token_whole, per_token_rank, avail, avail_kind,
                           avail_source, tokens, concurrency))

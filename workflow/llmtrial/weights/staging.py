@@ -235,6 +235,26 @@ def _remove_stale(folder: Path, keep: set[str]) -> None:
         hub.forget_download(folder, rel)
 
 
+def _stage_tiny(source: Mapping[str, Any], folder: Path, *, seed_default: int, weights: Mapping[str, Any] | None,
+                record_write: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """The tiny model generated into ``folder`` (or reused when its manifest still verifies)."""
+    started = time.monotonic()
+    generator = tiny_parameters(source, seed_default)
+    manifest_path = folder / MANIFEST_NAME
+    reused = _reusable(manifest_path, folder, source, generator)
+    record_write(_staged_weights_entry(folder, weights, source))
+    if reused is not None:
+        logger.info("reusing staged tiny model in %s (manifest verifies): done in %.1f s",
+                    folder, time.monotonic() - started)
+        return reused
+    generate_tiny_model(folder, **generator)
+    manifest = build_manifest(folder, source=_json_normal(source))
+    manifest["generator"] = _json_normal(generator)
+    write_record(manifest_path, manifest, schema="manifest")
+    logger.info("staged tiny model in %s: done in %.1f s", folder, time.monotonic() - started)
+    return manifest
+
+
 def stage_model(source: Mapping[str, Any], staging_dir: Path, *, seed_default: int = 0,
                 ledger: Ledger | None = None, root: Path | None = None, weights: Mapping[str, Any] | None = None,
                 disk: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -276,20 +296,7 @@ def stage_model(source: Mapping[str, Any], staging_dir: Path, *, seed_default: i
             ledger.append(Action.WEIGHTS_STAGED, **entry)
 
     if kind == "tiny":
-        generator = tiny_parameters(source, seed_default)
-        manifest_path = folder / MANIFEST_NAME
-        reused = _reusable(manifest_path, folder, source, generator)
-        record_write(_staged_weights_entry(folder, weights, source))
-        if reused is not None:
-            logger.info("reusing staged tiny model in %s (manifest verifies): done in %.1f s",
-                        folder, time.monotonic() - started)
-            return reused
-        generate_tiny_model(folder, **generator)
-        manifest = build_manifest(folder, source=_json_normal(source))
-        manifest["generator"] = _json_normal(generator)
-        write_record(manifest_path, manifest, schema="manifest")
-        logger.info("staged tiny model in %s: done in %.1f s", folder, time.monotonic() - started)
-        return manifest
+        return _stage_tiny(source, folder, seed_default=seed_default, weights=weights, record_write=record_write)
     if kind == "local":
         if not source.get("path"):
             raise ValueError("source kind 'local' needs a 'path' to a Hugging Face-format model folder")
