@@ -274,44 +274,84 @@ def test_healthy_startup_has_no_diagnosis():
 # ------------------------------------------------------------------ diagnose_failure
 
 
-def test_tp_divisibility_wrapped_over_two_lines_beats_later_exceptions():
-    text = (
+#: Whole logs, each diagnosed at one line: (log, pattern, line number, the line, a word of the advice).
+#: Each line and number is read from the log as written here; None where the case is about another part.
+DIAGNOSED = [
+    pytest.param(
         "(APIServer pid=1) INFO 08-21 18:00:00 [utils.py:326] non-default args: {'tensor_parallel_size': 3}\n"
         "Traceback (most recent call last):\n"
         '  File "/usr/local/bin/vllm", line 10, in <module>\n'
         "pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig\n"
         "  Value error, Total number of attention heads (64) must be divisible by tensor\n"
         "  parallel size (3). [type=value_error, input_value=ArgsKwargs((), {...}), input_type=ArgsKwargs]\n"
-        "RuntimeError: Engine core initialization failed. See root cause above.\n"
-    )
-    d = diagnose_failure(text, source="trial/server.log")
-    assert d is not None
-    assert d["pattern"] == "tp_divisibility"
-    assert d["source"] == "trial/server.log:5"
-    assert d["line"].startswith("Value error, Total number of attention heads (64) must be divisible by tensor")
-    assert "parallel size (3)" in d["line"]
-    assert "tensor_parallel_size" in d["diagnosis"]
-
-
-def test_tp_divisibility_on_one_line():
-    text = "ValueError: Total number of attention heads (40) must be divisible by tensor parallel size (3).\n"
-    d = diagnose_failure(text)
-    assert d["pattern"] == "tp_divisibility"
-    assert d["source"] == "server.log:1"
-    assert d["line"] == text.strip()
-
-
-def test_weights_oom_field_line_beats_generic_exception_after_it():
-    text = (
+        "RuntimeError: Engine core initialization failed. See root cause above.\n",
+        # a terminal's wrap is rejoined without a separator (it may fall inside a word), up to the next exception
+        "tp_divisibility", 5, "Value error, Total number of attention heads (64) must be divisible by tensor"
+        "parallel size (3). [type=value_error, input_value=ArgsKwargs((), {...}), input_type=ArgsKwargs]",
+        "tensor_parallel_size", id="tp-divisibility-wrapped-over-two-lines-beats-later-exceptions"),
+    pytest.param("ValueError: Total number of attention heads (40) must be divisible by tensor parallel size (3).\n",
+                 "tp_divisibility", 1,
+                 "ValueError: Total number of attention heads (40) must be divisible by tensor parallel size (3).", None,
+                 id="tp-divisibility-on-one-line"),
+    pytest.param(
         "(Worker_TP0 pid=770) INFO 08-21 18:17:20 [gpu_model_runner.py:2007] Starting to load model\n"
         "(Worker_TP0 pid=770) ERROR [gpu_model_runner.py:5403] Failed to load model - not enough GPU memory.\n"
         "(Worker_TP0 pid=770) ERROR 08-21 18:17:30 [multiproc_executor.py:585] WorkerProc failed to start.\n"
-        "(EngineCore pid=558) ERROR 08-21 18:17:31 [core.py:700] RuntimeError: Worker failed with error 'x'\n"
-    )
-    d = diagnose_failure(text)
-    assert d["pattern"] == "weights_oom"
-    assert d["source"] == "server.log:2"
-    assert d["line"] == "(Worker_TP0 pid=770) ERROR [gpu_model_runner.py:5403] Failed to load model - not enough GPU memory."
+        "(EngineCore pid=558) ERROR 08-21 18:17:31 [core.py:700] RuntimeError: Worker failed with error 'x'\n",
+        "weights_oom", 2, "(Worker_TP0 pid=770) ERROR [gpu_model_runner.py:5403] Failed to load model - not enough GPU memory.",
+        None, id="weights-oom-field-line-beats-the-generic-exception-after-it"),
+    pytest.param(
+        "(EngineCore pid=1) ERROR 01-01 00:00:00 [core.py:1] ValueError: No available memory for the cache blocks. "
+        "Try increasing `gpu_memory_utilization` when initializing the engine.\n"
+        "(Worker pid=2) ERROR 01-01 00:00:01 [w.py:1] torch.OutOfMemoryError: CUDA out of memory.\n",
+        "oom", 2, None, None, id="an-oom-beats-no-kv-memory-and-its-phase-is-not-guessed"),
+    pytest.param("ValueError: error: something odd\n", "unknown", 1, None, None,
+                 id="an-exception-containing-the-word-error-is-not-argparse"),
+    pytest.param(
+        "(Worker_TP0 pid=770) INFO 08-21 18:19:00 [deep_gemm.py:1] warming up DeepGEMM\n"
+        "RuntimeError: Assertion error (/workspace/.deps/deepgemm-src/csrc/apis/layout.hpp:60):\n"
+        "Unknown SF transformation\n",
+        "deepgemm", 3, "Unknown SF transformation", "VLLM_USE_DEEP_GEMM=0", id="deepgemm-field-report"),
+    pytest.param(
+        "(EngineCore pid=558) INFO 08-21 18:30:00 [shm_broadcast.py:466] No available shared memory broadcast block "
+        "found in 60 second.\n"
+        "(Worker_TP1 pid=771) ERROR 08-21 18:30:05 [w.py:1] torch.OutOfMemoryError: CUDA out of memory.\n",
+        "oom", 2, None, None, id="shm-broadcast-is-the-weakest-known-pattern"),
+    pytest.param(
+        "(Worker_TP0 pid=1) ERROR [gpu_model_runner.py:5403] Failed to load model - not enough GPU memory.\n"
+        "(Worker_TP1 pid=2) ERROR [gpu_model_runner.py:5403] Failed to load model - not enough GPU memory.\n",
+        "weights_oom", 1, None, None, id="the-first-occurrence-of-a-pattern-wins"),
+    pytest.param(
+        "(EngineCore pid=558) ERROR 08-21 18:20:00 [core.py:700] EngineCore failed to start.\n"
+        "(EngineCore pid=558) ERROR 08-21 18:20:00 [core.py:700] Traceback (most recent call last):\n"
+        "(EngineCore pid=558) ERROR 08-21 18:20:00 [core.py:700] KeyError: 'model.layers.0.mlp.gate'\n"
+        "(EngineCore pid=558) ERROR 08-21 18:20:00 [core.py:700] huggingface_hub.errors.HFValidationError: bad repo id\n"
+        "(APIServer pid=380) INFO 08-21 18:20:01 [api_server.py:1] shutting down\n",
+        "unknown", 4,
+        "(EngineCore pid=558) ERROR 08-21 18:20:00 [core.py:700] huggingface_hub.errors.HFValidationError: bad repo id",
+        None, id="generic-the-last-exception-after-the-log-prefix"),
+    pytest.param(
+        "INFO 01-01 00:00:00 [a.py:1] start\n"
+        "(EngineCore pid=558) ERROR 08-21 18:20:00 [core.py:700] EngineCore failed to start.\n"
+        "ERROR 08-21 18:20:01 [launcher.py:1] Engine process died unexpectedly\n"
+        "INFO 08-21 18:20:02 [a.py:1] bye\n",
+        "unknown", 3, "ERROR 08-21 18:20:01 [launcher.py:1] Engine process died unexpectedly", None,
+        id="generic-the-last-error-level-line-when-there-is-no-exception"),
+    pytest.param(
+        "\x1b[31mERROR\x1b[0m 08-21 18:18:05 [gpu_model_runner.py:5403] Failed to load model - not enough GPU memory.\n",
+        "weights_oom", 1, "ERROR 08-21 18:18:05 [gpu_model_runner.py:5403] Failed to load model - not enough GPU memory.",
+        None, id="colour-codes-are-stripped-from-the-line"),
+]
+
+
+@pytest.mark.parametrize(("text", "pattern", "line_no", "line", "advice"), DIAGNOSED)
+def test_a_log_is_diagnosed_at_its_line(text, pattern, line_no, line, advice):
+    d = diagnose_failure(text, source="trial/server.log")
+    assert (d["pattern"], d["source"]) == (pattern, f"trial/server.log:{line_no}")
+    if line is not None:
+        assert d["line"] == line
+    if advice is not None:
+        assert advice in d["diagnosis"]
 
 
 def test_cuda_oom_phase_comes_from_the_log_never_by_default():
@@ -323,17 +363,6 @@ def test_cuda_oom_phase_comes_from_the_log_never_by_default():
     # the weights had started loading and never finished: a load one
     loading = "INFO 06-19 23:04:10 [gpu_model_runner.py:1] Starting to load model Qwen/Qwen3-32B...\n"
     assert diagnose_failure(loading + oom)["pattern"] == "weights_oom"
-
-
-def test_an_oom_takes_priority_over_no_kv_memory():
-    text = (
-        "(EngineCore pid=1) ERROR 01-01 00:00:00 [core.py:1] ValueError: No available memory for the cache blocks. "
-        "Try increasing `gpu_memory_utilization` when initializing the engine.\n"
-        "(Worker pid=2) ERROR 01-01 00:00:01 [w.py:1] torch.OutOfMemoryError: CUDA out of memory.\n"
-    )
-    d = diagnose_failure(text)
-    assert d["pattern"] == "oom"  # nothing says when: not guessed
-    assert d["source"] == "server.log:2"
 
 
 @pytest.mark.parametrize(
@@ -397,25 +426,6 @@ def test_argparse_rejection(line):
     assert "--help" in d["diagnosis"]
 
 
-def test_exception_containing_error_word_is_not_argparse():
-    d = diagnose_failure("ValueError: error: something odd\n")
-    assert d["pattern"] == "unknown"
-    assert d["source"] == "server.log:1"
-
-
-def test_deepgemm_field_report():
-    text = (
-        "(Worker_TP0 pid=770) INFO 08-21 18:19:00 [deep_gemm.py:1] warming up DeepGEMM\n"
-        "RuntimeError: Assertion error (/workspace/.deps/deepgemm-src/csrc/apis/layout.hpp:60):\n"
-        "Unknown SF transformation\n"
-    )
-    d = diagnose_failure(text)
-    assert d["pattern"] == "deepgemm"
-    assert d["source"] == "server.log:3"
-    assert d["line"] == "Unknown SF transformation"
-    assert "VLLM_USE_DEEP_GEMM=0" in d["diagnosis"]
-
-
 def assert_diagnosed(line, pattern):
     """``line`` in the middle of a log (line 3, a later error after it) is diagnosed as ``pattern``."""
     text = f"INFO 01-01 00:00:00 [a.py:1] start\n\n{line}\nRuntimeError: something later\n"
@@ -457,36 +467,6 @@ def test_specific_patterns(line, pattern):
     assert_diagnosed(line, pattern)
 
 
-def test_shm_broadcast_is_weakest_known_pattern():
-    text = (
-        "(EngineCore pid=558) INFO 08-21 18:30:00 [shm_broadcast.py:466] No available shared memory broadcast block found in 60 second.\n"
-        "(Worker_TP1 pid=771) ERROR 08-21 18:30:05 [w.py:1] torch.OutOfMemoryError: CUDA out of memory.\n"
-    )
-    assert diagnose_failure(text)["pattern"] == "oom"
-
-
-def test_first_occurrence_of_a_pattern_wins():
-    text = (
-        "(Worker_TP0 pid=1) ERROR [gpu_model_runner.py:5403] Failed to load model - not enough GPU memory.\n"
-        "(Worker_TP1 pid=2) ERROR [gpu_model_runner.py:5403] Failed to load model - not enough GPU memory.\n"
-    )
-    assert diagnose_failure(text)["source"] == "server.log:1"
-
-
-def test_generic_last_exception_after_log_prefix():
-    text = (
-        "(EngineCore pid=558) ERROR 08-21 18:20:00 [core.py:700] EngineCore failed to start.\n"
-        "(EngineCore pid=558) ERROR 08-21 18:20:00 [core.py:700] Traceback (most recent call last):\n"
-        "(EngineCore pid=558) ERROR 08-21 18:20:00 [core.py:700] KeyError: 'model.layers.0.mlp.gate'\n"
-        "(EngineCore pid=558) ERROR 08-21 18:20:00 [core.py:700] huggingface_hub.errors.HFValidationError: bad repo id\n"
-        "(APIServer pid=380) INFO 08-21 18:20:01 [api_server.py:1] shutting down\n"
-    )
-    d = diagnose_failure(text)
-    assert d["pattern"] == "unknown"
-    assert d["source"] == "server.log:4"
-    assert d["line"].endswith("HFValidationError: bad repo id")
-
-
 def test_generic_prefers_root_cause_over_wrapper_exception():
     text = (
         "(EngineCore pid=558) ERROR 08-21 18:20:00 [core.py:700] ImportError: libcudart.so.12: cannot open shared object file\n"
@@ -500,26 +480,6 @@ def test_generic_prefers_root_cause_over_wrapper_exception():
     d = diagnose_failure("RuntimeError: Engine core initialization failed. See root cause above.\n")
     assert d["pattern"] == "unknown"
     assert d["source"] == "server.log:1"
-
-
-def test_generic_error_level_line_when_no_exception():
-    text = (
-        "INFO 01-01 00:00:00 [a.py:1] start\n"
-        "(EngineCore pid=558) ERROR 08-21 18:20:00 [core.py:700] EngineCore failed to start.\n"
-        "ERROR 08-21 18:20:01 [launcher.py:1] Engine process died unexpectedly\n"
-        "INFO 08-21 18:20:02 [a.py:1] bye\n"
-    )
-    d = diagnose_failure(text)
-    assert d["pattern"] == "unknown"
-    assert d["source"] == "server.log:3"
-    assert d["line"] == "ERROR 08-21 18:20:01 [launcher.py:1] Engine process died unexpectedly"
-
-
-def test_diagnose_strips_ansi():
-    text = "\x1b[31mERROR\x1b[0m 08-21 18:18:05 [gpu_model_runner.py:5403] Failed to load model - not enough GPU memory.\n"
-    d = diagnose_failure(text)
-    assert d["pattern"] == "weights_oom"
-    assert d["line"] == "ERROR 08-21 18:18:05 [gpu_model_runner.py:5403] Failed to load model - not enough GPU memory."
 
 
 def test_failure_patterns_are_named_and_extensible():

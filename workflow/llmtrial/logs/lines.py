@@ -115,13 +115,18 @@ def log_lines(text: str) -> list[LogLine]:
     return [_split(n, _clean(raw)) for n, raw in enumerate(text.split("\n"), start=1)]
 
 
+#: The start of a line that raises an exception of its own (``torch.OutOfMemoryError: ...``).
+_RAISED = re.compile(r"[A-Za-z_][\w.]*(?:Error|Exception):\s")
+
+
 def continued(lines: list[LogLine], i: int, most: int = 8) -> str:
     """The message of line ``i`` with the lines a terminal wrapped it onto: the following lines
     that carry no prefix of their own, at most ``most``, joined without a separator (a wrap may
-    fall inside a word or a number; patterns that read wrapped text allow any spacing)."""
+    fall inside a word or a number; patterns that read wrapped text allow any spacing). A line
+    that starts an exception of its own (``RuntimeError: ...``) is never a continuation."""
     parts = [lines[i].message]
     for line in lines[i + 1:i + 1 + most]:
-        if not line.text or line.prefixed or line.text.startswith(("Traceback", "File ")):
+        if not line.text or line.prefixed or line.text.startswith(("Traceback", "File ")) or _RAISED.match(line.text):
             break
         parts.append(line.text)
     return "".join(parts)
