@@ -18,6 +18,7 @@ from llmtrial.core.paths import JobPaths, TrialPaths
 from llmtrial.core.records import check_record, read_record
 from llmtrial.host.groups import group_members, port_open
 from llmtrial.serve.bench import agreement
+from llmtrial.serve.measure import Workload
 from llmtrial.serve.trial import TrialJob
 
 
@@ -80,8 +81,9 @@ def fake_job(tmp_path: Path, port: int, verdict: str = "fits") -> FakeServerJob:
                             "startup_timeout_s": 30, "stop_timeout_s": 10},
         manifest={"model_dir": str(model), "files": [{"path": "config.json", "size": 2}]},
         plan={"verdict": verdict, "reasons": ["a reason"], "plan": {}, "facts": {}}, services={},
-        served_model_name="m", scenarios={"c1": {"passes": 1}}, bench_settings={"seed": 0, "percentiles": [50]},
-        cold_start={"prompt": "Hi", "max_tokens": 2, "timeout_s": 5}, telemetry_interval=0.5,
+        workload=Workload(served_model_name="m", scenarios={"c1": {"passes": 1}},
+                          bench_settings={"seed": 0, "percentiles": [50]},
+                          cold_start={"prompt": "Hi", "max_tokens": 2, "timeout_s": 5}, telemetry_interval=0.5),
         paths=JobPaths(TrialPaths.of("demo", tmp_path / "results"), "tp1"))
     job.script = tmp_path / "fake_server.py"
     job.script.write_text(SERVER_SCRIPT)

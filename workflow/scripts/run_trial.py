@@ -7,6 +7,7 @@ from llmtrial.core.joblog import open_job_log
 from llmtrial.core.paths import JobPaths, TrialPaths
 from llmtrial.core.records import read_record
 from llmtrial.host.nodes import spec_nodes
+from llmtrial.serve.measure import Workload
 from llmtrial.serve.trial import TrialJob
 
 if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
@@ -20,11 +21,9 @@ TrialJob(
     manifest=read_record(snakemake.input.manifest),
     plan=read_record(snakemake.input.plan),
     services=snakemake.params.services,
-    served_model_name=snakemake.params.served_model_name,
-    scenarios=snakemake.params.scenarios,
-    bench_settings=snakemake.params.bench,
-    cold_start=snakemake.params.cold_start,
-    telemetry_interval=float(snakemake.params.telemetry["interval_s"]),
+    workload=Workload(served_model_name=snakemake.params.served_model_name, scenarios=snakemake.params.scenarios,
+                      bench_settings=snakemake.params.bench, cold_start=snakemake.params.cold_start,
+                      telemetry_interval=float(snakemake.params.telemetry["interval_s"])),
     paths=JobPaths(TrialPaths(Path(snakemake.params.results)), snakemake.wildcards.configuration),
     patches=snakemake.params.patches,
     nodes=spec_nodes(snakemake.params.spec),

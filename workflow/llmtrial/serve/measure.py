@@ -71,6 +71,19 @@ class Failure(Exception):
         return {"phase": self.phase, "reason": self.reason, "message": self.message, "returncode": self.returncode}
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What every configuration of a trial is asked, from the trial's config: the name its
+    server serves the model under, the scenarios, the benchmark's settings, the cold first
+    request, and the telemetry interval."""
+
+    served_model_name: str
+    scenarios: Mapping[str, Mapping[str, Any]]
+    bench_settings: Mapping[str, Any]
+    cold_start: Mapping[str, Any]
+    telemetry_interval: float
+
+
 @dataclass
 class Measurement:
     """What the measurement of one configuration needs, from the trial's config and its plan."""
@@ -79,12 +92,8 @@ class Measurement:
     label: str
     host: str
     port: int
-    served_model_name: str
     model_dir: str
-    scenarios: Mapping[str, Mapping[str, Any]]
-    bench_settings: Mapping[str, Any]
-    cold_start: Mapping[str, Any]
-    telemetry_interval: float
+    workload: Workload
     startup_timeout_s: float
     paths: JobPaths
     #: The selected GPUs' indices (NVML telemetry), the plan's KV block size (a sweep's onset).
@@ -105,8 +114,8 @@ class Measurement:
         failure: Failure | None = None
         worker = bench.BenchWorker(log_path=self.paths.bench_dir / "worker.log")  # every pass of this job
         per_node = (NodeTelemetry(ledger, self.nodes, label=self.label, out_csv=self.paths.node_telemetry,
-                                  interval=self.telemetry_interval) if len(self.nodes) > 1 else contextlib.nullcontext())
-        with sigterm_as_exit(), per_node, Sampler(self.paths.telemetry, sources, interval=self.telemetry_interval) as sampler, \
+                                  interval=self.workload.telemetry_interval) if len(self.nodes) > 1 else contextlib.nullcontext())
+        with sigterm_as_exit(), per_node, Sampler(self.paths.telemetry, sources, interval=self.workload.telemetry_interval) as sampler, \
                 worker:
             try:
                 out["server"], out["startup"], out["cold_start"] = self._start(server, host_source)
@@ -154,9 +163,9 @@ class Measurement:
                 {"ready_seconds": fact(round(ready_s, 3), "launch to first /health 200", unit="s")})
 
     def first_request(self) -> dict[str, Any]:
-        cs = self.cold_start
+        cs = self.workload.cold_start
         try:
-            first = bench.first_request(self.host, self.port, model=self.served_model_name, prompt=cs["prompt"],
+            first = bench.first_request(self.host, self.port, model=self.workload.served_model_name, prompt=cs["prompt"],
                                         max_tokens=int(cs["max_tokens"]), timeout=float(cs["timeout_s"]))
         except Exception as exc:  # the server answered /health but cannot serve: a result, not a fault
             raise Failure("cold_start", "request_failed", f"first request failed: {exc}") from None
@@ -172,7 +181,7 @@ class Measurement:
         warm-up pass when asked, then its passes (or a sweep's steps); returns the first failed
         pass, or None. A server that dies ends the phase at once (raised as :class:`Failure`)."""
         failed: Failure | None = None
-        for s_index, (name, scenario) in enumerate(self.scenarios.items()):
+        for s_index, (name, scenario) in enumerate(self.workload.scenarios.items()):
             entry: dict[str, Any] = {"name": name, "spec": dict(scenario), "kind": "sweep" if is_sweep(scenario) else "fixed",
                                      "passes": [], "warmup": None}
             out.append(entry)
@@ -217,7 +226,7 @@ class Measurement:
                       windows: list[tuple[dict[str, Any], float, float]], name: str, s_index: int,
                       scenario: Mapping[str, Any], p: int, stem: str) -> dict[str, Any]:
         """One pass (window kept for telemetry); a server that died during it ends the phase."""
-        one = self._pass(scenario, bench.pass_seed(int(self.bench_settings["seed"]), s_index, p), stem, sampler, worker)
+        one = self._pass(scenario, bench.pass_seed(int(self.workload.bench_settings["seed"]), s_index, p), stem, sampler, worker)
         one["pass"] = p
         windows.append((one, one["window"]["start"], one["window"]["end"]))
         if not server.alive():
@@ -228,9 +237,9 @@ class Measurement:
     def _pass(self, scenario: Mapping[str, Any], seed: int, stem: str, sampler: Sampler,
               worker: bench.BenchWorker) -> dict[str, Any]:
         """One benchmark pass inside its telemetry window: its record entry."""
-        percentiles = list(self.bench_settings["percentiles"])
+        percentiles = list(self.workload.bench_settings["percentiles"])
         bench_dir = self.paths.bench_dir
-        argv = bench.bench_argv(host=self.host, port=self.port, served_model_name=self.served_model_name,
+        argv = bench.bench_argv(host=self.host, port=self.port, served_model_name=self.workload.served_model_name,
                                 tokenizer=self.model_dir, scenario=scenario, seed=seed, result_dir=str(bench_dir),
                                 result_filename=f"{stem}.json", percentiles=percentiles)
         log.info("%s: %s (seed %d)", self.name, stem, seed)

@@ -33,7 +33,7 @@ from llmtrial.host.nodes import Node
 from llmtrial.logs import lines as logs
 from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve import comparison
-from llmtrial.serve.measure import Failure, Measurement
+from llmtrial.serve.measure import Failure, Measurement, Workload
 from llmtrial.serve.multinode_job import Spread, node_outcomes
 from llmtrial.serve.scenarios import runs_of
 from llmtrial.serve.server import ServerProcess, build_server_argv
@@ -53,11 +53,7 @@ class TrialJob:
     manifest: Mapping[str, Any]
     plan: Mapping[str, Any]
     services: Mapping[str, Any]
-    served_model_name: str
-    scenarios: Mapping[str, Mapping[str, Any]]
-    bench_settings: Mapping[str, Any]
-    cold_start: Mapping[str, Any]
-    telemetry_interval: float
+    workload: Workload
     paths: JobPaths
     patches: Mapping[str, Any] = field(default_factory=dict)
     #: The nodes the configuration spans, the first serving the API (none or one: this host).
@@ -97,14 +93,13 @@ class TrialJob:
 
     def argv(self) -> list[str]:
         args = {**self.spec["args"], **(self.spread.server_args() if self.spread else {})}
-        return build_server_argv(model_dir=self.model_dir, served_model_name=self.served_model_name,
+        return build_server_argv(model_dir=self.model_dir, served_model_name=self.workload.served_model_name,
                                  host=self.host, port=self.port, args=ServingArgs.from_config(args, self.spec["env"]))
 
     def measurement(self) -> Measurement:
         return Measurement(
             name=self.spec["name"], label=self.label, host=self.host, port=self.port,
-            served_model_name=self.served_model_name, model_dir=self.model_dir, scenarios=self.scenarios,
-            bench_settings=self.bench_settings, cold_start=self.cold_start, telemetry_interval=self.telemetry_interval,
+            model_dir=self.model_dir, workload=self.workload,
             startup_timeout_s=float(self.spec["startup_timeout_s"]), paths=self.paths,
             gpus=[g["index"] for g in self.gpus], block_size=(self.plan.get("plan") or {}).get("block_size"),
             nodes=self.nodes)
