@@ -257,7 +257,9 @@ def test_schemas_templates_and_patches_ship_in_the_package(tmp_path):
                     "-w", str(tmp_path), str(REPO)], check=True, timeout=300)
     [wheel] = tmp_path.glob("llmtrial-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for schema in SCHEMAS.glob("*.yaml"):
+    schemas = [*SCHEMAS.glob("*.yaml"), *SCHEMAS.glob("*.json")]
+    assert len([s for s in schemas if s.name.endswith(".record.schema.json")]) == 8  # one per record kind
+    for schema in schemas:
         assert f"llmtrial/schemas/{schema.name}" in names
     assert "llmtrial/templates/report.html.j2" in names
     assert {"llmtrial/patches/demo-worker-log/patch.yaml", "llmtrial/patches/demo-worker-log/patch.diff",

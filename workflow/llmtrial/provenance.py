@@ -6,7 +6,7 @@ secrets redacted) with its sha256, and the sha256 of each trial file read. The m
 Snakemake process puts its command line in the environment once (:data:`COMMAND_ENV`,
 set in ``workflow/rules/common.smk``); jobs inherit it and read it back with
 :func:`command_from_env`. The record kind is ``provenance``
-(``schemas/provenance.record.schema.yaml``).
+(``schemas/provenance.record.schema.json``).
 """
 
 from __future__ import annotations

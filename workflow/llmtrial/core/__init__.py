@@ -1,6 +1,8 @@
 """The shared core: the ledger, the stage records and their models, the trial's paths, file I/O, the
 package's data and job logs. It imports no other package.
 
+- :mod:`llmtrial.core.configuration_model`: The configuration record's model: what one serving
+  configuration's job measured, its passes, scenarios, server, failure and telemetry.
 - :mod:`llmtrial.core.fileio`: Two file routines the whole library shares: hashing a file and
   writing one atomically.
 - :mod:`llmtrial.core.joblog`: Logging for one workflow job or command: everything to one log file,
@@ -8,8 +10,12 @@ package's data and job logs. It imports no other package.
 - :mod:`llmtrial.core.ledger`: The trial ledger: an append-only record of every change a trial makes
   to the host.
 - :mod:`llmtrial.core.paths`: Every path under ``results/<trial>/``, named once.
-- :mod:`llmtrial.core.record_models`: Typed models of the eight record kinds, each paired with its
-  JSON schema.
+- :mod:`llmtrial.core.preflight_model`: The preflight record's model: the host as found, its checks,
+  the nodes, the kernel log, the probes and the disk.
+- :mod:`llmtrial.core.record_base`: The base of every record model and the parts several record kinds
+  share: a check, a fact, a residue.
+- :mod:`llmtrial.core.record_models`: Typed models of the eight record kinds: the one statement of each
+  record's shape, its JSON Schema (``schemas/<kind>.record.schema.json``) generated from it.
 - :mod:`llmtrial.core.records`: Stage records: the JSON files that stages hand to each other and to
   the report.
 - :mod:`llmtrial.core.resources`: The files the library ships as package data: record and config
@@ -19,4 +25,5 @@ package's data and job logs. It imports no other package.
 Imports from: no other package. (tests/test_structure.py holds the order.)
 """
 
-__all__ = ["fileio", "joblog", "ledger", "paths", "record_models", "records", "resources"]
+__all__ = ["configuration_model", "fileio", "joblog", "ledger", "paths", "preflight_model", "record_base", "record_models",
+           "records", "resources"]

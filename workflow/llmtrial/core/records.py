@@ -13,15 +13,15 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from llmtrial.core.fileio import atomic_write_text
-from llmtrial.core.record_models import KINDS
-from llmtrial.core.resources import SCHEMAS
+from llmtrial.core.record_base import FactKind, RecordModel
+from llmtrial.core.record_models import KINDS, record_schema
 
-Kind = Literal["measured", "predicted", "estimated", "given", "unknown"]
+Kind = FactKind
 
 #: Environment variable names whose values never reach a record, a log or the report.
 _SECRET_WORDS = r"TOKEN|SECRET|PASSWORD|PASSWD|API[_-]?KEY|CREDENTIAL"
@@ -97,52 +97,64 @@ def fact(value: Any, source: str, kind: Kind = "measured", unit: str | None = No
     return out
 
 
-_BASE = "https://llmtrial.invalid/schemas/"
-
-
 @functools.cache
-def _validator(schema: str) -> Any:
-    """The validator of ``<schema>.record.schema.yaml``; a schema may refer to another record
-    schema by its file name (``cleanup.record.schema.yaml#/$defs/residue``)."""
-    import yaml
-    from jsonschema import Draft202012Validator
-    from referencing import Registry, Resource
+def _validator(kind: str) -> Any:
+    """The validator of the record kind ``kind``: its JSON Schema, generated from its model
+    (:func:`llmtrial.core.record_models.record_schema`; the package ships the same as
+    ``schemas/<kind>.record.schema.json``)."""
+    from jsonschema import Draft202012Validator  # only when a record is checked
 
-    resources = []
-    for file in sorted(SCHEMAS.glob("*.record.schema.yaml")):
-        with open(file, encoding="utf-8") as fh:
-            doc = {**yaml.safe_load(fh), "$id": _BASE + file.name}
-        resources.append((_BASE + file.name, Resource.from_contents(doc)))
-    registry = Registry().with_resources(resources)
-    return Draft202012Validator(registry.contents(_BASE + f"{schema}.record.schema.yaml"), registry=registry)
+    return Draft202012Validator(record_schema(kind))
+
+
+def _as_json(data: Any) -> Any:
+    """A record as JSON data: a model dumped as :func:`write_record` writes it, a dict as it is."""
+    if isinstance(data, BaseModel):
+        return data.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    return data
+
+
+def _schema_errors(data: Any, kind: str) -> list[str]:
+    """``field.path: message`` for every field of ``data`` that breaks the schema of ``kind``."""
+    return [f"{'.'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message}"
+            for e in _validator(kind).iter_errors(json.loads(json.dumps(_as_json(data), default=str)))]
 
 
 def check_record(data: Any, schema: str) -> None:
-    """Raise ValueError naming every field of ``data`` that breaks ``<schema>.record.schema.yaml``.
+    """Raise ValueError naming every field of ``data`` (a dict or a record model) that breaks the schema of
+    the record kind ``schema`` (:data:`llmtrial.core.record_models.KINDS`).
 
     A record that does not match is a fault of the workflow, never of the trial.
     """
-    errors = [f"{'.'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message}"
-              for e in _validator(schema).iter_errors(json.loads(json.dumps(data, default=str)))]
+    errors = _schema_errors(data, schema)
     if errors:
         raise ValueError(f"{schema} record does not match its schema:\n  " + "\n  ".join(errors))
 
 
-def load_record(path: str | os.PathLike[str], kind: str) -> Any:
-    """Read a record as its typed model (:mod:`llmtrial.core.record_models`); ValueError naming
-    each field at fault when it does not match."""
+def load_record(path: str | os.PathLike[str], kind: str) -> RecordModel:
+    """Read a record as its typed model (:data:`llmtrial.core.record_models.KINDS`); ValueError naming
+    the file and each field at fault when it does not match its kind's schema."""
+    data = read_record(path)
+    errors = _schema_errors(data, kind)
+    if errors:
+        raise ValueError(f"{kind} record {path} does not match its schema:\n  " + "\n  ".join(errors))
     try:
-        return KINDS[kind].model_validate(read_record(path))
+        return KINDS[kind].model_validate(data)
     except ValidationError as exc:
         raise ValueError(f"{kind} record {path} does not match its model:\n{exc}") from None
 
 
 def write_record(path: str | os.PathLike[str], data: Any, schema: str | None = None) -> Path:
-    """Write ``data`` (a dict or a record model) as JSON atomically (temporary file, fsync,
-    rename), after checking it against the record schema named ``schema`` (every stage's
-    record names its kind; see :data:`llmtrial.core.record_models.KINDS`)."""
-    if hasattr(data, "model_dump"):
-        data = data.model_dump(mode="json")
+    """Write ``data`` as JSON atomically (temporary file, fsync, rename), after checking it against the
+    schema of the record kind ``schema`` (every stage's record names its kind; see
+    :data:`llmtrial.core.record_models.KINDS`).
+
+    A dict is written as it is (its keys in their order). A record model is written with the fields
+    it was given (read, validated or set) and no others: a default it was not given is left out, so
+    the record says what the stage set; its kind is the model's when ``schema`` is not named."""
+    if isinstance(data, BaseModel):
+        schema = schema or next((k for k, m in KINDS.items() if type(data) is m), None)
+        data = _as_json(data)
     if schema is not None:
         check_record(data, schema)
     return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")

@@ -1,0 +1,179 @@
+"""The preflight record's model: the host as found, its checks, the nodes, the kernel log, the probes
+and the disk (``results/<trial>/preflight/record.json``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from llmtrial.core.record_base import Check, Maybe, NonNegInt, RecordModel
+
+
+class GpuDevice(RecordModel):
+    """One GPU NVML reported (name, memory, compute capability, PCIe link, PCI bus id, NUMA node)."""
+
+    pci_bus_id: str | None = Field(None, description=(
+        "PCI bus id as Linux names it (0000:17:00.0), from NVML's busId; null when NVML will not give it."))
+    numa_node: Annotated[int, Field(ge=0)] | None = Field(None, description=(
+        "The NUMA node the GPU hangs off (/sys/bus/pci/devices/<bus id>/numa_node); null when unknown "
+        "(-1 or no such file)."))
+
+
+class SelectedGpu(RecordModel):
+    """One selected GPU (index, uuid, name, pci_bus_id)."""
+
+    index: Any
+
+
+class Gpus(RecordModel):
+    """GPUs NVML reported, or why it could not."""
+
+    present: bool = Field(description="At least one GPU was found.")
+    count: NonNegInt = Field(description="Number of GPUs.")
+    devices: Maybe[list[GpuDevice]] = Field(None, description=(
+        "One entry per GPU (name, memory, compute capability, PCIe link, PCI bus id, NUMA node)."))
+    source: Maybe[str] = Field(None, description=(
+        "Where the figures came from: nvml, or the test double that played the host's NVML (named with its file)."))
+    selected: Maybe[list[NonNegInt]] = Field(None, description=(
+        "The NVML indexes of the GPUs hardware.gpus selects: the planner, the servers' CUDA_VISIBLE_DEVICES "
+        "and telemetry use exactly these."))
+    selected_gpus: Maybe[list[SelectedGpu]] = Field(None, description="The selected GPUs (index, uuid, name, pci_bus_id).")
+
+
+class NumaNode(RecordModel):
+    """One NUMA node."""
+
+    node: NonNegInt = Field(description="Node number (nodeN).")
+    cpulist: str | None = Field(description="Its CPUs as the kernel lists them (0-31,64-95).")
+    mem_total_bytes: int | None = Field(description="Its memory, MemTotal of nodeN/meminfo.")
+
+
+class Numa(RecordModel):
+    """The host's NUMA nodes as sysfs lists them."""
+
+    source: str = Field(description="The folder read (/sys/devices/system/node).")
+    reason: str | None = Field(description="Why nodes is empty (the folder is missing), else null.")
+    nodes: list[NumaNode] = Field(description="One entry per node, by number.")
+
+
+class Environment(RecordModel):
+    """The host as found (OS, CPU, memory, GPUs from NVML, Python packages, relevant environment)."""
+
+    recorded_at: float = Field(description="Unix time it was read.")
+    host: str = Field(description="Host name.")
+    gpus: Gpus = Field(description="GPUs NVML reported, or why it could not.")
+    numa: Maybe[Numa] = Field(None, description="The host's NUMA nodes as sysfs lists them.")
+
+
+class Master(RecordModel):
+    """The address (and port, if one was probed) the other nodes must reach."""
+
+    address: str = Field(description="The first node's address.")
+    port: int | None = Field(None, description=(
+        "The port a TCP connect was tried on; null: the address must lie on the interface's subnet."))
+
+
+class NodeReport(RecordModel):
+    """What one node reported, or why it did not answer."""
+
+    node: dict[str, Any] = Field(description="How the node is reached (llmtrial.host.nodes.Node.describe).")
+    error: Maybe[str] = Field(None, description="Why the node did not answer (ssh's own error, a timeout).")
+    elapsed_s: Maybe[float] = Field(None, description="Seconds the node took to answer.")
+
+
+class CrossNode(RecordModel):
+    """The cross-node preflight of every node a configuration spans."""
+
+    master: Master = Field(description="The address (and port, if one was probed) the other nodes must reach.")
+    nodes: dict[str, NodeReport] = Field(description=(
+        "By node name, what the node reported (Python, vLLM, torch, NCCL and Ray versions, its interface and "
+        "way to the master, /dev/shm, stale processes) and how it was reached; a node that did not answer "
+        "carries error instead."))
+    checks: list[Check] = Field(description=(
+        "node_reachable, then the comparisons: python_patch_level, vllm_version, torch_version, nccl_version, "
+        "ray_version, node_interface, node_dev_shm, stale_processes."))
+
+
+class KernelLog(RecordModel):
+    """The kernel log's NVIDIA lines (NVRM, Xid) at preflight."""
+
+    available: bool = Field(description="Whether the kernel log could be read (dmesg needs the right).")
+    reason: str | None = Field(None, description="Why it could not.")
+    lines: list[str] = Field(description="The NVRM and Xid lines present.")
+    source: Maybe[str] = Field(None, description="dmesg, or double when a test double played the host.")
+
+
+class ProbeResult(RecordModel):
+    """One probe on one GPU (or pair of GPUs, or group for the all-reduce)."""
+
+    name: Literal["host_memory", "host_to_device", "device_to_host", "device_memory", "device_to_device",
+                  "all_reduce"] = Field(description="The probe.")
+    status: Literal["measured", "skipped", "failed"] = Field(description=(
+        "skipped: disabled or not possible here (see reason); failed: it raised (see reason)."))
+    kind: Literal["measured"] = Field(description="Every figure here is measured.")
+    method: str | None = Field(description="One sentence: what was copied how, and how it was timed.")
+    devices: list[int] = Field(description=(
+        "NVML indexes: one GPU, a pair (from, to), the all-reduce's group, or none (host memory)."))
+    bytes: int | None = Field(description="Bytes of one copy (or all-reduce).")
+    repeats: int | None = Field(description="Timed repeats after one warm-up.")
+    gbps: float | None = Field(description=(
+        "GB/s (1e9 bytes): bytes moved over the median time; read + written for a copy within one memory; "
+        "bus bandwidth for the all-reduce."))
+    seconds_median: float | None = Field(description="Median seconds of one copy.")
+    reason: str | None = Field(description="Why it was skipped or failed.")
+    memory: Maybe[Literal["pinned", "pageable"]] = Field(None, description="Host-device probes: the host memory's kind.")
+    peer: Maybe[bool] = Field(None, description=(
+        "GPU-to-GPU: true for the direct copy (peer to peer where allowed), false for the copy staged through "
+        "pinned host memory."))
+    can_device_access_peer: Maybe[bool] = Field(None, description=(
+        "GPU-to-GPU: torch.cuda.can_device_access_peer(from, to)."))
+    pcie_gen_under_load: int | None = Field(None, description=(
+        "Pinned host-to-device: the link generation NVML reported with copies in flight."))
+    pcie_width_under_load: int | None = Field(None, description=(
+        "Pinned host-to-device: the link width NVML reported with copies in flight."))
+
+
+class Probes(RecordModel):
+    """Bandwidths measured with the serving environment's torch (llmtrial.host.probes.run_probes)."""
+
+    torch: str | None = Field(description="The probe program's torch version; null when it did not run.")
+    cuda_available: bool | None = Field(description="torch.cuda.is_available() there; null when it did not run.")
+    devices: list[int] = Field(description="The NVML indexes of the GPUs probed (the selected GPUs).")
+    reason: str | None = Field(description=(
+        "Why no GPU probe ran (no CUDA in that torch, no GPU selected, the program failed); null when they ran."))
+    wall_s: Maybe[float] = Field(None, description="Seconds all the probes took.")
+    results: list[ProbeResult] = Field(description=(
+        "One entry per probe and GPU (or pair of GPUs, or group for the all-reduce)."))
+
+
+class Disk(RecordModel):
+    """Headroom of the filesystem the weights are staged on."""
+
+    path: str = Field(description="The staging folder (or the nearest existing parent).")
+    total_bytes: int = Field(description="Filesystem size.")
+    free_bytes: int = Field(description="Free bytes now.")
+    needed_bytes: int = Field(description="What staging is expected to write.")
+    reserve_bytes: int = Field(description="What must stay free.")
+
+
+class PreflightRecord(RecordModel):
+    """The environment and the host checks before anything is staged (results/<trial>/preflight/record.json).
+    Written by llmtrial.borrow.preflight (run_preflight); read by the plan rule and the report."""
+
+    model_config = ConfigDict(title="preflight record")
+
+    environment: Environment = Field(description=(
+        "The host as found (OS, CPU, memory, GPUs from NVML, Python packages, relevant environment)."))
+    checks: list[Check] = Field(description="The host checks, in the order they ran.")
+    nodes: Maybe[CrossNode] = Field(None, description=(
+        "Only when the trial lists nodes: the cross-node preflight of every node a configuration spans "
+        "(llmtrial.host.crossnode.preflight_nodes), the first node's address the master. Any failed check here "
+        "stopped the trial before staging."))
+    kernel_log: Maybe[KernelLog] = Field(None, description=(
+        "On a GPU host: the kernel log's NVIDIA lines (NVRM, Xid) at preflight, the baseline a health check "
+        "after a failed configuration compares with."))
+    probes: Maybe[Probes] = Field(None, description=(
+        "Only when the trial file's probes block was given: bandwidths measured with the serving environment's "
+        "torch (llmtrial.host.probes.run_probes); their checks (pcie_link, link_bandwidth) are in checks."))
+    disk: Disk = Field(description="Headroom of the filesystem the weights are staged on.")

@@ -1,0 +1,74 @@
+"""The base of every record model and the parts several record kinds share: a check, a fact, a residue.
+
+A model allows fields it does not name (``extra="allow"``), as a JSON Schema does by default: a
+record may carry more than its readers need. A field a record may leave out but never write as null
+is typed :data:`Maybe` (the generated schema says only its type; the model reads it as None when
+absent).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeVar, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
+
+T = TypeVar("T")
+
+#: A field that may be absent but, when present, is never null: ``x: Maybe[str] = Field(None, ...)``.
+Maybe = Union[T, SkipJsonSchema[None]]  # noqa: UP007 (a generic alias: ``T | ...`` is not subscriptable)
+
+#: An integer at least 0.
+NonNegInt = Annotated[int, Field(ge=0)]
+
+#: Rows of a table the record does not type further: a list of objects.
+Rows = list[dict[str, Any]]
+
+FactKind = Literal["measured", "predicted", "estimated", "given", "unknown"]
+Verdict = Literal["fits", "fits_with_offload", "does_not_fit", "unknown"]
+
+
+class RecordModel(BaseModel):
+    """The base of every record model and of its parts."""
+
+    model_config = ConfigDict(extra="allow", protected_namespaces=(), validate_by_name=True, validate_by_alias=True,
+                              serialize_by_alias=True)
+
+
+class Check(RecordModel):
+    """One check of the host or of a configuration."""
+
+    name: str = Field(description="What was checked (allocator, dev_shm, disk_headroom, ...).")
+    status: Literal["ok", "warn", "fail", "skip"] = Field(description="fail stops the trial; skip when it does not apply.")
+    detail: str = Field(description="One sentence on what was seen.")
+
+
+class Fact(RecordModel):
+    """A number (or text) with where it came from."""
+
+    value: Any = Field(description="The figure.")
+    kind: FactKind = Field(description="How it was obtained.")
+    source: str = Field(description="Where: a log file and line (server.log:73), a result file, or the sampler.")
+    unit: Maybe[str] = Field(None, description="Unit of value.")
+    line: Maybe[str] = Field(None, description="The log line it was read from.")
+    per_rank: Maybe[list[Any]] = Field(None, description="Every value when each worker printed its own line.")
+    note: Maybe[str] = Field(None, description="What the unit as logged means (vLLM's V0 printed GiB as GB).")
+    derived: Maybe[str] = Field(None, description="How a figure the log does not print was computed from ones it does.")
+    method: Maybe[str] = Field(None, description="An estimate's rule, in words (decode_tok_s_ceiling).")
+    terms: dict[str, Any] | None = Field(None, description=(
+        "decode_tok_s_ceiling: seconds per stage (weights_s, offload_s, comm_s_per_token) and the bytes per "
+        "token behind them; null when unknown."))
+    not_counted: Maybe[list[str]] = Field(None, description=(
+        "decode_tok_s_ceiling: terms left out because their bandwidth was not measured (the bound stays an "
+        "upper bound)."))
+
+
+class Residue(RecordModel):
+    """What could not be undone without force."""
+
+    kind: Literal["process", "port", "service", "file", "weights", "gpu"] = Field(description="What was left.")
+    what: str = Field(description="Which one.")
+    tried: str = Field(description="What cleanup tried.")
+    seen: str = Field(description="What it saw afterwards.")
+    node: Maybe[str] = Field(None, description=(
+        "The node it was left on, where not this host (a node cleanup could not reach is named with ssh's error)."))
