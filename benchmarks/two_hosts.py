@@ -52,7 +52,7 @@ def show(results: Path) -> None:
         r = json.loads(record_path.read_text())
         ready = (r["cold_start"].get("ready_seconds") or {}).get("value")
         check = r.get("collective") or {}
-        passes = [p["summary"] for s in r["scenarios"] for p in s["passes"] if p.get("summary")]
+        passes = [p["summary"] for s in r["scenarios"] for p in s["pass_results"] if p.get("summary")]
         figures = "; ".join(f"{p['output_throughput']:.1f}, {p['median_ttft_ms']:.1f}, {p['median_tpot_ms']:.1f}"
                             for p in passes)
         print(f"{r['configuration']:<20} {r['status']:<8} {ready if ready is not None else '-':>8} "

@@ -49,7 +49,7 @@ def fixed(name: str, concurrency: int, tok_s: list[float], *, goodput: list[tupl
     if slo:
         spec["slo"] = slo
     spread = (max(tok_s) - min(tok_s)) / (sum(tok_s) / len(tok_s))
-    return {"name": name, "spec": spec, "kind": "fixed", "passes": ps,
+    return {"name": name, "spec": spec, "kind": "fixed", "pass_results": ps,
             "warmup": {**one_pass(0, warmup), "pass": 0} if warmup is not None else None,
             "repetition": repetition or {"min": len(ps), "max": len(ps), "agreement": None, "passes_run": len(ps),
                                          "spread": spread, "stopped": "fixed"},
@@ -98,7 +98,7 @@ def sweep(name: str, *, concurrency: list[int], preemptions: list[float], kv_pea
         onset["unpredicted"] = "no KV cache size in the server log"
     return {"name": name, "spec": {"concurrency": concurrency, "num_prompts": [4 * c for c in concurrency],
                                    "input_len": 192, "output_len": 128, "passes": 1, "request_rate": "inf"},
-            "kind": "sweep", "passes": [], "warmup": {**one_pass(0, 9.0), "pass": 0} if warmup else None,
+            "kind": "sweep", "pass_results": [], "warmup": {**one_pass(0, 9.0), "pass": 0} if warmup else None,
             "steps": steps, "onset": onset}
 
 

@@ -105,8 +105,8 @@ def test_the_fake_jobs_failed_record_matches_and_reads_as_its_typed_parts(tmp_pa
 
 def test_the_demo_configuration_record_reads_as_passes_with_their_summaries():
     model = load_record(DATA / "demo" / "tp1.json", "configuration")
-    first = model.scenarios[0].passes[0]
-    assert type(first) is Pass and first.pass_ == demo("tp1")["scenarios"][0]["passes"][0]["pass"]
+    first = model.scenarios[0].pass_results[0]
+    assert type(first) is Pass and first.pass_ == demo("tp1")["scenarios"][0]["pass_results"][0]["pass"]
     assert first.status in ("ok", "failed") and model.plan.verdict == demo("tp1")["plan"]["verdict"]
 
 

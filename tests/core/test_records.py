@@ -56,9 +56,9 @@ def test_records_with_sweeps_warm_ups_repetition_and_goodput_match_the_schema_an
     record = synthetic.records()[0]
     record["scenarios"][2]["kind"] = "ramp"
     record["scenarios"][1]["repetition"]["stopped"] = "tired"
-    record["scenarios"][1]["passes"][0]["summary"]["goodput"]["met"] = "yes"
+    record["scenarios"][1]["pass_results"][0]["summary"]["goodput"]["met"] = "yes"
     with pytest.raises(ValueError) as err:
         check_record(record, "configuration")
     msg = str(err.value)
     assert "scenarios.2.kind: 'ramp'" in msg and "scenarios.1.repetition.stopped: 'tired'" in msg
-    assert "scenarios.1.passes.0.summary.goodput.met: 'yes'" in msg
+    assert "scenarios.1.pass_results.0.summary.goodput.met: 'yes'" in msg

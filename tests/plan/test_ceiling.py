@@ -104,7 +104,7 @@ def test_the_plan_record_carries_the_bound_and_the_configuration_record_compares
     weights = plan["plan"]["weights_bytes_per_rank"][0]
     assert bound["kind"] == "estimated" and bound["value"] == pytest.approx(360e9 / weights)
     scenarios = [{"name": "short", "spec": {"concurrency": 4},
-                  "passes": [{"pass": 1, "status": "ok", "summary": {"output_throughput": 100.0}},
+                  "pass_results": [{"pass": 1, "status": "ok", "summary": {"output_throughput": 100.0}},
                              {"pass": 2, "status": "failed"}]}]
     [row] = ceiling.compare_with_measured(plan, scenarios)
     assert row["concurrency"] == 4 and row["bound_tok_s"] == pytest.approx(ceiling.bound_at(bound, 4))

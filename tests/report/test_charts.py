@@ -93,7 +93,7 @@ def test_a_gpu_timeline_draws_each_gpu_sampled_through_the_nvml_double(tmp_path)
         sampler.mark("c1-pass1:end")
     end = time.time()
     record = {"configuration": "gpu", "server": {"launched_at": start, "ready_at": start + 0.25},
-              "scenarios": [{"name": "c1", "passes": [{"pass": 1, "window": {"start": start + 0.3, "end": end}}]}]}
+              "scenarios": [{"name": "c1", "pass_results": [{"pass": 1, "window": {"start": start + 0.3, "end": end}}]}]}
     chart = timeseries_chart(record, read_samples(csv))
     assert "gpu0 utilisation %" in chart.columns and "gpu1 utilisation %" in chart.columns
     assert "gpu0 power % of limit" in chart.columns  # 300 W of a 700 W limit
@@ -140,7 +140,7 @@ def test_the_latency_and_pareto_charts_leave_sweeps_out():
 def test_the_timeline_shades_the_warm_up_and_each_sweep_step_too():
     tp1 = synthetic.records()[0]
     for sc in tp1["scenarios"][1:]:
-        for label_run in [sc.get("warmup"), *sc["passes"], *sc.get("steps", [])]:
+        for label_run in [sc.get("warmup"), *sc["pass_results"], *sc.get("steps", [])]:
             if label_run:
                 label_run["window"] = {"start": label_run["start"], "end": label_run["end"]}
     labels = [w["label"] for w in windows_of(tp1)]

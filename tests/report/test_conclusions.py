@@ -38,7 +38,7 @@ def plans():
 
 def tok_s(record, scenario):
     sc = next(s for s in record["scenarios"] if s["name"] == scenario)
-    return [p["summary"]["output_throughput"] for p in sc["passes"]]
+    return [p["summary"]["output_throughput"] for p in sc["pass_results"]]
 
 
 def cell(tables, scenario, name):
@@ -61,9 +61,9 @@ def test_each_scenario_ranks_the_configurations_on_the_median_over_passes():
 def test_a_figure_is_the_median_of_three_passes_not_one_pass_picked():
     tp1, tp2 = records()
     sc = tp1["scenarios"][1]
-    third = copy.deepcopy(sc["passes"][0])
+    third = copy.deepcopy(sc["pass_results"][0])
     third["pass"], third["summary"]["output_throughput"] = 3, 1.0
-    sc["passes"].append(third)
+    sc["pass_results"].append(third)
     fig = cell(scenario_tables([tp1, tp2], plans(), Settings()), "c4", "tp1")["figures"]["output_tok_s"]
     assert fig["median"] == statistics.median(tok_s(tp1, "c4")) and fig["min"] == 1.0 and fig["n"] == 3
 
@@ -147,7 +147,7 @@ def test_cold_against_warm_gives_the_ratio_of_warm_c1_tok_s_to_the_first_request
 def test_per_request_throughput_comes_from_concurrent_passes_only():
     tp1 = records()[0]
     for sc in tp1["scenarios"]:
-        for p in sc["passes"]:
+        for p in sc["pass_results"]:
             p["summary"]["request_output_tok_s"] = [4.40, 4.37, 4.37, 4.37]
     got = streams(tp1)
     assert {(s["scenario"], s["pass"]) for s in got} == {("c4", 1), ("c4", 2)}
@@ -156,7 +156,7 @@ def test_per_request_throughput_comes_from_concurrent_passes_only():
 
 def test_what_was_not_measured_is_read_from_the_records():
     tp1, tp2 = records()
-    tp2["scenarios"][0]["passes"] = tp2["scenarios"][0]["passes"][:1]
+    tp2["scenarios"][0]["pass_results"] = tp2["scenarios"][0]["pass_results"][:1]
     tables = scenario_tables([tp1, tp2], plans(), Settings())
     lines = not_measured(preflight=read_record(DEMO / "preflight.json"), configurations=[tp1, tp2],
                          plans=plans().values(), tables=tables)
@@ -172,7 +172,7 @@ def test_seed_000s_cold_and_warm_single_stream_give_its_4_7x():
     # seed 000: 1.86 tok/s on the first request, 8.80 tok/s once warm, "a 4.7x gain"
     tp1 = records()[0]
     tp1["cold_start"]["first_output_tok_s"] = {"value": 1.86, "kind": "measured", "source": "first streamed completion"}
-    for p in tp1["scenarios"][0]["passes"]:
+    for p in tp1["scenarios"][0]["pass_results"]:
         p["summary"]["output_throughput"] = 8.80
     assert f"{cold_warm(tp1)['tok_s_ratio']:.1f}" == "4.7"
 
@@ -242,6 +242,6 @@ def test_records_without_the_new_keys_read_as_fixed_passes_without_a_warm_up():
     c4 = cell(scenario_tables([tp1, tp2], plans(), Settings()), "c4", "tp1")
     assert c4["repetition"]["stopped"] == "fixed" and c4["repetition"]["passes_run"] == 2
     assert c4["repetition_note"] == "2 passes, a fixed count"
-    tp1["scenarios"][1]["passes"][1]["status"] = "failed"
+    tp1["scenarios"][1]["pass_results"][1]["status"] = "failed"
     assert repetition_of(tp1["scenarios"][1])["stopped"] == "failed"
     assert repetition_note(repetition_of(tp1["scenarios"][1])) == "2 passes: stopped when pass 2 failed"

@@ -37,7 +37,7 @@ def test_numbers_are_shown_with_their_source_line():
     tp2 = read_record(DEMO / "tp2.json")
     kv = tp2["startup"]["kv_cache_tokens"]
     assert f"{kv['value']:,}" in html and kv["source"] in html
-    p = tp2["scenarios"][0]["passes"][0]
+    p = tp2["scenarios"][0]["pass_results"][0]
     assert f"{p['summary']['median_ttft_ms']:,.2f}" in html and p["result_file"] in html
 
 
@@ -238,7 +238,7 @@ def test_the_first_screen_ranks_each_scenario_and_marks_an_unstable_one_with_its
     assert f"unstable</span>: passes disagree by {100 * spread:.1f} %" in top
     assert top.count('class="unstable-row"') >= 1 and "baseline" in top
     # medians over passes, with the lowest and highest pass below
-    c4 = [p["summary"]["output_throughput"] for p in tp1["scenarios"][1]["passes"]]
+    c4 = [p["summary"]["output_throughput"] for p in tp1["scenarios"][1]["pass_results"]]
     assert f"{min(c4):,.1f}–{max(c4):,.1f}" in top
     # the passes table marks the same configuration unstable where its per-pass figures appear
     passes = html.split('<h2 id="scenarios">', 1)[1].split("<h2>", 1)[0]
@@ -300,12 +300,12 @@ def test_cold_against_warm_and_each_requests_tok_s_are_shown():
     tp1 = read_record(DEMO / "tp1.json")
     tp1["cold_start"]["first_output_tok_s"] = {"value": 1.86, "kind": "measured", "unit": "tok/s",
                                                "source": "first streamed completion after ready"}
-    for p in tp1["scenarios"][1]["passes"]:
+    for p in tp1["scenarios"][1]["pass_results"]:
         p["summary"]["request_output_tok_s"] = [4.40, 4.37, 4.37, 4.37]
         p["summary"]["request_output_tok_s_summary"] = {"n": 4, "min": 4.37, "median": 4.37, "max": 4.40}
     html = render_report(context(tp1={"cold_start": tp1["cold_start"], "scenarios": tp1["scenarios"]}))
     cw = html.split('<h2 id="cold-warm">', 1)[1].split("<h2", 1)[0]
-    warm = statistics.median(p["summary"]["output_throughput"] for p in tp1["scenarios"][0]["passes"])
+    warm = statistics.median(p["summary"]["output_throughput"] for p in tp1["scenarios"][0]["pass_results"])
     assert "1.86 tok/s" in cw and f"{warm / 1.86:,.1f}x" in cw
     streams = html.split('<h2 id="streams">', 1)[1].split("<h2", 1)[0]
     assert "4.4, 4.37, 4.37, 4.37" in streams and streams.count("c4 pass") == 2
@@ -337,7 +337,7 @@ def test_gpu_records_made_with_the_nvml_double_show_the_host_and_each_pass(tmp_p
     df = read_samples(csv)
     tp1 = read_record(DEMO / "tp1.json")
     for sc in tp1["scenarios"]:
-        for p in sc["passes"]:
+        for p in sc["pass_results"]:
             p["telemetry"] = window_figures(df, float(df.t.min()), float(df.t.max()))
     quiet = {"services": [], "residues": [], "gpu": {"before": gpu_snapshot(NvmlTelemetryDouble()),
                                                      "after": {"mem_used_bytes": 0, "compute_processes": {"gpu0": 0.0}},
@@ -448,7 +448,7 @@ def test_records_without_the_new_keys_render_as_records_that_say_fixed_passes_an
     explicit = context(**{n: {"scenarios": [
         {**sc, "kind": "fixed", "warmup": None,
          "repetition": {"min": sc["spec"]["passes"], "max": sc["spec"]["passes"], "agreement": None,
-                        "passes_run": len(sc["passes"]), "spread": sc["agreement"]["output_throughput"], "stopped": "fixed"}}
+                        "passes_run": len(sc["pass_results"]), "spread": sc["agreement"]["output_throughput"], "stopped": "fixed"}}
         for sc in read_record(DEMO / f"{n}.json")["scenarios"]]} for n in ("tp1", "tp2")})
     assert render_report({**explicit, "generated": old["generated"]}) == html
     assert old["sweeps"] == [] and "No sweep scenario in this trial." in html

@@ -95,10 +95,10 @@ def test_each_streams_own_output_throughput_from_a_real_vllm_result_file():
     assert summary == {"n": 32, "min": min(rates), "median": summary["median"], "max": max(rates)}
     assert summary["min"] <= summary["median"] <= summary["max"]
     record = read_record(DATA / "demo" / "tp1.json")
-    record["scenarios"][0]["passes"][0]["summary"] = s
+    record["scenarios"][0]["pass_results"][0]["summary"] = s
     check_record(record, "configuration")
     broken = json.loads(json.dumps(record))
-    broken["scenarios"][0]["passes"][0]["summary"]["request_output_tok_s_summary"] = {"n": 1}
+    broken["scenarios"][0]["pass_results"][0]["summary"]["request_output_tok_s_summary"] = {"n": 1}
     with pytest.raises(ValueError, match="request_output_tok_s_summary"):
         check_record(broken, "configuration")
 

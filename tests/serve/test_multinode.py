@@ -146,7 +146,7 @@ def test_the_trial_is_served_across_both_hosts_benchmarked_and_reported(two_host
     assert argv[argv.index("--node-rank") + 1] == "0" and "--headless" not in argv
     b = record["nodes"][1]
     assert b["args"][b["args"].index("--node-rank") + 1] == "1" and "--headless" in b["args"]
-    passes = record["scenarios"][0]["passes"]
+    passes = record["scenarios"][0]["pass_results"]
     assert len(passes) == 2 and all(p["status"] == "ok" and p["summary"]["completed"] == 8 for p in passes)
     # B's own log, fetched from B: its worker joined A's rendezvous as rank 1 of 2
     b_log = (two_host_trial["results"] / "configs" / CONFIGURATION / b["log"]).read_text()
@@ -195,7 +195,7 @@ def test_every_node_has_telemetry_with_a_node_column(two_host_trial):
     csv = (two_host_trial["results"] / "configs" / CONFIGURATION / nodes["file"]).read_text().splitlines()
     assert csv[0].startswith("time,node,") and {line.split(",")[1] for line in csv[1:]} == {"a", "b"}
     # the ranks' traffic crossed the veth pair: B received what A sent during the passes
-    per_pass = record["scenarios"][0]["passes"][0]["node_telemetry"]
+    per_pass = record["scenarios"][0]["pass_results"][0]["node_telemetry"]
     assert per_pass["b"]["net_rx_bytes"] > 0 and per_pass["a"]["net_tx_bytes"] > 0
 
 

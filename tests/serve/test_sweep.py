@@ -53,7 +53,7 @@ def test_the_sweep_trial_runs_to_its_report(sweep):
 
 def test_every_step_ran_once_on_the_same_warm_server(sweep):
     onset = scenario(sweep, "onset")
-    assert onset["kind"] == "sweep" and onset["passes"] == []
+    assert onset["kind"] == "sweep" and onset["pass_results"] == []
     spec = sweep["config"]["scenarios"]["onset"]
     got = [(s["step"], s["concurrency"], s["num_prompts"]) for s in onset["steps"]]
     assert got == [(i + 1, c, n) for i, (c, n) in enumerate(zip(spec["concurrency"], spec["num_prompts"], strict=True))]
@@ -106,7 +106,7 @@ def test_step_preemptions_are_the_servers_own_counter_over_the_step(sweep):
 def test_a_latency_target_gives_goodput_per_pass(sweep):
     slo = scenario(sweep, "slo")
     target = sweep["config"]["scenarios"]["slo"]["slo"]
-    for p in slo["passes"]:
+    for p in slo["pass_results"]:
         g = p["summary"]["goodput"]
         assert g["targets"] == {"ttft_ms": target["ttft_ms"], "tpot_ms": target["tpot_ms"]}
         assert g["requests"] == p["summary"]["completed"]
@@ -120,8 +120,8 @@ def test_passes_repeat_until_they_agree_and_the_warmup_is_kept_apart(sweep):
     slo = scenario(sweep, "slo")
     rep = slo["repetition"]
     rule = sweep["config"]["scenarios"]["slo"]["passes"]
-    assert rule["min"] <= rep["passes_run"] == len(slo["passes"]) <= rule["max"]
-    tok_s = [p["summary"]["output_throughput"] for p in slo["passes"]]
+    assert rule["min"] <= rep["passes_run"] == len(slo["pass_results"]) <= rule["max"]
+    tok_s = [p["summary"]["output_throughput"] for p in slo["pass_results"]]
     spread = (max(tok_s) - min(tok_s)) / (sum(tok_s) / len(tok_s))
     assert rep["spread"] == pytest.approx(spread)
     if rep["stopped"] == "agreed":
@@ -132,8 +132,8 @@ def test_passes_repeat_until_they_agree_and_the_warmup_is_kept_apart(sweep):
         assert rep["stopped"] == "max_reached" and rep["passes_run"] == rule["max"] and spread > rule["agreement"]
     warm = slo["warmup"]
     assert warm["pass"] == 0 and warm["status"] == "ok"
-    assert warm["seed"] not in {p["seed"] for p in slo["passes"]}
-    assert warm["end"] <= slo["passes"][0]["start"]  # the warm-up ran first, then the passes
+    assert warm["seed"] not in {p["seed"] for p in slo["pass_results"]}
+    assert warm["end"] <= slo["pass_results"][0]["start"]  # the warm-up ran first, then the passes
     assert slo["agreement"]["output_throughput"] == pytest.approx(spread)
 
 

@@ -164,7 +164,7 @@ def test_a_trial_serves_weights_staged_from_the_hub_and_deletes_them_after(hub, 
     assert done.returncode == 0, done.stderr[-4000:]
     results = tmp_path / "results" / "demo"
     record = json.loads((results / "configs" / "tp1" / "record.json").read_text())
-    assert record["status"] == "ok" and record["scenarios"][0]["passes"][0]["summary"]["completed"] == 4
+    assert record["status"] == "ok" and record["scenarios"][0]["pass_results"][0]["summary"]["completed"] == 4
     assert manifest(tmp_path)["hub"]["commit"] == sha
     # planned before staging from config.json alone, and the plan held
     assert record["plan"]["verdict"] == "fits"

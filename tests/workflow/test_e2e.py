@@ -106,9 +106,9 @@ def test_each_configuration_has_real_startup_and_benchmark_numbers(trial, name, 
     for sc in rec["scenarios"]:
         spec = trial["config"]["scenarios"][sc["name"]]
         rule = spec["passes"]  # {min, max, agreement}: passes until they agree
-        assert rule["min"] <= len(sc["passes"]) == sc["repetition"]["passes_run"] <= rule["max"]
+        assert rule["min"] <= len(sc["pass_results"]) == sc["repetition"]["passes_run"] <= rule["max"]
         assert sc["repetition"]["stopped"] in ("agreed", "max_reached")
-        for p in sc["passes"]:
+        for p in sc["pass_results"]:
             assert p["status"] == "ok"
             s = p["summary"]
             assert s["completed"] == spec["num_prompts"] and s["failed"] == 0
@@ -117,7 +117,7 @@ def test_each_configuration_has_real_startup_and_benchmark_numbers(trial, name, 
             detail = json.loads((trial["results"] / "configs" / name / p["result_file"]).read_text())
             assert len(detail["ttfts"]) == spec["num_prompts"]  # per-request detail kept
             seeds.add(p["seed"])
-    assert len(seeds) == sum(len(sc["passes"]) for sc in rec["scenarios"])
+    assert len(seeds) == sum(len(sc["pass_results"]) for sc in rec["scenarios"])
     assert rec["timing"]["bench_workers"] == 1 and rec["timing"]["bench_import_s"] > 0  # one benchmark process
     assert rec["server"]["stop"]["port_closed"] and rec["server"]["stop"]["survivors"] == []
 
@@ -160,7 +160,7 @@ def test_preflight_record_lists_environment_and_checks(trial):
 def test_server_counters_line_up_with_each_pass(trial, name):
     """The /metrics series over a pass's window counts exactly the benchmark's own tokens."""
     for sc in record(trial, name)["scenarios"]:
-        for p in sc["passes"]:
+        for p in sc["pass_results"]:
             assert p["telemetry"]["deltas"]["metrics.generation_tokens_total"] == p["summary"]["total_output_tokens"]
             assert p["server_metrics"]["generation_tokens"] == p["summary"]["total_output_tokens"]
             assert p["server_metrics"]["requests_finished"] == p["summary"]["completed"]
@@ -174,12 +174,12 @@ def test_host_telemetry_covers_startup_and_every_pass(trial, name):
     assert {"cpu_percent", "mem_used_bytes", "tree_rss_bytes"} <= set(df["metric"])
     assert {"generation_tokens_total", "kv_cache_usage", "running"} <= set(df[df.source == "metrics"]["metric"])
     marks = set(df[df.source == "window"]["metric"])
-    assert {f"{sc['name']}-pass{p['pass']}:{edge}" for sc in rec["scenarios"] for p in sc["passes"]
+    assert {f"{sc['name']}-pass{p['pass']}:{edge}" for sc in rec["scenarios"] for p in sc["pass_results"]
             for edge in ("start", "end")} == marks
     sw = rec["telemetry"]["startup_window"]
     assert sw["summary"]["host.tree_rss_bytes"]["max"] > 100 * 2**20
     for sc in rec["scenarios"]:
-        for p in sc["passes"]:
+        for p in sc["pass_results"]:
             assert p["telemetry"]["summary"]["host.tree_rss_bytes"]["n"] >= 1
             assert p["window"]["start"] >= sw["end"]
     sources = rec["telemetry"]["sources"]
@@ -207,7 +207,7 @@ def test_the_report_shows_every_configuration_scenario_and_failure(trial):
                  "Prediction against measurement", "forced past the planner"):
         assert text in html, text
     tp1 = record(trial, "tp1")
-    median = tp1["scenarios"][1]["passes"][0]["summary"]["median_ttft_ms"]
+    median = tp1["scenarios"][1]["pass_results"][0]["summary"]["median_ttft_ms"]
     assert f"{median:,.2f}" in html
     # the first screen ranks every launched configuration and gives the others their one-line diagnosis
     top = html.split('<h2 id="charts">', 1)[0]

@@ -149,7 +149,7 @@ def test_the_default_trials_report_concludes_and_opens_offline(work):
     cold = tp1["cold_start"]["first_output_tok_s"]["value"]
     assert cold > 0 and f"{cold:,.2f} tok/s" in html.split('<h2 id="cold-warm">', 1)[1].split("<h2", 1)[0]
     streams = html.split('<h2 id="streams">', 1)[1].split("<h2", 1)[0]
-    c4_passes = sum(len(json.loads((results / "configs" / name / "record.json").read_text())["scenarios"][1]["passes"])
+    c4_passes = sum(len(json.loads((results / "configs" / name / "record.json").read_text())["scenarios"][1]["pass_results"])
                     for name in ("tp1", "tp2"))
     assert streams.count("c4 pass") == c4_passes >= 4  # every c4 pass of both configurations, each request's tok/s
     provenance = json.loads((results / "provenance.json").read_text())
@@ -175,8 +175,8 @@ def test_the_first_run_served_each_configuration_as_planned(work, name, kv_token
     row = next(r for r in rec["prediction"] if r["name"] == "KV cache tokens")
     assert row["predicted"] == row["measured"] == kv_tokens
     for sc in rec["scenarios"]:
-        assert len(sc["passes"]) >= 2 and all(p["status"] == "ok" for p in sc["passes"])
-        for p in sc["passes"]:
+        assert len(sc["pass_results"]) >= 2 and all(p["status"] == "ok" for p in sc["pass_results"])
+        for p in sc["pass_results"]:
             s = p["summary"]
             assert s["completed"] == len(s["request_output_tok_s"]) == s["request_output_tok_s_summary"]["n"]
             assert s["request_output_tok_s_summary"]["min"] > 0

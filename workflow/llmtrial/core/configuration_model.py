@@ -137,7 +137,7 @@ class Scenario(RecordModel):
         "How many passes ran and why they stopped (fixed scenarios only; absent in older records)."))
     agreement: Maybe[dict[str, Any]] = Field(None, description=(
         "Spread ((max - min) / mean) of output throughput and of median TTFT over the passes that succeeded."))
-    passes: list[Pass] = Field(description="The scenario's passes (empty for a sweep; the warm-up is never among them).")
+    pass_results: list[Pass] = Field(description="The results of the scenario's passes (empty for a sweep; the warm-up is never among them).")
     steps: Maybe[list[Step]] = Field(None, description=(
         "A sweep's steps in order, each a pass entry plus its step number, its values and its figures."))
     onset: Maybe[Onset] = Field(None, description=(

@@ -136,7 +136,7 @@ def compare_with_measured(plan: Mapping[str, Any], scenarios: Sequence[Mapping[s
         return []
     rows = []
     for scenario in scenarios:
-        for one in [*scenario.get("passes", []), *scenario.get("steps", [])]:
+        for one in [*scenario.get("pass_results", []), *scenario.get("steps", [])]:
             measured = (one.get("summary") or {}).get("output_throughput") if one.get("status") == "ok" else None
             c = one.get("concurrency", (scenario.get("spec") or {}).get("concurrency"))
             bound = bound_at(ceiling, float(c)) if isinstance(c, (int, float)) else None

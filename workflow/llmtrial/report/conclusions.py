@@ -120,7 +120,7 @@ def repetition_of(entry: Mapping[str, Any] | None) -> dict[str, Any]:
     """How many passes a scenario entry ran and why it stopped; a record written before
     ``repetition`` existed ran a fixed count (stopped ``failed`` when a pass failed)."""
     entry = entry or {}
-    passes = entry.get("passes", [])
+    passes = entry.get("pass_results", [])
     rep = entry.get("repetition")
     if rep:
         return {"passes_run": len(passes), **rep}
@@ -181,7 +181,7 @@ def scenario_cell(record: Mapping[str, Any], scenario: Mapping[str, Any] | None,
     how many passes ran and why they stopped (the warm-up pass is never among them)."""
     cell: dict[str, Any] = {"configuration": record["configuration"], "figures": {}, "stalls": [], "passes": 0,
                             "unstable": False, "diagnosis": None, "slo": None}
-    ok = [p for p in (scenario or {}).get("passes", []) if p.get("status") == "ok" and p.get("summary")]
+    ok = [p for p in (scenario or {}).get("pass_results", []) if p.get("status") == "ok" and p.get("summary")]
     if scenario is not None:
         cell["repetition"] = repetition_of(scenario)
         cell["repetition_note"] = repetition_note(cell["repetition"], scenario.get("warmup"))
@@ -386,7 +386,7 @@ def cold_warm(record: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
     cold = record.get("cold_start") or {}
     warm_sc = next((s for s in fixed_scenarios(record) if int(s["spec"]["concurrency"]) == 1), None)
-    ok = [p["summary"] for p in (warm_sc or {}).get("passes", []) if p.get("status") == "ok" and p.get("summary")]
+    ok = [p["summary"] for p in (warm_sc or {}).get("pass_results", []) if p.get("status") == "ok" and p.get("summary")]
     warm_tok_s = over_passes(s.get("output_throughput") for s in ok)
     warm_ttft = over_passes(s.get("median_ttft_ms") for s in ok)
     cold_tok_s = _fact_value(cold, "first_output_tok_s")
@@ -408,7 +408,7 @@ def streams(record: Mapping[str, Any]) -> list[dict[str, Any]]:
     for sc in fixed_scenarios(record):
         if int(sc["spec"]["concurrency"]) < 2:
             continue
-        for p in sc.get("passes", []):
+        for p in sc.get("pass_results", []):
             s = p.get("summary") or {}
             if p.get("status") == "ok" and s.get("request_output_tok_s"):
                 out.append({"configuration": record["configuration"], "scenario": sc["name"], "pass": p["pass"],

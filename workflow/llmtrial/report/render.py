@@ -84,7 +84,7 @@ def _scenario_rows(configurations: list[Mapping[str, Any]]) -> list[dict[str, An
         entries = [(rec["configuration"], sc) for rec in configurations for sc in fixed_scenarios(rec)
                    if sc["name"] == name]
         rows = [{"configuration": conf, "pass": one, "agreement": sc.get("agreement", {}), "warmup": one is sc.get("warmup")}
-                for conf, sc in entries for one in ([sc["warmup"]] if sc.get("warmup") else []) + sc["passes"]]
+                for conf, sc in entries for one in ([sc["warmup"]] if sc.get("warmup") else []) + sc["pass_results"]]
         notes = [{"configuration": conf, "note": repetition_note(repetition_of(sc), sc.get("warmup"))}
                  for conf, sc in entries if repetition_noteworthy(sc)]
         scenarios.append({"name": name, "spec": spec, "rows": rows, "notes": notes, "passes_asked": passes_asked(spec)})

@@ -183,7 +183,7 @@ class Measurement:
         failed: Failure | None = None
         for s_index, (name, scenario) in enumerate(self.workload.scenarios.items()):
             entry: dict[str, Any] = {"name": name, "spec": dict(scenario), "kind": "sweep" if is_sweep(scenario) else "fixed",
-                                     "passes": [], "warmup": None}
+                                     "pass_results": [], "warmup": None}
             out.append(entry)
             run = functools.partial(self._checked_pass, server, sampler, worker, windows, name, s_index)
             if scenario.get("warmup"):
@@ -209,15 +209,15 @@ class Measurement:
         failed: Failure | None = None
         stopped = None
         while stopped is None:
-            p = len(entry["passes"]) + 1
+            p = len(entry["pass_results"]) + 1
             one = run(entry["spec"], p, f"{entry['name']}-pass{p}")
-            entry["passes"].append(one)
+            entry["pass_results"].append(one)
             failed = failed or _pass_failure(entry["name"], one)
-            ok = [q["summary"] for q in entry["passes"] if q["status"] == "ok"]
+            ok = [q["summary"] for q in entry["pass_results"] if q["status"] == "ok"]
             spread = bench.agreement([s["output_throughput"] for s in ok])
             stopped = rule.verdict(spread, p, one["status"] == "failed")
         entry["repetition"] = {"min": rule.min, "max": rule.max, "agreement": rule.agreement,
-                               "passes_run": len(entry["passes"]), "spread": spread, "stopped": stopped}
+                               "passes_run": len(entry["pass_results"]), "spread": spread, "stopped": stopped}
         entry["agreement"] = {"output_throughput": spread,
                               "median_ttft_ms": bench.agreement([s["median_ttft_ms"] for s in ok])}
         return failed

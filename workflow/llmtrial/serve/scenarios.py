@@ -142,5 +142,5 @@ def runs_of(entry: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
     the warm-up, each pass, each sweep step."""
     name = entry["name"]
     out: list[tuple[str, Mapping[str, Any]]] = [(f"{name} warm-up", entry["warmup"])] if entry.get("warmup") else []
-    out += [(f"{name} pass {p['pass']}", p) for p in entry.get("passes", [])]
+    out += [(f"{name} pass {p['pass']}", p) for p in entry.get("pass_results", [])]
     return out + [(f"{name} step {s.get('step')}", s) for s in entry.get("steps") or []]
