@@ -19,11 +19,11 @@ from llmtrial.report.conclusions import (
     not_measured,
     outcome_sentences,
     repetition_note,
-    repetition_of,
     scenario_sentences,
     scenario_tables,
     streams,
 )
+from llmtrial.serve.scenarios import repetition_of
 
 DEMO = DATA / "demo"
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtrial.serve.bench import agreement, headline
-from llmtrial.serve.scenarios import Repetition, is_sweep
+from llmtrial.serve.scenarios import is_sweep, passes_asked, repetition_of
 
 #: The ranked figures: key, label, unit, whether higher is better, digits shown.
 FIGURES: tuple[tuple[str, str, str, bool, int], ...] = (
@@ -115,20 +115,6 @@ def diagnosis(record: Mapping[str, Any]) -> str:
     line = (failure.get("error_line") or {}).get("diagnosis") or failure.get("message") or "no diagnosis recorded"
     return f"failed in {failure.get('phase', 'an unknown phase')}: {line.rstrip('.')}"
 
-
-def repetition_of(entry: Mapping[str, Any] | None) -> dict[str, Any]:
-    """How many passes a scenario entry ran and why it stopped; a record written before
-    ``repetition`` existed ran a fixed count (stopped ``failed`` when a pass failed)."""
-    entry = entry or {}
-    passes = entry.get("pass_results", [])
-    rep = entry.get("repetition")
-    if rep:
-        return {"passes_run": len(passes), **rep}
-    spec = entry.get("spec") or {}
-    n = Repetition.of(spec).max if isinstance(spec.get("passes"), int) else len(passes)
-    return {"min": n, "max": n, "agreement": None, "passes_run": len(passes),
-            "spread": (entry.get("agreement") or {}).get("output_throughput"),
-            "stopped": "failed" if any(p.get("status") == "failed" for p in passes) else "fixed"}
 
 
 def _pct(x: float | None) -> str:
@@ -264,10 +250,6 @@ def scenario_tables(configurations: list[Mapping[str, Any]], plans: Mapping[str,
                        "single_pass": [c["configuration"] for c in cells if c["status"] == "ok" and c["passes"] < 2]})
     return tables
 
-
-def passes_asked(spec: Mapping[str, Any]) -> str:
-    """What the trial file asked for: a fixed count, or passes until they agree."""
-    return Repetition.of(spec).describe() if spec.get("passes") is not None else "passes not recorded"
 
 
 def _ratio_sentence(lead: Mapping[str, Any], other: Mapping[str, Any]) -> str:

@@ -30,10 +30,8 @@ from llmtrial.report.conclusions import (
     fixed_scenarios,
     not_measured,
     outcome_sentences,
-    passes_asked,
     repetition_note,
     repetition_noteworthy,
-    repetition_of,
     scenario_sentences,
     scenario_specs,
     scenario_tables,
@@ -42,7 +40,7 @@ from llmtrial.report.conclusions import (
 )
 from llmtrial.report.spans import nodes_context
 from llmtrial.report.sweeps import sweep_gaps, sweep_tables
-from llmtrial.serve.scenarios import runs_of
+from llmtrial.serve.scenarios import passes_asked, repetition_of, runs_of
 from llmtrial.serve.telemetry import read_samples
 
 

@@ -144,3 +144,23 @@ def runs_of(entry: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
     out: list[tuple[str, Mapping[str, Any]]] = [(f"{name} warm-up", entry["warmup"])] if entry.get("warmup") else []
     out += [(f"{name} pass {p['pass']}", p) for p in entry.get("pass_results", [])]
     return out + [(f"{name} step {s.get('step')}", s) for s in entry.get("steps") or []]
+
+
+def repetition_of(entry: Mapping[str, Any] | None) -> dict[str, Any]:
+    """How many passes a scenario entry of a configuration record ran and why it stopped; a record written before
+    ``repetition`` existed ran a fixed count (stopped ``failed`` when a pass failed)."""
+    entry = entry or {}
+    passes = entry.get("pass_results", [])
+    rep = entry.get("repetition")
+    if rep:
+        return {"passes_run": len(passes), **rep}
+    spec = entry.get("spec") or {}
+    n = Repetition.of(spec).max if isinstance(spec.get("passes"), int) else len(passes)
+    return {"min": n, "max": n, "agreement": None, "passes_run": len(passes),
+            "spread": (entry.get("agreement") or {}).get("output_throughput"),
+            "stopped": "failed" if any(p.get("status") == "failed" for p in passes) else "fixed"}
+
+
+def passes_asked(spec: Mapping[str, Any]) -> str:
+    """What the trial file asked for: a fixed count, or passes until they agree."""
+    return Repetition.of(spec).describe() if spec.get("passes") is not None else "passes not recorded"
