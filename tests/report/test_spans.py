@@ -96,3 +96,18 @@ def test_the_two_node_record_and_its_node_telemetry_pass_the_record_schema():
     del rec["telemetry"]["nodes"]["nodes"]
     with pytest.raises(ValueError, match="telemetry.nodes: 'nodes' is a required property"):
         check_record(rec, "configuration")
+
+
+@pytest.mark.parametrize(("part", "change", "field"), [
+    ("launch", {"kind": "mpi"}, "launch.kind"),
+    ("launch", {"nnodes": 1}, "launch.nnodes"),
+    ("nodes", {"reach": "telnet"}, "nodes.1.reach"),
+    ("collective", {"ok": "yes"}, "collective.ok"),
+])
+def test_a_broken_multi_node_part_is_refused_naming_its_field(part, change, field):
+    """The launch, the nodes and the sanity check are typed parts of the configuration record:
+    a record whose parts break their model is a fault of the workflow, named by its field."""
+    rec = synthetic.two_node_record()
+    (rec[part][1] if part == "nodes" else rec[part]).update(change)
+    with pytest.raises(ValueError, match=re.escape(f"{field}: ")):
+        check_record(rec, "configuration")

@@ -364,6 +364,49 @@ class Prediction(RecordModel):
     relative_error: Any
 
 
+class Launch(RecordModel):
+    """How a configuration across nodes was launched (llmtrial.serve.multinode_job.Spread.record)."""
+
+    kind: Literal["native", "ray"] = Field(description="vLLM's own multi-node launch (native) or a Ray cluster (ray).")
+    nnodes: int = Field(ge=2, description="Nodes the configuration spans.")
+    master_addr: str = Field(description="The first node's address, where the other nodes meet.")
+    master_port: int | None = Field(description="The rendezvous port of the native launch; null under Ray.")
+    ray_address: Maybe[str] = Field(None, description="Under Ray: the head's address the workers join.")
+
+
+class SpanNode(RecordModel):
+    """One node of a configuration across nodes: its rank and role and how it was reached."""
+
+    name: str = Field(description="The node's name in the trial file.")
+    rank: int = Field(ge=0, description="Its node rank (0 serves the API).")
+    role: str = Field(description="api server, headless (native launch), ray head or ray worker.")
+    address: str = Field(description="The address the other nodes reach it at.")
+    reach: Literal["local", "ssh"] = Field(description="How the trial reaches it: local, or over ssh.")
+    interface: str | None = Field(description="The network interface its ranks use (NCCL/GLOO_SOCKET_IFNAME), or null.")
+    model_dir: str = Field(description="Where the node holds the staged model.")
+    log: Maybe[str] = Field(None, description="The server's (or rank's) log on that node.")
+
+
+class CollectiveSummary(RecordModel):
+    """The all-reduce sanity check across the nodes before any server starts
+    (llmtrial.host.collective.summarize's record, with wall_s and the nodes)."""
+
+    ok: bool = Field(description="Every rank reported and the all-reduce finished.")
+    world_size: int = Field(ge=0, description="Ranks asked for.")
+    backend: str | None = Field(description="gloo on CPU hosts, nccl with GPUs.")
+    ranks: Rows = Field(description="Each rank's own result.")
+    reported: list[int] = Field(description="Ranks that wrote a result.")
+    missing: list[int] = Field(description="Ranks that wrote none.")
+    size_bytes: int | None = Field(description="Bytes all-reduced per iteration.")
+    wall_s: float | None = Field(description="Seconds from the first rank's start to the last rank's end.")
+    median_s: float | None = Field(description="The slowest rank's median all-reduce time.")
+    algbw_gbps: float | None = Field(description="Algorithm bandwidth, GB/s (1e9 bytes).")
+    busbw_gbps: float | None = Field(description="Bus bandwidth, GB/s (1e9 bytes).")
+    phase: str | None = Field(description="done when ok, else where it failed (versions, init, all_reduce, ...).")
+    diagnosis: str | None = Field(description="Why it failed, in words; null when ok.")
+    nodes: Maybe[list[str]] = Field(None, description="The node of each rank, by rank.")
+
+
 class ConfigurationRecord(RecordModel):
     """What one serving configuration's job measured (results/<trial>/configs/<name>/record.json).
     Written by llmtrial.serve.trial; read by cleanup, the report and benchmarks/overhead.py."""
@@ -405,6 +448,13 @@ class ConfigurationRecord(RecordModel):
     timing: Timing = Field(description="Wall time of the job and its parts, in seconds.")
     plan: PlanVerdict = Field(description="The planner's verdict on this configuration before launch.")
     prediction: list[Prediction] = Field(description="The planner's figures beside vLLM's logged ones.")
+    launch: Maybe[Launch] = Field(None, description=(
+        "Only for a configuration across nodes: how it was launched (native or Ray), the nodes, the master."))
+    nodes: Maybe[list[SpanNode]] = Field(None, description=(
+        "Only for a configuration across nodes: each node, by rank, with its role, address, reach, interface "
+        "and model folder."))
+    collective: Maybe[CollectiveSummary] = Field(None, description=(
+        "Only for a configuration across nodes: the all-reduce sanity check across them before the server."))
     throughput_bound: list[ThroughputBound] = Field([], description=(
         "Each ok pass or sweep step beside the plan's estimated decode throughput bound (llmtrial.plan.ceiling) "
         "at its concurrency; empty when the plan has none (no memory bandwidth measured). Records written before "
