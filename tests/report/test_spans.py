@@ -10,6 +10,7 @@ import pytest
 import synthetic
 from browser import chromium_available, visit
 from conftest import DATA
+from llmtrial.core.configuration_model import CollectiveSummary, ConfigurationRecord
 from llmtrial.core.fileio import atomic_write_text
 from llmtrial.core.records import check_record, read_record
 from llmtrial.report.render import build_context, render_report
@@ -72,14 +73,17 @@ def test_single_host_records_have_no_nodes_section():
 def test_what_a_record_lacks_is_said_not_invented():
     rec = synthetic.two_node_record()
     del rec["collective"], rec["launch"], rec["telemetry"]["nodes"]
-    assert span_sentence(rec) == "tp2 spans nodes a and b; no sanity-check collective is recorded."
-    ctx = nodes_context([rec], {"environment": {}}, {})
+    typed = ConfigurationRecord.model_validate(rec)
+    assert span_sentence(typed) == "tp2 spans nodes a and b; no sanity-check collective is recorded."
+    ctx = nodes_context([typed], {"environment": {}}, {})
     assert [r["python"] for r in ctx["rows"]] == [None, None] and ctx["configurations"][0]["nodes"][1]["telemetry"] == {}
     failed_fetch = {"samples": 0, "error": "node b: samples could not be fetched: ssh could not run cat"}
     rec["telemetry"]["nodes"] = {"file": "nodes.csv", "interval_s": 1.0, "nodes": {"b": failed_fetch}}
     html = render_report(context([rec], synthetic.two_node_preflight(), synthetic.two_node_manifest()))
     assert "node b: samples could not be fetched" in text(nodes_section(html))
-    assert collective_sentence({"ok": True, "backend": "gloo"}) == "the gloo all-reduce sanity check passed"
+    bare = CollectiveSummary(ok=True, world_size=2, backend="gloo", ranks=[], reported=[0, 1], missing=[], size_bytes=None,
+                             wall_s=None, median_s=None, algbw_gbps=None, busbw_gbps=None, phase="done", diagnosis=None)
+    assert collective_sentence(bare) == "the gloo all-reduce sanity check passed"
 
 
 def test_the_report_with_two_nodes_opens_offline_and_fits_the_window(tmp_path):

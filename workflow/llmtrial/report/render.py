@@ -18,6 +18,7 @@ import jinja2
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
+from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.fileio import atomic_write_text
 from llmtrial.core.records import human_bytes, read_record
 from llmtrial.core.resources import TEMPLATES
@@ -177,7 +178,8 @@ def build_context(*, trial: str, preflight: Mapping[str, Any], manifest: Mapping
         + sweep_gaps(sweeps),
         "notes": notes_html((settings or {}).get("notes")),
         "provenance": provenance,
-        "nodes": nodes_context(configurations, preflight, manifest),
+        "nodes": nodes_context([ConfigurationRecord.model_validate(r) for r in configurations if r.get("nodes")],
+                               preflight, manifest),
         "gpus": gpu_report(configurations, cleanup),
     }
 
