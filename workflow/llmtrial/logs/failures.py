@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmtrial.logs.lines import LogLine, continued, log_lines, spaced
+from llmtrial.logs.lines import EXCEPTION, LogLine, continued, log_lines, spaced
 
 __all__ = ["FAILURE_PATTERNS", "FailurePattern", "diagnose_failure", "oom_phase"]
 
@@ -68,7 +68,7 @@ class FailurePattern:
 def _quotes_source(lines: list[LogLine], i: int) -> bool:
     """Line ``i`` is the source code a traceback quotes under a frame (``raise ValueError("No available
     memory ...``), not the error it raises."""
-    return i > 0 and _FRAME.search(lines[i - 1].text) is not None and not _EXCEPTION.search(lines[i].message)
+    return i > 0 and _FRAME.search(lines[i - 1].text) is not None and not EXCEPTION.search(lines[i].message)
 
 
 def _any(*alternatives: str) -> re.Pattern[str]:
@@ -143,7 +143,7 @@ def _innermost_frame(lines: list[LogLine], i: int) -> str | None:
         m = _FRAME.search(line.text)
         if m is not None:
             innermost = m["func"] if _known(m["func"]) else innermost
-        elif _EXCEPTION.search(line.message):
+        elif EXCEPTION.search(line.message):
             break
     return innermost
 
@@ -496,8 +496,7 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
 )
 
 
-#: A Python exception line: ``ValueError: ...``, ``torch.OutOfMemoryError: ...``.
-_EXCEPTION = re.compile(r"^\w+(?:\.\w+)*(?:Error|Exception): ")
+#: A line logged at ERROR level (the exception lines are :data:`llmtrial.logs.lines.EXCEPTION`).
 _ERROR_LEVEL = re.compile(r"(?:^|\s)ERROR(?:\s|:|$)")
 #: Exceptions that only point elsewhere; used only when no other exception line exists.
 _WRAPPER = re.compile(r"See root cause above|Engine core initialization failed|See stack trace above")
@@ -509,7 +508,7 @@ _UNKNOWN = ("No known failure explains this log; this is the last error line it 
 def _last_error(lines: list[LogLine]) -> int | None:
     """The last exception line (preferring ones that are not mere wrappers), else the last ERROR-level
     line, as an index of ``lines``."""
-    exceptions = [i for i, line in enumerate(lines) if line.text and _EXCEPTION.search(line.message)]
+    exceptions = [i for i, line in enumerate(lines) if line.text and EXCEPTION.search(line.message)]
     if exceptions:
         causes = [i for i in exceptions if not _WRAPPER.search(lines[i].text)]
         return (causes or exceptions)[-1]

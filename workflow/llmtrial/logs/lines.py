@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LogLine", "continued", "find_lines", "log_lines", "read_log", "spaced", "strip_ansi", "tail"]
+__all__ = ["EXCEPTION", "LogLine", "continued", "find_lines", "log_lines", "read_log", "spaced", "strip_ansi", "tail"]
 
 _ANSI = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves (ESC [ ... final byte)
@@ -115,8 +115,8 @@ def log_lines(text: str) -> list[LogLine]:
     return [_split(n, _clean(raw)) for n, raw in enumerate(text.split("\n"), start=1)]
 
 
-#: The start of a line that raises an exception of its own (``torch.OutOfMemoryError: ...``).
-_RAISED = re.compile(r"[A-Za-z_][\w.]*(?:Error|Exception):\s")
+#: A message that raises an exception of its own (``torch.OutOfMemoryError: ...``).
+EXCEPTION = re.compile(r"^\w+(?:\.\w+)*(?:Error|Exception): ")
 
 
 def continued(lines: list[LogLine], i: int, most: int = 8) -> str:
@@ -126,7 +126,7 @@ def continued(lines: list[LogLine], i: int, most: int = 8) -> str:
     that starts an exception of its own (``RuntimeError: ...``) is never a continuation."""
     parts = [lines[i].message]
     for line in lines[i + 1:i + 1 + most]:
-        if not line.text or line.prefixed or line.text.startswith(("Traceback", "File ")) or _RAISED.match(line.text):
+        if not line.text or line.prefixed or line.text.startswith(("Traceback", "File ")) or EXCEPTION.search(line.text):
             break
         parts.append(line.text)
     return "".join(parts)
