@@ -120,24 +120,24 @@ def _schema_errors(data: Any, kind: str) -> list[str]:
             for e in _validator(kind).iter_errors(json.loads(json.dumps(_as_json(data), default=str)))]
 
 
-def check_record(data: Any, schema: str) -> None:
+def check_record(data: Any, schema: str, *, source: str | os.PathLike[str] | None = None) -> None:
     """Raise ValueError naming every field of ``data`` (a dict or a record model) that breaks the schema of
-    the record kind ``schema`` (:data:`llmtrial.core.record_models.KINDS`).
+    the record kind ``schema`` (:data:`llmtrial.core.record_models.KINDS`), and the file it came from
+    when ``source`` names one.
 
     A record that does not match is a fault of the workflow, never of the trial.
     """
     errors = _schema_errors(data, schema)
     if errors:
-        raise ValueError(f"{schema} record does not match its schema:\n  " + "\n  ".join(errors))
+        where = f" {source}" if source is not None else ""
+        raise ValueError(f"{schema} record{where} does not match its schema:\n  " + "\n  ".join(errors))
 
 
 def load_record(path: str | os.PathLike[str], kind: str) -> RecordModel:
     """Read a record as its typed model (:data:`llmtrial.core.record_models.KINDS`); ValueError naming
     the file and each field at fault when it does not match its kind's schema."""
     data = read_record(path)
-    errors = _schema_errors(data, kind)
-    if errors:
-        raise ValueError(f"{kind} record {path} does not match its schema:\n  " + "\n  ".join(errors))
+    check_record(data, kind, source=path)
     try:
         return KINDS[kind].model_validate(data)
     except ValidationError as exc:
