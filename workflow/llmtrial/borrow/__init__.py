@@ -4,7 +4,7 @@ configuration serves (re-quiet, re-patch, census), and cleanup from the ledger a
 - :mod:`llmtrial.borrow.cleanup`: Cleanup: give the host back, from the trial's ledger alone.
 - :mod:`llmtrial.borrow.ledger_tables`: What the trial's ledger says was changed and given back, one
   row per change: each quieted service, each patched file or plugin folder, each server, group and
-  job. The cleanup record carries these tables (:func:`llmtrial.borrow.cleanup.cleanup_record`);
+  job. The cleanup record carries these tables (:func:`llmtrial.borrow.cleanup.run_cleanup`);
   they are read from the ledger alone, so any run's cleanup tells every run's changes apart.
 - :mod:`llmtrial.borrow.preflight`: Preflight: what the trial runs on and whether it can run, before
   anything changes the host.

@@ -12,8 +12,8 @@ from typing import Any
 from llmtrial.core.ledger import Ledger
 from llmtrial.host.gpus import after_failure
 from llmtrial.logs import failures, startup_log
-from llmtrial.logs import lines as logs
 from llmtrial.logs.engine_warnings import engine_warnings
+from llmtrial.logs.lines import tail
 from llmtrial.patch.patching import evidence
 from llmtrial.plan.ceiling import compare_with_measured
 from llmtrial.plan.prediction import compare_with_plan
@@ -29,7 +29,7 @@ def diagnosis(record: Mapping[str, Any], text: str, *, ledger: Ledger, gpus: Seq
         "failure": {**record["failure"],
                     "error_line": failures.diagnose_failure(text, source=source,
                                                             ready="ready_seconds" in record["cold_start"]),
-                    "log_tail": logs.tail(text, 40)},
+                    "log_tail": tail(text, 40)},
     }
 
 

@@ -22,8 +22,8 @@ from llmtrial.core.paths import JobPaths
 from llmtrial.core.records import fact, read_record
 from llmtrial.host.nodes import Node
 from llmtrial.host.sources import HostSource, MetricsSource, job_sources
-from llmtrial.logs import lines as logs
 from llmtrial.logs import startup_log
+from llmtrial.logs.lines import read_log
 from llmtrial.serve import bench
 from llmtrial.serve.multinode import MultiNodeServer
 from llmtrial.serve.nodetelemetry import NodeTelemetry, node_window_figures
@@ -158,7 +158,7 @@ class Measurement:
         except ServerStartError as exc:
             raise Failure("startup", exc.reason, str(exc), exc.returncode) from None
         log.info("%s ready in %.1f s", self.name, ready_s)
-        startup = startup_log.parse_startup(logs.read_log(server.log_path), source=self.paths.rel(self.paths.server_log))
+        startup = startup_log.parse_startup(read_log(server.log_path), source=self.paths.rel(self.paths.server_log))
         return ({"launched_at": server.launched_at, "ready_at": server.ready_at}, startup,
                 {"ready_seconds": fact(round(ready_s, 3), "launch to first /health 200", unit="s")})
 

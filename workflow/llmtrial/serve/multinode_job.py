@@ -15,7 +15,7 @@ from typing import Any
 from llmtrial.core.ledger import Ledger
 from llmtrial.host.nodes import Node
 from llmtrial.logs import failures
-from llmtrial.logs import lines as logs
+from llmtrial.logs.lines import read_log
 from llmtrial.patch.patching import evidence, node_plugin_env
 from llmtrial.serve.multinode import (
     MASTER_PORT_OFFSET,
@@ -118,7 +118,7 @@ def node_outcomes(record: dict[str, Any], patches: list[dict[str, Any]], envs: M
         if not entry["rank"] and entry.get("log"):
             continue  # node 0's log is the server's own, read for the whole record
         name = entry.get("log") or entry.get("ray_log")
-        text = logs.read_log(out_dir / name) if name else ""
+        text = read_log(out_dir / name) if name else ""
         entry["patches"] = evidence(patches, text, envs[entry["name"]], name or "")
         if record["failure"] and text:
             entry["error_line"] = failures.diagnose_failure(text, source=name, ready="ready_seconds" in record["cold_start"])

@@ -30,7 +30,7 @@ from llmtrial.core.ledger import Action, Ledger
 from llmtrial.core.paths import JobPaths
 from llmtrial.core.records import redact_env, write_record
 from llmtrial.host.nodes import Node
-from llmtrial.logs import lines as logs
+from llmtrial.logs.lines import read_log
 from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve import comparison
 from llmtrial.serve.measure import Failure, Measurement, Workload
@@ -160,7 +160,7 @@ class TrialJob:
         record["server"]["env"] = redact_env(env)
         job = ledger.append(Action.JOB_STARTED, label=self.label, pid=os.getpid(), create_time=psutil.Process().create_time())
         self._measured(record, self.measurement().serve(ledger, self._server(ledger, env, envs)))
-        text = logs.read_log(self.paths.server_log) if self.paths.server_log.exists() else ""
+        text = read_log(self.paths.server_log) if self.paths.server_log.exists() else ""
         if record["failure"]:
             record.update(comparison.diagnosis(record, text, ledger=ledger, gpus=self.gpus,
                                                kernel_baseline=self.kernel_baseline, label=self.label,
