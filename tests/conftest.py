@@ -23,6 +23,14 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 
 
+def written(record) -> dict:
+    """A record (a model or a dict) as ``write_record`` writes it, read back as JSON: a model with the
+    fields it was given, by alias."""
+    if hasattr(record, "model_dump"):
+        record = record.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    return json.loads(json.dumps(record, default=str))
+
+
 def free_base_port(start: int, count: int) -> int:
     """The first of ``count`` consecutive loopback ports, from ``start`` up in steps of ten, none open."""
     port = start
@@ -282,3 +290,4 @@ def hosts() -> Iterator[TwoHosts]:
         pytest.skip(f"{SSHD} is missing: `make test` installs openssh-server (as root)")
     with two_hosts() as made:
         yield made
+

@@ -263,7 +263,7 @@ def two_hosts(subnet: str = "10.231.1", port: int = 2222) -> Iterator[TwoHosts]:
 
 
 CLEANUP = ("import json, sys; from llmtrial.borrow.cleanup import run_cleanup; "
-           "print(json.dumps(run_cleanup(sys.argv[1], stop_timeout=5), default=str))")
+           "print(run_cleanup(sys.argv[1], stop_timeout=5).model_dump_json(exclude_unset=True))")
 
 
 def cleanup_on_a(hosts: TwoHosts, results: Path) -> dict:

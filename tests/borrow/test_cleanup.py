@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import socket
 
-from conftest import child_pid, fake_server
+from conftest import child_pid, fake_server, written
 from llmtrial.borrow.cleanup import run_cleanup
 from llmtrial.cli import main as cli_main
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.paths import TrialPaths
+from llmtrial.core.record_models import CleanupRecord, QuietRecord
 from llmtrial.host.groups import group_members, port_open
 
 
@@ -23,7 +24,7 @@ def abandoned_server(tmp_path, port, run=None):
 def test_cleanup_stops_a_server_left_running_and_is_idempotent(tmp_path, free_port):
     server = abandoned_server(tmp_path, free_port)
     child = child_pid(server.log_path)
-    record = run_cleanup(tmp_path, ports=[free_port], stop_timeout=5)
+    record = written(run_cleanup(tmp_path, ports=[free_port], stop_timeout=5))
     server.proc.poll()  # reap the leader in this (parent) process
     assert record["restored"] and record["residues"] == []
     [entry] = record["servers"]
@@ -31,7 +32,7 @@ def test_cleanup_stops_a_server_left_running_and_is_idempotent(tmp_path, free_po
     assert entry["stop"]["port_closed"] and not port_open("127.0.0.1", free_port)
     assert group_members(server.pgid) == []
 
-    again = run_cleanup(tmp_path, ports=[free_port])
+    again = written(run_cleanup(tmp_path, ports=[free_port]))
     assert again["restored"] and again["servers"][0]["action"] == "stopped"  # by the first cleanup
     actions = [e["action"] for e in Ledger(TrialPaths(tmp_path).ledger).entries()]
     assert actions.count("cleanup_done") == 2 and actions.count("server_stopped") == 1
@@ -42,7 +43,7 @@ def test_a_foreign_listener_on_a_trial_port_is_a_residue_not_killed(tmp_path, fr
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", free_port))
         sock.listen()
-        record = run_cleanup(tmp_path, ports=[free_port])
+        record = written(run_cleanup(tmp_path, ports=[free_port]))
         assert not record["restored"]
         [residue] = record["residues"]
         assert residue["kind"] == "port" and str(free_port) in residue["what"]
@@ -52,9 +53,21 @@ def test_a_foreign_listener_on_a_trial_port_is_a_residue_not_killed(tmp_path, fr
 
 
 def test_cleanup_with_no_ledger_checks_ports_only(tmp_path, free_port):
-    record = run_cleanup(tmp_path, ports=[free_port])
+    model = run_cleanup(tmp_path, ports=[free_port])
+    assert isinstance(model, CleanupRecord) and model.restored
+    record = written(model)
     assert record["restored"] and record["servers"] == [] and record["ports"] == [
         {"port": free_port, "listening": False}]
+    rows = {"jobs": [], "servers": [], "groups": [], "services": [], "patches": []}
+    assert record == {  # the cleanup record as it was written when it was a dict
+        "run": model.run, "started": model.started, "finished": model.finished,
+        "ledger": str(TrialPaths(tmp_path).ledger), "ledger_entries": 0, **rows,
+        "ports": [{"port": free_port, "listening": False}], "services_restored": [], "patches_reverted": [],
+        "weights": {"applied": False, "reason": "not applied: the trial did not finish (a rerun needs them)",
+                    "folders": [], "freed_bytes": 0, "residues": []},
+        "left_behind": {**rows, "weights": []}, "host": {"services": []}, "gpus_held": [], "residues": [],
+        "restored": True}
+    assert model.finished >= model.started
 
 
 def test_cleanup_restores_quieted_services_and_records_them(tmp_path, free_port):
@@ -67,12 +80,12 @@ def test_cleanup_restores_quieted_services_and_records_them(tmp_path, free_port)
     subprocess.run(svc["start"], check=True, timeout=30)
     try:
         quieted = quiet_host(tmp_path, {"demo": svc})
-        assert quieted["services"][0]["action"] == "stopped" and not port_open("127.0.0.1", free_port)
-        record = run_cleanup(tmp_path)
+        assert quieted.services[0].action == "stopped" and not port_open("127.0.0.1", free_port)
+        record = written(run_cleanup(tmp_path))
         assert record["restored"] and port_open("127.0.0.1", free_port)
         [row] = record["services"]
         assert row["was_running"] and row["down"] and row["healthy"] and row["restarted_at"] > row["stopped_at"]
-        assert run_cleanup(tmp_path)["services_restored"] == []  # nothing left to do
+        assert written(run_cleanup(tmp_path))["services_restored"] == []  # nothing left to do
     finally:
         subprocess.run(svc["stop"], timeout=30)
 
@@ -90,7 +103,7 @@ def test_a_new_run_restores_what_a_crashed_run_left_before_quieting(tmp_path, fr
     ledger.append("job_started", label="demo/tp1", pid=os.getpid() + 10**6, create_time=psutil.Process().create_time())
     assert unfinished(ledger.entries())
     assert quiet_needed(tmp_path, {}) == "an earlier run left it changed"
-    first = restore_first(tmp_path)
+    first = written(restore_first(tmp_path))
     server.proc.poll()
     assert first["restored"] and first["servers"] == [] and first["jobs"] == []  # this run started none
     [left] = first["left_behind"]["servers"]
@@ -111,7 +124,7 @@ def test_an_orphaned_configuration_job_is_stopped(tmp_path):
     job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     L(TrialPaths(tmp_path).ledger).append("job_started", label="demo/tp1", pid=job.pid,
                                      create_time=psutil.Process(job.pid).create_time())
-    record = run_cleanup(tmp_path, stop_timeout=5)
+    record = written(run_cleanup(tmp_path, stop_timeout=5))
     [item] = record["jobs"]
     assert (item["label"], item["pid"], item["action"]) == ("demo/tp1", job.pid, "stopped")
     assert job.wait(timeout=10) is not None and record["restored"]
@@ -143,6 +156,18 @@ def test_quieting_on_a_gpu_host_records_the_memory_freed(tmp_path):
     svc = {"kind": "command", "status": ["test", "-f", str(flag)], "stopped_exit_codes": [1], "stop": ["rm", str(flag)],
            "start": ["touch", str(flag)], "timeouts": {"stop_s": 5}}
     record = quiet_host(tmp_path, {"tts": svc}, nvml=NvmlDouble(flag))
-    assert record["gpu"]["memory_freed_bytes"] == 28 * 2**30
-    assert record["gpu"]["before"]["compute_processes"] == {"gpu0": 1}
-    assert record["gpu"]["after"]["compute_processes"] == {"gpu0": 0}
+    assert isinstance(record, QuietRecord) and record.gpu.memory_freed_bytes == 28 * 2**30
+    assert record.gpu.before["compute_processes"] == {"gpu0": 1}
+    assert record.gpu.after["compute_processes"] == {"gpu0": 0}
+    [item] = record.services
+    status = f"test -f {flag}"
+    assert written(record) == {  # the quiet record as the stage wrote it when it was a dict
+        "restored_first": None,
+        "services": [{"name": "tts", "kind": "command", "was_running": True, "state_seen": f"`{status}` exited 0",
+                      "stopped_at": item.stopped_at, "action": "stopped", "stop_exit": 0,
+                      "down_after_s": item.down_after_s, "seen": f"state stopped (`{status}` exited 1); health: no health check"}],
+        "residues": [], "quieted_at": record.quieted_at,
+        "gpu": {"before": {"mem_used_bytes": 30 * 2**30, "compute_processes": {"gpu0": 1}},
+                "after": {"mem_used_bytes": 2 * 2**30, "compute_processes": {"gpu0": 0}},
+                "memory_freed_bytes": 28 * 2**30}}
+    assert record.quieted_at >= item.stopped_at > 0 and item.down_after_s >= 0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NvmlDouble, NVMLError
+from conftest import NvmlDouble, NVMLError, written
 from llmtrial.borrow.preflight import (
     PreflightError,
     environment_record,
@@ -24,6 +24,7 @@ from llmtrial.borrow.preflight import (
     run_preflight,
 )
 from llmtrial.core.paths import TrialPaths
+from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.core.records import check_record, redact_env
 from llmtrial.host.checks import check_allocator, check_open_files
 from llmtrial.host.disk import disk_headroom
@@ -115,8 +116,9 @@ class TestNuma:
     def test_the_preflight_record_with_numa_matches_its_schema(self, tmp_path):
         record = run_preflight(source={"kind": "tiny"}, staging_dir=tmp_path / "staging", disk=DISK, nvml=NvmlDouble(),
                                sysfs=fake_sysfs(tmp_path / "sys"))
-        assert record["environment"]["numa"]["nodes"][1]["node"] == 1
+        assert record.environment.numa.nodes[1].node == 1
         check_record(record, "preflight")
+        record = written(record)
         record["environment"]["gpus"]["devices"][0]["numa_node"] = -1
         with pytest.raises(ValueError, match="numa_node"):
             check_record(record, "preflight")
@@ -149,14 +151,34 @@ class TestHostChecks:
             run_preflight(source={"kind": "tiny"}, staging_dir=tmp_path, disk={"reserve_fraction": 0, "reserve_min_gib": 10**7})
         msg = str(err.value)
         assert "not enough disk for the weights" in msg and "needs" in msg and "free" in msg
-        assert err.value.record["disk"]["ok"] is False
+        assert err.value.record.disk.ok is False
 
     def test_preflight_record_lists_environment_and_checks(self, tmp_path):
         record = run_preflight(source={"kind": "tiny"}, staging_dir=tmp_path, disk=DISK, nvml=NvmlDouble())
-        names = [c["name"] for c in record["checks"]]
+        names = [c.name for c in record.checks]
         assert names == ["allocator", "dev_shm", "open_files", "nccl_interfaces", "disk_headroom"]
-        assert all(c["status"] in ("ok", "warn", "skip") for c in record["checks"])
-        assert record["disk"]["needed_bytes"] > 5 * 2**20
+        assert all(c.status in ("ok", "warn", "skip") for c in record.checks)
+        assert record.disk.needed_bytes > 5 * 2**20
+
+    def test_the_record_is_its_model_and_writes_what_the_dict_held(self, tmp_path, monkeypatch):
+        import llmtrial.borrow.preflight as preflight
+
+        sysfs = fake_sysfs(tmp_path / "sys")
+        baseline = {"available": False, "reason": "dmesg: not permitted", "lines": []}
+        monkeypatch.setattr(preflight, "kernel_log", lambda: dict(baseline))
+        record = run_preflight(source={"kind": "tiny"}, staging_dir=tmp_path / "staging", disk=DISK, nvml=NvmlDouble(),
+                               sysfs=sysfs)
+        assert isinstance(record, PreflightRecord)
+        out = written(record)
+        env = environment_record(NvmlDouble(), sysfs)
+        devices = env["gpus"]["devices"]
+        selected = [{k: d[k] for k in ("index", "uuid", "name", "pci_bus_id")} for d in devices]
+        env = {**env, "recorded_at": record.environment.recorded_at,
+               "gpus": {**env["gpus"], "selected": [0, 1], "selected_gpus": selected}}
+        checks = [{"name": c.name, "status": c.status, "detail": c.detail, **(c.model_extra or {})} for c in record.checks]
+        assert [c["name"] for c in checks] == ["allocator", "dev_shm", "open_files", "nccl_interfaces", "disk_headroom"]
+        assert out == written({"environment": env, "checks": checks, "disk": out["disk"], "kernel_log": baseline})
+        assert out["disk"]["needed_bytes"] > 5 * 2**20 and out["disk"]["paths"] == [str(tmp_path / "staging")]
 
 
 def test_redaction_keeps_ordinary_values():
@@ -178,9 +200,9 @@ from llmtrial.borrow.preflight import PreflightError, run_preflight
 crossnode.STALE_MARKERS.clear()
 crossnode.STALE_MARKERS["llmtrial-test-" + "no-such-process"] = "nothing"
 try:
-    out = {"ok": True, "record": run_preflight(**json.loads(sys.argv[1]))}
+    out = {"ok": True, "record": run_preflight(**json.loads(sys.argv[1])).model_dump(mode="json", exclude_unset=True)}
 except PreflightError as err:
-    out = {"ok": False, "error": str(err), "record": err.record}
+    out = {"ok": False, "error": str(err), "record": err.record.model_dump(mode="json", exclude_unset=True)}
 print(json.dumps(out, default=str))
 """
 OTHER_PYTHON = "/usr/bin/python3"
@@ -224,7 +246,7 @@ def test_a_trial_without_nodes_has_no_nodes_in_its_preflight_record(tmp_path):
     assert spanned == {"nodes": {}, "staging_dir": "staging", "uses_ray": False}
     record = run_preflight(source={"kind": "tiny", "seed": 0}, staging_dir=tmp_path, disk={"reserve_fraction": 0.0,
                            "reserve_min_gib": 0}, nodes=spanned, nvml=NvmlDouble())
-    assert "nodes" not in record
+    assert "nodes" not in written(record) and record.nodes is None
 
 
 @pytest.mark.workflow

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 from jsonschema import Draft202012Validator
 
-from conftest import DATA, REPO
-from llmtrial.core.configuration_model import ConfigurationRecord, Pass, Step
+from conftest import DATA, REPO, written
+from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.record_models import (
     KINDS,
     REGENERATE,
@@ -26,6 +26,7 @@ from llmtrial.core.record_models import (
 )
 from llmtrial.core.records import check_record, load_record, read_record, write_record
 from llmtrial.core.resources import SCHEMAS
+from llmtrial.core.scenario_model import Pass, Step
 
 DEMO = {"preflight": ["preflight"], "plan": ["plan-tp1", "plan-tp2"], "manifest": ["manifest"],
         "configuration": ["tp1", "tp2"], "cleanup": ["cleanup"]}
@@ -121,7 +122,7 @@ def patches_record(tmp_path) -> dict:
     from llmtrial.core.ledger import Ledger
     from llmtrial.patch.patching import apply_patches
 
-    record = apply_patches({}, ledger=Ledger(tmp_path / "ledger.jsonl", run="r"), work_dir=tmp_path)
+    record = written(apply_patches({}, ledger=Ledger(tmp_path / "ledger.jsonl", run="r"), work_dir=tmp_path))
     check_record(record, "patches")
     record["vllm"] = {"distribution": "vllm", "version": "0.32.0", "site_packages": "/sp"}
     record["patches"] = [{"name": "demo-worker-log", "mode": "file", "description": "d", "vllm_range": ">=0.1",
@@ -135,8 +136,8 @@ def provenance_record(tmp_path) -> dict:
     from llmtrial.provenance import collect
     from workflow_helpers import default_config
 
-    return collect(default_config(), configfiles=[REPO / "config" / "config.yaml", tmp_path / "gone.yaml"],
-                   command=["snakemake", "--cores", "1"], repo=tmp_path)
+    return written(collect(default_config(), configfiles=[REPO / "config" / "config.yaml", tmp_path / "gone.yaml"],
+                           command=["snakemake", "--cores", "1"], repo=tmp_path))
 
 
 def _del(*path):
@@ -272,10 +273,10 @@ def test_every_record_the_workflow_writes_names_its_kind():
 def test_the_cleanup_records_weights_is_always_an_object(tmp_path):
     from llmtrial.borrow.cleanup import cleanup_with_record
 
-    kept = cleanup_with_record(tmp_path, tmp_path / "a.json", weights=False)["weights"]
-    assert kept["applied"] is False and "did not finish" in kept["reason"] and kept["folders"] == []
-    applied = cleanup_with_record(tmp_path, tmp_path / "b.json", weights=True)["weights"]
-    assert applied["applied"] is True and applied["reason"] is None and applied["freed_bytes"] == 0
+    kept = cleanup_with_record(tmp_path, tmp_path / "a.json", weights=False).weights
+    assert kept.applied is False and "did not finish" in kept.reason and kept.folders == []
+    applied = cleanup_with_record(tmp_path, tmp_path / "b.json", weights=True).weights
+    assert applied.applied is True and applied.reason is None and applied.freed_bytes == 0
     for name in ("a.json", "b.json"):
         assert load_record(tmp_path / name, "cleanup").weights.applied is (name == "b.json")
 
@@ -294,9 +295,10 @@ def test_the_quiet_record_matches_its_schema_with_an_earlier_runs_cleanup_inside
             was_running=True, state_seen="running")
         record = quiet_host(tmp_path, {"demo": svc}, restored_first=restore_first(tmp_path))
         check_record(record, "quiet")
-        assert record["restored_first"] is not None and record["services"][0]["action"] == "stopped"
+        assert record.restored_first is not None and record.services[0].action == "stopped"
         model = load_record(write_record(tmp_path / "quiet.json", record, schema="quiet"), "quiet")
-        assert model.restored_first.run == record["restored_first"]["run"] and model.services[0].kind == "command"
+        assert model.restored_first.run == record.restored_first.run and model.services[0].kind == "command"
+        assert written(model) == written(record)
     finally:
         from llmtrial.borrow.cleanup import run_cleanup
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA, REPO
+from conftest import DATA, REPO, written
 from llmtrial.core.ledger import Action, Ledger, replay
 from llmtrial.host import gpus
 from llmtrial.host.gpus import SelectionError, select
@@ -87,9 +87,9 @@ def test_preflight_records_the_selection_and_the_kernel_logs_baseline_and_stops_
     write(double)
     disk = {"reserve_fraction": 0, "reserve_min_gib": 0}
     record = run_preflight(source={"kind": "tiny"}, staging_dir=tmp_path, disk=disk, hardware={"gpus": [1]})
-    assert record["environment"]["gpus"]["selected"] == [1]
-    assert record["environment"]["gpus"]["selected_gpus"][0]["uuid"] == "GPU-7f3e0c1a-0001"
-    assert record["kernel_log"] == {"available": True, "reason": None, "lines": [XID_79], "source": "double"}
+    assert record.environment.gpus.selected == [1]
+    assert record.environment.gpus.selected_gpus[0].uuid == "GPU-7f3e0c1a-0001"
+    assert written(record.kernel_log) == {"available": True, "reason": None, "lines": [XID_79], "source": "double"}
     with pytest.raises(PreflightError, match=r"gpu_selection: hardware.gpus\[0\]: no GPU 'GPU-gone'"):
         run_preflight(source={"kind": "tiny"}, staging_dir=tmp_path, disk=disk, hardware={"gpus": ["GPU-gone"]})
 
@@ -101,9 +101,9 @@ def test_the_planner_sizes_the_selected_gpus_only(double):
     config = json.loads((DATA / "configs" / "Meta-Llama-3.1-8B-Instruct.json").read_text())
     record = plan_record(spec={"name": "tp1", "args": {}, "env": {}}, model_config=config, weights=None,
                          environment=environment, hardware={"gpus": [1]}, settings={})
-    assert record["hardware"]["gpus"] == 1
-    assert record["hardware"]["gpu_memory_gib"] == 80  # GPU 1's 80 GiB, not GPU 0's 141
-    assert [g["uuid"] for g in record["hardware"]["selected_gpus"]] == ["GPU-7f3e0c1a-0001"]
+    assert record.hardware.gpus == 1
+    assert record.hardware.gpu_memory_gib == 80  # GPU 1's 80 GiB, not GPU 0's 141
+    assert [g["uuid"] for g in record.hardware.selected_gpus] == ["GPU-7f3e0c1a-0001"]
 
 
 def test_servers_are_pinned_by_uuid_in_pci_order():

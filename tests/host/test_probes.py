@@ -72,9 +72,9 @@ def test_the_preflight_record_carries_the_probes_and_their_checks(tmp_path):
     record = run_preflight(source={"kind": "tiny"}, staging_dir=tmp_path, disk={"reserve_fraction": 0.0,
                            "reserve_min_gib": 0}, nvml=NvmlDouble(), probes=SMALL)
     check_record(record, "preflight")
-    names = [c["name"] for c in record["checks"]]
+    names = [c.name for c in record.checks]
     assert names[-2:] == ["pcie_link", "link_bandwidth"]
-    assert record["probes"]["devices"] == [0, 1]  # no selection: every GPU the inventory lists
+    assert record.probes.devices == [0, 1]  # no selection: every GPU the inventory lists
 
 
 # --------------------------------------------------------------------------- checks

@@ -14,6 +14,7 @@ import time
 import psutil
 import pytest
 
+from conftest import written
 from hosts import cleanup_on_a, entries, kill_planted
 from llmtrial.borrow.cleanup import outstanding, run_cleanup
 from llmtrial.core.ledger import Action, Ledger
@@ -144,7 +145,7 @@ def test_a_group_on_this_host_is_started_and_stopped_the_same_way(tmp_path):
         assert len(pids) == 2 and abs(psutil.Process(group["pid"]).create_time() - group["create_time"]) < 0.05
         # a process that left the session but carries the group's token is found too
         assert set(group_alive(node, None, None, token=group["token"])) == set(pids)
-        record = run_cleanup(tmp_path, stop_timeout=5)
+        record = written(run_cleanup(tmp_path, stop_timeout=5))
         assert record["restored"] and record["groups"][0]["node"] == "a"
         assert record["groups"][0]["action"] == "stopped" and all(gone(p) for p in pids)
         assert (tmp_path / "logs" / "tp1.log").exists()

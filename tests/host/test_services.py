@@ -118,8 +118,8 @@ class TestSupervisor:
         web = supervised(supervisor, "web")
         assert healthy(web)[0]
         state = quiet([web], ledger)
-        [item] = state["services"]
-        assert item["was_running"] and item["action"] == "stopped" and state["residues"] == []
+        [item] = state.services
+        assert item.was_running and item.action == "stopped" and state.residues == []
         assert status(supervisor, "web") == "STOPPED" and not healthy(web)[0]
         actions = [e["action"] for e in ledger.entries()]
         assert actions == ["service_quiet", "service_stopped"]  # the state was written before the stop
@@ -135,10 +135,11 @@ class TestSupervisor:
         ledger = Ledger(tmp_path / "ledger.jsonl")
         idle = supervised(supervisor, "idle")
         state = quiet([idle], ledger)
-        [item] = state["services"]
-        assert {k: item[k] for k in ("name", "kind", "was_running", "action")} == {
-            "name": "idle", "kind": "supervisor", "was_running": False, "action": "left stopped (was not running)"}
-        assert item["state_seen"].endswith("exited 3: idle STOPPED Not started")
+        [item] = state.services
+        assert item.model_dump(exclude_unset=True) == {
+            "name": "idle", "kind": "supervisor", "was_running": False, "state_seen": item.state_seen,
+            "action": "left stopped (was not running)"}
+        assert item.state_seen.endswith("exited 3: idle STOPPED Not started")
         assert restore(ledger.entries(), ledger)["services"] == []
         assert status(supervisor, "idle") == "STOPPED"
 
@@ -364,9 +365,9 @@ class TestArgv:
 
 #: The quiet stage and `snakemake cleanup` as they run on host A (one run: LLMTRIAL_RUN).
 QUIET_ON_A = ("import json, sys; from llmtrial.host.services import quiet_host; "
-              "print(json.dumps(quiet_host(sys.argv[1], json.loads(sys.argv[2])), default=str))")
+              "print(quiet_host(sys.argv[1], json.loads(sys.argv[2])).model_dump_json(exclude_unset=True))")
 CLEANUP_ON_A = ("import json, sys; from llmtrial.borrow.cleanup import run_cleanup; "
-                "print(json.dumps(run_cleanup(sys.argv[1], stop_timeout=5), default=str))")
+                "print(run_cleanup(sys.argv[1], stop_timeout=5).model_dump_json(exclude_unset=True))")
 
 
 def demo_on_b(action: str, port: int, state: Path) -> list[str]:

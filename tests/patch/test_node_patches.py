@@ -28,7 +28,7 @@ DEMO = "demo-worker-log"
 FLAG = "LLMTRIAL_DEMO_WORKER_LOG"
 #: run_cleanup on host A in a fresh process, as `snakemake cleanup` runs it, as this test's run.
 CLEANUP = ("import json, sys; from llmtrial.borrow.cleanup import run_cleanup; "
-           "print(json.dumps(run_cleanup(sys.argv[1], stop_timeout=5, run=sys.argv[2]), default=str))")
+           "print(run_cleanup(sys.argv[1], stop_timeout=5, run=sys.argv[2]).model_dump_json(exclude_unset=True))")
 #: On a node: the vllm.general_plugins entry points its Python finds on its PYTHONPATH.
 ENTRY_POINTS = ("import json, sys; from importlib.metadata import entry_points; "
                 "print(json.dumps(sorted(ep.name for ep in entry_points(group=sys.argv[1]))))")
@@ -42,7 +42,7 @@ def plugin_here(tmp_path) -> tuple[Ledger, Path]:
     """The patch stage on host A in mode plugin: the trial's ledger and the plugin folder."""
     ledger = Ledger(TrialPaths(tmp_path).ledger)
     record = apply_patches({DEMO: {"mode": "plugin"}}, ledger=ledger, work_dir=tmp_path / "patches")
-    return ledger, Path(record["patches"][0]["plugin"]["dir"])
+    return ledger, Path(record.patches[0].plugin.dir)
 
 
 def of(ledger: Ledger, action: Action) -> list[dict]:

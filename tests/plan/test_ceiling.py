@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, written
 from llmtrial.core.records import check_record
 from llmtrial.plan import ceiling
 from llmtrial.plan.planner import plan_record
@@ -97,8 +97,8 @@ def test_terms_not_measured_are_named_and_no_memory_bandwidth_is_unknown():
 def test_the_plan_record_carries_the_bound_and_the_configuration_record_compares_it(tmp_path):
     config = load("Meta-Llama-3.1-8B-Instruct")
     environment = {"gpus": {"present": True, "count": 1, "devices": [{"index": 0, "memory_total_bytes": 80 * 2**30}]}}
-    plan = plan_record(spec={"name": "one", "args": {}, "env": {}}, model_config=config, weights=None,
-                       environment=environment, hardware={}, settings={}, probes=SEED_PROBES)
+    plan = written(plan_record(spec={"name": "one", "args": {}, "env": {}}, model_config=config, weights=None,
+                               environment=environment, hardware={}, settings={}, probes=SEED_PROBES))
     check_record(plan, "plan")
     bound = plan["facts"]["decode_tok_s_ceiling"]
     weights = plan["plan"]["weights_bytes_per_rank"][0]
@@ -109,8 +109,8 @@ def test_the_plan_record_carries_the_bound_and_the_configuration_record_compares
     [row] = ceiling.compare_with_measured(plan, scenarios)
     assert row["concurrency"] == 4 and row["bound_tok_s"] == pytest.approx(ceiling.bound_at(bound, 4))
     assert row["ratio"] == pytest.approx(100.0 / row["bound_tok_s"]) and row["bound_kind"] == "estimated"
-    without = plan_record(spec={"name": "one", "args": {}, "env": {}}, model_config=config, weights=None,
-                          environment=environment, hardware={}, settings={})
+    without = written(plan_record(spec={"name": "one", "args": {}, "env": {}}, model_config=config, weights=None,
+                                  environment=environment, hardware={}, settings={}))
     assert without["facts"]["decode_tok_s_ceiling"]["kind"] == "unknown"
     assert ceiling.compare_with_measured(without, scenarios) == []
 
@@ -123,9 +123,9 @@ def test_on_a_cpu_host_the_ranks_share_its_memory_so_tp2_reads_the_whole_model_p
     environment = {"gpus": {"present": False, "count": 0, "devices": []}}
     bounds = {}
     for name, tp, nodes in (("tp1", 1, {}), ("tp2", 2, {}), ("tp2-two-hosts", 2, {"a": {}, "b": {}})):
-        plan = plan_record(spec={"name": name, "args": {"tensor_parallel_size": tp}, "env": {}, "nodes": nodes},
-                           model_config=config, weights=None, environment=environment, hardware={"gpus": 0},
-                           settings={}, probes=cpu)
+        plan = written(plan_record(spec={"name": name, "args": {"tensor_parallel_size": tp}, "env": {}, "nodes": nodes},
+                                   model_config=config, weights=None, environment=environment, hardware={"gpus": 0},
+                                   settings={}, probes=cpu))
         bounds[name] = plan["facts"]["decode_tok_s_ceiling"]
     whole = sum(plan["plan"]["weights_bytes_per_rank"]) * 2
     assert bounds["tp1"]["value"] == pytest.approx(20e9 / whole, rel=0.01)

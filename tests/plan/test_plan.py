@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from conftest import DATA, NvmlDouble
+from conftest import DATA, NvmlDouble, written
 from llmtrial.borrow.preflight import gpu_inventory
 from llmtrial.cli import main as cli_main
+from llmtrial.core.record_models import PlanRecord
 from llmtrial.logs.lines import read_log
 from llmtrial.logs.startup_log import parse_startup
 from llmtrial.plan.budget import MemoryTerms
@@ -423,8 +424,10 @@ class TestConfigurationChecks:
 
 def record_for(*, source, archive_dir=None, **kw):
     """What the plan rule does: the model's config and weights before staging, then the record."""
-    return plan_record(model_config=model_config_for(source, archive_dir=archive_dir),
-                       weights=planned_weights(source, archive_dir), environment=kw.pop("environment"), **kw)
+    record = plan_record(model_config=model_config_for(source, archive_dir=archive_dir),
+                         weights=planned_weights(source, archive_dir), environment=kw.pop("environment"), **kw)
+    assert isinstance(record, PlanRecord)
+    return written(record)
 
 
 def spec(name, args, env=None, force=False):
@@ -482,6 +485,29 @@ class TestPlanRecords:
         both = record_for(spec=spec("small", args), source={"kind": "tiny"}, environment=CPU_HOST,
                           hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[320])
         assert both["plan"]["predicted_kv_cache_tokens"] == 524_288
+
+    def test_the_record_is_the_plan_model_written_as_the_dict_was(self):
+        unknown = plan_record(spec=spec("x", {}, force=True), model_config={"model_type": "mystery", "layers": 4},
+                              weights=None, environment=CPU_HOST, hardware={"gpus": None, "gpu_memory_gib": None},
+                              settings=SETTINGS, contexts=[96])
+        assert isinstance(unknown, PlanRecord)
+        [why] = unknown.reasons
+        assert why.startswith("the planner cannot read the model's config.json:")
+        assert written(unknown) == {"configuration": "x", "force": True, "verdict": "unknown", "reasons": [why],
+                                    "checks": [], "hardware": {"gpus": None, "gpu_memory_gib": None}, "plan": {},
+                                    "facts": {}}
+        environment = {"gpus": gpu_inventory(NvmlDouble())}
+        fits = plan_record(spec=spec("tp1", {"max_model_len": 512}, {}), model_config=TINY, weights=None,
+                           environment=environment, hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS,
+                           contexts=[96])
+        out = written(fits)
+        assert set(out) == {"configuration", "force", "verdict", "reasons", "checks", "hardware", "plan", "facts", "model"}
+        assert out["configuration"] == "tp1" and out["force"] is False and out["verdict"] == fits.verdict
+        # spec() gives VLLM_CPU_KVCACHE_SPACE=1 for an empty env
+        assert out["hardware"] == {"gpus": 2, "gpu_memory_gib": 139, "cpu_kv_space_gib": 1.0, "selected_gpus": []}
+        assert out["model"] == written(model_summary(TINY)) and out["plan"]["max_model_len"] == 512
+        assert all(set(c) >= {"name", "status", "detail"} for c in out["checks"])
+        assert out["facts"]["weights_bytes"]["kind"] in ("estimated", "measured")
 
     def test_unset_cpu_kv_space_is_an_estimate(self):
         r = record_for(spec=spec("tp1", {}, {"X": "1"}), source={"kind": "tiny"}, environment=CPU_HOST,
@@ -686,9 +712,9 @@ class TestAccountingByVersion:
         r = plan_record(spec={"name": "tp2", "args": {"tensor_parallel_size": 2, "max_model_len": 8192}},
                         model_config=real_config(self.LLAMA), weights=None, environment=env, hardware={},
                         settings={})
-        assert r["facts"]["non_torch_bytes"]["value"] == int(2.1 * GiB)
-        assert "fitted on vLLM 0.19.0" in r["facts"]["peak_activation_bytes"]["source"]
-        assert r["facts"]["cuda_graph_bytes"]["value"] == 0
+        assert r.facts["non_torch_bytes"].value == int(2.1 * GiB)
+        assert "fitted on vLLM 0.19.0" in r.facts["peak_activation_bytes"].source
+        assert r.facts["cuda_graph_bytes"].value == 0
 
 
 def test_expert_parallel_over_data_parallel_ranks_splits_the_experts_further():

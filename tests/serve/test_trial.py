@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA, SERVER_SCRIPT
+from conftest import DATA, SERVER_SCRIPT, written
+from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.paths import JobPaths, TrialPaths
 from llmtrial.core.records import check_record, read_record
@@ -91,7 +92,9 @@ def fake_job(tmp_path: Path, port: int, verdict: str = "fits") -> FakeServerJob:
 
 
 def test_a_server_that_cannot_serve_is_a_failure_record_with_each_phase_part(tmp_path, free_port):
-    record = fake_job(tmp_path, free_port).run()
+    model = fake_job(tmp_path, free_port).run()
+    assert isinstance(model, ConfigurationRecord) and model.status == "failed" and model.failure.phase == "cold_start"
+    record = written(model)
     assert record["status"] == "failed"
     assert record["failure"]["phase"] == "cold_start" and record["failure"]["reason"] == "request_failed"
     assert record["cold_start"]["ready_seconds"]["value"] > 0 and "first_ttft_s" not in record["cold_start"]
@@ -100,14 +103,25 @@ def test_a_server_that_cannot_serve_is_a_failure_record_with_each_phase_part(tmp
     assert record["server"]["stop"]["survivors"] == [] and not port_open("127.0.0.1", free_port)
     assert record["telemetry"]["startup_window"]["start"] == record["server"]["launched_at"]
     assert record["timing"]["startup_s"] == record["cold_start"]["ready_seconds"]["value"]
-    assert json.loads((tmp_path / "results/demo/configs/tp1/record.json").read_text()) == json.loads(json.dumps(record))
+    assert json.loads((tmp_path / "results/demo/configs/tp1/record.json").read_text()) == record
     actions = [e["action"] for e in Ledger(tmp_path / "results/demo/ledger.jsonl").entries()]
     assert actions[0] == "job_started" and actions[-1] == "job_finished" and "server_started" in actions
 
 
 def test_a_configuration_the_planner_rejects_is_skipped_without_a_server(tmp_path, free_port):
-    record = fake_job(tmp_path, free_port, verdict="does_not_fit").run()
-    assert record["status"] == "skipped" and record["plan"]["reasons"] == ["a reason"]
+    model = fake_job(tmp_path, free_port, verdict="does_not_fit").run()
+    assert model.status == "skipped" and model.plan.reasons == ["a reason"]
+    record = written(model)
+    stored = json.loads((tmp_path / "results/demo/configs/tp1/record.json").read_text())
+    assert stored == record and stored == {  # the skipped record as the job wrote it when it was a dict
+        "trial": "demo", "configuration": "tp1", "description": "", "status": "skipped", "failure": None,
+        "server": {"argv": record["server"]["argv"], "env": {}, "host": "127.0.0.1", "port": free_port,
+                   "log": "server.log"},
+        "startup": {}, "engine_warnings": [], "cold_start": {}, "scenarios": [], "telemetry": {"file": "telemetry.csv"},
+        "timing": {"job_start": model.timing.job_start, "job_end": model.timing.job_end,
+                   "wall_s": model.timing.job_end - model.timing.job_start},
+        "plan": {"verdict": "does_not_fit", "reasons": ["a reason"], "forced": False}, "prediction": []}
+    assert (tmp_path / "results/demo/configs/tp1/telemetry.csv").read_text().count("\n") == 1
     assert not (tmp_path / "results/demo/ledger.jsonl").exists()
 
 
@@ -147,8 +161,11 @@ def stable(value, path=()):
 def test_the_jobs_record_is_the_one_it_wrote_before_its_phases_were_split(tmp_path, free_port):
     """tests/data/records/fake-job-cold-start-failure.json is the record this job wrote before
     it was split into readiness, measurement and comparison, with what differs between runs
-    replaced by its type: the record's keys, their order and every stable value are the same."""
-    record = fake_job(tmp_path, free_port).run()
+    replaced by its type: the record's keys and every stable value are the same, the keys in the
+    order of the model's fields (the order write_record writes a model in)."""
+    record = written(fake_job(tmp_path, free_port).run())
     stored = json.loads((DATA / "records" / "fake-job-cold-start-failure.json").read_text())
     assert json.loads(json.dumps(stable(record))) == stored
-    assert list(record) == list(stored)
+    fields = list(ConfigurationRecord.model_fields)
+    assert list(record) == sorted(stored, key=lambda k: fields.index(k) if k in fields else len(fields))
+    assert list(json.loads((tmp_path / "results/demo/configs/tp1/record.json").read_text())) == list(record)

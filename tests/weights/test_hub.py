@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import written
 from hub_server import HubServer, model_files
 from llmtrial.core.ledger import Ledger
+from llmtrial.core.record_models import ManifestRecord
 from llmtrial.host.disk import HeadroomError, disk_headroom
 from llmtrial.weights import hub as hubmod
 from llmtrial.weights.hub import HubError, VerificationError
@@ -56,7 +58,8 @@ def stage(tmp_path, src=None, *, after="keep", disk=None, trial="t1"):
     manifest = stage_model(src or source(), folder, ledger=ledger, root=tmp_path / "staging" / trial,
                            weights={"after": after, "archive_dir": str(tmp_path / "archive")},
                            disk=disk or {"reserve_fraction": 0.0, "reserve_min_gib": 0.0})
-    return manifest, folder, ledger
+    assert isinstance(manifest, ManifestRecord)
+    return written(manifest), folder, ledger
 
 
 def test_a_fresh_download_is_verified_and_manifested_with_its_commit(hub, tmp_path, caplog):

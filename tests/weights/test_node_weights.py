@@ -9,11 +9,14 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from conftest import written
 from llmtrial.core.ledger import Action, Ledger, current_run
 from llmtrial.core.paths import TrialPaths
+from llmtrial.core.record_models import ManifestRecord
 from llmtrial.core.records import check_record
 from llmtrial.host.nodes import NodeError
 from llmtrial.weights.manifest import MANIFEST_NAME, build_manifest
@@ -22,7 +25,7 @@ from workflow_helpers import default_config, snakemake, write_config
 
 #: run_cleanup on host A as `snakemake cleanup` runs it (with the weights' policy), as this test's run.
 CLEANUP = ("import json, sys; from llmtrial.borrow.cleanup import run_cleanup; "
-           "print(json.dumps(run_cleanup(sys.argv[1], stop_timeout=5, weights=True, run=sys.argv[2]), default=str))")
+           "print(run_cleanup(sys.argv[1], stop_timeout=5, weights=True, run=sys.argv[2]).model_dump_json(exclude_unset=True))")
 FILES = {"config.json": b'{"model_type": "llama"}', "model.safetensors": b"\x00" * 4096, "sub/tokenizer.json": b"{}"}
 
 
@@ -30,12 +33,12 @@ def staged_here(hosts, trial: str) -> dict:
     """A model folder staged on host A (<staging_a>/<trial>/tiny) with its manifest inside."""
     folder = hosts.staging_a / trial / "tiny"
     if (folder / MANIFEST_NAME).is_file():
-        return json.loads((folder / MANIFEST_NAME).read_text())
+        return ManifestRecord.model_validate_json((folder / MANIFEST_NAME).read_text())
     for rel, data in FILES.items():
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / rel).write_bytes(data)
     manifest = build_manifest(folder, source={"kind": "local", "path": str(folder)})
-    (folder / MANIFEST_NAME).write_text(json.dumps(manifest))
+    (folder / MANIFEST_NAME).write_text(manifest.model_dump_json(exclude_unset=True))
     return manifest
 
 
@@ -48,8 +51,10 @@ def nodes(hosts, **b):
 
 
 def stage(hosts, tmp_path, trial: str, after: str, **b) -> dict:
-    return copy_to_nodes(staged_here(hosts, trial), nodes(hosts, **b), ledger=Ledger(TrialPaths(tmp_path).ledger),
-                         trial=trial, model_name="tiny", weights={"after": after})
+    manifest = copy_to_nodes(staged_here(hosts, trial), nodes(hosts, **b), ledger=Ledger(TrialPaths(tmp_path).ledger),
+                             trial=trial, model_name="tiny", weights={"after": after})
+    assert isinstance(manifest, ManifestRecord)
+    return written(manifest)
 
 
 @pytest.mark.slow
@@ -126,7 +131,7 @@ def test_a_copy_that_cannot_reach_node_b_fails_naming_it(hosts, tmp_path):
 
 
 def test_a_trial_without_nodes_keeps_its_manifest_as_it_is(tmp_path):
-    manifest = {"model_dir": str(tmp_path), "files": [], "total_bytes": 0}
+    manifest = ManifestRecord(model_dir=str(tmp_path), source={}, files=[], total_bytes=0, created="now")
     assert stage_on_nodes(manifest, {"nodes": {}, "staging_dir": "s"}, ledger=Ledger(tmp_path / "l"), trial="t",
                           model_name="m") is manifest
     assert not Path(tmp_path / "l").exists()
@@ -155,3 +160,43 @@ def test_snakemake_stages_on_both_hosts_and_its_cleanup_deletes_node_bs_copy(hos
     out = snakemake(tmp_path, "--cores", "1", "cleanup", via=hosts.on_a([]))
     assert out.returncode == 0, out.stderr[-3000:]
     assert not there.exists() and not (tmp_path / "staging/mn/tiny-llama").exists()
+
+
+def test_the_manifest_copied_to_a_node_is_its_model_with_nodes_and_same_files(tmp_path, monkeypatch):
+    """copy_to_nodes without a second host: node b a double whose copy lands as sent."""
+    import llmtrial.weights.node_weights as node_weights
+    from llmtrial.core.fileio import sha256_file
+
+    folder = tmp_path / "tiny"
+    for rel, data in FILES.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
+    manifest = build_manifest(folder, source={"kind": "local", "path": str(folder)})
+
+    class NodeB:
+        name, staging_dir = "b", "/b/staging"
+
+        def describe(self):
+            return {"ssh": {"address": "b"}}
+
+        def sha256(self, paths):
+            return {p: None for p in paths}  # nothing there yet
+
+        def label(self):
+            return "node b"
+
+    monkeypatch.setattr(node_weights, "_folder", lambda node, op, path, root=None: {"path": path})
+    monkeypatch.setattr(node_weights, "send_files", lambda node, src, rels, dest: {r: sha256_file(src / r) for r in rels})
+    out = copy_to_nodes(manifest, [SimpleNamespace(name="a"), NodeB()], ledger=Ledger(tmp_path / "ledger.jsonl"),
+                        trial="t", model_name="tiny")
+    assert isinstance(out, ManifestRecord) and written(manifest) == {k: v for k, v in written(out).items()
+                                                                     if k not in ("nodes", "same_files")}
+    size = sum(map(len, FILES.values()))
+    copy_s = out.nodes["b"].copy_s
+    assert written(out)["nodes"] == {
+        "a": {"model_dir": str(folder), "files": 3, "bytes": size, "copy_s": 0.0, "verified": True, "reused": False,
+              "copied_from": None},
+        "b": {"model_dir": "/b/staging/t/tiny", "files": 3, "bytes": size, "copy_s": copy_s, "verified": True,
+              "reused": False, "copied_from": "a"}}
+    assert written(out)["same_files"]["status"] == "ok" and written(out)["same_files"]["name"] == "model_files"
+    check_record(out, "manifest")

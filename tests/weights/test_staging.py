@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import written
+from llmtrial.core.record_models import ManifestRecord
 from llmtrial.weights import tiny
 from llmtrial.weights.manifest import MANIFEST_NAME, build_manifest, verify_manifest
 from llmtrial.weights.model_source import check_local_model
@@ -188,7 +190,7 @@ def test_manifest_lists_every_file(model_copy: Path) -> None:
     (model_copy / "sub" / "extra.txt").write_text("extra")
     (model_copy / ".git").mkdir()
     (model_copy / ".git" / "HEAD").write_text("ref")
-    manifest = build_manifest(model_copy, source={"kind": "local", "path": str(model_copy)})
+    manifest = written(build_manifest(model_copy, source={"kind": "local", "path": str(model_copy)}))
 
     assert manifest["model_dir"] == str(model_copy.resolve())
     assert manifest["source"] == {"kind": "local", "path": str(model_copy)}
@@ -238,21 +240,37 @@ def test_stage_tiny_reuses_then_regenerates(tmp_path: Path) -> None:
     source = {"kind": "tiny", "seed": 0, "tiny": {"num_layers": 1}}
     first = stage_model(source, staging_dir)
     assert (staging_dir / MANIFEST_NAME).is_file()
-    assert MANIFEST_NAME not in [f["path"] for f in first["files"]]
-    assert first["source"] == source
+    assert MANIFEST_NAME not in [f.path for f in first.files]
+    assert first.source == source
     assert json.loads((staging_dir / "config.json").read_text())["num_hidden_layers"] == 1
     mtimes = {p.name: p.stat().st_mtime_ns for p in staging_dir.iterdir()}
 
     second = stage_model(dict(source), staging_dir)
     assert {p.name: p.stat().st_mtime_ns for p in staging_dir.iterdir()} == mtimes
-    assert second == first
+    assert written(second) == written(first)
 
     weights = sha256(staging_dir / "model.safetensors")
     third = stage_model({**source, "seed": 1}, staging_dir)
-    assert third["source"]["seed"] == 1
+    assert third.source["seed"] == 1
     assert sha256(staging_dir / "model.safetensors") != weights
     assert verify_manifest(third) == []
     assert json.loads((staging_dir / MANIFEST_NAME).read_text())["source"]["seed"] == 1
+
+
+def test_the_tiny_manifest_is_its_model_written_as_the_dict_was(tmp_path: Path) -> None:
+    staging_dir = tmp_path / "staged"
+    source = {"kind": "tiny", "seed": 2, "tiny": {"num_layers": 1}}
+    manifest = stage_model(source, staging_dir)
+    assert isinstance(manifest, ManifestRecord)
+    names = sorted(p.name for p in staging_dir.iterdir() if p.is_file() and not p.name.startswith("."))
+    files = [{"path": n, "size": (staging_dir / n).stat().st_size, "sha256": sha256(staging_dir / n)} for n in names]
+    expected = {"model_dir": str(staging_dir.resolve()), "source": source, "files": files,
+                "total_bytes": sum(f["size"] for f in files), "created": manifest.created,
+                "generator": {**tiny.tiny_parameters(source, 0)}}
+    assert written(manifest) == json.loads(json.dumps(expected))
+    stored = json.loads((staging_dir / MANIFEST_NAME).read_text())
+    assert stored == written(manifest) and list(stored) == list(expected)  # the order the dict had
+    assert written(stage_model(dict(source), staging_dir)) == stored  # reused: the stored manifest
 
 
 def test_stage_tiny_regenerates_tampered(tmp_path: Path) -> None:
@@ -274,9 +292,9 @@ def test_stage_tiny_rejects_unknown_override(tmp_path: Path) -> None:
 def test_stage_local_in_place(model_copy: Path, tmp_path: Path) -> None:
     source = {"kind": "local", "path": str(model_copy)}
     manifest = stage_model(source, tmp_path / "unused")
-    assert manifest["model_dir"] == str(model_copy.resolve())
-    assert manifest["source"] == source
-    assert {f["path"] for f in manifest["files"]} == {p.name for p in model_copy.iterdir()}
+    assert manifest.model_dir == str(model_copy.resolve())
+    assert manifest.source == source
+    assert {f.path for f in manifest.files} == {p.name for p in model_copy.iterdir()}
     assert not (tmp_path / "unused").exists()
     assert not (model_copy / MANIFEST_NAME).exists()
 

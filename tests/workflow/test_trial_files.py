@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import DATA, REPO, free_ports
+from conftest import DATA, REPO, free_ports, written
 from hub_server import HubServer
 from llmtrial.config import configuration_spec, load_config, scenario_contexts
 from llmtrial.plan.checkpoint import WeightsSize
@@ -68,9 +68,9 @@ def plans(trial: Path) -> dict[str, dict]:
     config = load_config(trial)
     source, archive = config["model"]["source"], config["model"]["weights"]["archive_dir"]
     model_config, weights = model_config_for(source, archive_dir=archive), planned_weights(source, archive)
-    return {name: plan_record(spec=configuration_spec(config, name), model_config=model_config, weights=weights,
-                              environment=NO_GPUS_HERE, hardware=config["hardware"], settings=config["plan"],
-                              contexts=scenario_contexts(config))
+    return {name: written(plan_record(spec=configuration_spec(config, name), model_config=model_config, weights=weights,
+                                      environment=NO_GPUS_HERE, hardware=config["hardware"], settings=config["plan"],
+                                      contexts=scenario_contexts(config)))
             for name in config["configurations"]}
 
 
@@ -136,9 +136,9 @@ def test_seed_001_awq_fits_one_3060_with_either_kernel(hub):
 
 def seed_002_plans() -> dict[str, dict]:
     config = load_config(SEED_002)
-    return {name: plan_record(spec=configuration_spec(config, name), model_config=SEED_002_CONFIG,
-                              weights=SEED_002_WEIGHTS, environment=NO_GPUS_HERE, hardware=config["hardware"],
-                              settings=config["plan"], contexts=scenario_contexts(config))
+    return {name: written(plan_record(spec=configuration_spec(config, name), model_config=SEED_002_CONFIG,
+                                      weights=SEED_002_WEIGHTS, environment=NO_GPUS_HERE, hardware=config["hardware"],
+                                      settings=config["plan"], contexts=scenario_contexts(config)))
             for name in config["configurations"]}
 
 
@@ -168,8 +168,8 @@ def test_seed_002_three_cards_do_not_start_at_utilization_0_85():
     record = plan_record(spec=spec, model_config=SEED_002_CONFIG, weights=SEED_002_WEIGHTS,
                          environment=NO_GPUS_HERE, hardware=config["hardware"], settings=config["plan"],
                          contexts=scenario_contexts(config))
-    assert record["verdict"] == "does_not_fit"
-    assert any("No memory left for the KV cache" in r for r in record["reasons"]), record["reasons"]
+    assert record.verdict == "does_not_fit"
+    assert any("No memory left for the KV cache" in r for r in record.reasons), record.reasons
 
 
 # --------------------------------------------------------------------------- through snakemake

@@ -6,11 +6,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from llmtrial.borrow.cleanup import cleanup_with_record
 from llmtrial.config import ConfigError, load_config
 from llmtrial.core.joblog import open_job_log
+from llmtrial.core.record_models import PlanRecord
 from llmtrial.logs.engine_warnings import engine_warnings
 from llmtrial.logs.failures import diagnose_failure
 from llmtrial.logs.lines import read_log
@@ -43,18 +43,18 @@ def _parse_log(args: argparse.Namespace) -> int:
 def _cleanup(args: argparse.Namespace) -> int:
     record = cleanup_with_record(Path(args.results_dir), ports=args.port, host=args.host, stop_timeout=args.stop_timeout,
                                  weights=not args.keep_weights)
-    for s in record["servers"]:
+    for s in record.servers:
         print(f"server {s['label']} (pgid {s['pgid']}, port {s['port']}): {s['action']}")
-    for g in record.get("groups", []):
+    for g in record.groups:
         print(f"group {g['label']} on node {g['node']} (pgid {g.get('pgid')}): {g['action']}")
-    if not record["weights"]["applied"]:
-        print(f"weights: {record['weights']['reason']}")
-    for w in record["weights"]["folders"]:
-        print(f"weights {w['path']}: {w['action']} ({w['policy']}), {w.get('freed_bytes', 0):,} bytes freed")
-    for r in record["residues"]:
-        print(f"RESIDUE {r['kind']}: {r['what']}: {r['seen']}")
-    print("host restored" if record["restored"] else "host NOT fully restored")
-    return 0 if record["restored"] else 1
+    if not record.weights.applied:
+        print(f"weights: {record.weights.reason}")
+    for w in record.weights.folders:
+        print(f"weights {w.path}: {w.action} ({w.policy}), {getattr(w, 'freed_bytes', 0):,} bytes freed")
+    for r in record.residues:
+        print(f"RESIDUE {r.kind}: {r.what}: {r.seen}")
+    print("host restored" if record.restored else "host NOT fully restored")
+    return 0 if record.restored else 1
 
 
 def _patches(args: argparse.Namespace) -> int:
@@ -91,7 +91,7 @@ def _set_pairs(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def _plan_record(args: argparse.Namespace) -> dict[str, Any]:
+def _plan_record(args: argparse.Namespace) -> PlanRecord:
     """The plan record the plan rule would write, from the command line's figures."""
     sets = _set_pairs(args.set)
     env = {k: v for k, v in sets.items() if k.startswith("VLLM_")}
@@ -112,34 +112,34 @@ def _plan_record(args: argparse.Namespace) -> dict[str, Any]:
         contexts=args.context or None, available_kv_gib=args.available_kv_gib)
 
 
-def _plan_rows(record: dict[str, Any]) -> list[tuple[str, str]]:
-    d, f = record["plan"], record["facts"]
+def _plan_rows(record: PlanRecord) -> list[tuple[str, str]]:
+    d, f = record.plan, record.facts
     gib = 2**30
-    rows = [("verdict", record["verdict"])]
+    rows = [("verdict", record.verdict)]
     w = f.get("weights_bytes")
     if w:
-        rows.append(("weights", (f"{w['value'] / gib:,.2f} GiB" if w["value"] is not None else "unknown") +
-                     f" ({w['kind']}: {w['source']})"))
+        rows.append(("weights", (f"{w.value / gib:,.2f} GiB" if w.value is not None else "unknown") +
+                     f" ({w.kind}: {w.source})"))
     if not d:
         return rows
     rows += [
         ("TP x PP", f"{d['tensor_parallel_size']} x {d['pipeline_parallel_size']} (layers per stage {d['stage_layers']})"),
         ("weights per rank", ", ".join(f"{x / gib:,.2f} GiB" for x in d["weights_bytes_per_rank"])),
     ]
-    if any(f["offload_bytes_per_rank"]["value"]):
-        rows.append(("offloaded per rank", ", ".join(f"{x / gib:,.2f} GiB" for x in f["offload_bytes_per_rank"]["value"])))
+    if any(f["offload_bytes_per_rank"].value):
+        rows.append(("offloaded per rank", ", ".join(f"{x / gib:,.2f} GiB" for x in f["offload_bytes_per_rank"].value)))
     for key, label in (("gpu_budget_bytes", "GPU budget per rank"), ("non_torch_bytes", "non-torch memory"),
                        ("peak_activation_bytes", "peak activation"), ("cuda_graph_bytes", "CUDA graph memory"),
                        ("cuda_graph_outside_bytes", "CUDA graphs outside the budget"),
                        ("sampler_warmup_bytes", "sampler warm-up outside the budget"),
                        ("headroom_bytes", "headroom outside the budget")):
         if key in f:
-            rows.append((label, f"{f[key]['value'] / gib:,.2f} GiB ({f[key]['kind']}: {f[key]['source']})"))
+            rows.append((label, f"{f[key].value / gib:,.2f} GiB ({f[key].kind}: {f[key].source})"))
     rows += [
         ("KV bytes per token", f"{d['kv_cache_bytes_per_token']:,} B"),
         ("KV bytes per token per rank", f"{d['kv_cache_bytes_per_token_per_rank']} B"),
         ("KV memory per rank", ", ".join(f"{a / gib:,.2f} GiB" for a in d["available_kv_bytes_per_rank"])
-         + f" ({f['available_kv_bytes_per_rank']['kind']})"),
+         + f" ({f['available_kv_bytes_per_rank'].kind})"),
         ("KV cache tokens", f"{d['predicted_kv_cache_tokens']:,} (block size {d['block_size']})"),
         (f"max concurrency at {d['max_model_len']:,}", f"{d['max_concurrency']:.2f}x"),
         ("preemption boundary", ", ".join(f"{n} requests of {c} tokens" for c, n in d["preemption_boundary"].items())),
@@ -155,18 +155,19 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"llmtrial plan: {exc}", file=sys.stderr)
         return 2
     if args.json:  # the record, with the plan's figures at the top level
-        print(json.dumps({k: v for k, v in record.items() if k != "plan"} | record["plan"], indent=2))
-        return 0 if record["verdict"] != "does_not_fit" else 1
+        written = record.model_dump(mode="json", exclude_unset=True)
+        print(json.dumps({k: v for k, v in written.items() if k != "plan"} | written["plan"], indent=2))
+        return 0 if record.verdict != "does_not_fit" else 1
     rows = _plan_rows(record)
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
-    for reason in record["reasons"]:
+    for reason in record.reasons:
         print(f"- {reason}")
-    for c in record["checks"]:
-        if c["status"] in ("warn", "fail"):
-            print(f"! {c['name']} ({c['status']}): {c['detail']}")
-    return 0 if record["verdict"] != "does_not_fit" else 1
+    for c in record.checks:
+        if c.status in ("warn", "fail"):
+            print(f"! {c.name} ({c.status}): {c.detail}")
+    return 0 if record.verdict != "does_not_fit" else 1
 
 
 def main(argv: list[str] | None = None) -> int:

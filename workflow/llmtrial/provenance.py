@@ -23,6 +23,7 @@ from typing import Any
 
 from llmtrial.config import validate_config
 from llmtrial.core.fileio import file_digest
+from llmtrial.core.record_models import ProvenanceRecord, TrialFile
 from llmtrial.core.records import redact_argv, redact_config
 
 #: The main Snakemake process' argv as JSON; jobs inherit it (never passed through params).
@@ -51,16 +52,16 @@ def config_sha256(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def trial_files(configfiles: list[str | os.PathLike[str]], repo: Path) -> list[dict[str, Any]]:
+def trial_files(configfiles: list[str | os.PathLike[str]], repo: Path) -> list[TrialFile]:
     """``{path, sha256}`` of each trial file (the default one under ``repo`` when none is
     given); sha256 None with the reason when a file cannot be read."""
     paths = [Path(p) for p in configfiles] or [repo / DEFAULT_CONFIGFILE]
-    out: list[dict[str, Any]] = []
+    out: list[TrialFile] = []
     for path in paths:
         try:
-            out.append({"path": str(path), "sha256": file_digest(path).hexdigest()})
+            out.append(TrialFile(path=str(path), sha256=file_digest(path).hexdigest()))
         except OSError as exc:
-            out.append({"path": str(path), "sha256": None, "reason": f"cannot read: {exc.strerror or exc}"})
+            out.append(TrialFile(path=str(path), sha256=None, reason=f"cannot read: {exc.strerror or exc}"))
     return out
 
 
@@ -91,7 +92,7 @@ def git_state(repo: Path) -> dict[str, Any]:
 
 
 def collect(config: Mapping[str, Any], *, configfiles: list[str | os.PathLike[str]], command: list[str] | None,
-            repo: Path) -> dict[str, Any]:
+            repo: Path) -> ProvenanceRecord:
     """The provenance record of a run of the workflow in ``repo`` with ``config`` (as
     Snakemake resolved it from ``configfiles``, in the order read) started by ``command``.
 
@@ -101,11 +102,11 @@ def collect(config: Mapping[str, Any], *, configfiles: list[str | os.PathLike[st
     """
     resolved = validate_config(copy.deepcopy(json.loads(json.dumps(dict(config), default=str))))
     recorded = redact_config(resolved)
-    return {
+    return ProvenanceRecord(
         **git_state(Path(repo)),
-        "repo": str(repo),
-        "command_line": redact_argv(command) if command is not None else None,
-        "config": recorded,
-        "config_sha256": config_sha256(recorded),
-        "trial_files": trial_files(list(configfiles), Path(repo)),
-    }
+        repo=str(repo),
+        command_line=redact_argv(command) if command is not None else None,
+        config=recorded,
+        config_sha256=config_sha256(recorded),
+        trial_files=trial_files(list(configfiles), Path(repo)),
+    )

@@ -6,7 +6,7 @@ import re
 import sys
 from pathlib import Path
 
-from llmtrial.borrow.cleanup import cleanup_with_record, restore_after_run
+from llmtrial.borrow.cleanup import cleanup_with_record, residue_rows, restore_after_run
 from llmtrial.core.ledger import NODE_ENV, RUN_ENV, new_run_id
 from llmtrial.host.nodes import spanned_nodes, this_node_name
 from llmtrial.host.services import services_on_nodes
@@ -102,7 +102,7 @@ def cleanup_on_error():
         ports=trial_ports(),
         host=config["serving"]["host"],
     )
-    state = "restored" if record["restored"] else f"NOT restored: {record['residues']}"
+    state = "restored" if record.restored else f"NOT restored: {residue_rows(record)}"
     print(f"llmtrial cleanup after error: host {state}")
 
 

@@ -29,6 +29,7 @@ import psutil
 from llmtrial.borrow.ledger_tables import patches_table, services_table, undo_rows
 from llmtrial.core.ledger import Action, Ledger, replay
 from llmtrial.core.paths import TrialPaths
+from llmtrial.core.record_models import CleanupRecord, HostAfter, LeftBehind, PortState, WeightsOutcome
 from llmtrial.core.records import write_record
 from llmtrial.host.gpus import recheck_failed
 from llmtrial.host.groups import group_members, port_open, stop_group, stop_recorded_groups
@@ -62,7 +63,7 @@ def unfinished(entries: list[dict[str, Any]]) -> bool:
     return replay(entries).any_open(besides=("weights",))
 
 
-def restore_first(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1") -> dict[str, Any] | None:
+def restore_first(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1") -> CleanupRecord | None:
     """Before the host is quieted: when any run of this trial left a change open (a crash),
     give the host back first. Returns that cleanup's record (None when nothing was open);
     raises :class:`HostNotRestored` when residues remain."""
@@ -71,10 +72,15 @@ def restore_first(results_dir: Path, *, ports: Iterable[int] = (), host: str = "
         return None
     log.warning("an earlier run of this trial left the host changed (ledger %s): restoring it first", ledger.path)
     record = run_cleanup(results_dir, ports=ports, host=host)
-    if not record["restored"]:
+    if not record.restored:
         raise HostNotRestored("an earlier run of this trial left residues that cleanup could not undo: "
-                              f"{record['residues']}; fix them, then run `snakemake cleanup`")
+                              f"{residue_rows(record)}; fix them, then run `snakemake cleanup`")
     return record
+
+
+def residue_rows(record: CleanupRecord) -> list[dict[str, Any]]:
+    """The record's residues as its JSON lists them (what a message quotes)."""
+    return [r.model_dump(mode="json", exclude_unset=True) for r in record.residues]
 
 
 def _listener_pids(port: int) -> list[int]:
@@ -158,17 +164,17 @@ def stop_servers(servers: list[dict[str, Any]], ledger: Ledger, host: str, timeo
     return out
 
 
-def check_ports(ports: Iterable[int], host: str, residues: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def check_ports(ports: Iterable[int], host: str, residues: list[dict[str, Any]]) -> list[PortState]:
     """Whether each trial port still listens after the servers were stopped (a residue if so)."""
     checks = []
     for port in sorted(set(ports)):
-        listening = port_open(host, port)
-        check: dict[str, Any] = {"port": port, "listening": listening}
-        if listening:
-            check["pids"] = _listener_pids(port)
-            residues.append({"kind": "port", "what": f"{host}:{port}", "tried": "checked after stopping trial servers",
-                             "seen": f"still listening (pids {check['pids'] or 'unknown'})"})
-        checks.append(check)
+        if not port_open(host, port):
+            checks.append(PortState(port=port, listening=False))
+            continue
+        pids = _listener_pids(port)
+        residues.append({"kind": "port", "what": f"{host}:{port}", "tried": "checked after stopping trial servers",
+                         "seen": f"still listening (pids {pids or 'unknown'})"})
+        checks.append(PortState(port=port, listening=True, pids=pids))
     return checks
 
 
@@ -193,17 +199,18 @@ def _undo_all(ledger: Ledger, *, ports: Iterable[int], host: str, stop_timeout: 
             "services": back, "weights": staged, "gpus_held": held}
 
 
-def weights_outcome(staged: dict[str, Any] | None, run: str) -> dict[str, Any]:
+def weights_outcome(staged: dict[str, Any] | None, run: str) -> WeightsOutcome:
     """The cleanup record's ``weights``, always one shape: whether the staged weights' policy
     was applied (and why not), this run's folders, the bytes freed and the residues."""
     if staged is None:
-        return {"applied": False, "reason": "not applied: the trial did not finish (a rerun needs them)",
-                "folders": [], "freed_bytes": 0, "residues": []}
-    return {"applied": True, "reason": None, **staged, "folders": [w for w in staged["folders"] if w.get("run") == run]}
+        return WeightsOutcome(applied=False, reason="not applied: the trial did not finish (a rerun needs them)",
+                              folders=[], freed_bytes=0, residues=[])
+    return WeightsOutcome(applied=True, reason=None,
+                          **{**staged, "folders": [w for w in staged["folders"] if w.get("run") == run]})
 
 
 def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1",
-                stop_timeout: float = 30.0, weights: bool = False, run: str | None = None) -> dict[str, Any]:
+                stop_timeout: float = 30.0, weights: bool = False, run: str | None = None) -> CleanupRecord:
     """Undo every change the ledger in ``results_dir`` still has open, from this run or an
     earlier one; return the cleanup record. The record keeps what this run changed apart
     from what earlier runs left behind and this run undid, and says the host is restored
@@ -230,36 +237,31 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
             residues.append({"kind": "service", "what": c["name"], "tried": "read its state after cleanup",
                              "seen": c["seen"]})
     staged = did["weights"]
-    record = {
-        "run": ledger.run, "started": started, "finished": time.time(), "ledger": str(ledger.path),
-        "ledger_entries": n_entries, "jobs": jobs, "servers": servers, "groups": groups, "ports": did["ports"],
-        "services_restored": [s for s in did["services"]["services"] if s["run"] == ledger.run],
-        "services": services,
-        "patches_reverted": [p for p in did["patches"]["items"] if p["run"] == ledger.run],
-        "patches": patches,
-        "weights": weights_outcome(staged, ledger.run),
-        "left_behind": {"jobs": left_jobs, "servers": left_servers, "groups": left_groups, "services": left_services,
-                        "patches": left_patches,
-                        "weights": [w for w in (staged or {}).get("folders", []) if w.get("run") != ledger.run]},
-        "host": {"services": host_check},
-        "gpus_held": [{k: g.get(k) for k in ("gpu", "uuid", "label", "evidence", "evidence_now", "run")}
-                      for g in did["gpus_held"]],
-        "residues": residues,
-        "restored": not residues and all(c["running_and_healthy"] for c in host_check),
-    }
-    ledger.append(Action.CLEANUP_DONE, restored=record["restored"], residues=len(residues))
+    left_behind = LeftBehind(jobs=left_jobs, servers=left_servers, groups=left_groups, services=left_services,
+                             patches=left_patches,
+                             weights=[w for w in (staged or {}).get("folders", []) if w.get("run") != ledger.run])
+    record = CleanupRecord(
+        run=ledger.run, started=started, finished=time.time(), ledger=str(ledger.path), ledger_entries=n_entries,
+        jobs=jobs, servers=servers, groups=groups, ports=did["ports"],
+        services_restored=[s for s in did["services"]["services"] if s["run"] == ledger.run], services=services,
+        patches_reverted=[p for p in did["patches"]["items"] if p["run"] == ledger.run], patches=patches,
+        weights=weights_outcome(staged, ledger.run), left_behind=left_behind, host=HostAfter(services=host_check),
+        gpus_held=[{k: g.get(k) for k in ("gpu", "uuid", "label", "evidence", "evidence_now", "run")}
+                   for g in did["gpus_held"]],
+        residues=residues, restored=not residues and all(c["running_and_healthy"] for c in host_check))
+    ledger.append(Action.CLEANUP_DONE, restored=record.restored, residues=len(residues))
     return record
 
 
 def cleanup_with_record(results_dir: Path, record_path: Path | None = None, *, ports: Iterable[int] = (),
-                        host: str = "127.0.0.1", stop_timeout: float = 30.0, weights: bool = False) -> dict[str, Any]:
+                        host: str = "127.0.0.1", stop_timeout: float = 30.0, weights: bool = False) -> CleanupRecord:
     """Run cleanup and write its record (default ``<results>/cleanup/on-demand.json``)."""
     record = run_cleanup(results_dir, ports=ports, host=host, stop_timeout=stop_timeout, weights=weights)
     write_record(record_path or TrialPaths(Path(results_dir)).cleanup_on_demand, record, schema="cleanup")
     return record
 
 
-def restore_after_run(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1") -> dict[str, Any] | None:
+def restore_after_run(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1") -> CleanupRecord | None:
     """After a successful workflow run: give back what a partial run left changed (recorded
     as ``cleanup/on-success.json``), and raise HostNotRestored when the last cleanup could
     not restore the host, so the run's exit status says so. Returns the new record, if any."""

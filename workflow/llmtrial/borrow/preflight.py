@@ -31,6 +31,7 @@ from typing import Any
 
 import psutil
 
+from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.core.records import redact_env
 from llmtrial.host.checks import check, check_allocator, check_nccl_interfaces, check_open_files, check_shm
 from llmtrial.host.crossnode import preflight_nodes
@@ -281,7 +282,7 @@ def probes_part(settings: Mapping[str, Any], gpus: Mapping[str, Any]) -> tuple[d
 def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: Mapping[str, Any],
                   nodes: Mapping[str, Any] | None = None, nvml: Any | None = None,
                   sysfs: Path = SYSFS, hardware: Mapping[str, Any] | None = None,
-                  probes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  probes: Mapping[str, Any] | None = None) -> PreflightRecord:
     """The trial's preflight record. Raises PreflightError naming what failed, with the
     record attached as ``exc.record``, when a check must stop the trial before staging.
 
@@ -300,20 +301,21 @@ def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: M
     needed, files = staged_size_estimate(source)
     headroom = headroom_by_filesystem([("staging", staging_dir, needed, files)], disk)[0]
     checks = [check_allocator(host), check_shm(), check_open_files(), check_nccl_interfaces(host), disk_check(headroom)]
-    record = {"environment": environment_record(nvml, sysfs), "checks": checks, "disk": headroom}
-    unselectable = select_gpus(record["environment"], hardware or {})
+    environment = environment_record(nvml, sysfs)
+    unselectable = select_gpus(environment, hardware or {})
     if unselectable:
         checks.append(check("gpu_selection", "fail", unselectable))
-    if record["environment"]["gpus"]["present"]:
-        record["kernel_log"] = kernel_log()  # the baseline a health check after a failure compares with
-    if probes is not None:
-        record["probes"], link = probes_part(probes, record["environment"]["gpus"])
-        checks += link
+    gpus = environment["gpus"]
+    # the kernel log on a GPU host: the baseline a health check after a failure compares with
+    baseline = kernel_log() if gpus["present"] else None
+    probed, link = probes_part(probes, gpus) if probes is not None else (None, [])
     across = nodes_preflight(nodes)
-    failed = [f"{c['name']}: {c['detail']}" for c in checks if c["status"] == "fail"]
-    if across is not None:
-        record["nodes"] = across
-        failed += [f"nodes: {c['name']}: {c['detail']}" for c in across["checks"] if c["status"] == "fail"]
+    parts = {"kernel_log": baseline, "probes": probed, "nodes": across}
+    record = PreflightRecord(environment=environment, checks=[*checks, *link], disk=headroom,
+                             **{name: part for name, part in parts.items() if part is not None})
+    failed = [f"{c.name}: {c.detail}" for c in record.checks if c.status == "fail"]
+    if record.nodes is not None:
+        failed += [f"nodes: {c.name}: {c.detail}" for c in record.nodes.checks if c.status == "fail"]
     if failed:
         err = PreflightError("preflight failed: " + "; ".join(failed))
         err.record = record  # type: ignore[attr-defined]

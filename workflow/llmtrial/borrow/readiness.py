@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from llmtrial.borrow.cleanup import restore_first
+from llmtrial.core.configuration_model import GpuCensus
 from llmtrial.core.ledger import Ledger
+from llmtrial.core.record_models import QuietedService, QuietRecord
 from llmtrial.host.gpus import launch_check, visible_devices_env
 from llmtrial.host.services import quiet_host, quiet_needed
 from llmtrial.patch.patching import ensure_patched, server_env
@@ -21,7 +23,7 @@ from llmtrial.patch.patching import ensure_patched, server_env
 log = logging.getLogger(__name__)
 
 
-def quiet(results: Path, services: Mapping[str, Any], *, ports: Sequence[int], host: str) -> dict[str, Any]:
+def quiet(results: Path, services: Mapping[str, Any], *, ports: Sequence[int], host: str) -> QuietRecord:
     """The quiet stage: restore first what an earlier run left changed (servers on ``ports``
     stopped, services started again), then quiet the trial's services; the quiet record."""
     restored = restore_first(results, ports=list(ports), host=host)
@@ -33,11 +35,11 @@ class Readiness:
     """What a configuration's job found and did before serving."""
 
     #: The services the job quieted again (None when the quiet stage's work still stood).
-    requieted: list[dict[str, Any]] | None
+    requieted: list[QuietedService] | None
     #: :func:`llmtrial.patch.patching.ensure_patched`'s answer: the patches, the plugin folder, what was reapplied.
     patched: dict[str, Any]
     #: The GPU census before launch and, when a foreign process holds a selected GPU, why the job stops.
-    census: dict[str, Any]
+    census: GpuCensus
     busy: str | None
 
 
@@ -50,10 +52,10 @@ def ready_host(*, results: Path, services: Mapping[str, Any], ports: Sequence[in
     why = quiet_needed(results, services)
     if why is not None:
         log.info("quieting the host first (%s)", why)
-        requieted = quiet(results, services, ports=ports, host=host)["services"]
+        requieted = quiet(results, services, ports=ports, host=host).services
     patched = ensure_patched(dict(patches), ledger=ledger, work_dir=patches_dir)
     census, busy = launch_check(ledger, list(gpus), list(allow_processes))
-    return Readiness(requieted, patched, census, busy)
+    return Readiness(requieted, patched, GpuCensus.model_validate(census), busy)
 
 
 def host_env(gpus: Sequence[Mapping[str, Any]], env: Mapping[str, str], patched: Mapping[str, Any]) -> dict[str, str]:

@@ -2,7 +2,7 @@
 package's data and job logs. It imports no other package.
 
 - :mod:`llmtrial.core.configuration_model`: The configuration record's model: what one serving
-  configuration's job measured, its passes, scenarios, server, failure and telemetry.
+  configuration's job measured, its scenarios, server, failure and telemetry.
 - :mod:`llmtrial.core.fileio`: Two file routines the whole library shares: hashing a file and
   writing one atomically.
 - :mod:`llmtrial.core.joblog`: Logging for one workflow job or command: everything to one log file,
@@ -18,6 +18,8 @@ package's data and job logs. It imports no other package.
   record's shape, its JSON Schema (``schemas/<kind>.record.schema.json``) generated from it.
 - :mod:`llmtrial.core.records`: Stage records: the JSON files that stages hand to each other and to
   the report.
+- :mod:`llmtrial.core.scenario_model`: A scenario's parts in the configuration record: its passes,
+  their summaries and windows, a sweep's steps and onset, the repetition's outcome.
 - :mod:`llmtrial.core.resources`: The files the library ships as package data: record and config
   schemas, the report's templates, and the vLLM patches. Found through ``importlib.resources``, so
   they are there in an installed (not only an editable) package.
@@ -26,4 +28,4 @@ Imports from: no other package. (tests/test_structure.py holds the order.)
 """
 
 __all__ = ["configuration_model", "fileio", "joblog", "ledger", "paths", "preflight_model", "record_base", "record_models",
-           "records", "resources"]
+           "records", "resources", "scenario_model"]

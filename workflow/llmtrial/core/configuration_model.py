@@ -7,142 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from llmtrial.core.record_base import Fact, Maybe, NonNegInt, RecordModel, Rows, Verdict
-
-# --------------------------------------------------------------------------- a benchmark pass
-
-
-class RequestSpread(RecordModel):
-    """n, min, median and max of request_output_tok_s (null figures when n is 0)."""
-
-    n: NonNegInt = Field(description="Successful requests counted.")
-    min: float | None = Field(description="Slowest request, tok/s.")
-    median: float | None = Field(description="Median request, tok/s.")
-    max: float | None = Field(description="Fastest request, tok/s.")
-
-
-class Goodput(RecordModel):
-    """How many requests met every latency target given, and whether the share reaches the target's percentile."""
-
-    targets: Maybe[dict[str, Any]] = Field(None, description="The targets given: ttft_ms, tpot_ms, e2el_ms.")
-    percentile: Maybe[float] = Field(None, description="Share of requests (%) that must meet the targets.")
-    request_goodput: float | None = Field(None, description="Requests per second meeting every target (vLLM's figure).")
-    requests_meeting: Maybe[int] = Field(None, description="Requests that met every target.")
-    requests: Maybe[int] = Field(None, description="Requests completed.")
-    share: float | None = Field(None, description="requests_meeting / requests.")
-    met: Maybe[bool] = Field(None, description="share is at least percentile / 100.")
-
-
-class PassSummary(RecordModel):
-    """Figures copied from vLLM's result file, and each request's own output throughput."""
-
-    request_output_tok_s: Maybe[list[float]] = Field(None, description=(
-        "Per request (per stream): output tokens over its latency, tok/s, 3 decimals, for each successful request "
-        "in the result file's order (failed or zero-latency requests left out)."))
-    request_output_tok_s_summary: Maybe[RequestSpread] = Field(None, description=(
-        "n, min, median and max of request_output_tok_s (null figures when n is 0)."))
-    goodput: Maybe[Goodput] = Field(None, description=(
-        "Only when the scenario has a latency target (slo): how many requests met every target given (vLLM's "
-        "--goodput rule) and whether the share reaches the target's percentile."))
-
-
-class Pass(RecordModel):
-    """One benchmark pass (or warm-up pass, or sweep step)."""
-
-    pass_: Any = Field(alias="pass")
-    seed: Any
-    start: float = Field(description="Unix time the pass began (telemetry window start).")
-    end: float = Field(description="Unix time the pass ended (telemetry window end).")
-    status: Literal["ok", "failed"] = Field(description="Whether the benchmark produced a result.")
-    argv: Any
-    log: Any
-    summary: Maybe[PassSummary] = Field(None, description=(
-        "Figures copied from vLLM's result file, and each request's own output throughput."))
-    server_metrics: Maybe[dict[str, float]] = Field(None, description="/metrics deltas over the pass.")
-
-
-class Step(Pass):
-    """A sweep step: a pass entry plus its step number, its values and its figures."""
-
-    step: Maybe[Annotated[int, Field(ge=1)]] = Field(None, description="The step's number, from 1.")
-    concurrency: Maybe[int] = Field(None, description="Requests in flight at most during the step.")
-    input_len: Maybe[int] = Field(None, description="Prompt tokens per request.")
-    output_len: Maybe[int] = Field(None, description="Output tokens per request.")
-    num_prompts: Maybe[int] = Field(None, description="Requests sent in the step.")
-    figures: Maybe[dict[str, Any]] = Field(None, description=(
-        "The step's figures: preemptions (the change of vllm:num_preemptions_total over its window), "
-        "kv_cache_usage_peak and kv_cache_usage_mean (0-1), running_peak, waiting_peak (/metrics gauges sampled in "
-        "the window), output_tok_s, ttft_median_ms, ttft_p99_ms, tpot_median_ms, tpot_p99_ms and failed (the "
-        "benchmark's), each null when its source had nothing; goodput as in a pass summary when the scenario has "
-        "a target."))
-
-
-# --------------------------------------------------------------------------- a scenario
-
-
-class OnsetComparison(RecordModel):
-    """The first step predicted to show it against the first step that did (null where none)."""
-
-    predicted_step: int | None = Field(None, description="First step predicted (null none).")
-    predicted_concurrency: int | None = Field(None, description="Its concurrency.")
-    observed_step: int | None = Field(None, description="First step observed (null none).")
-    observed_concurrency: int | None = Field(None, description="Its concurrency.")
-    error_steps: int | None = Field(None, description=(
-        "Observed step minus predicted step (positive: later than predicted)."))
-    error_requests: int | None = Field(None, description=(
-        "Requests in flight at the observed step minus at the predicted one."))
-
-
-class Onset(RecordModel):
-    """A sweep's predicted against observed onset of preemption and of waiting requests."""
-
-    kv_cache_tokens: float | None = Field(None, description="KV cache tokens vLLM logged (the prediction's basis).")
-    kv_cache_tokens_source: str | None = Field(None, description="The log line it was read from.")
-    block_size: float | None = Field(None, description="KV cache block size of the plan.")
-    assumption: Maybe[str] = Field(None, description="The rule the prediction follows, in words.")
-    unpredicted: Maybe[str] = Field(None, description="Why nothing was predicted (no KV cache size or block size).")
-    per_step: Maybe[list[Any]] = Field(None, description=(
-        "Per step: in_flight, blocks_per_request, tokens_needed, predicted_preempts, predicted_waits."))
-    preemption: Maybe[OnsetComparison] = None
-    waiting: Maybe[OnsetComparison] = None
-
-
-class Repetition(RecordModel):
-    """How many passes ran and why they stopped (fixed scenarios only; absent in older records)."""
-
-    min: Maybe[int] = Field(None, description="Fewest passes asked for.")
-    max: Maybe[int] = Field(None, description="Most passes asked for.")
-    agreement: float | None = Field(None, description=(
-        "Spread of output tok/s ((max - min) / mean) at which passes stop early; null for a fixed count."))
-    passes_run: Maybe[int] = Field(None, description="Passes that ran (the warm-up not counted).")
-    spread: float | None = Field(None, description="Spread of output tok/s over the passes that succeeded.")
-    stopped: Maybe[Literal["agreed", "max_reached", "fixed", "failed"]] = Field(None, description=(
-        "Why no further pass ran: the passes agreed, the maximum was reached, the fixed count was run, or a "
-        "pass failed."))
-
-
-class Scenario(RecordModel):
-    """One scenario's passes (or a sweep's steps), its warm-up and how its repetition ended."""
-
-    name: Any
-    spec: Any
-    kind: Maybe[Literal["fixed", "sweep"]] = Field(None, description=(
-        "fixed: passes of one scenario (its count fixed, or until they agree); sweep: one pass per step, its spec "
-        "listing per-step values (concurrency, input_len, output_len, num_prompts). Absent in older records "
-        "(fixed)."))
-    warmup: Pass | None = Field(None, description=(
-        "The warm-up pass run before the scenario's passes or steps (a pass entry with pass 0), kept out of every "
-        "figure; null when none was asked for. Absent in older records."))
-    repetition: Maybe[Repetition] = Field(None, description=(
-        "How many passes ran and why they stopped (fixed scenarios only; absent in older records)."))
-    agreement: Maybe[dict[str, Any]] = Field(None, description=(
-        "Spread ((max - min) / mean) of output throughput and of median TTFT over the passes that succeeded."))
-    pass_results: list[Pass] = Field(description="The results of the scenario's passes (empty for a sweep; the warm-up is never among them).")
-    steps: Maybe[list[Step]] = Field(None, description=(
-        "A sweep's steps in order, each a pass entry plus its step number, its values and its figures."))
-    onset: Maybe[Onset] = Field(None, description=(
-        "A sweep's predicted against observed onset of preemption and of waiting requests."))
-
+from llmtrial.core.record_base import Fact, HeldGpu, Maybe, Number, RecordModel, Rows, Verdict
+from llmtrial.core.scenario_model import Scenario, WindowFigures
 
 # --------------------------------------------------------------------------- the server and its failure
 
@@ -188,6 +54,8 @@ class Server(RecordModel):
     host: str = Field(description="Bind address.")
     port: int = Field(description="Port.")
     log: str = Field(description="Server log, relative to the configuration folder.")
+    launched_at: float | None = Field(None, description="Unix time the server was launched.")
+    ready_at: float | None = Field(None, description="Unix time it first answered /health 200.")
     stop: Maybe[ServerStop] = Field(None, description="Teardown by process group.")
 
 
@@ -220,6 +88,8 @@ class GpuProcess(RecordModel):
     pid: Any
     user: Any
     command: Any
+    memory_bytes: Number | None = Field(None, description="GPU memory it holds (null when NVML will not say).")
+    allowed_by: str | None = Field(None, description="The hardware.allow_processes entry that allows it, or null.")
 
 
 class GpuCensus(RecordModel):
@@ -229,15 +99,23 @@ class GpuCensus(RecordModel):
     gpus: list[int]
     processes: list[GpuProcess]
     foreign: Rows
-    held_failed: Maybe[Rows] = None
+    held_failed: Maybe[list[HeldGpu]] = None
     reason: str | None = None
+
+
+class Allocation(RecordModel):
+    """A fresh process allocating, filling and freeing a buffer on one GPU: ok, failed or skipped, and what it saw."""
+
+    status: str
+    evidence: Any = None
 
 
 class GpuCheck(RecordModel):
     """One selected GPU checked after a failure."""
 
     index: Any
-    allocation: Any
+    uuid: Any = None
+    allocation: Allocation
     xid: Any
     healthy: bool | None = Field(description="null when the allocation could not be tried (no CUDA).")
     evidence: Any
@@ -283,13 +161,45 @@ class RateFact(Fact):
     unit: Maybe[Literal["tok/s"]] = Field(None, description="Unit of value.")
 
 
+class Startup(RecordModel):
+    """Facts by name, read from the server's start-up log (llmtrial.logs.startup_log)."""
+
+    __pydantic_extra__: dict[str, Fact]
+
+    vllm_version: Maybe[Fact] = None
+    model_load_gib: Maybe[Fact] = None
+    model_load_seconds: Maybe[Fact] = None
+    loading_weights_seconds: Maybe[Fact] = None
+    available_kv_gib: Maybe[Fact] = None
+    kv_cache_tokens: Maybe[Fact] = None
+    kv_pool: Maybe[Fact] = None
+    max_concurrency: Maybe[Fact] = None
+    max_concurrency_tokens_per_request: Maybe[Fact] = None
+    engine_init_seconds: Maybe[Fact] = None
+
+
 class ColdStart(RecordModel):
     """Facts by name."""
 
     __pydantic_extra__: dict[str, Fact]
 
+    ready_seconds: Maybe[Fact] = None
+    first_ttft_s: Maybe[Fact] = None
+    first_total_s: Maybe[Fact] = None
     first_output_tokens: Maybe[TokensFact] = None
     first_output_tok_s: Maybe[RateFact] = None
+
+
+class NodeSample(RecordModel):
+    """What the sampler on one node saw over the job, or an error naming the node."""
+
+    samples: Maybe[int] = None
+    cpu_percent_peak: Number | None = None
+    cpu_percent_mean: Number | None = None
+    mem_used_peak_bytes: int | None = None
+    net_rx_bytes: int | None = None
+    net_tx_bytes: int | None = None
+    error: Maybe[str] = None
 
 
 class NodesTelemetry(RecordModel):
@@ -297,13 +207,36 @@ class NodesTelemetry(RecordModel):
 
     file: Any
     interval_s: Any
-    nodes: Any
+    nodes: dict[str, NodeSample] = Field(description="Per node, what its sampler saw.")
+
+
+class TelemetrySource(RecordModel):
+    """One telemetry source's status (sampled, failed at times, or absent with the reason), the kernel log's
+    events, NVML's lost GPUs."""
+
+    status: str
+    reason: str | None = None
+    events: Maybe[list[Any]] = None
+    lost_gpus: Any = None
+
+
+class SamplerStats(RecordModel):
+    """The sampler's own cost and cadence for one source (NaN below two calls)."""
+
+    samples: Maybe[int] = None
+    errors: Maybe[int] = None
+    cpu_seconds_per_sample: Maybe[Number] = None
+    achieved_interval_s: Maybe[Number] = None
+    skipped_slots: Maybe[int] = None
 
 
 class Telemetry(RecordModel):
     """Where the samples are and the sampler's own figures."""
 
     file: Any
+    sources: Maybe[dict[str, TelemetrySource]] = Field(None, description="Each source's status, by name.")
+    sampler: Maybe[dict[str, SamplerStats]] = Field(None, description="The sampler's own figures, by source name.")
+    startup_window: Maybe[WindowFigures] = Field(None, description="What telemetry sampled from launch to ready.")
     nodes: Maybe[NodesTelemetry] = Field(None, description=(
         "Only for a configuration across nodes: llmtrial.serve.nodetelemetry.NodeTelemetry's summary, the merged "
         "samples file of every node (column node), the interval and per node its samples, CPU peak and mean, "
@@ -346,7 +279,7 @@ class ThroughputBound(RecordModel):
 
     scenario: str = Field(description="The scenario.")
     pass_: int | None = Field(alias="pass", description="The pass (or sweep step) number.")
-    concurrency: float = Field(description="Requests in flight the pass ran at.")
+    concurrency: Number = Field(description="Requests in flight the pass ran at.")
     bound_tok_s: float = Field(description="The bound at that concurrency, output tok/s.")
     bound_kind: Literal["estimated"] = Field(description="The bound is an estimate from measured bandwidths.")
     measured_tok_s: float = Field(description="The pass's measured output tok/s (vLLM's benchmark).")
@@ -423,7 +356,7 @@ class ConfigurationRecord(RecordModel):
     server: Server = Field(description="How the server was started and stopped.")
     patches: Maybe[ServerPatches] = Field(None, description=(
         "The trial's vLLM patches as this configuration's server saw them (absent when it was not launched)."))
-    startup: dict[str, Fact] = Field(description="Facts by name.")
+    startup: Startup = Field(description="Facts by name.")
     gpu_census: Maybe[GpuCensus] = Field(None, description=(
         "Before launch: every compute process NVML listed on a selected GPU (gpu, pid, user, command, "
         "memory_bytes, allowed_by), those not allowed by hardware.allow_processes (foreign: the configuration was "

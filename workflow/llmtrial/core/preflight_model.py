@@ -39,6 +39,12 @@ class Gpus(RecordModel):
         "The NVML indexes of the GPUs hardware.gpus selects: the planner, the servers' CUDA_VISIBLE_DEVICES "
         "and telemetry use exactly these."))
     selected_gpus: Maybe[list[SelectedGpu]] = Field(None, description="The selected GPUs (index, uuid, name, pci_bus_id).")
+    reason: str | None = Field(None, description="Why there is no GPU (NVML missing or failing); null when there is.")
+    driver_version: str | None = Field(None, description="The NVIDIA driver's version.")
+    cuda_driver_version: str | None = Field(None, description="The CUDA version the driver supports.")
+    peer_access: Maybe[dict[str, bool | None]] = Field(None, description=(
+        "NVML's P2P read status by pair of GPUs (0-1); null where NVML will not say."))
+    topology: str | None = Field(None, description="nvidia-smi topo -m, or null.")
 
 
 class NumaNode(RecordModel):
@@ -79,6 +85,10 @@ class NodeReport(RecordModel):
 
     node: dict[str, Any] = Field(description="How the node is reached (llmtrial.host.nodes.Node.describe).")
     error: Maybe[str] = Field(None, description="Why the node did not answer (ssh's own error, a timeout).")
+    hostname: str | None = Field(None, description="The node's host name.")
+    python_version: str | None = Field(None, description="Its Python's version.")
+    vllm: str | None = Field(None, description="Its vLLM's version (null without vLLM).")
+    torch: str | None = Field(None, description="Its torch's version (null without torch).")
     elapsed_s: Maybe[float] = Field(None, description="Seconds the node took to answer.")
 
 

@@ -1,4 +1,5 @@
-"""The base of every record model and the parts several record kinds share: a check, a fact, a residue.
+"""The base of every record model and the parts several record kinds share: a check, a fact, a GPU
+held as failed, a residue.
 
 A model allows fields it does not name (``extra="allow"``), as a JSON Schema does by default: a
 record may carry more than its readers need. A field a record may leave out but never write as null
@@ -20,6 +21,10 @@ Maybe = Union[T, SkipJsonSchema[None]]  # noqa: UP007 (a generic alias: ``T | ..
 
 #: An integer at least 0.
 NonNegInt = Annotated[int, Field(ge=0)]
+
+#: A figure a record may write as an integer or as a fraction; the model keeps which it was (the report
+#: shows ``14`` and ``14.0`` apart, as the record has them).
+Number = int | float
 
 #: Rows of a table the record does not type further: a list of objects.
 Rows = list[dict[str, Any]]
@@ -61,6 +66,15 @@ class Fact(RecordModel):
     not_counted: Maybe[list[str]] = Field(None, description=(
         "decode_tok_s_ceiling: terms left out because their bandwidth was not measured (the bound stays an "
         "upper bound)."))
+
+
+class HeldGpu(RecordModel):
+    """A GPU the ledger still holds as failed (after a configuration failed on it)."""
+
+    gpu: Any
+    uuid: Any = None
+    label: Any = None
+    evidence: Any = None
 
 
 class Residue(RecordModel):

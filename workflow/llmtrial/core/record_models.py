@@ -28,7 +28,7 @@ from pydantic.json_schema import GenerateJsonSchema
 
 from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.preflight_model import PreflightRecord
-from llmtrial.core.record_base import Check, Fact, Maybe, NonNegInt, RecordModel, Residue, Rows, Verdict
+from llmtrial.core.record_base import Check, Fact, HeldGpu, Maybe, NonNegInt, Number, RecordModel, Residue, Rows, Verdict
 from llmtrial.core.resources import SCHEMAS
 
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -42,6 +42,43 @@ class Hardware(RecordModel):
     gpus: int | None = Field(None, description="GPUs (0 on a CPU host).")
     gpu_memory_gib: float | None = Field(None, description="Memory of the smallest GPU.")
     cpu_kv_space_gib: float | None = Field(None, description="The CPU KV pool per worker (CPU host).")
+
+
+class PlanFigures(RecordModel):
+    """The planner's figures (llmtrial.plan.planner.plan's data); none when the verdict is unknown."""
+
+    tensor_parallel_size: Maybe[int] = None
+    pipeline_parallel_size: Maybe[int] = None
+    stage_layers: Maybe[list[int]] = Field(None, description="Layers per pipeline stage.")
+    weights_bytes: Maybe[Number] = None
+    weights_bytes_per_rank: Maybe[list[int]] = None
+    kv_cache_bytes_per_token: Maybe[Number] = None
+    kv_cache_bytes_per_token_per_rank: Maybe[Number | list[Number]] = Field(None, description="A list by stage when PP > 1.")
+    available_kv_bytes_per_rank: Maybe[list[int]] = None
+    block_size: Maybe[int] = None
+    predicted_kv_cache_tokens: Maybe[int] = None
+    max_model_len: Maybe[int] = None
+    max_concurrency: Maybe[Number] = None
+    preemption_boundary: Maybe[dict[str, int]] = Field(None, description="Requests that fit, by context length.")
+    pp_layer_partition: str | None = Field(None, description="A suggested VLLM_PP_LAYER_PARTITION, or null.")
+
+
+class ModelShape(RecordModel):
+    """The model's shape as the planner read it from config.json (null where config.json does not say)."""
+
+    architecture: str | None = None
+    layers: int | None = None
+    attention_heads: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    hidden_size: int | None = None
+    vocab_size: int | None = None
+    experts: int | None = None
+    dtype_bytes: Number | None = None
+    quantization: str | None = None
+    layer_kinds: Maybe[dict[str, int]] = Field(None, description="Layer kinds with their counts.")
+    mla_kv_dim: int | None = None
+    sliding_window: int | None = None
 
 
 class PlanRecord(RecordModel):
@@ -60,10 +97,16 @@ class PlanRecord(RecordModel):
         "The planner's figures (weights per rank, KV bytes per token, ...); empty when the verdict is unknown."))
     facts: dict[str, Fact] = Field(description="The planner's figures, each with its kind and source.")
     force: bool = Field(description="Launch even when the planner rejects it.")
-    model: Maybe[dict[str, Any]] = Field(None, description=(
+    model: Maybe[ModelShape] = Field(None, description=(
         "The model's shape as the planner read it from config.json (architecture, layers, attention and KV heads, "
         "head dim, hidden size, vocabulary, experts, dtype bytes, quantization, layer kinds with their counts); "
         "absent when config.json could not be read."))
+
+    @property
+    def figures(self) -> PlanFigures:
+        """``plan`` read as its typed part (the field stays the mapping the planner wrote: the plan command
+        prints it whole and reads it by key)."""
+        return PlanFigures.model_validate(self.plan)
 
 
 # --------------------------------------------------------------------------- manifest
@@ -204,6 +247,84 @@ class PatchesRecord(RecordModel):
 # --------------------------------------------------------------------------- cleanup
 
 
+class Undo(RecordModel):
+    """A change of any run, the run that made it, and the run and outcome of what undid it (null while open)."""
+
+    run: Any = None
+    change: Any = None
+    undone_by_run: str | None = None
+    action: Any = None
+
+
+class JobRow(Undo):
+    """A configuration job and how it ended."""
+
+    label: Any = None
+    pid: Any = None
+
+
+class ServerRow(Undo):
+    """A server (or process group) and how it was stopped."""
+
+    label: Any = None
+    pgid: Any = None
+    port: Any = None
+    node: Any = None
+    alive_pids: Maybe[list[Any]] = None
+
+
+class ServiceRow(RecordModel):
+    """One quiet of a service: its state before, when it stopped and came back, and its health."""
+
+    name: str
+    kind: Maybe[str] = None
+    run: Any = None
+    was_running: Maybe[bool] = None
+    stopped_at: Number | None = None
+    down: Any = None
+    restarted_at: Number | None = None
+    healthy: bool | None = None
+    healthy_after_s: Number | None = None
+    restored_by_run: str | None = None
+
+
+class PatchRow(RecordModel):
+    """A file or plugin folder a patch changed (on its node), and its revert."""
+
+    patches: list[str] = Field(description="The patches that changed it.")
+    mode: Literal["file", "plugin"]
+    target: str = Field(description="The file or folder.")
+    node: Any = None
+    run: Any = None
+    backup: Maybe[str] = Field(None, description="Mode file: the copy of the original.")
+    record_hash: Maybe[str] = None
+    before_hash: Maybe[str] = None
+    after_hash: Maybe[str] = None
+    copy_of: str | None = Field(None, description="A plugin folder carried to another node: the folder here.")
+    applied_at: Number | None = None
+    reverted_at: Number | None = None
+    reverted_by_run: str | None = None
+    revert_outcome: str | None = None
+    matches_record: bool | None = None
+
+
+class WeightsRow(RecordModel):
+    """One staged folder of any run and what the weights policy did to it."""
+
+    path: Any
+    run: Any = None
+    policy: Any = None
+    action: Any = None
+
+
+class HostService(RecordModel):
+    """A service stopped, as read from the host after cleanup."""
+
+    name: str
+    running_and_healthy: bool
+    seen: Maybe[str] = None
+
+
 class PortState(RecordModel):
     """Whether one trial port still listened."""
 
@@ -217,6 +338,8 @@ class WeightsFolder(RecordModel):
     path: Any
     policy: Any
     action: Any
+    freed_bytes: Maybe[int] = Field(None, description="Bytes freed.")
+    archive: Maybe[str] = Field(None, description="Policy archive: where the archive is.")
 
 
 class WeightsOutcome(RecordModel):
@@ -235,17 +358,17 @@ class LeftBehind(RecordModel):
 
     __pydantic_extra__: dict[str, Rows]
 
-    jobs: Rows
-    servers: Rows
-    services: Rows
-    patches: Rows
-    weights: Rows
+    jobs: list[JobRow]
+    servers: list[ServerRow]
+    services: list[ServiceRow]
+    patches: list[PatchRow]
+    weights: list[WeightsRow]
 
 
 class HostAfter(RecordModel):
     """What the host showed after cleanup."""
 
-    services: Rows = Field(description="Whether each service stopped is running and healthy now.")
+    services: list[HostService] = Field(description="Whether each service stopped is running and healthy now.")
 
 
 class CleanupRecord(RecordModel):
@@ -261,16 +384,16 @@ class CleanupRecord(RecordModel):
     finished: float = Field(description="Unix time it ended.")
     ledger: str = Field(description="The ledger it read.")
     ledger_entries: NonNegInt = Field(description="Entries in the ledger when it began.")
-    jobs: Rows = Field(description="This run's configuration jobs and how each ended.")
-    servers: Rows = Field(description="This run's servers and how each was stopped.")
+    jobs: list[JobRow] = Field(description="This run's configuration jobs and how each ended.")
+    servers: list[ServerRow] = Field(description="This run's servers and how each was stopped.")
     groups: Rows = Field([], description=(
         "This run's process groups on any node (a worker on another host), each with its node and how it was "
         "stopped there."))
     ports: list[PortState] = Field(description="Whether each trial port still listened after the servers were stopped.")
     services_restored: Rows = Field(description="The services this cleanup started again.")
-    services: Rows = Field(description="This run's quiets of services, from the ledger.")
+    services: list[ServiceRow] = Field(description="This run's quiets of services, from the ledger.")
     patches_reverted: Rows = Field(description="The patch reverts this cleanup did.")
-    patches: Rows = Field(description=(
+    patches: list[PatchRow] = Field(description=(
         "This run's patched files and plugin folders, from the ledger, each with its node (a plugin folder "
         "carried to another node: copy_of names the folder here)."))
     weights: WeightsOutcome = Field(description=(
@@ -278,7 +401,7 @@ class CleanupRecord(RecordModel):
     left_behind: LeftBehind = Field(description=(
         "Changes of earlier runs that this cleanup undid or that are still outstanding."))
     host: HostAfter = Field(description="What the host showed after cleanup.")
-    gpus_held: Rows = Field([], description=(
+    gpus_held: list[HeldGpu] = Field([], description=(
         "GPUs that failed their health check after a configuration failed and failed it again at this cleanup "
         "(gpu, uuid, the configuration, the evidence then and now): the services on them stay stopped."))
     residues: list[Residue] = Field(description="What could not be undone.")

@@ -43,6 +43,8 @@ from typing import Any
 
 from llmtrial.core.ledger import Action, Ledger, replay
 from llmtrial.core.paths import TrialPaths
+from llmtrial.core.record_base import Residue
+from llmtrial.core.record_models import CleanupRecord, QuietedService, QuietGpu, QuietRecord
 from llmtrial.host.gpus import held_gpus
 from llmtrial.host.nodes import Node, NodeError, local_node, trial_nodes
 from llmtrial.host.sources import NvmlSource
@@ -313,42 +315,51 @@ def _wait(predicate: Callable[[], tuple[bool, str]], timeout: float, poll: float
     return ok, seen, time.monotonic() - t0
 
 
-def quiet(services: list[Service], ledger: Ledger, runner: Runner = run_argv) -> dict[str, Any]:
+@dataclass
+class Quieted:
+    """What :func:`quiet` did: per service its state before and what was done, the services that
+    would not stop, and when it ended."""
+
+    services: list[QuietedService]
+    residues: list[Residue]
+    quieted_at: float
+
+
+def quiet(services: list[Service], ledger: Ledger, runner: Runner = run_argv) -> Quieted:
     """Read every service's state, then stop each running one, ledger first, and wait until
     it is really down. When any state is unknown, stop nothing and raise
     :class:`ServiceStateUnknown` naming each such service and quoting what was seen.
 
-    Returns the quieted-state record: per service its state before, what was done, when,
-    and how long it took to go down; residues for a service that would not.
+    Returns per service its state before, what was done, when, and how long it took to go
+    down; residues for a service that would not.
     """
     seen = [(svc, *observe(svc, runner)) for svc in services]
     unknown = [f"service {svc.name} ({svc.kind}): state unknown: {what}" for svc, state, what in seen if state == UNKNOWN]
     if unknown:
         raise ServiceStateUnknown("the quiet stage changed nothing, because it cannot tell whether a service runs: "
                                   + "; ".join(unknown) + ". Fix the status command or the service, then run again.")
-    items, residues = [], []
+    items: list[QuietedService] = []
+    residues: list[Residue] = []
     for svc, state, what in seen:
         was_running = state == RUNNING
         entry = ledger.append(Action.SERVICE_QUIET, service=svc.to_json(), was_running=was_running, state_seen=what,
                               **svc.where())
-        item: dict[str, Any] = {"name": svc.name, "kind": svc.kind, "was_running": was_running, "state_seen": what,
-                                **svc.named()}
+        head = {"name": svc.name, "kind": svc.kind, "was_running": was_running, "state_seen": what, **svc.named()}
         if not was_running:
-            item["action"] = "left stopped (was not running)"
-            items.append(item)
+            items.append(QuietedService(**head, action="left stopped (was not running)"))
             continue
-        item["stopped_at"] = time.time()
+        stopped_at = time.time()
         code, _, stop_seen = call(svc.runner(runner), svc.argv("stop"), timeout=svc.stop_timeout_s)
         down, down_seen, took = _wait(lambda svc=svc: _down(svc, runner), svc.stop_timeout_s)
-        item.update(action="stopped", stop_exit=code, down_after_s=round(took, 3), seen=down_seen)
         if not down:
-            residues.append({"kind": "service", "what": svc.name, "tried": " ".join(svc.argv("stop")),
-                             "seen": f"still up after {svc.stop_timeout_s:g} s: {down_seen} ({stop_seen})"})
+            residues.append(Residue(kind="service", what=svc.name, tried=" ".join(svc.argv("stop")),
+                                    seen=f"still up after {svc.stop_timeout_s:g} s: {down_seen} ({stop_seen})"))
         ledger.append(Action.SERVICE_STOPPED, name=svc.name, down=down, quiet=entry["id"],
                       **svc.named())
-        log.info("quieted %s: %s", svc.name, item["action"])
-        items.append(item)
-    return {"services": items, "residues": residues, "quieted_at": time.time()}
+        log.info("quieted %s: stopped", svc.name)
+        items.append(QuietedService(**head, stopped_at=stopped_at, action="stopped", stop_exit=code,
+                                    down_after_s=round(took, 3), seen=down_seen))
+    return Quieted(items, residues, time.time())
 
 
 def _down(svc: Service, runner: Runner) -> tuple[bool, str]:
@@ -467,21 +478,22 @@ def gpu_snapshot(nvml: Any | None = None) -> dict[str, Any] | None:
     return {"mem_used_bytes": used, "compute_processes": procs}
 
 
-def quiet_host(results_dir: Path, services: Mapping[str, Any], *, restored_first: dict[str, Any] | None = None,
-               nvml: Any | None = None, runner: Runner = run_argv) -> dict[str, Any]:
+def quiet_host(results_dir: Path, services: Mapping[str, Any], *,
+               restored_first: CleanupRecord | Mapping[str, Any] | None = None,
+               nvml: Any | None = None, runner: Runner = run_argv) -> QuietRecord:
     """The quiet stage: read every configured service's state and stop each that runs (ledger
     first), and on a GPU host record the GPU memory and compute processes before and after,
     and the memory freed. A service whose state is unknown stops the stage before anything is
     stopped (:class:`ServiceStateUnknown`). ``restored_first`` is the record of the cleanup
     that gave back what an earlier run left (:func:`llmtrial.borrow.cleanup.restore_first`)."""
     ledger = Ledger(TrialPaths(Path(results_dir)).ledger)
-    record: dict[str, Any] = {"restored_first": restored_first}
     before = gpu_snapshot(nvml)
-    record.update(quiet([Service.from_config(name, entry) for name, entry in services.items()], ledger, runner))
+    quieted = quiet([Service.from_config(name, entry) for name, entry in services.items()], ledger, runner)
     after = gpu_snapshot(nvml)
-    record["gpu"] = None if before is None or after is None else {
-        "before": before, "after": after, "memory_freed_bytes": before["mem_used_bytes"] - after["mem_used_bytes"]}
-    return record
+    gpu = None if before is None or after is None else QuietGpu(
+        before=before, after=after, memory_freed_bytes=before["mem_used_bytes"] - after["mem_used_bytes"])
+    return QuietRecord(restored_first=restored_first, services=quieted.services, residues=quieted.residues,
+                       quieted_at=quieted.quieted_at, gpu=gpu)
 
 
 def quiet_needed(results_dir: Path, services: Mapping[str, Any]) -> str | None:

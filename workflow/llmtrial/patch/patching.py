@@ -48,6 +48,7 @@ from typing import Any
 
 from llmtrial.core.fileio import atomic_write_bytes
 from llmtrial.core.ledger import Action, Ledger, replay
+from llmtrial.core.record_models import PatchApplied, PatchedFile, PatchesRecord, Plugin, VllmDistribution
 from llmtrial.host.nodes import Node
 from llmtrial.logs.lines import find_lines
 from llmtrial.patch.node_patches import carry_plugin, remove_copies
@@ -153,9 +154,10 @@ def _backup(src: Path, dst: Path, expected: str) -> None:
 
 
 def write_file_patches(prepared: list[PreparedFile], ledger: Ledger, backup_dir: Path,
-                       dist: md.Distribution) -> list[dict[str, Any]]:
-    """For each prepared file: back up, ledger entry, replace, check. All or none."""
-    written = []
+                       dist: md.Distribution) -> list[PatchedFile]:
+    """For each prepared file: back up, ledger entry, replace, check. All or none. Each file
+    changed carries ``patches``, the names of the patches that changed it."""
+    written: list[PatchedFile] = []
     try:
         for f in prepared:
             backup = (backup_dir / f.path).resolve()
@@ -167,9 +169,9 @@ def write_file_patches(prepared: list[PreparedFile], ledger: Ledger, backup_dir:
             now = file_hash(f.target)
             if now != f.after_hash:
                 raise PatchError(f"{f.target}: after writing it hashes to {now}, not the expected {f.after_hash}")
-            written.append({"path": f.path, "file": str(f.target), "patches": f.patches, "backup": str(backup),
-                            "record_hash": f.record_hash, "before_hash": f.before_hash, "after_hash": f.after_hash,
-                            "hunks": f.hunks})
+            written.append(PatchedFile(path=f.path, file=str(f.target), patches=f.patches, backup=str(backup),
+                                       record_hash=f.record_hash, before_hash=f.before_hash, after_hash=f.after_hash,
+                                       hunks=f.hunks))
             log.info("patched %s (%s -> %s)", f.target, f.before_hash, f.after_hash)
     except BaseException:
         log.error("file patching failed part way: reverting what was written")
@@ -208,7 +210,7 @@ def ray_runtime_env(plugin_dir: str, flags: Iterable[str]) -> dict[str, Any]:
     }
 
 
-def install_plugin(patches: list[Patch], ledger: Ledger, plugin_dir: Path) -> dict[str, Any]:
+def install_plugin(patches: list[Patch], ledger: Ledger, plugin_dir: Path) -> Plugin:
     """Write the plugin folder (ledger first) and check that its entry points are found."""
     plugin_dir = plugin_dir.resolve()
     entry_points = {p.entry_point: f"{PLUGIN_PACKAGE}.{p.module}:register" for p in patches}
@@ -243,8 +245,8 @@ def install_plugin(patches: list[Patch], ledger: Ledger, plugin_dir: Path) -> di
         raise
     ledger.append(Action.PATCH_APPLIED, mode="plugin", patches=names, dir=str(plugin_dir))
     log.info("plugin folder %s: entry points %s", plugin_dir, entry_points)
-    return {"dir": str(plugin_dir), "entry_points": entry_points,
-            "ray": ray_runtime_env(str(plugin_dir), [p.flag for p in patches])}
+    return Plugin(dir=str(plugin_dir), entry_points=entry_points,
+                  ray=ray_runtime_env(str(plugin_dir), [p.flag for p in patches]))
 
 
 def check_patches(names: Iterable[str] | None = None, *, patches_dir: Path = PATCHES_DIR,
@@ -279,7 +281,7 @@ def check_patches(names: Iterable[str] | None = None, *, patches_dir: Path = PAT
 
 
 def apply_patches(patches_cfg: Mapping[str, Mapping[str, Any]], *, ledger: Ledger, work_dir: Path,
-                  patches_dir: Path = PATCHES_DIR, dist: md.Distribution | None = None) -> dict[str, Any]:
+                  patches_dir: Path = PATCHES_DIR, dist: md.Distribution | None = None) -> PatchesRecord:
     """The patch stage: revert what an earlier run left patched, then apply every patch named
     in ``patches_cfg`` (``{name: {"mode": "file" | "plugin"}}``). Returns the patches record;
     raises PatchError with nothing left changed when a patch cannot be applied."""
@@ -288,32 +290,34 @@ def apply_patches(patches_cfg: Mapping[str, Mapping[str, Any]], *, ledger: Ledge
     if leftover["residues"]:
         raise PatchError("an earlier patch could not be reverted: " + "; ".join(
             f"{r['what']}: {r['seen']}" for r in leftover["residues"]) + "; fix it, then run `snakemake cleanup`")
-    record: dict[str, Any] = {"started": started, "reverted_first": leftover["items"], "vllm": None, "patches": []}
     chosen = [(load_patch(name, patches_dir), str((entry or {}).get("mode", "file"))) for name, entry in patches_cfg.items()]
-    if chosen:
-        dist = dist or vllm_distribution()
-        record["vllm"] = {"distribution": dist.metadata["Name"], "version": dist.version,
-                          "site_packages": str(site_root(dist))}
-        for p, mode in chosen:
-            check_version(p, dist)
-            if (mode == "file" and p.diff is None) or (mode == "plugin" and p.hook is None):
-                raise PatchError(f"patch {p.name} has no {'diff' if mode == 'file' else 'hook'} for mode {mode}")
-        prepared = prepare_file_patches([p for p, m in chosen if m == "file"], dist)
-        files = write_file_patches(prepared, ledger, Path(work_dir) / "backup", dist) if prepared else []
-        plugin_patches = [p for p, m in chosen if m == "plugin"]
-        try:
-            plugin = install_plugin(plugin_patches, ledger, Path(work_dir) / "plugin") if plugin_patches else None
-        except BaseException:
-            revert_patches(ledger)  # all or none across both modes
-            raise
-        applied_at = time.time()
-        for p, mode in chosen:
-            record["patches"].append({**p.to_json(), "mode": mode, "applied_at": applied_at,
-                                      "files": [f for f in files if p.name in f["patches"]],
-                                      "plugin": plugin if mode == "plugin" else None})
-    record["finished"] = time.time()
-    record["apply_seconds"] = round(record["finished"] - started, 4)
-    return record
+    vllm, applied = _apply_chosen(chosen, ledger, Path(work_dir), dist or vllm_distribution()) if chosen else (None, [])
+    finished = time.time()
+    return PatchesRecord(started=started, reverted_first=leftover["items"], vllm=vllm, patches=applied,
+                         finished=finished, apply_seconds=round(finished - started, 4))
+
+
+def _apply_chosen(chosen: list[tuple[Patch, str]], ledger: Ledger, work_dir: Path,
+                  dist: md.Distribution) -> tuple[VllmDistribution, list[PatchApplied]]:
+    """Apply each ``(patch, mode)`` to ``dist``, all or none across both modes: the vLLM patched, and per
+    patch what was applied."""
+    vllm = VllmDistribution(distribution=dist.metadata["Name"], version=dist.version, site_packages=str(site_root(dist)))
+    for p, mode in chosen:
+        check_version(p, dist)
+        if (mode == "file" and p.diff is None) or (mode == "plugin" and p.hook is None):
+            raise PatchError(f"patch {p.name} has no {'diff' if mode == 'file' else 'hook'} for mode {mode}")
+    prepared = prepare_file_patches([p for p, m in chosen if m == "file"], dist)
+    files = write_file_patches(prepared, ledger, work_dir / "backup", dist) if prepared else []
+    plugin_patches = [p for p, m in chosen if m == "plugin"]
+    try:
+        plugin = install_plugin(plugin_patches, ledger, work_dir / "plugin") if plugin_patches else None
+    except BaseException:
+        revert_patches(ledger)  # all or none across both modes
+        raise
+    applied_at = time.time()
+    return vllm, [PatchApplied(**p.to_json(), mode=mode, applied_at=applied_at,
+                               files=[f for f in files if p.name in f.patches],
+                               plugin=plugin if mode == "plugin" else None) for p, mode in chosen]
 
 
 def live_patches(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmtrial.core.record_models import Hardware as PlannedHardware
+from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.records import fact
 from llmtrial.plan import budget, checkpoint
 from llmtrial.plan.budget import MemoryTerms
@@ -440,7 +442,7 @@ def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | No
                 environment: Mapping[str, Any], hardware: Mapping[str, Any], settings: Mapping[str, Any],
                 contexts: list[int] | None = None, available_kv_gib: float | None = None,
                 no_config: str = "the model's config.json could not be had before staging",
-                probes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                probes: Mapping[str, Any] | None = None) -> PlanRecord:
     """One configuration's plan record: the planner's verdict, figures and reasons, and the
     checks that depend on the configuration. The plan rule and ``llmtrial plan`` both call it.
 
@@ -457,8 +459,8 @@ def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | No
         except PlanError as exc:  # vLLM may well serve a model the planner cannot read
             unreadable = f"the planner cannot read the model's config.json: {exc}"
     if model_config is None or unreadable:
-        return {**head, "verdict": "unknown", "reasons": [unreadable or no_config], "checks": [],
-                "hardware": dict(hardware), "plan": {}, "facts": {}}
+        return PlanRecord(**head, verdict="unknown", reasons=[unreadable or no_config], checks=[],
+                          hardware=dict(hardware), plan={}, facts={})
     gpus = environment.get("gpus", {})
     env = dict(spec.get("env") or {})
     hw = _hardware(hardware, gpus, env)
@@ -482,10 +484,10 @@ def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | No
     if result.data:
         result.facts["decode_tok_s_ceiling"] = plan_ceiling(result.data, result.facts, model, probes, is_cpu=hw.is_cpu,
                                                             hosts=len(nodes_env) or 1)
-    return {**head, "verdict": "does_not_fit" if failed else result.verdict, "reasons": reasons, "checks": checks,
-            "hardware": {"gpus": hw.gpus, "gpu_memory_gib": hw.gpu_memory_gib, "cpu_kv_space_gib": hw.cpu_kv_space_gib,
-                         "selected_gpus": list(gpus.get("selected_gpus") or [])},
-            "plan": result.data, "facts": result.facts, "model": model}
+    hardware_planned = PlannedHardware(gpus=hw.gpus, gpu_memory_gib=hw.gpu_memory_gib, cpu_kv_space_gib=hw.cpu_kv_space_gib,
+                                       selected_gpus=list(gpus.get("selected_gpus") or []))
+    return PlanRecord(**head, verdict="does_not_fit" if failed else result.verdict, reasons=reasons, checks=checks,
+                      hardware=hardware_planned, plan=result.data, facts=result.facts, model=model)
 
 
 def model_summary(model_config: Mapping[str, Any]) -> dict[str, Any]:

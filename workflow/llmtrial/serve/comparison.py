@@ -7,9 +7,12 @@ start-up terms, the throughput bound).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from llmtrial.core.configuration_model import EngineWarning, Failure, GpuHealth, Prediction, ServerPatches, ThroughputBound
 from llmtrial.core.ledger import Ledger
+from llmtrial.core.scenario_model import Scenario
 from llmtrial.host.gpus import after_failure
 from llmtrial.logs import failures, startup_log
 from llmtrial.logs.engine_warnings import engine_warnings
@@ -19,30 +22,52 @@ from llmtrial.plan.ceiling import compare_with_measured
 from llmtrial.plan.prediction import compare_with_plan
 
 
-def diagnosis(record: Mapping[str, Any], text: str, *, ledger: Ledger, gpus: Sequence[Mapping[str, Any]],
-              kernel_baseline: Sequence[str], label: str, health_check: Any) -> dict[str, Any]:
-    """A failed configuration's parts: the GPUs' health after it, and its failure with the line of
-    the server's log that explains it and the log's tail."""
-    source = record["server"]["log"]
-    return {
-        "gpu_health": after_failure(ledger, list(gpus), list(kernel_baseline), label, health_check),
-        "failure": {**record["failure"],
-                    "error_line": failures.diagnose_failure(text, source=source,
-                                                            ready="ready_seconds" in record["cold_start"]),
-                    "log_tail": tail(text, 40)},
-    }
+@dataclass
+class Diagnosis:
+    """A failed configuration's parts of the record."""
+
+    #: Each selected GPU's health after the failure (None without a selected GPU).
+    gpu_health: GpuHealth | None
+    #: The failure with the line of the server's log that explains it and the log's tail.
+    failure: Failure
 
 
-def compare(record: Mapping[str, Any], text: str, *, plan: Mapping[str, Any], patched: Mapping[str, Any],
-            env: Mapping[str, str]) -> dict[str, Any]:
-    """The record's parts read from the server's log (``text``) and set beside the plan."""
-    source = record["server"]["log"]
-    startup = record["startup"] or (startup_log.parse_startup(text, source=source) if text else {})
-    return {
-        "startup": startup,
-        "engine_warnings": engine_warnings(text, source=source),
-        "patches": {"reapplied": patched["reapplied"], "plugin_dir": patched["plugin_dir"],
-                    "patches": evidence(patched["patches"], text, env, source)},
-        "prediction": compare_with_plan(plan, startup),
-        "throughput_bound": compare_with_measured(plan, record["scenarios"]),
-    }
+@dataclass
+class Compared:
+    """The record's parts read from the server's log and set beside the plan."""
+
+    startup: dict[str, Any]
+    engine_warnings: list[EngineWarning]
+    patches: ServerPatches
+    prediction: list[Prediction]
+    throughput_bound: list[ThroughputBound]
+
+
+def diagnosis(failure: Failure, text: str, *, source: str, ready: bool, ledger: Ledger,
+              gpus: Sequence[Mapping[str, Any]], kernel_baseline: Sequence[str], label: str,
+              health_check: Any) -> Diagnosis:
+    """A failed configuration's parts: the GPUs' health after it, and its ``failure`` with the line of
+    the server's log (``text``, read from ``source``; ``ready``: the server had answered /health) that
+    explains it and the log's tail."""
+    health = after_failure(ledger, list(gpus), list(kernel_baseline), label, health_check)
+    explained = failures.diagnose_failure(text, source=source, ready=ready)
+    return Diagnosis(gpu_health=GpuHealth.model_validate(health) if health is not None else None,
+                     failure=Failure.model_validate({**failure.model_dump(exclude_unset=True), "error_line": explained,
+                                                     "log_tail": tail(text, 40)}))
+
+
+def compare(text: str, *, source: str, startup: Mapping[str, Any], scenarios: Sequence[Scenario],
+            plan: Mapping[str, Any], patched: Mapping[str, Any], env: Mapping[str, str]) -> Compared:
+    """The record's parts read from the server's log (``text``, read from ``source``) and set beside the
+    plan: the start-up facts (``startup`` as the measurement read them, else from the log), the engine's
+    warnings, each patch's evidence, the predictions, and the ``scenarios``' throughput bound."""
+    facts = dict(startup) or (startup_log.parse_startup(text, source=source) if text else {})
+    measured = [s.model_dump(mode="json", by_alias=True, exclude_unset=True) for s in scenarios]
+    return Compared(
+        startup=facts,
+        engine_warnings=[EngineWarning.model_validate(w) for w in engine_warnings(text, source=source)],
+        patches=ServerPatches(reapplied=patched["reapplied"], plugin_dir=patched["plugin_dir"],
+                              patches=evidence(patched["patches"], text, env, source)),
+        prediction=[Prediction.model_validate(p) for p in compare_with_plan(plan, facts)],
+        throughput_bound=[ThroughputBound.model_validate(b) for b in compare_with_measured(plan, measured)],
+    )

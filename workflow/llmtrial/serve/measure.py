@@ -17,9 +17,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llmtrial.core.configuration_model import ColdStart
+from llmtrial.core.configuration_model import Failure as FailureRecord
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.paths import JobPaths
 from llmtrial.core.records import fact, read_record
+from llmtrial.core.scenario_model import Scenario
 from llmtrial.host.nodes import Node
 from llmtrial.host.sources import HostSource, MetricsSource, job_sources
 from llmtrial.logs import startup_log
@@ -67,8 +70,31 @@ class Failure(Exception):
     message: str
     returncode: int | None = None
 
-    def as_record(self) -> dict[str, Any]:
-        return {"phase": self.phase, "reason": self.reason, "message": self.message, "returncode": self.returncode}
+    def as_record(self) -> FailureRecord:
+        return FailureRecord(phase=self.phase, reason=self.reason, message=self.message, returncode=self.returncode)
+
+
+@dataclass
+class Served:
+    """The measurement phase's parts of the configuration record."""
+
+    #: What the server did: launched_at, ready_at, stop, pid, and a multi-node server's ranks.
+    server: dict[str, Any]
+    #: The start-up facts read from the server's log once it was ready.
+    startup: dict[str, Any]
+    cold_start: ColdStart
+    scenarios: list[Scenario]
+    #: The sampler's own figures, its sources, the start-up window and (across nodes) every node's telemetry.
+    telemetry: dict[str, Any]
+    #: The benchmark worker's import time and how many workers ran (the record's timing).
+    bench_worker: dict[str, Any]
+    #: The first phase that failed, or None.
+    failure: FailureRecord | None
+
+    @property
+    def ready(self) -> bool:
+        """The server answered /health: the cold start has its ready time."""
+        return getattr(self.cold_start, "ready_seconds", None) is not None
 
 
 @dataclass(frozen=True)
@@ -102,14 +128,16 @@ class Measurement:
     #: The nodes a multi-node configuration spans (each samples its own telemetry).
     nodes: Sequence[Node] = ()
 
-    def serve(self, ledger: Ledger, server: ServerProcess) -> dict[str, Any]:
-        """Start ``server`` under the sampler, run the phases, stop it: the record's
-        ``server`` and ``telemetry`` additions, ``startup``, ``cold_start``, ``scenarios`` and
-        ``failure`` (the first phase that failed, or None)."""
+    def serve(self, ledger: Ledger, server: ServerProcess) -> Served:
+        """Start ``server`` under the sampler, run the phases, stop it: the measurement's parts of the record
+        (:class:`Served`)."""
         host_source = HostSource()
         sources, absent = job_sources(host_source, MetricsSource(self.host, self.port),
                                       gpus=list(self.gpus) or None)
-        out: dict[str, Any] = {"server": {}, "startup": {}, "cold_start": {}, "scenarios": [], "failure": None}
+        started: dict[str, Any] = {}
+        startup: dict[str, Any] = {}
+        cold: dict[str, Any] = {}
+        scenarios: list[dict[str, Any]] = []
         windows: list[tuple[dict[str, Any], float, float]] = []
         failure: Failure | None = None
         worker = bench.BenchWorker(log_path=self.paths.bench_dir / "worker.log")  # every pass of this job
@@ -118,36 +146,44 @@ class Measurement:
         with sigterm_as_exit(), per_node, Sampler(self.paths.telemetry, sources, interval=self.workload.telemetry_interval) as sampler, \
                 worker:
             try:
-                out["server"], out["startup"], out["cold_start"] = self._start(server, host_source)
-                out["cold_start"].update(self.first_request())
-                failure = self._scenarios(server, sampler, worker, windows, out["scenarios"])
+                started, startup, cold = self._start(server, host_source)
+                cold.update(self.first_request())
+                failure = self._scenarios(server, sampler, worker, windows, scenarios)
             except Failure as raised:
                 failure = raised
             finally:
                 worker.close()
                 sampler.retire("metrics")  # the server is going away: its /metrics with it
-                out["server"]["stop"] = server.stop()
-                out["server"]["pid"] = server.proc.pid if server.proc else None
-                if isinstance(server, MultiNodeServer):
-                    out["server"]["ranks"] = server.ranks.records(self.paths.out_dir)
-            out["telemetry"] = {"sampler": sampler.stats(), "errors": dict(sampler.errors),
-                                "sources": describe_sources(sources, absent, sampler)}
-        out["telemetry"].update(self._telemetry(server, windows))
+                stopped = self._stopped(server)
+            telemetry = {"sampler": sampler.stats(), "errors": dict(sampler.errors),
+                         "sources": describe_sources(sources, absent, sampler)}
+        telemetry.update(self._telemetry(server, windows))
         if isinstance(per_node, NodeTelemetry):
-            out["telemetry"]["nodes"] = per_node.summary
+            telemetry["nodes"] = per_node.summary
             for one, start, end in windows:
                 one["node_telemetry"] = node_window_figures(self.paths.node_telemetry, start, end)
-        out["bench_worker"] = {"bench_import_s": worker.import_s, "bench_workers": worker.starts}
-        for entry in out["scenarios"]:
+        self._sweep_figures(scenarios, startup)
+        if failure is not None:
+            log.warning("configuration %s failed in %s: %s", self.name, failure.phase, failure.message)
+        return Served(server={**started, **stopped}, startup=startup, cold_start=ColdStart.model_validate(cold),
+                      scenarios=[Scenario.model_validate(entry) for entry in scenarios], telemetry=telemetry,
+                      bench_worker={"bench_import_s": worker.import_s, "bench_workers": worker.starts},
+                      failure=failure.as_record() if failure is not None else None)
+
+    def _stopped(self, server: ServerProcess) -> dict[str, Any]:
+        """Stop ``server``: how it stopped, its pid, and a multi-node server's ranks."""
+        out: dict[str, Any] = {"stop": server.stop(), "pid": server.proc.pid if server.proc else None}
+        if isinstance(server, MultiNodeServer):
+            out["ranks"] = server.ranks.records(self.paths.out_dir)
+        return out
+
+    def _sweep_figures(self, scenarios: list[dict[str, Any]], startup: Mapping[str, Any]) -> None:
+        """Each sweep step's figures, and each sweep's predicted against observed onset."""
+        for entry in scenarios:
             if entry["kind"] == "sweep":
                 for step in entry["steps"]:
                     step["figures"] = step_figures(step)
-                entry["onset"] = onset(entry["steps"], out["startup"].get("kv_cache_tokens"),
-                                       self.block_size)
-        if failure is not None:
-            log.warning("configuration %s failed in %s: %s", self.name, failure.phase, failure.message)
-            out["failure"] = failure.as_record()
-        return out
+                entry["onset"] = onset(entry["steps"], startup.get("kv_cache_tokens"), self.block_size)
 
     def _start(self, server: ServerProcess, host_source: HostSource) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         """Launch and wait for /health: (server times, startup facts, cold start's ready time)."""

@@ -10,8 +10,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from llmtrial.core.configuration_model import CollectiveSummary, Launch, SpanNode
 from llmtrial.core.ledger import Ledger
 from llmtrial.host.nodes import Node
 from llmtrial.logs import failures
@@ -30,6 +31,15 @@ from llmtrial.serve.multinode import (
 )
 
 log = logging.getLogger(__name__)
+
+
+class SpreadParts(NamedTuple):
+    """A configuration across nodes' parts of the record: how it was launched, its nodes, and the
+    collective sanity check across them."""
+
+    launch: Launch
+    nodes: list[SpanNode]
+    collective: CollectiveSummary
 
 
 @dataclass(frozen=True)
@@ -59,22 +69,21 @@ class Spread:
             return {"distributed_executor_backend": "ray"}
         return launch_args(self.nodes, 0, self.master_port)
 
-    def record(self, *, gpus: bool) -> dict[str, Any]:
+    def record(self, *, gpus: bool) -> SpreadParts:
         """The launch, the nodes' roles and the collective run across them (NCCL with GPUs, gloo
         on CPU hosts) before any server starts."""
         model_dirs = self.model_dirs()
-        launch: dict[str, Any] = {"kind": self.launch, "nnodes": len(self.nodes), "master_addr": self.nodes[0].address,
-                                  "master_port": self.master_port}
+        ray = {"master_port": None, "ray_address": self.ray_address} if self.launch == "ray" else {}
+        launch = Launch(**{"kind": self.launch, "nnodes": len(self.nodes), "master_addr": self.nodes[0].address,
+                           "master_port": self.master_port, **ray})
         roles = ("api server, ray head", "ray worker") if self.launch == "ray" else ("api server", "headless")
-        if self.launch == "ray":
-            launch.update(master_port=None, ray_address=self.ray_address)
-        nodes = [{"name": n.name, "rank": i, "role": roles[bool(i)], "address": n.address,
-                  "reach": n.reach, "interface": n.interface, "model_dir": model_dirs[n.name],
-                  "env_keys": sorted(n.rank_env())} for i, n in enumerate(self.nodes)]
+        nodes = [SpanNode(name=n.name, rank=i, role=roles[bool(i)], address=n.address, reach=n.reach,
+                          interface=n.interface, model_dir=model_dirs[n.name], env_keys=sorted(n.rank_env()))
+                 for i, n in enumerate(self.nodes)]
         log.info("%s: sanity check across nodes %s", self.name, ", ".join(n.name for n in self.nodes))
         check = sanity_check(self.nodes, port=self.port + SANITY_PORT_OFFSET, backend="nccl" if gpus else "gloo")
         log.info("%s: sanity check %s in %.1f s", self.name, "passed" if check["ok"] else "FAILED", check["wall_s"])
-        return {"launch": launch, "nodes": nodes, "collective": check}
+        return SpreadParts(launch, nodes, CollectiveSummary.model_validate(check))
 
     def model_dirs(self) -> dict[str, str]:
         """Where each node holds the staged model: the manifest's own folder on the first node,
@@ -109,16 +118,24 @@ class Spread:
         return MultiNodeServer(argv, ranks=ranks, ledger=ledger, **kwargs)
 
 
-def node_outcomes(record: dict[str, Any], patches: list[dict[str, Any]], envs: Mapping[str, Mapping[str, str]],
-                  out_dir: Path) -> None:
-    """Each node's entry gets what ran there, its log and, from that log, the patches' evidence
-    and (on a failure) the line that explains it."""
-    for entry in record.get("nodes") or []:
-        entry.update(record["server"].get("ranks", {}).get(entry["name"], {"log": record["server"]["log"]}))
-        if not entry["rank"] and entry.get("log"):
-            continue  # node 0's log is the server's own, read for the whole record
-        name = entry.get("log") or entry.get("ray_log")
+def node_outcomes(nodes: Sequence[SpanNode], *, ranks: Mapping[str, Mapping[str, Any]], server_log: str,
+                  failed: bool, ready: bool, patches: list[dict[str, Any]], envs: Mapping[str, Mapping[str, str]],
+                  out_dir: Path) -> list[SpanNode]:
+    """Each node's entry with what ran there (``ranks``: the server's, by node) and its log and, from
+    that log, the patches' evidence and (``failed``: the configuration failed; ``ready``: its server
+    had answered /health) the line that explains the failure."""
+    return [_node_outcome(node, ranks.get(node.name, {"log": server_log}), failed=failed, ready=ready,
+                          patches=patches, env=envs[node.name], out_dir=out_dir) for node in nodes]
+
+
+def _node_outcome(node: SpanNode, ran: Mapping[str, Any], *, failed: bool, ready: bool, patches: list[dict[str, Any]],
+                  env: Mapping[str, str], out_dir: Path) -> SpanNode:
+    """One node's entry with what ran there; node 0's log is the server's own, read for the whole record."""
+    seen = dict(ran)
+    if node.rank or not seen.get("log"):
+        name = seen.get("log") or seen.get("ray_log")
         text = read_log(out_dir / name) if name else ""
-        entry["patches"] = evidence(patches, text, envs[entry["name"]], name or "")
-        if record["failure"] and text:
-            entry["error_line"] = failures.diagnose_failure(text, source=name, ready="ready_seconds" in record["cold_start"])
+        seen["patches"] = evidence(patches, text, env, name or "")
+        if failed and text:
+            seen["error_line"] = failures.diagnose_failure(text, source=name, ready=ready)
+    return node.model_copy(update=seen)

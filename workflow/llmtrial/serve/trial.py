@@ -25,7 +25,8 @@ from typing import Any
 
 import psutil
 
-from llmtrial.borrow.readiness import host_env, ready_host
+from llmtrial.borrow.readiness import Readiness, host_env, ready_host
+from llmtrial.core.configuration_model import ConfigurationRecord, PlanVerdict, Server, Telemetry, Timing
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.core.paths import JobPaths
 from llmtrial.core.records import redact_env, write_record
@@ -33,9 +34,8 @@ from llmtrial.host.nodes import Node
 from llmtrial.logs.lines import read_log
 from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve import comparison
-from llmtrial.serve.measure import Failure, Measurement, Workload
+from llmtrial.serve.measure import Failure, Measurement, Served, Workload
 from llmtrial.serve.multinode_job import Spread, node_outcomes
-from llmtrial.serve.scenarios import runs_of
 from llmtrial.serve.server import ServerProcess, build_server_argv
 from llmtrial.serve.telemetry import CSV_HEADER
 from llmtrial.weights.manifest import verify_manifest
@@ -104,36 +104,16 @@ class TrialJob:
             gpus=[g["index"] for g in self.gpus], block_size=(self.plan.get("plan") or {}).get("block_size"),
             nodes=self.nodes)
 
-    def new_record(self) -> dict[str, Any]:
-        return {
-            "trial": self.trial,
-            "configuration": self.spec["name"],
-            "description": self.spec.get("description", ""),
-            "status": "running",
-            "failure": None,
-            "server": {"argv": self.argv(), "env": redact_env(self.spec["env"]), "host": self.host, "port": self.port,
-                       "log": self.paths.rel(self.paths.server_log)},
-            "startup": {},
-            "engine_warnings": [],
-            "cold_start": {},
-            "scenarios": [],
-            "telemetry": {"file": self.paths.rel(self.paths.telemetry)},
-            "timing": {"job_start": time.time()},
-            "plan": {"verdict": self.plan["verdict"], "reasons": self.plan["reasons"],
-                     "forced": bool(self.spec.get("force"))},
-            "prediction": [],
-        }
-
-    def run(self) -> dict[str, Any]:
+    def run(self) -> ConfigurationRecord:
         """Run the configuration end to end and write its record; returns the record.
 
         The trial's ``patches`` are applied again first when a cleanup reverted them, the
         plugin folder goes on the server's PYTHONPATH, and the record says per patch whether
         its flag was on and which processes logged its behaviour."""
         self._fresh_folder()
-        record = self.new_record()
+        job_start, argv = time.time(), self.argv()
         if self.plan["verdict"] == "does_not_fit" and not self.spec.get("force"):
-            return self._skip(record)
+            return self._skip(job_start, argv)
         missing = verify_manifest(self.manifest, hashes=False)
         if missing:
             raise FileNotFoundError(
@@ -143,42 +123,73 @@ class TrialJob:
         ready = ready_host(results=self.paths.trial.root, services=self.services, ports=[self.port], host=self.host,
                            patches=self.patches, ledger=ledger, patches_dir=self.paths.trial.patches, gpus=self.gpus,
                            allow_processes=self.hardware.get("allow_processes") or [])
-        if ready.requieted is not None:
-            record["services_requieted"] = ready.requieted
+        parts: dict[str, Any] = {} if ready.requieted is None else {"services_requieted": ready.requieted}
         spread = self.spread
         envs = spread.envs(ledger, ready.patched, self.spec["env"]) if spread else \
             {"": host_env(self.gpus, self.spec["env"], ready.patched)}
         env = envs[self.nodes[0].name] if spread else envs[""]
-        record["gpu_census"] = ready.census
+        parts["gpu_census"] = ready.census
         if ready.busy:
-            return self._not_served(record, "failed", Failure("gpu_check", "gpu_in_use", ready.busy))
+            return self._not_served(job_start, argv, "failed", Failure("gpu_check", "gpu_in_use", ready.busy), **parts)
         if spread:
-            record.update(spread.record(gpus=bool((self.plan.get("hardware") or {}).get("gpus"))))
-            if not record["collective"]["ok"]:
-                return self._not_served(record, "failed", Failure("sanity_check", "collective_failed",
-                                                                  record["collective"]["diagnosis"]))
-        record["server"]["env"] = redact_env(env)
+            parts.update(spread.record(gpus=bool((self.plan.get("hardware") or {}).get("gpus")))._asdict())
+            if not parts["collective"].ok:
+                return self._not_served(job_start, argv, "failed", Failure("sanity_check", "collective_failed",
+                                                                           parts["collective"].diagnosis), **parts)
         job = ledger.append(Action.JOB_STARTED, label=self.label, pid=os.getpid(), create_time=psutil.Process().create_time())
-        self._measured(record, self.measurement().serve(ledger, self._server(ledger, env, envs)))
-        text = read_log(self.paths.server_log) if self.paths.server_log.exists() else ""
-        if record["failure"]:
-            record.update(comparison.diagnosis(record, text, ledger=ledger, gpus=self.gpus,
-                                               kernel_baseline=self.kernel_baseline, label=self.label,
-                                               health_check=self.hardware.get("health_check")))
-        node_outcomes(record, ready.patched["patches"], envs, self.paths.out_dir)
-        record.update(comparison.compare(record, text, plan=self.plan, patched=ready.patched, env=env))
+        served = self.measurement().serve(ledger, self._server(ledger, env, envs))
+        record = self._served(job_start, argv, served, ledger=ledger, ready=ready, env=env, envs=envs, parts=parts)
         write_record(self.paths.record, record, schema="configuration")
         ledger.append(Action.JOB_FINISHED, label=self.label, pid=os.getpid(), undoes=job["id"])
         return record
 
-    def _measured(self, record: dict[str, Any], served: dict[str, Any]) -> None:
-        """The measurement's parts into the record, with its status and timings."""
-        record["server"].update(served.pop("server"))
-        record["timing"].update(served.pop("bench_worker"))
-        record["telemetry"].update(served.pop("telemetry"))
-        record.update(served)
-        record["status"] = "failed" if record["failure"] else "ok"
-        record["timing"].update(self._timing(record))
+    def _served(self, job_start: float, argv: list[str], served: Served, *, ledger: Ledger, ready: Readiness,
+                env: Mapping[str, str], envs: Mapping[str, Mapping[str, str]], parts: dict[str, Any]) -> ConfigurationRecord:
+        """The record of a configuration whose server was launched: the measurement's parts, what the log
+        explains (the failure's line, the GPUs' health, each node's outcome) and the comparison with the plan."""
+        job_end = time.time()
+        ready_seconds = getattr(served.cold_start, "ready_seconds", None)
+        timing = Timing(job_start=job_start, **served.bench_worker, job_end=job_end, wall_s=job_end - job_start,
+                        startup_s=ready_seconds.value if ready_seconds else None,
+                        bench_s=sum(p.end - p.start for s in served.scenarios for _, p in s.runs()))
+        source = self.paths.rel(self.paths.server_log)
+        text = read_log(self.paths.server_log) if self.paths.server_log.exists() else ""
+        failure, health = served.failure, {}
+        if failure is not None:
+            found = comparison.diagnosis(failure, text, source=source, ready=served.ready, ledger=ledger, gpus=self.gpus,
+                                         kernel_baseline=self.kernel_baseline, label=self.label,
+                                         health_check=self.hardware.get("health_check"))
+            failure, health = found.failure, {"gpu_health": found.gpu_health}
+        if "nodes" in parts:
+            parts["nodes"] = node_outcomes(parts["nodes"], ranks=served.server.get("ranks", {}), server_log=source,
+                                           failed=failure is not None, ready=served.ready,
+                                           patches=ready.patched["patches"], envs=envs, out_dir=self.paths.out_dir)
+        compared = comparison.compare(text, source=source, startup=served.startup, scenarios=served.scenarios,
+                                      plan=self.plan, patched=ready.patched, env=env)
+        return self._record(
+            status="failed" if failure else "ok", failure=failure,
+            server=self._server_part(argv, env, **served.server), startup=compared.startup,
+            engine_warnings=compared.engine_warnings, cold_start=served.cold_start, scenarios=served.scenarios,
+            telemetry=Telemetry(file=self.paths.rel(self.paths.telemetry), **served.telemetry), timing=timing,
+            prediction=compared.prediction, **parts, **health, patches=compared.patches,
+            throughput_bound=compared.throughput_bound)
+
+    def _server_part(self, argv: list[str], env: Mapping[str, str], **ran: Any) -> Server:
+        """How the server was (or would have been) started, and what it did (``ran``)."""
+        return Server(argv=argv, env=redact_env(env), host=self.host, port=self.port,
+                      log=self.paths.rel(self.paths.server_log), **ran)
+
+    def _record(self, **parts: Any) -> ConfigurationRecord:
+        """The configuration record of ``parts``, beside what every record says: the trial, the
+        configuration, the plan's verdict, and empty parts where nothing was measured."""
+        empty: dict[str, Any] = {"startup": {}, "engine_warnings": [], "cold_start": {}, "scenarios": [],
+                                 "prediction": []}
+        return ConfigurationRecord(**{
+            "trial": self.trial, "configuration": self.spec["name"], "description": self.spec.get("description", ""),
+            "failure": None, **empty,
+            "plan": PlanVerdict(verdict=self.plan["verdict"], reasons=self.plan["reasons"],
+                                forced=bool(self.spec.get("force"))),
+            **parts})
 
     def _server(self, ledger: Ledger, env: Mapping[str, str], envs: Mapping[str, Mapping[str, str]]) -> ServerProcess:
         """The configuration's server: on this host, or node 0's with the other nodes' ranks."""
@@ -198,28 +209,22 @@ class TrialJob:
             rank_log.unlink()  # other nodes' logs of an earlier run
         self.paths.node_telemetry.unlink(missing_ok=True)
 
-    def _skip(self, record: dict[str, Any]) -> dict[str, Any]:
+    def _skip(self, job_start: float, argv: list[str]) -> ConfigurationRecord:
         log.warning("%s not launched: the planner says it cannot work: %s", self.spec["name"],
                     "; ".join(self.plan["reasons"]))
-        return self._not_served(record, "skipped")
+        return self._not_served(job_start, argv, "skipped")
 
-    def _not_served(self, record: dict[str, Any], status: str, failure: Failure | None = None) -> dict[str, Any]:
+    def _not_served(self, job_start: float, argv: list[str], status: str, failure: Failure | None = None,
+                    **parts: Any) -> ConfigurationRecord:
         """The record of a configuration whose server never started (skipped, or stopped by its
         sanity check), with an empty telemetry file."""
-        record["status"] = status
         if failure is not None:
             log.warning("configuration %s failed in %s: %s", self.spec["name"], failure.phase, failure.message)
-            record["failure"] = failure.as_record()
-        record["timing"]["job_end"] = time.time()
-        record["timing"]["wall_s"] = record["timing"]["job_end"] - record["timing"]["job_start"]
+        job_end = time.time()
+        record = self._record(status=status, failure=failure.as_record() if failure is not None else None,
+                              server=self._server_part(argv, self.spec["env"]),
+                              telemetry=Telemetry(file=self.paths.rel(self.paths.telemetry)),
+                              timing=Timing(job_start=job_start, job_end=job_end, wall_s=job_end - job_start), **parts)
         self.paths.telemetry.write_text(",".join(CSV_HEADER) + "\n")
         write_record(self.paths.record, record, schema="configuration")
         return record
-
-    @staticmethod
-    def _timing(record: Mapping[str, Any]) -> dict[str, Any]:
-        end = time.time()
-        ready = record["cold_start"].get("ready_seconds")
-        return {"job_end": end, "wall_s": end - record["timing"]["job_start"],
-                "startup_s": ready["value"] if ready else None,
-                "bench_s": sum(p["end"] - p["start"] for s in record["scenarios"] for _, p in runs_of(s))}

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtrial.core.fileio import sha256_file
+from llmtrial.core.record_models import ManifestFile, ManifestRecord
 
 logger = logging.getLogger(__name__)
 
@@ -38,12 +39,13 @@ def visible_files(root: Path) -> Iterator[Path]:
                 yield file
 
 
-def build_manifest(model_dir: Path, *, source: Mapping[str, Any]) -> dict[str, Any]:
+def build_manifest(model_dir: Path, *, source: Mapping[str, Any], **parts: Any) -> ManifestRecord:
     """Describe every file of ``model_dir``: relative POSIX path, size and sha256.
 
-    Files are listed sorted by path; hidden files and folders are skipped. Returns
-    ``{"model_dir", "source", "files": [{"path", "size", "sha256"}, ...],
-    "total_bytes", "created"}`` with ``created`` an ISO-8601 UTC timestamp.
+    Files are listed sorted by path; hidden files and folders are skipped. Returns the
+    manifest ``{"model_dir", "source", "files": [{"path", "size", "sha256"}, ...],
+    "total_bytes", "created"}`` with ``created`` an ISO-8601 UTC timestamp, and ``parts``
+    (a tiny model's ``generator``).
     """
     root = Path(model_dir).resolve()
     if not root.is_dir():
@@ -51,35 +53,25 @@ def build_manifest(model_dir: Path, *, source: Mapping[str, Any]) -> dict[str, A
     started = time.monotonic()
     paths = sorted(visible_files(root), key=lambda f: f.relative_to(root).as_posix())
     logger.info("hashing %d files in %s", len(paths), root)
-    files: list[dict[str, Any]] = []
-    for file in paths:
-        files.append(
-            {
-                "path": file.relative_to(root).as_posix(),
-                "size": file.stat().st_size,
-                "sha256": sha256_file(file),
-            }
-        )
-    total = sum(entry["size"] for entry in files)
+    files = [ManifestFile(path=file.relative_to(root).as_posix(), size=file.stat().st_size, sha256=sha256_file(file))
+             for file in paths]
+    total = sum(entry.size for entry in files)
     logger.info(
         "hashed %d files (%.1f MiB) in %s: done in %.1f s",
         len(files), total / (1 << 20), root, time.monotonic() - started,
     )
-    return {
-        "model_dir": str(root),
-        "source": dict(source),
-        "files": files,
-        "total_bytes": total,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
+    return ManifestRecord(model_dir=str(root), source=dict(source), files=files, total_bytes=total,
+                          created=datetime.now(UTC).isoformat(timespec="seconds"), **parts)
 
 
-def verify_manifest(manifest: Mapping[str, Any], *, hashes: bool = True) -> list[str]:
-    """Check the files a manifest lists; return the problems found, empty if none.
+def verify_manifest(manifest: ManifestRecord | Mapping[str, Any], *, hashes: bool = True) -> list[str]:
+    """Check the files a manifest (the model, or its JSON) lists; return the problems found, empty if none.
 
     Each problem is one readable line naming the file: missing, size mismatch or
     sha256 mismatch (hashes are only compared when sizes agree, and with ``hashes``).
     """
+    if isinstance(manifest, ManifestRecord):
+        manifest = manifest.model_dump(mode="json")
     problems: list[str] = []
     try:
         root = Path(manifest["model_dir"])

@@ -35,6 +35,7 @@ from typing import Any
 
 from llmtrial.core.fileio import sha256_file
 from llmtrial.core.ledger import Action, Ledger
+from llmtrial.core.record_models import ManifestRecord, NodeCopy, SameFiles
 from llmtrial.host.crossnode import same_files
 from llmtrial.host.nodes import Node, NodeError, trial_nodes
 from llmtrial.weights.manifest import MANIFEST_NAME
@@ -131,11 +132,11 @@ def _folder(node: Node, op: str, path: str, root: str | None = None) -> dict[str
     return node.program(_FOLDER_SCRIPT, {"op": op, "path": path, "root": root}, FOLDER_TIMEOUT_S)
 
 
-def _expected(manifest: Mapping[str, Any]) -> dict[str, str]:
+def _expected(manifest: ManifestRecord) -> dict[str, str]:
     """Path relative to the model folder -> sha256 of what every node must hold: the
     manifest's files, and the manifest itself when the first node's folder has one."""
-    folder = Path(manifest["model_dir"])
-    files = {str(f["path"]): str(f["sha256"]) for f in manifest["files"]}
+    folder = Path(manifest.model_dir)
+    files = {str(f.path): str(f.sha256) for f in manifest.files}
     if (folder / MANIFEST_NAME).is_file():
         files[MANIFEST_NAME] = sha256_file(folder / MANIFEST_NAME)
     return files
@@ -153,39 +154,39 @@ def send_files(node: Node, folder: Path, rels: Sequence[str], dest: str) -> dict
         return node.copy_to(tmp, dest)
 
 
-def _copy_one(node: Node, manifest: Mapping[str, Any], expected: Mapping[str, str], *, ledger: Ledger,
-              trial: str, model_name: str, weights: Mapping[str, Any] | None, first: str) -> tuple[dict, dict]:
+def _copy_one(node: Node, manifest: ManifestRecord, expected: Mapping[str, str], *, ledger: Ledger,
+              trial: str, model_name: str, weights: Mapping[str, Any] | None, first: str) -> tuple[NodeCopy, dict]:
     """Stage the model on one node: (its entry of the manifest's ``nodes``, its hashes)."""
     root = _folder(node, "resolve", posixpath.join(node.staging_dir, trial))["path"]
     dest = posixpath.join(root, model_name)
     ledger.append(Action.WEIGHTS_STAGED, node=node.name, reach=node.describe(), path=dest, root=root,
                   after=(weights or {}).get("after", "keep"), archive_dir=None,
-                  kind=(manifest.get("source") or {}).get("kind"), copied_from=first)
+                  kind=(manifest.source or {}).get("kind"), copied_from=first)
     started = time.monotonic()
     there = node.sha256([posixpath.join(dest, rel) for rel in expected])
     hashes = {rel: there.get(posixpath.join(dest, rel)) for rel in expected}
     reused = hashes == dict(expected)
     if not reused:
         _folder(node, "delete", dest, root)  # another model's files never mix with these
-        hashes = send_files(node, Path(manifest["model_dir"]), list(expected), dest)
+        hashes = send_files(node, Path(manifest.model_dir), list(expected), dest)
     took = round(time.monotonic() - started, 3)
     log.info("%s %s on %s in %.1f s", "found a verified copy of" if reused else "copied", model_name, node.label(), took)
-    entry = {"model_dir": dest, "files": len(manifest["files"]), "bytes": int(manifest["total_bytes"]),
-             "copy_s": took, "verified": True, "reused": reused, "copied_from": first}
+    entry = NodeCopy(model_dir=dest, files=len(manifest.files), bytes=int(manifest.total_bytes), copy_s=took,
+                     verified=True, reused=reused, copied_from=first)
     return entry, hashes
 
 
-def copy_to_nodes(manifest: dict[str, Any], nodes: Sequence[Node], *, ledger: Ledger, trial: str, model_name: str,
-                  weights: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def copy_to_nodes(manifest: ManifestRecord, nodes: Sequence[Node], *, ledger: Ledger, trial: str, model_name: str,
+                  weights: Mapping[str, Any] | None = None) -> ManifestRecord:
     """The first node's ``manifest`` with the model copied to every other of ``nodes`` (see
     the module's docstring); ``nodes`` and ``same_files`` added. Raises :class:`NodeError`
     naming the node when a copy fails or does not verify there."""
     first, *others = nodes
     expected = _expected(manifest)
-    model_files = {str(f["path"]) for f in manifest["files"]}
-    placed = {first.name: {"model_dir": manifest["model_dir"], "files": len(manifest["files"]),
-                           "bytes": int(manifest["total_bytes"]), "copy_s": 0.0, "verified": True, "reused": False,
-                           "copied_from": None}}
+    model_files = {str(f.path) for f in manifest.files}
+    placed = {first.name: NodeCopy(model_dir=manifest.model_dir, files=len(manifest.files),
+                                   bytes=int(manifest.total_bytes), copy_s=0.0, verified=True, reused=False,
+                                   copied_from=None)}
     hashes = {first.name: {rel: expected[rel] for rel in model_files}}
     for node in others:
         placed[node.name], there = _copy_one(node, manifest, expected, ledger=ledger, trial=trial,
@@ -194,11 +195,11 @@ def copy_to_nodes(manifest: dict[str, Any], nodes: Sequence[Node], *, ledger: Le
     check = same_files(hashes)
     if check["status"] == "fail":
         raise NodeError(f"the staged model differs across nodes: {check['detail']}")
-    return {**manifest, "nodes": placed, "same_files": check}
+    return manifest.model_copy(update={"nodes": placed, "same_files": SameFiles(**check)})
 
 
-def stage_on_nodes(manifest: dict[str, Any], spanned: Mapping[str, Any] | None, *, ledger: Ledger, trial: str,
-                   model_name: str, weights: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def stage_on_nodes(manifest: ManifestRecord, spanned: Mapping[str, Any] | None, *, ledger: Ledger, trial: str,
+                   model_name: str, weights: Mapping[str, Any] | None = None) -> ManifestRecord:
     """:func:`copy_to_nodes` over the nodes any configuration spans (``spanned``:
     :func:`llmtrial.host.nodes.spanned_nodes`); the manifest unchanged when the trial lists none."""
     if not spanned or not spanned.get("nodes"):

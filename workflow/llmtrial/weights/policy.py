@@ -35,6 +35,7 @@ from typing import Any
 
 from llmtrial.core.fileio import file_digest
 from llmtrial.core.ledger import LOCAL_NODE, Action, Ledger, replay
+from llmtrial.core.record_models import ManifestRecord
 from llmtrial.core.records import human_bytes, write_record
 from llmtrial.host.disk import headroom_by_filesystem, headroom_message
 from llmtrial.weights.hub import PARTIAL_PREFIX, VerificationError
@@ -218,7 +219,8 @@ def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, 
             problems = verify_manifest({"model_dir": str(tmp), "files": files})
             if problems:
                 raise VerificationError("; ".join(problems))
-            archived = {**manifest, "model_dir": str(dest), "archived_at": time.time(), "archived_from": str(folder)}
+            archived = ManifestRecord.model_validate({**manifest, "model_dir": str(dest), "archived_at": time.time(),
+                                                      "archived_from": str(folder)})
             write_record(tmp / MANIFEST_NAME, archived, schema="manifest")
             if dest.exists():
                 shutil.rmtree(dest)  # an archive that failed verification above

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtrial.core.ledger import Action, Ledger
+from llmtrial.core.record_models import HubSource, ManifestRecord
 from llmtrial.core.records import write_record
 from llmtrial.host.disk import Need, require_headroom
 from llmtrial.weights import hub
@@ -59,8 +60,18 @@ def _json_normal(value: Any) -> Any:
     return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
+def _stored(manifest_path: Path, old: Mapping[str, Any]) -> ManifestRecord | None:
+    """The stored manifest ``old`` (read from ``manifest_path``) as its model, or None (logged) when it
+    does not read as one."""
+    try:
+        return ManifestRecord.model_validate(old)
+    except ValueError as exc:
+        logger.info("ignoring manifest %s that is not one: %s", manifest_path, exc)
+        return None
+
+
 def _reusable(manifest_path: Path, staging_dir: Path, source: Mapping[str, Any],
-              generator: Mapping[str, Any]) -> dict[str, Any] | None:
+              generator: Mapping[str, Any]) -> ManifestRecord | None:
     """The stored manifest if the staged model can be reused as is, else None (logged)."""
     if not manifest_path.is_file():
         return None
@@ -82,7 +93,7 @@ def _reusable(manifest_path: Path, staging_dir: Path, source: Mapping[str, Any],
         logger.info("staged model in %s fails its manifest (%s); regenerating",
                     staging_dir, "; ".join(problems))
         return None
-    return old
+    return _stored(manifest_path, old)
 
 
 def _staged_weights_entry(folder: Path, weights: Mapping[str, Any] | None, source: Mapping[str, Any],
@@ -95,7 +106,7 @@ def _staged_weights_entry(folder: Path, weights: Mapping[str, Any] | None, sourc
             "kind": source.get("kind"), **extra}
 
 
-def _reuse_staged_hub(folder: Path, source: Mapping[str, Any], commit: str | None) -> dict[str, Any] | None:
+def _reuse_staged_hub(folder: Path, source: Mapping[str, Any], commit: str | None) -> ManifestRecord | None:
     """The manifest of a hub model already staged in ``folder`` from the same repository,
     commit (or, with no commit known, the same revision) and patterns, if every file is
     unchanged since it verified."""
@@ -113,7 +124,7 @@ def _reuse_staged_hub(folder: Path, source: Mapping[str, Any], commit: str | Non
     if not same or any(verified.sha256(f["path"], folder / f["path"], sha256=f["sha256"]) is None
                        for f in manifest["files"]):
         return None
-    return manifest
+    return _stored(folder / MANIFEST_NAME, manifest)
 
 
 def _hub_commit(source: Mapping[str, Any], revision: str) -> tuple[str | None, str | None]:
@@ -181,7 +192,7 @@ def _fetch_from_hub(source: Mapping[str, Any], commit: str, folder: Path, verifi
 
 
 def _stage_hub(source: Mapping[str, Any], folder: Path, *, disk: Mapping[str, Any] | None,
-               weights: Mapping[str, Any] | None, record_write: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+               weights: Mapping[str, Any] | None, record_write: Callable[[dict[str, Any]], None]) -> ManifestRecord:
     """Stage a ``hub`` (or ``archive``) source into ``folder``: a staged copy that verifies,
     else the archive of the same repository and commit, else the Hub. See llmtrial.weights.hub."""
     repo_id = source.get("repo_id")
@@ -196,11 +207,11 @@ def _stage_hub(source: Mapping[str, Any], folder: Path, *, disk: Mapping[str, An
         commit, why_no_hub = _hub_commit(source, revision)
         staged = _reuse_staged_hub(folder, source, commit)
         if staged is not None:
-            record_write(_staged_weights_entry(folder, weights, source, repo_id=repo_id, commit=staged["hub"]["commit"]))
+            record_write(_staged_weights_entry(folder, weights, source, repo_id=repo_id, commit=staged.hub.commit))
             logger.info("reusing staged %s@%s in %s (every file verified): done in %.1f s",
-                        repo_id, staged["hub"]["commit"], folder, time.monotonic() - started)
-            return {**staged, "fetch": {"files_downloaded": 0, "bytes_downloaded": 0, "reused": True,
-                                        "orphans_removed": orphans}}
+                        repo_id, staged.hub.commit, folder, time.monotonic() - started)
+            return staged.model_copy(update={"fetch": {"files_downloaded": 0, "bytes_downloaded": 0, "reused": True,
+                                                       "orphans_removed": orphans}})
         found = find_archive(archive_dir, repo_id, commit or revision)
         if found is None and commit is None:
             raise hub.HubError(f"cannot stage {repo_id}@{revision}: {why_no_hub}, and there is no verified copy "
@@ -216,12 +227,11 @@ def _stage_hub(source: Mapping[str, Any], folder: Path, *, disk: Mapping[str, An
             files, fetch, headroom = _fetch_from_hub(source, commit, folder, verified, disk, weights,
                                                      lambda: record_write(ledger_entry))
         fetch["orphans_removed"] = orphans
-        manifest = {"model_dir": str(folder.resolve()), "source": _json_normal(source),
-                    "hub": {"repo_id": repo_id, "revision": revision, "commit": commit, "endpoint": hub.endpoint(),
-                            "token": hub.token_state(), "resolved_by": resolved_by},
-                    "files": files, "total_bytes": sum(f["size"] for f in files),
-                    "created": datetime.now(UTC).isoformat(timespec="seconds"),
-                    "fetch": fetch, "headroom": headroom}
+        origin = HubSource(repo_id=repo_id, revision=revision, commit=commit, endpoint=hub.endpoint(),
+                           token=hub.token_state(), resolved_by=resolved_by)
+        manifest = ManifestRecord(model_dir=str(folder.resolve()), source=_json_normal(source), hub=origin, files=files,
+                                  total_bytes=sum(f["size"] for f in files),
+                                  created=datetime.now(UTC).isoformat(timespec="seconds"), fetch=fetch, headroom=headroom)
         write_record(folder / MANIFEST_NAME, manifest, schema="manifest")
     logger.info("staged %s@%s in %s: done in %.1f s", repo_id, commit, folder, time.monotonic() - started)
     return manifest
@@ -236,7 +246,7 @@ def _remove_stale(folder: Path, keep: set[str]) -> None:
 
 
 def _stage_tiny(source: Mapping[str, Any], folder: Path, *, seed_default: int, weights: Mapping[str, Any] | None,
-                record_write: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+                record_write: Callable[[dict[str, Any]], None]) -> ManifestRecord:
     """The tiny model generated into ``folder`` (or reused when its manifest still verifies)."""
     started = time.monotonic()
     generator = tiny_parameters(source, seed_default)
@@ -248,8 +258,7 @@ def _stage_tiny(source: Mapping[str, Any], folder: Path, *, seed_default: int, w
                     folder, time.monotonic() - started)
         return reused
     generate_tiny_model(folder, **generator)
-    manifest = build_manifest(folder, source=_json_normal(source))
-    manifest["generator"] = _json_normal(generator)
+    manifest = build_manifest(folder, source=_json_normal(source), generator=_json_normal(generator))
     write_record(manifest_path, manifest, schema="manifest")
     logger.info("staged tiny model in %s: done in %.1f s", folder, time.monotonic() - started)
     return manifest
@@ -257,7 +266,7 @@ def _stage_tiny(source: Mapping[str, Any], folder: Path, *, seed_default: int, w
 
 def stage_model(source: Mapping[str, Any], staging_dir: Path, *, seed_default: int = 0,
                 ledger: Ledger | None = None, root: Path | None = None, weights: Mapping[str, Any] | None = None,
-                disk: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                disk: Mapping[str, Any] | None = None) -> ManifestRecord:
     """Stage the model a trial serves and return its manifest.
 
     Dispatches on ``source["kind"]``:

@@ -1,0 +1,264 @@
+"""A scenario's parts in the configuration record: its benchmark passes with their summaries,
+windows and server metrics, a sweep's steps and their preemption onset, the repetition rule's
+outcome and the passes' agreement."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from llmtrial.core.record_base import Maybe, NonNegInt, Number, RecordModel
+
+# --------------------------------------------------------------------------- a benchmark pass
+
+
+class RequestSpread(RecordModel):
+    """n, min, median and max of request_output_tok_s (null figures when n is 0)."""
+
+    n: NonNegInt = Field(description="Successful requests counted.")
+    min: float | None = Field(description="Slowest request, tok/s.")
+    median: float | None = Field(description="Median request, tok/s.")
+    max: float | None = Field(description="Fastest request, tok/s.")
+
+
+class Goodput(RecordModel):
+    """How many requests met every latency target given, and whether the share reaches the target's percentile."""
+
+    targets: Maybe[dict[str, Any]] = Field(None, description="The targets given: ttft_ms, tpot_ms, e2el_ms.")
+    percentile: Maybe[float] = Field(None, description="Share of requests (%) that must meet the targets.")
+    request_goodput: Number | None = Field(None, description="Requests per second meeting every target (vLLM's figure).")
+    requests_meeting: Maybe[int] = Field(None, description="Requests that met every target.")
+    requests: Maybe[int] = Field(None, description="Requests completed.")
+    share: float | None = Field(None, description="requests_meeting / requests.")
+    met: Maybe[bool] = Field(None, description="share is at least percentile / 100.")
+
+
+class PassSummary(RecordModel):
+    """Figures copied from vLLM's result file (null where it has none), and each request's own output throughput."""
+
+    completed: int | None = None
+    failed: int | None = None
+    output_throughput: Number | None = Field(None, description="Output tok/s over the pass.")
+    mean_ttft_ms: Number | None = None
+    median_ttft_ms: Number | None = None
+    p99_ttft_ms: Number | None = None
+    median_tpot_ms: Number | None = None
+    p99_tpot_ms: Number | None = None
+    median_itl_ms: Number | None = None
+    p99_itl_ms: Number | None = None
+    request_output_tok_s: Maybe[list[float]] = Field(None, description=(
+        "Per request (per stream): output tokens over its latency, tok/s, 3 decimals, for each successful request "
+        "in the result file's order (failed or zero-latency requests left out)."))
+    request_output_tok_s_summary: Maybe[RequestSpread] = Field(None, description=(
+        "n, min, median and max of request_output_tok_s (null figures when n is 0)."))
+    goodput: Maybe[Goodput] = Field(None, description=(
+        "Only when the scenario has a latency target (slo): how many requests met every target given (vLLM's "
+        "--goodput rule) and whether the share reaches the target's percentile."))
+
+
+class Window(RecordModel):
+    """A window of time, in Unix seconds."""
+
+    start: Maybe[float] = None
+    end: Maybe[float] = None
+
+
+class WindowStat(RecordModel):
+    """One sampled metric over a window: mean, median, max, min and the number of samples."""
+
+    mean: Maybe[Number] = None
+    p50: Maybe[Number] = None
+    max: Maybe[Number] = None
+    min: Maybe[Number] = None
+    n: Maybe[int] = None
+
+
+class WindowFigures(Window):
+    """What telemetry sampled in one window (llmtrial.serve.telemetry.window_figures): per source.metric its
+    figures, the change of each counter, and the GPU energy with the tokens per joule where known."""
+
+    summary: Maybe[dict[str, WindowStat]] = Field(None, description="Per source.metric (host.cpu_percent, ...).")
+    deltas: Maybe[dict[str, float]] = Field(None, description="The change of each counter over the window.")
+    energy_j: Maybe[float] = None
+    tokens_per_joule: Maybe[float] = None
+
+
+class ServerMetrics(RecordModel):
+    """/metrics deltas over the pass, by name."""
+
+    __pydantic_extra__: dict[str, float]
+
+    preemptions: Maybe[Number] = None
+    prompt_tokens: Maybe[Number] = None
+    generation_tokens: Maybe[Number] = None
+    requests_finished: Maybe[Number] = None
+
+
+class Pass(RecordModel):
+    """One benchmark pass (or warm-up pass, or sweep step)."""
+
+    pass_: Any = Field(alias="pass")
+    seed: Any
+    start: float = Field(description="Unix time the pass began (telemetry window start).")
+    end: float = Field(description="Unix time the pass ended (telemetry window end).")
+    status: Literal["ok", "failed"] = Field(description="Whether the benchmark produced a result.")
+    argv: Any
+    log: Any
+    returncode: int | None = None
+    timed_out: Maybe[bool] = Field(None, description="The pass ran past its scenario's timeout_s.")
+    result_file: Maybe[str] = Field(None, description="vLLM's result file (ok only).")
+    stall: Maybe[bool] = Field(None, description="The mean TTFT is more than 1.5 times the median (ok only).")
+    summary: Maybe[PassSummary] = Field(None, description=(
+        "Figures copied from vLLM's result file, and each request's own output throughput."))
+    window: Maybe[Window] = Field(None, description="The telemetry window around the pass.")
+    telemetry: Maybe[WindowFigures] = Field(None, description="What telemetry sampled in the window.")
+    server_metrics: Maybe[ServerMetrics] = Field(None, description="/metrics deltas over the pass.")
+
+
+class StepFigures(RecordModel):
+    """A sweep step's figures (each null when its source had nothing; see Step.figures)."""
+
+    preemptions: Number | None = None
+    kv_cache_usage_peak: Number | None = None
+    kv_cache_usage_mean: Number | None = None
+    running_peak: Number | None = None
+    waiting_peak: Number | None = None
+    output_tok_s: Number | None = None
+    ttft_median_ms: Number | None = None
+    ttft_p99_ms: Number | None = None
+    tpot_median_ms: Number | None = None
+    tpot_p99_ms: Number | None = None
+    failed: int | None = None
+    goodput: Maybe[Goodput] = None
+
+
+class Step(Pass):
+    """A sweep step: a pass entry plus its step number, its values and its figures."""
+
+    step: Maybe[Annotated[int, Field(ge=1)]] = Field(None, description="The step's number, from 1.")
+    concurrency: Maybe[int] = Field(None, description="Requests in flight at most during the step.")
+    input_len: Maybe[int] = Field(None, description="Prompt tokens per request.")
+    output_len: Maybe[int] = Field(None, description="Output tokens per request.")
+    num_prompts: Maybe[int] = Field(None, description="Requests sent in the step.")
+    figures: Maybe[StepFigures] = Field(None, description=(
+        "The step's figures: preemptions (the change of vllm:num_preemptions_total over its window), "
+        "kv_cache_usage_peak and kv_cache_usage_mean (0-1), running_peak, waiting_peak (/metrics gauges sampled in "
+        "the window), output_tok_s, ttft_median_ms, ttft_p99_ms, tpot_median_ms, tpot_p99_ms and failed (the "
+        "benchmark's), each null when its source had nothing; goodput as in a pass summary when the scenario has "
+        "a target."))
+
+
+# --------------------------------------------------------------------------- a scenario
+
+
+class Slo(RecordModel):
+    """A latency target (vLLM's --goodput): TTFT, TPOT and end-to-end latency at most these ms, for at least
+    ``percentile`` % of requests."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+    percentile: Maybe[float] = None
+
+
+class ScenarioSpec(RecordModel):
+    """The scenario as the trial file gives it (schema defaults filled); a list in concurrency, num_prompts,
+    input_len or output_len makes it a sweep."""
+
+    concurrency: Maybe[int | list[int]] = None
+    num_prompts: Maybe[int | list[int]] = None
+    input_len: Maybe[int | list[int]] = None
+    output_len: Maybe[int | list[int]] = None
+    request_rate: Maybe[Number | str] = Field(None, description='Requests per second, or "inf".')
+    passes: Maybe[int | dict[str, Any]] = Field(None, description="A count, or {min, max, agreement}.")
+    slo: Slo | None = None
+
+
+class OnsetComparison(RecordModel):
+    """The first step predicted to show it against the first step that did (null where none)."""
+
+    predicted_step: int | None = Field(None, description="First step predicted (null none).")
+    predicted_concurrency: int | None = Field(None, description="Its concurrency.")
+    observed_step: int | None = Field(None, description="First step observed (null none).")
+    observed_concurrency: int | None = Field(None, description="Its concurrency.")
+    error_steps: int | None = Field(None, description=(
+        "Observed step minus predicted step (positive: later than predicted)."))
+    error_requests: int | None = Field(None, description=(
+        "Requests in flight at the observed step minus at the predicted one."))
+
+
+class OnsetStep(RecordModel):
+    """The planner's view of one step."""
+
+    step: Maybe[int] = None
+    in_flight: Maybe[int] = None
+    blocks_per_request: Maybe[int] = None
+    tokens_needed: Maybe[int] = None
+    predicted_preempts: Maybe[bool] = None
+    predicted_waits: Maybe[bool] = None
+
+
+class Onset(RecordModel):
+    """A sweep's predicted against observed onset of preemption and of waiting requests."""
+
+    kv_cache_tokens: Number | None = Field(None, description="KV cache tokens vLLM logged (the prediction's basis).")
+    kv_cache_tokens_source: str | None = Field(None, description="The log line it was read from.")
+    block_size: Number | None = Field(None, description="KV cache block size of the plan.")
+    assumption: Maybe[str] = Field(None, description="The rule the prediction follows, in words.")
+    unpredicted: Maybe[str] = Field(None, description="Why nothing was predicted (no KV cache size or block size).")
+    per_step: Maybe[list[OnsetStep]] = Field(None, description=(
+        "Per step: in_flight, blocks_per_request, tokens_needed, predicted_preempts, predicted_waits."))
+    preemption: Maybe[OnsetComparison] = None
+    waiting: Maybe[OnsetComparison] = None
+
+
+class Repetition(RecordModel):
+    """How many passes ran and why they stopped (fixed scenarios only; absent in older records)."""
+
+    min: Maybe[int] = Field(None, description="Fewest passes asked for.")
+    max: Maybe[int] = Field(None, description="Most passes asked for.")
+    agreement: float | None = Field(None, description=(
+        "Spread of output tok/s ((max - min) / mean) at which passes stop early; null for a fixed count."))
+    passes_run: Maybe[int] = Field(None, description="Passes that ran (the warm-up not counted).")
+    spread: float | None = Field(None, description="Spread of output tok/s over the passes that succeeded.")
+    stopped: Maybe[Literal["agreed", "max_reached", "fixed", "failed"]] = Field(None, description=(
+        "Why no further pass ran: the passes agreed, the maximum was reached, the fixed count was run, or a "
+        "pass failed."))
+
+
+class Agreement(RecordModel):
+    """Spread ((max - min) / mean) of two figures over the passes that succeeded (null below two passes)."""
+
+    output_throughput: float | None = None
+    median_ttft_ms: float | None = None
+
+
+class Scenario(RecordModel):
+    """One scenario's passes (or a sweep's steps), its warm-up and how its repetition ended."""
+
+    name: Any
+    spec: ScenarioSpec
+    kind: Maybe[Literal["fixed", "sweep"]] = Field(None, description=(
+        "fixed: passes of one scenario (its count fixed, or until they agree); sweep: one pass per step, its spec "
+        "listing per-step values (concurrency, input_len, output_len, num_prompts). Absent in older records "
+        "(fixed)."))
+    warmup: Pass | None = Field(None, description=(
+        "The warm-up pass run before the scenario's passes or steps (a pass entry with pass 0), kept out of every "
+        "figure; null when none was asked for. Absent in older records."))
+    repetition: Maybe[Repetition] = Field(None, description=(
+        "How many passes ran and why they stopped (fixed scenarios only; absent in older records)."))
+    agreement: Maybe[Agreement] = Field(None, description=(
+        "Spread ((max - min) / mean) of output throughput and of median TTFT over the passes that succeeded."))
+    pass_results: list[Pass] = Field(description="The results of the scenario's passes (empty for a sweep; the warm-up is never among them).")
+    steps: Maybe[list[Step]] = Field(None, description=(
+        "A sweep's steps in order, each a pass entry plus its step number, its values and its figures."))
+    onset: Maybe[Onset] = Field(None, description=(
+        "A sweep's predicted against observed onset of preemption and of waiting requests."))
+
+    def runs(self) -> list[tuple[str, Pass]]:
+        """Every benchmark run with its label, in the order they ran: the warm-up, each pass, each sweep step
+        (the model's form of :func:`llmtrial.serve.scenarios.runs_of`)."""
+        out: list[tuple[str, Pass]] = [(f"{self.name} warm-up", self.warmup)] if self.warmup else []
+        out += [(f"{self.name} pass {p.pass_}", p) for p in self.pass_results]
+        return out + [(f"{self.name} step {s.step}", s) for s in self.steps or []]
