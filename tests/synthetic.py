@@ -1,20 +1,41 @@
 """Configuration records in the format with sweeps, warm-up passes, adaptive repetition and
 goodput, built from a few numbers for the report's tests (the default trial's real records,
 tests/data/demo, give everything else: server, start-up, telemetry), and a configuration record
-across two nodes with the preflight and manifest parts that go with it."""
+across two nodes with the preflight and manifest parts that go with it. The report reads each record
+as its model: :func:`as_model` and :func:`demo` give them so."""
 
 from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from conftest import DATA
-from llmtrial.core.records import read_record
+from llmtrial.core.record_base import RecordModel
+from llmtrial.core.record_models import KINDS
+from llmtrial.core.records import check_record, load_record, read_record
 from llmtrial.host.collective import summarize
 
 DEMO = DATA / "demo"
 SLO = {"ttft_ms": 500, "tpot_ms": 50, "percentile": 90}
+
+
+def as_model(kind: str, record: Mapping[str, Any]) -> Any:
+    """A record of ``kind`` built here (a dict, as a stage writes it) checked against its schema and read as
+    its model, as the report reads a record file."""
+    check_record(record, kind)
+    return KINDS[kind].model_validate(record)
+
+
+def demo(name: str, kind: str) -> Any:
+    """One of the default trial's records (tests/data/demo/<name>.json) read as its model."""
+    return load_record(DEMO / f"{name}.json", kind)
+
+
+def models(kind: str, records: list[Mapping[str, Any]]) -> list[RecordModel]:
+    """Each of ``records`` read as its model (:func:`as_model`)."""
+    return [as_model(kind, r) for r in records]
 KV_TOKENS, BLOCK = 1024, 128
 
 
@@ -131,8 +152,9 @@ def records() -> list[dict[str, Any]]:
     return out
 
 
-def plans() -> dict[str, dict[str, Any]]:
-    return {n: read_record(DEMO / f"plan-{n}.json") for n in ("tp1", "tp2")}
+def plans() -> list[Any]:
+    """The default trial's plans of tp1 and tp2, as their model."""
+    return [demo(f"plan-{n}", "plan") for n in ("tp1", "tp2")]
 
 
 # ------------------------------------------------ a configuration across two nodes
@@ -178,15 +200,16 @@ def two_node_preflight() -> dict[str, Any]:
     facts = {"python_version": "3.11.2", "vllm": "0.32.0", "torch": "2.13.0+cpu", "ray": None,
              "interface": {"name": "llmt0", "exists": True, "addresses": []}}
     rec["nodes"] = {"master": {"address": "10.0.0.1", "port": 9100},
-                    "nodes": {"a": {**facts, "hostname": "host-a"}, "b": {**facts, "hostname": "host-b"}},
+                    "nodes": {"a": {"node": {"name": "a", "reach": "local"}, **facts, "hostname": "host-a"},
+                              "b": {"node": {"name": "b", "reach": "ssh"}, **facts, "hostname": "host-b"}},
                     "checks": [{"name": "same_versions", "status": "ok", "detail": "equal on a, b"}]}
     return rec
 
 
 def two_node_manifest() -> dict[str, Any]:
     rec = copy.deepcopy(read_record(DEMO / "manifest.json"))
-    rec["nodes"] = {"a": {"model_dir": "/staging/tiny", "files": 6, "bytes": 9_000_000, "copy_s": None,
-                          "verified": True},
+    rec["nodes"] = {"a": {"model_dir": "/staging/tiny", "files": 6, "bytes": 9_000_000, "copy_s": 0.0,
+                          "verified": True, "reused": False, "copied_from": None},
                     "b": {"model_dir": "/staging-b/tiny", "files": 6, "bytes": 9_000_000, "copy_s": 2.4,
-                          "verified": True}}
+                          "verified": True, "reused": False, "copied_from": "a"}}
     return rec

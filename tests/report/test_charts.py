@@ -22,14 +22,15 @@ from llmtrial.report.charts import (
 from llmtrial.report.conclusions import Settings, scenario_tables
 from llmtrial.report.sweeps import sweep_tables
 from llmtrial.serve.telemetry import Sampler, read_samples
+from synthetic import demo, models
 
 DEMO = DATA / "demo"
 NAMES = ["tp1", "tp2"]
 
 
 def tables():
-    recs = [read_record(DEMO / f"{n}.json") for n in NAMES]
-    return recs, scenario_tables(recs, {n: read_record(DEMO / f"plan-{n}.json") for n in NAMES}, Settings())
+    recs = [demo(n, "configuration") for n in NAMES]
+    return recs, scenario_tables(recs, synthetic.plans(), Settings())
 
 
 def ids(svg: str) -> set[str]:
@@ -62,7 +63,7 @@ def test_the_latency_table_holds_the_medians_the_ranking_shows():
     for table in t:
         for c in table["cells"]:
             row = by[(c["configuration"], table["name"])]
-            assert row[2] == table["spec"]["concurrency"]
+            assert row[2] == table["spec"].concurrency
             assert row[3] == c["figures"]["ttft_median_ms"]["median"] and row[6] == c["figures"]["tpot_p99_ms"]["median"]
 
 
@@ -78,7 +79,7 @@ def test_the_pareto_front_keeps_only_points_nothing_beats_on_both_axes():
 def test_predicted_against_measured_plots_every_planner_figure_the_log_reports():
     recs, _t = tables()
     chart = prediction_chart(recs, NAMES)
-    expected = [(r["configuration"], p["name"]) for r in recs for p in r["prediction"] if p["measured"] is not None]
+    expected = [(r.configuration, p.name) for r in recs for p in r.prediction if p.measured is not None]
     assert [(r[0], r[1]) for r in chart.rows] == expected
 
 
@@ -92,9 +93,11 @@ def test_a_gpu_timeline_draws_each_gpu_sampled_through_the_nvml_double(tmp_path)
         time.sleep(0.3)
         sampler.mark("c1-pass1:end")
     end = time.time()
-    record = {"configuration": "gpu", "server": {"launched_at": start, "ready_at": start + 0.25},
-              "scenarios": [{"name": "c1", "pass_results": [{"pass": 1, "window": {"start": start + 0.3, "end": end}}]}]}
-    chart = timeseries_chart(record, read_samples(csv))
+    record = read_record(DEMO / "tp1.json")
+    one = {**record["scenarios"][0]["pass_results"][0], "pass": 1, "window": {"start": start + 0.3, "end": end}}
+    record.update(configuration="gpu", server={**record["server"], "launched_at": start, "ready_at": start + 0.25},
+                  scenarios=[{**record["scenarios"][0], "name": "c1", "pass_results": [one]}])
+    chart = timeseries_chart(models("configuration", [record])[0], read_samples(csv))
     assert "gpu0 utilisation %" in chart.columns and "gpu1 utilisation %" in chart.columns
     assert "gpu0 power % of limit" in chart.columns  # 300 W of a 700 W limit
     col = chart.columns.index("gpu0 power % of limit")
@@ -103,7 +106,7 @@ def test_a_gpu_timeline_draws_each_gpu_sampled_through_the_nvml_double(tmp_path)
 
 
 def sweep_table():
-    return sweep_tables(synthetic.records())[0]
+    return sweep_tables(models("configuration", synthetic.records()))[0]
 
 
 def test_a_sweep_chart_draws_each_configurations_steps_and_the_predicted_onset():
@@ -130,7 +133,7 @@ def test_a_sweep_chart_is_the_same_bytes_for_the_same_data_and_its_ids_are_its_o
 
 
 def test_the_latency_and_pareto_charts_leave_sweeps_out():
-    recs = synthetic.records()
+    recs = models("configuration", synthetic.records())
     t = scenario_tables(recs, synthetic.plans(), Settings())
     assert {r[1] for r in latency_chart(t, NAMES).rows} == {"c1", "slo4"}
     assert {r[1] for r in pareto_chart(t, NAMES, "CPU worker").rows} == {"c1", "slo4"}
@@ -143,7 +146,7 @@ def test_the_timeline_shades_the_warm_up_and_each_sweep_step_too():
         for label_run in [sc.get("warmup"), *sc["pass_results"], *sc.get("steps", [])]:
             if label_run:
                 label_run["window"] = {"start": label_run["start"], "end": label_run["end"]}
-    labels = [w["label"] for w in windows_of(tp1)]
+    labels = [w["label"] for w in windows_of(models("configuration", [tp1])[0])]
     assert "slo4 warm-up" in labels and "slo4 pass 3" in labels and "ramp warm-up" in labels
     assert [x for x in labels if x.startswith("ramp step")] == ["ramp step 1", "ramp step 2", "ramp step 3", "ramp step 4"]
 
@@ -153,7 +156,7 @@ def test_a_sweep_over_lengths_at_one_concurrency_is_drawn_against_the_length():
                            waiting=[0, 1, 4], tok_s=[90.0, 80.0, 60.0])
     for step, n in zip(long["steps"], (128, 512, 2048), strict=True):
         step["input_len"] = n
-    t = sweep_tables([{"configuration": "tp1", "status": "ok", "scenarios": [long]}])[0]
+    t = sweep_tables(models("configuration", [{**synthetic.records()[0], "scenarios": [long]}]))[0]
     chart = sweep_chart(t, NAMES)
     assert chart.columns[2] == "input len" and [r[2] for r in chart.rows] == [128, 512, 2048]
     assert "input len (one step each)" in chart.svg

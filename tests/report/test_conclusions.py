@@ -12,18 +12,21 @@ import pytest
 import synthetic
 from conftest import DATA
 from llmtrial.core.records import read_record
+from llmtrial.core.scenario_model import Repetition
 from llmtrial.report.conclusions import (
     FIGURES,
     Settings,
     cold_warm,
     not_measured,
     outcome_sentences,
+    repetition,
     repetition_note,
     scenario_sentences,
     scenario_tables,
     streams,
 )
 from llmtrial.serve.scenarios import repetition_of
+from synthetic import as_model, demo, models
 
 DEMO = DATA / "demo"
 
@@ -32,8 +35,9 @@ def records():
     return [read_record(DEMO / "tp1.json"), read_record(DEMO / "tp2.json")]
 
 
-def plans():
-    return {n: read_record(DEMO / f"plan-{n}.json") for n in ("tp1", "tp2")}
+def typed(*recs):
+    """Configuration records (dicts, changed as a test needs) read as their model, as the report reads them."""
+    return models("configuration", list(recs))
 
 
 def tok_s(record, scenario):
@@ -47,7 +51,7 @@ def cell(tables, scenario, name):
 
 def test_each_scenario_ranks_the_configurations_on_the_median_over_passes():
     tp1, tp2 = records()
-    tables = scenario_tables([tp1, tp2], plans(), Settings())
+    tables = scenario_tables(typed(tp1, tp2), synthetic.plans(), Settings())
     assert [t["name"] for t in tables] == ["c1", "c4"]
     for t in tables:
         medians = {c["configuration"]: c["figures"]["output_tok_s"]["median"] for c in t["cells"]}
@@ -64,20 +68,20 @@ def test_a_figure_is_the_median_of_three_passes_not_one_pass_picked():
     third = copy.deepcopy(sc["pass_results"][0])
     third["pass"], third["summary"]["output_throughput"] = 3, 1.0
     sc["pass_results"].append(third)
-    fig = cell(scenario_tables([tp1, tp2], plans(), Settings()), "c4", "tp1")["figures"]["output_tok_s"]
+    fig = cell(scenario_tables(typed(tp1, tp2), synthetic.plans(), Settings()), "c4", "tp1")["figures"]["output_tok_s"]
     assert fig["median"] == statistics.median(tok_s(tp1, "c4")) and fig["min"] == 1.0 and fig["n"] == 3
 
 
 def test_per_accelerator_and_per_user_divide_by_tp_x_pp_and_by_concurrency():
     tp1, tp2 = records()
-    c = cell(scenario_tables([tp1, tp2], plans(), Settings()), "c4", "tp2")["figures"]
+    c = cell(scenario_tables(typed(tp1, tp2), synthetic.plans(), Settings()), "c4", "tp2")["figures"]
     assert c["tok_s_per_accelerator"]["median"] == pytest.approx(c["output_tok_s"]["median"] / 2)
     assert c["tok_s_per_user"]["median"] == pytest.approx(c["output_tok_s"]["median"] / 4)
 
 
 def test_differences_are_against_the_baseline_and_the_best_is_marked():
     tp1, tp2 = records()
-    tables = scenario_tables([tp1, tp2], plans(), Settings())
+    tables = scenario_tables(typed(tp1, tp2), synthetic.plans(), Settings())
     a, b = cell(tables, "c4", "tp1"), cell(tables, "c4", "tp2")
     expected = 100 * (b["figures"]["output_tok_s"]["median"] - a["figures"]["output_tok_s"]["median"]) / a["figures"]["output_tok_s"]["median"]
     assert b["figures"]["output_tok_s"]["delta_pct"] == pytest.approx(expected)
@@ -85,7 +89,7 @@ def test_differences_are_against_the_baseline_and_the_best_is_marked():
     assert a["figures"]["output_tok_s"]["best"] and not b["figures"]["output_tok_s"]["best"]
     lower_ttft = min((a, b), key=lambda c: c["figures"]["ttft_median_ms"]["median"])
     assert lower_ttft["figures"]["ttft_median_ms"]["best"]  # lower is better for latency
-    flipped = scenario_tables([tp1, tp2], plans(), Settings(baseline="tp2"))
+    flipped = scenario_tables(typed(tp1, tp2), synthetic.plans(), Settings(baseline="tp2"))
     assert cell(flipped, "c4", "tp1")["figures"]["output_tok_s"]["delta_pct"] > 0
     assert cell(flipped, "c4", "tp2")["figures"]["output_tok_s"]["delta_pct"] is None
 
@@ -94,8 +98,8 @@ def test_passes_that_disagree_more_than_the_threshold_mark_the_configuration_uns
     tp1, tp2 = records()
     spread = tp1["scenarios"][0]["agreement"]["output_throughput"]  # 13.2 % in the real run
     assert spread > 0.10
-    loose = scenario_tables([tp1, tp2], plans(), Settings(max_disagreement=spread + 0.01))
-    tight = scenario_tables([tp1, tp2], plans(), Settings(max_disagreement=0.10))
+    loose = scenario_tables(typed(tp1, tp2), synthetic.plans(), Settings(max_disagreement=spread + 0.01))
+    tight = scenario_tables(typed(tp1, tp2), synthetic.plans(), Settings(max_disagreement=0.10))
     assert cell(tight, "c1", "tp1")["unstable"] and cell(tight, "c1", "tp1")["spread"] == pytest.approx(spread)
     assert not cell(loose, "c1", "tp1")["unstable"]
     assert "tp1" in tight[0]["unstable"]
@@ -104,7 +108,7 @@ def test_passes_that_disagree_more_than_the_threshold_mark_the_configuration_uns
 
 def test_sentences_are_generated_from_the_numbers():
     tp1, tp2 = records()
-    t = scenario_tables([tp1, tp2], plans(), Settings(max_disagreement=1.0))[1]
+    t = scenario_tables(typed(tp1, tp2), synthetic.plans(), Settings(max_disagreement=1.0))[1]
     a = statistics.median(tok_s(tp1, "c4"))
     b = statistics.median(tok_s(tp2, "c4"))
     first = scenario_sentences(t)[0]
@@ -120,10 +124,12 @@ def test_failed_and_skipped_configurations_sit_in_the_same_table_with_a_one_line
     tp1, tp2 = records()
     bad = {**copy.deepcopy(tp2), "configuration": "badarg", "status": "failed", "scenarios": [],
            "failure": {"phase": "startup", "reason": "exited", "message": "server exited with code 2",
-                       "error_line": {"diagnosis": "vLLM rejected a command-line argument."}}}
+                       "error_line": {"line": "error: unrecognized arguments: --x", "source": "server.log:307",
+                                      "pattern": "argparse", "diagnosis": "vLLM rejected a command-line argument."}}}
     skipped = {**copy.deepcopy(tp2), "configuration": "tp3", "status": "skipped", "scenarios": [],
-               "plan": {"verdict": "does_not_fit", "reasons": ["4 heads do not divide over 3 ranks."]}}
-    tables = scenario_tables([tp1, tp2, bad, skipped], plans(), Settings())
+               "plan": {"verdict": "does_not_fit", "reasons": ["4 heads do not divide over 3 ranks."], "forced": False}}
+    tp1, tp2, bad, skipped = typed(tp1, tp2, bad, skipped)
+    tables = scenario_tables([tp1, tp2, bad, skipped], synthetic.plans(), Settings())
     rows = {c["configuration"]: c for c in tables[0]["cells"]}
     assert [c["configuration"] for c in tables[0]["cells"]][-2:] == ["badarg", "tp3"]
     assert rows["badarg"]["diagnosis"] == "failed in startup: vLLM rejected a command-line argument"
@@ -136,7 +142,7 @@ def test_failed_and_skipped_configurations_sit_in_the_same_table_with_a_one_line
 def test_cold_against_warm_gives_the_ratio_of_warm_c1_tok_s_to_the_first_request():
     tp1 = records()[0]
     tp1["cold_start"]["first_output_tok_s"] = {"value": 20.0, "kind": "measured", "source": "first streamed completion"}
-    cw = cold_warm(tp1)
+    cw = cold_warm(as_model("configuration", tp1))
     warm = statistics.median(tok_s(tp1, "c1"))
     assert cw["warm_scenario"] == "c1" and cw["warm_tok_s"]["median"] == warm
     assert cw["tok_s_ratio"] == pytest.approx(warm / 20.0)
@@ -149,7 +155,7 @@ def test_per_request_throughput_comes_from_concurrent_passes_only():
     for sc in tp1["scenarios"]:
         for p in sc["pass_results"]:
             p["summary"]["request_output_tok_s"] = [4.40, 4.37, 4.37, 4.37]
-    got = streams(tp1)
+    got = streams(as_model("configuration", tp1))
     assert {(s["scenario"], s["pass"]) for s in got} == {("c4", 1), ("c4", 2)}
     assert got[0]["requests"] == [4.40, 4.37, 4.37, 4.37] and got[0]["concurrency"] == 4
 
@@ -157,9 +163,9 @@ def test_per_request_throughput_comes_from_concurrent_passes_only():
 def test_what_was_not_measured_is_read_from_the_records():
     tp1, tp2 = records()
     tp2["scenarios"][0]["pass_results"] = tp2["scenarios"][0]["pass_results"][:1]
-    tables = scenario_tables([tp1, tp2], plans(), Settings())
-    lines = not_measured(preflight=read_record(DEMO / "preflight.json"), configurations=[tp1, tp2],
-                         plans=plans().values(), tables=tables)
+    tables = scenario_tables(typed(tp1, tp2), synthetic.plans(), Settings())
+    lines = not_measured(preflight=demo("preflight", "preflight"), configurations=typed(tp1, tp2),
+                         plans=synthetic.plans(), tables=tables)
     text = "\n".join(lines)
     assert "No GPU: NVML unavailable" in text
     assert "Telemetry source nvml: NVML unavailable: NVML Shared Library Not Found (tp1, tp2)" in text
@@ -174,14 +180,14 @@ def test_seed_000s_cold_and_warm_single_stream_give_its_4_7x():
     tp1["cold_start"]["first_output_tok_s"] = {"value": 1.86, "kind": "measured", "source": "first streamed completion"}
     for p in tp1["scenarios"][0]["pass_results"]:
         p["summary"]["output_throughput"] = 8.80
-    assert f"{cold_warm(tp1)['tok_s_ratio']:.1f}" == "4.7"
+    assert f"{cold_warm(as_model('configuration', tp1))['tok_s_ratio']:.1f}" == "4.7"
 
 
 # ---------------------------------------------------- sweeps left out, goodput, warm-up and repetition
 
 
 def new_format():
-    return synthetic.records(), synthetic.plans()
+    return typed(*synthetic.records()), synthetic.plans()
 
 
 def test_sweeps_are_left_out_of_the_rankings_cold_warm_and_streams():
@@ -190,8 +196,9 @@ def test_sweeps_are_left_out_of_the_rankings_cold_warm_and_streams():
     assert [t["name"] for t in tables] == ["c1", "slo4"]  # "ramp" is a sweep: its spec holds lists
     assert cold_warm(recs[0])["warm_scenario"] == "c1"
     assert all(s["scenario"] != "ramp" for r in recs for s in streams(r))
-    bare = {**recs[0], "scenarios": [{**recs[0]["scenarios"][2], "kind": None}]}  # no kind: its steps tell
-    assert scenario_tables([bare], pl, Settings()) == []
+    rec = synthetic.records()[0]
+    bare = {**rec, "scenarios": [{k: v for k, v in rec["scenarios"][2].items() if k != "kind"}]}  # no kind: its steps tell
+    assert scenario_tables(typed(bare), pl, Settings()) == []
 
 
 def test_a_scenario_with_a_target_ranks_on_goodput_with_the_slo_share_over_passes():
@@ -227,7 +234,7 @@ def test_the_warm_up_pass_is_in_no_figure_and_the_repetition_says_why_passes_sto
     recs, pl = new_format()
     t = next(t for t in scenario_tables(recs, pl, Settings()) if t["name"] == "slo4")
     tp1, tp2 = t["cells"]
-    assert recs[0]["scenarios"][1]["warmup"]["summary"]["output_throughput"] == 5.0
+    assert recs[0].scenarios[1].warmup.summary.output_throughput == 5.0
     assert tp1["figures"]["output_tok_s"]["min"] == 400.0 and tp1["figures"]["output_tok_s"]["n"] == 3
     assert tp1["passes"] == 3 and tp2["passes"] == 6
     assert tp1["repetition_note"] == ("3 passes: stopped once they agreed within 10.0 % (spread 4.2 %); "
@@ -239,9 +246,10 @@ def test_the_warm_up_pass_is_in_no_figure_and_the_repetition_says_why_passes_sto
 def test_records_without_the_new_keys_read_as_fixed_passes_without_a_warm_up():
     tp1, tp2 = records()
     assert all("kind" not in s and "repetition" not in s for s in tp1["scenarios"])
-    c4 = cell(scenario_tables([tp1, tp2], plans(), Settings()), "c4", "tp1")
-    assert c4["repetition"]["stopped"] == "fixed" and c4["repetition"]["passes_run"] == 2
+    c4 = cell(scenario_tables(typed(tp1, tp2), synthetic.plans(), Settings()), "c4", "tp1")
+    assert c4["repetition"].stopped == "fixed" and c4["repetition"].passes_run == 2
     assert c4["repetition_note"] == "2 passes, a fixed count"
     tp1["scenarios"][1]["pass_results"][1]["status"] = "failed"
     assert repetition_of(tp1["scenarios"][1])["stopped"] == "failed"
-    assert repetition_note(repetition_of(tp1["scenarios"][1])) == "2 passes: stopped when pass 2 failed"
+    assert repetition(typed(tp1)[0].scenarios[1]).stopped == "failed"
+    assert repetition_note(Repetition.model_validate(repetition_of(tp1["scenarios"][1]))) == "2 passes: stopped when pass 2 failed"

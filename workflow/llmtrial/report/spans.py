@@ -1,21 +1,22 @@
 """What the report says about configurations that span several nodes, from the records only.
 
-The configuration records are read as their model
-(:class:`~llmtrial.core.configuration_model.ConfigurationRecord`). A configuration record of a multi-node configuration carries ``nodes`` (each node's name,
-rank, role, address, reach, interface, model folder and log), ``launch`` (kind, nnodes,
-master address and port), ``collective`` (:func:`llmtrial.host.collective.summarize`'s record of
-the sanity check) and ``telemetry.nodes`` (:class:`llmtrial.serve.nodetelemetry.NodeTelemetry`'s
-summary). The preflight record may carry ``nodes`` (:func:`llmtrial.host.crossnode.preflight_nodes`)
+Every record is read as its model (:mod:`llmtrial.core.record_models`). A configuration record of
+a multi-node configuration carries ``nodes`` (each node's name, rank, role, address, reach,
+interface, model folder and log), ``launch`` (kind, nnodes, master address and port),
+``collective`` (:func:`llmtrial.host.collective.summarize`'s record of the sanity check) and
+``telemetry.nodes`` (:class:`llmtrial.serve.nodetelemetry.NodeTelemetry`'s summary). The preflight record may carry ``nodes`` (:func:`llmtrial.host.crossnode.preflight_nodes`)
 and the manifest ``nodes`` (per node: model folder, files, bytes, copy time, verified). A
 single-host trial has none of these keys, and then nothing here shows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from llmtrial.core.configuration_model import CollectiveSummary, ConfigurationRecord
+from llmtrial.core.configuration_model import CollectiveSummary, ConfigurationRecord, NodeSample
+from llmtrial.core.preflight_model import NodeReport, PreflightRecord
+from llmtrial.core.record_models import ManifestRecord
 
 __all__ = ["is_multinode", "node_rows", "span_rows", "span_sentence", "collective_sentence", "nodes_context"]
 
@@ -25,25 +26,23 @@ def is_multinode(record: ConfigurationRecord) -> bool:
     return bool(record.nodes)
 
 
-def _facts(preflight: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    return dict(((preflight.get("nodes") or {}).get("nodes")) or {})
-
-
-def node_rows(configurations: Sequence[ConfigurationRecord], preflight: Mapping[str, Any],
-              manifest: Mapping[str, Any]) -> list[dict[str, Any]]:
+def node_rows(configurations: Sequence[ConfigurationRecord], preflight: PreflightRecord,
+              manifest: ManifestRecord) -> list[dict[str, Any]]:
     """One row per node any configuration spans (first seen first): how it is reached, its
     address and interface, the versions preflight read there, and its weights' copy."""
-    facts, copies = _facts(preflight), dict(manifest.get("nodes") or {})
+    facts = preflight.nodes.nodes if preflight.nodes else {}
     seen: dict[str, dict[str, Any]] = {}
     for rec in configurations:
         for node in rec.nodes or []:
             row = seen.setdefault(node.name, {"name": node.name, "configurations": [], "reach": node.reach,
-                                              "address": node.address, "interface": node.interface})
+                                              "address": node.address, "interface": node.interface, "weights": None})
             row["configurations"].append(rec.configuration)
     for name, row in seen.items():
-        f = facts.get(name) or {}
-        row.update(python=f.get("python_version"), vllm=f.get("vllm"), torch=f.get("torch"),
-                   hostname=f.get("hostname"), facts_error=f.get("error"), weights=copies.get(name))
+        f = facts[name] if name in facts else NodeReport(node={})
+        row.update(python=f.python_version, vllm=f.vllm, torch=f.torch, hostname=f.hostname, facts_error=f.error)
+    for name, copy in (manifest.nodes or {}).items():
+        if name in seen:
+            seen[name]["weights"] = copy
     return list(seen.values())
 
 
@@ -78,29 +77,23 @@ def span_sentence(record: ConfigurationRecord) -> str:
     return f"{record.configuration} spans nodes {listed}{where}; {collective_sentence(record.collective)}."
 
 
-def _node_telemetry(record: ConfigurationRecord) -> dict[str, Any]:
-    """Per node, what its sampler saw (figures, or an error naming the node); empty when none ran."""
-    nodes = record.telemetry.nodes
-    return dict(nodes.nodes or {}) if nodes is not None else {}
-
-
 def span_rows(record: ConfigurationRecord) -> list[dict[str, Any]]:
     """Per node of a multi-node configuration: its rank and role, its log, and what the
-    sampler on it saw over the job (CPU peak and mean, bytes received and sent)."""
-    sampled = _node_telemetry(record)
+    sampler on it saw over the job (CPU peak and mean, bytes received and sent; nothing when none ran)."""
+    sampled = record.telemetry.nodes.nodes if record.telemetry.nodes is not None else {}
     return [{"name": node.name, "rank": node.rank, "role": node.role, "address": node.address, "log": node.log,
-             "telemetry": dict(sampled.get(node.name) or {})} for node in record.nodes or []]
+             "telemetry": sampled[node.name] if node.name in sampled else NodeSample()} for node in record.nodes or []]
 
 
-def nodes_context(configurations: Sequence[ConfigurationRecord], preflight: Mapping[str, Any],
-                  manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+def nodes_context(configurations: Sequence[ConfigurationRecord], preflight: PreflightRecord,
+                  manifest: ManifestRecord) -> dict[str, Any] | None:
     """What the report's Nodes section shows, or None when no configuration spans nodes."""
     spanning = [r for r in configurations if is_multinode(r)]
     if not spanning:
         return None
     return {
         "rows": node_rows(spanning, preflight, manifest),
-        "checks": list((preflight.get("nodes") or {}).get("checks") or []),
+        "checks": list(preflight.nodes.checks) if preflight.nodes else [],
         "configurations": [{"configuration": r.configuration, "status": r.status, "launch": r.launch,
                             "collective": r.collective, "sentence": span_sentence(r), "nodes": span_rows(r),
                             "telemetry_file": r.telemetry.nodes.file if r.telemetry.nodes is not None else None}

@@ -13,42 +13,47 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from llmtrial.report.conclusions import diagnosis, warmup_note
-from llmtrial.serve.scenarios import is_sweep
+from llmtrial.core.configuration_model import ConfigurationRecord
+from llmtrial.core.scenario_model import Onset, OnsetComparison, OnsetStep, Scenario, Step, StepFigures
+from llmtrial.report.conclusions import diagnosis, is_sweep_entry, warmup_note
 
-#: The two onsets compared: key in the record's ``onset``, what was observed, what none observed reads.
+#: The two onsets compared: the field of the record's ``onset``, what was observed, what none observed reads.
 ONSETS: tuple[tuple[str, str, str], ...] = (
     ("preemption", "first preempted", "no step preempted"),
     ("waiting", "first had requests waiting", "no step had requests waiting"),
 )
-_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five"}
+#: What an onset comparison gives, in the order a row shows it.
+COMPARED = ("predicted_step", "predicted_concurrency", "observed_step", "observed_concurrency", "error_steps",
+            "error_requests")
+_WORDS = ("zero", "one", "two", "three", "four", "five")
 
 
 def _pct(x: float | None) -> float | None:
     return 100.0 * x if x is not None else None
 
 
-def step_row(step: Mapping[str, Any], predicted: Mapping[str, Any] | None) -> dict[str, Any]:
+def step_row(step: Step, predicted: OnsetStep | None) -> dict[str, Any]:
     """One step of one configuration: what it asked for, what /metrics and the benchmark saw,
     and what the planner predicted of it."""
-    f = step.get("figures") or {}
-    goodput = f.get("goodput") or (step.get("summary") or {}).get("goodput")
+    f = step.figures or StepFigures()
+    plan = predicted or OnsetStep()
+    goodput = f.goodput or (step.summary.goodput if step.summary else None)
     return {
-        "step": step.get("step"), "concurrency": step.get("concurrency"), "input_len": step.get("input_len"),
-        "output_len": step.get("output_len"), "num_prompts": step.get("num_prompts"),
-        "status": step.get("status"), "log": step.get("log"), "seed": step.get("seed"),
-        "preemptions": f.get("preemptions"),
-        "kv_peak_pct": _pct(f.get("kv_cache_usage_peak")), "kv_mean_pct": _pct(f.get("kv_cache_usage_mean")),
-        "running_peak": f.get("running_peak"), "waiting_peak": f.get("waiting_peak"),
-        "output_tok_s": f.get("output_tok_s"),
-        "ttft_median_ms": f.get("ttft_median_ms"), "ttft_p99_ms": f.get("ttft_p99_ms"),
-        "tpot_median_ms": f.get("tpot_median_ms"), "tpot_p99_ms": f.get("tpot_p99_ms"),
-        "failed": f.get("failed"),
-        "slo_share_pct": _pct(goodput.get("share")) if goodput else None,
-        "slo_met": goodput.get("met") if goodput else None,
-        "predicted_preempts": (predicted or {}).get("predicted_preempts"),
-        "predicted_waits": (predicted or {}).get("predicted_waits"),
-        "tokens_needed": (predicted or {}).get("tokens_needed"),
+        "step": step.step, "concurrency": step.concurrency, "input_len": step.input_len,
+        "output_len": step.output_len, "num_prompts": step.num_prompts,
+        "status": step.status, "log": step.log, "seed": step.seed,
+        "preemptions": f.preemptions,
+        "kv_peak_pct": _pct(f.kv_cache_usage_peak), "kv_mean_pct": _pct(f.kv_cache_usage_mean),
+        "running_peak": f.running_peak, "waiting_peak": f.waiting_peak,
+        "output_tok_s": f.output_tok_s,
+        "ttft_median_ms": f.ttft_median_ms, "ttft_p99_ms": f.ttft_p99_ms,
+        "tpot_median_ms": f.tpot_median_ms, "tpot_p99_ms": f.tpot_p99_ms,
+        "failed": f.failed,
+        "slo_share_pct": _pct(goodput.share) if goodput else None,
+        "slo_met": goodput.met if goodput else None,
+        "predicted_preempts": plan.predicted_preempts,
+        "predicted_waits": plan.predicted_waits,
+        "tokens_needed": plan.tokens_needed,
     }
 
 
@@ -66,61 +71,66 @@ def error_words(error_steps: int, error_requests: int | None) -> str:
     if error_steps == 0:
         return "on the mark"
     n = abs(error_steps)
-    words = f"{_WORDS.get(n, n)} step{'' if n == 1 else 's'} {'late' if error_steps > 0 else 'early'}"
+    words = f"{_WORDS[n] if n < len(_WORDS) else n} step{'' if n == 1 else 's'} {'late' if error_steps > 0 else 'early'}"
     detail = _plural(n, "step") + (f", {_plural(abs(error_requests), 'request')}" if error_requests is not None else "")
     return f"{words} ({detail})"
 
 
-def onset_sentence(configuration: str, kind: str, cmp: Mapping[str, Any] | None, last: int | None,
+def onset_sentence(configuration: str, kind: str, cmp: OnsetComparison | None, last: int | None,
                    unpredicted: str | None = None) -> str:
     """One sentence on one onset (``preemption`` or ``waiting``) of one configuration's sweep."""
     _key, seen, none_seen = next(o for o in ONSETS if o[0] == kind)
-    cmp = cmp or {}
-    obs, pred = cmp.get("observed_step"), cmp.get("predicted_step")
-    observed = (f"{configuration} {seen} at {_at(obs, cmp.get('observed_concurrency'))}" if obs is not None
+    cmp = cmp or OnsetComparison()
+    obs, pred = cmp.observed_step, cmp.predicted_step
+    observed = (f"{configuration} {seen} at {_at(obs, cmp.observed_concurrency)}" if obs is not None
                 else f"{configuration}: {none_seen}" + (f" up to concurrency {last}" if last is not None else ""))
     if unpredicted:
         return f"{observed}; nothing was predicted ({unpredicted})."
     if pred is None:
         return f"{observed}; predicted none." if obs is None else f"{observed}; the planner predicted none: not foreseen."
     if obs is None:
-        return f"{observed}; predicted at step {pred} (concurrency {cmp.get('predicted_concurrency')}) but none observed."
-    errs = cmp.get("error_steps")
-    errs = obs - pred if errs is None else errs
-    return (f"{observed}; the planner predicted {_at(pred, cmp.get('predicted_concurrency'))}: "
-            f"{error_words(errs, cmp.get('error_requests'))}.")
+        return f"{observed}; predicted at step {pred} (concurrency {cmp.predicted_concurrency}) but none observed."
+    errs = obs - pred if cmp.error_steps is None else cmp.error_steps
+    return (f"{observed}; the planner predicted {_at(pred, cmp.predicted_concurrency)}: "
+            f"{error_words(errs, cmp.error_requests)}.")
 
 
-def onset_rows(onset: Mapping[str, Any]) -> list[dict[str, Any]]:
+def compared(onset: Onset | None, key: str) -> OnsetComparison:
+    """The onset of preemption (``key`` ``preemption``) or of waiting requests (``waiting``); empty
+    (every step None) where the record has none."""
+    return (getattr(onset, key) if onset is not None else None) or OnsetComparison()
+
+
+def onset_rows(onset: Onset) -> list[dict[str, Any]]:
     """Predicted against observed onset of preemption and of waiting, one row each."""
     return [{"what": "preemption" if key == "preemption" else "requests waiting", "key": key,
-             **{k: (onset.get(key) or {}).get(k) for k in ("predicted_step", "predicted_concurrency", "observed_step",
-                                                           "observed_concurrency", "error_steps", "error_requests")}}
+             **{k: getattr(compared(onset, key), k) for k in COMPARED}}
             for key, _seen, _none in ONSETS]
 
 
-def sweep_cell(record: Mapping[str, Any], entry: Mapping[str, Any] | None) -> dict[str, Any]:
+def sweep_cell(record: ConfigurationRecord, entry: Scenario | None) -> dict[str, Any]:
     """One configuration in one sweep: its step rows, its onset comparison and sentences."""
-    name = record["configuration"]
+    name = record.configuration
     cell: dict[str, Any] = {"configuration": name, "rows": [], "onset": None, "onset_rows": [], "sentences": [],
-                            "warmup_note": None, "diagnosis": None}
-    steps = (entry or {}).get("steps") or []
-    if record.get("status") != "ok" and not steps:
-        return {**cell, "status": record.get("status"), "diagnosis": diagnosis(record)}
+                            "warmup_note": None, "diagnosis": None, "preemption": OnsetComparison()}
+    steps = (entry.steps if entry else None) or []
+    if record.status != "ok" and not steps:
+        return {**cell, "status": record.status, "diagnosis": diagnosis(record)}
     if not steps:
         return {**cell, "status": "no steps", "diagnosis": "no step of this sweep ran"}
-    onset = entry.get("onset") or {}
-    predicted = {p.get("step"): p for p in onset.get("per_step") or []}
-    cell["rows"] = [step_row(s, predicted.get(s.get("step"))) for s in steps]
+    onset = entry.onset
+    predicted = (onset.per_step if onset else None) or []
+    cell["rows"] = [step_row(s, next((p for p in predicted if p.step == s.step), None)) for s in steps]
     cell["status"] = "ok" if all(r["status"] == "ok" for r in cell["rows"]) else "failed"
-    cell["onset"] = onset or None
+    cell["onset"] = onset
     cell["onset_rows"] = onset_rows(onset) if onset else []
+    cell["preemption"] = compared(onset, "preemption")
     last = max((r["concurrency"] for r in cell["rows"] if r["status"] == "ok" and r["concurrency"]), default=None)
     if onset:
-        cell["sentences"] = [onset_sentence(name, key, onset.get(key), last, onset.get("unpredicted"))
+        cell["sentences"] = [onset_sentence(name, key, getattr(onset, key), last, onset.unpredicted)
                              for key, _seen, _none in ONSETS]
     cell["sentences"] += _peak_sentence(name, cell["rows"])
-    cell["warmup_note"] = warmup_note(entry.get("warmup"))
+    cell["warmup_note"] = warmup_note(entry.warmup)
     return cell
 
 
@@ -133,19 +143,19 @@ def _peak_sentence(name: str, rows: list[Mapping[str, Any]]) -> list[str]:
             f"({best['output_tok_s']:,.1f} tok/s, step {best['step']} of {len(rows)})."]
 
 
-def sweep_tables(configurations: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def sweep_tables(configurations: Iterable[ConfigurationRecord]) -> list[dict[str, Any]]:
     """Per sweep scenario (in the trial's order): its spec and each configuration's cell."""
     configurations = list(configurations)
-    specs: dict[str, Mapping[str, Any]] = {}
+    specs = {}
     for rec in configurations:
-        for sc in rec.get("scenarios", []):
-            if is_sweep(sc.get("spec") or {}):
-                specs.setdefault(sc["name"], sc.get("spec") or {})
+        for sc in rec.scenarios:
+            if is_sweep_entry(sc):
+                specs.setdefault(sc.name, sc.spec)
     tables = []
     for name, spec in specs.items():
-        cells = [sweep_cell(rec, next((s for s in rec.get("scenarios", []) if s["name"] == name and is_sweep(s.get("spec") or {})), None))
+        cells = [sweep_cell(rec, next((s for s in rec.scenarios if s.name == name and is_sweep_entry(s)), None))
                  for rec in configurations]
-        tables.append({"name": name, "spec": dict(spec), "cells": cells,
+        tables.append({"name": name, "spec": spec, "cells": cells,
                        "has_goodput": any(r["slo_share_pct"] is not None for c in cells for r in c["rows"]),
                        "sentences": [line for c in cells for line in c["sentences"]],
                        "outcomes": [f"{c['configuration']}: {c['diagnosis']}." for c in cells if c["diagnosis"]]})
@@ -158,7 +168,7 @@ def sweep_gaps(tables: Iterable[Mapping[str, Any]]) -> list[str]:
     out = []
     for t in tables:
         for c in t["cells"]:
-            why = (c.get("onset") or {}).get("unpredicted")
+            why = c["onset"].unpredicted if c["onset"] else None
             if why:
                 out.append(f"Sweep {t['name']}: no onset predicted for {c['configuration']} ({why}).")
             blind = [str(r["step"]) for r in c["rows"] if r["status"] == "ok" and r["kv_peak_pct"] is None]
