@@ -291,3 +291,10 @@ def hosts() -> Iterator[TwoHosts]:
     with two_hosts() as made:
         yield made
 
+
+@pytest.fixture(scope="session")
+def hub_plugin_trial(tmp_path_factory):
+    """One trial read by the weights and the patch tests (tests/served_trials.py says what it serves)."""
+    from served_trials import hub_plugin
+
+    yield from hub_plugin(tmp_path_factory)

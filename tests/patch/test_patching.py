@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, free_ports
+from conftest import REPO, written
 from llmtrial.borrow.cleanup import run_cleanup, unfinished
 from llmtrial.borrow.ledger_tables import patches_table
 from llmtrial.cli import main as cli_main
@@ -39,18 +39,15 @@ from llmtrial.patch.patching import (
     prepare_file_patches,
     revert_patches,
     server_env,
-    site_root,
     verify_files,
     vllm_distribution,
 )
-from workflow_helpers import SNAKEMAKE, default_config, snakemake, write_config
+from served_trials import DEMO, FLAG, SITE, read_only_site_packages, tree_state
+from workflow_helpers import default_config, snakemake, write_config
 
-DEMO = "demo-worker-log"
 TARGET = "vllm/v1/worker/cpu_worker.py"  # what the demo patch changes
 OTHER = "vllm/plugins/__init__.py"  # a second real file for multi-file diffs
 DIST = vllm_distribution()
-SITE = site_root(DIST)
-FLAG = "LLMTRIAL_DEMO_WORKER_LOG"
 ACTIVE = "llmtrial patch demo-worker-log active: CPU worker rank 3"
 
 
@@ -110,18 +107,27 @@ def two_file_diff(other_old: str | None = None) -> str:
 def test_apply_then_revert_leaves_the_files_matching_record(work):
     before = os.stat(SITE / TARGET)
     record = apply_patches({DEMO: {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir)
-    [patch] = record["patches"]
-    [f] = patch["files"]
-    assert patch["mode"] == "file" and patch["flag"] == FLAG and record["vllm"]["version"] == DIST.version
-    assert f["path"] == TARGET and f["record_hash"] == f["before_hash"] != f["after_hash"]
-    assert f["hunks"] == [{"patch": DEMO, "hunk": 1, "header": "@@ -105,6 +105,14 @@", "at_line": 105, "offset": 0}]
+    [patch] = record.patches
+    [f] = patch.files
+    assert patch.mode == "file" and patch.flag == FLAG and record.vllm.version == DIST.version
+    assert f.path == TARGET and f.record_hash == f.before_hash != f.after_hash
+    assert f.hunks == [{"patch": DEMO, "hunk": 1, "header": "@@ -105,6 +105,14 @@", "at_line": 105, "offset": 0}]
     [now] = verify_files([TARGET], DIST)
-    assert not now["matches"] and now["hash"] == f["after_hash"]
+    assert not now["matches"] and now["hash"] == f.after_hash
     assert f'os.environ.get("{FLAG}") == "1"' in (SITE / TARGET).read_text()
-    assert file_hash(f["backup"]) == f["before_hash"] and os.stat(f["backup"]).st_mtime_ns == before.st_mtime_ns
+    assert file_hash(f.backup) == f.before_hash and os.stat(f.backup).st_mtime_ns == before.st_mtime_ns
     entries = work.ledger.entries()
     assert [e["action"] for e in entries] == ["patch_file", "patch_applied"]
-    assert entries[0]["after_hash"] == f["after_hash"] and entries[0]["backup"] == f["backup"]
+    assert entries[0]["after_hash"] == f.after_hash and entries[0]["backup"] == f.backup
+    assert written(record) == {  # the patches record as the stage wrote it when it was a dict
+        "started": record.started, "reverted_first": [],
+        "vllm": {"distribution": DIST.metadata["Name"], "version": DIST.version, "site_packages": str(SITE)},
+        "patches": [{**load_patch(DEMO).to_json(), "mode": "file", "applied_at": patch.applied_at, "plugin": None,
+                     "files": [{"path": TARGET, "file": str(SITE / TARGET), "patches": [DEMO],
+                                "backup": str((work.dir / "backup" / TARGET).resolve()),
+                                "record_hash": entries[0]["record_hash"], "before_hash": entries[0]["before_hash"],
+                                "after_hash": entries[0]["after_hash"], "hunks": entries[0]["hunks"]}]}],
+        "finished": record.finished, "apply_seconds": round(record.finished - record.started, 4)}
     assert unfinished(entries) and live_patches(entries) == {DEMO: {"mode": "file", "dir": None}}
 
     back = revert_patches(work.ledger)
@@ -138,8 +144,8 @@ def test_apply_then_revert_leaves_the_files_matching_record(work):
 def test_applying_again_reverts_the_earlier_patch_first(work):
     apply_patches({DEMO: {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir)
     again = apply_patches({DEMO: {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir)
-    assert [i["action"] for i in again["reverted_first"]] == ["restored from backup"]
-    assert again["patches"][0]["files"][0]["before_hash"] == again["patches"][0]["files"][0]["record_hash"]
+    assert [i["action"] for i in again.reverted_first] == ["restored from backup"]
+    assert again.patches[0].files[0].before_hash == again.patches[0].files[0].record_hash
     assert not pristine(TARGET)
 
 
@@ -159,8 +165,8 @@ def test_a_hunk_that_does_not_match_changes_nothing_and_names_file_and_hunk(work
 def test_a_multi_file_patch_applies_all_files_and_reverts_them(work):
     patches = patch_folder(work.tmp / "patches-src", "two", two_file_diff())
     record = apply_patches({"two": {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir, patches_dir=patches)
-    assert [f["path"] for f in record["patches"][0]["files"]] == [TARGET, OTHER]
-    assert [h["hunk"] for h in record["patches"][0]["files"][1]["hunks"]] == [1, 2]
+    assert [f.path for f in record.patches[0].files] == [TARGET, OTHER]
+    assert [h["hunk"] for h in record.patches[0].files[1].hunks] == [1, 2]
     assert not pristine(TARGET) and not pristine(OTHER) and "# test hunk 2" in (SITE / OTHER).read_text()
     back = revert_patches(work.ledger)
     assert [i["path"] for i in back["items"]] == [OTHER, TARGET] and pristine(TARGET, OTHER)
@@ -215,7 +221,7 @@ def test_a_file_changed_after_patching_is_a_residue_left_as_found(work):
     assert "changed since the patch was applied" in residue["seen"] and "does not match RECORD" in residue["seen"]
     assert (SITE / TARGET).read_text().endswith("# someone else's change\n")  # not forced
     assert revert_patches(work.ledger)["residues"], "a residue stays until it is fixed"
-    record = run_cleanup(work.tmp)
+    record = written(run_cleanup(work.tmp))
     assert not record["restored"] and record["residues"][0]["what"] == str(SITE / TARGET)
     assert record["patches"][0]["matches_record"] is False
     # fixed by hand (the backup is the original): the next revert finds the original
@@ -226,21 +232,13 @@ def test_a_file_changed_after_patching_is_a_residue_left_as_found(work):
 
 def test_cleanup_reverts_the_patch_and_records_it(work):
     apply_patches({DEMO: {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir)
-    record = run_cleanup(work.tmp)
+    record = written(run_cleanup(work.tmp))
     assert record["restored"] and pristine(TARGET)
     [row] = record["patches"]
     assert row["mode"] == "file" and row["target"] == str(SITE / TARGET) and row["matches_record"]
     assert row["applied_at"] < row["reverted_at"] and row["after_hash"] != row["record_hash"] == row["before_hash"]
     assert not unfinished(work.ledger.entries())
-    assert run_cleanup(work.tmp)["patches_reverted"] == []
-
-
-READ_ONLY = 'mount --bind -o ro "$0" "$0" && exec "$@"'
-
-
-def read_only_site_packages(argv: list[str]) -> list[str]:
-    """``argv`` in a mount namespace of its own where site-packages is mounted read-only."""
-    return ["unshare", "-m", "sh", "-c", READ_ONLY, str(SITE), *argv]
+    assert written(run_cleanup(work.tmp))["patches_reverted"] == []
 
 
 APPLY = r"""
@@ -309,22 +307,12 @@ def test_mode_file_the_flag_switches_the_patched_behaviour(work):
     assert "llmtrial patch" not in seen["off"]
 
 
-def tree_state(root: Path) -> dict[str, tuple[int, int]]:
-    """Every file under ``root`` with its size and mtime: any write shows."""
-    out = {}
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            st = os.lstat(os.path.join(dirpath, name))
-            out[os.path.join(dirpath, name)] = (st.st_size, st.st_mtime_ns)
-    return out
-
-
 @pytest.mark.slow  # imports vLLM's CPU worker in a fresh interpreter
 def test_mode_plugin_switches_the_behaviour_without_writing_site_packages(work):
     record = apply_patches({DEMO: {"mode": "plugin"}}, ledger=work.ledger, work_dir=work.dir)
-    [patch] = record["patches"]
-    plugin = patch["plugin"]
-    assert patch["files"] == [] and plugin["entry_points"] == {
+    [patch] = record.patches
+    plugin = written(patch.plugin)
+    assert patch.files == [] and plugin["entry_points"] == {
         "llmtrial-demo-worker-log": "llmtrial_vllm_patches.demo_worker_log:register"}
     assert plugin["ray"]["runtime_env"] == {"env_vars": {"PYTHONPATH": plugin["dir"]}}
     before = tree_state(SITE)
@@ -416,43 +404,26 @@ def test_evidence_names_the_process_of_each_line():
 
 @pytest.mark.e2e
 @pytest.mark.workflow
-def test_plugin_mode_reaches_every_vllm_process_with_site_packages_read_only(tmp_path):
-    """The workflow under a read-only site-packages, TP=2 with the flag on: every vLLM process
-    installs the hook, both workers run the patched code, and nothing in site-packages changes."""
-    assert pristine()
-    config = default_config()
-    config["patches"] = {DEMO: {"mode": "plugin"}}
-    tp2 = config["configurations"]["tp2"]
-    tp2["env"][FLAG] = "1"
-    config["configurations"] = {"tp2": tp2}
-    config["scenarios"] = {"c1": {"concurrency": 1, "num_prompts": 4, "input_len": 16, "output_len": 8, "passes": 1}}
-    config["services"] = {}
-    config["serving"]["base_port"] = free_ports(1)[0]
-    config["serving"]["args"]["enforce_eager"] = True  # no torch.compile at start-up: this test is about the hook
-    write_config(tmp_path, config)
-    before = tree_state(SITE)
-    run = subprocess.run(read_only_site_packages([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory",
-                                                  str(tmp_path), "--cores", "all"]),
-                         capture_output=True, text=True, timeout=900, check=False)
-    results = tmp_path / "results" / "demo"
-    try:
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        assert tree_state(SITE) == before and pristine()
-        rec = json.loads((results / "configs" / "tp2" / "record.json").read_text())
-        [seen] = rec["patches"]["patches"]
-        assert rec["status"] == "ok" and seen["mode"] == "plugin" and seen["flag_on"] and seen["as_expected"]
-        assert rec["server"]["env"]["PYTHONPATH"].split(os.pathsep)[0] == rec["patches"]["plugin_dir"]
-        assert [p.split(" pid ")[0] for p in seen["processes"]] == ["Worker_TP0", "Worker_TP1"]
-        hooked = {h["process"] for h in seen["hooks"]}
-        assert {"APIServer", "EngineCore", "Worker_TP0", "Worker_TP1"} <= hooked and len(seen["hooks"]) == len(hooked)
-        cleanup = json.loads((results / "cleanup" / "record.json").read_text())
-        [row] = cleanup["patches"]
-        assert cleanup["restored"] and row["mode"] == "plugin" and row["revert_outcome"] == "removed"
-        assert not Path(rec["patches"]["plugin_dir"]).exists()
-        html = (results / "report.html").read_text()
-        assert "vLLM patches" in html and "folder removed" in html and "Worker_TP1 pid" in html
-    finally:
-        revert_patches(Ledger(results / "ledger.jsonl"))
+def test_plugin_mode_reaches_every_vllm_process_with_site_packages_read_only(hub_plugin_trial):
+    """tests/served_trials.py's hub_plugin trial, under a read-only site-packages, TP=2 with the flag
+    on: every vLLM process installs the hook, both workers run the patched code, and nothing in
+    site-packages changes."""
+    run, results = hub_plugin_trial["run"], hub_plugin_trial["results"]
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert tree_state(SITE) == hub_plugin_trial["site_before"] and pristine()
+    rec = json.loads((results / "configs" / "tp2" / "record.json").read_text())
+    [seen] = rec["patches"]["patches"]
+    assert rec["status"] == "ok" and seen["mode"] == "plugin" and seen["flag_on"] and seen["as_expected"]
+    assert rec["server"]["env"]["PYTHONPATH"].split(os.pathsep)[0] == rec["patches"]["plugin_dir"]
+    assert [p.split(" pid ")[0] for p in seen["processes"]] == ["Worker_TP0", "Worker_TP1"]
+    hooked = {h["process"] for h in seen["hooks"]}
+    assert {"APIServer", "EngineCore", "Worker_TP0", "Worker_TP1"} <= hooked and len(seen["hooks"]) == len(hooked)
+    cleanup = json.loads((results / "cleanup" / "record.json").read_text())
+    [row] = cleanup["patches"]
+    assert cleanup["restored"] and row["mode"] == "plugin" and row["revert_outcome"] == "removed"
+    assert not Path(rec["patches"]["plugin_dir"]).exists()
+    html = (results / "report.html").read_text()
+    assert "vLLM patches" in html and "folder removed" in html and "Worker_TP1 pid" in html
 
 
 @pytest.mark.workflow
@@ -465,7 +436,9 @@ def test_an_unknown_patch_name_fails_the_dry_run_naming_it(tmp_path):
 
 
 def test_no_patches_is_no_change(work):
-    assert apply_patches({}, ledger=work.ledger, work_dir=work.dir)["patches"] == []
+    record = apply_patches({}, ledger=work.ledger, work_dir=work.dir)
+    assert written(record) == {"started": record.started, "reverted_first": [], "vllm": None, "patches": [],
+                               "finished": record.finished, "apply_seconds": round(record.finished - record.started, 4)}
     assert ensure_patched({}, ledger=work.ledger, work_dir=work.dir) == {"reapplied": False, "patches": [],
                                                                           "plugin_dir": None}
     assert work.ledger.entries() == []

@@ -18,10 +18,9 @@ from llmtrial.core.ledger import Ledger
 from llmtrial.host.disk import disk_headroom
 from llmtrial.weights.hub import DOWNLOAD_META
 from llmtrial.weights.manifest import verify_manifest
+from served_trials import REPO_ID, TOKEN, hub_env, hub_source
 from workflow_helpers import SNAKEMAKE, default_config, snakemake, write_config
 
-REPO_ID = "org/loopback-model"
-TOKEN = "hf_workflowSECRET456"
 SHARD2 = "model-00002-of-00002.safetensors"
 
 pytestmark = pytest.mark.workflow
@@ -30,11 +29,7 @@ pytestmark = pytest.mark.workflow
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
     with HubServer(token=TOKEN) as server:
-        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
-        monkeypatch.setenv("HF_TOKEN", TOKEN)
-        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-        monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        hub_env(monkeypatch, server, tmp_path / "hf-home")
         yield server
 
 
@@ -44,9 +39,7 @@ def hub_trial(tmp_path, *, after="keep", disk=None, shard_bytes=1 << 20) -> dict
     config["serving"]["args"]["enforce_eager"] = True  # no torch.compile at start-up: these tests are about the weights
     config["services"] = {}
     config["patches"] = {}  # these tests are about the weights
-    config["model"] = {"name": "m", "source": {"kind": "hub", "repo_id": REPO_ID, "revision": "main",
-                                               "retry_backoff_s": 0.1, "progress_interval_s": 0.5},
-                       "weights": {"after": after, "archive_dir": str(tmp_path / "archive")}}
+    config["model"] = hub_source(tmp_path / "archive", after=after)
     config["disk"] = disk or {"reserve_fraction": 0.0, "reserve_min_gib": 0.0}
     write_config(tmp_path, config)
     return config
@@ -149,34 +142,27 @@ def test_archive_at_cleanup_then_a_rerun_restages_from_the_archive_without_the_h
 
 
 @pytest.mark.e2e
-def test_a_trial_serves_weights_staged_from_the_hub_and_deletes_them_after(hub, tmp_path, tmp_path_factory):
-    from conftest import free_ports
-    from llmtrial.weights.tiny import generate_tiny_model
-
-    tiny = generate_tiny_model(tmp_path_factory.mktemp("hub-tiny") / "model", seed=3)
-    files = {p.relative_to(tiny).as_posix(): p.read_bytes() for p in sorted(tiny.rglob("*")) if p.is_file()}
-    sha = hub.add_commit(REPO_ID, files)
-    config = hub_trial(tmp_path, after="delete")
-    config["serving"]["base_port"] = free_ports(1)[0]
-    config["scenarios"] = {"c2": {"concurrency": 2, "num_prompts": 4, "input_len": 32, "output_len": 8, "passes": 1}}
-    write_config(tmp_path, config)
-    done = snakemake(tmp_path, "--cores", "all", timeout=900)
-    assert done.returncode == 0, done.stderr[-4000:]
-    results = tmp_path / "results" / "demo"
-    record = json.loads((results / "configs" / "tp1" / "record.json").read_text())
+def test_a_trial_serves_weights_staged_from_the_hub_and_deletes_them_after(hub_plugin_trial):
+    """tests/served_trials.py's hub_plugin trial: planned from config.json alone before staging,
+    served from the staged copy of the Hub's commit, deleted at cleanup; the token is in no
+    record, log or report."""
+    run, results, work = hub_plugin_trial["run"], hub_plugin_trial["results"], hub_plugin_trial["work"]
+    assert run.returncode == 0, run.stderr[-4000:]
+    sha, files = hub_plugin_trial["commit"], hub_plugin_trial["files"]
+    record = json.loads((results / "configs" / "tp2" / "record.json").read_text())
     assert record["status"] == "ok" and record["scenarios"][0]["pass_results"][0]["summary"]["completed"] == 4
-    assert manifest(tmp_path)["hub"]["commit"] == sha
+    assert manifest(work)["hub"]["commit"] == sha
     # planned before staging from config.json alone, and the plan held
     assert record["plan"]["verdict"] == "fits"
     row = next(r for r in record["prediction"] if r["name"] == "KV cache tokens")
     assert row["measured"] == record["startup"]["kv_cache_tokens"]["value"] and abs(row["relative_error"]) < 0.001
     served = record["server"]["argv"]
-    assert str((tmp_path / "staging" / "demo" / "m").resolve()) in served
+    assert str((work / "staging" / "demo" / "m").resolve()) in served
     cleanup = json.loads((results / "cleanup" / "record.json").read_text())
     item = cleanup["weights"]["folders"][0]
     assert item["policy"] == "delete" and item["action"] == "deleted" and cleanup["restored"]
     assert item["freed_bytes"] >= sum(len(d) for d in files.values())
-    assert not (tmp_path / "staging" / "demo" / "m").exists()
+    assert not (work / "staging" / "demo" / "m").exists()
     report = (results / "report.html").read_text()
     assert f"commit <code>{sha}</code>" in report and "<td>deleted</td>" in report
     assert TOKEN not in report and all(TOKEN not in p.read_text(errors="replace")

@@ -1,7 +1,7 @@
 """The default trial end to end with real vLLM (CPU build), plus configurations that fail.
 
 One session-scoped run (a few minutes) is shared by every test here. The default trial's tp2
-is left out of it: tests/workflow/test_rerun.py runs the default trial unchanged and checks tp2's
+is left out of it: tests/workflow/test_rerun.py runs the default trial (eager) and checks tp2's
 figures on its first run, so this run does not serve it a second time.
 """
 
@@ -58,10 +58,10 @@ def trial(tmp_path_factory):
     del config["configurations"]["tp2"]  # served and checked by test_rerun's first run
     config["configurations"].update(EXTRA)
     config["serving"]["base_port"] = free_base_port(BASE_PORT, len(config["configurations"]))
-    # tp1 without torch.compile at start-up (40 s here): test_rerun's first run serves the default trial as
-    # README shows it, compiled; these tests are about the records, failures and the report. pp2 stays
-    # compiled: vLLM 0.32's CPU build with pipeline parallel and enforce_eager fails its first request
-    # ("assert self.intermediate_tensors is not None" in sync_and_gather_intermediate_tensors)
+    # tp1 without torch.compile at start-up (40 s here): these tests are about the records, failures and the
+    # report. pp2 stays compiled, the suite's one configuration served with torch.compile: vLLM 0.32's CPU
+    # build with pipeline parallel and enforce_eager fails its first request ("assert
+    # self.intermediate_tensors is not None" in sync_and_gather_intermediate_tensors)
     config["configurations"]["tp1"]["args"]["enforce_eager"] = True
     demo_port = free_base_port(BASE_PORT + 90, 1)
     config["services"] = {"demo-web": demo_service(work / "demo", demo_port)}
