@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from hosts import SSHD, TwoHosts, two_hosts
+from llmtrial.core.records import as_written
 from llmtrial.host.groups import port_open
 from llmtrial.serve.server import ServerProcess
 
@@ -26,9 +27,7 @@ DATA = Path(__file__).resolve().parent / "data"
 def written(record) -> dict:
     """A record (a model or a dict) as ``write_record`` writes it, read back as JSON: a model with the
     fields it was given, by alias."""
-    if hasattr(record, "model_dump"):
-        record = record.model_dump(mode="json", by_alias=True, exclude_unset=True)
-    return json.loads(json.dumps(record, default=str))
+    return json.loads(json.dumps(as_written(record), default=str))
 
 
 def free_base_port(start: int, count: int) -> int:

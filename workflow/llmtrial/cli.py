@@ -11,6 +11,7 @@ from llmtrial.borrow.cleanup import cleanup_with_record
 from llmtrial.config import ConfigError, load_config
 from llmtrial.core.joblog import open_job_log
 from llmtrial.core.record_models import PlanRecord
+from llmtrial.core.records import as_written
 from llmtrial.logs.engine_warnings import engine_warnings
 from llmtrial.logs.failures import diagnose_failure
 from llmtrial.logs.lines import read_log
@@ -155,7 +156,7 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"llmtrial plan: {exc}", file=sys.stderr)
         return 2
     if args.json:  # the record, with the plan's figures at the top level
-        written = record.model_dump(mode="json", exclude_unset=True)
+        written = as_written(record)
         print(json.dumps({k: v for k, v in written.items() if k != "plan"} | written["plan"], indent=2))
         return 0 if record.verdict != "does_not_fit" else 1
     rows = _plan_rows(record)

@@ -30,7 +30,7 @@ from llmtrial.borrow.ledger_tables import patches_table, services_table, undo_ro
 from llmtrial.core.ledger import Action, Ledger, replay
 from llmtrial.core.paths import TrialPaths
 from llmtrial.core.record_models import CleanupRecord, HostAfter, LeftBehind, PortState, WeightsOutcome
-from llmtrial.core.records import write_record
+from llmtrial.core.records import as_written, write_record
 from llmtrial.host.gpus import recheck_failed
 from llmtrial.host.groups import group_members, port_open, stop_group, stop_recorded_groups
 from llmtrial.host.services import check_running, restore
@@ -80,7 +80,7 @@ def restore_first(results_dir: Path, *, ports: Iterable[int] = (), host: str = "
 
 def residue_rows(record: CleanupRecord) -> list[dict[str, Any]]:
     """The record's residues as its JSON lists them (what a message quotes)."""
-    return [r.model_dump(mode="json", exclude_unset=True) for r in record.residues]
+    return [as_written(r) for r in record.residues]
 
 
 def _listener_pids(port: int) -> list[int]:

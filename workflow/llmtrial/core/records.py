@@ -107,8 +107,9 @@ def _validator(kind: str) -> Any:
     return Draft202012Validator(record_schema(kind))
 
 
-def _as_json(data: Any) -> Any:
-    """A record as JSON data: a model dumped as :func:`write_record` writes it, a dict as it is."""
+def as_written(data: Any) -> Any:
+    """A record (or a part of one) as JSON data: a model dumped as :func:`write_record` writes it (by
+    alias, the fields it was given), a dict as it is."""
     if isinstance(data, BaseModel):
         return data.model_dump(mode="json", by_alias=True, exclude_unset=True)
     return data
@@ -117,7 +118,7 @@ def _as_json(data: Any) -> Any:
 def _schema_errors(data: Any, kind: str) -> list[str]:
     """``field.path: message`` for every field of ``data`` that breaks the schema of ``kind``."""
     return [f"{'.'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message}"
-            for e in _validator(kind).iter_errors(json.loads(json.dumps(_as_json(data), default=str)))]
+            for e in _validator(kind).iter_errors(json.loads(json.dumps(as_written(data), default=str)))]
 
 
 def check_record(data: Any, schema: str, *, source: str | os.PathLike[str] | None = None) -> None:
@@ -154,7 +155,7 @@ def write_record(path: str | os.PathLike[str], data: Any, schema: str | None = N
     the record says what the stage set; its kind is the model's when ``schema`` is not named."""
     if isinstance(data, BaseModel):
         schema = schema or next((k for k, m in KINDS.items() if type(data) is m), None)
-        data = _as_json(data)
+        data = as_written(data)
     if schema is not None:
         check_record(data, schema)
     return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")

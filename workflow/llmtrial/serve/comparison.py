@@ -12,6 +12,7 @@ from typing import Any
 
 from llmtrial.core.configuration_model import EngineWarning, Failure, GpuHealth, Prediction, ServerPatches, ThroughputBound
 from llmtrial.core.ledger import Ledger
+from llmtrial.core.records import as_written
 from llmtrial.core.scenario_model import Scenario
 from llmtrial.host.gpus import after_failure
 from llmtrial.logs import failures, startup_log
@@ -62,7 +63,7 @@ def compare(text: str, *, source: str, startup: Mapping[str, Any], scenarios: Se
     plan: the start-up facts (``startup`` as the measurement read them, else from the log), the engine's
     warnings, each patch's evidence, the predictions, and the ``scenarios``' throughput bound."""
     facts = dict(startup) or (startup_log.parse_startup(text, source=source) if text else {})
-    measured = [s.model_dump(mode="json", by_alias=True, exclude_unset=True) for s in scenarios]
+    measured = [as_written(s) for s in scenarios]
     return Compared(
         startup=facts,
         engine_warnings=[EngineWarning.model_validate(w) for w in engine_warnings(text, source=source)],
