@@ -4,6 +4,8 @@
 # VENV      the virtual environment to use (default .venv, created when missing)
 # SERVING   cpu or cuda: which serving set to install (default: cuda when nvidia-smi
 #           lists a GPU, else cpu)
+# WORKERS   pytest-xdist workers for `make test` (default 2: the real-vLLM tests on one, one
+#           after another, the others spread over both; 0 runs every test in this process)
 # ARGS      extra snakemake arguments for `make run`, e.g. ARGS="--configfile config/trials/seed001-qwen2.5-7b-awq-1gpu.yaml"
 
 VENV ?= .venv
@@ -14,6 +16,7 @@ STAMP := $(VENV)/.llmtrial-$(SERVING)
 CONSTRAINTS := $(wildcard envs/constraints-$(SERVING).txt)
 CHROMIUM ?= $(shell command -v chromium || command -v chromium-browser || echo /usr/bin/chromium)
 SSHD ?= /usr/sbin/sshd
+WORKERS ?= 2
 
 DEMO := python -m llmtrial.host.demo_service --port 8190 --state .demo-service
 VENV_PATH := PATH="$(abspath $(VENV))/bin:$$PATH"
@@ -36,7 +39,7 @@ test: $(STAMP) chromium sshd
 	@resident=; if $(VENV_PATH) $(DEMO) status >/dev/null 2>&1; then resident=1; \
 		echo "make test: stopping the demo service on 127.0.0.1:8190 for the tests (started again after)"; \
 		$(VENV_PATH) $(DEMO) stop; fi; \
-	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	$(PY) -m pytest -n $(WORKERS) $(PYTEST_ARGS); rc=$$?; \
 	if [ -n "$$resident" ]; then $(VENV_PATH) $(DEMO) start; fi; exit $$rc
 
 lint: $(STAMP)

@@ -24,6 +24,20 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 
 
+#: The marks of tests that run on one pytest-xdist worker, one after another (``make test`` runs two
+#: workers): the real-vLLM trials (e2e) and the tests that change or watch what those trials share
+#: with everything on this machine (hostwide: the installed vLLM's files, processes a stale-process
+#: check reports). The other tests spread over the workers.
+SERIAL_MARKS = ("e2e", "hostwide")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(item.get_closest_marker(mark) for mark in SERIAL_MARKS):
+            item.add_marker(pytest.mark.xdist_group("serial"))
+
+
 def written(record) -> dict:
     """A record (a model or a dict) as ``write_record`` writes it, read back as JSON: a model with the
     fields it was given, by alias."""

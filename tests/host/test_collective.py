@@ -25,6 +25,8 @@ from llmtrial.logs.failures import diagnose_failure
 from llmtrial.logs.lines import read_log
 from llmtrial.serve.multinode import sanity_check
 
+pytestmark = pytest.mark.hostwide  # starts sanity-check ranks, which a multi-node trial's stale-process check reports
+
 
 def rendezvous_port() -> int:
     return free_port(shuffle=True)

@@ -242,6 +242,7 @@ def test_a_python_patch_mismatch_planted_on_host_b_fails_with_torch_and_vllm_mis
     assert took < 30
 
 
+@pytest.mark.hostwide
 def test_a_stale_vllm_process_planted_on_host_b_is_found_with_its_pid_and_left_running(hosts):
     argv = [sys.executable, "-c", "import time; time.sleep(300)", "vllm.entrypoints.openai.api_server"]
     planted = subprocess.Popen(hosts.on_b(argv))  # ip netns exec execs: the pid is python's

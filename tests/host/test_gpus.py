@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -125,20 +126,31 @@ def test_telemetry_samples_only_the_selected_gpus(double):
 # --------------------------------------------------------------------------- census
 
 
-def test_the_census_names_a_foreign_process_with_pid_user_command_and_memory(double, tmp_path):
+@pytest.fixture
+def local_process():
+    """A process of this host's, a child of this test and not the trial's (the test's own pid will not
+    do: pytest-xdist's workers rename their command line)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_the_census_names_a_foreign_process_with_pid_user_command_and_memory(double, tmp_path, local_process):
     double["processes"] = {"1": [{"pid": FOREIGN_PID, "name": "tritonserver", "memory_gib": 8,
                                   "command": "/opt/tritonserver/bin/tritonserver --model-repository /models"}],
-                           "0": [{"pid": os.getpid(), "memory_gib": 1}]}
+                           "0": [{"pid": local_process.pid, "memory_gib": 1}]}
     write(double)
     selected = select(None, inventory()["devices"])
     found, why = gpus.launch_check(Ledger(tmp_path / "l.jsonl"), selected, allow=[])
     assert found["source"] == f"nvml double ({DOUBLE})"
     foreign = {p["pid"]: p for p in found["foreign"]}
-    assert set(foreign) == {FOREIGN_PID, os.getpid()}  # this test's own pid is not the trial's either
+    assert set(foreign) == {FOREIGN_PID, local_process.pid}
     assert foreign[FOREIGN_PID]["user"] == "unknown (not in this host's process table)"
     assert foreign[FOREIGN_PID]["memory_bytes"] == 8 * 2**30
-    mine = foreign[os.getpid()]
-    assert mine["user"] == __import__("getpass").getuser() and sys.executable.split("/")[-1] in mine["command"]
+    mine = foreign[local_process.pid]
+    assert mine["user"] == __import__("getpass").getuser()
+    assert mine["command"] == f"{sys.executable} -c import time; time.sleep(60)"
     assert f"pid {FOREIGN_PID} on GPU 1 (user unknown (not in this host's process table), /opt/tritonserver/bin/" \
            f"tritonserver --model-repository /models, 8.00 GiB)" in why
     assert "hardware.allow_processes" in why
@@ -148,7 +160,7 @@ def test_the_census_names_a_foreign_process_with_pid_user_command_and_memory(dou
     assert why is None and found["foreign"] == []
     assert [p["allowed_by"] for p in found["processes"]] == [os.path.basename(sys.executable), "tritonserver"]
     only_0, _ = gpus.launch_check(Ledger(tmp_path / "l.jsonl"), select([0], inventory()["devices"]), allow=[])
-    assert [p["pid"] for p in only_0["processes"]] == [os.getpid()]  # GPU 1's process is not the trial's business
+    assert [p["pid"] for p in only_0["processes"]] == [local_process.pid]  # GPU 1's process is not the trial's business
 
 
 def test_without_nvml_the_census_says_why_it_read_nothing(monkeypatch):

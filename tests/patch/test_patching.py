@@ -45,6 +45,8 @@ from llmtrial.patch.patching import (
 from served_trials import DEMO, FLAG, SITE, read_only_site_packages, tree_state
 from workflow_helpers import default_config, snakemake, write_config
 
+pytestmark = pytest.mark.hostwide  # patches the installed vLLM: beside the e2e tests, never at the same time
+
 TARGET = "vllm/v1/worker/cpu_worker.py"  # what the demo patch changes
 OTHER = "vllm/plugins/__init__.py"  # a second real file for multi-file diffs
 DIST = vllm_distribution()

@@ -25,6 +25,8 @@ from llmtrial.serve.bench import (
 )
 from llmtrial.weights.tiny import generate_tiny_model
 
+pytestmark = pytest.mark.hostwide  # starts vLLM's benchmark client, which a multi-node trial's stale-process check reports
+
 SCENARIO = {"input_len": 64, "output_len": 32, "num_prompts": 12, "concurrency": 4, "request_rate": "inf"}
 
 

@@ -144,6 +144,7 @@ def test_a_service_that_will_not_restart_fails_the_run_with_a_residue(tmp_path):
 
 
 @pytest.mark.workflow
+@pytest.mark.hostwide  # reads the installed vLLM's patch target, which the e2e trials patch
 def test_a_service_whose_state_is_unknown_stops_the_trial_before_any_server(tmp_path):
     """A `command` service whose status executable is missing: the quiet stage stops nothing,
     names the service and quotes what it saw; no server starts, no patch is applied."""
