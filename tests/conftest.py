@@ -27,7 +27,7 @@ DATA = Path(__file__).resolve().parent / "data"
 #: The marks of tests that run on one pytest-xdist worker, one after another (``make test`` runs two
 #: workers): the real-vLLM trials (e2e) and the tests that change or watch what those trials share
 #: with everything on this machine (hostwide: the installed vLLM's files, processes a stale-process
-#: check reports). The other tests spread over the workers.
+#: check reports, the free disk). The other tests spread over the workers.
 SERIAL_MARKS = ("e2e", "hostwide")
 
 

@@ -42,6 +42,10 @@ from llmtrial.host.nodes import Node, local_node
 SSHD = Path("/usr/sbin/sshd")
 #: sshd's compiled-in privilege separation folder; it refuses to start without it.
 PRIVSEP_DIR = Path("/run/sshd")
+#: Left while a pair made here made PRIVSEP_DIR: the last pair of any test process to go removes
+#: both (pairs of several pytest-xdist workers, or several runs, share the folder; a pair that
+#: removed it under another's sshd would break that sshd's every connection).
+PRIVSEP_MARK = Path(tempfile.gettempdir()) / "llmt-made-run-sshd"
 #: The library, for a Python started on host A.
 WORKFLOW = Path(__file__).resolve().parent.parent / "workflow"
 PREFIX = "llmt-"
@@ -224,6 +228,14 @@ def _stop_sshd(h: TwoHosts) -> None:
         h.sshd.wait(timeout=5)
 
 
+def _release_privsep() -> None:
+    """Remove PRIVSEP_DIR when a pair made it and no pair is left on this machine."""
+    if PRIVSEP_MARK.exists() and not [ns for ns in namespaces() if ns.startswith(PREFIX)]:
+        with contextlib.suppress(OSError):
+            PRIVSEP_DIR.rmdir()
+        PRIVSEP_MARK.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def two_hosts(subnet: str = "10.231.1", port: int = 2222) -> Iterator[TwoHosts]:
     """Make host A (``<subnet>.1``) and host B (``<subnet>.2``, sshd on ``port``); remove
@@ -238,15 +250,15 @@ def two_hosts(subnet: str = "10.231.1", port: int = 2222) -> Iterator[TwoHosts]:
                  port=port, tmp=tmp, key=tmp / "id_ed25519", wrong_key=tmp / "wrong_ed25519",
                  known_hosts=tmp / "known_hosts", staging_a=tmp / "staging-a", staging_b=tmp / "staging-b",
                  sshd_log=tmp / "sshd.log")
-    made_privsep = not PRIVSEP_DIR.exists()
     try:
         h.staging_a.mkdir()
         h.staging_b.mkdir()
-        if made_privsep:
-            PRIVSEP_DIR.mkdir(mode=0o755)
         _keygen(h.key)
         _keygen(h.wrong_key)
-        _network(h)
+        _network(h)  # before the folder: a pair going away now sees this one and leaves the folder
+        if not PRIVSEP_DIR.exists():
+            PRIVSEP_DIR.mkdir(mode=0o755)
+            PRIVSEP_MARK.touch()
         _start_sshd(h)
         h.setup_s = time.monotonic() - started
         yield h
@@ -256,9 +268,7 @@ def two_hosts(subnet: str = "10.231.1", port: int = 2222) -> Iterator[TwoHosts]:
         for ns in (h.ns_b, h.ns_a):
             _remove_namespace(ns)
         shutil.rmtree(tmp, ignore_errors=True)
-        if made_privsep:
-            with contextlib.suppress(OSError):
-                PRIVSEP_DIR.rmdir()
+        _release_privsep()
         h.teardown_s = time.monotonic() - stopping
 
 

@@ -11,11 +11,12 @@ CPU build of vLLM refuses at start-up.
 One module-scoped sequence of runs in one results folder serves every test here:
 
 1. the full trial: preflight on both hosts, the weights copied to B and verified, a gloo
-   sanity check across the hosts, serving and benchmarking, cleanup on both, the report;
+   sanity check across the hosts, serving and benchmarking, cleanup on both, the report; beside
+   the trial file's two configurations a copy of the native one whose B rank is killed
+   mid-benchmark (one run serves the three: no second preflight, staging and cleanup);
 2. the native configuration alone again (``--forcerun stage_model trial``: the first run's
-   cleanup deleted the weights on both hosts, as the trial file asks; the Ray one is taken out of the
-   trial file) with B's headless rank killed mid-benchmark;
-3. the same again, ``kill -9`` of snakemake once B's rank runs, then ``snakemake cleanup``.
+   cleanup deleted the weights on both hosts, as the trial file asks; the Ray one and the copy are
+   taken out of the trial file), ``kill -9`` of snakemake once B's rank runs, then ``snakemake cleanup``.
 """
 
 from __future__ import annotations
@@ -44,13 +45,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
 TRIAL_FILE = REPO / "config" / "trials" / "two-hosts-cpu.yaml"
 CONFIGURATION = "tp2-two-hosts"
 RAY = "tp2-two-hosts-ray"
+KILLED = "tp2-two-hosts-b-killed"  # the native configuration again, its B rank killed mid-benchmark
 
 
 def trial_config(h, work) -> dict:
     config = yaml.safe_load(TRIAL_FILE.read_text())
     config["configurations"] = {name: config["configurations"][name] for name in (CONFIGURATION, RAY)}
+    config["configurations"][KILLED] = {**config["configurations"][CONFIGURATION],
+                                        "description": "The native configuration, its rank on host b killed mid-benchmark."}
     config["staging_dir"] = str(work / "staging")
-    config["serving"]["base_port"] = free_base_port(18700, 1)
+    config["serving"]["base_port"] = free_base_port(18700, 3)
     config["nodes"]["a"]["address"] = h.addr_a
     b = config["nodes"]["b"]
     b.update(python=sys.executable, staging_dir=str(h.staging_b))  # the same venv: the filesystem is shared
@@ -93,13 +97,13 @@ def groups_on_b(trial, entries, run=None) -> list[int]:
     return pids
 
 
-def kill_b_rank_mid_benchmark(results, run_marker: set[str], done: threading.Event) -> None:
-    """SIGKILL B's headless rank (by its group, read from the ledger) once the first pass of
-    a new run has begun."""
-    bench = results / "configs" / CONFIGURATION / "bench" / "c2-pass1.log"
+def kill_b_rank_mid_benchmark(results, done: threading.Event) -> None:
+    """SIGKILL the KILLED configuration's headless rank on B (by its group, read from the ledger)
+    once its first pass has begun."""
+    bench = results / "configs" / KILLED / "bench" / "c2-pass1.log"
     while not done.is_set():
         fresh = [e for e in ledger(results) if e["action"] == "group_started" and e["node"] == "b"
-                 and "rank" in e["label"] and e["run"] not in run_marker]
+                 and e["label"].endswith(f"/{KILLED} rank 1")]
         if fresh and bench.exists():
             time.sleep(1.0)
             os.killpg(fresh[-1]["pgid"], signal.SIGKILL)
@@ -115,14 +119,22 @@ def two_host_trial(hosts, tmp_path_factory):
     results = work / "results" / config["trial"]
     out = {"work": work, "config": config, "results": results, "hosts": hosts}
     t0 = time.time()
-    out["first"] = on_a(hosts, work, "--cores", "all", timeout=1200)
+    done = threading.Event()
+    killer = threading.Thread(target=kill_b_rank_mid_benchmark, args=(results, done), daemon=True)
+    killer.start()
+    try:
+        out["first"] = on_a(hosts, work, "--cores", "all", timeout=1200)
+    finally:
+        done.set()
     out["first_s"] = time.time() - t0
     print(f"two-host trial took {out['first_s']:.0f} s", file=sys.stderr)
     if out["first"].returncode == 0:
         out["first_record"] = record_of(results)
         out["ray_record"] = record_of(results, RAY)
+        out["killed_record"] = record_of(results, KILLED)
         out["first_cleanup"] = json.loads((results / "cleanup" / "record.json").read_text())
-    del config["configurations"][RAY]  # the runs after the first rerun the native configuration alone
+    for name in (RAY, KILLED):  # the run after the first reruns the native configuration alone
+        del config["configurations"][name]
     write_config(work, config)
     yield out
     stop_everything(hosts, results)
@@ -184,7 +196,8 @@ def test_the_sanity_check_ran_across_the_hosts_before_the_server(two_host_trial)
     assert check["ok"] and check["backend"] == "gloo" and check["world_size"] == 2
     assert [r["node"] for r in check["ranks"]] == ["a", "b"] and check["busbw_gbps"] > 0
     entries = ledger(two_host_trial["results"])
-    first = next(e for e in entries if e["action"] == "group_launch" and e["node"] == "b" and "rank" in e["label"])
+    first = next(e for e in entries if e["action"] == "group_launch" and e["node"] == "b"
+                 and e["label"].endswith(f"/{CONFIGURATION} rank 1"))
     assert check["wall_s"] < 60 and record["timing"]["job_start"] < first["t"]
 
 
@@ -225,25 +238,17 @@ def test_cleanup_left_nothing_on_either_host(two_host_trial):
 
 
 def test_b_killed_mid_benchmark_gives_a_failure_record_and_a_clean_host(two_host_trial):
-    results, h = two_host_trial["results"], two_host_trial["hosts"]
-    earlier = {e["run"] for e in ledger(results)}
-    done = threading.Event()
-    killer = threading.Thread(target=kill_b_rank_mid_benchmark, args=(results, earlier, done), daemon=True)
-    killer.start()
-    try:
-        run = on_a(h, two_host_trial["work"], "--cores", "all", "--forcerun", "stage_model", "trial", timeout=1200)
-    finally:
-        done.set()
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
-    record = record_of(results)
+    record = two_host_trial["killed_record"]
     assert record["status"] == "failed" and record["failure"]["phase"] == "benchmark"
     assert "node b" in record["failure"]["message"]
     assert record["failure"]["error_line"]["pattern"] == "peer_lost"
-    this_run = {e["run"] for e in ledger(results)} - earlier
-    assert len(this_run) == 1
-    cleanup = json.loads((results / "cleanup" / "record.json").read_text())
-    assert cleanup["restored"], cleanup["residues"]
-    assert groups_on_b(two_host_trial, ledger(results)) == []
+    assert two_host_trial["first_record"]["status"] == "ok"  # the other configurations of the run are untouched
+    entries = ledger(two_host_trial["results"])
+    killed = [e for e in entries if e["action"] == "group_launch" and KILLED in e["label"]]
+    undone = {e.get("undoes") for e in entries if e["action"] == "group_stopped"}
+    assert {e["node"] for e in killed} == {"a", "b"} and all(e["id"] in undone for e in killed)
+    assert two_host_trial["first_cleanup"]["restored"], two_host_trial["first_cleanup"]["residues"]
+    assert groups_on_b(two_host_trial, entries) == []
     assert not port_open("127.0.0.1", record["server"]["port"])
 
 
