@@ -97,13 +97,17 @@ def groups_on_b(trial, entries, run=None) -> list[int]:
     return pids
 
 
+def b_rank(entry: dict, configuration: str) -> bool:
+    """Whether a ledger entry is about ``configuration``'s headless rank on B (its group's label)."""
+    return entry["node"] == "b" and entry["label"] == f"two-hosts/{configuration} rank 1"
+
+
 def kill_b_rank_mid_benchmark(results, done: threading.Event) -> None:
     """SIGKILL the KILLED configuration's headless rank on B (by its group, read from the ledger)
     once its first pass has begun."""
     bench = results / "configs" / KILLED / "bench" / "c2-pass1.log"
     while not done.is_set():
-        fresh = [e for e in ledger(results) if e["action"] == "group_started" and e["node"] == "b"
-                 and e["label"].endswith(f"/{KILLED} rank 1")]
+        fresh = [e for e in ledger(results) if e["action"] == "group_started" and b_rank(e, KILLED)]
         if fresh and bench.exists():
             time.sleep(1.0)
             os.killpg(fresh[-1]["pgid"], signal.SIGKILL)
@@ -196,8 +200,7 @@ def test_the_sanity_check_ran_across_the_hosts_before_the_server(two_host_trial)
     assert check["ok"] and check["backend"] == "gloo" and check["world_size"] == 2
     assert [r["node"] for r in check["ranks"]] == ["a", "b"] and check["busbw_gbps"] > 0
     entries = ledger(two_host_trial["results"])
-    first = next(e for e in entries if e["action"] == "group_launch" and e["node"] == "b"
-                 and e["label"].endswith(f"/{CONFIGURATION} rank 1"))
+    first = next(e for e in entries if e["action"] == "group_launch" and b_rank(e, CONFIGURATION))
     assert check["wall_s"] < 60 and record["timing"]["job_start"] < first["t"]
 
 
@@ -261,8 +264,8 @@ def test_kill_9_of_snakemake_then_cleanup_stops_bs_rank_from_the_ledger(two_host
                           start_new_session=True)
     try:
         deadline = time.monotonic() + 300
-        while not [e for e in ledger(results) if e["action"] == "group_started" and e["node"] == "b"
-                   and "rank" in e["label"] and e["run"] not in earlier]:
+        while not [e for e in ledger(results) if e["action"] == "group_started" and b_rank(e, CONFIGURATION)
+                   and e["run"] not in earlier]:
             assert wf.poll() is None and time.monotonic() < deadline, (work / "kill9.out").read_text()[-3000:]
             time.sleep(0.2)
         time.sleep(2)
