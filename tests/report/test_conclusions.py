@@ -5,6 +5,7 @@ from the baseline, stability, generated sentences, cold against warm and what wa
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 
 import pytest
@@ -79,19 +80,71 @@ def test_per_accelerator_and_per_user_divide_by_tp_x_pp_and_by_concurrency():
     assert c["tok_s_per_user"]["median"] == pytest.approx(c["output_tok_s"]["median"] / 4)
 
 
-def test_differences_are_against_the_baseline_and_the_best_is_marked():
+def geo_ratio(a, b):
+    """The ratio of two lists' geometric means, worked out here from the pass values."""
+    return math.exp(statistics.fmean(map(math.log, a)) - statistics.fmean(map(math.log, b)))
+
+
+def test_each_figure_has_its_verdict_against_the_baseline_and_the_best_is_marked_where_detectable():
     tp1, tp2 = records()
     tables = scenario_tables(typed(tp1, tp2), synthetic.plans(), Settings())
     a, b = cell(tables, "c4", "tp1"), cell(tables, "c4", "tp2")
-    expected = 100 * (b["figures"]["output_tok_s"]["median"] - a["figures"]["output_tok_s"]["median"]) / a["figures"]["output_tok_s"]["median"]
-    assert b["figures"]["output_tok_s"]["delta_pct"] == pytest.approx(expected)
-    assert a["figures"]["output_tok_s"]["delta_pct"] is None  # the baseline itself
+    v = b["figures"]["output_tok_s"]["vs_baseline"]
+    ratio = geo_ratio(tok_s(tp2, "c4"), tok_s(tp1, "c4"))  # the real run: tp2 about a seventh of tp1
+    assert v.word == "slower" and v.test.ratio == pytest.approx(ratio) and v.test.low < ratio < v.test.high < 1
+    assert v.as_text().startswith(f"slower, {ratio:.2f}x (95 % CI ")
+    assert a["figures"]["output_tok_s"]["vs_baseline"] is None  # the baseline itself
     assert a["figures"]["output_tok_s"]["best"] and not b["figures"]["output_tok_s"]["best"]
-    lower_ttft = min((a, b), key=lambda c: c["figures"]["ttft_median_ms"]["median"])
-    assert lower_ttft["figures"]["ttft_median_ms"]["best"]  # lower is better for latency
+    assert not a["figures"]["output_tok_s"]["tied"]
     flipped = scenario_tables(typed(tp1, tp2), synthetic.plans(), Settings(baseline="tp2"))
-    assert cell(flipped, "c4", "tp1")["figures"]["output_tok_s"]["delta_pct"] > 0
-    assert cell(flipped, "c4", "tp2")["figures"]["output_tok_s"]["delta_pct"] is None
+    assert cell(flipped, "c4", "tp1")["figures"]["output_tok_s"]["vs_baseline"].word == "faster"
+    assert cell(flipped, "c4", "tp2")["figures"]["output_tok_s"]["vs_baseline"] is None
+
+
+def test_overlapping_passes_are_a_tie_marked_on_both_and_said_as_no_detectable_difference():
+    tp1, tp2 = records()
+    for rec, values in ((tp1, (400.0, 480.0, 440.0)), (tp2, (430.0, 410.0, 470.0))):
+        for p, v in zip(rec["scenarios"][1]["pass_results"] + [None], values, strict=False):
+            if p is not None:
+                p["summary"]["output_throughput"] = v
+    t = scenario_tables(typed(tp1, tp2), synthetic.plans(), Settings(max_disagreement=1.0))[1]
+    figs = [c["figures"]["output_tok_s"] for c in t["cells"]]
+    assert [(f["best"], f["tied"]) for f in figs] == [(False, True), (False, True)]
+    line = scenario_sentences(t)[0]
+    assert "show no detectable difference in output tok/s at 95 % confidence" in line and line.endswith("a tie.")
+
+
+def test_one_pass_a_side_is_unstable_and_quotes_no_interval():
+    tp1, tp2 = records()
+    for rec in (tp1, tp2):
+        del rec["scenarios"][1]["pass_results"][1:]
+    t = scenario_tables(typed(tp1, tp2), synthetic.plans(), Settings())[1]
+    v = t["cells"][1]["figures"]["output_tok_s"]["vs_baseline"] or t["cells"][0]["figures"]["output_tok_s"]["vs_baseline"]
+    assert v.word == "unstable" and v.reason == "fewer than two passes" and "no interval: fewer than two passes" in v.as_text()
+    assert "is unstable, fewer than two passes" in scenario_sentences(t)[0]
+    assert all(c["figures"]["output_tok_s"]["ci"] is None for c in t["cells"])
+
+
+def test_each_figure_carries_its_interval_over_passes_and_latencies_their_interval_over_requests():
+    tp1, tp2 = records()
+    sc = tp1["scenarios"][1]
+    for p in sc["pass_results"]:
+        p["summary"]["request_ttft_ms"] = [100.0, 110.0, 120.0, 130.0, 140.0]
+    fig = cell(scenario_tables(typed(tp1, tp2), synthetic.plans(), Settings()), "c4", "tp1")["figures"]
+    vals = tok_s(tp1, "c4")
+    half = T975[len(vals) - 1] * statistics.stdev(vals) / math.sqrt(len(vals))
+    ci = fig["output_tok_s"]["ci"]
+    assert (ci.low, ci.high) == pytest.approx((statistics.fmean(vals) - half, statistics.fmean(vals) + half), rel=1e-4)
+    assert fig["output_tok_s"]["cv"] == pytest.approx(statistics.stdev(vals) / statistics.fmean(vals))
+    boot = fig["ttft_median_ms"]["bootstrap"]
+    assert boot.n == 5 * len(sc["pass_results"]) and 100.0 <= boot.low <= 120.0 <= boot.high <= 140.0
+    assert fig["output_tok_s"]["bootstrap"] is None  # throughput has no per-request interval
+    assert cell(scenario_tables(typed(*records()), synthetic.plans(), Settings()), "c4", "tp1")["figures"][
+        "ttft_median_ms"]["bootstrap"] is None  # records written before per-request latencies were kept
+
+
+#: Student t's 97.5th percentile by degrees of freedom (a printed table's values).
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}
 
 
 def test_passes_that_disagree_more_than_the_threshold_mark_the_configuration_unstable():
@@ -106,18 +159,19 @@ def test_passes_that_disagree_more_than_the_threshold_mark_the_configuration_uns
     assert f"Unstable: passes disagree on output tok/s by tp1 {100 * spread:.1f} %" in " ".join(scenario_sentences(tight[0]))
 
 
-def test_sentences_are_generated_from_the_numbers():
+def test_sentences_are_generated_from_the_numbers_and_say_the_verdict_with_its_interval():
     tp1, tp2 = records()
     t = scenario_tables(typed(tp1, tp2), synthetic.plans(), Settings(max_disagreement=1.0))[1]
     a = statistics.median(tok_s(tp1, "c4"))
     b = statistics.median(tok_s(tp2, "c4"))
+    ratio = geo_ratio(tok_s(tp1, "c4"), tok_s(tp2, "c4"))
     first = scenario_sentences(t)[0]
-    assert first == (f"In scenario c4 (concurrency 4), tp1 delivers {a / b:.1f}x the output tok/s of tp2 "
-                     f"({a:,.1f} against {b:,.1f} tok/s).")
+    assert first.startswith(f"In scenario c4 (concurrency 4), tp1 delivers {ratio:.2f}x (95 % CI ")
+    assert first.endswith(f"the output tok/s of tp2 (medians {a:,.1f} against {b:,.1f} tok/s): faster at 95 % confidence.")
     ttft = {c["configuration"]: c["figures"]["ttft_median_ms"]["median"] for c in t["cells"]}
     fast, slow = sorted(ttft, key=ttft.get)
-    pct = 100 * (ttft[slow] - ttft[fast]) / ttft[slow]
-    assert f"{fast} is {pct:.0f} % faster to first token than {slow}" in scenario_sentences(t)[1]
+    assert scenario_sentences(t)[1].startswith(f"{fast} ") and f" to first token than {slow}" in scenario_sentences(t)[1] \
+        or "no detectable difference in time to first token" in scenario_sentences(t)[1]
 
 
 def test_failed_and_skipped_configurations_sit_in_the_same_table_with_a_one_line_diagnosis():
@@ -213,12 +267,17 @@ def test_a_scenario_with_a_target_ranks_on_goodput_with_the_slo_share_over_passe
     assert (g["median"], g["min"], g["max"], g["n"]) == (1.18, 1.10, 1.23, 3) and g["best"]
     share = tp2["figures"]["slo_share"]
     assert share["median"] == pytest.approx(100 * statistics.median(s for _r, s in synthetic.TP2_SLO["goodput"]))
-    assert tp2["figures"]["goodput"]["delta_pct"] == pytest.approx(100 * (0.83 - 1.18) / 1.18)
+    v = tp2["figures"]["goodput"]["vs_baseline"]
+    ratio = geo_ratio([g for g, _s in synthetic.TP2_SLO["goodput"]], [g for g, _s in synthetic.TP1_SLO["goodput"]])
+    assert v.word == "worse" and v.test.ratio == pytest.approx(ratio) and v.test.high < 1
     assert tp1["slo"] == {"met": 3, "n": 3, "percentile": 90} and tp2["slo"]["met"] == 0
     lines = scenario_sentences(t)
-    assert lines[0] == ("In scenario slo4 (concurrency 4), under the target (TTFT ≤ 500 ms, TPOT ≤ 50 ms at p90), tp1 "
-                        "has a higher goodput than tp2 (1.18 against 0.83 req/s meeting every target); ranked by goodput.")
-    assert lines[1] == "On output tok/s alone, tp2 delivers 1.2x the output tok/s of tp1 (480.0 against 410.0 tok/s)."
+    assert lines[0].startswith("In scenario slo4 (concurrency 4), under the target (TTFT ≤ 500 ms, TPOT ≤ 50 ms at p90), tp1 "
+                               "has a better goodput than tp2 at 95 % confidence (1.18 against 0.83 req/s meeting every "
+                               f"target; ratio {1 / ratio:.2f}x (95 % CI ")
+    assert lines[0].endswith("); ranked by goodput.")
+    assert lines[1].startswith("On output tok/s alone, tp2 delivers ") and lines[1].endswith(
+        "the output tok/s of tp1 (medians 480.0 against 410.0 tok/s): faster at 95 % confidence.")
     assert lines[-1] == ("The SLO asks for at least 90 % of requests within the target: tp1 meets it in every pass "
                          "(93.0 % of requests within target); tp2 misses it in every pass (71.0 % of requests within target).")
 

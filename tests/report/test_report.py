@@ -258,7 +258,7 @@ def test_a_stricter_or_looser_threshold_and_another_baseline_come_from_the_trial
     ctx = demo_context(settings={"baseline": "tp2", "max_disagreement": 0.5})
     top = first_screen(render_report(ctx))
     assert "unstable</span>: passes disagree" not in top and "passes agree within" in top
-    assert "baseline configuration <b>tp2</b>" in top and "% vs baseline" in top
+    assert "baseline configuration <b>tp2</b>" in top and " vs baseline</div>" in top
 
 
 def test_failed_and_skipped_configurations_sit_in_the_ranking_with_their_diagnosis():
@@ -415,14 +415,18 @@ def test_a_scenario_with_a_target_shows_goodput_columns_and_ranks_on_them():
     assert head[:5] == ["#", "configuration", "goodput", "SLO share", "output tok/s"]
     rows = slo4.split("<tr")[2:]
     tp1, tp2 = cells_of(rows[0]), cells_of(rows[1])
-    assert tp1[:5] == ["1", "tp1 baseline", "★ 1.18 1.10–1.23", "★ 93.0 92.0–95.0", "410.0 400.0–417.0"]
-    assert tp2[:3] == ["2", "tp2", "0.83 0.78–0.90 -29.7 % vs baseline"]
+    # each median with its passes' range, the mean's t interval and CV (worked by hand for tp1's goodput 1.10, 1.23,
+    # 1.18: mean 1.17, sd 0.0656, half-width 4.303 x 0.0656 / sqrt 3 = 0.163; its tok/s 400, 410, 417: sd 8.54, 21.2)
+    assert tp1[:5] == ["1", "tp1 baseline", "★ 1.18 1.10–1.23 CI 1.01–1.33 · CV 5.6 %", "★ 93.0 92.0–95.0 CI 89.5–97.1 · CV 1.6 %",
+                       "410.0 400.0–417.0 CI 387.8–430.2 · CV 2.1 %"]
+    assert tp2[2].startswith("0.83 0.78–0.90 CI 0.79–0.88 · CV 5.1 % worse, 0.71x (95 % CI ") and tp2[2].endswith("x) vs baseline")
+    assert tp2[4].startswith("★ 480.0") and " faster, 1.18x (95 % CI " in tp2[4]
     assert "SLO met in 3 of 3 pass(es)" in tp1[-1] and "SLO met in 0 of 6 pass(es)" in tp2[-1]
     assert ("3 passes: stopped once they agreed within 10.0 % (spread 4.2 %); a warm-up pass ran first, kept out "
             "of the figures") in tp1[-1]
     assert "6 passes, the most allowed: they never agreed within 10.0 % (spread 14.5 %)" in tp2[-1]
     assert ("<li>In scenario slo4 (concurrency 4), under the target (TTFT ≤ 500 ms, TPOT ≤ 50 ms at p90), tp1 has a "
-            "higher goodput than tp2 (1.18 against 0.83 req/s meeting every target); ranked by goodput.</li>") in top
+            "better goodput than tp2 at 95 % confidence (1.18 against 0.83 req/s meeting every target; ratio 1.41x (95 % CI ") in top
     assert "tp2 misses it in every pass (71.0 % of requests within target)" in top
     c1 = top.split("<h3>Scenario c1", 1)[1].split("</table>", 1)[0]
     assert "goodput" not in c1 and "warm-up" not in c1  # no target, no warm-up: as before

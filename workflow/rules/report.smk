@@ -35,6 +35,7 @@ rule report:
         "../../envs/workflow.yaml"
     params:
         settings=config["report"],
+        statistics=config["statistics"],
         configfiles=workflow.configfiles,
     script:
         "../scripts/render_report.py"

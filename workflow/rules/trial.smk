@@ -38,6 +38,7 @@ rule trial:
         bench=config["bench"],
         cold_start=config["cold_start"],
         telemetry=config["telemetry"],
+        statistics=config["statistics"],
         services=services_on_nodes(config),
         results=str(TRIAL_PATHS.root),
         patches=config["patches"],

@@ -28,6 +28,7 @@ write_report(
     patches=Path(snakemake.input.patches),
     quiet=Path(snakemake.input.quiet),
     settings=snakemake.params.settings,
+    statistics=snakemake.params.statistics,
     provenance=Path(snakemake.output.provenance),
     charts_dir=Path(snakemake.output.charts),
 )

@@ -52,6 +52,12 @@ class PassSummary(RecordModel):
         "in the result file's order (failed or zero-latency requests left out)."))
     request_output_tok_s_summary: Maybe[RequestSpread] = Field(None, description=(
         "n, min, median and max of request_output_tok_s (null figures when n is 0)."))
+    request_ttft_ms: Maybe[list[float]] = Field(None, description=(
+        "Per successful request: its time to first token, ms, 3 decimals, in the result file's order (the "
+        "samples of the TTFT figures' bootstrap intervals)."))
+    request_tpot_ms: Maybe[list[float]] = Field(None, description=(
+        "Per successful request with more than one output token: (latency - TTFT) / (output tokens - 1), ms, "
+        "3 decimals (vLLM's TPOT; the samples of the TPOT figures' bootstrap intervals)."))
     goodput: Maybe[Goodput] = Field(None, description=(
         "Only when the scenario has a latency target (slo): how many requests met every target given (vLLM's "
         "--goodput rule) and whether the share reaches the target's percentile."))
@@ -219,7 +225,15 @@ class Repetition(RecordModel):
     min: Maybe[int] = Field(None, description="Fewest passes asked for.")
     max: Maybe[int] = Field(None, description="Most passes asked for.")
     agreement: float | None = Field(None, description=(
-        "Spread of output tok/s ((max - min) / mean) at which passes stop early; null for a fixed count."))
+        "Spread of output tok/s ((max - min) / mean) at which passes stop early; null for a fixed count or "
+        "when the spread is not a rule."))
+    interval: Maybe[float | None] = Field(None, description=(
+        "Width of output tok/s's confidence interval over the median at which passes stop early; null when "
+        "the interval is not a rule."))
+    level: Maybe[float] = Field(None, description="Confidence level of that interval.")
+    interval_width: Maybe[float | None] = Field(None, description=(
+        "Width of output tok/s's Student t interval at level over the median of the passes that succeeded "
+        "(null below two)."))
     passes_run: Maybe[int] = Field(None, description="Passes that ran (the warm-up not counted).")
     spread: float | None = Field(None, description="Spread of output tok/s over the passes that succeeded.")
     stopped: Maybe[Literal["agreed", "max_reached", "fixed", "failed"]] = Field(None, description=(

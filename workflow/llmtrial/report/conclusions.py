@@ -30,8 +30,19 @@ from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.core.record_base import RecordModel
 from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.scenario_model import Goodput, Pass, PassSummary, Repetition, Scenario, ScenarioSpec, Slo
-from llmtrial.serve.bench import agreement, headline
-from llmtrial.serve.scenarios import DEFAULT_SLO_PERCENTILE, is_sweep, passes_asked, repetition_of
+from llmtrial.core.stats import (
+    DEFAULT_LEVEL,
+    DEFAULT_RESAMPLES,
+    DEFAULT_SEED,
+    Interval,
+    bootstrap_interval,
+    cv,
+    mean_interval,
+    percentile,
+)
+from llmtrial.report.verdicts import NO_DIFFERENCE, Verdict, judge, method_line
+from llmtrial.serve.bench import headline
+from llmtrial.serve.scenarios import DEFAULT_SLO_PERCENTILE, is_sweep, passes_asked, repetition_of, spread_of
 
 #: The ranked figures: key, label, unit, whether higher is better, digits shown.
 FIGURES: tuple[tuple[str, str, str, bool, int], ...] = (
@@ -56,19 +67,28 @@ DEFAULT_MAX_DISAGREEMENT = 0.10
 
 @dataclass(frozen=True)
 class Settings:
-    """The trial file's ``report`` block: the baseline configuration, the agreement threshold and the
-    operator's notes."""
+    """The trial file's ``report`` block (the baseline configuration, the agreement threshold and the
+    operator's notes) and its ``statistics`` block (the confidence level, the bootstrap's resamples and seed)."""
 
     baseline: str | None = None
     max_disagreement: float = DEFAULT_MAX_DISAGREEMENT
     notes: str | None = None
+    level: float = DEFAULT_LEVEL
+    resamples: int = DEFAULT_RESAMPLES
+    seed: int = DEFAULT_SEED
 
     @classmethod
-    def from_config(cls, block: Mapping[str, Any] | None) -> Settings:
-        """The settings of the trial file's ``report`` block (a settings mapping, not a record)."""
-        block = block or {}
+    def from_config(cls, block: Mapping[str, Any] | None, statistics_block: Mapping[str, Any] | None = None) -> Settings:
+        """The settings of the trial file's ``report`` and ``statistics`` blocks (settings mappings, not records)."""
+        block, st = block or {}, statistics_block or {}
         return cls(baseline=block.get("baseline"), notes=block.get("notes"),
-                   max_disagreement=float(block.get("max_disagreement", DEFAULT_MAX_DISAGREEMENT)))
+                   max_disagreement=float(block.get("max_disagreement", DEFAULT_MAX_DISAGREEMENT)),
+                   level=float(st.get("level", DEFAULT_LEVEL)), resamples=int(st.get("bootstrap_resamples", DEFAULT_RESAMPLES)),
+                   seed=int(st.get("bootstrap_seed", DEFAULT_SEED)))
+
+    def method_line(self) -> str:
+        """The confidence level and the tests behind every interval and verdict, in one line."""
+        return method_line(self.level, self.resamples, self.seed)
 
 
 def as_mapping(part: RecordModel) -> dict[str, Any]:
@@ -130,14 +150,34 @@ def goodput_figures(goodput: Goodput | None) -> dict[str, float | None]:
     return {"goodput": goodput.request_goodput, "slo_share": 100.0 * share if share is not None else None}
 
 
-def over_passes(values: Iterable[float | None]) -> dict[str, Any] | None:
-    """Median, min, max, spread ((max - min) / mean) and count of one figure over passes; whether it is
-    the best in its scenario and its difference from the baseline are marked by :func:`compare`."""
+def over_passes(values: Iterable[float | None], level: float = DEFAULT_LEVEL) -> dict[str, Any] | None:
+    """One figure over passes: its pass ``values``, median, min, max, count, spread ((max - min) / mean),
+    the mean's Student t interval ``ci`` at ``level`` and the coefficient of variation ``cv`` (None below
+    two passes). ``bootstrap`` (a latency figure's interval over requests) is set by :func:`scenario_cell`;
+    ``best``, ``tied`` and ``vs_baseline`` (the verdict against the baseline) by :func:`compare`."""
     vals = [float(v) for v in values if v is not None]
     if not vals:
         return None
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals),
-            "spread": agreement(vals), "best": False, "delta_pct": None}
+    return {"values": vals, "median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals),
+            "spread": spread_of(vals), "ci": mean_interval(vals, level), "cv": cv(vals), "bootstrap": None,
+            "best": False, "tied": False, "vs_baseline": None}
+
+
+#: The latency figures with a bootstrap interval over requests: the per-request samples and the statistic.
+BOOTSTRAPPED = {"ttft_median_ms": ("request_ttft_ms", statistics.median),
+                "ttft_p99_ms": ("request_ttft_ms", lambda v: percentile(v, 99)),
+                "tpot_median_ms": ("request_tpot_ms", statistics.median),
+                "tpot_p99_ms": ("request_tpot_ms", lambda v: percentile(v, 99))}
+
+
+def request_interval(ok: list[Pass], key: str, settings: Settings) -> Interval | None:
+    """A latency figure's bootstrap interval over the requests of every pass together, where vLLM's
+    per-request detail was recorded (None otherwise, or for a figure that is not a latency)."""
+    if key not in BOOTSTRAPPED:
+        return None
+    field, stat = BOOTSTRAPPED[key]
+    samples = [v for p in ok for v in (getattr(p.summary, field) or [])]
+    return bootstrap_interval(samples, stat, settings.level, settings.resamples, settings.seed)
 
 
 def median(cell: Mapping[str, Any], key: str) -> float | None:
@@ -225,7 +265,9 @@ def scenario_cell(record: ConfigurationRecord, scenario: Scenario | None, n_rank
     concurrency = int(scenario.spec.concurrency)
     per_pass = [pass_figures(p.summary, concurrency, n_ranks) for p in ok]
     for key in keys:
-        cell["figures"][key] = over_passes(f[key] for f in per_pass)
+        cell["figures"][key] = over_passes((f[key] for f in per_pass), settings.level)
+        if cell["figures"][key]:
+            cell["figures"][key]["bootstrap"] = request_interval(ok, key, settings)
     cell["passes"] = len(ok)
     cell["slo"] = _slo_passes(ok)
     cell["stalls"] = [{"pass": p.pass_, "mean_ttft_ms": p.summary.mean_ttft_ms,
@@ -242,22 +284,31 @@ def _baseline(names: list[str], settings: Settings) -> str | None:
     return names[0] if names else None
 
 
-def compare(cells: list[dict[str, Any]], baseline: str | None,
+def cell_verdict(a: Mapping[str, Any], b: Mapping[str, Any], key: str, higher: bool, settings: Settings) -> Verdict:
+    """Configuration cell ``a`` against ``b`` on one figure (:func:`llmtrial.report.verdicts.judge`)."""
+    return judge(a["figures"][key]["values"], b["figures"][key]["values"], higher=higher, level=settings.level,
+                 key=key, wide=bool(a["unstable"] or b["unstable"]))
+
+
+def compare(cells: list[dict[str, Any]], baseline: str | None, settings: Settings,
             figures: Iterable[tuple[str, str, str, bool, int]] = FIGURES) -> None:
-    """Mark in place each figure's difference from the baseline (percent) and the best value."""
+    """Mark in place each figure's verdict against the baseline and the best value: ``best`` where the
+    leader (by median) is detectably better than every other configuration, else ``tied`` on the leader
+    and on each configuration not detectably worse than it."""
     ok = [c for c in cells if c["status"] == "ok"]
     base = next((c for c in ok if c["configuration"] == baseline), None)
     for key, _label, _unit, higher, _digits in figures:
-        values = [(c["figures"][key]["median"], c) for c in ok if c["figures"][key]]
-        best = (max if higher else min)(values, key=lambda vc: vc[0])[1] if values else None
-        base_fig = base["figures"][key] if base else None
-        for c in ok:
-            fig = c["figures"][key]
-            if not fig:
-                continue
-            fig["best"] = c is best and len(values) > 1
-            fig["delta_pct"] = (100.0 * (fig["median"] - base_fig["median"]) / base_fig["median"]
-                                if base_fig and base_fig["median"] and c is not base else None)
+        have = [c for c in ok if c["figures"][key]]
+        for c in have:
+            if base is not None and c is not base and base["figures"][key]:
+                c["figures"][key]["vs_baseline"] = cell_verdict(c, base, key, higher, settings)
+        if len(have) < 2:
+            continue
+        leader = (max if higher else min)(have, key=lambda c: c["figures"][key]["median"])
+        tied = [c for c in have if c is not leader and not cell_verdict(leader, c, key, higher, settings).decided]
+        leader["figures"][key]["best"] = not tied
+        for c in [leader, *tied] if tied else []:
+            c["figures"][key]["tied"] = True
 
 
 def scenario_specs(configurations: Iterable[ConfigurationRecord]) -> dict[str, ScenarioSpec]:
@@ -285,7 +336,7 @@ def scenario_tables(configurations: list[ConfigurationRecord], plans: Iterable[P
             sc = next((s for s in fixed_scenarios(rec) if s.name == name), None)
             plan = next((p for p in plans if p.configuration == rec.configuration), None)
             cells.append(scenario_cell(rec, sc, ranks(plan), settings, figures))
-        compare(cells, baseline, figures)
+        compare(cells, baseline, settings, figures)
         ranked_by = "goodput" if spec.slo else "output_tok_s"
         cells.sort(key=lambda c: (c["status"] != "ok", -(median(c, ranked_by) or 0)))
         for i, c in enumerate(c for c in cells if c["status"] == "ok"):
@@ -294,20 +345,30 @@ def scenario_tables(configurations: list[ConfigurationRecord], plans: Iterable[P
                        "figures": figures, "ranked_by": ranked_by, "passes_asked": asked(spec),
                        "slo_text": slo_text(spec.slo) if spec.slo else None,
                        "unstable": [c["configuration"] for c in cells if c["unstable"]],
-                       "single_pass": [c["configuration"] for c in cells if c["status"] == "ok" and c["passes"] < 2]})
+                       "single_pass": [c["configuration"] for c in cells if c["status"] == "ok" and c["passes"] < 2],
+                       "settings": settings})
     return tables
 
 
-def _ratio_sentence(lead: Mapping[str, Any], other: Mapping[str, Any]) -> str:
+def _at(settings: Settings) -> str:
+    return f"at {100 * settings.level:g} % confidence"
+
+
+def _ratio_sentence(lead: Mapping[str, Any], other: Mapping[str, Any], settings: Settings) -> str:
+    """Output tok/s of the leader against another configuration, said as the verdict allows."""
     a, b = lead["figures"]["output_tok_s"]["median"], other["figures"]["output_tok_s"]["median"]
-    if b and a / b >= 1.1:
-        return (f"{lead['configuration']} delivers {a / b:.1f}x the output tok/s of {other['configuration']} "
-                f"({a:,.1f} against {b:,.1f} tok/s)")
-    return (f"{lead['configuration']} and {other['configuration']} deliver output tok/s within "
-            f"{100 * (a - b) / b:.0f} % of each other ({a:,.1f} against {b:,.1f} tok/s)")
+    v = cell_verdict(lead, other, "output_tok_s", True, settings)
+    names, medians = (lead["configuration"], other["configuration"]), f"medians {a:,.1f} against {b:,.1f} tok/s"
+    if v.decided:
+        return (f"{names[0]} delivers {v.ratio_text()} the output tok/s of {names[1]} ({medians}): "
+                f"{v.word} {_at(settings)}")
+    if v.word == NO_DIFFERENCE:
+        return (f"{names[0]} and {names[1]} show no detectable difference in output tok/s {_at(settings)} "
+                f"(ratio {v.ratio_text()}; {medians}): a tie")
+    return f"{names[0]} against {names[1]} on output tok/s is unstable, {v.reason} (ratio {v.ratio_text()}; {medians})"
 
 
-def _ttft_sentence(cells: list[Mapping[str, Any]]) -> str | None:
+def _ttft_sentence(cells: list[Mapping[str, Any]], settings: Settings) -> str | None:
     timed = [c for c in cells if median(c, "ttft_median_ms") is not None]
     if len(timed) < 2:
         return None
@@ -316,10 +377,14 @@ def _ttft_sentence(cells: list[Mapping[str, Any]]) -> str | None:
     a, b = fast["figures"]["ttft_median_ms"]["median"], slow["figures"]["ttft_median_ms"]["median"]
     if not b:
         return None
-    ms = f"(median TTFT {a:,.1f} against {b:,.1f} ms)"
-    if (b - a) / b < 0.02:
-        return f"{fast['configuration']} and {slow['configuration']} reach the first token within 2 % of each other {ms}"
-    return f"{fast['configuration']} is {100 * (b - a) / b:.0f} % faster to first token than {slow['configuration']} {ms}"
+    v = cell_verdict(fast, slow, "ttft_median_ms", False, settings)
+    ms = f"(median TTFT {a:,.1f} against {b:,.1f} ms; ratio {v.ratio_text()})"
+    if v.decided:
+        return f"{fast['configuration']} is {v.word} to first token than {slow['configuration']} {_at(settings)} {ms}"
+    if v.word == NO_DIFFERENCE:
+        return (f"{fast['configuration']} and {slow['configuration']} show no detectable difference in time to first "
+                f"token {_at(settings)} {ms}")
+    return f"{fast['configuration']} against {slow['configuration']} on time to first token is unstable, {v.reason} {ms}"
 
 
 def _unstable_note(cells: Iterable[Mapping[str, Any]]) -> str:
@@ -343,9 +408,12 @@ def _goodput_sentence(table: Mapping[str, Any], lead: Mapping[str, Any], other: 
     a, b = median(lead, "goodput"), median(other, "goodput")
     if a is None or b is None:
         return f"no goodput figure for {(other if a is not None else lead)['configuration']}"
-    verb = "the same goodput as" if a == b else "a higher goodput than"
-    return (f"under the target ({slo_text(table['spec'].slo)}), {lead['configuration']} has {verb} "
-            f"{other['configuration']} ({a:,.2f} against {b:,.2f} req/s meeting every target); ranked by goodput")
+    v = cell_verdict(lead, other, "goodput", True, table["settings"])
+    said = (f"a {v.word} goodput than" if v.decided else "no detectable difference in goodput from" if v.word == NO_DIFFERENCE
+            else f"a goodput too unstable to compare ({v.reason}) with")
+    return (f"under the target ({slo_text(table['spec'].slo)}), {lead['configuration']} has {said} "
+            f"{other['configuration']} {_at(table['settings'])} ({a:,.2f} against {b:,.2f} req/s meeting every target; "
+            f"ratio {v.ratio_text()}); ranked by goodput")
 
 
 def slo_sentence(table: Mapping[str, Any]) -> str | None:
@@ -381,10 +449,10 @@ def scenario_sentences(table: Mapping[str, Any]) -> list[str]:
     if spec.slo:
         by_tok_s = sorted((lead, other), key=lambda c: -c["figures"]["output_tok_s"]["median"])
         out = [where + _goodput_sentence(table, lead, other) + ".",
-               "On output tok/s alone, " + _ratio_sentence(*by_tok_s) + "."]
+               "On output tok/s alone, " + _ratio_sentence(*by_tok_s, table["settings"]) + "."]
     else:
-        out = [where + _ratio_sentence(lead, other) + "."]
-    ttft = _ttft_sentence(ok)
+        out = [where + _ratio_sentence(lead, other, table["settings"]) + "."]
+    ttft = _ttft_sentence(ok, table["settings"])
     if ttft:
         out.append(ttft + ".")
     out[-1] += _unstable_note(ok)

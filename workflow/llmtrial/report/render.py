@@ -197,11 +197,12 @@ def bound_rows(plans: list[PlanRecord], configurations: list[ConfigurationRecord
 def build_context(*, trial: str, preflight: PreflightRecord, manifest: ManifestRecord, plans: list[PlanRecord],
                   configurations: list[ConfigurationRecord], cleanup: CleanupRecord, patches: PatchesRecord | None = None,
                   quiet: QuietRecord | None = None, telemetry: Mapping[str, Any] | None = None,
-                  settings: Mapping[str, Any] | None = None, provenance: ProvenanceRecord | None = None) -> dict[str, Any]:
+                  settings: Mapping[str, Any] | None = None, provenance: ProvenanceRecord | None = None,
+                  statistics: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What the template sees: the records, the conclusions worked out of them, and the charts.
     ``telemetry`` maps a configuration to its samples (:func:`llmtrial.serve.telemetry.read_samples`);
-    ``settings`` is the trial file's ``report`` block."""
-    cfg = Settings.from_config(settings)
+    ``settings`` is the trial file's ``report`` block, ``statistics`` its ``statistics`` block."""
+    cfg = Settings.from_config(settings, statistics)
     tables = scenario_tables(configurations, plans, cfg)
     per = "GPU" if preflight.environment.gpus.present else "CPU worker"
     unstable = {(t["name"], c["configuration"]): c["spread"] for t in tables for c in t["cells"] if c["unstable"]}
@@ -262,7 +263,8 @@ def render_report(context: Mapping[str, Any], template_dir: Path = TEMPLATES) ->
 def write_report(out: Path, *, trial: str, preflight: Path, manifest: Path, plans: Iterable[Path],
                  configurations: Iterable[Path], cleanup: Path, patches: Path | None = None,
                  quiet: Path | None = None, telemetry: Iterable[Path] = (), settings: Mapping[str, Any] | None = None,
-                 provenance: Path | None = None, charts_dir: Path | None = None) -> Path:
+                 provenance: Path | None = None, charts_dir: Path | None = None,
+                 statistics: Mapping[str, Any] | None = None) -> Path:
     """Read the records named, each as its model, render, and write the report atomically.
     ``telemetry`` are the configurations' samples files, in the order of ``configurations``;
     ``charts_dir``, when given, also receives each chart as an SVG file (for Snakemake's own report)."""
@@ -280,6 +282,7 @@ def write_report(out: Path, *, trial: str, preflight: Path, manifest: Path, plan
         telemetry=samples,
         settings=settings,
         provenance=load_record(provenance, "provenance") if provenance is not None else None,
+        statistics=statistics,
     )
     if charts_dir is not None:
         write_charts(Path(charts_dir), [*context["charts"], *(s["chart"] for s in context["sweeps"] if s["chart"])])

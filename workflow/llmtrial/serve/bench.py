@@ -43,14 +43,6 @@ def headline(summary: Mapping[str, Any]) -> dict[str, Any]:
     return {name: summary.get(key) for name, key in HEADLINE.items()}
 
 
-def agreement(values: list[float]) -> float | None:
-    """Spread of a figure across passes, (max - min) / mean; None with fewer than two."""
-    vals = [v for v in values if v is not None]
-    if len(vals) < 2 or statistics.fmean(vals) == 0:
-        return None
-    return (max(vals) - min(vals)) / statistics.fmean(vals)
-
-
 def pass_seed(base: int, scenario_index: int, pass_index: int) -> int:
     """The dataset seed of one pass: distinct for every scenario and pass."""
     return base + 1000 * scenario_index + pass_index
@@ -115,7 +107,23 @@ def summarize_result(result: Mapping[str, Any], percentiles: list[float]) -> dic
             out[key] = result.get(key)
     out["request_output_tok_s"] = request_output_rates(result)
     out["request_output_tok_s_summary"] = rate_summary(out["request_output_tok_s"])
+    out["request_ttft_ms"], out["request_tpot_ms"] = request_latencies(result)
     return out
+
+
+def request_latencies(result: Mapping[str, Any]) -> tuple[list[float], list[float]]:
+    """Each successful request's TTFT (ms) and, where it has more than one output token, its TPOT
+    ((latency - TTFT) / (output tokens - 1), ms: vLLM's rule), from the per-request lists."""
+    ttfts, lats = result.get("ttfts") or [], result.get("latencies") or []
+    lens, errors = result.get("output_lens") or [], result.get("errors") or [""] * len(lats)
+    ttft_ms, tpot_ms = [], []
+    for ttft, lat, n, err in zip(ttfts, lats, lens, errors, strict=False):
+        if err or not isinstance(ttft, (int, float)) or not n:
+            continue
+        ttft_ms.append(round(ttft * 1000, 3))
+        if n > 1 and isinstance(lat, (int, float)):
+            tpot_ms.append(round((lat - ttft) * 1000 / (n - 1), 3))
+    return ttft_ms, tpot_ms
 
 
 def request_output_rates(result: Mapping[str, Any]) -> list[float]:

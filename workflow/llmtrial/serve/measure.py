@@ -23,6 +23,7 @@ from llmtrial.core.ledger import Ledger
 from llmtrial.core.paths import JobPaths
 from llmtrial.core.records import fact, read_record
 from llmtrial.core.scenario_model import Scenario
+from llmtrial.core.stats import DEFAULT_LEVEL
 from llmtrial.host.nodes import Node
 from llmtrial.host.sources import HostSource, MetricsSource, job_sources
 from llmtrial.logs import startup_log
@@ -31,7 +32,7 @@ from llmtrial.serve import bench
 from llmtrial.serve.multinode import MultiNodeServer
 from llmtrial.serve.nodetelemetry import NodeTelemetry, node_window_figures
 from llmtrial.serve.onset import onset, step_figures
-from llmtrial.serve.scenarios import SWEEP_KEYS, Repetition, goodput, is_sweep
+from llmtrial.serve.scenarios import SWEEP_KEYS, Repetition, goodput, is_sweep, spread_of
 from llmtrial.serve.scenarios import steps as sweep_steps
 from llmtrial.serve.server import ServerProcess, ServerStartError
 from llmtrial.serve.telemetry import Sampler, describe_sources, read_samples, window_edge, window_figures
@@ -101,13 +102,15 @@ class Served:
 class Workload:
     """What every configuration of a trial is asked, from the trial's config: the name its
     server serves the model under, the scenarios, the benchmark's settings, the cold first
-    request, and the telemetry interval."""
+    request, the telemetry interval and the confidence level."""
 
     served_model_name: str
     scenarios: Mapping[str, Mapping[str, Any]]
     bench_settings: Mapping[str, Any]
     cold_start: Mapping[str, Any]
     telemetry_interval: float
+    #: The confidence level of the passes' interval rule (``statistics.level``).
+    level: float = DEFAULT_LEVEL
 
 
 @dataclass
@@ -241,7 +244,7 @@ class Measurement:
 
     def _repeat(self, entry: dict[str, Any], run: Callable[..., dict[str, Any]]) -> Failure | None:
         """A scenario's passes until its repetition rule says stop; the record says why it stopped."""
-        rule = Repetition.of(entry["spec"])
+        rule = Repetition.of(entry["spec"], self.workload.level)
         failed: Failure | None = None
         stopped = None
         while stopped is None:
@@ -250,12 +253,13 @@ class Measurement:
             entry["pass_results"].append(one)
             failed = failed or _pass_failure(entry["name"], one)
             ok = [q["summary"] for q in entry["pass_results"] if q["status"] == "ok"]
-            spread = bench.agreement([s["output_throughput"] for s in ok])
-            stopped = rule.verdict(spread, p, one["status"] == "failed")
-        entry["repetition"] = {"min": rule.min, "max": rule.max, "agreement": rule.agreement,
-                               "passes_run": len(entry["pass_results"]), "spread": spread, "stopped": stopped}
-        entry["agreement"] = {"output_throughput": spread,
-                              "median_ttft_ms": bench.agreement([s["median_ttft_ms"] for s in ok])}
+            values = [s["output_throughput"] for s in ok if s["output_throughput"] is not None]
+            stopped = rule.verdict(values, p, one["status"] == "failed")
+        spread = spread_of(values)
+        entry["repetition"] = {"min": rule.min, "max": rule.max, "agreement": rule.agreement, "interval": rule.interval,
+                               "level": rule.level, "passes_run": len(entry["pass_results"]), "spread": spread,
+                               "interval_width": rule.interval_width(values), "stopped": stopped}
+        entry["agreement"] = {"output_throughput": spread, "median_ttft_ms": spread_of([s["median_ttft_ms"] for s in ok])}
         return failed
 
     def _checked_pass(self, server: ServerProcess, sampler: Sampler, worker: bench.BenchWorker,

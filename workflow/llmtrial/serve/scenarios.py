@@ -2,15 +2,18 @@
 
 A scenario whose ``concurrency``, ``num_prompts``, ``input_len`` or ``output_len`` is a list is a
 *sweep*: one step per position of its lists, in order, each run once against the same warm
-server; scalar keys repeat on every step. ``passes`` is a count or ``{min, max, agreement}``;
+server; scalar keys repeat on every step. ``passes`` is a count or ``{min, max, agreement, interval}``;
 ``slo`` is a latency target judged per request exactly as vLLM's ``--goodput`` judges it.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from llmtrial.core.stats import DEFAULT_LEVEL, mean_interval
 
 #: The keys a sweep may list, in the order a step names them.
 SWEEP_KEYS = ("concurrency", "input_len", "output_len", "num_prompts")
@@ -70,37 +73,63 @@ def contexts(spec: Mapping[str, Any]) -> set[int]:
 
 @dataclass(frozen=True)
 class Repetition:
-    """How many passes a scenario runs: at least ``min``, at most ``max``, stopping early once
-    the output tok/s spread is within ``agreement`` (None: a fixed count)."""
+    """How many passes a scenario runs: at least ``min``, at most ``max``, stopping early once every
+    rule given holds: the output tok/s spread is within ``agreement``, the width of its Student t
+    interval at ``level`` over the median is within ``interval``. ``fixed``: a count was asked."""
 
     min: int
     max: int
     agreement: float | None
+    interval: float | None = None
+    level: float = DEFAULT_LEVEL
+    fixed: bool = False
 
     @classmethod
-    def of(cls, spec: Mapping[str, Any]) -> Repetition:
+    def of(cls, spec: Mapping[str, Any], level: float = DEFAULT_LEVEL) -> Repetition:
         passes = spec.get("passes", 1)
         if isinstance(passes, Mapping):
-            return cls(int(passes["min"]), int(passes["max"]), float(passes["agreement"]))
-        return cls(int(passes), int(passes), None)
+            agreement, interval = passes.get("agreement"), passes.get("interval")
+            return cls(int(passes["min"]), int(passes["max"]), None if agreement is None else float(agreement),
+                       None if interval is None else float(interval), level)
+        return cls(int(passes), int(passes), None, None, level, fixed=True)
 
     def describe(self) -> str:
         """What the trial file asked for, in words: a fixed count, or passes until they agree."""
-        if self.agreement is None:
+        if self.fixed:
             return f"{self.max} pass(es)"
-        return f"{self.min}–{self.max} passes, stopping once they agree within {100 * self.agreement:.1f} %"
+        rules = ([f"agree within {100 * self.agreement:.1f} %"] if self.agreement is not None else []) + (
+            [f"their {100 * self.level:g} % interval is within {100 * self.interval:.1f} % of the median"]
+            if self.interval is not None else [])
+        return f"{self.min}–{self.max} passes, stopping once they " + " and ".join(rules or ["reach the maximum"])
 
-    def verdict(self, spread: float | None, ran: int, failed: bool) -> str | None:
-        """Why to stop after ``ran`` passes (``failed``: the last one failed), or None to go on:
-        ``fixed`` (a count was asked: it runs whatever fails), ``failed`` (agreement cannot be
-        judged on a failed pass), ``agreed`` or ``max_reached``."""
-        if self.agreement is None:
+    def interval_width(self, values: list[float]) -> float | None:
+        """The width of the values' Student t interval at ``level`` over their median (None below two)."""
+        ci = mean_interval(values, self.level)
+        return ci.width_over(statistics.median(values)) if ci else None
+
+    def verdict(self, values: list[float], ran: int, failed: bool) -> str | None:
+        """Why to stop after ``ran`` passes whose output tok/s (those that succeeded) are ``values``
+        (``failed``: the last one failed), or None to go on: ``fixed`` (a count was asked: it runs
+        whatever fails), ``failed`` (agreement cannot be judged on a failed pass), ``agreed`` (every
+        rule holds) or ``max_reached``."""
+        if self.fixed:
             return "fixed" if ran >= self.max else None
         if failed:
             return "failed"
-        if ran >= self.min and spread is not None and spread <= self.agreement:
+        spread, width = spread_of(values), self.interval_width(values)
+        holds = [spread is not None and spread <= self.agreement] if self.agreement is not None else []
+        holds += [width is not None and width <= self.interval] if self.interval is not None else []
+        if ran >= self.min and all(holds):
             return "agreed"
         return "max_reached" if ran >= self.max else None
+
+
+def spread_of(values: list[float]) -> float | None:
+    """Spread of a figure across passes, (max - min) / mean; None with fewer than two."""
+    vals = [v for v in values if v is not None]
+    if len(vals) < 2 or statistics.fmean(vals) == 0:
+        return None
+    return (max(vals) - min(vals)) / statistics.fmean(vals)
 
 
 def goodput_flags(slo: Mapping[str, Any] | None) -> list[str]:
