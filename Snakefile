@@ -32,11 +32,12 @@ include: "workflow/rules/cleanup.smk"
 include: "workflow/rules/report.smk"
 
 
-# ---- target: the report (which needs every configuration and the cleanup)
+# ---- target: the report (which needs every configuration and the cleanup), and the comparison
+# with an earlier trial when the trial file names one (`compare_with:`)
 rule all:
     default_target: True
     input:
-        report_path(),
+        trial_targets(),
 
 
 # ---- the host is always given back: after a failed job, and after a run that left it changed

@@ -8,8 +8,13 @@ import sys
 from pathlib import Path
 
 from llmtrial.borrow.cleanup import cleanup_with_record
+from llmtrial.compare.comparison import compare_trials
+from llmtrial.compare.page import write_comparison
+from llmtrial.compare.reproduce import reproduce
+from llmtrial.compare.trials import TrialFolderError
 from llmtrial.config import ConfigError, load_config
 from llmtrial.core.joblog import open_job_log
+from llmtrial.core.comparison_model import ComparisonRecord
 from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.records import as_written
 from llmtrial.logs.engine_warnings import engine_warnings
@@ -171,6 +176,52 @@ def _plan(args: argparse.Namespace) -> int:
     return 0 if record.verdict != "does_not_fit" else 1
 
 
+def _print_comparison(record: ComparisonRecord, paths: tuple[Path, Path] | None, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(as_written(record), indent=2))
+        return
+    print(f"B {record.b.trial} ({record.b.folder}) against A {record.a.trial} ({record.a.folder})")
+    print(record.method)
+    print("workloads match" if record.workloads_match else "WORKLOADS DIFFER: verdicts they touch are not comparable")
+    for d in record.differences:
+        print(f"  {d.effect}: {d.key}: {d.a} in A, {d.b} in B" + (f" ({d.scope})" if d.scope else ""))
+    for line in record.sentences:
+        print(f"- {line}")
+    if paths:
+        print(f"record {paths[0]}\npage {paths[1]}")
+
+
+def _compare(args: argparse.Namespace) -> int:
+    try:
+        record = compare_trials(args.a, args.b, level=args.level)
+    except TrialFolderError as exc:
+        print(f"llmtrial compare: {exc}", file=sys.stderr)
+        return 2
+    paths = None if args.no_write else write_comparison(record)
+    _print_comparison(record, paths, args.json)
+    return 0
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    try:
+        status, new, found = reproduce(args.results_dir, workdir=Path(args.directory), name=args.as_name,
+                                       anyway=args.anyway, cores=args.cores)
+    except (TrialFolderError, ValueError) as exc:
+        print(f"llmtrial reproduce: {exc}", file=sys.stderr)
+        return 2
+    for m in found:
+        print(f"{'differs' if args.anyway else 'DIFFERS'}: {m}", file=sys.stderr)
+    if new is None:
+        print("llmtrial reproduce: not rerun; give --anyway to rerun here all the same", file=sys.stderr)
+        return status
+    if status != 0:
+        print(f"llmtrial reproduce: the rerun into {new} failed (snakemake exited {status})", file=sys.stderr)
+        return status
+    record = compare_trials(args.results_dir, new)
+    _print_comparison(record, write_comparison(record), False)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llmtrial", description="Serving trials of LLMs with vLLM.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -213,6 +264,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name", nargs="*", help="patches to check (default: every folder of workflow/llmtrial/patches)")
     p.add_argument("--patches-dir", help="folder of patches (default: workflow/llmtrial/patches)")
     p.set_defaults(func=_patches)
+
+    p = sub.add_parser("compare", help="two trials' results folders: what differs, and each figure's verdict")
+    p.add_argument("a", help="a results folder (results/<trial>); the earlier of the two is A")
+    p.add_argument("b", help="the other results folder; the comparison is written under the later one's")
+    p.add_argument("--level", type=float, help="confidence level (default: the later trial's statistics.level)")
+    p.add_argument("--json", action="store_true", help="print the comparison record")
+    p.add_argument("--no-write", action="store_true", help="print only; write no record or page")
+    p.set_defaults(func=_compare)
+
+    p = sub.add_parser("reproduce", help="rerun a trial from its results folder's provenance, then compare the two")
+    p.add_argument("results_dir", help="results/<trial> of the trial to rerun")
+    p.add_argument("--as", dest="as_name", help="the new trial's name (default: <trial>-reproduced)")
+    p.add_argument("--directory", default=".", help="snakemake's working directory (results/ lies under it)")
+    p.add_argument("--cores", default="all", help="snakemake's --cores")
+    p.add_argument("--anyway", action="store_true",
+                   help="rerun even where the project's commit, vLLM's version or the host differs from the original")
+    p.set_defaults(func=_reproduce)
 
     p = sub.add_parser("validate", help="check a trial configuration file against the schema")
     p.add_argument("config")

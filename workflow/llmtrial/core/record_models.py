@@ -26,6 +26,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field
 from pydantic.json_schema import GenerateJsonSchema
 
+from llmtrial.core.comparison_model import ComparisonRecord
 from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.core.record_base import Check, Fact, HeldGpu, Maybe, NonNegInt, Number, RecordModel, Residue, Rows, Verdict
@@ -498,6 +499,7 @@ KINDS: dict[str, type[RecordModel]] = {
     "configuration": ConfigurationRecord,
     "cleanup": CleanupRecord,
     "provenance": ProvenanceRecord,
+    "comparison": ComparisonRecord,
 }
 
 #: The JSON Schema dialect of every generated schema.

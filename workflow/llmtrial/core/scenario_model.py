@@ -39,6 +39,8 @@ class PassSummary(RecordModel):
 
     completed: int | None = None
     failed: int | None = None
+    total_input_tokens: Maybe[int | None] = Field(None, description="Prompt tokens the pass sent (vLLM's figure).")
+    total_output_tokens: Maybe[int | None] = Field(None, description="Output tokens the pass served (vLLM's figure).")
     output_throughput: Number | None = Field(None, description="Output tok/s over the pass.")
     mean_ttft_ms: Number | None = None
     median_ttft_ms: Number | None = None

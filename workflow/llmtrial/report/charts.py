@@ -52,7 +52,7 @@ def svg_of(fig: Figure, name: str) -> str:
     return re.sub(r'href="#([^"]+)"', lambda m: f'href="#{name}-{m[1]}"', text)
 
 
-def _figure(width: float, height: float, rows: int = 1, cols: int = 1) -> tuple[Figure, Any]:
+def new_figure(width: float, height: float, rows: int = 1, cols: int = 1) -> tuple[Figure, Any]:
     with matplotlib.rc_context(STYLE):
         fig = Figure(figsize=(width, height), layout="constrained")
         axes = fig.subplots(rows, cols, squeeze=False)
@@ -73,7 +73,7 @@ def latency_chart(tables: Sequence[Mapping[str, Any]], names: Sequence[str]) -> 
     if not points:
         return None
     with matplotlib.rc_context(STYLE):
-        fig, axes = _figure(9.5, 3.4, 1, 2)
+        fig, axes = new_figure(9.5, 3.4, 1, 2)
         for ax, metric, label in ((axes[0][0], "ttft", "TTFT (ms)"), (axes[0][1], "tpot", "TPOT (ms)")):
             for name, pts in points.items():
                 pts = sorted(pts, key=lambda p: p[0])
@@ -118,7 +118,7 @@ def pareto_chart(tables: Sequence[Mapping[str, Any]], names: Sequence[str], per:
         return None
     front = pareto_front((r[3], r[4]) for r in rows)
     with matplotlib.rc_context(STYLE):
-        fig, axes = _figure(6.5, 3.8)
+        fig, axes = new_figure(6.5, 3.8)
         ax = axes[0][0]
         ax.plot([p[0] for p in front], [p[1] for p in front], "-", color="#8c959f", lw=1, label="Pareto front")
         for name in dict.fromkeys(r[0] for r in rows):
@@ -146,7 +146,7 @@ def prediction_chart(configurations: Sequence[ConfigurationRecord], names: Seque
     if not rows:
         return None
     with matplotlib.rc_context(STYLE):
-        fig, axes = _figure(6.5, 3.8)
+        fig, axes = new_figure(6.5, 3.8)
         ax = axes[0][0]
         lo = min(min(r[2], r[3]) for r in rows) / 1.5
         hi = max(max(r[2], r[3]) for r in rows) * 1.5
@@ -253,7 +253,7 @@ def timeseries_chart(record: ConfigurationRecord, frame: Any) -> Chart | None:
         return None
     windows = windows_of(record)
     with matplotlib.rc_context(STYLE):
-        fig, axes = _figure(9.5, 2.1 * len(panels), len(panels), 1)
+        fig, axes = new_figure(9.5, 2.1 * len(panels), len(panels), 1)
         for (title, lines), row in zip(panels, axes, strict=True):
             ax = row[0]
             _shade(ax, windows, float(t0))
@@ -318,7 +318,7 @@ def sweep_chart(table: Mapping[str, Any], names: Sequence[str]) -> Chart | None:
     x = sweep_axis(cells)
     xs_all = sorted({r[x] for c in cells for r in c["rows"] if r[x] is not None})
     with matplotlib.rc_context(STYLE):
-        fig, axes = _figure(9.5, 6.2, len(SWEEP_PANELS), 1)
+        fig, axes = new_figure(9.5, 6.2, len(SWEEP_PANELS), 1)
         for cell in cells:
             colour = _colour(names, cell["configuration"])
             ok = [r for r in cell["rows"] if r["status"] == "ok"]

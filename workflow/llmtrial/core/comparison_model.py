@@ -1,0 +1,85 @@
+"""The comparison record: one trial (A, the earlier) against another (B), what differs between them
+and, per configuration x scenario x figure, B against A with the ratio's interval and the verdict."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from llmtrial.core.record_base import RecordModel
+
+Verdict = Literal["faster", "slower", "better", "worse", "no detectable difference", "unstable", "not comparable"]
+
+
+class TrialRef(RecordModel):
+    """One of the two trials: its results folder and what produced it."""
+
+    folder: str = Field(description="The results folder as given.")
+    trial: str = Field(description="The trial's name.")
+    commit: str | None = Field(description="The project's commit that rendered its report (provenance); null unknown.")
+    dirty: bool | None = Field(description="Whether the project's tracked files were changed then; null unknown.")
+    recorded_at: float = Field(description="Unix time its preflight read the host.")
+
+
+class Difference(RecordModel):
+    """One thing that differs between the trials, with its value in each (null where a trial has none)."""
+
+    aspect: Literal["model", "workload", "server", "vllm", "patches", "hardware", "measurement"] = Field(description=(
+        "What differs: the model, the workload asked or served, a configuration's server arguments or "
+        "environment, vLLM's version, the patches applied, the host's hardware, or how the passes were counted."))
+    key: str = Field(description="The key that differs (scenarios.c1.output_len, configurations.tp1.args.max_num_seqs).")
+    a: Any = Field(description="Its value in A.")
+    b: Any = Field(description="Its value in B.")
+    effect: Literal["not comparable", "under test", "noted"] = Field(description=(
+        "not comparable: the workload differs, so no verdict is given where it applies; under test: the change "
+        "the comparison measures; noted: listed, no verdict depends on it."))
+    scope: str | None = Field(description=(
+        "The scenario or configuration/scenario it applies to; null where it applies to the whole trial."))
+
+
+class Side(RecordModel):
+    """One trial's figure: median over passes, the mean's interval, the pass values."""
+
+    median: float | None = Field(description="Median over passes; null without a completed pass.")
+    low: float | None = Field(description="Low end of the mean's Student t interval; null below two passes.")
+    high: float | None = Field(description="High end of that interval.")
+    values: list[float] = Field(description="The figure of each completed pass.")
+
+
+class Row(RecordModel):
+    """B against A on one figure of one configuration in one scenario."""
+
+    configuration: str = Field(description="Configuration name (matched by name).")
+    scenario: str = Field(description="Scenario name (matched by name).")
+    figure: str = Field(description="Figure key (output_tok_s, ttft_median_ms, ...).")
+    label: str = Field(description="The figure as words.")
+    unit: str = Field(description="Its unit.")
+    higher_is_better: bool = Field(description="Whether a higher value is better.")
+    a: Side = Field(description="A's figure.")
+    b: Side = Field(description="B's figure.")
+    ratio: float | None = Field(description="B over A: the ratio of geometric means over passes; null where not comparable.")
+    low: float | None = Field(description="Low end of the ratio's interval at the level; null where it has none.")
+    high: float | None = Field(description="High end of the ratio's interval.")
+    verdict: Verdict = Field(description="B against A.")
+    reason: str | None = Field(description="Why it is unstable or not comparable; null otherwise.")
+
+
+class ComparisonRecord(RecordModel):
+    """Trial B against trial A (results/<B>/comparison/<A>/comparison.json): the comparability check first (every
+    difference, each marked not comparable, under test or noted), then per configuration x scenario x figure the
+    ratio B / A with its interval and the verdict. Written by llmtrial.compare; read by its page."""
+
+    model_config = ConfigDict(title="comparison record")
+
+    a: TrialRef = Field(description="The earlier trial.")
+    b: TrialRef = Field(description="The later trial, the one compared with A.")
+    level: float = Field(description="The confidence level of every interval and verdict.")
+    method: str = Field(description="The level and the tests used, in one line.")
+    workloads_match: bool = Field(description="No difference made a verdict not comparable.")
+    differences: list[Difference] = Field(description="Every difference found, in the order checked.")
+    changes: list[str] = Field(description="The changes being measured (differences under test), as sentences.")
+    only_in_a: list[str] = Field(description="Configurations only A has.")
+    only_in_b: list[str] = Field(description="Configurations only B has.")
+    rows: list[Row] = Field(description="Per configuration in both x scenario in both x figure.")
+    sentences: list[str] = Field(description="What the comparison found, generated from the rows.")
