@@ -20,7 +20,7 @@ PACKAGE = "llmtrial"
 LIBRARY = REPO / "workflow" / PACKAGE
 #: The library's packages, bottom first: each may import only those before it. The modules at
 #: the top (the trial file, provenance, the command line) may import any package; none imports them.
-PACKAGES = ("core", "logs", "host", "plan", "weights", "patch", "borrow", "serve", "report")
+PACKAGES = ("core", "logs", "host", "plan", "weights", "patch", "borrow", "serve", "report", "compare")
 
 
 def module_name(path: Path, root: Path = LIBRARY) -> str:
@@ -258,9 +258,9 @@ def test_schemas_templates_and_patches_ship_in_the_package(tmp_path):
     [wheel] = tmp_path.glob("llmtrial-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     schemas = [*SCHEMAS.glob("*.yaml"), *SCHEMAS.glob("*.json")]
-    assert len([s for s in schemas if s.name.endswith(".record.schema.json")]) == 8  # one per record kind
+    assert len([s for s in schemas if s.name.endswith(".record.schema.json")]) == 9  # one per record kind
     for schema in schemas:
         assert f"llmtrial/schemas/{schema.name}" in names
-    assert "llmtrial/templates/report.html.j2" in names
+    assert "llmtrial/templates/report.html.j2" in names and "llmtrial/templates/comparison.html.j2" in names
     assert {"llmtrial/patches/demo-worker-log/patch.yaml", "llmtrial/patches/demo-worker-log/patch.diff",
             "llmtrial/patches/demo-worker-log/hook.py"} <= names

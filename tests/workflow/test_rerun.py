@@ -23,6 +23,7 @@ from browser import PNG_MAGIC, chromium_available, visit
 from conftest import REPO
 from llmtrial.borrow.cleanup import outstanding
 from llmtrial.core.ledger import Ledger
+from llmtrial.core.records import load_record
 from llmtrial.host.groups import port_open
 from llmtrial.patch.patching import revert_patches
 from workflow_helpers import SNAKEMAKE, default_config
@@ -156,6 +157,17 @@ def test_the_default_trials_report_concludes_and_opens_offline(work):
     spread = tp1["scenarios"][0]["agreement"]["output_throughput"]
     mark = "unstable</span>: passes disagree by" if spread > 0.10 else "passes agree within"
     assert f"{mark} {100 * spread:.1f} %" in top  # judged against report.max_disagreement, 10 %
+    # every comparative sentence states its verdict at the stated level, the ratio with its interval; the line
+    # that says how is on the first screen, and each tp1/tp2 figure carries its interval over passes
+    assert "Confidence level 95 %." in top and "Welch&#39;s t on the logarithms of pass values" in top
+    c4 = next(line for line in top.split("<li>") if line.startswith("In scenario c4"))
+    assert "at 95 % confidence" in c4 or "is unstable" in c4
+    assert "(95 % CI " in c4 or "no interval" in c4
+    assert top.count("CI ") >= 2 * 2 * 7  # two configurations, two scenarios, seven figures
+    assert "requests CI " in top  # TTFT and TPOT from every request of the passes
+    requests = tp1["scenarios"][1]["pass_results"][0]["summary"]
+    assert len(requests["request_ttft_ms"]) == requests["completed"] == len(requests["request_tpot_ms"])
+    assert tp1["scenarios"][0]["repetition"]["level"] == 0.95 and "interval_width" in tp1["scenarios"][0]["repetition"]
     assert sorted(p.name for p in (results / "charts").glob("*.svg")) == [
         "latency.svg", "pareto.svg", "prediction.svg", "timeline-tp1.svg", "timeline-tp2.svg"]
     assert html.count("<svg") == 5 and html.count("The numbers in this chart") == 5
@@ -198,6 +210,46 @@ def test_the_first_run_served_each_configuration_as_planned(work, name, kv_token
     assert rec["server"]["stop"]["port_closed"] and rec["server"]["stop"]["survivors"] == []
 
 
+def one_sequence_at_a_time(work: Path) -> tuple[str, str]:
+    """The default trial's copy that the first run is compared with: tp1 only, one sequence at a time
+    (max_num_seqs 1), and c1 asking 16 output tokens in place of 32 (so c1 is not comparable); eager, as the
+    first run; `compare_with` names the first run's folder."""
+    config = default_config()
+    config["trial"] = "demo-seqs1"
+    config["serving"]["args"]["enforce_eager"] = True
+    config["configurations"]["tp1"]["args"]["max_num_seqs"] = 1
+    del config["configurations"]["tp2"]
+    config["scenarios"]["c1"]["output_len"] = 16
+    config["compare_with"] = "results/demo"
+    path = work / "seqs1.yaml"
+    path.write_text(json.dumps(config))
+    return "--configfile", str(path)
+
+
+def test_tp1_one_sequence_at_a_time_is_slower_at_c4_with_its_interval_and_c1_not_comparable(work):
+    run = run_trial(work, *one_sequence_at_a_time(work))
+    assert run.returncode == 0, run.stdout[-4000:]
+    folder = work / "results" / "demo-seqs1" / "comparison" / "demo"
+    record = load_record(folder / "comparison.json", "comparison")
+    assert (record.a.trial, record.b.trial) == ("demo", "demo-seqs1") and record.only_in_a == ["tp2"]
+    assert "configurations.tp1.args.max_num_seqs: unset in A, 1 in B" in record.changes
+    c4 = next(r for r in record.rows if (r.configuration, r.scenario, r.figure) == ("tp1", "c4", "output_tok_s"))
+    assert c4.verdict == "slower" and 0 < c4.low <= c4.ratio <= c4.high < 1, c4
+    assert c4.b.median < min(c4.a.values)  # four requests at a time served one by one
+    c1 = [r for r in record.rows if r.scenario == "c1"]
+    assert c1 and {r.verdict for r in c1} == {"not comparable"} and all(r.ratio is None for r in c1)
+    assert c1[0].reason == "not comparable: output_len (32 against 16) differ" and not record.workloads_match
+    html = (folder / "comparison.html").read_text()
+    assert "not comparable: output_len (32 against 16) differ" in html and "Confidence level 95 %." in html
+    assert "<script" not in html and html.count("<svg") >= 1
+    cli = subprocess.run([str(Path(sys.executable).parent / "llmtrial"), "compare", str(work / "results" / "demo"),
+                          str(work / "results" / "demo-seqs1"), "--json", "--no-write"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout)["rows"] == json.loads((folder / "comparison.json").read_text())["rows"]
+    assert running_and_healthy(work)  # the copy gave the demo service back too
+
+
 def test_a_second_run_after_a_complete_first_leaves_nothing_undone(work):
     first = records(work)[0]["run"]
     run = run_trial(work, "--forceall", *short(work))
@@ -231,6 +283,26 @@ def test_the_third_run_records_one_patch_and_one_quiet_of_its_own(work):
     assert html.split('<h2 id="cleanup">', 1)[1].count("<tr><td>demo-web</td>") == 1  # restored once, by this run
     assert "None: no earlier run of this trial left a change open." in html
     assert len({e["run"] for e in entries if e["action"] == "service_quiet"}) == 3  # three runs in one ledger
+
+
+def test_reproduce_reruns_the_third_run_into_a_new_folder_and_its_page_says_the_workloads_match(work):
+    """`llmtrial reproduce results/demo` (README): the trial as the third run ran it, under a new name, then the
+    comparison of the two under the new folder."""
+    cli = subprocess.run([str(Path(sys.executable).parent / "llmtrial"), "reproduce", "results/demo", "--cores", "all"],
+                         cwd=work, env=shell_env(), capture_output=True, text=True, timeout=1200, check=False)
+    assert cli.returncode == 0, cli.stdout[-3000:] + cli.stderr[-3000:]
+    new = work / "results" / "demo-reproduced"
+    ran = json.loads((new / "provenance.json").read_text())["config"]
+    third = json.loads((work / "results" / "demo" / "provenance.json").read_text())["config"]
+    assert ran == {**third, "trial": "demo-reproduced", "compare_with": None}
+    record = load_record(new / "comparison" / "demo" / "comparison.json", "comparison")
+    assert record.workloads_match and record.changes == [] and record.only_in_a == record.only_in_b == []
+    assert record.rows and {r.verdict for r in record.rows} <= {"no detectable difference", "unstable", "faster", "slower"}
+    html = (new / "comparison" / "demo" / "comparison.html").read_text()
+    assert "The workloads match" in html and "Nothing under test differs" in html
+    assert "workloads match" in cli.stdout and str(new / "comparison" / "demo" / "comparison.html") in cli.stdout
+    cleanup = json.loads((new / "cleanup" / "record.json").read_text())
+    assert cleanup["restored"] and running_and_healthy(work)
 
 
 def test_the_default_config_is_used_unchanged(work):

@@ -13,8 +13,8 @@ from llmtrial.compare.page import write_comparison
 from llmtrial.compare.reproduce import reproduce
 from llmtrial.compare.trials import TrialFolderError
 from llmtrial.config import ConfigError, load_config
-from llmtrial.core.joblog import open_job_log
 from llmtrial.core.comparison_model import ComparisonRecord
+from llmtrial.core.joblog import open_job_log
 from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.records import as_written
 from llmtrial.logs.engine_warnings import engine_warnings

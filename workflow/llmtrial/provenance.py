@@ -15,14 +15,13 @@ import copy
 import hashlib
 import json
 import os
-import shutil
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from llmtrial.config import validate_config
 from llmtrial.core.fileio import file_digest
+from llmtrial.core.gitstate import git_state
 from llmtrial.core.record_models import ProvenanceRecord, TrialFile
 from llmtrial.core.records import redact_argv, redact_config
 
@@ -30,7 +29,6 @@ from llmtrial.core.records import redact_argv, redact_config
 COMMAND_ENV = "LLMTRIAL_COMMAND"
 #: The trial file Snakemake reads when no ``--configfile`` is given.
 DEFAULT_CONFIGFILE = Path("config") / "config.yaml"
-GIT_TIMEOUT_S = 30
 
 
 def command_from_env(env: Mapping[str, str] | None = None) -> list[str] | None:
@@ -63,32 +61,6 @@ def trial_files(configfiles: list[str | os.PathLike[str]], repo: Path) -> list[T
         except OSError as exc:
             out.append(TrialFile(path=str(path), sha256=None, reason=f"cannot read: {exc.strerror or exc}"))
     return out
-
-
-def _git(repo: Path, *args: str) -> tuple[str | None, str | None]:
-    """(stdout, None) of ``git -C repo args...``, or (None, the reason it failed)."""
-    git = shutil.which("git")
-    if git is None:
-        return None, "git is not installed"
-    try:
-        proc = subprocess.run([git, "-C", str(repo), *args], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=GIT_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"git {args[0]} failed: {exc}"
-    if proc.returncode != 0:
-        why = proc.stderr.strip().splitlines()
-        return None, f"git {args[0]} exited {proc.returncode}: {why[0] if why else 'no message'}"
-    return proc.stdout, None
-
-
-def git_state(repo: Path) -> dict[str, Any]:
-    """``commit`` (HEAD), ``dirty`` (tracked files changed) and ``git_reason`` (why either is
-    None: not a git checkout, git missing, no commit yet)."""
-    head, head_why = _git(repo, "rev-parse", "HEAD")
-    status, status_why = _git(repo, "status", "--porcelain", "--untracked-files=no")
-    return {"commit": head.strip() if head else None,
-            "dirty": None if status is None else bool(status.strip()),
-            "git_reason": head_why or status_why}
 
 
 def collect(config: Mapping[str, Any], *, configfiles: list[str | os.PathLike[str]], command: list[str] | None,

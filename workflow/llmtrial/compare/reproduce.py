@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from llmtrial.compare.trials import TrialFolderError, TrialResults
+from llmtrial.core.gitstate import git_state
 from llmtrial.core.paths import RESULTS, TrialPaths
 from llmtrial.core.records import REDACTED
-from llmtrial.provenance import git_state
 
 #: The checkout this library runs from (its Snakefile is what reruns the trial).
 REPO = Path(__file__).resolve().parents[3]

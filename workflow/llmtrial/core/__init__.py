@@ -1,10 +1,14 @@
 """The shared core: the ledger, the stage records and their models, the trial's paths, file I/O, the
 package's data and job logs. It imports no other package.
 
+- :mod:`llmtrial.core.comparison_model`: The comparison record's model: one trial against another, what
+  differs, and each figure's ratio with its interval and verdict.
 - :mod:`llmtrial.core.configuration_model`: The configuration record's model: what one serving
   configuration's job measured, its scenarios, server, failure and telemetry.
 - :mod:`llmtrial.core.fileio`: Two file routines the whole library shares: hashing a file and
   writing one atomically.
+- :mod:`llmtrial.core.gitstate`: The project checkout's state: its commit and whether its tracked files
+  are changed.
 - :mod:`llmtrial.core.joblog`: Logging for one workflow job or command: everything to one log file,
   with timestamps.
 - :mod:`llmtrial.core.ledger`: The trial ledger: an append-only record of every change a trial makes
@@ -14,10 +18,12 @@ package's data and job logs. It imports no other package.
   the nodes, the kernel log, the probes and the disk.
 - :mod:`llmtrial.core.record_base`: The base of every record model and the parts several record kinds
   share: a check, a fact, a residue.
-- :mod:`llmtrial.core.record_models`: Typed models of the eight record kinds: the one statement of each
+- :mod:`llmtrial.core.record_models`: Typed models of the nine record kinds: the one statement of each
   record's shape, its JSON Schema (``schemas/<kind>.record.schema.json``) generated from it.
 - :mod:`llmtrial.core.records`: Stage records: the JSON files that stages hand to each other and to
   the report.
+- :mod:`llmtrial.core.stats`: The statistics behind every verdict: intervals over passes, over
+  requests, and of a ratio (Student t, percentile bootstrap, Welch's t).
 - :mod:`llmtrial.core.scenario_model`: A scenario's parts in the configuration record: its passes,
   their summaries and windows, a sweep's steps and onset, the repetition's outcome.
 - :mod:`llmtrial.core.resources`: The files the library ships as package data: record and config
@@ -27,5 +33,5 @@ package's data and job logs. It imports no other package.
 Imports from: no other package. (tests/test_structure.py holds the order.)
 """
 
-__all__ = ["configuration_model", "fileio", "joblog", "ledger", "paths", "preflight_model", "record_base", "record_models",
-           "records", "resources", "scenario_model"]
+__all__ = ["comparison_model", "configuration_model", "fileio", "gitstate", "joblog", "ledger", "paths", "preflight_model",
+           "record_base", "record_models", "records", "resources", "scenario_model", "stats"]

@@ -1,8 +1,9 @@
-"""Typed models of the eight record kinds: the one statement of each record's shape, its JSON Schema
+"""Typed models of the nine record kinds: the one statement of each record's shape, its JSON Schema
 generated from it.
 
 Each kind is one pydantic model (the preflight record's in :mod:`llmtrial.core.preflight_model`, the
-configuration record's in :mod:`llmtrial.core.configuration_model`, the parts several kinds share in
+configuration record's in :mod:`llmtrial.core.configuration_model`, the comparison record's in
+:mod:`llmtrial.core.comparison_model`, the parts several kinds share in
 :mod:`llmtrial.core.record_base`, the others here). :func:`record_schema` is a kind's JSON Schema; the
 package ships each as ``schemas/<kind>.record.schema.json``, written by :func:`write_schemas`::
 

@@ -11,9 +11,11 @@
   from the records only.
 - :mod:`llmtrial.report.sweeps`: What the trial's sweeps show, worked out from the configuration
   records alone.
+- :mod:`llmtrial.report.verdicts`: Verdicts between two sets of pass values, in the words the report
+  and the comparison page use.
 
 Imports from: core, logs, host, plan, weights, patch, borrow, serve. (tests/test_structure.py holds
 the order.)
 """
 
-__all__ = ["charts", "conclusions", "render", "spans", "sweeps"]
+__all__ = ["charts", "conclusions", "render", "spans", "sweeps", "verdicts"]
