@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from browser import chromium_available, visit
 from conftest import DATA, REPO
 from llmtrial import provenance
 from llmtrial.cli import main
@@ -22,8 +23,10 @@ from llmtrial.compare.comparison import compare_trials
 from llmtrial.compare.page import comparison_folder, write_comparison
 from llmtrial.compare.reproduce import reproduce, trial_file
 from llmtrial.compare.trials import TrialFolderError, TrialResults
+from llmtrial.config import validate_config
 from llmtrial.core.paths import TrialPaths
 from llmtrial.core.records import load_record, read_record, write_record
+from llmtrial.core.stats import ratio_test
 from workflow_helpers import default_config
 
 DEMO = DATA / "demo"
@@ -187,7 +190,6 @@ def test_the_reproduced_trial_file_is_the_trial_as_it_ran_renamed_and_valid(tmp_
     a = trial_folder(tmp_path, "a", recorded_at=1.0)
     original = TrialResults.load(a)
     config = trial_file(original, "a-reproduced")
-    from llmtrial.config import validate_config
     assert validate_config(copy.deepcopy(config)) == config
     assert config["trial"] == "a-reproduced" and config["scenarios"] == original.config["scenarios"]
     write_comparison(compare_trials(a, a))
@@ -197,5 +199,16 @@ def test_the_reproduced_trial_file_is_the_trial_as_it_ran_renamed_and_valid(tmp_
 def test_geometric_ratio_is_the_ratio_reported():
     a, b = [847.6, 861.9, 484.7], [558.0, 560.2, 551.9]
     geo = math.exp(statistics.fmean(map(math.log, a)) - statistics.fmean(map(math.log, b)))
-    from llmtrial.core.stats import ratio_test
     assert ratio_test(a, b).ratio == pytest.approx(geo)
+
+
+def test_the_comparison_page_opens_offline_asks_for_nothing_and_fits_the_window(tmp_path):
+    if not chromium_available():
+        pytest.skip("chromium not installed (make test installs it)")
+    a = trial_folder(tmp_path, "a", recorded_at=1.0)
+    b = trial_folder(tmp_path, "b", recorded_at=2.0, record_change=scale_c4(0.4),
+                     config_change=lambda c: c["scenarios"]["c1"].update(output_len=16))
+    _record, page = write_comparison(compare_trials(a, b))
+    seen = visit(page, tmp_path / "first-screen.png")
+    assert seen.requests == [] and seen.errors == [] and seen.too_wide == [], (seen.requests, seen.errors, seen.too_wide)
+    assert seen.title == "llmtrial comparison: b against a" and "not comparable: output_len (32 against 16) differ" in seen.dom

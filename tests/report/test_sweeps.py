@@ -46,7 +46,8 @@ def test_the_onset_is_compared_step_by_step_and_said_in_words():
     assert tp2["sentences"][0] == ("tp2 first preempted at concurrency 8 (step 4); the planner predicted "
                                    "concurrency 4 (step 3): one step late (1 step, 4 requests).")
     assert tp2["sentences"][1].startswith("tp2 first had requests waiting at concurrency 8 (step 4)")
-    assert tp1["sentences"][2] == "tp1 delivers the most output tok/s at concurrency 4 (88.2 tok/s, step 3 of 4)."
+    assert tp1["sentences"][2] == ("tp1 delivers the most output tok/s at concurrency 4 (88.2 tok/s, step 3 of 4; one pass "
+                                   "per step, so no interval and no verdict between steps).")
 
 
 def test_no_onset_predicted_or_seen_and_one_predicted_but_never_seen():

@@ -140,7 +140,8 @@ def _peak_sentence(name: str, rows: list[Mapping[str, Any]]) -> list[str]:
         return [f"{name}: no step of this sweep completed."]
     best = max(timed, key=lambda r: r["output_tok_s"])
     return [f"{name} delivers the most output tok/s at concurrency {best['concurrency']} "
-            f"({best['output_tok_s']:,.1f} tok/s, step {best['step']} of {len(rows)})."]
+            f"({best['output_tok_s']:,.1f} tok/s, step {best['step']} of {len(rows)}; one pass per step, so no "
+            "interval and no verdict between steps)."]
 
 
 def sweep_tables(configurations: Iterable[ConfigurationRecord]) -> list[dict[str, Any]]:
