@@ -302,6 +302,16 @@ def test_the_warm_up_pass_is_in_no_figure_and_the_repetition_says_why_passes_sto
     assert t["passes_asked"] == "2–6 passes, stopping once they agree within 10.0 %"
 
 
+def test_a_scenario_under_the_interval_rule_says_the_interval_it_reached():
+    rep = Repetition(min=2, max=8, agreement=None, interval=0.10, level=0.95, passes_run=4, spread=0.06,
+                     interval_width=0.083, stopped="agreed")
+    assert repetition_note(rep) == ("4 passes: stopped once they agreed with their 95 % interval within 10.0 % of the "
+                                    "median (width 8.3 %)")
+    both = rep.model_copy(update={"agreement": 0.10, "stopped": "max_reached", "passes_run": 8, "interval_width": 0.21})
+    assert repetition_note(both) == ("8 passes, the most allowed: they never agreed within 10.0 % (spread 6.0 %) and with "
+                                     "their 95 % interval within 10.0 % of the median (width 21.0 %)")
+
+
 def test_records_without_the_new_keys_read_as_fixed_passes_without_a_warm_up():
     tp1, tp2 = records()
     assert all("kind" not in s and "repetition" not in s for s in tp1["scenarios"])

@@ -222,6 +222,26 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_comparison_commands(sub: argparse._SubParsersAction) -> None:
+    """``compare`` and ``reproduce``: trial against trial."""
+    p = sub.add_parser("compare", help="two trials' results folders: what differs, and each figure's verdict")
+    p.add_argument("a", help="a results folder (results/<trial>); the earlier of the two is A")
+    p.add_argument("b", help="the other results folder; the comparison is written under the later one's")
+    p.add_argument("--level", type=float, help="confidence level (default: the later trial's statistics.level)")
+    p.add_argument("--json", action="store_true", help="print the comparison record")
+    p.add_argument("--no-write", action="store_true", help="print only; write no record or page")
+    p.set_defaults(func=_compare)
+
+    p = sub.add_parser("reproduce", help="rerun a trial from its results folder's provenance, then compare the two")
+    p.add_argument("results_dir", help="results/<trial> of the trial to rerun")
+    p.add_argument("--as", dest="as_name", help="the new trial's name (default: <trial>-reproduced)")
+    p.add_argument("--directory", default=".", help="snakemake's working directory (results/ lies under it)")
+    p.add_argument("--cores", default="all", help="snakemake's --cores")
+    p.add_argument("--anyway", action="store_true",
+                   help="rerun even where the project's commit, vLLM's version or the host differs from the original")
+    p.set_defaults(func=_reproduce)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llmtrial", description="Serving trials of LLMs with vLLM.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -265,22 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--patches-dir", help="folder of patches (default: workflow/llmtrial/patches)")
     p.set_defaults(func=_patches)
 
-    p = sub.add_parser("compare", help="two trials' results folders: what differs, and each figure's verdict")
-    p.add_argument("a", help="a results folder (results/<trial>); the earlier of the two is A")
-    p.add_argument("b", help="the other results folder; the comparison is written under the later one's")
-    p.add_argument("--level", type=float, help="confidence level (default: the later trial's statistics.level)")
-    p.add_argument("--json", action="store_true", help="print the comparison record")
-    p.add_argument("--no-write", action="store_true", help="print only; write no record or page")
-    p.set_defaults(func=_compare)
-
-    p = sub.add_parser("reproduce", help="rerun a trial from its results folder's provenance, then compare the two")
-    p.add_argument("results_dir", help="results/<trial> of the trial to rerun")
-    p.add_argument("--as", dest="as_name", help="the new trial's name (default: <trial>-reproduced)")
-    p.add_argument("--directory", default=".", help="snakemake's working directory (results/ lies under it)")
-    p.add_argument("--cores", default="all", help="snakemake's --cores")
-    p.add_argument("--anyway", action="store_true",
-                   help="rerun even where the project's commit, vLLM's version or the host differs from the original")
-    p.set_defaults(func=_reproduce)
+    add_comparison_commands(sub)
 
     p = sub.add_parser("validate", help="check a trial configuration file against the schema")
     p.add_argument("config")

@@ -202,15 +202,23 @@ def _pct(x: float | None) -> str:
     return f"{100 * x:.1f} %" if x is not None else "unknown"
 
 
+def _rules(rep: Repetition) -> str:
+    """The stopping rules a scenario ran under, with the figure each reached."""
+    rules = [f"within {_pct(rep.agreement)} (spread {_pct(rep.spread)})"] if rep.agreement is not None else []
+    if rep.interval is not None:
+        level = f"{100 * rep.level:g} % " if rep.level is not None else ""
+        rules.append(f"with their {level}interval within {_pct(rep.interval)} of the median (width {_pct(rep.interval_width)})")
+    return " and ".join(rules) or "under no rule"
+
+
 def repetition_note(rep: Repetition, warmup: Pass | None = None) -> str:
     """One line: how many passes ran, why they stopped, and whether a warm-up pass came first."""
     n, stopped = rep.passes_run, rep.stopped
     passes = f"{n} pass{'es' if n != 1 else ''}"
     if stopped == "agreed":
-        text = f"{passes}: stopped once they agreed within {_pct(rep.agreement)} (spread {_pct(rep.spread)})"
+        text = f"{passes}: stopped once they agreed {_rules(rep)}"
     elif stopped == "max_reached":
-        text = (f"{passes}, the most allowed: they never agreed within {_pct(rep.agreement)} "
-                f"(spread {_pct(rep.spread)})")
+        text = f"{passes}, the most allowed: they never agreed {_rules(rep)}"
     elif stopped == "failed":
         text = f"{passes}: stopped when pass {n} failed"
     else:
@@ -225,7 +233,8 @@ def repetition_noteworthy(entry: Scenario | None) -> bool:
     if entry is None:
         return False
     rep = entry.repetition
-    return bool(entry.warmup) or bool(rep and (rep.agreement is not None or rep.stopped != "fixed"))
+    return bool(entry.warmup) or bool(rep and (rep.agreement is not None or rep.interval is not None
+                                               or rep.stopped != "fixed"))
 
 
 def warmup_note(warmup: Pass | None) -> str | None:
