@@ -84,7 +84,7 @@ def main() -> int:
     interval = passes_run(run_trial(work, "interval", interval_rule))
     for key in interval:
         counts = [s[key] for s in spread if key in s]
-        print(f"{key}: spread rule (agreement 10 %, 2-4 passes) ran {statistics.fmean(counts):.1f} passes on average "
+        print(f"{key}: spread rule (agreement 10 %, 3-6 passes) ran {statistics.fmean(counts):.1f} passes on average "
               f"({min(counts)}-{max(counts)}); interval rule (95 % interval within 10 %, 2-8 passes) ran {interval[key]}")
     print(f"working directory: {work}")
     return 0

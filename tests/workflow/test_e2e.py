@@ -67,7 +67,7 @@ def trial(tmp_path_factory):
     # host sample (test_host_telemetry_covers_startup_and_every_pass), which 1 s does not promise
     config["telemetry"]["interval_s"] = 0.5
     for spec in config["scenarios"].values():  # two or three passes: what these tests check holds at any count
-        spec["passes"]["max"] = 3
+        spec["passes"].update(min=2, max=3)
     demo_port = free_base_port(BASE_PORT + 90, 1)
     config["services"] = {"demo-web": demo_service(work / "demo", demo_port)}
     subprocess.run(config["services"]["demo-web"]["start"], check=True, timeout=60)  # the host's resident service
