@@ -17,6 +17,7 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 
+from llmtrial.answers.tasks import TaskSetError, task_set
 from llmtrial.core.resources import SCHEMAS
 from llmtrial.host.gpus import check_pinning
 from llmtrial.host.nodes import check_nodes
@@ -86,6 +87,11 @@ def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH, *, 
     if baseline is not None and baseline not in config["configurations"]:
         problems.append(f"{source} key 'report.baseline': {baseline!r} is not a "
                         f"configuration of this trial ({', '.join(config['configurations'])})")
+    if config.get("outputs"):
+        try:
+            task_set(config["outputs"])
+        except TaskSetError as exc:
+            problems.append(f"{source} key 'outputs': {exc}")
     problems += [f"{source} key '{key}': {message}" for key, message in [*_check_args(config), *check_nodes(config),
                                                                           *check_patch_modes(config),
                                                                           *check_pinning(config)]]
@@ -105,6 +111,12 @@ def _check_args(config: dict[str, Any]) -> list[tuple[str, str]]:
         except ValueError as exc:
             out.append((key, str(exc)))
     return out
+
+
+def task_params(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The trial's task set as plain data (a rule's params, so a changed task file reruns the
+    configurations); empty when ``outputs`` is null."""
+    return [t.model_dump(mode="json") for t in task_set(config["outputs"])] if config.get("outputs") else []
 
 
 def load_config(path: str | Path) -> dict[str, Any]:

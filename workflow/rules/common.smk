@@ -17,6 +17,7 @@ from llmtrial.config import (
     configuration_port,
     configuration_spec,
     scenario_contexts,
+    task_params,
     validate_config,
 )
 

@@ -39,6 +39,8 @@ rule trial:
         cold_start=config["cold_start"],
         telemetry=config["telemetry"],
         statistics=config["statistics"],
+        outputs=config["outputs"],
+        tasks=task_params(config),
         services=services_on_nodes(config),
         results=str(TRIAL_PATHS.root),
         patches=config["patches"],

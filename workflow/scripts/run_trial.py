@@ -3,6 +3,7 @@
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from llmtrial.core.answers_model import Task
 from llmtrial.core.joblog import open_job_log
 from llmtrial.core.paths import JobPaths, TrialPaths
 from llmtrial.core.records import read_record
@@ -24,7 +25,8 @@ TrialJob(
     workload=Workload(served_model_name=snakemake.params.served_model_name, scenarios=snakemake.params.scenarios,
                       bench_settings=snakemake.params.bench, cold_start=snakemake.params.cold_start,
                       telemetry_interval=float(snakemake.params.telemetry["interval_s"]),
-                      level=float(snakemake.params.statistics["level"])),
+                      level=float(snakemake.params.statistics["level"]), outputs=snakemake.params.outputs,
+                      tasks=tuple(Task.model_validate(t) for t in snakemake.params.tasks)),
     paths=JobPaths(TrialPaths(Path(snakemake.params.results)), snakemake.wildcards.configuration),
     patches=snakemake.params.patches,
     nodes=spec_nodes(snakemake.params.spec),

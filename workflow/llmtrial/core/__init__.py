@@ -1,6 +1,8 @@
 """The shared core: the ledger, the stage records and their models, the trial's paths, file I/O, the
 package's data and job logs. It imports no other package.
 
+- :mod:`llmtrial.core.answers_model`: The answers part of a configuration record: the task set,
+  each answer and its grade, each run.
 - :mod:`llmtrial.core.comparison_model`: The comparison record's model: one trial against another, what
   differs, and each figure's ratio with its interval and verdict.
 - :mod:`llmtrial.core.configuration_model`: The configuration record's model: what one serving
@@ -33,5 +35,5 @@ package's data and job logs. It imports no other package.
 Imports from: no other package. (tests/test_structure.py holds the order.)
 """
 
-__all__ = ["comparison_model", "configuration_model", "fileio", "gitstate", "joblog", "ledger", "paths", "preflight_model",
+__all__ = ["answers_model", "comparison_model", "configuration_model", "fileio", "gitstate", "joblog", "ledger", "paths", "preflight_model",
            "record_base", "record_models", "records", "resources", "scenario_model", "stats"]

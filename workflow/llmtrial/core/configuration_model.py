@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from llmtrial.core.answers_model import Answers
 from llmtrial.core.record_base import Fact, HeldGpu, Maybe, Number, RecordModel, Rows, Verdict
 from llmtrial.core.scenario_model import Scenario, WindowFigures
 
@@ -388,6 +389,9 @@ class ConfigurationRecord(RecordModel):
         "and model folder."))
     collective: Maybe[CollectiveSummary] = Field(None, description=(
         "Only for a configuration across nodes: the all-reduce sanity check across them before the server."))
+    answers: Maybe[Answers] = Field(None, description=(
+        "The trial's task set (outputs) asked of the server after the passes, each answer graded, and of a server "
+        "launched with the patch flags off where a flag was on; absent when no set was asked."))
     throughput_bound: list[ThroughputBound] = Field([], description=(
         "Each ok pass or sweep step beside the plan's estimated decode throughput bound (llmtrial.plan.ceiling) "
         "at its concurrency; empty when the plan has none (no memory bandwidth measured). Records written before "

@@ -16,6 +16,8 @@ import contextlib
 import hashlib
 import os
 import secrets
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -23,7 +25,7 @@ from typing import IO, TYPE_CHECKING
 if TYPE_CHECKING:
     from hashlib import _Hash
 
-__all__ = ["CHUNK", "file_digest", "sha256_file", "atomic_write_bytes", "atomic_write_text"]
+__all__ = ["CHUNK", "file_digest", "sha256_file", "atomic_write_bytes", "atomic_write_text", "sibling_dir", "replace_dir"]
 
 #: Files are read in 1 MiB chunks.
 CHUNK = 1 << 20
@@ -83,3 +85,28 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int |
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically; see :func:`atomic_write_bytes`."""
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def sibling_dir(dest: Path, tag: str) -> Path:
+    """A fresh hidden folder next to ``dest`` (same filesystem, so rename is atomic)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{dest.name}.{tag}-", dir=dest.parent))
+
+
+def replace_dir(new: Path, dest: Path) -> None:
+    """Move the complete folder ``new`` to ``dest``, replacing any existing ``dest``."""
+    if dest.exists() or dest.is_symlink():
+        old = sibling_dir(dest, "old")
+        old.rmdir()
+        os.replace(dest, old)
+        try:
+            os.replace(new, dest)
+        except BaseException:
+            os.replace(old, dest)  # put the previous model back
+            raise
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
+    else:
+        os.replace(new, dest)

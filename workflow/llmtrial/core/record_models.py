@@ -130,6 +130,19 @@ class HubSource(RecordModel):
     commit: Any
 
 
+class GgufOrigin(RecordModel):
+    """The GGUF file a staged folder was dequantized from (llmtrial.weights.gguf)."""
+
+    file: str = Field(description="The .gguf file read.")
+    size: NonNegInt = Field(description="Its bytes.")
+    sha256: Sha256 = Field(description="Its sha256, hex.")
+    package: str | None = Field(description="The Python distribution holding it, or null for a plain path.")
+    package_version: str | None = Field(description="That distribution's installed version.")
+    architecture: str = Field(description="The header's general.architecture.")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(description="What the weights were dequantized to.")
+    transformers: str = Field(description="The transformers version that dequantized it.")
+
+
 class NodeCopy(RecordModel):
     """Where the model lies on one node."""
 
@@ -161,7 +174,7 @@ class ManifestRecord(RecordModel):
     model_config = ConfigDict(title="model manifest")
 
     model_dir: str = Field(description="The folder the server loads.")
-    source: dict[str, Any] = Field(description="The model source from the config (kind tiny, local, hub or archive).")
+    source: dict[str, Any] = Field(description="The model source from the config (kind tiny, local, hub, archive or gguf).")
     files: list[ManifestFile] = Field(description="Every file of the model folder.")
     total_bytes: NonNegInt = Field(description="Sum of the files' sizes.")
     created: str = Field(description="ISO 8601 time the manifest was made.")
@@ -170,6 +183,10 @@ class ManifestRecord(RecordModel):
         "Kind hub or archive, the repository, revision and the commit it resolved to."))
     fetch: Maybe[dict[str, Any]] = Field(None, description="Kind hub: files and bytes downloaded, reused, retries.")
     headroom: Maybe[list[Any]] = Field(None, description="Kind hub: the headroom of each filesystem written to.")
+    gguf: Maybe[GgufOrigin] = Field(None, description="Kind gguf: the file the folder was dequantized from.")
+    conversion: Maybe[dict[str, Any]] = Field(None, description=(
+        "Kind gguf, when it was converted (not reused): seconds, peak resident bytes, transformers version and "
+        "whether a chat template came with the tokenizer."))
     archived_at: Maybe[float] = Field(None, description="An archive's copy: Unix time it was archived.")
     archived_from: Maybe[str] = Field(None, description="An archive's copy: the staged folder it came from.")
     nodes: Maybe[dict[str, NodeCopy]] = Field(None, description=(

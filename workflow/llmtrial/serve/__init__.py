@@ -1,6 +1,8 @@
 """Serving and measuring one configuration: the server process, vLLM's serving benchmark, scenarios and
 sweeps, telemetry, multi-node serving, and the trial job in its phases.
 
+- :mod:`llmtrial.serve.answers_job`: A configuration's answers: the set asked of the passes'
+  server and of a launch with the patch flags off.
 - :mod:`llmtrial.serve.bench`: Benchmark scenarios: vLLM's serving benchmark per pass, and the cold
   first request.
 - :mod:`llmtrial.serve.comparison`: The comparison phase of one configuration's job, after its
@@ -36,4 +38,4 @@ Imports from: core, logs, host, plan, weights, patch, borrow. (tests/test_struct
 order.)
 """
 
-__all__ = ["bench", "comparison", "measure", "multinode", "multinode_job", "nodetelemetry", "onset", "scenarios", "server", "telemetry", "trial", "vllm_bench"]
+__all__ = ["answers_job", "bench", "comparison", "measure", "multinode", "multinode_job", "nodetelemetry", "onset", "scenarios", "server", "telemetry", "trial", "vllm_bench"]

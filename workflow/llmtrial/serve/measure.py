@@ -14,9 +14,11 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from llmtrial.answers.ask import run_set
+from llmtrial.core.answers_model import AnswerRun, Task
 from llmtrial.core.configuration_model import ColdStart
 from llmtrial.core.configuration_model import Failure as FailureRecord
 from llmtrial.core.ledger import Ledger
@@ -91,6 +93,8 @@ class Served:
     bench_worker: dict[str, Any]
     #: The first phase that failed, or None.
     failure: FailureRecord | None
+    #: The task set asked after the passes (``outputs``), or None when none was asked.
+    answers: AnswerRun | None = None
 
     @property
     def ready(self) -> bool:
@@ -111,6 +115,15 @@ class Workload:
     telemetry_interval: float
     #: The confidence level of the passes' interval rule (``statistics.level``).
     level: float = DEFAULT_LEVEL
+    #: The trial's ``outputs`` settings and its task set, asked after the passes (None: no set).
+    outputs: Mapping[str, Any] | None = None
+    tasks: tuple[Task, ...] = ()
+
+    def ask(self, host: str, port: int, *, launch: str, flags: Mapping[str, bool], **parts: Any) -> AnswerRun:
+        """The task set asked of the server at ``host:port``."""
+        assert self.outputs is not None
+        return run_set(f"http://{host}:{port}", self.tasks, settings=self.outputs, model=self.served_model_name,
+                       launch=launch, flags=flags, **parts)
 
 
 @dataclass
@@ -130,6 +143,8 @@ class Measurement:
     block_size: int | None = None
     #: The nodes a multi-node configuration spans (each samples its own telemetry).
     nodes: Sequence[Node] = ()
+    #: Each applied patch by name: its flag on in this server (what the answers record says).
+    flags: Mapping[str, bool] = field(default_factory=dict)
 
     def serve(self, ledger: Ledger, server: ServerProcess) -> Served:
         """Start ``server`` under the sampler, run the phases, stop it: the measurement's parts of the record
@@ -143,6 +158,7 @@ class Measurement:
         scenarios: list[dict[str, Any]] = []
         windows: list[tuple[dict[str, Any], float, float]] = []
         failure: Failure | None = None
+        answers: AnswerRun | None = None
         worker = bench.BenchWorker(log_path=self.paths.bench_dir / "worker.log")  # every pass of this job
         per_node = (NodeTelemetry(ledger, self.nodes, label=self.label, out_csv=self.paths.node_telemetry,
                                   interval=self.workload.telemetry_interval) if len(self.nodes) > 1 else contextlib.nullcontext())
@@ -152,6 +168,8 @@ class Measurement:
                 started, startup, cold = self._start(server, host_source)
                 cold.update(self.first_request())
                 failure = self._scenarios(server, sampler, worker, windows, scenarios)
+                if self.workload.outputs and failure is None:
+                    answers = self.workload.ask(self.host, self.port, launch="passes", flags=self.flags)
             except Failure as raised:
                 failure = raised
             finally:
@@ -171,7 +189,7 @@ class Measurement:
         return Served(server={**started, **stopped}, startup=startup, cold_start=ColdStart.model_validate(cold),
                       scenarios=[Scenario.model_validate(entry) for entry in scenarios], telemetry=telemetry,
                       bench_worker={"bench_import_s": worker.import_s, "bench_workers": worker.starts},
-                      failure=failure.as_record() if failure is not None else None)
+                      failure=failure.as_record() if failure is not None else None, answers=answers)
 
     def _stopped(self, server: ServerProcess) -> dict[str, Any]:
         """Stop ``server``: how it stopped, its pid, and a multi-node server's ranks."""

@@ -34,6 +34,7 @@ from llmtrial.host.nodes import Node
 from llmtrial.logs.lines import read_log
 from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve import comparison
+from llmtrial.serve.answers_job import FLAGS_OFF_LOG, answers_part, flags_off_env, flags_off_run, patch_flags, wants_flags_off
 from llmtrial.serve.measure import Failure, Measurement, Served, Workload
 from llmtrial.serve.multinode_job import Spread, node_outcomes
 from llmtrial.serve.server import ServerProcess, build_server_argv
@@ -96,13 +97,28 @@ class TrialJob:
         return build_server_argv(model_dir=self.model_dir, served_model_name=self.workload.served_model_name,
                                  host=self.host, port=self.port, args=ServingArgs.from_config(args, self.spec["env"]))
 
-    def measurement(self) -> Measurement:
+    def measurement(self, flags: Mapping[str, bool] | None = None) -> Measurement:
         return Measurement(
             name=self.spec["name"], label=self.label, host=self.host, port=self.port,
             model_dir=self.model_dir, workload=self.workload,
             startup_timeout_s=float(self.spec["startup_timeout_s"]), paths=self.paths,
             gpus=[g["index"] for g in self.gpus], block_size=(self.plan.get("plan") or {}).get("block_size"),
-            nodes=self.nodes)
+            nodes=self.nodes, flags=dict(flags or {}))
+
+    def answers(self, served: Served, ledger: Ledger, env: Mapping[str, str], patches: list[dict[str, Any]],
+                flags: Mapping[str, bool]) -> dict[str, Any]:
+        """The record's answers: the passes' server's run, then a launch with the patch flags off
+        when a flag is on (``outputs.patch_off``)."""
+        runs = [served.answers] if served.answers is not None else []
+        if runs and served.failure is None and wants_flags_off(self.workload, flags, self.spread is not None):
+            log_path = self.paths.out_dir / FLAGS_OFF_LOG
+            server = ServerProcess(self.argv(), ledger=ledger, host=self.host, port=self.port, log_path=log_path,
+                                   env=flags_off_env(env, patches), stop_timeout=float(self.spec["stop_timeout_s"]),
+                                   label=f"{self.label} (patch flags off)")
+            runs.append(flags_off_run(self.workload, server, flags=flags, log_rel=self.paths.rel(log_path),
+                                      startup_timeout_s=float(self.spec["startup_timeout_s"])))
+        part = answers_part(self.workload, runs)
+        return {} if part is None else {"answers": part}
 
     def run(self) -> ConfigurationRecord:
         """Run the configuration end to end and write its record; returns the record.
@@ -137,7 +153,9 @@ class TrialJob:
                 return self._not_served(job_start, argv, "failed", Failure("sanity_check", "collective_failed",
                                                                            parts["collective"].diagnosis), **parts)
         job = ledger.append(Action.JOB_STARTED, label=self.label, pid=os.getpid(), create_time=psutil.Process().create_time())
-        served = self.measurement().serve(ledger, self._server(ledger, env, envs))
+        flags = patch_flags(ready.patched["patches"], env)
+        served = self.measurement(flags).serve(ledger, self._server(ledger, env, envs))
+        parts.update(self.answers(served, ledger, env, ready.patched["patches"], flags))
         record = self._served(job_start, argv, served, ledger=ledger, ready=ready, env=env, envs=envs, parts=parts)
         write_record(self.paths.record, record, schema="configuration")
         ledger.append(Action.JOB_FINISHED, label=self.label, pid=os.getpid(), undoes=job["id"])
@@ -205,6 +223,7 @@ class TrialJob:
         shutil.rmtree(self.paths.bench_dir, ignore_errors=True)  # never mix passes of an earlier run
         self.paths.bench_dir.mkdir(parents=True)
         self.paths.server_log.unlink(missing_ok=True)
+        (self.paths.out_dir / FLAGS_OFF_LOG).unlink(missing_ok=True)
         for rank_log in [*self.paths.out_dir.glob("server-*.log"), *self.paths.out_dir.glob("ray-*.log")]:
             rank_log.unlink()  # other nodes' logs of an earlier run
         self.paths.node_telemetry.unlink(missing_ok=True)

@@ -1,6 +1,8 @@
 """The model's weights: sources (tiny, local, Hub), staging with a manifest, copies on other nodes, and
 the keep / archive / delete policy after a trial.
 
+- :mod:`llmtrial.weights.gguf`: A GGUF checkpoint as a model source: found, its header read,
+  dequantized into a Hugging Face folder.
 - :mod:`llmtrial.weights.hub`: Staging from the Hugging Face Hub: commit, headroom, download,
   verification, resume.
 - :mod:`llmtrial.weights.manifest`: A staged model's manifest: every file with its size and sha256,
@@ -19,4 +21,4 @@ the keep / archive / delete policy after a trial.
 Imports from: core, logs, host, plan. (tests/test_structure.py holds the order.)
 """
 
-__all__ = ["hub", "manifest", "model_source", "node_weights", "policy", "staging", "tiny"]
+__all__ = ["gguf", "hub", "manifest", "model_source", "node_weights", "policy", "staging", "tiny"]

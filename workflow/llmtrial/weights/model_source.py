@@ -2,7 +2,7 @@
 
 The planner and preflight need to know the model before the model stage has run: the
 config.json (computed for ``tiny``, read for ``local``, read from an archive or fetched
-alone from the Hub for ``hub``), the weight bytes to plan on (staged files first, the
+alone from the Hub for ``hub``, read from the file's header for ``gguf``), the weight bytes to plan on (staged files first, the
 Hub's own file sizes second) and the bytes staging will write. Nothing here writes into
 the staging folder.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtrial.plan.checkpoint import WeightsSize
-from llmtrial.weights import hub
+from llmtrial.weights import gguf, hub
 from llmtrial.weights.policy import find_archive
 from llmtrial.weights.tiny import tiny_config, tiny_sizes
 
@@ -75,6 +75,8 @@ def model_config_for(source: Mapping[str, Any], *, archive_dir: str | Path | Non
     kind = source.get("kind")
     if kind == "tiny":
         return tiny_config(source)
+    if kind == "gguf":
+        return gguf.gguf_config(gguf.read_header(gguf.find_gguf(source)))
     if kind == "local":
         path = check_local_model(Path(str(source.get("path"))))
         return json.loads((path / "config.json").read_text(encoding="utf-8"))
@@ -91,9 +93,13 @@ def model_config_for(source: Mapping[str, Any], *, archive_dir: str | Path | Non
 def staged_size_estimate(source: Mapping[str, Any]) -> tuple[int, int]:
     """(bytes, files) staging will write, for the disk-headroom check before staging.
 
-    ``tiny``: its bf16 weights plus 1 MiB for the tokenizer and configs; ``local``:
-    nothing (served in place); ``hub``: not known yet (0).
+    ``tiny``: its bf16 weights plus 1 MiB for the tokenizer and configs; ``gguf``: its
+    dequantized weights plus 8 MiB; ``local``: nothing (served in place); ``hub``: not
+    known yet (0).
     """
+    if source.get("kind") == "gguf":
+        header = gguf.read_header(gguf.find_gguf(source))
+        return gguf.dequantized_bytes(header, str(source.get("dtype") or "bfloat16")) + (8 << 20), 6
     if source.get("kind") != "tiny":
         return 0, 0
     s = tiny_sizes(source)

@@ -48,11 +48,14 @@ POLICIES = ("keep", "archive", "delete")
 
 
 def archive_path(archive_dir: str | Path, manifest: Mapping[str, Any]) -> Path:
-    """Where the archive of a staged model lives: by repository and commit for the Hub, by
-    the generator's settings for a tiny model."""
+    """Where the archive of a staged model lives: by repository and commit for the Hub, by the GGUF
+    file's sha256 and dtype for a dequantized GGUF, by the generator's settings for a tiny model."""
     hub = manifest.get("hub")
     if hub:
         return Path(archive_dir) / "hub" / str(hub["repo_id"]).replace("/", "--") / str(hub["commit"])
+    gguf = manifest.get("gguf")
+    if gguf:
+        return Path(archive_dir) / "gguf" / f"{str(gguf['sha256'])[:16]}-{gguf['dtype']}"
     key = json.dumps(manifest.get("generator") or manifest.get("source"), sort_keys=True, default=str)
     return Path(archive_dir) / "tiny" / hashlib.sha256(key.encode()).hexdigest()[:16]
 

@@ -19,6 +19,11 @@ Source kinds (the ``source`` dict of the trial config):
 ``archive``
     The same repository and commit restaged from ``weights.archive_dir`` (see
     :mod:`llmtrial.weights.policy`); a ``hub`` source uses an archive automatically too.
+``gguf``
+    A GGUF checkpoint (a file, or a file inside an installed Python distribution)
+    dequantized into a Hugging Face folder with its tokenizer and chat template: see
+    :mod:`llmtrial.weights.gguf`. Reused without converting again while its manifest
+    verifies and names the same file (by sha256), dtype and transformers version.
 
 The manifest itself is built and checked in :mod:`llmtrial.weights.manifest`; reading a model's
 source before it is staged (config.json, sizes) is :mod:`llmtrial.weights.model_source`; the disk
@@ -31,17 +36,19 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from llmtrial.core.fileio import replace_dir, sha256_file, sibling_dir
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.core.record_models import HubSource, ManifestRecord
 from llmtrial.core.records import write_record
 from llmtrial.host.disk import Need, require_headroom
-from llmtrial.weights import hub
+from llmtrial.weights import gguf, hub
 from llmtrial.weights.manifest import MANIFEST_NAME, build_manifest, verify_manifest
 from llmtrial.weights.model_source import check_local_model
 from llmtrial.weights.policy import copy_verified, find_archive
@@ -71,8 +78,9 @@ def _stored(manifest_path: Path, old: Mapping[str, Any]) -> ManifestRecord | Non
 
 
 def _reusable(manifest_path: Path, staging_dir: Path, source: Mapping[str, Any],
-              generator: Mapping[str, Any]) -> ManifestRecord | None:
-    """The stored manifest if the staged model can be reused as is, else None (logged)."""
+              **origin: Mapping[str, Any]) -> ManifestRecord | None:
+    """The stored manifest if the staged model can be reused as is, else None (logged): it came from the
+    same ``source`` and ``origin`` (a tiny model's ``generator``, a GGUF file's ``gguf``) and still verifies."""
     if not manifest_path.is_file():
         return None
     try:
@@ -82,7 +90,7 @@ def _reusable(manifest_path: Path, staging_dir: Path, source: Mapping[str, Any],
         return None
     if not isinstance(old, dict):
         return None
-    if old.get("source") != _json_normal(source) or old.get("generator") != _json_normal(generator):
+    if old.get("source") != _json_normal(source) or any(old.get(k) != _json_normal(v) for k, v in origin.items()):
         logger.info("staged model in %s came from another source; regenerating", staging_dir)
         return None
     if old.get("model_dir") != str(staging_dir.resolve()):
@@ -251,7 +259,7 @@ def _stage_tiny(source: Mapping[str, Any], folder: Path, *, seed_default: int, w
     started = time.monotonic()
     generator = tiny_parameters(source, seed_default)
     manifest_path = folder / MANIFEST_NAME
-    reused = _reusable(manifest_path, folder, source, generator)
+    reused = _reusable(manifest_path, folder, source, generator=generator)
     record_write(_staged_weights_entry(folder, weights, source))
     if reused is not None:
         logger.info("reusing staged tiny model in %s (manifest verifies): done in %.1f s",
@@ -261,6 +269,45 @@ def _stage_tiny(source: Mapping[str, Any], folder: Path, *, seed_default: int, w
     manifest = build_manifest(folder, source=_json_normal(source), generator=_json_normal(generator))
     write_record(manifest_path, manifest, schema="manifest")
     logger.info("staged tiny model in %s: done in %.1f s", folder, time.monotonic() - started)
+    return manifest
+
+
+def _stage_gguf(source: Mapping[str, Any], folder: Path, *, disk: Mapping[str, Any] | None,
+                weights: Mapping[str, Any] | None, record_write: Callable[[dict[str, Any]], None]) -> ManifestRecord:
+    """A GGUF checkpoint dequantized into ``folder`` (or the folder reused when its manifest verifies and
+    names the same file, dtype and transformers version)."""
+    import transformers
+
+    started = time.monotonic()
+    file = gguf.find_gguf(source)
+    dtype = str(source.get("dtype") or "bfloat16")
+    header = gguf.read_header(file)
+    logger.info("hashing %s (%.1f MiB)", file, file.stat().st_size / (1 << 20))
+    origin = {"file": str(file), "size": file.stat().st_size, "sha256": sha256_file(file),
+              "package": source.get("package"), "package_version": gguf.package_version(source),
+              "architecture": header.architecture, "dtype": dtype, "transformers": transformers.__version__}
+    manifest_path = folder / MANIFEST_NAME
+    reused = _reusable(manifest_path, folder, source, gguf=origin)
+    if reused is not None:
+        record_write(_staged_weights_entry(folder, weights, source))
+        logger.info("reusing %s dequantized in %s (manifest verifies): done in %.1f s",
+                    file.name, folder, time.monotonic() - started)
+        return reused
+    need = gguf.dequantized_bytes(header, dtype) + (8 << 20)
+    headroom = require_headroom([("staging", folder.parent, need, 6)], disk, f"{file.name} dequantized to {dtype}")
+    record_write(_staged_weights_entry(folder, weights, source))
+    tmp = sibling_dir(folder, "tmp")
+    try:
+        conversion = gguf.convert(file, tmp, dtype=dtype)
+        replace_dir(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    manifest = build_manifest(folder, source=_json_normal(source), gguf=origin, conversion=conversion,
+                              headroom=headroom)
+    write_record(manifest_path, manifest, schema="manifest")
+    logger.info("staged %s as a %s Hugging Face folder in %s: done in %.1f s", file.name, dtype, folder,
+                time.monotonic() - started)
     return manifest
 
 
@@ -315,4 +362,6 @@ def stage_model(source: Mapping[str, Any], staging_dir: Path, *, seed_default: i
         return manifest
     if kind in ("hub", "archive"):
         return _stage_hub(source, folder, disk=disk, weights=weights, record_write=record_write)
-    raise ValueError(f"unknown model source kind {kind!r}; expected 'tiny', 'local', 'hub' or 'archive'")
+    if kind == "gguf":
+        return _stage_gguf(source, folder, disk=disk, weights=weights, record_write=record_write)
+    raise ValueError(f"unknown model source kind {kind!r}; expected 'tiny', 'local', 'hub', 'archive' or 'gguf'")

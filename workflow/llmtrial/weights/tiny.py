@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import random
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from llmtrial.core.fileio import replace_dir, sibling_dir
 
 logger = logging.getLogger(__name__)
 
@@ -153,12 +153,6 @@ def _save_kwargs(method: Any) -> dict[str, Any]:
     return {"safe_serialization": True} if "safe_serialization" in parameters else {}
 
 
-def _sibling_dir(dest: Path, tag: str) -> Path:
-    """A fresh hidden folder next to ``dest`` (same filesystem, so rename is atomic)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{dest.name}.{tag}-", dir=dest.parent))
-
-
 def llama_config_values(sizes: Mapping[str, int]) -> dict[str, Any]:
     """The config.json values of a tiny model with these sizes (what the planner reads)."""
     return {
@@ -270,34 +264,15 @@ def generate_tiny_model(
     dest = Path(dest)
     started = time.monotonic()
     logger.info("generating tiny Llama model (seed %d, %s) into %s", seed, sizes, dest)
-    tmp = _sibling_dir(dest, "tmp")
+    tmp = sibling_dir(dest, "tmp")
     try:
         _write_tiny_model(tmp, seed=seed, sizes=sizes)
-        _replace_dir(tmp, dest)
+        replace_dir(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     logger.info("generated tiny model in %s: done in %.1f s", dest, time.monotonic() - started)
     return dest
-
-
-def _replace_dir(new: Path, dest: Path) -> None:
-    """Move the complete folder ``new`` to ``dest``, replacing any existing ``dest``."""
-    if dest.exists() or dest.is_symlink():
-        old = _sibling_dir(dest, "old")
-        old.rmdir()
-        os.replace(dest, old)
-        try:
-            os.replace(new, dest)
-        except BaseException:
-            os.replace(old, dest)  # put the previous model back
-            raise
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink(missing_ok=True)
-    else:
-        os.replace(new, dest)
 
 
 def tiny_parameters(source: Mapping[str, Any], seed_default: int) -> dict[str, Any]:

@@ -1,0 +1,111 @@
+"""The task set a trial asks every configuration: generated from a seed, read from JSONL files, or both.
+
+Generated tasks are seed 001's kinds: three-digit additions and two-digit multiplications, graded
+as numbers. A JSONL file holds one task per line: ``prompt``, ``expected``, ``grader`` (exact,
+number, contains, regex; number when absent) and ``category`` (``fact`` when absent). A line that
+does not read as a task is refused naming the file and line, before any server starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from llmtrial.answers.grading import GRADERS
+from llmtrial.core.answers_model import Task
+
+__all__ = ["TaskSetError", "generate_tasks", "read_tasks", "task_set", "tasks_digest"]
+
+_KEYS = {"prompt", "expected", "grader", "category"}
+
+
+class TaskSetError(ValueError):
+    """A task set that cannot be used; the message names the key, file or line at fault."""
+
+
+def generate_tasks(seed: int, *, additions: int = 0, multiplications: int = 0) -> list[dict[str, Any]]:
+    """``additions`` three-digit additions then ``multiplications`` two-digit multiplications, drawn
+    from ``random.Random(seed)``: the same seed gives the same tasks."""
+    rng = random.Random(seed)
+    out: list[dict[str, Any]] = []
+    for _ in range(additions):
+        a, b = rng.randint(100, 999), rng.randint(100, 999)
+        out.append({"prompt": f"What is {a} + {b}? Answer with the number only.", "expected": str(a + b),
+                    "grader": "number", "category": "addition", "source": f"generated (seed {seed})"})
+    for _ in range(multiplications):
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        out.append({"prompt": f"What is {a} * {b}? Answer with the number only.", "expected": str(a * b),
+                    "grader": "number", "category": "multiplication", "source": f"generated (seed {seed})"})
+    return out
+
+
+def _task_line(raw: Any, where: str) -> dict[str, Any]:
+    """One JSONL line as a task's fields, or TaskSetError naming ``where``."""
+    if not isinstance(raw, dict):
+        raise TaskSetError(f"{where}: a task is a JSON object, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - _KEYS)
+    if unknown:
+        raise TaskSetError(f"{where}: unknown key(s) {', '.join(unknown)}; a task has {', '.join(sorted(_KEYS))}")
+    for key in ("prompt", "expected"):
+        if not isinstance(raw.get(key), str | int | float) or isinstance(raw.get(key), bool) or str(raw[key]) == "":
+            raise TaskSetError(f"{where}: '{key}' must be a non-empty string")
+    grader = raw.get("grader", "number")
+    if grader not in GRADERS:
+        raise TaskSetError(f"{where}: grader {grader!r} is not one of {', '.join(GRADERS)}")
+    if grader == "regex":
+        try:
+            re.compile(str(raw["expected"]))
+        except re.error as exc:
+            raise TaskSetError(f"{where}: expected is not a regular expression ({exc})") from None
+    category = raw.get("category", "fact")
+    if not isinstance(category, str) or not category:
+        raise TaskSetError(f"{where}: 'category' must be a non-empty string")
+    return {"prompt": str(raw["prompt"]), "expected": str(raw["expected"]), "grader": grader, "category": category,
+            "source": where}
+
+
+def read_tasks(path: str | Path) -> list[dict[str, Any]]:
+    """The tasks of a JSONL file (blank lines and lines starting with # skipped)."""
+    p = Path(path)
+    if not p.is_file():
+        raise TaskSetError(f"task file not found: {p}")
+    out: list[dict[str, Any]] = []
+    for number, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TaskSetError(f"{p}:{number}: not JSON ({exc.msg})") from None
+        out.append(_task_line(raw, f"{p.name}:{number}"))
+    if not out:
+        raise TaskSetError(f"{p} holds no task")
+    return out
+
+
+def task_set(outputs: Mapping[str, Any], base: Path | None = None) -> list[Task]:
+    """The trial's task set from its ``outputs`` settings: the generated tasks, then each file's
+    (paths relative to ``base``), numbered from 1."""
+    items: list[dict[str, Any]] = []
+    generate = outputs.get("generate")
+    if generate:
+        items += generate_tasks(int(generate.get("seed", 0)), additions=int(generate.get("additions", 0)),
+                                multiplications=int(generate.get("multiplications", 0)))
+    for name in outputs.get("files") or ():
+        path = Path(name) if base is None or Path(name).is_absolute() else Path(base) / name
+        items += read_tasks(path)
+    if not items:
+        raise TaskSetError("outputs asks no task: give outputs.generate counts or outputs.files")
+    return [Task(id=i, **item) for i, item in enumerate(items, start=1)]
+
+
+def tasks_digest(tasks: Sequence[Task]) -> str:
+    """sha256 of the tasks' prompts, answers and graders (JSON, in order): equal exactly when two runs
+    asked the same tasks."""
+    data = [[t.prompt, t.expected, t.grader, t.category] for t in tasks]
+    return hashlib.sha256(json.dumps(data, ensure_ascii=False).encode()).hexdigest()
