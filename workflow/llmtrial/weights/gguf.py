@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 logger = logging.getLogger(__name__)
 
 __all__ = ["GgufError", "GgufHeader", "DTYPE_BYTES", "find_gguf", "read_header", "gguf_config",
-           "dequantized_bytes", "convert"]
+           "dequantized_bytes", "staged_size", "convert"]
 
 #: Bytes per weight of each dtype a GGUF checkpoint may be dequantized to.
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -225,6 +225,12 @@ def gguf_config(header: GgufHeader) -> dict[str, Any]:
 def dequantized_bytes(header: GgufHeader, dtype: str) -> int:
     """Bytes of the dequantized weights in ``dtype`` (every tensor of the file)."""
     return header.parameters * DTYPE_BYTES[dtype]
+
+
+def staged_size(header: GgufHeader, dtype: str) -> tuple[int, int]:
+    """(bytes, files) staging writes: the dequantized weights plus 8 MiB for the tokenizer and configs,
+    in six files (config, generation config, weights, tokenizer, its config, chat template)."""
+    return dequantized_bytes(header, dtype) + (8 << 20), 6
 
 
 def convert(gguf_file: Path, out: Path, *, dtype: str) -> dict[str, Any]:

@@ -99,7 +99,7 @@ def staged_size_estimate(source: Mapping[str, Any]) -> tuple[int, int]:
     """
     if source.get("kind") == "gguf":
         header = gguf.read_header(gguf.find_gguf(source))
-        return gguf.dequantized_bytes(header, str(source.get("dtype") or "bfloat16")) + (8 << 20), 6
+        return gguf.staged_size(header, str(source.get("dtype") or "bfloat16"))
     if source.get("kind") != "tiny":
         return 0, 0
     s = tiny_sizes(source)

@@ -293,8 +293,8 @@ def _stage_gguf(source: Mapping[str, Any], folder: Path, *, disk: Mapping[str, A
         logger.info("reusing %s dequantized in %s (manifest verifies): done in %.1f s",
                     file.name, folder, time.monotonic() - started)
         return reused
-    need = gguf.dequantized_bytes(header, dtype) + (8 << 20)
-    headroom = require_headroom([("staging", folder.parent, need, 6)], disk, f"{file.name} dequantized to {dtype}")
+    need, files = gguf.staged_size(header, dtype)
+    headroom = require_headroom([("staging", folder.parent, need, files)], disk, f"{file.name} dequantized to {dtype}")
     record_write(_staged_weights_entry(folder, weights, source))
     tmp = sibling_dir(folder, "tmp")
     try:
