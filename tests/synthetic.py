@@ -11,7 +11,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from conftest import DATA
+from conftest import DATA, written
+from llmtrial.answers.ask import accuracy
+from llmtrial.answers.grading import grade
+from llmtrial.answers.tasks import tasks_digest
+from llmtrial.core.answers_model import Answer, AnswerRun, Answers, Task
 from llmtrial.core.record_base import RecordModel
 from llmtrial.core.record_models import KINDS
 from llmtrial.core.records import check_record, load_record, read_record
@@ -213,3 +217,30 @@ def two_node_manifest() -> dict[str, Any]:
                     "b": {"model_dir": "/staging-b/tiny", "files": 6, "bytes": 9_000_000, "copy_s": 2.4,
                           "verified": True, "reused": False, "copied_from": "a"}}
     return rec
+
+
+# ------------------------------------------------ answers to a task set
+
+#: Three tasks with known answers, one per category, for answers parts built here.
+TASKS = [Task(id=1, prompt="What is 12 * 11?", expected="132", grader="number", category="multiplication", source="t:1"),
+         Task(id=2, prompt="What is 205 + 695?", expected="900", grader="number", category="addition", source="t:2"),
+         Task(id=3, prompt="The capital of France?", expected="Paris", grader="contains", category="fact", source="t:3")]
+
+
+def answer_run(texts: list[str], *, launch: str = "passes", flag: bool = True, repeat_identical: int | None = 3,
+               failure: str | None = None) -> AnswerRun:
+    """One asking of :data:`TASKS` answered ``texts``, graded as the trial grades; ``flag``: the demo
+    patch's flag in that server; a ``failure`` has no answers."""
+    answers = [Answer(task=t.id, category=t.category, text=x, token_ids=[ord(c) for c in x], sha256=None,
+                      finish_reason="stop", output_tokens=len(x), correct=grade(x, t.expected, t.grader), seconds=0.2)
+               for t, x in zip(TASKS, texts, strict=True)] if failure is None else []
+    own = {"server_log": "answers-flags-off.log", "ready_s": 21.5} if launch == "flags_off" else {}
+    return AnswerRun(launch=launch, flags={"demo-worker-log": flag}, started=1.0, seconds=0.6,
+                     repeat=2 if repeat_identical is not None else 1, repeat_identical=repeat_identical, answers=answers,
+                     accuracy=accuracy(TASKS, answers) if answers else [], failure=failure, **own)
+
+
+def answers_part(*runs: AnswerRun) -> dict:
+    """A configuration record's ``answers`` (as written) with ``runs``."""
+    return written(Answers(api="chat", max_tokens=16, seed=0, temperature=0.0, tasks_sha256=tasks_digest(TASKS),
+                           tasks=TASKS, runs=list(runs)))

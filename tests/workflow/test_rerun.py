@@ -185,6 +185,15 @@ def test_the_default_trials_report_concludes_and_opens_offline(work):
     c4_passes = sum(len(json.loads((results / "configs" / name / "record.json").read_text())["scenarios"][1]["pass_results"])
                     for name in ("tp1", "tp2"))
     assert streams.count("c4 pass") == c4_passes >= 4  # every c4 pass of both configurations, each request's tok/s
+    # the shipped task set asked of both servers after their passes, twice each, with the tiny model's caveat
+    answers = html.split('<h2 id="answers">', 1)[1].split("<h2", 1)[0]
+    matrix = answers.split("Agreement: identical answers", 1)[1].split("</table>", 1)[0]
+    assert matrix.count(" of 12</td>") == 4 and "tp2&#39;s answers against the baseline tp1&#39;s: identical on" in top
+    assert "The model is the generated tiny model (model.source.kind tiny): its weights are random" in top
+    for name in ("tp1", "tp2"):
+        [run] = json.loads((results / "configs" / name / "record.json").read_text())["answers"]["runs"]
+        assert run["launch"] == "passes" and run["repeat"] == 2 and len(run["answers"]) == 12
+        assert run["repeat_identical"] == 12 and all(a["text"] is not None for a in run["answers"])
     provenance = json.loads((results / "provenance.json").read_text())
     assert provenance["commit"] and provenance["config"]["trial"] == "demo" and provenance["command_line"]
     assert provenance["commit"] in html and provenance["config_sha256"] in html

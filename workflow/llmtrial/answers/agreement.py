@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from llmtrial.core.answers_model import Answer
 
-__all__ = ["Difference", "Agreement", "agree", "matrix", "tasks_phrase", "agreement_sentence", "accuracy_caution"]
+__all__ = ["Difference", "Agreement", "agree", "matrix", "tasks_phrase", "identical_phrase", "agreement_sentence", "accuracy_caution"]
 
 
 @dataclass(frozen=True)
@@ -84,12 +84,17 @@ def tasks_phrase(ids: Sequence[int], most: int = 8) -> str:
     return f"prompts {', '.join(map(str, ids[:-1]))} and {ids[-1]}"
 
 
-def agreement_sentence(ag: Agreement) -> str:
+def identical_phrase(identical: int, of: int, differing: Sequence[int]) -> str:
     """"identical on 58 of 60; 2 differ (prompts 7 and 31)", or "identical on 12 of 12"."""
-    out = f"identical on {ag.identical} of {ag.of}"
-    if ag.differences:
-        out += f"; {len(ag.differences)} differ{'s' if len(ag.differences) == 1 else ''} ({tasks_phrase(ag.differing)})"
+    out = f"identical on {identical} of {of}"
+    if differing:
+        out += f"; {len(differing)} differ{'s' if len(differing) == 1 else ''} ({tasks_phrase(differing)})"
     return out
+
+
+def agreement_sentence(ag: Agreement) -> str:
+    """:func:`identical_phrase` of two runs' agreement."""
+    return identical_phrase(ag.identical, ag.of, ag.differing)
 
 
 def accuracy_caution(right_a: int, right_b: int, of: int) -> str | None:

@@ -19,7 +19,7 @@ from typing import Any
 from llmtrial.answers.grading import GRADERS
 from llmtrial.core.answers_model import Task
 
-__all__ = ["TaskSetError", "generate_tasks", "read_tasks", "task_set", "tasks_digest"]
+__all__ = ["TaskSetError", "CHECKOUT", "generate_tasks", "read_tasks", "task_file", "task_set", "tasks_digest"]
 
 _KEYS = {"prompt", "expected", "grader", "category"}
 
@@ -88,17 +88,34 @@ def read_tasks(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+#: The llmtrial checkout this package runs from (its config/answers/ holds the shipped sets), or None when
+#: the package is installed elsewhere.
+CHECKOUT = next((p for p in [Path(__file__).resolve().parents[3]] if (p / "config" / "answers").is_dir()), None)
+
+
+def task_file(name: str | Path, base: Path | None = None) -> Path:
+    """Where the task file ``name`` is: as given when absolute; else relative to ``base`` (the working
+    directory when None), or, when not there, to the llmtrial checkout (so ``config/answers/small.jsonl``
+    names the shipped set from any working directory)."""
+    path = Path(name)
+    if path.is_absolute():
+        return path
+    here = Path(base or Path.cwd()) / path
+    if here.exists() or CHECKOUT is None or not (CHECKOUT / path).exists():
+        return here
+    return CHECKOUT / path
+
+
 def task_set(outputs: Mapping[str, Any], base: Path | None = None) -> list[Task]:
     """The trial's task set from its ``outputs`` settings: the generated tasks, then each file's
-    (paths relative to ``base``), numbered from 1."""
+    (found by :func:`task_file`), numbered from 1."""
     items: list[dict[str, Any]] = []
     generate = outputs.get("generate")
     if generate:
         items += generate_tasks(int(generate.get("seed", 0)), additions=int(generate.get("additions", 0)),
                                 multiplications=int(generate.get("multiplications", 0)))
     for name in outputs.get("files") or ():
-        path = Path(name) if base is None or Path(name).is_absolute() else Path(base) / name
-        items += read_tasks(path)
+        items += read_tasks(task_file(name, base))
     if not items:
         raise TaskSetError("outputs asks no task: give outputs.generate counts or outputs.files")
     return [Task(id=i, **item) for i, item in enumerate(items, start=1)]

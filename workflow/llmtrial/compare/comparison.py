@@ -5,6 +5,8 @@ Configurations and scenarios are matched by name. Per configuration x scenario x
 values are tested against A's (:func:`llmtrial.report.verdicts.judge`, at B's confidence level unless
 one is given) and the ratio B / A is given with its interval, unless a workload difference makes that
 configuration's scenario not comparable, in which case no ratio is given and the reason names the keys.
+Where both trials asked a configuration the same task set, B's answers are compared with A's character
+for character (the passes' servers), as the report compares configurations.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from llmtrial.answers.agreement import accuracy_caution, agree, identical_phrase
 from llmtrial.compare.comparability import blocking, change_sentence, differences
 from llmtrial.compare.trials import TrialResults
-from llmtrial.core.comparison_model import ComparisonRecord, Difference, Row, Side, TrialRef
+from llmtrial.core.answers_model import Answers
+from llmtrial.core.comparison_model import AnswersRow, ComparisonRecord, Difference, Row, Side, TrialRef
 from llmtrial.report.conclusions import Settings, figures_of, fixed_scenarios, ranks, scenario_cell
 from llmtrial.report.verdicts import judge
 
@@ -100,6 +104,42 @@ def sentences(record_rows: list[Row], level: float) -> list[str]:
     return out
 
 
+def _right(answers: Answers | None) -> int | None:
+    run = next((r for r in answers.runs if r.launch == "passes"), None) if answers else None
+    return None if run is None or run.failure else next(a.right for a in run.accuracy if a.category == "all")
+
+
+def answers_row(name: str, a: Answers | None, b: Answers | None) -> AnswersRow | None:
+    """B's answers against A's for one configuration (the passes' servers); None when neither was asked a set."""
+    if a is None and b is None:
+        return None
+    base = {"configuration": name, "right_a": _right(a), "right_b": _right(b)}
+    if a is None or b is None:
+        return AnswersRow(**base, identical=None, of=None, differing=[], reason=f"no task set asked in {'A' if a is None else 'B'}")
+    if a.tasks_sha256 != b.tasks_sha256:
+        return AnswersRow(**base, identical=None, of=None, differing=[],
+                          reason="not comparable: the task sets differ (tasks sha256)")
+    if base["right_a"] is None or base["right_b"] is None:
+        return AnswersRow(**base, identical=None, of=None, differing=[], reason="the set did not complete in A or B")
+    ag = agree("A", a.runs[0].answers, "B", b.runs[0].answers)
+    return AnswersRow(**base, identical=ag.identical, of=ag.of, differing=ag.differing, reason=None)
+
+
+def answers_sentences(found: list[AnswersRow]) -> list[str]:
+    """Per configuration: B's answers against A's, with seed 001's caution on a few prompts' difference."""
+    out = []
+    for r in found:
+        if r.identical is None or r.of is None:
+            out.append(f"{r.configuration}'s answers: {r.reason}.")
+            continue
+        line = f"{r.configuration}'s answers in B against A: {identical_phrase(r.identical, r.of, r.differing)}."
+        caution = accuracy_caution(r.right_a or 0, r.right_b or 0, r.of)
+        if caution:
+            line += f" B is right on {r.right_b} and A on {r.right_a}: {caution}."
+        out.append(line)
+    return out
+
+
 def compare_trials(x: str | Path, y: str | Path, level: float | None = None) -> ComparisonRecord:
     """The comparison record of two results folders (either order: the earlier is A)."""
     a, b = ordered(TrialResults.load(x), TrialResults.load(y))
@@ -110,10 +150,12 @@ def compare_trials(x: str | Path, y: str | Path, level: float | None = None) -> 
     names = [n for n in b.configurations if n in a.configurations]
     diffs = differences(a, b, names)
     found = rows(a, b, names, diffs, settings)
+    answered = [row for n in names
+                if (row := answers_row(n, a.configurations[n].answers, b.configurations[n].answers)) is not None]
     return ComparisonRecord(
         a=trial_ref(a), b=trial_ref(b), level=settings.level, method=settings.method_line(),
         workloads_match=not any(d.effect == "not comparable" for d in diffs), differences=diffs,
         changes=[change_sentence(d) for d in diffs if d.effect == "under test"],
         only_in_a=[n for n in a.configurations if n not in b.configurations],
         only_in_b=[n for n in b.configurations if n not in a.configurations],
-        rows=found, sentences=sentences(found, settings.level))
+        rows=found, answers=answered, sentences=sentences(found, settings.level) + answers_sentences(answered))

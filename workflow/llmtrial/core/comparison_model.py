@@ -65,6 +65,18 @@ class Row(RecordModel):
     reason: str | None = Field(description="Why it is unstable or not comparable; null otherwise.")
 
 
+class AnswersRow(RecordModel):
+    """One configuration's answers to the task set in B against A (the passes' servers)."""
+
+    configuration: str = Field(description="The configuration both trials ran.")
+    identical: int | None = Field(description="Tasks answered identically, character for character; null when not compared.")
+    of: int | None = Field(description="Tasks compared; null when not compared.")
+    differing: list[int] = Field(description="The tasks answered differently, by id.")
+    right_a: int | None = Field(description="A's right answers; null without answers.")
+    right_b: int | None = Field(description="B's right answers; null without answers.")
+    reason: str | None = Field(description="Why the answers were not compared (no set in one trial, other tasks), or null.")
+
+
 class ComparisonRecord(RecordModel):
     """Trial B against trial A (results/<B>/comparison/<A>/comparison.json): the comparability check first (every
     difference, each marked not comparable, under test or noted), then per configuration x scenario x figure the
@@ -82,4 +94,6 @@ class ComparisonRecord(RecordModel):
     only_in_a: list[str] = Field(description="Configurations only A has.")
     only_in_b: list[str] = Field(description="Configurations only B has.")
     rows: list[Row] = Field(description="Per configuration in both x scenario in both x figure.")
+    answers: list[AnswersRow] = Field(default_factory=list, description=(
+        "Per configuration in both that was asked a task set: B's answers against A's."))
     sentences: list[str] = Field(description="What the comparison found, generated from the rows.")

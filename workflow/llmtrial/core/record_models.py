@@ -143,6 +143,15 @@ class GgufOrigin(RecordModel):
     transformers: str = Field(description="The transformers version that dequantized it.")
 
 
+class Conversion(RecordModel):
+    """How a GGUF checkpoint was dequantized at staging."""
+
+    seconds: float = Field(ge=0, description="Wall time of the conversion, s.")
+    peak_rss_bytes: NonNegInt = Field(description="Peak resident memory of the staging process, bytes.")
+    transformers: str = Field(description="The transformers version that dequantized it.")
+    chat_template: bool = Field(description="Whether a chat template came with the tokenizer.")
+
+
 class NodeCopy(RecordModel):
     """Where the model lies on one node."""
 
@@ -184,9 +193,8 @@ class ManifestRecord(RecordModel):
     fetch: Maybe[dict[str, Any]] = Field(None, description="Kind hub: files and bytes downloaded, reused, retries.")
     headroom: Maybe[list[Any]] = Field(None, description="Kind hub: the headroom of each filesystem written to.")
     gguf: Maybe[GgufOrigin] = Field(None, description="Kind gguf: the file the folder was dequantized from.")
-    conversion: Maybe[dict[str, Any]] = Field(None, description=(
-        "Kind gguf, when it was converted (not reused): seconds, peak resident bytes, transformers version and "
-        "whether a chat template came with the tokenizer."))
+    conversion: Maybe[Conversion] = Field(None, description=(
+        "Kind gguf: how the folder was dequantized (kept in the manifest a rerun reuses)."))
     archived_at: Maybe[float] = Field(None, description="An archive's copy: Unix time it was archived.")
     archived_from: Maybe[str] = Field(None, description="An archive's copy: the staged folder it came from.")
     nodes: Maybe[dict[str, NodeCopy]] = Field(None, description=(

@@ -1,5 +1,7 @@
 """The report, from records only: conclusions, sweeps, multi-node spans, charts and the rendered HTML.
 
+- :mod:`llmtrial.report.answers`: The report's Answers section: what each configuration answered to
+  the trial's task set, the agreement matrix and whether a patch changed answers.
 - :mod:`llmtrial.report.charts`: The report's charts: matplotlib drawn to inline SVG (text kept as
   text, no font or script fetched), each with the table of the numbers it draws so a figure can be
   copied.
@@ -14,8 +16,8 @@
 - :mod:`llmtrial.report.verdicts`: Verdicts between two sets of pass values, in the words the report
   and the comparison page use.
 
-Imports from: core, logs, host, plan, weights, patch, borrow, serve. (tests/test_structure.py holds
+Imports from: core, answers, logs, host, plan, weights, patch, borrow, serve. (tests/test_structure.py holds
 the order.)
 """
 
-__all__ = ["charts", "conclusions", "render", "spans", "sweeps", "verdicts"]
+__all__ = ["answers", "charts", "conclusions", "render", "spans", "sweeps", "verdicts"]

@@ -30,6 +30,7 @@ from llmtrial.core.resources import TEMPLATES
 from llmtrial.core.scenario_model import Agreement, PassSummary, ServerMetrics, WindowFigures, WindowStat
 from llmtrial.host.gpus import describe_process, gpu_label
 from llmtrial.report import charts
+from llmtrial.report.answers import answers_context, answers_gaps
 from llmtrial.report.conclusions import (
     FIGURES,
     Settings,
@@ -207,6 +208,7 @@ def build_context(*, trial: str, preflight: PreflightRecord, manifest: ManifestR
     per = "GPU" if preflight.environment.gpus.present else "CPU worker"
     unstable = {(t["name"], c["configuration"]): c["spread"] for t in tables for c in t["cells"] if c["unstable"]}
     sweeps = _sweeps(configurations)
+    baseline = tables[0]["baseline"] if tables else cfg.baseline
     return {
         "trial": trial,
         "generated": fmt_time(dt.datetime.now(tz=dt.UTC).timestamp()),
@@ -240,7 +242,8 @@ def build_context(*, trial: str, preflight: PreflightRecord, manifest: ManifestR
         "streams": [s for r in configurations for s in streams(r)],
         "sampling": telemetry_rows(configurations),
         "not_measured": not_measured(preflight=preflight, configurations=configurations, plans=plans, tables=tables)
-        + sweep_gaps(sweeps),
+        + sweep_gaps(sweeps) + answers_gaps(configurations),
+        "answers": answers_context(configurations, baseline, manifest),
         "notes": notes_html(cfg.notes),
         "provenance": provenance,
         "nodes": nodes_context(configurations, preflight, manifest),

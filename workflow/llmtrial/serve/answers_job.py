@@ -5,7 +5,7 @@ report can say whether the patch changed answers.
 Every patch reads its flag from the server's environment (workflow/llmtrial/patches/README.md), so
 flag off takes a launch of its own: the same argv and environment with each flag set to ``"0"``,
 its log ``answers-flags-off.log`` beside the server's, its launch and stop in the ledger as any
-server's.
+server's. That server is asked the set once: whether answers repeat is the passes' server's to show.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def flags_off_run(workload: Workload, server: ServerProcess, *, flags: Mapping[s
         try:
             server.start()
             ready = server.wait_ready(startup_timeout_s)
-            return workload.ask(server.host, server.port, launch="flags_off", flags=off, server_log=log_rel,
+            return workload.ask(server.host, server.port, launch="flags_off", flags=off, once=True, server_log=log_rel,
                                 ready_s=round(ready, 3))
         except ServerStartError as exc:
             log.warning("the flags-off server did not start: %s", exc)

@@ -119,10 +119,12 @@ class Workload:
     outputs: Mapping[str, Any] | None = None
     tasks: tuple[Task, ...] = ()
 
-    def ask(self, host: str, port: int, *, launch: str, flags: Mapping[str, bool], **parts: Any) -> AnswerRun:
-        """The task set asked of the server at ``host:port``."""
+    def ask(self, host: str, port: int, *, launch: str, flags: Mapping[str, bool], once: bool = False,
+            **parts: Any) -> AnswerRun:
+        """The task set asked of the server at ``host:port``, ``outputs.repeat`` times (once with ``once``)."""
         assert self.outputs is not None
-        return run_set(f"http://{host}:{port}", self.tasks, settings=self.outputs, model=self.served_model_name,
+        settings = {**self.outputs, "repeat": 1} if once else self.outputs
+        return run_set(f"http://{host}:{port}", self.tasks, settings=settings, model=self.served_model_name,
                        launch=launch, flags=flags, **parts)
 
 

@@ -75,8 +75,9 @@ def model_config_for(source: Mapping[str, Any], *, archive_dir: str | Path | Non
     kind = source.get("kind")
     if kind == "tiny":
         return tiny_config(source)
-    if kind == "gguf":
-        return gguf.gguf_config(gguf.read_header(gguf.find_gguf(source)))
+    if kind == "gguf":  # with the dtype staging dequantizes to, as the staged config.json says
+        return {**gguf.gguf_config(gguf.read_header(gguf.find_gguf(source))),
+                "torch_dtype": str(source.get("dtype") or "bfloat16")}
     if kind == "local":
         path = check_local_model(Path(str(source.get("path"))))
         return json.loads((path / "config.json").read_text(encoding="utf-8"))
@@ -126,13 +127,18 @@ def weights_size(model_dir: str | Path) -> WeightsSize | None:
 
 
 def planned_weights(source: Mapping[str, Any], archive_dir: str | Path | None = None) -> WeightsSize | None:
-    """The weight bytes to plan on before staging: the folder's files for ``local``, an
-    archive's files for ``hub``/``archive`` when one holds the revision, else the Hub's file
-    sizes for ``hub``. None (the planner estimates from config.json) for ``tiny`` or when the
+    """The weight bytes to plan on before staging: the folder's files for ``local``, the header's
+    weight count in the staged dtype for ``gguf``, an archive's files for ``hub``/``archive`` when
+    one holds the revision, else the Hub's file sizes for ``hub``. None (the planner estimates from config.json) for ``tiny`` or when the
     Hub cannot say."""
     kind = source.get("kind")
     if kind == "local":
         return weights_size(source["path"])
+    if kind == "gguf":
+        file = gguf.find_gguf(source)
+        header, dtype = gguf.read_header(file), str(source.get("dtype") or "bfloat16")
+        return WeightsSize(gguf.dequantized_bytes(header, dtype), "measured",
+                           f"{file.name}: {header.parameters:,} weights in its header, dequantized to {dtype}")
     if kind not in ("hub", "archive") or not source.get("repo_id"):
         return None
     repo_id, revision = str(source["repo_id"]), str(source.get("revision") or "main")

