@@ -64,8 +64,13 @@ def test_the_facts_it_knows_are_graded_right_and_its_answers_repeat(smollm2):
     bf16 = answers(smollm2, "bf16")
     passes, off = bf16.runs
     assert (passes.launch, off.launch) == ("passes", "flags_off") and bf16.api == "chat" and bf16.temperature == 0
-    paris = by_prompt(passes, bf16.tasks, "What is the capital of France")
-    assert paris.correct and "Paris" in paris.text and paris.finish_reason in ("stop", "length")
+    tokyo = by_prompt(passes, bf16.tasks, "What is the capital of Japan")
+    assert tokyo.correct and "Tokyo" in tokyo.text and tokyo.finish_reason in ("stop", "length")
+    # France's capital in bf16 depends on the CPU's kernels: Paris in one run here, "L'Étoile, la
+    # Marseillaise, ..." in one on a CPU with AVX-512 and AMX; fp32 (its flags-off launch) answered Paris in both
+    fp32_clean = answers(smollm2, "fp32").runs[1]
+    paris = by_prompt(fp32_clean, bf16.tasks, "What is the capital of France")
+    assert fp32_clean.launch == "flags_off" and paris.correct and "Paris" in paris.text
     product = by_prompt(passes, bf16.tasks, "What is 12 * 11")
     assert product.correct and "132" in product.text
     assert all(a.token_ids and a.sha256 and a.output_tokens for a in passes.answers)

@@ -63,8 +63,12 @@ def test_every_step_ran_once_on_the_same_warm_server(sweep):
         result = json.loads((sweep["results"] / "configs" / "tp1" / step["result_file"]).read_text())
         assert result["max_concurrency"] == step["concurrency"] and result["completed"] == step["num_prompts"]
         assert step["figures"]["failed"] == 0 and step["figures"]["output_tok_s"] > 0
-        assert 0 < step["figures"]["kv_cache_usage_peak"] <= 1
+        assert 0 <= step["figures"]["kv_cache_usage_peak"] <= 1
         assert step["figures"]["running_peak"] <= step["concurrency"]
+    # a step serves for a second or two after its client starts, while the busy server may answer no scrape
+    # of /metrics (one run here sampled nothing between 480.5 and 482.5 s, the whole of step 3's serving):
+    # a step's peak can read 0, the sweep's cannot
+    assert max(s["figures"]["kv_cache_usage_peak"] for s in onset["steps"]) > 0
     # one server: launched once, its start-up window before the first step
     assert sweep["record"]["server"]["launched_at"] < onset["steps"][0]["window"]["start"]
     starts = [s["window"]["start"] for s in onset["steps"]]

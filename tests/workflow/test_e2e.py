@@ -179,8 +179,10 @@ def test_host_telemetry_covers_startup_and_every_pass(trial, name):
     assert {"cpu_percent", "mem_used_bytes", "tree_rss_bytes"} <= set(df["metric"])
     assert {"generation_tokens_total", "kv_cache_usage", "running"} <= set(df[df.source == "metrics"]["metric"])
     marks = set(df[df.source == "window"]["metric"])
-    assert {f"{sc['name']}-pass{p['pass']}:{edge}" for sc in rec["scenarios"] for p in sc["pass_results"]
-            for edge in ("start", "end")} == marks
+    passes = {f"{sc['name']}-pass{p['pass']}" for sc in rec["scenarios"] for p in sc["pass_results"]}
+    warmups = {f"{sc['name']}-warmup" for sc in rec["scenarios"] if sc["warmup"]}  # the default trial warms up each
+    assert len(warmups) == len(rec["scenarios"]) == 2
+    assert {f"{w}:{edge}" for w in passes | warmups for edge in ("start", "end")} == marks
     sw = rec["telemetry"]["startup_window"]
     assert sw["summary"]["host.tree_rss_bytes"]["max"] > 100 * 2**20
     for sc in rec["scenarios"]:
