@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
+import os
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from hosts import SSHD, TwoHosts, two_hosts
+from llmtrial.core.hostlock import LOCK_ENV
 from llmtrial.core.records import as_written
 from llmtrial.host.groups import port_open
 from llmtrial.serve.server import ServerProcess
@@ -36,6 +39,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if any(item.get_closest_marker(mark) for mark in SERIAL_MARKS):
             item.add_marker(pytest.mark.xdist_group("serial"))
+
+
+#: The trials the tests run take a host lock of their own (llmtrial.core.hostlock) in place of this
+#: host's: each test one in its tmp_path (a test that leaves a residue on purpose keeps its lock, and no
+#: other test waits for it), the module and session fixtures one per pytest process. The workflow reads
+#: it; the library in the test process takes no lock.
+os.environ.setdefault(LOCK_ENV, str(Path(tempfile.mkdtemp(prefix="llmtrial-lock-")) / "host.json"))
+
+
+@pytest.fixture(autouse=True)
+def own_host_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    lock = tmp_path / "host-lock.json"
+    monkeypatch.setenv(LOCK_ENV, str(lock))
+    return lock
 
 
 def written(record) -> dict:

@@ -66,7 +66,7 @@ def test_cleanup_with_no_ledger_checks_ports_only(tmp_path, free_port):
         "weights": {"applied": False, "reason": "not applied: the trial did not finish (a rerun needs them)",
                     "folders": [], "freed_bytes": 0, "residues": []},
         "left_behind": {**rows, "weights": []}, "host": {"services": []}, "gpus_held": [], "residues": [],
-        "restored": True}
+        "restored": True, "host_lock": []}
     assert model.finished >= model.started
 
 

@@ -173,6 +173,8 @@ def test_the_default_trials_report_concludes_and_opens_offline(work):
     assert "(95 % CI " in c4 or "no interval" in c4
     assert top.count("CI ") >= 2 * 2 * 7  # two configurations, two scenarios, seven figures
     assert "requests CI " in top  # TTFT and TPOT from every request of the passes
+    lock = html.split('<h2 id="cleanup">', 1)[1].split("<h3>", 1)[0]  # the host's lock, taken and given back
+    assert "Host lock (one trial at a time on this host): <code>" in lock and ": released</p>" in lock, lock
     requests = tp1["scenarios"][1]["pass_results"][0]["summary"]
     assert len(requests["request_ttft_ms"]) == requests["completed"] == len(requests["request_tpot_ms"])
     assert tp1["scenarios"][0]["repetition"]["level"] == 0.95 and "interval_width" in tp1["scenarios"][0]["repetition"]

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from llmtrial.borrow.cleanup import cleanup_with_record, residue_rows, restore_after_run
+from llmtrial.core.hostlock import LOCK_ENV, PID_ENV, RUN_LOCK_ENV, WAIT_ENV
 from llmtrial.core.ledger import NODE_ENV, RUN_ENV, new_run_id
 from llmtrial.host.nodes import spanned_nodes, this_node_name
 from llmtrial.host.services import services_on_nodes
@@ -34,6 +35,11 @@ os.environ[NODE_ENV] = this_node_name(config)
 # The command line that started this run, for the provenance record (llmtrial.provenance
 # .command_from_env reads it back in a job; secrets are redacted when it is recorded).
 os.environ.setdefault(COMMAND_ENV, json.dumps(sys.argv))
+# The host's lock (llmtrial.core.hostlock): the first change a job writes to the ledger takes it for
+# this run, held by this snakemake's pid; LLMTRIAL_HOST_LOCK names the file in place of host_lock.path.
+os.environ[RUN_LOCK_ENV] = os.environ.get(LOCK_ENV) or config["host_lock"]["path"]
+os.environ[WAIT_ENV] = str(config["host_lock"]["wait_s"])
+os.environ.setdefault(PID_ENV, str(os.getpid()))
 
 TRIAL = config["trial"]
 CONFIGURATIONS = list(config["configurations"])

@@ -27,9 +27,11 @@ from typing import Any
 import psutil
 
 from llmtrial.borrow.ledger_tables import patches_table, services_table, undo_rows
+from llmtrial.core.hostlock import read_holder
+from llmtrial.core.hostlock import release as release_lock
 from llmtrial.core.ledger import Action, Ledger, replay
 from llmtrial.core.paths import TrialPaths
-from llmtrial.core.record_models import CleanupRecord, HostAfter, LeftBehind, PortState, WeightsOutcome
+from llmtrial.core.record_models import CleanupRecord, HostAfter, LeftBehind, LockRow, PortState, WeightsOutcome
 from llmtrial.core.records import as_written, write_record
 from llmtrial.host.gpus import recheck_failed
 from llmtrial.host.groups import group_members, port_open, stop_group, stop_recorded_groups
@@ -47,20 +49,38 @@ def outstanding(entries: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
     """Every change the ledger records that no later entry undid, by kind, from any run
     (:func:`llmtrial.core.ledger.replay`): configuration jobs, servers, process groups on any
     node, services stopped, patched files and plugin folders (here, and their copies on
-    other nodes), and staged weights whose policy was not applied yet."""
+    other nodes), staged weights whose policy was not applied yet, and takings of the host's lock."""
     state = replay(entries)
     patches = group_patches(state.outstanding["patches"])
     serving = state.open("servers")
     return {"jobs": state.open("jobs"), "servers": [e for e in serving if e["action"] == Action.SERVER_STARTED],
             "groups": [e for e in serving if e["action"] == Action.GROUP_LAUNCH], "services": state.open("services"),
             "patches": [*patches["files"].values(), *patches["plugins"].values(), *patches["copies"].values()],
-            "weights": state.open("weights"), "gpus": state.open("gpus")}
+            "weights": state.open("weights"), "gpus": state.open("gpus"), "locks": state.open("locks")}
 
 
 def unfinished(entries: list[dict[str, Any]]) -> bool:
     """True when the ledger holds a change to the host that no entry undid (the staged
-    weights aside: a failed run keeps them for its rerun)."""
-    return replay(entries).any_open(besides=("weights",))
+    weights aside: a failed run keeps them for its rerun; and the host's lock, which the
+    running trial holds from its first change to its cleanup)."""
+    return replay(entries).any_open(besides=("weights", "locks"))
+
+
+def release_host_locks(ledger: Ledger, *, release: bool) -> list[LockRow]:
+    """Every taking of the host's lock still open in the ledger, each released (``release``: the
+    host was given back) or, when not, kept; a taking that a later run of the trial took over is
+    closed either way (llmtrial.core.hostlock)."""
+    rows = []
+    for e in replay(ledger.entries()).open("locks"):
+        path, holder = Path(e["path"]), e["holder"]
+        held = read_holder(path)
+        if not release and not (held is not None and held.results == holder["results"] and held.run != e["run"]):
+            rows.append(LockRow(path=str(path), run=e["run"], outcome="kept"))
+            continue
+        outcome = release_lock(path, holder["results"], e["run"])
+        ledger.append(Action.HOST_UNLOCKED, path=str(path), undoes=e["id"], outcome=outcome)
+        rows.append(LockRow(path=str(path), run=e["run"], outcome=outcome))
+    return rows
 
 
 def restore_first(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1") -> CleanupRecord | None:
@@ -71,7 +91,7 @@ def restore_first(results_dir: Path, *, ports: Iterable[int] = (), host: str = "
     if not unfinished(ledger.entries()):
         return None
     log.warning("an earlier run of this trial left the host changed (ledger %s): restoring it first", ledger.path)
-    record = run_cleanup(results_dir, ports=ports, host=host)
+    record = run_cleanup(results_dir, ports=ports, host=host, release_host=False)  # the running trial keeps it
     if not record.restored:
         raise HostNotRestored("an earlier run of this trial left residues that cleanup could not undo: "
                               f"{residue_rows(record)}; fix them, then run `snakemake cleanup`")
@@ -210,14 +230,16 @@ def weights_outcome(staged: dict[str, Any] | None, run: str) -> WeightsOutcome:
 
 
 def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1",
-                stop_timeout: float = 30.0, weights: bool = False, run: str | None = None) -> CleanupRecord:
+                stop_timeout: float = 30.0, weights: bool = False, run: str | None = None,
+                release_host: bool = True) -> CleanupRecord:
     """Undo every change the ledger in ``results_dir`` still has open, from this run or an
     earlier one; return the cleanup record. The record keeps what this run changed apart
     from what earlier runs left behind and this run undid, and says the host is restored
     only when nothing is a residue and every service stopped is running and healthy again,
     as read from the host now. With ``weights``, also apply each staged model's policy
     (keep, archive or delete): the trial's own cleanup and an on-demand cleanup do, a
-    cleanup after a failed job does not, so that the rerun finds its weights."""
+    cleanup after a failed job does not, so that the rerun finds its weights. Once the host is given
+    back, the host's lock is released (``release_host``; the restore before a quiet keeps it)."""
     ledger = Ledger(TrialPaths(Path(results_dir)).ledger, run=run)
     started, n_entries = time.time(), len(ledger.entries())
     ledger.append(Action.CLEANUP_START)
@@ -236,6 +258,8 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
         if not c["running_and_healthy"] and not any(r["what"] == c["name"] for r in residues):
             residues.append({"kind": "service", "what": c["name"], "tried": "read its state after cleanup",
                              "seen": c["seen"]})
+    restored = not residues and all(c["running_and_healthy"] for c in host_check)
+    locks = release_host_locks(ledger, release=restored and release_host)
     staged = did["weights"]
     left_behind = LeftBehind(jobs=left_jobs, servers=left_servers, groups=left_groups, services=left_services,
                              patches=left_patches,
@@ -248,7 +272,7 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
         weights=weights_outcome(staged, ledger.run), left_behind=left_behind, host=HostAfter(services=host_check),
         gpus_held=[{k: g.get(k) for k in ("gpu", "uuid", "label", "evidence", "evidence_now", "run")}
                    for g in did["gpus_held"]],
-        residues=residues, restored=not residues and all(c["running_and_healthy"] for c in host_check))
+        residues=residues, restored=restored, host_lock=locks)
     ledger.append(Action.CLEANUP_DONE, restored=record.restored, residues=len(residues))
     return record
 
@@ -268,7 +292,7 @@ def restore_after_run(results_dir: Path, *, ports: Iterable[int] = (), host: str
     results = Path(results_dir)
     entries = Ledger(TrialPaths(results).ledger).entries()
     record = None
-    if unfinished(entries):
+    if unfinished(entries) or replay(entries).open("locks"):  # a partial run gives the host's lock back too
         record = cleanup_with_record(results, TrialPaths(results).cleanup_on_success, ports=ports, host=host)
         entries = Ledger(TrialPaths(results).ledger).entries()
     done = [e for e in entries if e.get("action") == Action.CLEANUP_DONE]

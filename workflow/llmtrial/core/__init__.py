@@ -1,4 +1,4 @@
-"""The shared core: the ledger, the stage records and their models, the trial's paths, file I/O, the
+"""The shared core: the ledger, the host lock, the stage records and their models, the trial's paths, file I/O, the
 package's data and job logs. It imports no other package.
 
 - :mod:`llmtrial.core.answers_model`: The answers part of a configuration record: the task set,
@@ -11,6 +11,7 @@ package's data and job logs. It imports no other package.
   writing one atomically.
 - :mod:`llmtrial.core.gitstate`: The project checkout's state: its commit and whether its tracked files
   are changed.
+- :mod:`llmtrial.core.hostlock`: The host lock: one trial at a time changes a host.
 - :mod:`llmtrial.core.joblog`: Logging for one workflow job or command: everything to one log file,
   with timestamps.
 - :mod:`llmtrial.core.ledger`: The trial ledger: an append-only record of every change a trial makes
@@ -35,5 +36,5 @@ package's data and job logs. It imports no other package.
 Imports from: no other package. (tests/test_structure.py holds the order.)
 """
 
-__all__ = ["answers_model", "comparison_model", "configuration_model", "fileio", "gitstate", "joblog", "ledger", "paths", "preflight_model",
+__all__ = ["answers_model", "comparison_model", "configuration_model", "fileio", "gitstate", "hostlock", "joblog", "ledger", "paths", "preflight_model",
            "record_base", "record_models", "records", "resources", "scenario_model", "stats"]

@@ -40,6 +40,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from llmtrial.core.hostlock import acquire, holder_for, lock_settings
+
 #: The environment variable that names the current run; the workflow sets it once per invocation.
 RUN_ENV = "LLMTRIAL_RUN"
 #: The environment variable naming the node this process runs on (set by the workflow).
@@ -83,6 +85,8 @@ class Action(StrEnum):
     WEIGHTS_POLICY_FAILED = "weights_policy_failed"  # mark: the policy left residues (stays outstanding)
     GPU_FAILED = "gpu_failed"                        # change: a GPU failed its health check; services on it are held
     GPU_CLEARED = "gpu_cleared"                      # undo of gpu_failed: a later health check passed
+    HOST_LOCKED = "host_locked"                      # change: the host's lock is taken (llmtrial.core.hostlock)
+    HOST_UNLOCKED = "host_unlocked"                  # undo of host_locked: a cleanup that gave the host back released it
     CLEANUP_START = "cleanup_start"                  # mark: a cleanup began
     CLEANUP_DONE = "cleanup_done"                    # mark: a cleanup ended, restored or not
 
@@ -129,6 +133,8 @@ ACTIONS: dict[Action, ActionSpec] = {
     Action.WEIGHTS_POLICY_FAILED: ActionSpec(("path", "policy", "outcome")),
     Action.GPU_FAILED: ActionSpec(("gpu", "uuid", "label", "evidence", "kernel_lines"), "gpus"),
     Action.GPU_CLEARED: ActionSpec(("gpu", "uuid", "undoes", "evidence"), "gpus", undo=True),
+    Action.HOST_LOCKED: ActionSpec(("path", "holder"), "locks"),
+    Action.HOST_UNLOCKED: ActionSpec(("path", "undoes", "outcome"), "locks", undo=True),
     Action.CLEANUP_START: ActionSpec(),
     Action.CLEANUP_DONE: ActionSpec(("restored", "residues")),
 }
@@ -156,7 +162,8 @@ class Change:
         return e.get("action") in self.undone_by
 
 
-#: Every kind of change a trial makes to a host, in the order cleanup undoes them. ``gpus`` are
+#: Every kind of change a trial makes to a host, in the order cleanup undoes them (``locks``, the host's
+#: lock, last: it is released once the rest is given back). ``gpus`` are
 #: GPUs held as failed (a health check after a failure): not a change the trial made, but a hold
 #: on the host that stays until a later check clears it. ``servers``
 #: are serving process groups: a vLLM server started here (``server_started``) and a group
@@ -172,6 +179,7 @@ CHANGES: dict[str, Change] = {c.kind: c for c in (
            lambda e: bool(e.get("was_running"))),
     Change("weights", (Action.WEIGHTS_STAGED,), (Action.WEIGHTS_DONE,), lambda e: e.get("path")),
     Change("gpus", (Action.GPU_FAILED,), (Action.GPU_CLEARED,), lambda e: e.get("uuid") or e.get("gpu")),
+    Change("locks", (Action.HOST_LOCKED,), (Action.HOST_UNLOCKED,), lambda e: e.get("path")),
 )}
 
 
@@ -213,7 +221,27 @@ class Ledger:
         self.node = node or current_node()
 
     def append(self, action: str, **data: Any) -> dict[str, Any]:
-        """Write one entry (``node`` defaults to this ledger's) and return it."""
+        """Write one entry (``node`` defaults to this ledger's) and return it. An entry of a change
+        takes the host's lock first when the workflow gave one (:meth:`hold_host`)."""
+        spec = ACTIONS.get(action)  # Action is a StrEnum: its plain string finds it too
+        if spec is not None and spec.change not in (None, "locks") and not spec.undo:
+            self.hold_host()
+        return self._write(action, **data)
+
+    def hold_host(self) -> None:
+        """Take the host's lock for this ledger's trial and run (:mod:`llmtrial.core.hostlock`), waiting
+        as long as the workflow allows; the ``host_locked`` entry is written just before the lock. No
+        lock outside a workflow run (no ``LLMTRIAL_HOST_LOCK``)."""
+        settings = lock_settings()
+        if settings is None:
+            return
+        path, wait_s = settings
+        node = current_node()
+        me = holder_for(self.path.parent.resolve(), self.run, node)
+        acquire(path, me, wait_s=wait_s, before=lambda earlier: self._write(
+            Action.HOST_LOCKED, path=str(path), holder=me.model_dump(), earlier=earlier.model_dump() if earlier else None, node=node))
+
+    def _write(self, action: str, **data: Any) -> dict[str, Any]:
         entry = {"t": time.time(), "action": str(action), "run": self.run, "id": secrets.token_hex(8),
                  "node": self.node, **data}
         line = (json.dumps(entry, default=str) + "\n").encode("utf-8")

@@ -398,6 +398,16 @@ class HostAfter(RecordModel):
     services: list[HostService] = Field(description="Whether each service stopped is running and healthy now.")
 
 
+class LockRow(RecordModel):
+    """One taking of the host's lock (llmtrial.core.hostlock) and what this cleanup did with it."""
+
+    path: str = Field(description="The lock file.")
+    run: str = Field(description="The run that took it.")
+    outcome: str = Field(description=(
+        "released; taken over by run R (a later run of the trial holds it); held by <holder> (another trial's, left "
+        "alone); not held; or kept (the host was not given back: it stays held until a cleanup gives it back)."))
+
+
 class CleanupRecord(RecordModel):
     """What a cleanup gave back (results/<trial>/cleanup/record.json; on-demand.json for `snakemake cleanup` and
     `llmtrial cleanup`; on-error.json after a failed job; on-success.json after a partial run). Written by
@@ -433,6 +443,9 @@ class CleanupRecord(RecordModel):
         "(gpu, uuid, the configuration, the evidence then and now): the services on them stay stopped."))
     residues: list[Residue] = Field(description="What could not be undone.")
     restored: bool = Field(description="No residue and every service stopped runs and is healthy again.")
+    host_lock: list[LockRow] = Field([], description=(
+        "The host's lock as every run of the trial took it, and what this cleanup did with it: released once the host "
+        "was given back, kept while it was not."))
 
 
 # --------------------------------------------------------------------------- quiet
