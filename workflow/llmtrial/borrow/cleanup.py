@@ -31,7 +31,8 @@ from llmtrial.core.hostlock import read_holder
 from llmtrial.core.hostlock import release as release_lock
 from llmtrial.core.ledger import Action, Ledger, replay
 from llmtrial.core.paths import TrialPaths
-from llmtrial.core.record_models import CleanupRecord, HostAfter, LeftBehind, LockRow, PortState, WeightsOutcome
+from llmtrial.core.record_base import LockRow
+from llmtrial.core.record_models import CleanupRecord, HostAfter, LeftBehind, PortState, WeightsOutcome
 from llmtrial.core.records import as_written, write_record
 from llmtrial.host.gpus import recheck_failed
 from llmtrial.host.groups import group_members, port_open, stop_group, stop_recorded_groups

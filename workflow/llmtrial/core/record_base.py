@@ -86,3 +86,13 @@ class Residue(RecordModel):
     seen: str = Field(description="What it saw afterwards.")
     node: Maybe[str] = Field(None, description=(
         "The node it was left on, where not this host (a node cleanup could not reach is named with ssh's error)."))
+
+
+class LockRow(RecordModel):
+    """One taking of the host's lock (llmtrial.core.hostlock) and what this cleanup did with it."""
+
+    path: str = Field(description="The lock file.")
+    run: str = Field(description="The run that took it.")
+    outcome: str = Field(description=(
+        "released; taken over by run R (a later run of the trial holds it); held by <holder> (another trial's, left "
+        "alone); not held; or kept (the host was not given back: it stays held until a cleanup gives it back)."))

@@ -30,7 +30,7 @@ from pydantic.json_schema import GenerateJsonSchema
 from llmtrial.core.comparison_model import ComparisonRecord
 from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.preflight_model import PreflightRecord
-from llmtrial.core.record_base import Check, Fact, HeldGpu, Maybe, NonNegInt, Number, RecordModel, Residue, Rows, Verdict
+from llmtrial.core.record_base import Check, Fact, HeldGpu, LockRow, Maybe, NonNegInt, Number, RecordModel, Residue, Rows, Verdict
 from llmtrial.core.resources import SCHEMAS
 
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -396,16 +396,6 @@ class HostAfter(RecordModel):
     """What the host showed after cleanup."""
 
     services: list[HostService] = Field(description="Whether each service stopped is running and healthy now.")
-
-
-class LockRow(RecordModel):
-    """One taking of the host's lock (llmtrial.core.hostlock) and what this cleanup did with it."""
-
-    path: str = Field(description="The lock file.")
-    run: str = Field(description="The run that took it.")
-    outcome: str = Field(description=(
-        "released; taken over by run R (a later run of the trial holds it); held by <holder> (another trial's, left "
-        "alone); not held; or kept (the host was not given back: it stays held until a cleanup gives it back)."))
 
 
 class CleanupRecord(RecordModel):
