@@ -7,9 +7,9 @@ import socket
 from conftest import child_pid, fake_server, written
 from llmtrial.borrow.cleanup import run_cleanup
 from llmtrial.cli import main as cli_main
+from llmtrial.core.cleanup_model import CleanupRecord, QuietRecord
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.paths import TrialPaths
-from llmtrial.core.record_models import CleanupRecord, QuietRecord
 from llmtrial.host.groups import group_members, port_open
 
 

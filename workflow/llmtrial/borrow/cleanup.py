@@ -27,12 +27,12 @@ from typing import Any
 import psutil
 
 from llmtrial.borrow.ledger_tables import patches_table, services_table, undo_rows
+from llmtrial.core.cleanup_model import CleanupRecord, HostAfter, LeftBehind, PortState, WeightsOutcome
 from llmtrial.core.hostlock import read_holder
 from llmtrial.core.hostlock import release as release_lock
 from llmtrial.core.ledger import Action, Ledger, replay
 from llmtrial.core.paths import TrialPaths
 from llmtrial.core.record_base import LockRow
-from llmtrial.core.record_models import CleanupRecord, HostAfter, LeftBehind, PortState, WeightsOutcome
 from llmtrial.core.records import as_written, write_record
 from llmtrial.host.gpus import recheck_failed
 from llmtrial.host.groups import group_members, port_open, stop_group, stop_recorded_groups

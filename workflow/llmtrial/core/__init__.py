@@ -3,6 +3,8 @@ package's data and job logs. It imports no other package.
 
 - :mod:`llmtrial.core.answers_model`: The answers part of a configuration record: the task set,
   each answer and its grade, each run.
+- :mod:`llmtrial.core.cleanup_model`: The cleanup record's model and the quiet record's: what a trial
+  gave back, read from the ledger alone, and what it quieted.
 - :mod:`llmtrial.core.comparison_model`: The comparison record's model: one trial against another, what
   differs, and each figure's ratio with its interval and verdict.
 - :mod:`llmtrial.core.configuration_model`: The configuration record's model: what one serving
@@ -36,5 +38,5 @@ package's data and job logs. It imports no other package.
 Imports from: no other package. (tests/test_structure.py holds the order.)
 """
 
-__all__ = ["answers_model", "comparison_model", "configuration_model", "fileio", "gitstate", "hostlock", "joblog", "ledger", "paths", "preflight_model",
+__all__ = ["answers_model", "cleanup_model", "comparison_model", "configuration_model", "fileio", "gitstate", "hostlock", "joblog", "ledger", "paths", "preflight_model",
            "record_base", "record_models", "records", "resources", "scenario_model", "stats"]

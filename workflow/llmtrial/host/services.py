@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmtrial.core.cleanup_model import CleanupRecord, QuietedService, QuietGpu, QuietRecord
 from llmtrial.core.ledger import Action, Ledger, replay
 from llmtrial.core.paths import TrialPaths
 from llmtrial.core.record_base import Residue
-from llmtrial.core.record_models import CleanupRecord, QuietedService, QuietGpu, QuietRecord
 from llmtrial.host.gpus import held_gpus
 from llmtrial.host.nodes import Node, NodeError, local_node, trial_nodes
 from llmtrial.host.sources import NvmlSource

@@ -21,10 +21,11 @@ import jinja2
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
+from llmtrial.core.cleanup_model import CleanupRecord, QuietRecord
 from llmtrial.core.configuration_model import ConfigurationRecord, SamplerStats
 from llmtrial.core.fileio import atomic_write_text
 from llmtrial.core.preflight_model import PreflightRecord
-from llmtrial.core.record_models import CleanupRecord, ManifestRecord, PatchesRecord, PlanRecord, ProvenanceRecord, QuietRecord
+from llmtrial.core.record_models import ManifestRecord, PatchesRecord, PlanRecord, ProvenanceRecord
 from llmtrial.core.records import human_bytes, load_record
 from llmtrial.core.resources import TEMPLATES
 from llmtrial.core.scenario_model import Agreement, PassSummary, ServerMetrics, WindowFigures, WindowStat
