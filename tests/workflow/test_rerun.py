@@ -257,7 +257,9 @@ def test_tp1_one_sequence_at_a_time_is_slower_at_c4_with_its_interval_and_c1_not
     assert "configurations.tp1.args.max_num_seqs: unset in A, 1 in B" in record.changes
     c4 = next(r for r in record.rows if (r.configuration, r.scenario, r.figure) == ("tp1", "c4", "output_tok_s"))
     assert c4.verdict == "slower" and 0 < c4.low <= c4.ratio <= c4.high < 1, c4
-    assert c4.b.median < min(c4.a.values)  # four requests at a time served one by one
+    # four requests at a time served one by one: every pass below A's median (A's own slowest pass
+    # may fall to B's level when the suite's other worker loads the CPUs)
+    assert max(c4.b.values) < c4.a.median
     c1 = [r for r in record.rows if r.scenario == "c1"]
     assert c1 and {r.verdict for r in c1} == {"not comparable"} and all(r.ratio is None for r in c1)
     assert c1[0].reason == "not comparable: output_len (32 against 16) differ" and not record.workloads_match
