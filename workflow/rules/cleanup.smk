@@ -12,17 +12,21 @@ rule cleanup_trial:
         ),
     log:
         str(P.log("cleanup")),
+    resources:
+        **host_resources("cleanup_trial"),
     conda:
         "../../envs/workflow.yaml"
     params:
         results=str(TRIAL_PATHS.root),
         ports=trial_ports(),
         host=config["serving"]["host"],
+        submit=cleanup_submit(config),
     script:
         "../scripts/cleanup.py"
 
 
-# On demand, after a crash or kill -9: `snakemake cleanup` (runs no trial first).
+# On demand, after a crash or kill -9: `snakemake cleanup` (runs no trial first). It runs where
+# snakemake runs (a local rule under SLURM too) and sends the cleanup to the node the ledger names.
 rule cleanup:
     log:
         str(TRIAL_PATHS.log("cleanup-on-demand")),
@@ -32,5 +36,6 @@ rule cleanup:
         results=str(TRIAL_PATHS.root),
         ports=trial_ports(),
         host=config["serving"]["host"],
+        submit=cleanup_submit(config),
     script:
         "../scripts/cleanup.py"

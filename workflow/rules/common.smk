@@ -7,11 +7,12 @@ import sys
 from pathlib import Path
 
 from llmtrial.borrow.cleanup import cleanup_with_record, residue_rows, restore_after_run
-from llmtrial.core.hostlock import LOCK_ENV, PID_ENV, RUN_LOCK_ENV, WAIT_ENV
+from llmtrial.core.hostlock import LOCK_ENV, PID_ENV, PID_HOST_ENV, RUN_LOCK_ENV, WAIT_ENV, this_host
 from llmtrial.core.ledger import NODE_ENV, RUN_ENV, new_run_id
 from llmtrial.host.nodes import spanned_nodes, this_node_name
 from llmtrial.host.services import services_on_nodes
 from llmtrial.patch.patchdata import patch_inputs
+from llmtrial.plan.allocation import cleanup_submit, rule_resources
 from llmtrial.provenance import COMMAND_ENV
 from llmtrial.core.paths import TrialPaths
 from llmtrial.config import (
@@ -40,6 +41,7 @@ os.environ.setdefault(COMMAND_ENV, json.dumps(sys.argv))
 os.environ[RUN_LOCK_ENV] = os.environ.get(LOCK_ENV) or config["host_lock"]["path"]
 os.environ[WAIT_ENV] = str(config["host_lock"]["wait_s"])
 os.environ.setdefault(PID_ENV, str(os.getpid()))
+os.environ.setdefault(PID_HOST_ENV, this_host())
 
 TRIAL = config["trial"]
 CONFIGURATIONS = list(config["configurations"])
@@ -112,6 +114,12 @@ def configuration_params(wildcards):
     return configuration_spec(config, wildcards.configuration)
 
 
+def host_resources(rule_name):
+    """What a host stage asks of SLURM under profiles/slurm, from the trial file's `slurm` key
+    (llmtrial.plan.allocation); nothing that limits a local run."""
+    return rule_resources(config, rule_name)
+
+
 def trial_ports():
     return [configuration_port(config, name) for name in CONFIGURATIONS]
 
@@ -122,10 +130,12 @@ def cleanup_on_error():
         TRIAL_PATHS.cleanup_on_error,
         ports=trial_ports(),
         host=config["serving"]["host"],
+        submit=cleanup_submit(config),
     )
     state = "restored" if record.restored else f"NOT restored: {residue_rows(record)}"
     print(f"llmtrial cleanup after error: host {state}")
 
 
 def cleanup_if_unfinished():
-    restore_after_run(TRIAL_PATHS.root, ports=trial_ports(), host=config["serving"]["host"])
+    restore_after_run(TRIAL_PATHS.root, ports=trial_ports(), host=config["serving"]["host"],
+                      submit=cleanup_submit(config))

@@ -13,6 +13,8 @@ rule stage_model:
         ),
     log:
         str(P.log("stage_model")),
+    resources:
+        **host_resources("stage_model"),
     conda:
         "../../envs/serving.yaml"
     params:

@@ -17,6 +17,8 @@ rule patch:
         ),
     log:
         str(P.log("patch")),
+    resources:
+        **host_resources("patch"),
     conda:
         "../../envs/serving.yaml"
     params:

@@ -13,6 +13,8 @@ rule plan:
     log:
         str(P.log("plan/{configuration}")),
     priority: 10
+    resources:
+        **host_resources("plan"),
     conda:
         "../../envs/workflow.yaml"
     params:

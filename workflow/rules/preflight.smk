@@ -11,6 +11,8 @@ rule preflight:
         ),
     log:
         str(P.log("preflight")),
+    resources:
+        **host_resources("preflight"),
     conda:
         "../../envs/workflow.yaml"
     params:

@@ -15,6 +15,8 @@ rule quiet:
         ),
     log:
         str(P.log("quiet")),
+    resources:
+        **host_resources("quiet"),
     conda:
         "../../envs/workflow.yaml"
     params:

@@ -31,6 +31,7 @@ rule trial:
         "../../envs/serving.yaml"
     resources:
         serving=1,
+        **host_resources("trial"),
     params:
         spec=configuration_params,
         served_model_name=config["model"]["name"],

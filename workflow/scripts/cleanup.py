@@ -13,4 +13,5 @@ open_job_log(snakemake.log[0])
 # the trial's cleanup rule names its record; on demand (`snakemake cleanup`) it is on-demand.json;
 # both apply the staged weights' policy
 cleanup_with_record(Path(snakemake.params.results), snakemake.output.get("record"),
-                    ports=snakemake.params.ports, host=snakemake.params.host, weights=True)
+                    ports=snakemake.params.ports, host=snakemake.params.host, weights=True,
+                    submit=snakemake.params.submit)

@@ -6,6 +6,8 @@ configuration serves (re-quiet, re-patch, census), and cleanup from the ledger a
   row per change: each quieted service, each patched file or plugin folder, each server, group and
   job. The cleanup record carries these tables (:func:`llmtrial.borrow.cleanup.run_cleanup`);
   they are read from the ledger alone, so any run's cleanup tells every run's changes apart.
+- :mod:`llmtrial.borrow.on_node`: Cleanup on the host that made the changes: on a cluster, the node
+  the ledger names (sent there through ``srun``).
 - :mod:`llmtrial.borrow.preflight`: Preflight: what the trial runs on and whether it can run, before
   anything changes the host.
 - :mod:`llmtrial.borrow.readiness`: Host readiness before a configuration serves, one function for
@@ -16,4 +18,4 @@ configuration serves (re-quiet, re-patch, census), and cleanup from the ledger a
 Imports from: core, logs, host, plan, weights, patch. (tests/test_structure.py holds the order.)
 """
 
-__all__ = ["cleanup", "ledger_tables", "preflight", "readiness"]
+__all__ = ["cleanup", "ledger_tables", "on_node", "preflight", "readiness"]

@@ -20,15 +20,16 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from llmtrial.borrow.ledger_tables import patches_table, services_table, undo_rows
+from llmtrial.borrow.on_node import cleanup_there, hosts_to_reach
 from llmtrial.core.cleanup_model import CleanupRecord, HostAfter, LeftBehind, PortState, WeightsOutcome
-from llmtrial.core.hostlock import read_holder
+from llmtrial.core.hostlock import read_holder, this_host
 from llmtrial.core.hostlock import release as release_lock
 from llmtrial.core.ledger import Action, Ledger, replay
 from llmtrial.core.paths import TrialPaths
@@ -88,7 +89,7 @@ def restore_first(results_dir: Path, *, ports: Iterable[int] = (), host: str = "
     """Before the host is quieted: when any run of this trial left a change open (a crash),
     give the host back first. Returns that cleanup's record (None when nothing was open);
     raises :class:`HostNotRestored` when residues remain."""
-    ledger = Ledger(TrialPaths(Path(results_dir)).ledger)
+    ledger = Ledger(TrialPaths(Path(results_dir)).ledger, only_host=this_host())
     if not unfinished(ledger.entries()):
         return None
     log.warning("an earlier run of this trial left the host changed (ledger %s): restoring it first", ledger.path)
@@ -240,8 +241,9 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
     as read from the host now. With ``weights``, also apply each staged model's policy
     (keep, archive or delete): the trial's own cleanup and an on-demand cleanup do, a
     cleanup after a failed job does not, so that the rerun finds its weights. Once the host is given
-    back, the host's lock is released (``release_host``; the restore before a quiet keeps it)."""
-    ledger = Ledger(TrialPaths(Path(results_dir)).ledger, run=run)
+    back, the host's lock is released (``release_host``; the restore before a quiet keeps it). Only
+    the changes this host made are undone here (:func:`cleanup_with_record` sends the others' away)."""
+    ledger = Ledger(TrialPaths(Path(results_dir)).ledger, run=run, only_host=this_host())
     started, n_entries = time.time(), len(ledger.entries())
     ledger.append(Action.CLEANUP_START)
     residues: list[dict[str, Any]] = []
@@ -279,14 +281,33 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
 
 
 def cleanup_with_record(results_dir: Path, record_path: Path | None = None, *, ports: Iterable[int] = (),
-                        host: str = "127.0.0.1", stop_timeout: float = 30.0, weights: bool = False) -> CleanupRecord:
-    """Run cleanup and write its record (default ``<results>/cleanup/on-demand.json``)."""
+                        host: str = "127.0.0.1", stop_timeout: float = 30.0, weights: bool = False,
+                        submit: Sequence[str] = ()) -> CleanupRecord:
+    """Run cleanup and write its record (default ``<results>/cleanup/on-demand.json``): on each other
+    host with a change still open (a SLURM node; llmtrial.borrow.on_node, ``submit``: srun's further
+    options), then here. When only other hosts had changes, the record is the last one's; a host
+    that could not be reached is a residue of the record written here."""
+    path = Path(record_path or TrialPaths(Path(results_dir)).cleanup_on_demand)
+    elsewhere, unreached = None, []
+    for node in hosts_to_reach(Ledger(TrialPaths(Path(results_dir)).ledger).entries()):
+        there = cleanup_there(node, Path(results_dir), path, ports=ports, host=host, stop_timeout=stop_timeout,
+                              weights=weights, submit=submit)
+        if isinstance(there, CleanupRecord):
+            elsewhere = there
+        else:
+            unreached.append(there)
+    here = Ledger(TrialPaths(Path(results_dir)).ledger, only_host=this_host()).entries()
+    if elsewhere is not None and not unreached and not replay(here).any_open():
+        return elsewhere
     record = run_cleanup(results_dir, ports=ports, host=host, stop_timeout=stop_timeout, weights=weights)
-    write_record(record_path or TrialPaths(Path(results_dir)).cleanup_on_demand, record, schema="cleanup")
+    if unreached:
+        record = record.model_copy(update={"residues": [*record.residues, *unreached], "restored": False})
+    write_record(path, record, schema="cleanup")
     return record
 
 
-def restore_after_run(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1") -> CleanupRecord | None:
+def restore_after_run(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1",
+                      submit: Sequence[str] = ()) -> CleanupRecord | None:
     """After a successful workflow run: give back what a partial run left changed (recorded
     as ``cleanup/on-success.json``), and raise HostNotRestored when the last cleanup could
     not restore the host, so the run's exit status says so. Returns the new record, if any."""
@@ -294,7 +315,8 @@ def restore_after_run(results_dir: Path, *, ports: Iterable[int] = (), host: str
     entries = Ledger(TrialPaths(results).ledger).entries()
     record = None
     if unfinished(entries) or replay(entries).open("locks"):  # a partial run gives the host's lock back too
-        record = cleanup_with_record(results, TrialPaths(results).cleanup_on_success, ports=ports, host=host)
+        record = cleanup_with_record(results, TrialPaths(results).cleanup_on_success, ports=ports, host=host,
+                                     submit=submit)
         entries = Ledger(TrialPaths(results).ledger).entries()
     done = [e for e in entries if e.get("action") == Action.CLEANUP_DONE]
     if done and not done[-1].get("restored", True):

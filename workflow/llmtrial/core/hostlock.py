@@ -40,8 +40,19 @@ RUN_LOCK_ENV = "LLMTRIAL_HOST_LOCK_FILE"
 WAIT_ENV = "LLMTRIAL_HOST_LOCK_WAIT"
 #: The pid of the snakemake process whose run holds the lock (the workflow sets it; jobs inherit it).
 PID_ENV = "LLMTRIAL_RUN_PID"
+#: The host the run's snakemake runs on, where its pid is (the workflow sets it; jobs inherit it: under
+#: SLURM, the login node's name, while the job's changes are made on the node the allocation gave).
+PID_HOST_ENV = "LLMTRIAL_RUN_HOST"
+#: SLURM's name for the node a job (or a step of one) runs on; set by slurmd for every job.
+SLURM_NODE_ENV = "SLURMD_NODENAME"
 #: Seconds between the waiting trial's lines that say who holds the host.
 SAY_EVERY_S = 30.0
+
+
+def this_host() -> str:
+    """The machine this process changes: inside a SLURM job the node's SLURM name (which ``srun
+    --nodelist`` reaches again), else this machine's hostname."""
+    return os.environ.get(SLURM_NODE_ENV) or socket.gethostname()
 
 
 class Holder(BaseModel):
@@ -54,15 +65,16 @@ class Holder(BaseModel):
     run: str
     pid: int
     node: str
-    hostname: str
+    hostname: str  # where the pid is: the run's snakemake
     since: float
+    host: str | None = None  # where the changes are (this_host(); a lock written before it: hostname)
 
     def alive(self) -> bool:
         """Whether the holder's snakemake still runs (on this host; another host's pid is not checked)."""
-        return self.hostname != socket.gethostname() or psutil.pid_exists(self.pid)
+        return self.hostname != this_host() or psutil.pid_exists(self.pid)
 
     def describe(self) -> str:
-        state = ("running" if self.alive() else "not running") if self.hostname == socket.gethostname() \
+        state = ("running" if self.alive() else "not running") if self.hostname == this_host() \
             else f"on host {self.hostname}"
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))
         return (f"trial {self.trial} (results {self.results}, run {self.run}, pid {self.pid} {state}, "
@@ -77,7 +89,7 @@ def holder_for(results: Path, run: str, node: str) -> Holder:
     """This process's claim on the host, for the trial whose results folder is ``results``."""
     pid = int(os.environ.get(PID_ENV) or os.getpid())
     return Holder(trial=results.name, results=str(results), run=run, pid=pid, node=node,
-                  hostname=socket.gethostname(), since=time.time())
+                  hostname=os.environ.get(PID_HOST_ENV) or this_host(), since=time.time(), host=this_host())
 
 
 @contextmanager

@@ -21,6 +21,13 @@ started there: ``group_launch``; weights staged there; a plugin folder copied th
 :meth:`llmtrial.host.nodes.Node.describe` gives it, so cleanup can rebuild the node from the
 ledger alone.
 
+Every entry names, beside, the ``machine``: the host whose process wrote it
+(:func:`llmtrial.core.hostlock.this_host`: inside a SLURM job, the node's SLURM name). On a cluster
+the jobs that change a host run on the node an allocation gave, while ``snakemake cleanup`` runs
+on the login node: cleanup undoes what was done on its own machine (:class:`Ledger` with
+``only_host``) and sends the rest to the host that did it (llmtrial.borrow.on_node). Entries
+written before hosts were named read as this machine's.
+
 The vocabulary is here and only here: :class:`Action` lists every entry kind, :data:`ACTIONS`
 declares each kind's payload (its required fields) and :data:`CHANGES` each kind of change
 to the host with the actions that make it and the actions that undo it. :func:`replay`
@@ -40,7 +47,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from llmtrial.core.hostlock import acquire, holder_for, lock_settings
+from llmtrial.core.hostlock import acquire, holder_for, lock_settings, this_host
 
 #: The environment variable that names the current run; the workflow sets it once per invocation.
 RUN_ENV = "LLMTRIAL_RUN"
@@ -213,12 +220,15 @@ def current_node() -> str:
 
 
 class Ledger:
-    """Append-only JSON-lines file at ``path``; entries written here carry ``run``."""
+    """Append-only JSON-lines file at ``path``; entries written here carry ``run`` and ``machine``. With
+    ``only_host``, :meth:`entries` reads only the entries that host wrote (the cleanup of one host)."""
 
-    def __init__(self, path: str | os.PathLike[str], run: str | None = None, node: str | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], run: str | None = None, node: str | None = None,
+                 only_host: str | None = None) -> None:
         self.path = Path(path)
         self.run = run or current_run()
         self.node = node or current_node()
+        self.only_host = only_host
 
     def append(self, action: str, **data: Any) -> dict[str, Any]:
         """Write one entry (``node`` defaults to this ledger's) and return it. An entry of a change
@@ -243,7 +253,7 @@ class Ledger:
 
     def _write(self, action: str, **data: Any) -> dict[str, Any]:
         entry = {"t": time.time(), "action": str(action), "run": self.run, "id": secrets.token_hex(8),
-                 "node": self.node, **data}
+                 "node": self.node, "machine": this_host(), **data}
         line = (json.dumps(entry, default=str) + "\n").encode("utf-8")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -257,7 +267,7 @@ class Ledger:
     def entries(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
-        out = []
+        out, here = [], this_host()
         for i, raw in enumerate(self.path.read_text(encoding="utf-8").splitlines()):
             try:
                 entry = json.loads(raw)
@@ -266,7 +276,9 @@ class Ledger:
             entry.setdefault("run", EARLIER_RUN)
             entry.setdefault("id", f"line-{i + 1}")
             entry.setdefault("node", LOCAL_NODE)
-            out.append(entry)
+            entry.setdefault("machine", here)
+            if self.only_host is None or entry["machine"] == self.only_host:
+                out.append(entry)
         return out
 
 

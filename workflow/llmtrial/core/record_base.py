@@ -80,7 +80,8 @@ class HeldGpu(RecordModel):
 class Residue(RecordModel):
     """What could not be undone without force."""
 
-    kind: Literal["process", "port", "service", "file", "weights", "gpu"] = Field(description="What was left.")
+    kind: Literal["process", "port", "service", "file", "weights", "gpu", "node"] = Field(description=(
+        "What was left (node: a SLURM node whose changes its cleanup could not reach)."))
     what: str = Field(description="Which one.")
     tried: str = Field(description="What cleanup tried.")
     seen: str = Field(description="What it saw afterwards.")

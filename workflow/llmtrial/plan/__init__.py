@@ -1,6 +1,8 @@
 """Will it fit: a model's shape from config.json, what its checkpoint weighs, vLLM's memory accounting
-by version, the planner, the checks before launch, the throughput bound.
+by version, the planner, the checks before launch, the throughput bound, what a trial asks of SLURM.
 
+- :mod:`llmtrial.plan.allocation`: What a trial asks of SLURM: the resources of its host group, from
+  the trial file's ``slurm:`` key.
 - :mod:`llmtrial.plan.budget`: vLLM's GPU memory accounting per rank, term by term, before launch.
 - :mod:`llmtrial.plan.ceiling`: The decode throughput a configuration can reach at most, from
   measured bandwidths and the model's shape: an ``estimated`` figure put beside the measured output
@@ -23,4 +25,4 @@ by version, the planner, the checks before launch, the throughput bound.
 Imports from: core, logs, host. (tests/test_structure.py holds the order.)
 """
 
-__all__ = ["budget", "ceiling", "checkpoint", "launch_checks", "plan_inputs", "planner", "prediction", "shape"]
+__all__ = ["allocation", "budget", "ceiling", "checkpoint", "launch_checks", "plan_inputs", "planner", "prediction", "shape"]

@@ -1,0 +1,74 @@
+"""Cleanup on the host that made the changes: on a cluster, the node the ledger names.
+
+Under SLURM the jobs that change a host run on the node an allocation gave, and every ledger entry
+names that node (``machine``: :func:`llmtrial.core.hostlock.this_host`). ``onerror``, ``onsuccess``,
+``snakemake cleanup`` and ``llmtrial cleanup`` run where snakemake runs: the login node. There,
+:func:`hosts_to_reach` finds the hosts other than this one with a change still open, and
+:func:`cleanup_there` runs ``llmtrial cleanup`` on each of them through ``srun --nodelist=<node>``
+(an argv list, waiting for the node like any job; the results folder is on the shared file
+system, as the workflow's own jobs need), then reads back the cleanup record it wrote. A node that
+cannot be reached is a residue that names it, and what it changed is left alone here: undoing a
+node's services or patches on another machine would change the wrong host.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from llmtrial.core.cleanup_model import CleanupRecord
+from llmtrial.core.hostlock import this_host
+from llmtrial.core.ledger import replay
+from llmtrial.core.record_base import Residue
+from llmtrial.core.records import load_record
+
+#: How long the cleanup sent to a node may take, waiting for the node included.
+SUBMIT_TIMEOUT_S = 1800.0
+
+
+def hosts_to_reach(entries: list[dict[str, Any]]) -> list[str]:
+    """The hosts other than this one that made a change still open in the ledger (a taking of the
+    host's lock too: the lock file is the node's), in the order they first appear."""
+    state = replay(entries)
+    here = this_host()
+    hosts = [e["machine"] for changes in state.outstanding.values() for e in changes.values() if e["machine"] != here]
+    return list(dict.fromkeys(hosts))
+
+
+def cleanup_argv(node: str, results_dir: Path, record_path: Path, *, ports: Iterable[int], host: str,
+                 stop_timeout: float, weights: bool, submit: Sequence[str] = ()) -> list[str]:
+    """``srun`` on ``node`` of this Python's ``llmtrial cleanup`` for the trial at ``results_dir``;
+    ``submit`` are further srun options (the trial's partition and account)."""
+    trial = Path(results_dir).name
+    return ["srun", f"--nodelist={node}", "--nodes=1", "--ntasks=1", f"--job-name=llmtrial-cleanup-{trial}",
+            *submit, sys.executable, "-m", "llmtrial.cli", "cleanup", str(Path(results_dir).resolve()),
+            "--record", str(Path(record_path).resolve()), "--host", host, "--stop-timeout", str(stop_timeout),
+            *[arg for port in ports for arg in ("--port", str(port))], *([] if weights else ["--keep-weights"])]
+
+
+def cleanup_there(node: str, results_dir: Path, record_path: Path, *, ports: Iterable[int], host: str,
+                  stop_timeout: float, weights: bool, submit: Sequence[str] = ()) -> CleanupRecord | Residue:
+    """Run the trial's cleanup on ``node`` and return the record it wrote, or, when it could not run
+    there, the residue that says so (naming the node, what was tried and what was seen)."""
+    argv = cleanup_argv(node, results_dir, record_path, ports=ports, host=host, stop_timeout=stop_timeout,
+                        weights=weights, submit=submit)
+    tried = f"llmtrial cleanup on node {node} through srun"
+    if shutil.which("srun") is None:
+        return Residue(kind="node", what=node, tried=tried, node=node,
+                       seen=f"no srun on {this_host()}: run `llmtrial cleanup {results_dir}` on {node}")
+    print(f"llmtrial cleanup: the ledger's changes were made on node {node}: sending the cleanup there "
+          f"({' '.join(argv[:5])} …)", file=sys.stderr, flush=True)
+    Path(record_path).unlink(missing_ok=True)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return Residue(kind="node", what=node, tried=tried, node=node, seen=f"no answer in {SUBMIT_TIMEOUT_S:.0f} s")
+    sys.stderr.write(done.stdout + done.stderr)
+    if not Path(record_path).exists():
+        return Residue(kind="node", what=node, tried=tried, node=node,
+                       seen=f"exit {done.returncode}, no record: {(done.stderr or done.stdout).strip()[-400:]}")
+    return load_record(record_path, "cleanup")

