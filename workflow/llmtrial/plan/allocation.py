@@ -39,12 +39,15 @@ def vllm_is_cpu_build() -> bool:
 
 
 def allocation_gpus(config: Mapping[str, Any]) -> int:
-    """GPUs the allocation asks: ``slurm.gpus``, else the largest tensor × pipeline × data parallel size
-    among the configurations (none with the CPU build of vLLM, or when ``hardware.gpus`` is 0)."""
-    asked = config["slurm"]["gpus"]
+    """GPUs the allocation asks: ``slurm.gpus``; else the GPUs the trial says it uses (``hardware.gpus``,
+    a count or a list); else the largest tensor × pipeline × data parallel size among the
+    configurations, none where this venv's vLLM is the CPU build."""
+    asked, used = config["slurm"]["gpus"], config["hardware"]["gpus"]
     if asked is not None:
         return int(asked)
-    if config["hardware"]["gpus"] == 0 or vllm_is_cpu_build():
+    if used is not None:
+        return len(used) if isinstance(used, list) else int(used)
+    if vllm_is_cpu_build():
         return 0
     sizes = []
     for entry in config["configurations"].values():
