@@ -22,6 +22,7 @@ from llmtrial.core.hostlock import LOCK_ENV
 from llmtrial.core.records import as_written
 from llmtrial.host.groups import port_open
 from llmtrial.serve.server import ServerProcess
+from slurm_cluster import SlurmCluster, SlurmUnavailable, leftovers, slurm_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
@@ -328,3 +329,18 @@ def hub_plugin_trial(tmp_path_factory):
     from served_trials import hub_plugin
 
     yield from hub_plugin(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def slurm() -> Iterator[SlurmCluster]:
+    """The session's one-node SLURM (tests/slurm_cluster.py), with its /etc/slurm links; skipped (with
+    the reason) where this machine cannot run one. Its tests are hostwide or e2e, so one pytest-xdist
+    worker holds it. On teardown nothing of it may be left (processes, /etc/slurm links, folder)."""
+    with contextlib.ExitStack() as stack:
+        try:
+            cluster = stack.enter_context(slurm_cluster())
+        except SlurmUnavailable as exc:
+            pytest.skip(str(exc))
+        yield cluster
+    left = leftovers(cluster.root)
+    assert not left, f"the session's SLURM left {left}"

@@ -25,6 +25,7 @@ def test_seed_003_asks_its_four_gpus_and_four_configurations_time_on_one_node():
     config = load_config(TRIALS / "seed003-qwen3-235b-4gpu.yaml")  # hardware.gpus: 4, four configurations
     trial = rule_resources(config, "trial")
     assert trial["gpu"] == 4 and trial["runtime"] == 60 and trial["slurm_extra"] == "--exclusive"
+    assert trial["cpus_per_task"] == -1  # no CPU flag: the node's every CPU with --exclusive
     assert rule_resources(config, "stage_model")["runtime"] == 30
     # the numbers sit on the trial rule alone, the strings on every rule of the group
     for rule in set(HOST_RULES) - {"trial"}:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtrial.core.cleanup_model import CleanupRecord
-from llmtrial.core.hostlock import this_host
+from llmtrial.core.hostlock import tell, this_host
 from llmtrial.core.ledger import replay
 from llmtrial.core.record_base import Residue
 from llmtrial.core.records import load_record
@@ -60,14 +60,15 @@ def cleanup_there(node: str, results_dir: Path, record_path: Path, *, ports: Ite
     if shutil.which("srun") is None:
         return Residue(kind="node", what=node, tried=tried, node=node,
                        seen=f"no srun on {this_host()}: run `llmtrial cleanup {results_dir}` on {node}")
-    print(f"llmtrial cleanup: the ledger's changes were made on node {node}: sending the cleanup there "
-          f"({' '.join(argv[:5])} …)", file=sys.stderr, flush=True)
+    tell(f"llmtrial cleanup: the ledger's changes were made on node {node}: sending the cleanup there "
+         f"({' '.join(argv[:5])} …)")
     Path(record_path).unlink(missing_ok=True)
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         return Residue(kind="node", what=node, tried=tried, node=node, seen=f"no answer in {SUBMIT_TIMEOUT_S:.0f} s")
-    sys.stderr.write(done.stdout + done.stderr)
+    for line in (done.stdout + done.stderr).splitlines():
+        tell(f"  {node}: {line}")
     if not Path(record_path).exists():
         return Residue(kind="node", what=node, tried=tried, node=node,
                        seen=f"exit {done.returncode}, no record: {(done.stderr or done.stdout).strip()[-400:]}")

@@ -118,7 +118,7 @@ def _write(path: Path, holder: Holder) -> None:
     os.replace(tmp, path)
 
 
-def _say(line: str) -> None:
+def tell(line: str) -> None:
     """A line for the job's log and the terminal the workflow runs in (a job's stderr is its log)."""
     for stream in {id(s): s for s in (sys.stderr, sys.__stderr__) if s is not None}.values():
         print(line, file=stream, flush=True)
@@ -137,7 +137,7 @@ def acquire(path: Path, me: Holder, *, wait_s: float, before: Callable[[Holder |
     an earlier run of the same results folder; else wait up to ``wait_s`` seconds, saying who holds
     it, then raise :class:`HostBusy`. ``before(earlier_holder)`` runs under the guard just before
     the lock is written (it writes the ledger entry). Returns False when ``me``'s run held it already."""
-    say = say or _say
+    say = say or tell
     deadline, said = time.monotonic() + wait_s, 0.0
     while True:
         with _guard(path):

@@ -73,9 +73,14 @@ def _group_strings(config: Mapping[str, Any]) -> dict[str, str]:
 
 
 def rule_resources(config: Mapping[str, Any], rule: str) -> dict[str, Any]:
-    """The SLURM resources of ``rule`` (one of :data:`HOST_RULES`) for this trial."""
+    """The SLURM resources of ``rule`` (one of :data:`HOST_RULES`) for this trial. Without ``slurm.cpus``
+    every rule asks ``cpus_per_task=-1``: no CPU flag (the group's would otherwise be the sum of the
+    threads of the jobs that may run at once, three for two plans beside the staging: more than some
+    nodes have), so SLURM's default, and with ``--exclusive`` every CPU of the node."""
     slurm = config["slurm"]
     out: dict[str, Any] = _group_strings(config)
+    if not slurm["cpus"]:
+        out["cpus_per_task"] = -1
     if rule == "stage_model":
         out["runtime"] = slurm["setup_runtime_min"]
     if rule != "trial":
@@ -84,10 +89,8 @@ def rule_resources(config: Mapping[str, Any], rule: str) -> dict[str, Any]:
     gpus = allocation_gpus(config)
     if gpus:
         out["gpu"] = gpus
-        if slurm["cpus"]:
-            out["cpus_per_gpu"] = slurm["cpus"]
-    elif slurm["cpus"]:
-        out["cpus_per_task"] = slurm["cpus"]
+    if slurm["cpus"]:
+        out["cpus_per_gpu" if gpus else "cpus_per_task"] = slurm["cpus"]
     if slurm["mem_mb"]:
         out["mem_mb"] = slurm["mem_mb"]
     return out

@@ -1,0 +1,257 @@
+"""Trials through a real one-node SLURM (tests/slurm_cluster.py) with `--profile profiles/slurm`.
+
+Two trial files are submitted at once, as two operators would: the default trial (tp1, its
+scenarios one pass each, eager) and a copy named demo-b. The first holds the node, one allocation
+for its whole host group; the second's allocation pends until the first gave the node back. In
+the middle of demo-b's configuration its snakemake is killed (-9, the login session lost) and its
+allocation cancelled (scancel), so nothing but `snakemake cleanup` from the "login node" (this
+machine, not SLURM node llmtrial-n1) can give the node back: it sends the cleanup to the node the
+ledger names, through srun. Real vLLM (CPU build): about two minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import REPO
+from llmtrial.borrow.cleanup import outstanding
+from llmtrial.core.ledger import Ledger
+from llmtrial.core.records import load_record
+from llmtrial.host.groups import group_members, port_open
+from llmtrial.patch.patchdata import file_hash
+from llmtrial.patch.patching import revert_patches
+from slurm_cluster import SlurmCluster
+from workflow_helpers import SNAKEMAKE, default_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
+
+DEMO_PORT = 8190
+PROFILE = str(REPO / "profiles" / "slurm")
+#: Faster status checks than the profile's (MinJobAge is 300 s here, so squeue still sees ended jobs).
+QUICK = ("--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2")
+
+
+def trial_file(work: Path, name: str, **slurm) -> Path:
+    """The default trial, tp1 only, one pass per scenario, eager; named ``name``."""
+    config = default_config()
+    config["trial"] = name
+    del config["configurations"]["tp2"]
+    for scenario in config["scenarios"].values():
+        scenario.update({"num_prompts": 4, "passes": 1, "warmup": False})
+    config["serving"]["args"]["enforce_eager"] = True
+    config["slurm"] = {"runtime_min": 20, "setup_runtime_min": 10, **slurm}
+    path = work / f"{name}.yaml"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def submit(work: Path, slurm: SlurmCluster, path: Path, *args: str) -> subprocess.Popen:
+    cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(work), "--profile", PROFILE,
+           "--configfile", str(path), *QUICK, *args]
+    return subprocess.Popen(cmd, cwd=REPO, env=slurm.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def healthy() -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{DEMO_PORT}/health", timeout=5) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+@dataclass
+class Seen:
+    """What the two trials did, watched from the login side."""
+
+    a_out: str = ""
+    a_rc: int | None = None
+    snapshots: list[dict[str, str]] = field(default_factory=list)  # trial -> SLURM state, per poll
+    a_jobs: set[str] = field(default_factory=set)
+    b_jobs: set[str] = field(default_factory=set)
+    b_pgids: list[int] = field(default_factory=list)
+    b_cleanup: subprocess.CompletedProcess | None = None
+    patched_file: tuple[str, str] | None = None  # (file, its RECORD hash)
+
+
+def ledger(work: Path, trial: str) -> list[dict]:
+    return Ledger(work / "results" / trial / "ledger.jsonl").entries()
+
+
+def states(slurm: SlurmCluster, names: dict[str, str]) -> dict[str, str]:
+    """Each trial's SLURM job state, by the run's job name; ids are collected by the caller."""
+    return {trial: row["state"] for row in slurm.jobs() for trial, name in names.items() if row["name"] == name}
+
+
+def watch_until(proc_done, slurm: SlurmCluster, names: dict[str, str], seen: Seen, timeout: float,
+                until=lambda: False) -> None:
+    deadline = time.monotonic() + timeout
+    while not proc_done() and not until():
+        assert time.monotonic() < deadline, f"not done within {timeout} s: {slurm.jobs()}"
+        rows = slurm.jobs()
+        seen.snapshots.append({t: r["state"] for r in rows for t, n in names.items() if r["name"] == n})
+        seen.a_jobs |= {r["id"] for r in rows if r["name"] == names.get("demo")}
+        seen.b_jobs |= {r["id"] for r in rows if r["name"] == names.get("demo-b")}
+        time.sleep(1)
+
+
+def run_name(work: Path, trial: str, timeout: float = 60) -> str:
+    """The SLURM job name of a trial's run: the plugin's run id, from its log line."""
+    deadline = time.monotonic() + timeout
+    log = work / f"{trial}.out"
+    while time.monotonic() < deadline:
+        for line in log.read_text().splitlines() if log.exists() else []:
+            if line.startswith("SLURM run ID: "):
+                return line.split(": ", 1)[1].strip()
+        time.sleep(0.5)
+    raise AssertionError(f"{trial}: no SLURM run id in {log}")
+
+
+def pump(proc: subprocess.Popen, path: Path) -> None:
+    """The snakemake's output into a file as it comes (a background thread)."""
+    import threading
+
+    def copy():
+        with path.open("w") as out:
+            for line in proc.stdout:
+                out.write(line)
+                out.flush()
+    threading.Thread(target=copy, daemon=True).start()
+
+
+@pytest.fixture(scope="module")
+def two_trials(slurm: SlurmCluster, tmp_path_factory) -> tuple[Path, Seen]:
+    if any(port_open("127.0.0.1", p) for p in (DEMO_PORT, 8100)):
+        pytest.skip("the default trial's ports (8190, 8100) are in use here (`make stop-demo-service`?)")
+    work = tmp_path_factory.mktemp("slurm")
+    demo = [str(Path(SNAKEMAKE).parent / "python"), "-m", "llmtrial.host.demo_service", "--port", str(DEMO_PORT),
+            "--state", str(work / ".demo-service")]
+    assert subprocess.run([*demo[:3], "start", *demo[3:]], cwd=work, timeout=60).returncode == 0
+    seen = Seen()
+    try:
+        _run_both(work, slurm, seen)
+        yield work, seen
+    finally:
+        for trial in ("demo", "demo-b"):
+            revert_patches(Ledger(work / "results" / trial / "ledger.jsonl"))  # vLLM is never left patched
+        subprocess.run([*demo[:3], "stop", *demo[3:]], cwd=work, timeout=60)
+
+
+def _run_both(work: Path, slurm: SlurmCluster, seen: Seen) -> None:
+    a = submit(work, slurm, trial_file(work, "demo"))
+    pump(a, work / "demo.out")
+    names = {"demo": run_name(work, "demo")}
+    watch_until(lambda: a.poll() is not None, slurm, names, seen, 300,
+                until=lambda: states(slurm, names).get("demo") == "RUNNING")
+    b = submit(work, slurm, trial_file(work, "demo-b"))
+    pump(b, work / "demo-b.out")
+    names["demo-b"] = run_name(work, "demo-b")
+    watch_until(lambda: a.poll() is not None, slurm, names, seen, 600)
+    seen.a_rc = a.wait(timeout=120)
+    seen.a_out = (work / "demo.out").read_text()
+
+    def b_serving() -> bool:
+        return any(e["action"] == "server_started" for e in ledger(work, "demo-b"))
+    watch_until(lambda: b.poll() is not None, slurm, names, seen, 300, until=b_serving)
+    assert b.poll() is None, (work / "demo-b.out").read_text()[-3000:]
+    entries = ledger(work, "demo-b")
+    seen.b_pgids = [int(e["pgid"]) for e in entries if e["action"] == "server_started"]
+    patch = next(e for e in entries if e["action"] == "patch_file")
+    seen.patched_file = (patch["file"], patch["record_hash"])
+    os.killpg(b.pid, signal.SIGKILL)  # the login session is lost: no onerror
+    b.wait(timeout=30)
+    [job] = seen.b_jobs
+    assert slurm.run("scancel", job).returncode == 0
+    deadline = time.monotonic() + 60
+    while states(slurm, names).get("demo-b") not in ("CANCELLED", None):
+        assert time.monotonic() < deadline, slurm.jobs()
+        time.sleep(0.5)
+    time.sleep(3)  # KillWait is 5 s: SIGKILL reaches what ignored SIGTERM
+    seen.b_cleanup = subprocess.run(
+        [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(work), "--profile", PROFILE,
+         "--configfile", str(work / "demo-b.yaml"), *QUICK, "cleanup"],
+        cwd=REPO, env=slurm.env(), capture_output=True, text=True, timeout=600)
+
+
+def test_the_default_trial_under_the_slurm_profile_records_what_a_local_run_does(two_trials):
+    work, seen = two_trials
+    assert seen.a_rc == 0, seen.a_out[-4000:]
+    results = work / "results" / "demo"
+    assert load_record(results / "configs" / "tp1" / "record.json", "configuration").status == "ok"
+    cleanup = load_record(results / "cleanup" / "record.json", "cleanup")
+    assert cleanup.restored and cleanup.residues == []
+    assert [s["name"] for s in cleanup.services_restored] == ["demo-web"]
+    assert [p["path"] for p in cleanup.patches_reverted] == ["vllm/v1/worker/cpu_worker.py"]
+    assert [row.outcome for row in cleanup.host_lock] == ["released"]
+    quiet = load_record(results / "services" / "quieted.json", "quiet")
+    assert [(s.name, s.action) for s in quiet.services] == [("demo-web", "stopped")]
+    assert (results / "report.html").exists() and "Host lock" in (results / "report.html").read_text()
+    entries = ledger(work, "demo")
+    # every change was made on SLURM's node, none on the login side (this machine's hostname)
+    assert {e["machine"] for e in entries} == {"llmtrial-n1"} and outstanding_kinds(entries) == {}
+
+
+def outstanding_kinds(entries: list[dict]) -> dict:
+    return {kind: changes for kind, changes in outstanding(entries).items() if changes}
+
+
+def test_one_allocation_holds_the_whole_host_group_with_the_trial_files_resources(two_trials, slurm):
+    work, seen = two_trials
+    [job] = seen.a_jobs  # preflight, plan, staging, quiet, patch, tp1 and the cleanup: one SLURM job
+    shown = slurm.run("scontrol", "show", "job", job).stdout
+    assert "NodeList=llmtrial-n1" in shown and "TimeLimit=00:30:00" in shown  # 10 setup + 1 x 20 minutes
+    assert "OverSubscribe=NO" in shown and "JobState=COMPLETED" in shown
+    assert "Group job host" in seen.a_out and "Select jobs to execute" in seen.a_out
+
+
+def test_a_second_trial_submitted_at_once_waits_for_the_node_while_the_first_holds_it(two_trials):
+    _, seen = two_trials
+    both = [s for s in seen.snapshots if "demo" in s and "demo-b" in s]
+    assert any(s["demo"] == "RUNNING" and s["demo-b"] == "PENDING" for s in both), seen.snapshots
+    assert not any(s.get("demo") == "RUNNING" and s.get("demo-b") == "RUNNING" for s in seen.snapshots)
+
+
+def test_scancel_mid_configuration_then_snakemake_cleanup_gives_the_node_back_from_the_ledger(two_trials):
+    work, seen = two_trials
+    done = seen.b_cleanup
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "made on node llmtrial-n1: sending the cleanup there (srun --nodelist=llmtrial-n1" in done.stdout + done.stderr
+    record = load_record(work / "results" / "demo-b" / "cleanup" / "on-demand.json", "cleanup")
+    assert record.restored and record.residues == [] and [row.outcome for row in record.host_lock] == ["released"]
+    left = record.left_behind  # demo-b's run left them; this run (the cleanup's) undid them
+    assert [(s.name, s.restored_by_run) for s in left.services] == [("demo-web", record.run)] and healthy()
+    assert [p.reverted_by_run for p in left.patches] == [record.run]
+    file, expected = seen.patched_file
+    assert file_hash(file) == expected  # vLLM's file as its RECORD says
+    assert seen.b_pgids and all(group_members(pgid) == [] for pgid in seen.b_pgids)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "demo-b" in " ".join(p.info["cmdline"] or [])]
+    entries = ledger(work, "demo-b")
+    # the cleanup ran on the node the ledger names, sent there from this side through srun
+    assert {e["machine"] for e in entries if e["action"] in ("cleanup_start", "service_restored")} == {"llmtrial-n1"}
+    assert outstanding_kinds(entries) == {}
+
+
+def test_seed_003_asks_one_allocation_of_four_gpus_for_four_configurations_and_is_refused_here(slurm, tmp_path):
+    """The 4-GPU trial of seed 003 (hardware.gpus: 4, four configurations) against this one-GPU node:
+    one sbatch for its whole host group, asking what the trial file says; SLURM refuses it before
+    anything on the node changed."""
+    run = subprocess.run([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+                          "--profile", PROFILE, "--configfile", str(REPO / "config" / "trials" / "seed003-qwen3-235b-4gpu.yaml"),
+                          *QUICK, "--verbose"], cwd=REPO, env=slurm.env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0
+    [call] = [line for line in (run.stdout + run.stderr).splitlines() if line.startswith("sbatch call: ")]
+    argv = call.split(" --wrap=")[0].split()
+    assert "--gpus=4" in argv and argv[argv.index("-t") + 1] == "270"  # 30 setup + 4 x 60 minutes
+    assert "--exclusive" in argv and "-p" in argv and argv[argv.index("-p") + 1] == "trials"
+    entries = Ledger(tmp_path / "results" / "seed003-qwen3-235b" / "ledger.jsonl").entries()
+    assert {e["action"] for e in entries} <= {"cleanup_start", "cleanup_done"}  # onerror's; nothing changed

@@ -1,0 +1,200 @@
+"""The one-node SLURM the SLURM profile's tests run on (tests/slurm_cluster.py): its node name, its
+one GPU, scancel, and that it leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+import slurm_cluster as helper
+from slurm_cluster import (
+    ETC,
+    KILL_WAIT,
+    LINKED,
+    PREFIX,
+    SlurmCluster,
+    SlurmUnavailable,
+    clean_stale,
+    leftovers,
+    slurm_cluster,
+)
+
+pytestmark = pytest.mark.hostwide  # a SLURM of this machine's, with its /etc/slurm links and daemons
+
+
+def until(what: str, check: Callable[[], object], timeout: float = 20) -> object:
+    """``check()``'s first true result, polled for ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.1)
+    return result
+
+
+def submit(cluster: SlurmCluster, *args: str) -> str:
+    proc = cluster.run("sbatch", "--parsable", *args)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+def job(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
+    return next((j for j in cluster.jobs() if j["id"] == job_id), {})
+
+
+def job_processes(cluster: SlurmCluster, job_id: str) -> list[psutil.Process]:
+    """The live processes of job ``job_id`` of ``cluster`` (by their environment)."""
+    found = []
+    for proc in psutil.process_iter(["environ", "status"]):
+        env = proc.info["environ"] or {}
+        if (env.get("SLURM_JOB_ID") == job_id and env.get("SLURM_CONF") == str(cluster.conf)
+                and proc.info["status"] != psutil.STATUS_ZOMBIE):
+            found.append(proc)
+    return found
+
+
+def sleeps(cluster: SlurmCluster, job_id: str) -> list[psutil.Process]:
+    procs = []
+    for proc in job_processes(cluster, job_id):
+        try:
+            if proc.cmdline() == ["sleep", "300"]:
+                procs.append(proc)
+        except psutil.Error:
+            pass
+    return procs
+
+
+def test_teardown_leaves_nothing_even_when_the_body_raised():
+    """First in the module, so that where no other cluster holds /etc/slurm (the session's starts with
+    the next test) it makes the links too, and shows them removed; otherwise a cluster without them."""
+    link_etc = not any((ETC / name).exists() or (ETC / name).is_symlink() for name in LINKED)
+    with pytest.raises(RuntimeError, match="the body failed"), slurm_cluster(link_etc=link_etc) as cluster:
+        assert [os.readlink(p) for p in cluster.links] == ([str(cluster.root / n) for n in LINKED] if link_etc else [])
+        job_id = submit(cluster, "--chdir", str(cluster.root), "--wrap", "sleep 300 & sleep 300")
+        until("both sleeps of the job", lambda: len(sleeps(cluster, job_id)) == 2)
+        raise RuntimeError("the body failed")
+    assert leftovers(cluster.root) == []
+    assert not job_processes(cluster, job_id)
+    assert not [n for n in LINKED if (ETC / n).is_symlink() and os.readlink(ETC / n).startswith(str(cluster.root))]
+    assert cluster.setup_s < 30 and cluster.teardown_s < 30
+
+
+def test_clean_stale_removes_what_a_dead_run_left(tmp_path: Path):
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    parent, etc = tmp_path, tmp_path / "etc"
+    etc.mkdir()
+    dead = parent / f"{PREFIX}{gone.pid}-0-abcdefgh"
+    live = parent / f"{PREFIX}{os.getpid()}-0-abcdefgh"
+    for folder in (dead, live):
+        folder.mkdir()
+        (folder / "slurm.conf").write_text("")
+    (etc / "slurm.conf").symlink_to(dead / "slurm.conf")
+    (etc / "gres.conf").symlink_to(live / "slurm.conf")
+    daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=dead, start_new_session=True)
+    try:
+        until("the planted process", lambda: psutil.Process(daemon.pid).cwd() == str(dead), timeout=10)
+        removed = clean_stale(parent=parent, etc=etc)
+        assert daemon.wait(timeout=10) is not None
+    finally:
+        daemon.kill()
+    assert set(removed) == {f"process {daemon.pid}", str(etc / "slurm.conf"), str(dead)}
+    assert not dead.exists() and live.exists() and (etc / "gres.conf").is_symlink()
+
+
+def test_a_failed_bring_up_says_why_and_leaves_nothing(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(helper, "_topology", lambda: "CPUs=2 RealMemory=lots")
+    try:
+        with slurm_cluster(link_etc=False):
+            pytest.fail("a cluster came up with an invalid node line")
+    except SlurmUnavailable as exc:
+        message = str(exc)
+    if "not idle" not in message:
+        pytest.skip(message)  # this machine cannot make any cluster
+    assert re.search(r"slurm(ctld|d) exited 1", message) and "RealMemory value (lots) is not a valid number" in message
+    root = Path(re.search(rf"/run/{PREFIX}\S+", message).group(0).rstrip(":"))
+    assert leftovers(root) == []
+
+
+CRASHING = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from slurm_cluster import slurm_cluster
+with slurm_cluster(link_etc=False) as cluster:
+    proc = cluster.run("sbatch", "--parsable", "--chdir", "/tmp", "-o", "/dev/null", "--wrap", "sleep 300")
+    print(cluster.root, cluster.conf, proc.stdout.strip(), flush=True)
+    time.sleep(120)
+"""
+
+
+def test_the_next_cluster_removes_what_a_killed_run_left():
+    """A process killed (SIGKILL) inside its cluster leaves the daemons and a job running: the next
+    cluster's clean_stale removes them, and the folder."""
+    crashing = subprocess.Popen([sys.executable, "-c", CRASHING, str(Path(__file__).parent.parent)],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([crashing.stdout], [], [], 90)
+        line = crashing.stdout.readline().split() if ready else []
+        if len(line) != 3:
+            pytest.skip(f"no cluster in a fresh process (exit {crashing.poll()})")
+        cluster, job_id = SlurmCluster(root=Path(line[0]), conf=Path(line[1])), line[2]
+        until("the job's processes", lambda: job_processes(cluster, job_id))
+    finally:
+        crashing.kill()
+        crashing.wait(timeout=10)
+    assert leftovers(cluster.root), "the killed run left nothing to clean"
+    assert str(cluster.root) in clean_stale()
+    assert leftovers(cluster.root) == []
+    assert not job_processes(cluster, job_id)
+
+
+def test_gpu_job_runs_on_the_named_node(slurm: SlurmCluster, tmp_path: Path):
+    assert os.readlink(ETC / "slurm.conf") == str(slurm.conf)
+    proc = slurm.run("sbatch", "--wait", "--gpus=1", "--chdir", str(tmp_path), "-o", "job.log",
+                     "--wrap", "echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES > out", timeout=60)
+    assert proc.returncode == 0, proc.stderr + (tmp_path / "job.log").read_text()
+    assert (tmp_path / "out").read_text().split() == [slurm.node, "0"]
+    assert slurm.node == "llmtrial-n1"
+
+
+def test_the_gpu_is_scheduled_once(slurm: SlurmCluster):
+    first = submit(slurm, "--gpus=1", "--chdir", "/tmp", "-o", "/dev/null", "--wrap", "sleep 60")
+    second = ""
+    try:
+        until("the first job running", lambda: job(slurm, first).get("state") == "RUNNING")
+        second = submit(slurm, "--gpus=1", "--chdir", "/tmp", "-o", "/dev/null", "--wrap", "sleep 60")
+        time.sleep(2)  # two scheduling passes (sched_interval=1)
+        assert job(slurm, first)["state"] == "RUNNING"
+        assert {k: job(slurm, second)[k] for k in ("state", "reason")} == {"state": "PENDING", "reason": "Resources"}
+        assert slurm.run("scancel", first).returncode == 0
+        until("the second job running once the first is gone", lambda: job(slurm, second).get("state") == "RUNNING")
+    finally:
+        slurm.run("scancel", first, *([second] if second else []))
+    slurm.wait_idle(timeout=KILL_WAIT + 10)
+
+
+def test_scancel_ends_the_job_and_its_processes(slurm: SlurmCluster):
+    job_id = submit(slurm, "--chdir", "/tmp", "-o", "/dev/null", "--wrap", "sleep 300 & sleep 300")
+    try:
+        until("both sleeps of the job", lambda: len(sleeps(slurm, job_id)) == 2)
+        cancelled = time.monotonic()
+        assert slurm.run("scancel", job_id).returncode == 0
+        until("no sleep of the job", lambda: not sleeps(slurm, job_id), timeout=KILL_WAIT + 5)
+        assert time.monotonic() - cancelled < KILL_WAIT  # SIGTERM reached both, the batch shell's child too
+        until("the job cancelled", lambda: job(slurm, job_id).get("state") == "CANCELLED", timeout=10)
+    finally:
+        slurm.run("scancel", job_id)
+
+
+def test_a_second_cluster_with_links_is_refused(slurm: SlurmCluster):
+    with pytest.raises(SlurmUnavailable, match="one SLURM test cluster with /etc/slurm links"), slurm_cluster():
+        pass
+    assert os.readlink(ETC / "slurm.conf") == str(slurm.conf)
