@@ -55,7 +55,8 @@ def test_a_trial_without_nodes_runs_on_one_local_node():
 def test_node_defaults_are_filled_and_resolved():
     cfg = validate_config(config(staging_dir="/srv/staging"))
     assert cfg["nodes"]["b"] == {
-        "reach": "ssh", "python": None, "staging_dir": None, "interface": None, "address": None, "env": {},
+        "reach": "ssh", "slurm_index": None, "python": None, "staging_dir": None, "interface": None, "address": None,
+        "env": {},
         "ssh": {"user": "root", "address": "10.0.0.2", "port": 22, "identity_file": None, "options": []},
     }
     assert cfg["nodes"]["a"]["reach"] == "local"
@@ -87,7 +88,7 @@ def test_spanned_nodes_are_the_nodes_of_any_configuration_in_the_trials_order():
 
 
 def test_a_bad_reach_is_rejected_naming_the_key():
-    with pytest.raises(ConfigError, match=r"'nodes\.b\.reach': 'telnet' is not one of \['local', 'ssh'\]"):
+    with pytest.raises(ConfigError, match=r"'nodes\.b\.reach': 'telnet' is not one of \['local', 'ssh', 'slurm'\]"):
         validate_config(config(nodes={"a": {}, "b": {"reach": "telnet"}}))
 
 

@@ -225,7 +225,7 @@ def test_scancel_mid_configuration_then_snakemake_cleanup_gives_the_node_back_fr
     work, seen = two_trials
     done = seen.b_cleanup
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "made on node llmtrial-n1: sending the cleanup there (srun --nodelist=llmtrial-n1" in done.stdout + done.stderr
+    assert "made on node llmtrial-n1: sending the cleanup there (srun --nodes=1 --ntasks=1 --nodelist=llmtrial-n1" in done.stdout + done.stderr
     record = load_record(work / "results" / "demo-b" / "cleanup" / "on-demand.json", "cleanup")
     assert record.restored and record.residues == [] and [row.outcome for row in record.host_lock] == ["released"]
     left = record.left_behind  # demo-b's run left them; this run (the cleanup's) undid them

@@ -198,3 +198,11 @@ def test_a_second_cluster_with_links_is_refused(slurm: SlurmCluster):
     with pytest.raises(SlurmUnavailable, match="one SLURM test cluster with /etc/slurm links"), slurm_cluster():
         pass
     assert os.readlink(ETC / "slurm.conf") == str(slurm.conf)
+
+
+def test_slurm_reads_the_host_lists_as_the_workflow_does(slurm: SlurmCluster):
+    from llmtrial.host.slurm_hosts import expand_hostlist
+
+    for text in ("gpu[07-08]", "gpu[07-08,11],login2", "n[001-003]-ib", "a100-[8-10]", "llmtrial-n1"):
+        shown = slurm.run("scontrol", "show", "hostnames", text)
+        assert shown.returncode == 0 and shown.stdout.split() == expand_hostlist(text), (text, shown.stderr)

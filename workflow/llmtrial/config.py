@@ -20,7 +20,7 @@ from jsonschema.exceptions import ValidationError, best_match
 from llmtrial.answers.tasks import TaskSetError, task_set
 from llmtrial.core.resources import SCHEMAS
 from llmtrial.host.gpus import check_pinning
-from llmtrial.host.nodes import check_nodes
+from llmtrial.host.nodes import check_nodes, number_slurm_nodes
 from llmtrial.patch.node_patches import check_patch_modes
 from llmtrial.plan.plan_inputs import canonical_args
 from llmtrial.serve.scenarios import check_scenario, contexts
@@ -97,6 +97,7 @@ def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH, *, 
                                                                           *check_pinning(config)]]
     if problems:
         raise ConfigError("invalid trial configuration:\n  " + "\n  ".join(problems))
+    number_slurm_nodes(config)
     return config
 
 

@@ -25,6 +25,7 @@ from llmtrial.core.hostlock import tell, this_host
 from llmtrial.core.ledger import replay
 from llmtrial.core.record_base import Residue
 from llmtrial.core.records import load_record
+from llmtrial.host.slurm_hosts import srun_argv
 
 #: How long the cleanup sent to a node may take, waiting for the node included.
 SUBMIT_TIMEOUT_S = 1800.0
@@ -44,10 +45,10 @@ def cleanup_argv(node: str, results_dir: Path, record_path: Path, *, ports: Iter
     """``srun`` on ``node`` of this Python's ``llmtrial cleanup`` for the trial at ``results_dir``;
     ``submit`` are further srun options (the trial's partition and account)."""
     trial = Path(results_dir).name
-    return ["srun", f"--nodelist={node}", "--nodes=1", "--ntasks=1", f"--job-name=llmtrial-cleanup-{trial}",
-            *submit, sys.executable, "-m", "llmtrial.cli", "cleanup", str(Path(results_dir).resolve()),
-            "--record", str(Path(record_path).resolve()), "--host", host, "--stop-timeout", str(stop_timeout),
-            *[arg for port in ports for arg in ("--port", str(port))], *([] if weights else ["--keep-weights"])]
+    cmd = [sys.executable, "-m", "llmtrial.cli", "cleanup", str(Path(results_dir).resolve()),
+           "--record", str(Path(record_path).resolve()), "--host", host, "--stop-timeout", str(stop_timeout),
+           *[arg for port in ports for arg in ("--port", str(port))], *([] if weights else ["--keep-weights"])]
+    return srun_argv(node, cmd, None, [f"--job-name=llmtrial-cleanup-{trial}", *submit])
 
 
 def cleanup_there(node: str, results_dir: Path, record_path: Path, *, ports: Iterable[int], host: str,

@@ -24,10 +24,12 @@ environment.
   with the serving torch.
 - :mod:`llmtrial.host.services`: The host's other services: quiet them before a trial, give them
   back after it.
+- :mod:`llmtrial.host.slurm_hosts`: The hosts of the SLURM allocation a job runs in, and the argv
+  that runs a command on one of them.
 - :mod:`llmtrial.host.sources`: Telemetry sources: what the sampler
   (:mod:`llmtrial.serve.telemetry`) polls each second.
 
 Imports from: core, logs. (tests/test_structure.py holds the order.)
 """
 
-__all__ = ["checks", "collective", "crossnode", "demo_service", "disk", "gpus", "groups", "nodes", "probe_program", "probes", "services", "sources"]
+__all__ = ["checks", "collective", "crossnode", "demo_service", "disk", "gpus", "groups", "nodes", "probe_program", "probes", "services", "slurm_hosts", "sources"]

@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from llmtrial.core.fileio import sha256_file
+from llmtrial.host.slurm_hosts import JOB_ENV, allocation_hosts, srun_argv
 
 __all__ = [
     "LOCAL_NAME", "NodeError", "Node", "local_node", "this_node_name", "trial_nodes", "configuration_nodes", "spec_nodes",
-    "spanned_nodes", "check_nodes",
+    "spanned_nodes", "check_nodes", "number_slurm_nodes",
 ]
 
 #: Name of the one node of a trial that lists none.
@@ -118,6 +119,8 @@ class Node:
     identity_file: str | None = None
     options: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    slurm_host: str | None = None  # reach slurm: the allocation's host (None outside the allocation)
+    slurm_job: str | None = None  # reach slurm: the allocation, while this process runs in it
     via: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
@@ -127,8 +130,8 @@ class Node:
         interpreter of a local node, default this one)."""
         reach = block.get("reach", "local")
         ssh = dict(block.get("ssh") or {})
-        if reach not in ("local", "ssh"):
-            raise ValueError(f"node {name}: reach must be local or ssh, not {reach!r}")
+        if reach not in ("local", "ssh", "slurm"):
+            raise ValueError(f"node {name}: reach must be local, ssh or slurm, not {reach!r}")
         if reach == "ssh" and not ssh.get("address"):
             raise ValueError(f"node {name}: a node reached over ssh needs ssh.address")
         options = tuple(ssh.get("options") or ())
@@ -136,12 +139,14 @@ class Node:
             if problem := option_problem(option):
                 raise ValueError(f"node {name}: ssh option {problem}")
         local_python = defaults.get("python") or sys.executable
+        host, job = _slurm_host(name, block, defaults)
         return cls(
             name=name,
             reach=reach,
-            python=block.get("python") or (local_python if reach == "local" else "python3"),
+            python=block.get("python") or (local_python if reach != "ssh" else "python3"),
             staging_dir=str(block.get("staging_dir") or defaults.get("staging_dir") or "staging"),
-            address=block.get("address") or (ssh.get("address") if reach == "ssh" else None) or "127.0.0.1",
+            address=(block.get("address") or (ssh.get("address") if reach == "ssh" else None) or host
+                     or _local_address(block, defaults) or "127.0.0.1"),
             interface=block.get("interface"),
             user=ssh.get("user"),
             ssh_address=ssh.get("address") if reach == "ssh" else None,
@@ -149,6 +154,8 @@ class Node:
             identity_file=ssh.get("identity_file"),
             options=options,
             env=tuple(sorted((str(k), str(v)) for k, v in (block.get("env") or {}).items())),
+            slurm_host=host if reach == "slurm" else None,
+            slurm_job=job if reach == "slurm" else None,
         )
 
     @classmethod
@@ -158,8 +165,9 @@ class Node:
         checks as the trial file's apply (a refused ssh option raises ValueError)."""
         block = {k: reach.get(k) for k in ("reach", "python", "staging_dir", "address", "interface", "ssh")
                  if reach.get(k) is not None}
+        slurm = reach.get("slurm") or {}
         return cls.from_config(name, block, {"staging_dir": reach.get("staging_dir") or "staging",
-                                             "python": reach.get("python")})
+                                             "python": reach.get("python"), "slurm_host": slurm.get("host")})
 
     @property
     def is_local(self) -> bool:
@@ -177,6 +185,8 @@ class Node:
         """How messages name the node: ``node b (ssh root@10.0.0.2:22)`` or ``node local (this host)``."""
         if self.is_local:
             return f"node {self.name} (this host)"
+        if self.reach == "slurm":
+            return f"node {self.name} (SLURM host {self.slurm_host or 'unknown outside the allocation'})"
         return f"node {self.name} (ssh {self._target()}:{self.port})"
 
     def _target(self) -> str:
@@ -200,6 +210,10 @@ class Node:
             raise ValueError("empty command")
         if self.is_local:
             return [*self.via, *cmd]
+        if self.reach == "slurm":
+            if not self.slurm_host:
+                raise NodeError(f"{self.label()}: no SLURM allocation names its host here ({JOB_ENV} unset)")
+            return [*self.via, *srun_argv(self.slurm_host, cmd, self.slurm_job)]
         key = ["-i", self.identity_file] if self.identity_file else []
         return [*self.via, "ssh", *key, "-p", str(self.port), *self.ssh_options(), self._target(), "--",
                 shlex.join(cmd)]
@@ -209,7 +223,7 @@ class Node:
         for key in env or {}:
             if not _ENV_NAME.match(key):
                 raise ValueError(f"{self.label()}: {key!r} is not an environment variable name")
-        if self.is_local:
+        if self.is_local or self.reach == "slurm":  # srun passes this process's environment on
             return self.argv(cmd), ({**os.environ, **env} if env else None)
         prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
         return self.argv([*prefix, *cmd]), None
@@ -317,10 +331,48 @@ class Node:
         out: dict[str, Any] = {"name": self.name, "reach": self.reach, "address": self.address,
                                "python": self.python, "staging_dir": self.staging_dir, "interface": self.interface,
                                "env_keys": [k for k, _ in self.env]}
-        if not self.is_local:
+        if self.reach == "ssh":
             out["ssh"] = {"user": self.user, "address": self.ssh_address, "port": self.port,
                           "identity_file": self.identity_file, "options": list(self.options)}
+        if self.reach == "slurm":
+            out["slurm"] = {"host": self.slurm_host, "job": self.slurm_job}
         return out
+
+
+def _slurm_host(name: str, block: Mapping[str, Any], defaults: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The allocation's host of a node with ``reach: slurm`` (its ``slurm_index`` in SLURM_JOB_NODELIST)
+    and the allocation's id, or what a ledger entry recorded (``defaults["slurm_host"]``: from outside
+    the allocation, which may have ended); (None, None) where neither says."""
+    if block.get("reach") != "slurm":
+        return None, None
+    hosts, job = allocation_hosts(), os.environ.get(JOB_ENV)
+    index = block.get("slurm_index")
+    if hosts and job and index is not None:
+        if index >= len(hosts):
+            raise NodeError(f"node {name}: slurm_index {index}, but the allocation has {len(hosts)} host(s) "
+                            f"({', '.join(hosts)})")
+        return hosts[index], job
+    recorded = defaults.get("slurm_host")
+    return recorded, (job if recorded in hosts else None)
+
+
+def _local_address(block: Mapping[str, Any], defaults: Mapping[str, Any]) -> str | None:
+    """A local node's address in a trial with slurm nodes: the allocation's first host (where the
+    host group runs), so the other hosts reach it; None otherwise."""
+    if block.get("reach", "local") != "local" or not defaults.get("slurm_trial"):
+        return None
+    return next(iter(allocation_hosts()), None)
+
+
+def number_slurm_nodes(config: dict[str, Any]) -> None:
+    """Give each ``reach: slurm`` node without a ``slurm_index`` its position in ``nodes`` (in place)."""
+    for i, block in enumerate((config.get("nodes") or {}).values()):
+        if block.get("reach") == "slurm" and block.get("slurm_index") is None:
+            block["slurm_index"] = i
+
+
+def _node_defaults(blocks: Mapping[str, Any], staging_dir: Any) -> dict[str, Any]:
+    return {"staging_dir": staging_dir, "slurm_trial": any(b.get("reach") == "slurm" for b in blocks.values())}
 
 
 def _json_answer(node: Node, stdout: str) -> dict[str, Any]:
@@ -357,8 +409,8 @@ def this_node_name(config: Mapping[str, Any]) -> str:
 
 def trial_nodes(config: Mapping[str, Any]) -> dict[str, Node]:
     """The trial's nodes by name, in file order; one local node when it lists none."""
-    defaults = {"staging_dir": config.get("staging_dir", "staging")}
     blocks = config.get("nodes") or {}
+    defaults = _node_defaults(blocks, config.get("staging_dir", "staging"))
     if not blocks:
         return {LOCAL_NAME: local_node(staging_dir=defaults["staging_dir"])}
     return {name: Node.from_config(name, block, defaults) for name, block in blocks.items()}
@@ -375,8 +427,9 @@ def configuration_nodes(config: Mapping[str, Any], name: str) -> list[Node]:
 def spec_nodes(spec: Mapping[str, Any]) -> list[Node]:
     """The nodes of a configuration's spec (:func:`llmtrial.config.configuration_spec`), in
     its order; empty for a configuration on this host alone."""
-    defaults = {"staging_dir": spec.get("staging_dir", "staging")}
-    return [Node.from_config(name, block, defaults) for name, block in (spec.get("nodes") or {}).items()]
+    blocks = spec.get("nodes") or {}
+    defaults = _node_defaults(blocks, spec.get("staging_dir", "staging"))
+    return [Node.from_config(name, block, defaults) for name, block in blocks.items()]
 
 
 def spanned_nodes(config: Mapping[str, Any]) -> dict[str, Any]:

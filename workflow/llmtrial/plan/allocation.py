@@ -7,7 +7,8 @@ largest is taken over those that run one after another (``runtime`` is added up 
 must be the same on every job of the group. So the GPUs, CPUs and memory sit on the ``trial`` rule
 (one configuration at a time: the profile's ``serving=1``), the minutes on ``trial`` (each
 configuration's) and ``stage_model`` (the setup's), and partition, account and further flags on
-every rule of the group. Locally none of them limits anything: Snakemake's local executor counts
+every rule of the group. A trial whose nodes are hosts of the allocation (``reach: slurm``) asks
+that many (``nodes`` on ``trial``). Locally none of them limits anything: Snakemake's local executor counts
 only the resources given with ``--resources``.
 
 Every flag is checked against the config schema's patterns, because the plugin joins them into the
@@ -22,7 +23,8 @@ from typing import Any
 
 from llmtrial.plan.plan_inputs import canonical_args
 
-__all__ = ["HOST_RULES", "allocation_gpus", "rule_resources", "cleanup_submit", "vllm_is_cpu_build"]
+__all__ = ["HOST_RULES", "allocation_gpus", "allocation_nodes", "rule_resources", "cleanup_submit",
+           "vllm_is_cpu_build"]
 
 #: The rules of the host group: everything that changes or measures the node.
 HOST_RULES = ("preflight", "plan", "stage_model", "quiet", "patch", "trial", "cleanup_trial")
@@ -55,6 +57,13 @@ def allocation_gpus(config: Mapping[str, Any]) -> int:
         sizes.append(int(args.get("tensor_parallel_size", 1)) * int(args.get("pipeline_parallel_size", 1))
                      * int(args.get("data_parallel_size", 1)))
     return max(sizes, default=0)
+
+
+def allocation_nodes(config: Mapping[str, Any]) -> int:
+    """Hosts the allocation asks: one, or one past the largest ``slurm_index`` of the trial's ``reach:
+    slurm`` nodes (llmtrial.host.slurm_hosts: each node is that host of the allocation's node list)."""
+    indexes = [b["slurm_index"] for b in (config.get("nodes") or {}).values() if b.get("reach") == "slurm"]
+    return max(indexes, default=0) + 1
 
 
 def _group_strings(config: Mapping[str, Any]) -> dict[str, str]:
@@ -93,6 +102,8 @@ def rule_resources(config: Mapping[str, Any], rule: str) -> dict[str, Any]:
         out["cpus_per_gpu" if gpus else "cpus_per_task"] = slurm["cpus"]
     if slurm["mem_mb"]:
         out["mem_mb"] = slurm["mem_mb"]
+    if (hosts := allocation_nodes(config)) > 1:
+        out["nodes"] = hosts
     return out
 
 

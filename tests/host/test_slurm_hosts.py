@@ -1,0 +1,94 @@
+"""A trial across the hosts of a SLURM allocation (config/trials/two-nodes-slurm.yaml), planned and
+dry-run: the allocation it asks, each rank's argv under a given node list, the argv cleanup rebuilds
+from the ledger after the allocation ended. The one-node SLURM of the tests has no second host to run
+it on; SLURM's own reading of host lists is checked against these in tests/workflow/test_slurm_cluster.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from llmtrial.config import load_config
+from llmtrial.host.nodes import Node, NodeError, configuration_nodes
+from llmtrial.host.slurm_hosts import expand_hostlist
+from llmtrial.plan.allocation import allocation_nodes, rule_resources
+from llmtrial.serve.multinode import headless_argv, launch_args
+from workflow_helpers import SNAKEMAKE
+
+TRIAL = REPO / "config" / "trials" / "two-nodes-slurm.yaml"
+
+#: Host lists as SLURM writes them in SLURM_JOB_NODELIST, and the hosts `scontrol show hostnames` gives.
+HOSTLISTS = {
+    "gpu[07-08]": ["gpu07", "gpu08"],
+    "gpu[07-08,11],login2": ["gpu07", "gpu08", "gpu11", "login2"],
+    "n[001-003]-ib": ["n001-ib", "n002-ib", "n003-ib"],
+    "a100-[8-10]": ["a100-8", "a100-9", "a100-10"],
+    "llmtrial-n1": ["llmtrial-n1"],
+}
+
+
+@pytest.mark.parametrize("text", sorted(HOSTLISTS))
+def test_slurm_host_lists_read_as_scontrol_does(text):
+    assert expand_hostlist(text) == HOSTLISTS[text]
+
+
+@pytest.mark.parametrize("text", ["gpu[07-08", "gpu07]", "gpu[a-b]"])
+def test_a_host_list_that_cannot_be_read_says_so(text):
+    with pytest.raises(ValueError, match="host list"):
+        expand_hostlist(text)
+
+
+def test_the_two_node_trial_asks_two_hosts_and_node_b_is_the_second(monkeypatch):
+    config = load_config(TRIAL)
+    assert config["nodes"]["b"]["slurm_index"] == 1 and allocation_nodes(config) == 2
+    assert rule_resources(config, "trial")["nodes"] == 2 and "nodes" not in rule_resources(config, "preflight")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    a, b = configuration_nodes(config, "tp2-two-nodes")  # the login node: no allocation yet
+    with pytest.raises(NodeError, match="node b .*no SLURM allocation names its host"):
+        b.argv(["true"])
+
+
+def test_inside_the_allocation_rank_1_runs_headless_on_the_second_host_through_srun(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[07-08]")
+    config = load_config(TRIAL)
+    a, b = configuration_nodes(config, "tp2-two-nodes")
+    assert (a.address, b.address, b.slurm_host, b.python) == ("gpu07", "gpu08", "gpu08", sys.executable)
+    assert b.label() == "node b (SLURM host gpu08)" and b.rank_env()["VLLM_HOST_IP"] == "gpu08"
+    args = launch_args([a, b], 1, 29600)
+    assert args == {"nnodes": 2, "node_rank": 1, "master_addr": "gpu07", "master_port": 29600, "headless": True}
+    argv = b.argv(headless_argv(b, "/srv/staging/tiny-llama", args))
+    assert argv[:8] == ["srun", "--jobid=4242", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=gpu08",
+                        sys.executable, "-c"]
+    flags = argv[9:]
+    assert flags[0] == "/srv/staging/tiny-llama" and "--headless" in flags
+    assert flags[flags.index("--master-addr") + 1] == "gpu07" and flags[flags.index("--node-rank") + 1] == "1"
+    # the ledger's description of b, read back after the allocation ended: a job of its own on gpu08
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.delenv("SLURM_JOB_NODELIST")
+    again = Node.from_reach("b", b.describe())
+    assert again.argv(["kill", "-TERM", "--", "-123"]) == ["srun", "--nodes=1", "--ntasks=1", "--nodelist=gpu08",
+                                                          "kill", "-TERM", "--", "-123"]
+
+
+def test_an_index_past_the_allocation_names_the_node_and_the_hosts(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu07")
+    with pytest.raises(NodeError, match=r"node b: slurm_index 1, but the allocation has 1 host\(s\) \(gpu07\)"):
+        configuration_nodes(load_config(TRIAL), "tp2-two-nodes")
+
+
+def test_the_two_node_trial_dry_runs_as_one_group_on_two_hosts_under_the_slurm_profile(tmp_path: Path):
+    run = subprocess.run([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+                          "--profile", str(REPO / "profiles" / "slurm"), "--configfile", str(TRIAL), "-n"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout + run.stderr
+    assert out.count("Group job host") == 1
+    [trial] = [line for line in out.splitlines() if "resources:" in line and "serving=1" in line]
+    assert "nodes=2" in trial and "cpus_per_task=-1" in trial

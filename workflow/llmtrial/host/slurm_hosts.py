@@ -1,0 +1,75 @@
+"""The hosts of the SLURM allocation a job runs in, and the argv that runs a command on one of them.
+
+Inside an allocation SLURM sets ``SLURM_JOB_ID`` and ``SLURM_JOB_NODELIST``, the latter in its
+compressed host list form (``gpu[07-08,11],login2``), which :func:`expand_hostlist` reads as
+``scontrol show hostnames`` does, without needing a SLURM configuration. A trial node with
+``reach: slurm`` is host ``slurm_index`` of that list (:func:`allocation_hosts`); a command runs there
+as a step of the running allocation (``srun --jobid=<id> --overlap``, beside the step that runs the
+trial), or, from outside the allocation (a cleanup from the login node, after the allocation
+ended), as a job of its own on that host (``srun --nodelist=<host>``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+
+__all__ = ["JOB_ENV", "NODELIST_ENV", "expand_hostlist", "allocation_hosts", "srun_argv"]
+
+JOB_ENV = "SLURM_JOB_ID"
+NODELIST_ENV = "SLURM_JOB_NODELIST"
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def _top_level(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if depth < 0 or depth > 1:
+            raise ValueError(f"unbalanced brackets in host list {text!r}")
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"unbalanced brackets in host list {text!r}")
+    return [*parts, text[start:]]
+
+
+def _expand_one(item: str) -> list[str]:
+    """``gpu[07-08,11]-ib`` -> gpu07-ib, gpu08-ib, gpu11-ib (one bracket per name, zero padding kept)."""
+    match = re.fullmatch(r"([^\[\]]*)\[([^\[\]]+)\]([^\[\]]*)", item)
+    if match is None:
+        if "[" in item or "]" in item:
+            raise ValueError(f"cannot read host list item {item!r}")
+        return [item]
+    prefix, ranges, suffix = match.groups()
+    out = []
+    for part in ranges.split(","):
+        bounds = _RANGE.match(part.strip())
+        if bounds is None:
+            raise ValueError(f"cannot read range {part!r} in host list item {item!r}")
+        low, high = bounds.group(1), bounds.group(2) or bounds.group(1)
+        width = len(low) if low.startswith("0") else 0
+        out += [f"{prefix}{n:0{width}d}{suffix}" for n in range(int(low), int(high) + 1)]
+    return out
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """SLURM's compressed host list as one name per host, in order."""
+    return [host for item in _top_level(text.strip()) if item for host in _expand_one(item)]
+
+
+def allocation_hosts(env: Mapping[str, str] | None = None) -> list[str]:
+    """The hosts of the allocation this process runs in, in SLURM's order; [] outside one."""
+    env = os.environ if env is None else env
+    return expand_hostlist(env[NODELIST_ENV]) if env.get(NODELIST_ENV) else []
+
+
+def srun_argv(host: str, cmd: Sequence[str], job: str | None, options: Sequence[str] = ()) -> list[str]:
+    """The argv that runs ``cmd`` on ``host``: a step of allocation ``job`` beside the running ones,
+    or, without one, a job of its own on that host (``options``: srun's further ones)."""
+    within = [f"--jobid={job}", "--overlap"] if job else []
+    return ["srun", *within, "--nodes=1", "--ntasks=1", f"--nodelist={host}", *options, *cmd]
