@@ -6,7 +6,6 @@ import contextlib
 import http.server
 import json
 import os
-import socket
 import sys
 import tempfile
 import threading
@@ -17,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hosts import SSHD, TwoHosts, two_hosts
+from hosts import SSHD, TwoHosts, free_ports, two_hosts
 from llmtrial.core.hostlock import LOCK_ENV
 from llmtrial.core.records import as_written
 from llmtrial.host.groups import port_open
@@ -68,18 +67,6 @@ def free_base_port(start: int, count: int) -> int:
     while any(port_open("127.0.0.1", port + i) for i in range(count)):
         port += 10
     return port
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct loopback ports free at the time of asking."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @pytest.fixture

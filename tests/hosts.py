@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -53,6 +54,18 @@ INTERFACE = "llmt0"
 _STALE_NS = re.compile(rf"^{PREFIX}[ab]-(\d+)-\d+$")
 _STALE_TMP = re.compile(rf"^{PREFIX}hosts-(\d+)-")
 _RUNS = itertools.count()
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports free at the time of asking."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 class HostsUnavailable(RuntimeError):

@@ -68,6 +68,8 @@ from pathlib import Path
 
 import psutil
 
+from hosts import free_ports
+
 PARENT = Path("/run")
 PREFIX = "llmtrial-slurm-"
 ETC = Path("/etc/slurm")
@@ -146,16 +148,6 @@ class SlurmCluster:
         return "\n".join(parts)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _processes(match: Callable[[str], bool]) -> list[psutil.Process]:
     """Live processes whose command line, working folder or SLURM_CONF ``match`` accepts, with their
     descendants; never this process or its ancestors."""
@@ -203,14 +195,14 @@ def _link_owner(link: Path, parent: Path = PARENT) -> int | None:
 def stale_link(link: Path, parent: Path = PARENT) -> bool:
     """Whether ``link`` is a link of a cluster of this module whose process is gone (or whose folder is)."""
     owner = _link_owner(link, parent)
-    return owner is not None and (not _alive(owner) or not link.exists())
+    return owner is not None and (not psutil.pid_exists(owner) or not link.exists())
 
 
 def clean_stale(parent: Path = PARENT, etc: Path = ETC) -> list[str]:
     """Remove what clusters of processes that are gone left: processes naming their folders, their
     links in ``etc``, their folders under ``parent``. Returns what it removed."""
     pattern = re.compile(rf"{re.escape(str(parent))}/{PREFIX}(\d+)-")
-    procs = _processes(lambda text: any(not _alive(int(pid)) for pid in pattern.findall(text)))
+    procs = _processes(lambda text: any(not psutil.pid_exists(int(pid)) for pid in pattern.findall(text)))
     _kill(procs)
     removed = [f"process {p.pid}" for p in procs]
     for name in LINKED:
@@ -219,7 +211,7 @@ def clean_stale(parent: Path = PARENT, etc: Path = ETC) -> list[str]:
             removed.append(str(etc / name))
     for folder in parent.glob(f"{PREFIX}*"):
         m = _FOLDER.match(folder.name)
-        if m and folder.is_dir() and not _alive(int(m.group(1))):
+        if m and folder.is_dir() and not psutil.pid_exists(int(m.group(1))):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(str(folder))
     return removed
@@ -274,20 +266,9 @@ def ensure_installed() -> None:
     finally:
         if made_policy:
             POLICY.unlink(missing_ok=True)
-        _kill([psutil.Process(pid) for pid in _daemon_pids() - before if _alive(pid)])
+        _kill([psutil.Process(pid) for pid in _daemon_pids() - before if psutil.pid_exists(pid)])
     if proc.returncode != 0 or _missing():
         raise SlurmUnavailable(f"apt-get install {' '.join(PACKAGES)} failed: {(proc.stdout + proc.stderr)[-1500:]}")
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _topology() -> str:
@@ -303,7 +284,7 @@ def _topology() -> str:
 
 def _write_config(c: SlurmCluster) -> None:
     host = socket.gethostname().split(".")[0]
-    ctld_port, slurmd_port = _free_ports(2)
+    ctld_port, slurmd_port = free_ports(2)
     for sub in ("state", "spool"):
         (c.root / sub).mkdir()
     (c.root / "plugstack.conf").write_text("")  # none of /etc/slurm/plugstack.conf's plugins

@@ -203,6 +203,8 @@ def test_a_second_cluster_with_links_is_refused(slurm: SlurmCluster):
 def test_slurm_reads_the_host_lists_as_the_workflow_does(slurm: SlurmCluster):
     from llmtrial.host.slurm_hosts import expand_hostlist
 
-    for text in ("gpu[07-08]", "gpu[07-08,11],login2", "n[001-003]-ib", "a100-[8-10]", "llmtrial-n1"):
+    for text in ("gpu[07-08]", "gpu[07-08,11],login2", "n[001-003]", "a100-[8-10]", "llmtrial-n1"):
         shown = slurm.run("scontrol", "show", "hostnames", text)
         assert shown.returncode == 0 and shown.stdout.split() == expand_hostlist(text), (text, shown.stderr)
+    refused = slurm.run("scontrol", "show", "hostnames", "n[001-003]-ib")
+    assert "Invalid hostlist" in refused.stderr and not refused.stdout  # a suffix: tests/host/test_slurm_hosts.py refuses it too

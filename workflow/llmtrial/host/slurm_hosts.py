@@ -39,13 +39,14 @@ def _top_level(text: str) -> list[str]:
 
 
 def _expand_one(item: str) -> list[str]:
-    """``gpu[07-08,11]-ib`` -> gpu07-ib, gpu08-ib, gpu11-ib (one bracket per name, zero padding kept)."""
-    match = re.fullmatch(r"([^\[\]]*)\[([^\[\]]+)\]([^\[\]]*)", item)
+    """``gpu[07-08,11]`` -> gpu07, gpu08, gpu11 (one bracket, at the end, as SLURM 22.05 writes and
+    reads them: ``n[1-2]-ib`` is an invalid host list to scontrol too; zero padding kept)."""
+    match = re.fullmatch(r"([^\[\]]*)\[([^\[\]]+)\]", item)
     if match is None:
         if "[" in item or "]" in item:
             raise ValueError(f"cannot read host list item {item!r}")
         return [item]
-    prefix, ranges, suffix = match.groups()
+    prefix, ranges = match.groups()
     out = []
     for part in ranges.split(","):
         bounds = _RANGE.match(part.strip())
@@ -53,7 +54,7 @@ def _expand_one(item: str) -> list[str]:
             raise ValueError(f"cannot read range {part!r} in host list item {item!r}")
         low, high = bounds.group(1), bounds.group(2) or bounds.group(1)
         width = len(low) if low.startswith("0") else 0
-        out += [f"{prefix}{n:0{width}d}{suffix}" for n in range(int(low), int(high) + 1)]
+        out += [f"{prefix}{n:0{width}d}" for n in range(int(low), int(high) + 1)]
     return out
 
 
