@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -119,8 +120,6 @@ def run_name(work: Path, trial: str, timeout: float = 60) -> str:
 
 def pump(proc: subprocess.Popen, path: Path) -> None:
     """The snakemake's output into a file as it comes (a background thread)."""
-    import threading
-
     def copy():
         with path.open("w") as out:
             for line in proc.stdout:
