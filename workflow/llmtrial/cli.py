@@ -17,6 +17,7 @@ from llmtrial.core.comparison_model import ComparisonRecord
 from llmtrial.core.joblog import open_job_log
 from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.records import as_written
+from llmtrial.host.slurm_hosts import srun_options
 from llmtrial.logs.engine_warnings import engine_warnings
 from llmtrial.logs.failures import diagnose_failure
 from llmtrial.logs.lines import read_log
@@ -47,9 +48,9 @@ def _parse_log(args: argparse.Namespace) -> int:
 
 
 def _cleanup(args: argparse.Namespace) -> int:
-    submit = [f"--{k}={v}" for k, v in (("partition", args.partition), ("account", args.account)) if v]
     record = cleanup_with_record(Path(args.results_dir), args.record, ports=args.port, host=args.host,
-                                 stop_timeout=args.stop_timeout, weights=not args.keep_weights, submit=submit)
+                                 stop_timeout=args.stop_timeout, weights=not args.keep_weights,
+                                 submit=srun_options(args.partition, args.account))
     for s in record.servers:
         print(f"server {s['label']} (pgid {s['pgid']}, port {s['port']}): {s['action']}")
     for g in record.groups:

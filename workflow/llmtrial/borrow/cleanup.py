@@ -287,16 +287,17 @@ def cleanup_with_record(results_dir: Path, record_path: Path | None = None, *, p
     host with a change still open (a SLURM node; llmtrial.borrow.on_node, ``submit``: srun's further
     options), then here. When only other hosts had changes, the record is the last one's; a host
     that could not be reached is a residue of the record written here."""
-    path = Path(record_path or TrialPaths(Path(results_dir)).cleanup_on_demand)
+    paths = TrialPaths(Path(results_dir))
+    path = Path(record_path or paths.cleanup_on_demand)
     elsewhere, unreached = None, []
-    for node in hosts_to_reach(Ledger(TrialPaths(Path(results_dir)).ledger).entries()):
+    for node in hosts_to_reach(Ledger(paths.ledger).entries()):
         there = cleanup_there(node, Path(results_dir), path, ports=ports, host=host, stop_timeout=stop_timeout,
                               weights=weights, submit=submit)
         if isinstance(there, CleanupRecord):
             elsewhere = there
         else:
             unreached.append(there)
-    here = Ledger(TrialPaths(Path(results_dir)).ledger, only_host=this_host()).entries()
+    here = Ledger(paths.ledger, only_host=this_host()).entries()
     if elsewhere is not None and not unreached and not replay(here).any_open():
         return elsewhere
     record = run_cleanup(results_dir, ports=ports, host=host, stop_timeout=stop_timeout, weights=weights)

@@ -57,20 +57,21 @@ def cleanup_there(node: str, results_dir: Path, record_path: Path, *, ports: Ite
     there, the residue that says so (naming the node, what was tried and what was seen)."""
     argv = cleanup_argv(node, results_dir, record_path, ports=ports, host=host, stop_timeout=stop_timeout,
                         weights=weights, submit=submit)
-    tried = f"llmtrial cleanup on node {node} through srun"
+    def unreached(seen: str) -> Residue:
+        return Residue(kind="node", what=node, tried=f"llmtrial cleanup on node {node} through srun", node=node,
+                       seen=seen)
+
     if shutil.which("srun") is None:
-        return Residue(kind="node", what=node, tried=tried, node=node,
-                       seen=f"no srun on {this_host()}: run `llmtrial cleanup {results_dir}` on {node}")
+        return unreached(f"no srun on {this_host()}: run `llmtrial cleanup {results_dir}` on {node}")
     tell(f"llmtrial cleanup: the ledger's changes were made on node {node}: sending the cleanup there "
          f"({' '.join(argv[:5])} …)")
     Path(record_path).unlink(missing_ok=True)
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
-        return Residue(kind="node", what=node, tried=tried, node=node, seen=f"no answer in {SUBMIT_TIMEOUT_S:.0f} s")
+        return unreached(f"no answer in {SUBMIT_TIMEOUT_S:.0f} s")
     for line in (done.stdout + done.stderr).splitlines():
         tell(f"  {node}: {line}")
     if not Path(record_path).exists():
-        return Residue(kind="node", what=node, tried=tried, node=node,
-                       seen=f"exit {done.returncode}, no record: {(done.stderr or done.stdout).strip()[-400:]}")
+        return unreached(f"exit {done.returncode}, no record: {(done.stderr or done.stdout).strip()[-400:]}")
     return load_record(record_path, "cleanup")

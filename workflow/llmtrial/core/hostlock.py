@@ -67,7 +67,6 @@ class Holder(BaseModel):
     node: str
     hostname: str  # where the pid is: the run's snakemake
     since: float
-    host: str | None = None  # where the changes are (this_host(); a lock written before it: hostname)
 
     def alive(self) -> bool:
         """Whether the holder's snakemake still runs (on this host; another host's pid is not checked)."""
@@ -89,7 +88,7 @@ def holder_for(results: Path, run: str, node: str) -> Holder:
     """This process's claim on the host, for the trial whose results folder is ``results``."""
     pid = int(os.environ.get(PID_ENV) or os.getpid())
     return Holder(trial=results.name, results=str(results), run=run, pid=pid, node=node,
-                  hostname=os.environ.get(PID_HOST_ENV) or this_host(), since=time.time(), host=this_host())
+                  hostname=os.environ.get(PID_HOST_ENV) or this_host(), since=time.time())
 
 
 @contextmanager

@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 
-__all__ = ["JOB_ENV", "NODELIST_ENV", "expand_hostlist", "allocation_hosts", "srun_argv"]
+__all__ = ["JOB_ENV", "NODELIST_ENV", "expand_hostlist", "allocation_hosts", "srun_argv", "srun_options"]
 
 JOB_ENV = "SLURM_JOB_ID"
 NODELIST_ENV = "SLURM_JOB_NODELIST"
@@ -67,6 +67,11 @@ def allocation_hosts(env: Mapping[str, str] | None = None) -> list[str]:
     """The hosts of the allocation this process runs in, in SLURM's order; [] outside one."""
     env = os.environ if env is None else env
     return expand_hostlist(env[NODELIST_ENV]) if env.get(NODELIST_ENV) else []
+
+
+def srun_options(partition: str | None, account: str | None) -> list[str]:
+    """srun's options for a job of its own under the trial's partition and account (where given)."""
+    return [f"--{key}={value}" for key, value in (("partition", partition), ("account", account)) if value]
 
 
 def srun_argv(host: str, cmd: Sequence[str], job: str | None, options: Sequence[str] = ()) -> list[str]:

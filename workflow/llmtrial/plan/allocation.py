@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
+from llmtrial.host.slurm_hosts import srun_options
 from llmtrial.plan.plan_inputs import canonical_args
 
 __all__ = ["HOST_RULES", "allocation_gpus", "allocation_nodes", "rule_resources", "cleanup_submit",
@@ -109,5 +110,4 @@ def rule_resources(config: Mapping[str, Any], rule: str) -> dict[str, Any]:
 
 def cleanup_submit(config: Mapping[str, Any]) -> list[str]:
     """srun's options for a cleanup sent to the node the ledger names: the trial's partition and account."""
-    slurm = config["slurm"]
-    return [f"--{key}={slurm[key]}" for key in ("partition", "account") if slurm[key]]
+    return srun_options(config["slurm"]["partition"], config["slurm"]["account"])
