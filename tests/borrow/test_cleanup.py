@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 
 from conftest import child_pid, fake_server, written
-from llmtrial.borrow.cleanup import run_cleanup
+from llmtrial.borrow.cleanup import cleanup_with_record, host_lines, run_cleanup
 from llmtrial.cli import main as cli_main
 from llmtrial.core.cleanup_model import CleanupRecord, QuietRecord
 from llmtrial.core.ledger import Ledger
@@ -81,8 +81,10 @@ def test_cleanup_restores_quieted_services_and_records_them(tmp_path, free_port)
     try:
         quieted = quiet_host(tmp_path, {"demo": svc})
         assert quieted.services[0].action == "stopped" and not port_open("127.0.0.1", free_port)
-        record = written(run_cleanup(tmp_path))
+        model = run_cleanup(tmp_path)
+        record = written(model)
         assert record["restored"] and port_open("127.0.0.1", free_port)
+        assert host_lines(tmp_path, model) == ["host restored: yes (demo running and healthy)"]
         [row] = record["services"]
         assert row["was_running"] and row["down"] and row["healthy"] and row["restarted_at"] > row["stopped_at"]
         assert written(run_cleanup(tmp_path))["services_restored"] == []  # nothing left to do
@@ -171,3 +173,27 @@ def test_quieting_on_a_gpu_host_records_the_memory_freed(tmp_path):
                 "after": {"mem_used_bytes": 2 * 2**30, "compute_processes": {"gpu0": 0}},
                 "memory_freed_bytes": 28 * 2**30}}
     assert record.quieted_at >= item.stopped_at > 0 and item.down_after_s >= 0
+
+
+def test_a_runs_last_lines_say_the_host_was_not_restored_naming_each_residue(tmp_path, free_port):
+    with socket.socket() as sock:  # a listener that is not the trial's, on a trial port: cleanup cannot free it
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", free_port))
+        sock.listen()
+        record = cleanup_with_record(tmp_path, ports=[free_port])
+    [residue] = record.residues
+    lines = host_lines(tmp_path)  # read back from the record on file, as the run's last lines do
+    assert lines == host_lines(tmp_path, record)
+    assert lines[0] == "host restored: NO, 1 residue(s); fix them, then run `snakemake cleanup`"
+    assert lines[1:] == [f"  port {residue.what}: {residue.seen} (tried: {residue.tried})"]
+
+
+def test_a_runs_last_lines_say_changes_still_open_then_restored_after_cleanup(tmp_path, free_port):
+    server = abandoned_server(tmp_path, free_port)  # the ledger holds a server no entry stopped
+    assert host_lines(tmp_path) == [
+        f"host restored: NO, changes still open in {TrialPaths(tmp_path).ledger}; run `snakemake cleanup`"]
+    cleanup_with_record(tmp_path, ports=[free_port], stop_timeout=5)
+    server.proc.poll()
+    assert host_lines(tmp_path) == ["host restored: yes"]
+    assert host_lines(tmp_path / "never-run") == [
+        "host restored: yes (nothing of this trial is left changed on the host)"]

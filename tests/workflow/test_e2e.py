@@ -341,3 +341,33 @@ def test_overhead_benchmark_reads_the_records(trial):
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     assert "orchestration overhead" in out.stdout and "tp1" in out.stdout
+
+
+def test_the_terminal_shows_each_configurations_phases_the_report_and_the_host(trial):
+    """What a person running the trial sees besides Snakemake's job lines, checked against the records."""
+    out = trial["run"].stdout + trial["run"].stderr
+    results = trial["results"]
+    tp1 = record(trial, "tp1")
+    log = results / "configs" / "tp1" / "server.log"
+    assert f"tp1: launching vLLM on 127.0.0.1:{tp1['server']['port']} (its log: {log.relative_to(trial['work'])})" in out
+    assert "tp1: start-up: model initialised in" in out and "tp1: start-up: engine initialised" in out
+    kv = tp1["startup"]["kv_cache_tokens"]
+    ready = re.search(r"tp1: ready after ([\d.]+) s; (.+) \((server\.log:\d+)\)", out)
+    assert ready and ready.group(3) == kv["source"] and ready.group(2) in kv["line"]
+    assert ready.group(2).startswith("CPU KV cache size: 524,288 tokens")
+    assert abs(float(ready.group(1)) - tp1["cold_start"]["ready_seconds"]["value"]) < 0.1
+    for sc in tp1["scenarios"]:
+        for one in sc["pass_results"]:
+            assert f"tp1: {sc['name']} pass {one['pass']}: {one['summary']['output_throughput']:,.1f} output tok/s" in out
+        rep = sc["repetition"]
+        assert f"tp1: {sc['name']}: {rep['passes_run']} pass(es), stopped because" in out
+    assert f"tp1: ok in {tp1['timing']['wall_s']:.0f} s; its record: results/demo/configs/tp1/record.json" in out
+    assert f"{BAD}: FAILED in startup (exited)" in out and "tp3: not launched, the planner says it cannot work" in out
+    # the run's last lines: the report, its first screen, the host given back
+    findings = (results / "findings.txt").read_text().splitlines()
+    assert f"llmtrial: report: {(results / 'report.html').resolve()}" in out
+    statuses = [record(trial, name)["status"] for name in trial["config"]["configurations"]]
+    assert f"llmtrial:   {findings[0]}" in out
+    assert findings[0].startswith(f"{statuses.count('ok')} of {len(statuses)} serving configurations completed; "
+                                  f"{statuses.count('failed')} failed; {statuses.count('skipped')} not launched")
+    assert "llmtrial: host restored: yes (demo-web running and healthy)" in out

@@ -4,9 +4,10 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
-from llmtrial.borrow.cleanup import cleanup_with_record, residue_rows, restore_after_run
+from llmtrial.borrow.cleanup import cleanup_with_record, host_lines, restore_after_run
 from llmtrial.core.hostlock import LOCK_ENV, PID_ENV, PID_HOST_ENV, RUN_LOCK_ENV, WAIT_ENV, this_host
 from llmtrial.core.ledger import NODE_ENV, RUN_ENV, new_run_id
 from llmtrial.host.nodes import spanned_nodes, this_node_name
@@ -14,6 +15,7 @@ from llmtrial.host.services import services_on_nodes
 from llmtrial.patch.patchdata import patch_inputs
 from llmtrial.plan.allocation import cleanup_submit, rule_resources
 from llmtrial.provenance import COMMAND_ENV
+from llmtrial.report.run_summary import run_summary
 from llmtrial.core.paths import TrialPaths
 from llmtrial.config import (
     configuration_port,
@@ -30,6 +32,8 @@ validate_config(config)  # against llmtrial's schemas/config.schema.yaml (packag
 # this id. Jobs inherit it from the environment (never through params, which would make every
 # job's params differ from the last run's).
 RUN = os.environ.setdefault(RUN_ENV, new_run_id())
+# When this snakemake started: the run's closing lines name the report only when this run rendered it.
+RUN_STARTED = time.time()
 # The trial's name for this host (its first local node, or "local"): every ledger entry of this
 # run names it, as entries of the other nodes name theirs.
 os.environ[NODE_ENV] = this_node_name(config)
@@ -132,10 +136,17 @@ def cleanup_on_error():
         host=config["serving"]["host"],
         submit=cleanup_submit(config),
     )
-    state = "restored" if record.restored else f"NOT restored: {residue_rows(record)}"
-    print(f"llmtrial cleanup after error: host {state}")
+    for line in host_lines(TRIAL_PATHS.root, record):
+        print(f"llmtrial cleanup after error: {line}")
 
 
 def cleanup_if_unfinished():
-    restore_after_run(TRIAL_PATHS.root, ports=trial_ports(), host=config["serving"]["host"],
-                      submit=cleanup_submit(config))
+    """After a successful run: give back what a partial run left, then say where the report is,
+    what it found and whether the host was restored."""
+    record = None
+    try:
+        record = restore_after_run(TRIAL_PATHS.root, ports=trial_ports(), host=config["serving"]["host"],
+                                   submit=cleanup_submit(config))
+    finally:
+        for line in run_summary(TRIAL_PATHS.root, since=RUN_STARTED, cleanup=record):
+            print(f"llmtrial: {line}")

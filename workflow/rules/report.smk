@@ -22,6 +22,7 @@ rule report:
             category="Charts",
             labels={"chart": "{name}"},
         ),
+        findings=str(P.findings),
         provenance=report(
             str(P.provenance),
             caption="../report/provenance.rst",

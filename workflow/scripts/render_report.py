@@ -31,4 +31,5 @@ write_report(
     statistics=snakemake.params.statistics,
     provenance=Path(snakemake.output.provenance),
     charts_dir=Path(snakemake.output.charts),
+    findings_file=Path(snakemake.output.findings),
 )

@@ -12,7 +12,7 @@ from llmtrial.weights.staging import stage_model
 if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
     from snakemake.iocontainers import snakemake
 
-open_job_log(snakemake.log[0], echo=("llmtrial.weights.hub",))  # download progress on the terminal too
+open_job_log(snakemake.log[0], echo=("llmtrial.weights",))  # download, conversion and hashing on the terminal too
 ledger = Ledger(snakemake.params.ledger)
 manifest = stage_model(snakemake.params.source, Path(snakemake.params.staging), ledger=ledger,
                        root=Path(snakemake.params.root), weights=snakemake.params.weights, disk=snakemake.params.disk)

@@ -34,7 +34,7 @@ from llmtrial.core.hostlock import release as release_lock
 from llmtrial.core.ledger import Action, Ledger, replay
 from llmtrial.core.paths import TrialPaths
 from llmtrial.core.record_base import LockRow
-from llmtrial.core.records import as_written, write_record
+from llmtrial.core.records import as_written, load_record, write_record
 from llmtrial.host.gpus import recheck_failed
 from llmtrial.host.groups import group_members, port_open, stop_group, stop_recorded_groups
 from llmtrial.host.services import check_running, restore
@@ -324,3 +324,30 @@ def restore_after_run(results_dir: Path, *, ports: Iterable[int] = (), host: str
         raise HostNotRestored(f"the host was not fully restored ({done[-1].get('residues')} residue(s)); see "
                               f"{results / 'cleanup'} and the report, fix them, then run `snakemake cleanup`")
     return record
+
+
+def last_cleanup(results_dir: Path) -> CleanupRecord | None:
+    """The trial's latest cleanup record (its own, after an error, after a partial run, or on demand), or None."""
+    paths = TrialPaths(Path(results_dir))
+    records = [load_record(p, "cleanup") for p in (paths.cleanup, paths.cleanup_on_error, paths.cleanup_on_success,
+                                                   paths.cleanup_on_demand) if p.exists()]
+    return max(records, key=lambda r: r.finished, default=None)
+
+
+def host_lines(results_dir: Path, record: CleanupRecord | None = None) -> list[str]:
+    """What a run's last lines say of the host: ``host restored: yes`` with the services read
+    healthy, or ``no`` with each residue of the last cleanup (``record``, else the latest on file),
+    or ``no`` with the ledger's changes still open."""
+    paths = TrialPaths(Path(results_dir))
+    record = record or last_cleanup(paths.root)
+    still_open = paths.ledger.exists() and unfinished(Ledger(paths.ledger).entries())
+    if record is not None and not record.restored:
+        return [f"host restored: NO, {len(record.residues)} residue(s); fix them, then run `snakemake cleanup`",
+                *(f"  {r.kind} {r.what}{f' on {r.node}' if r.node else ''}: {r.seen} (tried: {r.tried})"
+                  for r in record.residues)]
+    if still_open:
+        return [f"host restored: NO, changes still open in {paths.ledger}; run `snakemake cleanup`"]
+    if record is None:
+        return ["host restored: yes (nothing of this trial is left changed on the host)"]
+    healthy = ", ".join(f"{c.name} running and healthy" for c in (record.host.services if record.host else []))
+    return [f"host restored: yes ({healthy})" if healthy else "host restored: yes"]

@@ -6,12 +6,17 @@ import logging
 import sys
 from pathlib import Path
 
+#: The logger whose records a person watching the run sees on the terminal as well as in the
+#: job's log: a configuration's phases (llmtrial.serve.progress), the steps of the other stages.
+PROGRESS = "llmtrial.progress"
+
 
 def open_job_log(path: str | Path | None, level: int = logging.INFO, echo: tuple[str, ...] = ()) -> None:
     """Send the ``logging`` records (and anything printed to stderr) to ``path``.
 
-    With ``path`` None, log to stderr only (the command line). Records of the loggers named
-    in ``echo`` also go to the terminal the workflow runs in (progress of a long step).
+    With ``path`` None, log to stderr only (the command line). Records of :data:`PROGRESS` and
+    of the loggers named in ``echo`` also go to the terminal the workflow runs in (progress of a
+    long step).
     """
     handlers: list[logging.Handler]
     if path is not None:
@@ -24,7 +29,7 @@ def open_job_log(path: str | Path | None, level: int = logging.INFO, echo: tuple
         handlers = [logging.StreamHandler(sys.stderr)]
     logging.basicConfig(level=level, handlers=handlers, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name in echo if path is not None else ():
+    for name in (PROGRESS, *echo) if path is not None else ():
         terminal = logging.StreamHandler(sys.__stderr__)
         terminal.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
         logging.getLogger(name).addHandler(terminal)

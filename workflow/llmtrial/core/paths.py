@@ -76,6 +76,11 @@ class TrialPaths:
         return self.root / "report.html"
 
     @property
+    def findings(self) -> Path:
+        """The report's first screen as plain text: what a run's last lines quote."""
+        return self.root / "findings.txt"
+
+    @property
     def charts(self) -> Path:
         """The report's charts as SVG files (for Snakemake's own report)."""
         return self.root / "charts"

@@ -9,6 +9,8 @@
   (no log is read again).
 - :mod:`llmtrial.report.render`: The trial report: one self-contained HTML file rendered from the
   stage records only.
+- :mod:`llmtrial.report.run_summary`: The last lines of a workflow run on the terminal: where the
+  report is, what its first screen found, and whether the host was given back.
 - :mod:`llmtrial.report.spans`: What the report says about configurations that span several nodes,
   from the records only.
 - :mod:`llmtrial.report.sweeps`: What the trial's sweeps show, worked out from the configuration
@@ -20,4 +22,4 @@ Imports from: core, answers, logs, host, plan, weights, patch, borrow, serve. (t
 the order.)
 """
 
-__all__ = ["answers", "charts", "conclusions", "render", "spans", "sweeps", "verdicts"]
+__all__ = ["answers", "charts", "conclusions", "render", "run_summary", "spans", "sweeps", "verdicts"]

@@ -252,6 +252,31 @@ def build_context(*, trial: str, preflight: PreflightRecord, manifest: ManifestR
     }
 
 
+def findings(context: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What the trial found, in the report's order (its first screen): each sentence, and whether it
+    quotes a figure."""
+    lines = [(s, True) for t in context["tables"] for s in t["sentences"]]
+    lines += [(s, True) for sw in context["sweeps"] for s in sw["sentences"]]
+    lines += [(s, False) for s in [*context["outcomes"], *context["warnings"]]]
+    nodes, gpus, answers = context["nodes"], context["gpus"], context["answers"]
+    lines += [(c["sentence"], True) for c in (nodes["configurations"] if nodes else [])]
+    lines += [(s, True) for s in (gpus["sentences"] if gpus else [])]
+    lines += [(s, False) for s in (answers["sentences"] if answers else [])]
+    return [{"text": text, "figure": figure} for text, figure in lines]
+
+
+def outcome_summary(context: Mapping[str, Any]) -> str:
+    """The report's opening sentence: how many configurations completed, failed, were not launched."""
+    return (f"{context['n_ok']} of {len(context['configurations'])} serving configurations completed; "
+            f"{len(context['failures'])} failed; {len(context['skipped'])} not launched (the planner said they "
+            "cannot work).")
+
+
+def findings_text(context: Mapping[str, Any]) -> str:
+    """The report's first screen as plain text (``findings.txt``): the outcome, then each finding."""
+    return "\n".join([outcome_summary(context), *(f"- {f['text']}" for f in findings(context))]) + "\n"
+
+
 def render_report(context: Mapping[str, Any], template_dir: Path = TEMPLATES) -> str:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir)),
@@ -261,17 +286,19 @@ def render_report(context: Mapping[str, Any], template_dir: Path = TEMPLATES) ->
         lstrip_blocks=True,
     )
     env.filters.update(num=fmt_num, bytes=fmt_bytes, time=fmt_time, pct=fmt_pct)
-    return env.get_template("report.html.j2").render(**context)
+    return env.get_template("report.html.j2").render(**context, findings=findings(context),
+                                                     outcome_summary=outcome_summary(context))
 
 
 def write_report(out: Path, *, trial: str, preflight: Path, manifest: Path, plans: Iterable[Path],
                  configurations: Iterable[Path], cleanup: Path, patches: Path | None = None,
                  quiet: Path | None = None, telemetry: Iterable[Path] = (), settings: Mapping[str, Any] | None = None,
                  provenance: Path | None = None, charts_dir: Path | None = None,
-                 statistics: Mapping[str, Any] | None = None) -> Path:
+                 statistics: Mapping[str, Any] | None = None, findings_file: Path | None = None) -> Path:
     """Read the records named, each as its model, render, and write the report atomically.
     ``telemetry`` are the configurations' samples files, in the order of ``configurations``;
-    ``charts_dir``, when given, also receives each chart as an SVG file (for Snakemake's own report)."""
+    ``charts_dir``, when given, also receives each chart as an SVG file (for Snakemake's own report);
+    ``findings_file`` the first screen as plain text (:func:`findings_text`)."""
     records = [load_record(p, "configuration") for p in configurations]
     samples = {r.configuration: read_samples(p) for r, p in zip(records, telemetry, strict=False) if Path(p).exists()}
     context = build_context(
@@ -290,6 +317,8 @@ def write_report(out: Path, *, trial: str, preflight: Path, manifest: Path, plan
     )
     if charts_dir is not None:
         write_charts(Path(charts_dir), [*context["charts"], *(s["chart"] for s in context["sweeps"] if s["chart"])])
+    if findings_file is not None:
+        atomic_write_text(Path(findings_file), findings_text(context))
     return atomic_write_text(out, render_report(context))
 
 

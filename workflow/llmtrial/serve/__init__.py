@@ -23,6 +23,8 @@ sweeps, telemetry, multi-node serving, and the trial job in its phases.
   into one CSV with a node column.
 - :mod:`llmtrial.serve.onset`: Where a sweep starts to preempt: the planner's arithmetic against
   what /metrics showed.
+- :mod:`llmtrial.serve.progress`: What a person watching a run sees of a configuration's job, on the
+  terminal as well as in the job's log.
 - :mod:`llmtrial.serve.scenarios`: What a scenario asks for: fixed passes or a sweep's steps, how
   many passes, and its latency target.
 - :mod:`llmtrial.serve.server`: The vLLM server process: argv building, launch in its own session,
@@ -38,4 +40,4 @@ Imports from: core, logs, host, plan, weights, patch, borrow. (tests/test_struct
 order.)
 """
 
-__all__ = ["answers_job", "bench", "comparison", "measure", "multinode", "multinode_job", "nodetelemetry", "onset", "scenarios", "server", "telemetry", "trial", "vllm_bench"]
+__all__ = ["answers_job", "bench", "comparison", "measure", "multinode", "multinode_job", "nodetelemetry", "onset", "progress", "scenarios", "server", "telemetry", "trial", "vllm_bench"]

@@ -34,6 +34,7 @@ from llmtrial.serve import bench
 from llmtrial.serve.multinode import MultiNodeServer
 from llmtrial.serve.nodetelemetry import NodeTelemetry, node_window_figures
 from llmtrial.serve.onset import onset, step_figures
+from llmtrial.serve.progress import StartupWatch, pass_line, ready_line, say, stopped_line
 from llmtrial.serve.scenarios import SWEEP_KEYS, Repetition, goodput, is_sweep, spread_of
 from llmtrial.serve.scenarios import steps as sweep_steps
 from llmtrial.serve.server import ServerProcess, ServerStartError
@@ -171,6 +172,7 @@ class Measurement:
                 cold.update(self.first_request())
                 failure = self._scenarios(server, sampler, worker, windows, scenarios)
                 if self.workload.outputs and failure is None:
+                    say("%s: asking the task set (%d task(s))", self.name, len(self.workload.tasks))
                     answers = self.workload.ask(self.host, self.port, launch="passes", flags=self.flags)
             except Failure as raised:
                 failure = raised
@@ -210,14 +212,17 @@ class Measurement:
 
     def _start(self, server: ServerProcess, host_source: HostSource) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         """Launch and wait for /health: (server times, startup facts, cold start's ready time)."""
+        source = self.paths.rel(self.paths.server_log)
+        say("%s: launching vLLM on %s:%d (its log: %s)", self.name, self.host, self.port, server.log_path)
         try:
             server.start()
             host_source.pid = server.proc.pid if server.proc else None
-            ready_s = server.wait_ready(self.startup_timeout_s)
+            ready_s = server.wait_ready(self.startup_timeout_s, progress=StartupWatch(self.name, server.log_path, source))
         except ServerStartError as exc:
+            say("%s: did not start (%s): %s", self.name, exc.reason, exc)
             raise Failure("startup", exc.reason, str(exc), exc.returncode) from None
-        log.info("%s ready in %.1f s", self.name, ready_s)
-        startup = startup_log.parse_startup(read_log(server.log_path), source=self.paths.rel(self.paths.server_log))
+        startup = startup_log.parse_startup(read_log(server.log_path), source=source)
+        say("%s", ready_line(self.name, ready_s, startup))
         return ({"launched_at": server.launched_at, "ready_at": server.ready_at}, startup,
                 {"ready_seconds": fact(round(ready_s, 3), "launch to first /health 200", unit="s")})
 
@@ -247,6 +252,7 @@ class Measurement:
             run = functools.partial(self._checked_pass, server, sampler, worker, windows, name, s_index)
             if scenario.get("warmup"):
                 entry["warmup"] = run(scenario, 0, f"{name}-warmup")
+                say("%s (kept out of the figures)", pass_line(self.name, f"{name} warm-up", entry["warmup"]))
             first = (self._sweep if entry["kind"] == "sweep" else self._repeat)(entry, run)
             failed = failed or first
         return failed
@@ -259,6 +265,8 @@ class Measurement:
             one = run(step, step["step"], f"{entry['name']}-step{step['step']}")
             one.update({k: step[k] for k in ("step", *SWEEP_KEYS)})
             entry["steps"].append(one)
+            swept = ", ".join(f"{k} {step[k]}" for k in SWEEP_KEYS if isinstance(entry["spec"].get(k), list))
+            say("%s", pass_line(self.name, f"{entry['name']} step {step['step']} ({swept})", one))
             failed = failed or _pass_failure(entry["name"], one)
         return failed
 
@@ -275,11 +283,13 @@ class Measurement:
             ok = [q["summary"] for q in entry["pass_results"] if q["status"] == "ok"]
             values = [s["output_throughput"] for s in ok if s["output_throughput"] is not None]
             stopped = rule.verdict(values, p, one["status"] == "failed")
+            say("%s", pass_line(self.name, f"{entry['name']} pass {p}", one, spread_of(values), len(values)))
         spread = spread_of(values)
         entry["repetition"] = {"min": rule.min, "max": rule.max, "agreement": rule.agreement, "interval": rule.interval,
                                "level": rule.level, "passes_run": len(entry["pass_results"]), "spread": spread,
                                "interval_width": rule.interval_width(values), "stopped": stopped}
         entry["agreement"] = {"output_throughput": spread, "median_ttft_ms": spread_of([s["median_ttft_ms"] for s in ok])}
+        say("%s", stopped_line(self.name, entry["name"], entry["repetition"]))
         return failed
 
     def _checked_pass(self, server: ServerProcess, sampler: Sampler, worker: bench.BenchWorker,

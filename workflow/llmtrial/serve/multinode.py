@@ -290,8 +290,9 @@ class MultiNodeServer(ServerProcess):
         what = "Ray" if isinstance(self.ranks, RayCluster) else "the headless rank"
         return f"{what} on node {', '.join(self.gone)} exited" if self.gone else None
 
-    def wait_ready(self, timeout: float, poll: float = 0.5, watch: Any = None, watch_every: float = 5.0) -> float:
-        return super().wait_ready(timeout, poll, watch=self.ranks_down, watch_every=watch_every)
+    def wait_ready(self, timeout: float, poll: float = 0.5, watch: Any = None, watch_every: float = 5.0,
+                   progress: Any = None) -> float:
+        return super().wait_ready(timeout, poll, watch=self.ranks_down, watch_every=watch_every, progress=progress)
 
     def alive(self) -> bool:
         return super().alive() and self.ranks_down() is None

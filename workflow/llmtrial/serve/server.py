@@ -157,15 +157,17 @@ class ServerProcess:
         return f"server exited with code {self.exit_code()}"
 
     def wait_ready(self, timeout: float, poll: float = 0.5, watch: Callable[[], str | None] | None = None,
-                   watch_every: float = 5.0) -> float:
+                   watch_every: float = 5.0, progress: Callable[[], None] | None = None) -> float:
         """Poll /health until 200; return seconds from launch to ready.
 
         ``watch`` (called every ``watch_every`` seconds) says why the start cannot succeed any
-        more, or None: a rank on another node that died ends the wait as ``exited``."""
+        more, or None: a rank on another node that died ends the wait as ``exited``. ``progress``
+        (called every 2 s and once when ready) tells a person how the start goes; without it, a
+        line every 30 s in the log says how long it has taken."""
         assert self.proc is not None and self.launched_at is not None
         deadline = time.monotonic() + timeout
         url = f"http://{self.host}:{self.port}/health"
-        last_note = last_watch = time.monotonic()
+        last_note = last_watch = last_progress = time.monotonic()
         while True:
             rc = self.proc.poll()
             if rc is not None:
@@ -178,12 +180,17 @@ class ServerProcess:
                 with urllib.request.urlopen(url, timeout=2) as resp:
                     if resp.status == 200:
                         self.ready_at = time.time()
+                        if progress is not None:
+                            progress()
                         return self.ready_at - self.launched_at
             except (urllib.error.URLError, OSError, ConnectionError):
                 pass
             if time.monotonic() > deadline:
                 raise ServerStartError("timeout", f"server not ready after {timeout:.0f} s")
-            if time.monotonic() - last_note > 30:
+            if progress is not None and time.monotonic() - last_progress >= 2:
+                progress()
+                last_progress = time.monotonic()
+            elif progress is None and time.monotonic() - last_note > 30:
                 log.info("waiting for %s: %.0f s since launch", self.label, time.time() - self.launched_at)
                 last_note = time.monotonic()
             time.sleep(poll)

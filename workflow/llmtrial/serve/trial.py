@@ -37,6 +37,7 @@ from llmtrial.serve import comparison
 from llmtrial.serve.answers_job import FLAGS_OFF_LOG, answers_part, flags_off_env, flags_off_run, patch_flags, wants_flags_off
 from llmtrial.serve.measure import Failure, Measurement, Served, Workload
 from llmtrial.serve.multinode_job import Spread, node_outcomes
+from llmtrial.serve.progress import outcome_line, say
 from llmtrial.serve.server import ServerProcess, build_server_argv
 from llmtrial.serve.telemetry import CSV_HEADER
 from llmtrial.weights.manifest import verify_manifest
@@ -121,11 +122,17 @@ class TrialJob:
         return {} if part is None else {"answers": part}
 
     def run(self) -> ConfigurationRecord:
-        """Run the configuration end to end and write its record; returns the record.
+        """Run the configuration end to end and write its record; returns the record, and says its
+        outcome on the terminal (:mod:`llmtrial.serve.progress`).
 
         The trial's ``patches`` are applied again first when a cleanup reverted them, the
         plugin folder goes on the server's PYTHONPATH, and the record says per patch whether
         its flag was on and which processes logged its behaviour."""
+        record = self._run()
+        say("%s", outcome_line(record, str(self.paths.record)))
+        return record
+
+    def _run(self) -> ConfigurationRecord:
         self._fresh_folder()
         job_start, argv = time.time(), self.argv()
         if self.plan["verdict"] == "does_not_fit" and not self.spec.get("force"):
