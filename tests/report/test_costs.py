@@ -17,6 +17,7 @@ from llmtrial.core.records import load_record, read_record, write_record
 from llmtrial.host.sources import NvmlSource, RaplSource
 from llmtrial.provenance import collect
 from llmtrial.report.render import build_context, render_report
+from llmtrial.report.verdicts import NO_DIFFERENCE, UNSTABLE
 from llmtrial.serve.telemetry import Sampler, read_samples, window_figures
 from synthetic import DEMO, as_model, demo
 from workflow_helpers import default_config
@@ -60,6 +61,9 @@ def test_a_cpu_trial_ranks_cost_in_its_currency_and_says_no_energy_was_measured(
     c4 = ranking(html, "c4")
     assert "cost per million output tokens" in c4 and "USD, lower is better" in c4
     assert "energy per output token" not in c4  # no GPU: no energy figure to rank
+    [tp2] = [c for c in ctx["tables"][1]["cells"] if c["configuration"] == "tp2"]
+    verdict = tp2["figures"]["cost_per_mtok"]["vs_baseline"]  # against tp1, said of money, not of speed
+    assert verdict.word in ("better", "worse", NO_DIFFERENCE, UNSTABLE) and verdict.as_text() in row_of(c4, "tp2")
     by_hand = {}
     for rec, plan in zip(records, plans, strict=True):
         workers = plan.plan["tensor_parallel_size"] * plan.plan["pipeline_parallel_size"]  # CPU workers
