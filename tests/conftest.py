@@ -300,6 +300,22 @@ class NvmlTelemetryDouble(NvmlDoubleBase):
         return [SimpleNamespace(pid=1, usedGpuMemory=8 * 2**30)]
 
 
+class NvmlPowerDouble(NvmlTelemetryDouble):
+    """The telemetry double with an energy counter that runs on the wall clock: each GPU draws 300 W, and its
+    counter advances by ``counter_scale`` times the energy that power delivers (1.0: the counter and the
+    integral of sampled power agree; 1.3: the counter reads 30 % more, as a board whose counter drifts)."""
+
+    def __init__(self, counter_scale: float = 1.0):
+        super().__init__()
+        self.counter_scale = counter_scale
+        self.t0 = time.time()
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        self._check(h)
+        watts = self.nvmlDeviceGetPowerUsage(h) / 1000.0
+        return int(self.energy[h] + 1000.0 * self.counter_scale * watts * (time.time() - self.t0))
+
+
 @pytest.fixture(scope="session")
 def hosts() -> Iterator[TwoHosts]:
     """Two hosts on this machine (tests/hosts.py): host A and host B, B with its own sshd;

@@ -1,5 +1,6 @@
-"""Telemetry sources beyond the host: NVML (through a double), vLLM's /metrics, the kernel log,
-and the window figures built from them."""
+"""Telemetry sources beyond the host: NVML (through a double), vLLM's /metrics, the kernel log, the CPU
+packages' RAPL counters (through a double of the kernel's powercap tree), and the window figures built
+from them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 import pytest
 
 from conftest import DATA, NVMLError, NvmlTelemetryDouble, loopback
-from llmtrial.host.sources import KernelLogSource, MetricsSource, NvmlSource
+from llmtrial.host.sources import POWERCAP, KernelLogSource, MetricsSource, NvmlSource, RaplSource, job_sources
 from llmtrial.serve.telemetry import Sampler, read_samples, window_figures
 
 
@@ -136,3 +137,63 @@ def test_a_retired_source_is_not_sampled_again(tmp_path, metrics_server):
         time.sleep(0.3)
     df = read_samples(tmp_path / "t.csv")
     assert len(df) > 0 and (df.t <= retired_at).all()
+
+
+def powercap_double(root, packages: dict[str, int], span: int = 262_143_328_850):
+    """A double of the kernel's powercap interface (this machine has no /sys/class/powercap): a tree of
+    ``intel-rapl:<n>`` zones as sysfs lays them out, each package with ``name``, ``energy_uj`` and
+    ``max_energy_range_uj``, and a core subzone beside it (a part of its package's figure)."""
+    for i, (name, energy) in enumerate(packages.items()):
+        zone = root / f"intel-rapl:{i}"
+        zone.mkdir(parents=True)
+        (zone / "name").write_text(name + "\n")
+        (zone / "energy_uj").write_text(f"{energy}\n")
+        (zone / "max_energy_range_uj").write_text(f"{span}\n")
+        core = root / f"intel-rapl:{i}:0"
+        core.mkdir()
+        (core / "name").write_text("core\n")
+        (core / "energy_uj").write_text("5\n")
+    return root
+
+
+class TestRapl:
+    def test_each_package_is_read_and_a_wrapped_counter_is_unwrapped(self, tmp_path):
+        span = 262_143_328_850
+        root = powercap_double(tmp_path / "powercap", {"package-0": span - 1_000_000, "package-1": 7_000_000}, span)
+        src = RaplSource(root)
+        assert src.available and src.name == "rapl"
+        assert src.sample() == {"package-0.energy_uj": span - 1_000_000, "package-1.energy_uj": 7_000_000}
+        (root / "intel-rapl:0" / "energy_uj").write_text("2000000\n")  # passed the range: 3 J later
+        (root / "intel-rapl:1" / "energy_uj").write_text("9000000\n")
+        out = src.sample()
+        assert out["package-0.energy_uj"] - (span - 1_000_000) == 3_000_000  # 1 J to the range's end, 2 J after
+        assert out["package-1.energy_uj"] == 9_000_000 and "core.energy_uj" not in out
+
+    def test_a_window_gives_cpu_package_joules_never_gpu_energy(self, tmp_path):
+        root = powercap_double(tmp_path / "powercap", {"package-0": 1_000_000})
+        src = RaplSource(root)
+        rows = {"t": [], "source": [], "metric": [], "value": []}
+        for t, uj in ((10.0, 1_000_000), (11.0, 41_000_000), (12.0, 91_000_000)):
+            (root / "intel-rapl:0" / "energy_uj").write_text(f"{uj}\n")
+            for k, v in src.sample().items():
+                rows["t"].append(t), rows["source"].append(src.name), rows["metric"].append(k), rows["value"].append(v)
+        fig = window_figures(rows, 10.0, 12.0)
+        assert fig["cpu_package_energy_j"] == (91_000_000 - 1_000_000) / 1e6
+        assert "energy_j" not in fig and "energy_check" not in fig and "tokens_per_joule" not in fig
+
+    def test_no_powercap_or_an_unreadable_counter_is_absent_with_the_reason(self, tmp_path):
+        missing = RaplSource(tmp_path / "nothing")
+        assert not missing.available and str(tmp_path / "nothing") in missing.reason
+        root = powercap_double(tmp_path / "powercap", {"package-0": 1})
+        (root / "intel-rapl:0" / "energy_uj").unlink()
+        unreadable = RaplSource(root)
+        assert not unreadable.available and "not readable" in unreadable.reason
+
+    def test_a_job_samples_rapl_where_the_host_has_it_and_lists_it_absent_where_not(self, tmp_path):
+        root = powercap_double(tmp_path / "powercap", {"package-0": 1})
+        sampled, absent = job_sources(powercap=root)
+        assert "rapl" in [s.name for s in sampled]
+        sampled, absent = job_sources()  # this machine: no /sys/class/powercap
+        if not POWERCAP.exists():
+            assert [s.reason for s in absent if s.name == "rapl"] == [
+                f"no RAPL package zone under {POWERCAP} (no powercap energy counters on this host)"]

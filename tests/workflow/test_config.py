@@ -163,6 +163,22 @@ def test_schema_path_points_at_the_workflow_schema():
     assert SCHEMA_PATH == REPO / "workflow" / "llmtrial" / "schemas" / "config.schema.yaml"
 
 
+def test_a_cost_block_needs_its_price_and_an_iso_currency_and_names_the_key():
+    config = minimal()
+    config["cost"] = {"price": 2.5}
+    with pytest.raises(ConfigError) as err:
+        validate_config(config)
+    assert "config key 'cost.currency': missing: give the currency of the price" in str(err.value)
+    config["cost"] = {"currency": "usd", "per": "gpu_hour"}
+    with pytest.raises(ConfigError) as err:
+        validate_config(config)
+    msg = str(err.value)
+    assert "'cost.currency': 'usd' does not match" in msg and "'cost.per': 'gpu_hour' is not one of" in msg
+    config["cost"] = {"price": 2.5, "currency": "USD"}
+    assert validate_config(config)["cost"] == {"price": 2.5, "currency": "USD", "per": "accelerator_hour", "note": ""}
+    assert validate_config(minimal())["cost"] is None
+
+
 def test_the_report_block_has_defaults_and_its_baseline_must_name_a_configuration():
     config = validate_config(minimal())
     assert config["report"] == {"baseline": None, "max_disagreement": 0.1, "notes": ""}

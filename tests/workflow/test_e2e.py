@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -49,6 +50,7 @@ EXTRA = {
                  "args": {"tensor_parallel_size": 3}, "env": {"VLLM_CPU_OMP_THREADS_BIND": "0|1|0"}, "force": True},
 }
 LAUNCHED = ["tp1", "pp2", BAD, "tp3force"]
+COST = {"price": 0.90, "per": "host_hour", "currency": "EUR", "note": "example price of this box"}
 
 
 @pytest.fixture(scope="session")
@@ -68,6 +70,7 @@ def trial(tmp_path_factory):
     config["telemetry"]["interval_s"] = 0.5
     for spec in config["scenarios"].values():  # two or three passes: what these tests check holds at any count
         spec["passes"].update(min=2, max=3)
+    config["cost"] = COST  # priced per host-hour: every configuration here runs on this one host
     demo_port = free_base_port(BASE_PORT + 90, 1)
     config["services"] = {"demo-web": demo_service(work / "demo", demo_port)}
     subprocess.run(config["services"]["demo-web"]["start"], check=True, timeout=60)  # the host's resident service
@@ -225,6 +228,27 @@ def test_the_report_shows_every_configuration_scenario_and_failure(trial):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
 
 
+def test_the_report_prices_each_configuration_from_the_provenance_record_and_says_no_energy_was_measured(trial):
+    provenance = json.loads((trial["results"] / "provenance.json").read_text())
+    assert provenance["cost"] == COST  # the price the report's (and an exporter's) cost figures read
+    html = (trial["results"] / "report.html").read_text()
+    for name in ("tp1", "pp2"):
+        rec = record(trial, name)
+        assert rec["telemetry"]["sources"]["rapl"]["status"] == "absent"  # no /sys/class/powercap here
+        for sc in rec["scenarios"]:
+            table = html.split(f"<h3>Scenario {sc['name']} ", 1)[1].split("</table>", 1)[0]
+            assert "cost per million output tokens" in table and "EUR, lower is better" in table
+            assert "energy per output token" not in table
+            # by hand: 0.90 EUR an hour for the one host, over each pass's output tok/s x 3600, per million
+            by_hand = statistics.median(0.90 * 1 / (p["summary"]["output_throughput"] * 3600) * 1e6
+                                        for p in sc["pass_results"] if p["status"] == "ok")
+            row = next(r for r in table.split("<tr") if f"<b>{name}</b>" in r)
+            assert f"{by_hand:,.3f}" in row
+    gaps = html.split('<h2 id="not-measured">', 1)[1].split("</ul>", 1)[0]
+    assert "No GPU energy was measured (no GPU), so no configuration has an energy per output token." in gaps
+    assert re.search(r"CPU package energy \(RAPL\) was not measured: [^<]*\(tp1, pp2", gaps)
+
+
 @pytest.mark.skipif(not chromium_available(), reason="chromium not installed (make test installs it)")
 def test_the_report_renders_offline_in_headless_chromium(trial):
     """Opened with the network off: it asks for nothing, logs no error, and its first screen is
@@ -371,3 +395,13 @@ def test_the_terminal_shows_each_configurations_phases_the_report_and_the_host(t
     assert findings[0].startswith(f"{statuses.count('ok')} of {len(statuses)} serving configurations completed; "
                                   f"{statuses.count('failed')} failed; {statuses.count('skipped')} not launched")
     assert "llmtrial: host restored: yes (demo-web running and healthy)" in out
+
+
+def test_a_new_price_reruns_only_the_report(trial, tmp_path):
+    config = json.loads(json.dumps(trial["config"]))
+    config["cost"]["price"] = 1.25
+    path = tmp_path / "repriced.yaml"
+    path.write_text(json.dumps(config))
+    out = snakemake(trial["work"], "-n", configfile=path)
+    assert out.returncode == 0, out.stderr
+    assert job_counts(out.stdout) == {"report": 1, "all": 1}

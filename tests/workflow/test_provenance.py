@@ -134,3 +134,15 @@ def test_common_smk_saves_the_command_line_once_in_the_environment_not_in_params
     assert "os.environ.setdefault(COMMAND_ENV, json.dumps(sys.argv))" in text
     assert not any("COMMAND_ENV" in p.read_text() or "command_from_env" in p.read_text()
                    for p in (REPO / "workflow" / "rules").glob("*.smk") if p.name != "common.smk")
+
+
+def test_the_cost_block_is_carried_as_its_model_so_exports_read_the_price_from_the_record(tmp_path):
+    config = demo_config()
+    config["cost"] = {"price": 3.5, "per": "host_hour", "currency": "EUR"}
+    path = write_record(tmp_path / "provenance.json", collect(config, configfiles=[], command=None, repo=tmp_path),
+                        schema="provenance")
+    assert read_record(path)["cost"] == {"price": 3.5, "per": "host_hour", "currency": "EUR", "note": ""}
+    cost = load_record(path, "provenance").cost
+    assert cost is not None and (cost.price, cost.per, cost.currency) == (3.5, "host_hour", "EUR")
+    without = collect(demo_config(), configfiles=[], command=None, repo=tmp_path)
+    assert without.cost is None and "cost" not in written(without)

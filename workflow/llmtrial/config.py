@@ -18,6 +18,7 @@ from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 
 from llmtrial.answers.tasks import TaskSetError, task_set
+from llmtrial.core.cost import check_cost
 from llmtrial.core.resources import SCHEMAS
 from llmtrial.host.gpus import check_pinning
 from llmtrial.host.nodes import check_nodes, number_slurm_nodes
@@ -94,7 +95,8 @@ def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH, *, 
             problems.append(f"{source} key 'outputs': {exc}")
     problems += [f"{source} key '{key}': {message}" for key, message in [*_check_args(config), *check_nodes(config),
                                                                           *check_patch_modes(config),
-                                                                          *check_pinning(config)]]
+                                                                          *check_pinning(config),
+                                                                          *check_cost(config.get("cost"))]]
     if problems:
         raise ConfigError("invalid trial configuration:\n  " + "\n  ".join(problems))
     number_slurm_nodes(config)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtrial.config import validate_config
+from llmtrial.core.cost import Cost
 from llmtrial.core.fileio import file_digest
 from llmtrial.core.gitstate import git_state
 from llmtrial.core.record_models import ProvenanceRecord, TrialFile
@@ -70,7 +71,8 @@ def collect(config: Mapping[str, Any], *, configfiles: list[str | os.PathLike[st
 
     ``config`` is resolved again against the schema (defaults filled) on a copy; the record
     holds it with secrets redacted, and ``config_sha256`` hashes that recorded form, so it
-    can be checked against the record itself.
+    can be checked against the record itself. The ``cost`` block, when given, is also held as its model
+    (:class:`llmtrial.core.cost.Cost`), which the report's and an exporter's cost figures read.
     """
     resolved = validate_config(copy.deepcopy(json.loads(json.dumps(dict(config), default=str))))
     recorded = redact_config(resolved)
@@ -81,4 +83,5 @@ def collect(config: Mapping[str, Any], *, configfiles: list[str | os.PathLike[st
         config=recorded,
         config_sha256=config_sha256(recorded),
         trial_files=trial_files(list(configfiles), Path(repo)),
+        **({"cost": Cost.model_validate(resolved["cost"])} if resolved.get("cost") else {}),
     )

@@ -37,6 +37,8 @@ rule report:
     params:
         settings=config["report"],
         statistics=config["statistics"],
+        # the price is read back from the provenance record; as a param, a new price reruns the report
+        cost=config["cost"],
         configfiles=workflow.configfiles,
     script:
         "../scripts/render_report.py"

@@ -9,6 +9,8 @@ package's data and job logs. It imports no other package.
   differs, and each figure's ratio with its interval and verdict.
 - :mod:`llmtrial.core.configuration_model`: The configuration record's model: what one serving
   configuration's job measured, its scenarios, server, failure and telemetry.
+- :mod:`llmtrial.core.cost`: Cost per million output tokens and energy per output token: the
+  trial's price (the provenance record's ``cost``) over a configuration's measured throughput.
 - :mod:`llmtrial.core.fileio`: Two file routines the whole library shares: hashing a file and
   writing one atomically.
 - :mod:`llmtrial.core.gitstate`: The project checkout's state: its commit and whether its tracked files
@@ -38,5 +40,5 @@ package's data and job logs. It imports no other package.
 Imports from: no other package. (tests/test_structure.py holds the order.)
 """
 
-__all__ = ["answers_model", "cleanup_model", "comparison_model", "configuration_model", "fileio", "gitstate", "hostlock", "joblog", "ledger", "paths", "preflight_model",
+__all__ = ["answers_model", "cleanup_model", "comparison_model", "configuration_model", "cost", "fileio", "gitstate", "hostlock", "joblog", "ledger", "paths", "preflight_model",
            "record_base", "record_models", "records", "resources", "scenario_model", "stats"]

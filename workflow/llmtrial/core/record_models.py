@@ -30,6 +30,7 @@ from pydantic.json_schema import GenerateJsonSchema
 from llmtrial.core.cleanup_model import CleanupRecord, QuietRecord
 from llmtrial.core.comparison_model import ComparisonRecord
 from llmtrial.core.configuration_model import ConfigurationRecord
+from llmtrial.core.cost import Cost
 from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.core.record_base import Check, Fact, Maybe, NonNegInt, Number, RecordModel, Verdict
 from llmtrial.core.resources import SCHEMAS
@@ -52,6 +53,7 @@ class PlanFigures(RecordModel):
 
     tensor_parallel_size: Maybe[int] = None
     pipeline_parallel_size: Maybe[int] = None
+    data_parallel_size: Maybe[int] = Field(None, description="Absent in plans written before it was recorded (1).")
     stage_layers: Maybe[list[int]] = Field(None, description="Layers per pipeline stage.")
     weights_bytes: Maybe[Number] = None
     weights_bytes_per_rank: Maybe[list[int]] = None
@@ -110,6 +112,14 @@ class PlanRecord(RecordModel):
         """``plan`` read as its typed part (the field stays the mapping the planner wrote: the plan command
         prints it whole and reads it by key)."""
         return PlanFigures.model_validate(self.plan)
+
+    @property
+    def accelerators(self) -> int | None:
+        """Accelerators (GPUs, or CPU workers) the configuration occupies: DP x TP x PP from its plan; None
+        where the plan has no figures (its verdict is unknown)."""
+        f = self.figures
+        tp, pp = f.tensor_parallel_size, f.pipeline_parallel_size
+        return int(f.data_parallel_size or 1) * int(tp) * int(pp) if tp and pp else None
 
 
 # --------------------------------------------------------------------------- manifest
@@ -307,6 +317,9 @@ class ProvenanceRecord(RecordModel):
         "sha256 of config as recorded, as canonical JSON (json.dumps with sort_keys=True, separators=(',', ':'))."))
     trial_files: list[TrialFile] = Field(description=(
         "The trial files read, in order (config/config.yaml when none was named)."))
+    cost: Maybe[Cost] = Field(None, description=(
+        "The trial file's cost block, validated (llmtrial.core.cost.Cost): what the report's and an exporter's "
+        "cost per million output tokens rest on. Absent when the trial file gives none."))
 
 
 # --------------------------------------------------------------------------- the kinds and their schemas

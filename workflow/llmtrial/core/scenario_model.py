@@ -82,14 +82,44 @@ class WindowStat(RecordModel):
     n: Maybe[int] = None
 
 
+class GpuEnergy(RecordModel):
+    """One GPU's energy over a window two ways: the change of NVML's total-energy counter, and the trapezoid
+    integral of its sampled power over the same samples' times."""
+
+    counter_j: float | None = Field(description="The change of nvmlDeviceGetTotalEnergyConsumption, J; null without it.")
+    integral_j: float | None = Field(description="The trapezoid integral of power_w over the window, J; null below two samples.")
+    power_samples: NonNegInt = Field(description="Power samples integrated.")
+    difference: float | None = Field(description="(integral_j - counter_j) / counter_j; null when either is missing.")
+    disagrees: bool | None = Field(description="abs(difference) is above the check's tolerance; null when not checked.")
+
+
+class EnergyCheck(RecordModel):
+    """Each GPU's counter against the integral of its sampled power (they have been seen to disagree)."""
+
+    tolerance: float = Field(description="The share of the counter the two may differ by (0.10).")
+    gpus: dict[str, GpuEnergy] = Field(description="Per GPU (source.gpu<i>, as nvml.gpu0).")
+    disagrees: bool = Field(description="Some GPU's counter and integral differ by more than the tolerance.")
+
+
 class WindowFigures(Window):
     """What telemetry sampled in one window (llmtrial.serve.telemetry.window_figures): per source.metric its
     figures, the change of each counter, and the GPU energy with the tokens per joule where known."""
 
     summary: Maybe[dict[str, WindowStat]] = Field(None, description="Per source.metric (host.cpu_percent, ...).")
     deltas: Maybe[dict[str, float]] = Field(None, description="The change of each counter over the window.")
-    energy_j: Maybe[float] = None
+    energy_j: Maybe[float] = Field(None, description=(
+        "GPU energy over the window, J, summed over the GPUs sampled: each GPU's counter, or where it has none the "
+        "integral of its sampled power (energy_kind says which)."))
+    energy_kind: Maybe[Literal["measured", "estimated"]] = Field(None, description=(
+        "measured: every GPU's figure is NVML's energy counter; estimated: some GPU's is the integral of its "
+        "sampled power (no counter)."))
+    energy_check: Maybe[EnergyCheck] = Field(None, description=(
+        "Each GPU's counter against the integral of its sampled power, and whether they differ by more than the "
+        "tolerance."))
     tokens_per_joule: Maybe[float] = None
+    cpu_package_energy_j: Maybe[float] = Field(None, description=(
+        "CPU package energy over the window, J, summed over the packages (the kernel's RAPL counters under "
+        "/sys/class/powercap): the CPUs' energy, never the GPUs'."))
 
 
 class ServerMetrics(RecordModel):
@@ -271,6 +301,11 @@ class Scenario(RecordModel):
         "A sweep's steps in order, each a pass entry plus its step number, its values and its figures."))
     onset: Maybe[Onset] = Field(None, description=(
         "A sweep's predicted against observed onset of preemption and of waiting requests."))
+
+    def ok_passes(self) -> list[Pass]:
+        """The passes every figure of the scenario is made of: those that succeeded with a summary (never the
+        warm-up, never a sweep's steps)."""
+        return [p for p in self.pass_results if p.status == "ok" and p.summary]
 
     def runs(self) -> list[tuple[str, Pass]]:
         """Every benchmark run with its label, in the order they ran: the warm-up, each pass, each sweep step

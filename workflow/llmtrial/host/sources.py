@@ -3,14 +3,16 @@
 :class:`HostSource` (system CPU and memory, and the RSS/CPU of the server's process tree),
 :class:`NvmlSource` (per GPU: utilisation, memory, power against its limit, PCIe, compute
 processes; NVML through nvidia-ml-py), :class:`MetricsSource` (vLLM's Prometheus ``/metrics``)
-and :class:`KernelLogSource` (NVIDIA Xid lines). Each implements the :class:`Source`
-protocol; :func:`job_sources` picks those a configuration job samples on this host.
+and :class:`KernelLogSource` (NVIDIA Xid lines), :class:`RaplSource` (CPU package energy from the
+kernel's RAPL counters). Each implements the :class:`Source` protocol; :func:`job_sources` picks those
+a configuration job samples on this host.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import psutil
@@ -309,9 +311,70 @@ class KernelLogSource:
                 "nvrm_events": float(len(self.events))}
 
 
-def job_sources(*always: Any, gpus: Sequence[int] | None = None) -> tuple[list[Any], list[Any]]:
+#: Where the kernel's powercap interface lies (its RAPL zones are ``intel-rapl:<n>``, AMD's too).
+POWERCAP = Path("/sys/class/powercap")
+#: The RAPL source's name: its rows are ``rapl,package-0.energy_uj,...``.
+RAPL_SOURCE = "rapl"
+#: What the RAPL source measures, in the words the report uses for it.
+RAPL_LABEL = "CPU package energy (RAPL)"
+
+
+class RaplSource:
+    """CPU package energy from the kernel's RAPL counters (``<root>/intel-rapl:<n>/energy_uj``, µJ).
+
+    The zones whose ``name`` is ``package-<n>`` are read (their subzones, core, uncore and dram, are
+    parts of a package's figure and left out). Each sample gives ``<zone name>.energy_uj`` for every
+    package, unwrapped: where the counter reads less than before it passed ``max_energy_range_uj`` and
+    that range is added, so a window's change is its energy. This is the CPUs' energy, never the GPUs'.
+    Where no package zone exists, or its counter cannot be read (root only on kernels since 5.10), the
+    source is :attr:`available` False with the reason. ``root`` lets tests give a tree of their own.
+    """
+
+    def __init__(self, root: Path = POWERCAP, name: str = RAPL_SOURCE) -> None:
+        self.name = name
+        self.available = False
+        self.reason: str | None = None
+        self._zones: dict[str, tuple[Path, int]] = {}  # package name -> (energy_uj file, max_energy_range_uj)
+        self._last: dict[str, int] = {}
+        self._wraps: dict[str, int] = {}
+        zones = [z for z in sorted(Path(root).glob("intel-rapl:*")) if _read(z / "name").startswith("package-")]
+        if not zones:
+            self.reason = f"no RAPL package zone under {root} (no powercap energy counters on this host)"
+            return
+        try:
+            for zone in zones:
+                self._zones[_read(zone / "name")] = (zone / "energy_uj", int(_read(zone / "max_energy_range_uj") or 0))
+                int(_read(zone / "energy_uj", strict=True))
+        except (OSError, ValueError) as exc:
+            self.reason = f"RAPL energy counters not readable ({exc}; root only on kernels since 5.10)"
+            return
+        self.available = True
+
+    def sample(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for package, (path, span) in self._zones.items():
+            raw = int(_read(path, strict=True))
+            last = self._last.get(package)
+            if last is not None and raw < last and span:
+                self._wraps[package] = self._wraps.get(package, 0) + 1
+            self._last[package] = raw
+            out[f"{package}.energy_uj"] = float(raw + self._wraps.get(package, 0) * span)
+        return out
+
+
+def _read(path: Path, strict: bool = False) -> str:
+    """A sysfs file's text, stripped; "" where it cannot be read unless ``strict``."""
+    try:
+        return path.read_text(encoding="ascii").strip()
+    except OSError:
+        if strict:
+            raise
+        return ""
+
+
+def job_sources(*always: Any, gpus: Sequence[int] | None = None, powercap: Path = POWERCAP) -> tuple[list[Any], list[Any]]:
     """The sources of one configuration's job: ``always`` (host, /metrics) plus NVML (the
-    selected ``gpus``, by NVML index; every GPU for None) and the kernel log where this host
-    has them. Returns (sampled, absent)."""
-    optional = [NvmlSource(gpus=gpus), KernelLogSource()]
+    selected ``gpus``, by NVML index; every GPU for None), the kernel log and the CPU package
+    energy (RAPL, under ``powercap``) where this host has them. Returns (sampled, absent)."""
+    optional = [NvmlSource(gpus=gpus), KernelLogSource(), RaplSource(powercap)]
     return [*always, *(o for o in optional if o.available)], [o for o in optional if not o.available]

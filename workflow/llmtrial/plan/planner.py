@@ -405,6 +405,7 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
         "pp_layer_partition": ",".join(map(str, recommended)) if recommended else None,
         "tensor_parallel_size": tp,
         "pipeline_parallel_size": pp,
+        "data_parallel_size": args.data_parallel_size,
         "kv_heads_per_rank": None if shape.mla_kv_dim is not None else kv_heads_per_rank(shape.num_kv_heads, tp),
     }
     return Plan(verdict=verdict, reasons=blocking + reasons, facts=facts, data=data)

@@ -7,6 +7,9 @@
   copied.
 - :mod:`llmtrial.report.conclusions`: What the trial concludes, worked out from the records alone
   (no log is read again).
+- :mod:`llmtrial.report.costs`: What the report says about cost and energy: the cost per million
+  output tokens and the energy per output token as ranked figures, each pass's energy check, and
+  what was not measured.
 - :mod:`llmtrial.report.render`: The trial report: one self-contained HTML file rendered from the
   stage records only.
 - :mod:`llmtrial.report.run_summary`: The last lines of a workflow run on the terminal: where the
@@ -22,4 +25,4 @@ Imports from: core, answers, logs, host, plan, weights, patch, borrow, serve. (t
 the order.)
 """
 
-__all__ = ["answers", "charts", "conclusions", "render", "run_summary", "spans", "sweeps", "verdicts"]
+__all__ = ["answers", "charts", "conclusions", "costs", "render", "run_summary", "spans", "sweeps", "verdicts"]

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtrial.core.configuration_model import ColdStart, ConfigurationRecord
+from llmtrial.core.cost import Cost, hosts_of, pass_cost_figures, whole_energy
 from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.core.record_base import RecordModel
 from llmtrial.core.record_models import PlanRecord
@@ -40,6 +41,8 @@ from llmtrial.core.stats import (
     mean_interval,
     percentile,
 )
+from llmtrial.host.sources import RAPL_SOURCE
+from llmtrial.report.costs import ENERGY_FIGURE, cell_energy, cost_figure, cost_sentence, has_energy
 from llmtrial.report.verdicts import NO_DIFFERENCE, Verdict, judge, method_line
 from llmtrial.serve.bench import headline
 from llmtrial.serve.scenarios import DEFAULT_SLO_PERCENTILE, is_sweep, passes_asked, repetition_of, spread_of
@@ -117,17 +120,18 @@ def fixed_scenarios(record: ConfigurationRecord) -> list[Scenario]:
     return [sc for sc in record.scenarios if not is_sweep_entry(sc)]
 
 
-def figures_of(spec: ScenarioSpec) -> tuple[tuple[str, str, str, bool, int], ...]:
-    """The figures a scenario is ranked on: goodput first when it has a latency target."""
-    return GOODPUT_FIGURES + FIGURES if spec.slo else FIGURES
+def figures_of(spec: ScenarioSpec, cost: Cost | None = None,
+               energy: bool = False) -> tuple[tuple[str, str, str, bool, int], ...]:
+    """The figures a scenario is ranked on: goodput first when it has a latency target; the cost per million
+    output tokens when a price is given, the energy per output token where it was measured."""
+    extra = ((cost_figure(cost),) if cost else ()) + ((ENERGY_FIGURE,) if energy else ())
+    return (GOODPUT_FIGURES + FIGURES if spec.slo else FIGURES) + extra
 
 
 def ranks(plan: PlanRecord | None) -> int | None:
-    """Accelerators (GPUs, or CPU workers) one configuration uses: TP x PP from its plan."""
-    if plan is None:
-        return None
-    tp, pp = plan.figures.tensor_parallel_size, plan.figures.pipeline_parallel_size
-    return int(tp) * int(pp) if tp and pp else None
+    """Accelerators (GPUs, or CPU workers) one configuration uses: DP x TP x PP from its plan
+    (:attr:`llmtrial.core.record_models.PlanRecord.accelerators`)."""
+    return plan.accelerators if plan is not None else None
 
 
 def pass_figures(summary: PassSummary, concurrency: int, n_ranks: int | None) -> dict[str, float | None]:
@@ -254,14 +258,17 @@ def _slo_passes(ok: list[Pass]) -> dict[str, Any] | None:
 
 
 def scenario_cell(record: ConfigurationRecord, scenario: Scenario | None, n_ranks: int | None,
-                  settings: Settings, figures: Iterable[tuple[str, str, str, bool, int]] = FIGURES) -> dict[str, Any]:
+                  settings: Settings, figures: Iterable[tuple[str, str, str, bool, int]] = FIGURES,
+                  cost: Cost | None = None) -> dict[str, Any]:
     """One configuration in one scenario: its ``figures`` over passes (None where it has none), stall
-    flags and stability, how many passes ran and why they stopped (the warm-up pass is never among them)."""
+    flags and stability, how many passes ran and why they stopped (the warm-up pass is never among them),
+    and how its energy was had (``energy``: kind, and the passes whose energy check failed)."""
     keys = [key for key, *_ in figures]
     cell: dict[str, Any] = {"configuration": record.configuration, "figures": dict.fromkeys(keys), "stalls": [], "passes": 0,
                             "unstable": False, "diagnosis": None, "slo": None, "spread": None, "rank": None,
-                            "repetition": None, "repetition_note": None, "repetition_shown": False}
-    ok = [p for p in (scenario.pass_results if scenario else []) if p.status == "ok" and p.summary]
+                            "repetition": None, "repetition_note": None, "repetition_shown": False,
+                            "energy": cell_energy([])}
+    ok = scenario.ok_passes() if scenario else []
     if scenario is not None:
         cell["repetition"] = repetition(scenario)
         cell["repetition_note"] = repetition_note(cell["repetition"], scenario.warmup)
@@ -272,7 +279,11 @@ def scenario_cell(record: ConfigurationRecord, scenario: Scenario | None, n_rank
         return cell
     cell["status"] = "ok"
     concurrency = int(scenario.spec.concurrency)
-    per_pass = [pass_figures(p.summary, concurrency, n_ranks) for p in ok]
+    units = cost.units(n_ranks, hosts_of(record)) if cost else None
+    per_pass = [{**pass_figures(p.summary, concurrency, n_ranks), **pass_cost_figures(p, cost, units, whole_energy(record))}
+                for p in ok]
+    if "energy_per_token_j" in keys:
+        cell["energy"] = cell_energy(ok)
     for key in keys:
         cell["figures"][key] = over_passes((f[key] for f in per_pass), settings.level)
         if cell["figures"][key]:
@@ -330,21 +341,24 @@ def scenario_specs(configurations: Iterable[ConfigurationRecord]) -> dict[str, S
 
 
 def scenario_tables(configurations: list[ConfigurationRecord], plans: Iterable[PlanRecord],
-                    settings: Settings) -> list[dict[str, Any]]:
+                    settings: Settings, cost: Cost | None = None) -> list[dict[str, Any]]:
     """Per scenario (in the trial's order): every configuration's cell, ranked by output tok/s
     (by goodput where the scenario has a latency target), configurations without figures last,
-    with their one-line diagnosis. Sweeps are not here (:func:`llmtrial.report.sweeps.sweep_tables`)."""
+    with their one-line diagnosis; with the cost per million output tokens at ``cost`` (the provenance
+    record's price) and the energy per output token where measured. Sweeps are not here
+    (:func:`llmtrial.report.sweeps.sweep_tables`)."""
     names = [r.configuration for r in configurations]
     baseline = _baseline(names, settings)
     plans = list(plans)
     tables = []
     for name, spec in scenario_specs(configurations).items():
-        figures = figures_of(spec)
+        energy = has_energy(configurations, name)
+        figures = figures_of(spec, cost, energy)
         cells = []
         for rec in configurations:
             sc = next((s for s in fixed_scenarios(rec) if s.name == name), None)
             plan = next((p for p in plans if p.configuration == rec.configuration), None)
-            cells.append(scenario_cell(rec, sc, ranks(plan), settings, figures))
+            cells.append(scenario_cell(rec, sc, ranks(plan), settings, figures, cost))
         compare(cells, baseline, settings, figures)
         ranked_by = "goodput" if spec.slo else "output_tok_s"
         cells.sort(key=lambda c: (c["status"] != "ok", -(median(c, ranked_by) or 0)))
@@ -355,7 +369,7 @@ def scenario_tables(configurations: list[ConfigurationRecord], plans: Iterable[P
                        "slo_text": slo_text(spec.slo) if spec.slo else None,
                        "unstable": [c["configuration"] for c in cells if c["unstable"]],
                        "single_pass": [c["configuration"] for c in cells if c["status"] == "ok" and c["passes"] < 2],
-                       "settings": settings})
+                       "settings": settings, "cost": cost, "energy": energy})
     return tables
 
 
@@ -447,12 +461,14 @@ def scenario_sentences(table: Mapping[str, Any]) -> list[str]:
     where = f"In scenario {table['name']} (concurrency {spec.concurrency}), "
     ok = [c for c in table["cells"] if c["status"] == "ok"]
     slo = slo_sentence(table) if spec.slo else None
+    priced = cost_sentence(table, table["cost"])
     if not ok:
         return [f"No configuration completed scenario {table['name']}."]
     if len(ok) == 1:
         only = ok[0]
         return [f"Only {only['configuration']} completed scenario {table['name']}: "
-                f"{only['figures']['output_tok_s']['median']:,.1f} output tok/s.{_unstable_note(ok)}"] + ([slo] if slo else [])
+                f"{only['figures']['output_tok_s']['median']:,.1f} output tok/s.{_unstable_note(ok)}"] + [
+                    s for s in (slo, priced) if s]
     lead = ok[0]
     other = next((c for c in ok if c["configuration"] == table["baseline"] and c is not lead), ok[1])
     if spec.slo:
@@ -465,7 +481,7 @@ def scenario_sentences(table: Mapping[str, Any]) -> list[str]:
     if ttft:
         out.append(ttft + ".")
     out[-1] += _unstable_note(ok)
-    return out + ([slo] if slo else [])
+    return out + [s for s in (slo, priced) if s]
 
 
 def outcome_sentences(configurations: Iterable[ConfigurationRecord]) -> list[str]:
@@ -524,6 +540,8 @@ def _telemetry_gaps(configurations: Iterable[ConfigurationRecord]) -> list[str]:
     seen: dict[tuple[str, str], list[str]] = {}
     for r in configurations:
         for name, src in (r.telemetry.sources or {}).items():
+            if name == RAPL_SOURCE and src.status == "absent":  # said by llmtrial.report.costs.cost_gaps
+                continue
             if src.status in ("absent", "failed at times", "failed"):
                 why = src.reason or src.status
                 seen.setdefault((name, why), []).append(r.configuration)
@@ -541,7 +559,7 @@ def not_measured(*, preflight: PreflightRecord, configurations: list[Configurati
     gpus = preflight.environment.gpus
     if not gpus.present:
         out.append(f"No GPU: {gpus.reason or 'none found'}. No GPU power, energy, utilisation or PCIe "
-                   "figures exist for this trial; throughput per accelerator counts CPU workers (TP x PP).")
+                   "figures exist for this trial; throughput per accelerator counts CPU workers (DP x TP x PP).")
     out += _telemetry_gaps(configurations)
     for t in tables:
         if t["single_pass"]:

@@ -50,8 +50,10 @@ from llmtrial.report.conclusions import (
     streams,
     warning_sentences,
 )
+from llmtrial.report.costs import cost_gaps, energy_method, energy_rows
 from llmtrial.report.spans import nodes_context
 from llmtrial.report.sweeps import sweep_gaps, sweep_tables
+from llmtrial.serve.energy import ENERGY_TOLERANCE
 from llmtrial.serve.telemetry import read_samples
 
 #: NVML's figures per GPU and window that the report shows: the row's key, the metric, its figure over the window.
@@ -174,16 +176,16 @@ def host_rows(configurations: list[ConfigurationRecord]) -> list[dict[str, Any]]
 
 
 def telemetry_rows(configurations: list[ConfigurationRecord]) -> dict[str, Any]:
-    """Each telemetry source of each configuration with the sampler's own figures for it, the GPU energy
-    per pass where it was measured, and how often the host source sampled (1 s when not recorded)."""
+    """Each telemetry source of each configuration with the sampler's own figures for it, the GPU and CPU
+    package energy per pass where measured (:func:`llmtrial.report.costs.energy_rows`), and how often the
+    host source sampled (1 s when not recorded)."""
     sources = []
     for r in configurations:
         sampler = r.telemetry.sampler or {}
         sources += [{"configuration": r.configuration, "name": name, "source": src,
                      "stats": sampler[name] if name in sampler else SamplerStats()}
                     for name, src in (r.telemetry.sources or {}).items()]
-    energy = [{"configuration": r.configuration, "window": f"{sc.name} pass {p.pass_}", "figures": p.telemetry}
-              for r in configurations for sc in r.scenarios for p in sc.pass_results if p.telemetry and p.telemetry.energy_j]
+    energy = energy_rows(configurations)
     sampler = (configurations[0].telemetry.sampler or {}) if configurations else {}
     return {"sources": sources, "energy": energy, "host_interval_s": sampler["host"].achieved_interval_s
             if "host" in sampler else 1.0, "hosts": host_rows(configurations), "gpus": gpu_rows(configurations)}
@@ -203,9 +205,11 @@ def build_context(*, trial: str, preflight: PreflightRecord, manifest: ManifestR
                   statistics: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What the template sees: the records, the conclusions worked out of them, and the charts.
     ``telemetry`` maps a configuration to its samples (:func:`llmtrial.serve.telemetry.read_samples`);
-    ``settings`` is the trial file's ``report`` block, ``statistics`` its ``statistics`` block."""
+    ``settings`` is the trial file's ``report`` block, ``statistics`` its ``statistics`` block; the price of
+    the cost figures is the ``provenance`` record's ``cost`` (none without it)."""
     cfg = Settings.from_config(settings, statistics)
-    tables = scenario_tables(configurations, plans, cfg)
+    cost = provenance.cost if provenance is not None else None
+    tables = scenario_tables(configurations, plans, cfg, cost)
     per = "GPU" if preflight.environment.gpus.present else "CPU worker"
     unstable = {(t["name"], c["configuration"]): c["spread"] for t in tables for c in t["cells"] if c["unstable"]}
     sweeps = _sweeps(configurations)
@@ -243,7 +247,11 @@ def build_context(*, trial: str, preflight: PreflightRecord, manifest: ManifestR
         "streams": [s for r in configurations for s in streams(r)],
         "sampling": telemetry_rows(configurations),
         "not_measured": not_measured(preflight=preflight, configurations=configurations, plans=plans, tables=tables)
+        + cost_gaps(preflight=preflight, configurations=configurations, cost=cost, tables=tables)
         + sweep_gaps(sweeps) + answers_gaps(configurations),
+        "cost": cost,
+        "energy_method": energy_method(),
+        "energy_tolerance": ENERGY_TOLERANCE,
         "answers": answers_context(configurations, baseline, manifest),
         "notes": notes_html(cfg.notes),
         "provenance": provenance,

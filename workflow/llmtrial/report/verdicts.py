@@ -17,8 +17,9 @@ from llmtrial.core.stats import BOOTSTRAP_METHOD, RATIO_METHOD, T_METHOD, RatioT
 
 NO_DIFFERENCE = "no detectable difference"
 UNSTABLE = "unstable"
-#: The figures judged as better or worse rather than faster or slower.
-RATE_FIGURES = frozenset({"goodput", "slo_share"})
+#: The figures judged as better or worse rather than faster or slower (goodput, and what a token costs in
+#: money or energy).
+RATE_FIGURES = frozenset({"goodput", "slo_share", "cost_per_mtok", "energy_per_token_j"})
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ sweeps, telemetry, multi-node serving, and the trial job in its phases.
   server stopped: what the log explains (the failure's line and the GPUs' health after it, the
   start-up facts, the engine's warnings, each patch's evidence) and the measured figures beside the
   plan's (the predicted start-up terms, the throughput bound).
+- :mod:`llmtrial.serve.energy`: A window's energy: each GPU's NVML counter checked against the
+  integral of its sampled power, and the CPU packages' RAPL energy, named apart.
 - :mod:`llmtrial.serve.measure`: The measurement phase of one configuration's job: start the server
   under the telemetry sampler, wait for it, time the cold first request, run every scenario's passes
   (warm-up, repeated passes, a sweep's steps) each in its own telemetry window, and stop the server.
@@ -40,4 +42,4 @@ Imports from: core, logs, host, plan, weights, patch, borrow. (tests/test_struct
 order.)
 """
 
-__all__ = ["answers_job", "bench", "comparison", "measure", "multinode", "multinode_job", "nodetelemetry", "onset", "progress", "scenarios", "server", "telemetry", "trial", "vllm_bench"]
+__all__ = ["answers_job", "bench", "comparison", "energy", "measure", "multinode", "multinode_job", "nodetelemetry", "onset", "progress", "scenarios", "server", "telemetry", "trial", "vllm_bench"]

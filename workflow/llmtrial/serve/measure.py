@@ -27,7 +27,7 @@ from llmtrial.core.records import fact, read_record
 from llmtrial.core.scenario_model import Scenario
 from llmtrial.core.stats import DEFAULT_LEVEL
 from llmtrial.host.nodes import Node
-from llmtrial.host.sources import HostSource, MetricsSource, job_sources
+from llmtrial.host.sources import RAPL_SOURCE, HostSource, MetricsSource, job_sources
 from llmtrial.logs import startup_log
 from llmtrial.logs.lines import read_log
 from llmtrial.serve import bench
@@ -42,6 +42,9 @@ from llmtrial.serve.telemetry import Sampler, describe_sources, read_samples, wi
 
 log = logging.getLogger(__name__)
 
+#: The sources whose counters are sampled at each pass's edges too (when sampled at all): /metrics, the GPUs'
+#: energy (NVML) and the CPU packages' (RAPL).
+EDGE_SOURCES = ("metrics", "nvml", RAPL_SOURCE)
 #: Per-pass server counters (deltas of the /metrics series over the pass's window).
 SERVER_COUNTERS = {
     "preemptions": "preemptions_total",
@@ -313,13 +316,16 @@ class Measurement:
                                 tokenizer=self.model_dir, scenario=scenario, seed=seed, result_dir=str(bench_dir),
                                 result_filename=f"{stem}.json", percentiles=percentiles)
         log.info("%s: %s (seed %d)", self.name, stem, seed)
-        # the window opens before its first /metrics sample and closes after its last, so a
-        # counter's change over the window is exactly the pass's own
+        # the window opens before its first sample of each counter (/metrics, the GPUs' and the CPU packages'
+        # energy) and closes after its last, so a counter's change over the window is exactly the pass's own
+        edges = [name for name in EDGE_SOURCES if name in sampler.names]
         w_start = window_edge(time.time())
         sampler.mark(f"{stem}:start")  # the CSV names its own windows
-        sampler.sample_now("metrics")
+        for name in edges:
+            sampler.sample_now(name)
         run = worker.run(argv, log_path=bench_dir / f"{stem}.log", timeout=float(scenario["timeout_s"]))
-        sampler.sample_now("metrics")
+        for name in edges:
+            sampler.sample_now(name)
         sampler.mark(f"{stem}:end")
         w_end = window_edge(time.time(), end=True)
         result_file = bench_dir / f"{stem}.json"

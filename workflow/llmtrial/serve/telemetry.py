@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 from llmtrial.host.sources import KernelLogSource, NvmlSource, Source
+from llmtrial.serve.energy import window_energy
 
 if TYPE_CHECKING:  # pandas is only needed by read_samples / summarize_window
     import pandas
@@ -242,6 +243,11 @@ class Sampler:
             failure = f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(t))} {type(exc).__name__}: {exc}"
             return [(t, source.name, ERROR_METRIC, math.nan)], failure
 
+    @property
+    def names(self) -> list[str]:
+        """The sources' names, in the order given."""
+        return list(self._states)
+
     def sample_now(self, name: str) -> None:
         """Sample source ``name`` at once, outside its schedule (at a window's edges, so a
         counter's change over the window is exact). Not counted in :meth:`stats`."""
@@ -401,8 +407,10 @@ def summarize_window(
 def window_figures(df: pandas.DataFrame | Mapping[str, Any], start: float, end: float) -> dict[str, Any]:
     """What one window (a scenario pass, or start-up) shows: :func:`summarize_window`
     plus, for counters, the change over the window (``<source>.<metric>`` ending in
-    ``_total``, or a GPU's ``energy_mj``, under ``"deltas"``), per-GPU energy in joules
-    and tokens per joule where energy and generated tokens are both known."""
+    ``_total``, a GPU's ``energy_mj`` or a CPU package's ``energy_uj``, under ``"deltas"``),
+    the GPU energy in joules checked against the integral of sampled power and the CPU
+    package energy (:func:`llmtrial.serve.energy.window_energy`), and tokens per joule where
+    GPU energy and generated tokens are both known."""
     import numpy as np
 
     figures: dict[str, Any] = {"summary": summarize_window(df, start, end), "deltas": {}}
@@ -411,15 +419,19 @@ def window_figures(df: pandas.DataFrame | Mapping[str, Any], start: float, end: 
     met = np.asarray(df["metric"], dtype=object).astype(str)
     val = np.asarray(df["value"], dtype=float)
     inside = (t >= start) & (t <= end) & ~np.isnan(val) & (met != ERROR_METRIC)
-    for key in sorted({f"{a}.{b}" for a, b in zip(src[inside], met[inside], strict=True) if b.endswith(("_total", "energy_mj"))}):
-        source, metric = key.split(".", 1)
+
+    def series(source: str, metric: str) -> tuple[Any, Any]:
         sel = inside & (src == source) & (met == metric)
-        v = val[sel][np.argsort(t[sel], kind="stable")]
-        figures["deltas"][key] = float(v[-1] - v[0])
-    energy_j = sum(d / 1000.0 for k, d in figures["deltas"].items() if k.endswith("energy_mj"))
+        order = np.argsort(t[sel], kind="stable")
+        return t[sel][order], val[sel][order]
+
+    keys = sorted(set(zip(src[inside].tolist(), met[inside].tolist(), strict=True)))
+    for source, metric in keys:
+        if metric.endswith(("_total", "energy_mj", "energy_uj")):
+            v = series(source, metric)[1]
+            figures["deltas"][f"{source}.{metric}"] = float(v[-1] - v[0])
+    figures.update(window_energy(series, keys, figures["deltas"]))
     tokens = figures["deltas"].get("metrics.generation_tokens_total")
-    if energy_j > 0:
-        figures["energy_j"] = energy_j
-        if tokens:
-            figures["tokens_per_joule"] = tokens / energy_j
+    if figures.get("energy_j") and tokens:
+        figures["tokens_per_joule"] = tokens / figures["energy_j"]
     return figures
