@@ -4,6 +4,7 @@ record JSON, the units converted, and what the trial did not measure absent."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from llmtrial.compare.trials import TrialResults
 from llmtrial.core.configuration_model import ConfigurationRecord
+from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.export.benchmark_report import benchmark_report, workloads
 
 DEMO = Path(__file__).parents[1] / "data" / "records" / "demo-default"
@@ -148,10 +150,20 @@ def gpu_double_record(name: str) -> ConfigurationRecord:
     return ConfigurationRecord.model_validate(data)
 
 
+def gpu_host(trial: TrialResults) -> TrialResults:
+    """The trial as a preflight on a GPU host would have seen it: a test double of NVML's two GPUs, both selected."""
+    data = json.loads((DEMO / "preflight" / "record.json").read_text())
+    data["environment"]["gpus"] |= {"present": True, "count": 2, "selected": [0, 1],
+                                    "devices": [{"name": "NVIDIA H100 80GB HBM3"}, {"name": "NVIDIA H100 80GB HBM3"}]}
+    return dataclasses.replace(trial, preflight=PreflightRecord.model_validate(data))
+
+
 def test_gpu_figures_and_energy_come_from_the_passes_telemetry_where_nvml_measured_them(trial):
     record = gpu_double_record("tp1")
     [w] = [w for w in workloads(record) if w.scenario.name == "c1"]
-    report = benchmark_report(trial, w).model_dump(mode="json", exclude_unset=True)
+    report = benchmark_report(gpu_host(trial), w).model_dump(mode="json", exclude_unset=True)
+    accelerator = report["scenario"]["stack"][0]["standardized"]["accelerator"]
+    assert (accelerator["model"], accelerator["count"]) == ("NVIDIA H100 80GB HBM3", 1)  # tp1 uses one GPU
     observability = report["results"]["observability"]
     aggregate = observability["components"][0]["aggregate"]
     n = len(w.measured)

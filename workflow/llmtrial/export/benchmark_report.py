@@ -174,7 +174,8 @@ def accelerator(trial: TrialResults, sizes: dict[str, int]) -> dict[str, Any]:
     """The selected GPUs' model (NVML's name) on a GPU host, else the CPU's model with each CPU worker counted;
     ``count`` is TP x PP x DP either way."""
     gpus = trial.preflight.environment.gpus
-    names = sorted({str(g.name) for g in gpus.selected_gpus or [] if getattr(g, "name", None)})
+    devices = gpus.devices or []
+    names = sorted({str(devices[i].name) for i in gpus.selected or [] if i < len(devices) and devices[i].name})
     cpu = trial.preflight.environment.cpu or {}
     model = " + ".join(names) if gpus.present and names else str(cpu.get("model") or "unknown")
     return {"model": model, "count": sizes["tp"] * sizes["pp"] * sizes["dp"],

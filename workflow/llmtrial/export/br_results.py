@@ -35,6 +35,7 @@ from llmtrial.export.br_schema import (
     Strict,
     TimeSeries,
     TimeStat,
+    Units,
 )
 
 # --------------------------------------------------------------------------- results.request_performance
@@ -106,7 +107,7 @@ class TimeSeriesLatency(Strict):
 
 
 class TimeSeriesThroughput(Strict):
-    units: str = "tokens/s"
+    units: Units = Units.TOKEN_PER_S
     input_token_rate: GenThroughputSeries = None
     output_token_rate: GenThroughputSeries = None
     total_token_rate: GenThroughputSeries = None
