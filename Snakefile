@@ -38,11 +38,12 @@ include: "workflow/rules/report.smk"
 localrules:
     all,
     report,
+    export,
     compare,
     cleanup,
 
 
-# ---- target: the report (which needs every configuration and the cleanup), and the comparison
+# ---- target: the report (which needs every configuration and the cleanup), the exports beside it, and the comparison
 # with an earlier trial when the trial file names one (`compare_with:`)
 rule all:
     default_target: True

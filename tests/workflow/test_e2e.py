@@ -18,7 +18,10 @@ import pytest
 
 from browser import PNG_MAGIC, chromium_available, visit
 from conftest import REPO, free_base_port
+from llmtrial.cli import main
 from llmtrial.core.ledger import Ledger
+from llmtrial.export.br_results import validate_report
+from llmtrial.export.exports import FORMAT_DIR
 from llmtrial.host.groups import group_members, port_open
 from llmtrial.logs.lines import read_log
 from llmtrial.patch.patching import revert_patches, verify_files
@@ -249,6 +252,31 @@ def test_the_report_prices_each_configuration_from_the_provenance_record_and_say
     assert re.search(r"CPU package energy \(RAPL\) was not measured: [^<]*\(tp1, pp2", gaps)
 
 
+def test_the_exports_hold_a_valid_benchmark_report_per_configuration_and_scenario_that_ran(trial, tmp_path, capsys):
+    """The workflow's rule export (part of the default target): llm-d's Benchmark Report v0.2 of each launched
+    configuration x scenario, none for those that never reached a scenario; `llmtrial export` writes the same."""
+    folder = trial["results"] / "exports" / FORMAT_DIR
+    written = {p.relative_to(folder).as_posix(): p.read_text() for p in sorted(folder.rglob("*.json"))}
+    assert sorted(written) == ["pp2/c1.json", "pp2/c4.json", "tp1/c1.json", "tp1/c4.json"]
+    for name, text in written.items():
+        report = validate_report(json.loads(text), source=name)
+        configuration, scenario = name.removesuffix(".json").split("/")
+        passes = [p for p in next(s for s in record(trial, configuration)["scenarios"] if s["name"] == scenario)
+                  ["pass_results"] if p["status"] == "ok"]
+        ttft = [v for p in passes for v in p["summary"]["request_ttft_ms"]]
+        got = report.results.request_performance.aggregate.latency.time_to_first_token
+        assert (got.units, got.p50) == ("ms", pytest.approx(statistics.median(ttft)))
+        assert report.scenario.stack[0].standardized.accelerator.parallelism.pp == (2 if configuration == "pp2" else 1)
+        assert report.results.component_health[0].replica_health[0].healthy is True
+    log = (trial["results"] / "logs" / "export.log").read_text()
+    assert f"{BAD}: no Benchmark Report: it failed before any scenario ran" in log
+    assert "tp3: no Benchmark Report: the planner rejected it and it was not launched" in log
+    assert main(["export", str(trial["results"]), "--out", str(tmp_path)]) == 0
+    again = tmp_path / FORMAT_DIR
+    assert {p.relative_to(again).as_posix(): p.read_text() for p in sorted(again.rglob("*.json"))} == written
+    capsys.readouterr()
+
+
 @pytest.mark.skipif(not chromium_available(), reason="chromium not installed (make test installs it)")
 def test_the_report_renders_offline_in_headless_chromium(trial):
     """Opened with the network off: it asks for nothing, logs no error, and its first screen is
@@ -350,7 +378,7 @@ def test_editing_one_configuration_reruns_only_it(trial, tmp_path):
     path.write_text(json.dumps(config))
     out = snakemake(trial["work"], "-n", configfile=path)
     assert out.returncode == 0, out.stderr
-    assert job_counts(out.stdout) == {"plan": 1, "trial": 1, "cleanup_trial": 1, "report": 1, "all": 1}
+    assert job_counts(out.stdout) == {"plan": 1, "trial": 1, "cleanup_trial": 1, "report": 1, "export": 1, "all": 1}
     assert "configuration=pp2" in out.stdout and "configuration=tp1" not in out.stdout and "configuration=tp3force" not in out.stdout
 
 

@@ -183,7 +183,7 @@ def test_each_trial_file_dry_runs_clean(tmp_path, trial):
     assert out.returncode == 0, out.stderr[-3000:]
     n = len(config["configurations"])
     assert job_counts(out.stdout) == {"preflight": 1, "plan": n, "stage_model": 1, "quiet": 1, "patch": 1, "trial": n,
-                                      "cleanup_trial": 1, "report": 1, "all": 1}
+                                      "cleanup_trial": 1, "report": 1, "export": 1, "all": 1}
     for name in config["configurations"]:
         assert f"results/{config['trial']}/plans/{name}.json" in out.stdout
     assert "demo" not in out.stdout and "tiny-llama" not in out.stdout
@@ -227,7 +227,7 @@ def test_a_trial_file_given_with_configfile_is_the_whole_trial(tmp_path):
     out = snakemake(tmp_path, "-n", configfile=path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert job_counts(out.stdout) == {"preflight": 1, "plan": 1, "stage_model": 1, "quiet": 1, "patch": 1, "trial": 1,
-                                      "cleanup_trial": 1, "report": 1, "all": 1}
+                                      "cleanup_trial": 1, "report": 1, "export": 1, "all": 1}
     assert "configuration=only" in out.stdout and "configuration=tp" not in out.stdout
     assert "results/demo" not in out.stdout and "demo-worker-log" not in out.stdout  # no demo patch input
     # the default trial itself still plans its two configurations and the demo patch

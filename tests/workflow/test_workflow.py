@@ -15,7 +15,7 @@ def test_dry_run_has_one_trial_job_per_configuration(tmp_path):
     out = snakemake(tmp_path, "-n")
     assert out.returncode == 0, out.stderr
     assert job_counts(out.stdout) == {
-        "preflight": 1, "plan": 3, "stage_model": 1, "quiet": 1, "patch": 1, "trial": 3, "cleanup_trial": 1, "report": 1, "all": 1}
+        "preflight": 1, "plan": 3, "stage_model": 1, "quiet": 1, "patch": 1, "trial": 3, "cleanup_trial": 1, "report": 1, "export": 1, "all": 1}
     for name in ("tp1", "tp2", "tp4"):
         assert f"results/demo/configs/{name}/record.json" in out.stdout
 

@@ -17,6 +17,8 @@ from llmtrial.core.comparison_model import ComparisonRecord
 from llmtrial.core.joblog import open_job_log
 from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.records import as_written
+from llmtrial.export.br_schema import ReportInvalid
+from llmtrial.export.exports import export_trial
 from llmtrial.host.slurm_hosts import srun_options
 from llmtrial.logs.engine_warnings import engine_warnings
 from llmtrial.logs.failures import diagnose_failure
@@ -224,6 +226,17 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    try:
+        lines = export_trial(args.results_dir, args.out)
+    except (TrialFolderError, ReportInvalid) as exc:
+        print(f"llmtrial export: {exc}", file=sys.stderr)
+        return 2
+    for line in lines:
+        print(line)
+    return 0
+
+
 def add_comparison_commands(sub: argparse._SubParsersAction) -> None:
     """``compare`` and ``reproduce``: trial against trial."""
     p = sub.add_parser("compare", help="two trials' results folders: what differs, and each figure's verdict")
@@ -291,6 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_patches)
 
     add_comparison_commands(sub)
+
+    p = sub.add_parser("export", help="a trial's records as llm-d's Benchmark Report v0.2, per configuration x scenario")
+    p.add_argument("results_dir", help="results/<trial> of a finished trial")
+    p.add_argument("--out", type=Path, help="the folder to write under (default <results>/exports)")
+    p.set_defaults(func=_export)
 
     p = sub.add_parser("validate", help="check a trial configuration file against the schema")
     p.add_argument("config")

@@ -72,8 +72,9 @@ def compare_name():
 
 
 def trial_targets():
-    """What `snakemake` builds: the report, and the comparison with the earlier trial when `compare_with` names one."""
-    targets = [report_path()]
+    """What `snakemake` builds: the report, the exports (llmtrial.export), and the comparison with the earlier
+    trial when `compare_with` names one."""
+    targets = [report_path(), str(TRIAL_PATHS.exports)]
     if config["compare_with"]:
         targets.append(str(TRIAL_PATHS.root / "comparison" / compare_name() / "comparison.html"))
     return targets

@@ -60,3 +60,22 @@ rule compare:
         earlier=config["compare_with"],
     script:
         "../scripts/compare_trials.py"
+
+
+# ---- the records in other tools' formats (llmtrial.export): llm-d's Benchmark Report v0.2 per configuration
+# x scenario, under exports/benchmark-report-v0.2/; read from the records alone, as the report is
+rule export:
+    input:
+        provenance=rules.report.output.provenance,
+        preflight=rules.preflight.output.record,
+        manifest=rules.stage_model.output.manifest,
+        plans=configuration_plans,
+        records=configuration_records,
+    output:
+        exports=directory(str(P.exports)),
+    log:
+        str(P.log("export")),
+    conda:
+        "../../envs/workflow.yaml"
+    script:
+        "../scripts/export_reports.py"

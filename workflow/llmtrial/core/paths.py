@@ -90,6 +90,11 @@ class TrialPaths:
         """What produced the report: the project's commit, the command, the resolved trial."""
         return self.root / "provenance.json"
 
+    @property
+    def exports(self) -> Path:
+        """The trial's records in other tools' formats (llmtrial.export): ``exports/<format>/...``."""
+        return self.root / "exports"
+
     def log(self, name: str) -> Path:
         """A job's log: ``logs/<name>.log`` (``plan/<configuration>`` and the like included)."""
         return self.root / "logs" / f"{name}.log"

@@ -42,6 +42,12 @@ class PassSummary(RecordModel):
     total_input_tokens: Maybe[int | None] = Field(None, description="Prompt tokens the pass sent (vLLM's figure).")
     total_output_tokens: Maybe[int | None] = Field(None, description="Output tokens the pass served (vLLM's figure).")
     output_throughput: Number | None = Field(None, description="Output tok/s over the pass.")
+    duration: Maybe[Number | None] = Field(None, description="The benchmark's duration, s (vLLM's figure).")
+    request_throughput: Maybe[Number | None] = Field(None, description="Requests completed per second (vLLM's figure).")
+    total_token_throughput: Maybe[Number | None] = Field(None, description="Prompt and output tok/s (vLLM's figure).")
+    mean_e2el_ms: Maybe[Number | None] = Field(None, description="Mean end-to-end latency of a request, ms.")
+    std_e2el_ms: Maybe[Number | None] = Field(None, description=(
+        "Standard deviation of the requests' end-to-end latency, ms (vLLM's: numpy's, over the population)."))
     mean_ttft_ms: Number | None = None
     median_ttft_ms: Number | None = None
     p99_ttft_ms: Number | None = None

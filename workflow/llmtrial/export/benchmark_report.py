@@ -1,0 +1,372 @@
+"""One configuration x scenario of a trial as an llm-d Benchmark Report v0.2, from the records alone.
+
+What fills what (nothing is invented: a figure the records do not hold is left out, as the schema allows):
+
+- ``run``: ``uid`` a UUID5 of trial, configuration, scenario, step and the job's start; ``eid`` a UUID5 of the
+  trial and when its preflight ran (common to the trial's reports); ``cid`` a UUID5 of the host's name;
+  ``time`` the first measured pass's start to the last one's end (the job's start and end where no pass was
+  measured); ``description`` ``<model> [<trial>/<configuration>/<scenario>]``, upstream's default label shape.
+- ``scenario.stack``: the vLLM server, ``kind: inference_engine``: its model, the vLLM version preflight found,
+  the accelerator (the selected GPUs' model from NVML; on a host without GPUs the CPU's model, counting each
+  CPU worker, TP x PP x DP, as the report does), tensor, pipeline, data and expert parallel sizes from the
+  server's argv, and ``native`` the argv as flags and the environment added for the server (redacted).
+- ``scenario.load``: vLLM's serving benchmark (``vllm-benchmark``): the dataset (random, else sampled), the
+  input and output lengths of the scenario (or sweep step), its concurrency and request rate, and ``native``
+  the first measured pass's argv with every pass's seed and outcome. A sweep's step is a report of its own,
+  its ``stage`` the step's number.
+- ``results.request_performance.aggregate``: a scenario's measured (ok) passes together, the warm-up left out.
+  TTFT and TPOT: every request of those passes (``request_ttft_ms``, ``request_tpot_ms``), in ms and ms/token;
+  NTPOT (latency / output tokens): 1000 / each request's output tok/s; request latency: the mean and
+  standard deviation over every request, pooled exactly from each pass's; throughputs (output, input, total,
+  requests): one value per pass (vLLM's figure over that pass), their mean, spread, min, median and max. Input
+  and output length: the mean per request. Standard deviations are over the population (numpy's, as vLLM's).
+- ``results.observability``: per-pass telemetry pooled over the same passes (sample-weighted mean, min, max):
+  KV cache usage, running and waiting requests, host CPU, the server's resident memory, and on GPU hosts the
+  selected GPUs' utilisation, memory and power (per GPU); preemptions one value per pass. GPU energy, which
+  the schema has no field for, goes under the open ``observability`` as ``llmtrial_gpu_energy`` where measured.
+- ``results.component_health``: whether the configuration ended ok, and where its server's log is.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import math
+import statistics
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llmtrial.compare.trials import TrialResults
+from llmtrial.core.configuration_model import ConfigurationRecord
+from llmtrial.core.records import redact_argv, redact_env
+from llmtrial.core.scenario_model import Pass, Scenario, WindowStat
+from llmtrial.core.stats import percentile
+from llmtrial.export.br_results import BenchmarkReport, validate_report
+from llmtrial.export.br_schema import SCHEMA_VERSION
+
+#: The Statistics percentile fields and the percentile each stands for.
+PERCENTILES = {"p0p1": 0.1, "p1": 1, "p5": 5, "p10": 10, "p25": 25, "p50": 50, "p75": 75, "p90": 90, "p95": 95,
+               "p99": 99, "p99p9": 99.9}
+LOAD_TOOL = "vllm-benchmark"  # upstream's name for vLLM's serving benchmark (WorkloadGenerator.VLLM_BENCHMARK)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one report covers: a scenario of a configuration, or one step of a sweep (``step``)."""
+
+    record: ConfigurationRecord
+    scenario: Scenario
+    passes: list[Pass]
+    step: int | None = None
+
+    @property
+    def measured(self) -> list[Pass]:
+        """The passes with a summary (ok), the warm-up never among them."""
+        return [p for p in self.passes if p.status == "ok" and p.summary is not None]
+
+    @property
+    def label(self) -> str:
+        return f"{self.scenario.name}" + (f" step {self.step}" if self.step is not None else "")
+
+
+def workloads(record: ConfigurationRecord) -> list[Workload]:
+    """Every report a configuration record makes: one per fixed scenario, one per sweep step."""
+    out = []
+    for scenario in record.scenarios:
+        if scenario.steps:
+            out += [Workload(record, scenario, [s], step=s.step) for s in scenario.steps]
+        else:
+            out.append(Workload(record, scenario, list(scenario.pass_results)))
+    return out
+
+
+# --------------------------------------------------------------------------- small parts
+
+
+def _uid(*parts: Any) -> str:
+    return uuid.uuid5(uuid.NAMESPACE_URL, "llmtrial:" + "/".join(map(str, parts))).hex
+
+
+def _hash(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _iso(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, tz=datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+def flags(argv: Sequence[str]) -> dict[str, str | None]:
+    """A command line's options as ``{"--flag": value}`` (None for a flag without a value), from its first
+    option on (the interpreter and module before it are not options)."""
+    out: dict[str, str | None] = {}
+    key = None
+    for arg in argv:
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            out[name] = value if eq else None
+            key = None if eq else name
+        elif key is not None:
+            out[key] = arg
+            key = None
+    return out
+
+
+def stats(values: Sequence[float], units: str, *, percentiles: bool = True) -> dict[str, Any] | None:
+    """A Statistics object of ``values``: mean, the population's standard deviation (two values or more),
+    min, max and, with ``percentiles``, every percentile the schema names (numpy's linear rule); None for none."""
+    if not values:
+        return None
+    out: dict[str, Any] = {"units": units, "mean": statistics.fmean(values)}
+    if len(values) > 1:
+        out["stddev"] = statistics.pstdev(values)
+    out["min"], out["max"] = min(values), max(values)
+    if percentiles:
+        out |= {name: percentile(values, q) for name, q in PERCENTILES.items()}
+    return out
+
+
+def _pooled(windows: Iterable[WindowStat | None], units: str, scale: float = 1.0) -> dict[str, Any] | None:
+    """Window statistics pooled: their sample-weighted mean, the least min and the greatest max."""
+    parts = [w for w in windows if w is not None and w.n and w.mean is not None]
+    if not parts:
+        return None
+    n = sum(w.n for w in parts)
+    out: dict[str, Any] = {"units": units, "mean": sum(w.mean * w.n for w in parts) / n * scale}
+    if all(w.min is not None and w.max is not None for w in parts):
+        out["min"], out["max"] = min(w.min for w in parts) * scale, max(w.max for w in parts) * scale
+    return out
+
+
+def _drop_empty(value: Any) -> Any:
+    """``value`` without the keys whose value is None or an empty object (what was not measured is absent);
+    a ``native`` part is kept as it is (a flag without a value is null there, as upstream writes it)."""
+    if isinstance(value, dict):
+        kept = {k: v if k == "native" else _drop_empty(v) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v is not None and v != {}}
+    if isinstance(value, list):
+        return [_drop_empty(v) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------- scenario: the stack and the load
+
+
+def _model_name(trial: TrialResults, server: dict[str, str | None]) -> str:
+    hub = trial.manifest.hub
+    return str(hub.repo_id) if hub is not None and hub.repo_id else str(server.get("--served-model-name") or
+                                                                        server.get("--model") or "unknown")
+
+
+def _vllm_version(trial: TrialResults, record: ConfigurationRecord) -> str:
+    logged = record.startup.vllm_version
+    return trial.vllm_version() or (str(logged.value) if logged is not None else "unknown")
+
+
+def _sizes(server: dict[str, str | None]) -> dict[str, int]:
+    tp, pp, dp = (int(server.get(f"--{k}-parallel-size") or 1) for k in ("tensor", "pipeline", "data"))
+    return {"tp": tp, "pp": pp, "dp": dp, "ep": tp * dp if "--enable-expert-parallel" in server else 1}
+
+
+def accelerator(trial: TrialResults, sizes: dict[str, int]) -> dict[str, Any]:
+    """The selected GPUs' model (NVML's name) on a GPU host, else the CPU's model with each CPU worker counted;
+    ``count`` is TP x PP x DP either way."""
+    gpus = trial.preflight.environment.gpus
+    devices = gpus.devices or []
+    names = sorted({str(devices[i].name) for i in gpus.selected or [] if i < len(devices) and devices[i].name})
+    cpu = trial.preflight.environment.cpu or {}
+    model = " + ".join(names) if gpus.present and names else str(cpu.get("model") or "unknown")
+    return {"model": model, "count": sizes["tp"] * sizes["pp"] * sizes["dp"],
+            "parallelism": sizes}
+
+
+def stack(trial: TrialResults, record: ConfigurationRecord) -> list[dict[str, Any]]:
+    """The one component: this configuration's vLLM server."""
+    server = flags(redact_argv(record.server.argv))
+    native = {"args": server, "envars": redact_env(record.server.env)}
+    return [{
+        "metadata": {"label": record.configuration, "cfg_id": _hash(native), "description": record.description},
+        "standardized": {"kind": "inference_engine", "tool": "vllm", "tool_version": _vllm_version(trial, record),
+                         "role": "replica", "replicas": 1, "model": {"name": _model_name(trial, server)},
+                         "accelerator": accelerator(trial, _sizes(server))},
+        "native": native,
+    }]
+
+
+def _lengths(w: Workload, bench: dict[str, str | None]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The input and output sequence lengths the benchmark asked for."""
+    step = w.passes[0] if w.step is not None else None
+    input_len = getattr(step, "input_len", None) or w.scenario.spec.input_len
+    output_len = getattr(step, "output_len", None) or w.scenario.spec.output_len
+    ratio = float(bench.get("--random-range-ratio") or 0)
+    if bench.get("--dataset-name") == "random" and isinstance(input_len, int):
+        isl = {"distribution": "fixed", "value": input_len}
+        if ratio > 0:
+            isl = {"distribution": "uniform", "value": input_len, "min": math.floor(input_len * (1 - ratio)),
+                   "max": math.ceil(input_len * (1 + ratio))}
+    else:  # prompts from a file: their lengths vary; the mean sent
+        sent = [(p.summary.total_input_tokens, p.summary.completed) for p in w.measured]
+        tokens, done = sum(t or 0 for t, _ in sent), sum(c or 0 for _, c in sent)
+        isl = {"distribution": "other", "value": tokens / done if done else 0}
+    osl = None
+    if "--ignore-eos" in bench and isinstance(output_len, int):  # every request made to produce output_len tokens
+        osl = {"distribution": "uniform", "value": output_len, "min": math.floor(output_len * (1 - ratio)),
+               "max": math.ceil(output_len * (1 + ratio))} if ratio > 0 else {"distribution": "fixed", "value": output_len}
+    return isl, osl
+
+
+def load(trial: TrialResults, w: Workload) -> dict[str, Any]:
+    """vLLM's serving benchmark as this scenario (or sweep step) ran it."""
+    first = (w.measured or w.passes or [None])[0]
+    bench = flags(redact_argv(first.argv)) if first is not None and isinstance(first.argv, list) else {}
+    dataset = bench.get("--dataset-name")
+    isl, osl = _lengths(w, bench)
+    spec = w.scenario.spec
+    step = w.passes[0] if w.step is not None else None
+    concurrency = getattr(step, "concurrency", None) or spec.concurrency
+    rate = spec.request_rate
+    native = {"args": bench, "config": {
+        "scenario": w.scenario.name, **({"step": w.step} if w.step is not None else {}),
+        "spec": spec.model_dump(mode="json", exclude_none=True),
+        "passes": [{"pass": p.pass_, "seed": p.seed, "status": p.status, "result_file": p.result_file}
+                   for p in w.passes]}}
+    return {
+        "metadata": {"cfg_id": _hash(native), "description": f"scenario {w.label} of trial {trial.trial}"},
+        "standardized": {
+            "tool": LOAD_TOOL, "tool_version": _vllm_version(trial, w.record),
+            "source": "random" if dataset == "random" else "sampled" if dataset else "unknown",
+            "stage": w.step or 0, "input_seq_len": isl, "output_seq_len": osl,
+            "rate_qps": float(rate) if isinstance(rate, int | float) and math.isfinite(rate) and rate > 0 else None,
+            "concurrency": concurrency if isinstance(concurrency, int) else None},
+        "native": native,
+    }
+
+
+# --------------------------------------------------------------------------- results
+
+
+def _pooled_e2el(passes: list[Pass]) -> dict[str, Any] | None:
+    """The requests' end-to-end latency over every pass, pooled exactly from each pass's mean, standard
+    deviation (population) and completed requests."""
+    parts = [(p.summary.completed, p.summary.mean_e2el_ms, p.summary.std_e2el_ms) for p in passes]
+    if not parts or any(n is None or m is None or s is None for n, m, s in parts) or not sum(n for n, _, _ in parts):
+        return None
+    n = sum(n for n, _, _ in parts)
+    mean = sum(k * m for k, m, _ in parts) / n
+    var = sum(k * (s * s + m * m) for k, m, s in parts) / n - mean * mean
+    return {"units": "ms", "mean": mean, "stddev": math.sqrt(max(var, 0.0))}
+
+
+def _per_pass(passes: list[Pass], figure: Any, units: str) -> dict[str, Any] | None:
+    values = [v for v in (figure(p.summary) for p in passes) if v is not None]
+    return stats(values, units, percentiles=False) | {"p50": statistics.median(values)} if values else None
+
+
+def _input_rate(summary: Any) -> float | None:
+    if summary.total_input_tokens is None or not summary.duration:
+        return None
+    return summary.total_input_tokens / summary.duration
+
+
+def request_performance(w: Workload) -> dict[str, Any] | None:
+    """The measured passes' requests, latencies and throughputs (module docstring)."""
+    passes = w.measured
+    if not passes:
+        return None
+    s = [p.summary for p in passes]
+    done = sum(x.completed or 0 for x in s)
+    ttft = [v for x in s for v in x.request_ttft_ms or []]
+    tpot = [v for x in s for v in x.request_tpot_ms or []]
+    ntpot = [1000.0 / v for x in s for v in x.request_output_tok_s or [] if v > 0]
+    mean_of = (lambda total: {"units": "count", "mean": total / done} if done and total is not None else None)
+    tokens_in = None if any(x.total_input_tokens is None for x in s) else sum(x.total_input_tokens for x in s)
+    tokens_out = None if any(x.total_output_tokens is None for x in s) else sum(x.total_output_tokens for x in s)
+    return {"aggregate": {
+        "requests": {"total": done + sum(x.failed or 0 for x in s), "failures": sum(x.failed or 0 for x in s),
+                     "input_length": mean_of(tokens_in), "output_length": mean_of(tokens_out)},
+        "latency": {"time_to_first_token": stats(ttft, "ms"), "time_per_output_token": stats(tpot, "ms/token"),
+                    "normalized_time_per_output_token": stats(ntpot, "ms/token"),
+                    "request_latency": _pooled_e2el(passes)},
+        "throughput": {
+            "output_token_rate": _per_pass(passes, lambda x: x.output_throughput, "tokens/s"),
+            "input_token_rate": _per_pass(passes, _input_rate, "tokens/s"),
+            "total_token_rate": _per_pass(passes, lambda x: x.total_token_throughput, "tokens/s"),
+            "request_rate": _per_pass(passes, lambda x: x.request_throughput, "queries/s")},
+    }}
+
+
+#: Resource metrics from the per-pass telemetry windows: field -> (the summary's key, units).
+RESOURCES = {
+    "kv_cache_usage": ("metrics.kv_cache_usage", "fraction"),
+    "running_requests": ("metrics.running", "count"),
+    "waiting_requests": ("metrics.waiting", "count"),
+    "cpu_utilization": ("host.cpu_percent", "percent"),
+    "cpu_memory_usage": ("host.tree_rss_bytes", "bytes"),
+}
+#: The same from each selected GPU's NVML samples: field -> (the metric after ``nvml.gpu<i>.``, units).
+GPU_RESOURCES = {
+    "gpu_utilization": ("util_percent", "percent"),
+    "gpu_memory_usage": ("mem_used_bytes", "bytes"),
+    "power_consumption": ("power_w", "Watts"),
+}
+
+
+def observability(w: Workload) -> dict[str, Any] | None:
+    """The measured passes' telemetry as the component's resource metrics, and the GPU energy where measured."""
+    windows = [p.telemetry.summary or {} for p in w.measured if p.telemetry is not None]
+    aggregate = {field: _pooled((win.get(key) for win in windows), units) for field, (key, units) in RESOURCES.items()}
+    for field, (metric, units) in GPU_RESOURCES.items():
+        aggregate[field] = _pooled((stat for win in windows for key, stat in win.items()
+                                    if key.startswith("nvml.gpu") and key.endswith("." + metric)), units)
+    preempted = [p.server_metrics.preemptions for p in w.measured
+                 if p.server_metrics is not None and p.server_metrics.preemptions is not None]
+    aggregate["preemptions"] = stats(preempted, "count", percentiles=False)
+    out: dict[str, Any] = {"components": [{"component_label": w.record.configuration, "aggregate": aggregate,
+                                           "raw_data_path": f"configs/{w.record.configuration}/telemetry.csv"}]}
+    energy = [(p.telemetry.energy_j, (p.server_metrics.generation_tokens if p.server_metrics else None))
+              for p in w.measured if p.telemetry is not None and p.telemetry.energy_j]
+    if energy:
+        joules = sum(j for j, _ in energy)
+        tokens = None if any(t is None for _, t in energy) else sum(t for _, t in energy)
+        out["llmtrial_gpu_energy"] = {
+            "energy_j": joules, "tokens_per_joule": tokens / joules if tokens else None, "passes": len(energy),
+            "source": "the change of each selected GPU's NVML energy counter over each measured pass, summed"}
+    return out if any(v is not None for v in aggregate.values()) or energy else None
+
+
+def health(w: Workload) -> list[dict[str, Any]]:
+    """Whether the configuration ended ok, and where its server's log is."""
+    name = w.record.configuration
+    ok = w.record.status == "ok"
+    return [{"component_label": name, "failed_replicas": 0 if ok else 1,
+             "replica_health": [{"replica_id": name, "healthy": ok, "logs": f"configs/{name}/{w.record.server.log}"}]}]
+
+
+def run(trial: TrialResults, w: Workload, model: str) -> dict[str, Any]:
+    """Who and when: the report's IDs and its time span."""
+    record = w.record
+    spans = [(p.start, p.end) for p in w.measured] or [(record.timing.job_start, record.timing.job_end)]
+    start, end = min(a for a, _ in spans), max(b for _, b in spans)
+    return {
+        "uid": _uid(trial.trial, record.configuration, w.scenario.name, w.step, record.timing.job_start),
+        "eid": _uid(trial.trial, trial.recorded_at),
+        "cid": uuid.uuid5(uuid.NAMESPACE_DNS, trial.preflight.environment.host).hex,
+        "time": {"start": _iso(start), "end": _iso(end), "duration": f"PT{end - start:.3f}S"},
+        "description": f"{model} [{trial.trial}/{record.configuration}/{w.label.replace(' ', '-')}]",
+    }
+
+
+def benchmark_report(trial: TrialResults, w: Workload) -> BenchmarkReport:
+    """The report of ``w``, validated against the schema (:class:`~llmtrial.export.br_schema.ReportInvalid`
+    naming the field at fault)."""
+    components = stack(trial, w.record)
+    data = _drop_empty({
+        "version": SCHEMA_VERSION,
+        "run": run(trial, w, components[0]["standardized"]["model"]["name"]),
+        "scenario": {"stack": components, "load": load(trial, w)},
+        "results": {"request_performance": request_performance(w), "observability": observability(w),
+                    "component_health": health(w)},
+    })
+    return validate_report(data, source=f"of {w.record.configuration} x {w.label}")
