@@ -5,6 +5,7 @@ record JSON, the units converted, and what the trial did not measure absent."""
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import json
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 
 from llmtrial.compare.trials import TrialResults
 from llmtrial.core.configuration_model import ConfigurationRecord
+from llmtrial.core.cost import Cost
 from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.export.benchmark_report import benchmark_report, workloads
 
@@ -100,7 +102,7 @@ def test_what_the_trial_did_not_measure_is_absent(trial):
     aggregate = report["results"]["observability"]["components"][0]["aggregate"]
     # a CPU host: no NVML, so no GPU figures, no power and no energy; prefix caching off: no hit rate
     assert not {"gpu_utilization", "gpu_memory_usage", "power_consumption", "cache_hit_rate"} & set(aggregate)
-    assert "llmtrial_gpu_energy" not in report["results"]["observability"]
+    assert "llmtrial_cost_energy" not in report["results"]["observability"]  # no price, no energy counter
     assert "rate_qps" not in report["scenario"]["load"]["standardized"]  # request rate inf: no rate
 
 
@@ -170,10 +172,25 @@ def test_gpu_figures_and_energy_come_from_the_passes_telemetry_where_nvml_measur
     assert aggregate["gpu_utilization"] == {"units": "percent", "mean": pytest.approx(50.0 + (n - 1) / 2 + 0.5),
                                             "min": 41.0, "max": 59.0}
     assert aggregate["power_consumption"]["units"] == "Watts"
-    tokens = sum(p.server_metrics.generation_tokens for p in w.measured)
-    energy = sum(1000.0 + i for i in range(n))
-    assert observability["llmtrial_gpu_energy"] | {"source": None} == {
-        "energy_j": energy, "tokens_per_joule": pytest.approx(tokens / energy), "passes": n, "source": None}
+    # energy per output token: each pass's joules over its output tokens (vLLM's count), the median of the passes
+    per_token = statistics.median((1000.0 + i) / p.summary.total_output_tokens for i, p in enumerate(w.measured))
+    figures = observability["llmtrial_cost_energy"]
+    assert figures["energy_per_output_token_j"] == pytest.approx(per_token)
+    assert (figures["energy_kind"], figures["energy_disagrees"], figures["passes"]) == ("measured", False, n)
+    assert "cost_per_million_output_tokens" not in figures  # the trial gave no price: absent, not invented
+
+
+def test_the_price_gives_each_report_its_cost_per_million_output_tokens(trial):
+    priced = dataclasses.replace(trial, provenance=trial.provenance.model_copy(
+        update={"cost": Cost(price=2.0, per="accelerator_hour", currency="USD")}))
+    [w] = [w for w in workloads(trial.configurations["tp2"]) if w.scenario.name == "c4"]
+    figures = benchmark_report(priced, w).model_dump(mode="json", exclude_unset=True)[
+        "results"]["observability"]["llmtrial_cost_energy"]
+    # by hand: 2.00 USD an hour for each of tp2's two workers, over each pass's output tok/s x 3600, per million
+    by_hand = statistics.median(2.0 * 2 / (p.summary.output_throughput * 3600) * 1e6 for p in w.measured)
+    assert figures["cost_per_million_output_tokens"] == pytest.approx(by_hand)
+    assert (figures["cost_unit"], figures["price_units"]) == ("USD per million output tokens", 2)
+    assert "energy_per_output_token_j" not in figures  # a CPU host: no GPU energy
 
 
 def test_a_sweep_makes_one_report_per_step_its_stage_the_step(trial):

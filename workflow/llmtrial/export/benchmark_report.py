@@ -23,7 +23,8 @@ What fills what (nothing is invented: a figure the records do not hold is left o
 - ``results.observability``: per-pass telemetry pooled over the same passes (sample-weighted mean, min, max):
   KV cache usage, running and waiting requests, host CPU, the server's resident memory, and on GPU hosts the
   selected GPUs' utilisation, memory and power (per GPU); preemptions one value per pass. GPU energy, which
-  the schema has no field for, goes under the open ``observability`` as ``llmtrial_gpu_energy`` where measured.
+  the schema has no field for, goes under the open ``observability`` as ``llmtrial_cost_energy`` with the cost
+  per million output tokens (the trial's ``cost:`` price) and the energy per output token, where known.
 - ``results.component_health``: whether the configuration ended ok, and where its server's log is.
 """
 
@@ -41,6 +42,7 @@ from typing import Any
 
 from llmtrial.compare.trials import TrialResults
 from llmtrial.core.configuration_model import ConfigurationRecord
+from llmtrial.core.cost import energy_disagreements, energy_kind, hosts_of, pass_cost_figures, whole_energy
 from llmtrial.core.records import redact_argv, redact_env
 from llmtrial.core.scenario_model import Pass, Scenario, WindowStat
 from llmtrial.core.stats import percentile
@@ -313,7 +315,7 @@ GPU_RESOURCES = {
 }
 
 
-def observability(w: Workload) -> dict[str, Any] | None:
+def observability(trial: TrialResults, w: Workload) -> dict[str, Any] | None:
     """The measured passes' telemetry as the component's resource metrics, and the GPU energy where measured."""
     windows = [p.telemetry.summary or {} for p in w.measured if p.telemetry is not None]
     aggregate = {field: _pooled((win.get(key) for win in windows), units) for field, (key, units) in RESOURCES.items()}
@@ -325,15 +327,35 @@ def observability(w: Workload) -> dict[str, Any] | None:
     aggregate["preemptions"] = stats(preempted, "count", percentiles=False)
     out: dict[str, Any] = {"components": [{"component_label": w.record.configuration, "aggregate": aggregate,
                                            "raw_data_path": f"configs/{w.record.configuration}/telemetry.csv"}]}
-    energy = [(p.telemetry.energy_j, (p.server_metrics.generation_tokens if p.server_metrics else None))
-              for p in w.measured if p.telemetry is not None and p.telemetry.energy_j]
-    if energy:
-        joules = sum(j for j, _ in energy)
-        tokens = None if any(t is None for _, t in energy) else sum(t for _, t in energy)
-        out["llmtrial_gpu_energy"] = {
-            "energy_j": joules, "tokens_per_joule": tokens / joules if tokens else None, "passes": len(energy),
-            "source": "the change of each selected GPU's NVML energy counter over each measured pass, summed"}
-    return out if any(v is not None for v in aggregate.values()) or energy else None
+    figures = cost_and_energy(trial, w)
+    if figures is not None:
+        out["llmtrial_cost_energy"] = figures
+    return out if any(v is not None for v in aggregate.values()) or figures else None
+
+
+def cost_and_energy(trial: TrialResults, w: Workload) -> dict[str, Any] | None:
+    """Cost per million output tokens (the provenance record's price) and energy per output token over the
+    measured passes, as the report ranks them (:mod:`llmtrial.core.cost`: each pass's figure, their median);
+    None when the trial has no price and no pass measured its energy. The schema has no field for either."""
+    cost, record = trial.provenance.cost, w.record
+    plan = trial.plans.get(record.configuration)
+    units = cost.units(plan.accelerators if plan else None, hosts_of(record)) if cost else None
+    per_pass = [pass_cost_figures(p, cost, units, whole_energy(record)) for p in w.measured]
+    mtok = [f["cost_per_mtok"] for f in per_pass if f["cost_per_mtok"] is not None]
+    joules = [f["energy_per_token_j"] for f in per_pass if f["energy_per_token_j"] is not None]
+    if not mtok and not joules:
+        return None
+    metered = [p for p, f in zip(w.measured, per_pass, strict=True) if f["energy_per_token_j"] is not None]
+    return {
+        "cost_per_million_output_tokens": statistics.median(mtok) if mtok else None,
+        "cost_unit": cost.unit if cost and mtok else None, "price": cost.rate if cost and mtok else None,
+        "price_units": units if mtok else None,
+        "energy_per_output_token_j": statistics.median(joules) if joules else None,
+        "energy_kind": energy_kind(metered), "energy_disagrees": bool(energy_disagreements(metered)) if joules else None,
+        "passes": len(per_pass),
+        "source": "each measured pass's figure (output tok/s and output tokens from vLLM's benchmark, GPU energy "
+                  "from NVML over the pass), their median; llmtrial.core.cost",
+    }
 
 
 def health(w: Workload) -> list[dict[str, Any]]:
@@ -366,7 +388,7 @@ def benchmark_report(trial: TrialResults, w: Workload) -> BenchmarkReport:
         "version": SCHEMA_VERSION,
         "run": run(trial, w, components[0]["standardized"]["model"]["name"]),
         "scenario": {"stack": components, "load": load(trial, w)},
-        "results": {"request_performance": request_performance(w), "observability": observability(w),
+        "results": {"request_performance": request_performance(w), "observability": observability(trial, w),
                     "component_health": health(w)},
     })
     return validate_report(data, source=f"of {w.record.configuration} x {w.label}")
