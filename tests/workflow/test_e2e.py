@@ -425,11 +425,11 @@ def test_the_terminal_shows_each_configurations_phases_the_report_and_the_host(t
     assert "llmtrial: host restored: yes (demo-web running and healthy)" in out
 
 
-def test_a_new_price_reruns_only_the_report(trial, tmp_path):
+def test_a_new_price_reruns_only_the_report_and_the_exports(trial, tmp_path):
     config = json.loads(json.dumps(trial["config"]))
     config["cost"]["price"] = 1.25
     path = tmp_path / "repriced.yaml"
     path.write_text(json.dumps(config))
     out = snakemake(trial["work"], "-n", configfile=path)
     assert out.returncode == 0, out.stderr
-    assert job_counts(out.stdout) == {"report": 1, "all": 1}
+    assert job_counts(out.stdout) == {"report": 1, "export": 1, "all": 1}  # both quote the price
