@@ -25,6 +25,7 @@ report: "workflow/report/workflow.rst"
 include: "workflow/rules/preflight.smk"
 include: "workflow/rules/plan.smk"
 include: "workflow/rules/model.smk"
+include: "workflow/rules/prompts.smk"
 include: "workflow/rules/services.smk"
 include: "workflow/rules/patch.smk"
 include: "workflow/rules/trial.smk"
@@ -37,6 +38,7 @@ include: "workflow/rules/report.smk"
 # snakemake runs. Locally every rule runs here either way.
 localrules:
     all,
+    stage_prompts,
     report,
     export,
     compare,

@@ -258,7 +258,7 @@ def test_schemas_templates_and_patches_ship_in_the_package(tmp_path):
     [wheel] = tmp_path.glob("llmtrial-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     schemas = [*SCHEMAS.glob("*.yaml"), *SCHEMAS.glob("*.json")]
-    assert len([s for s in schemas if s.name.endswith(".record.schema.json")]) == 9  # one per record kind
+    assert len([s for s in schemas if s.name.endswith(".record.schema.json")]) == 10  # one per record kind
     for schema in schemas:
         assert f"llmtrial/schemas/{schema.name}" in names
     assert "llmtrial/templates/report.html.j2" in names and "llmtrial/templates/comparison.html.j2" in names

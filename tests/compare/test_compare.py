@@ -6,6 +6,7 @@ The end-to-end comparisons of real trials are in tests/workflow/test_rerun.py.""
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import re
@@ -27,6 +28,7 @@ from llmtrial.config import validate_config
 from llmtrial.core.paths import TrialPaths
 from llmtrial.core.records import load_record, read_record, write_record
 from llmtrial.core.stats import ratio_test
+from llmtrial.serve.datasets import stage_prompts
 from synthetic import answer_run, answers_part
 from workflow_helpers import default_config
 
@@ -42,7 +44,9 @@ def trial_folder(root: Path, name: str, *, recorded_at: float, config_change=Non
     config["report"] = {"max_disagreement": 0.5}  # the demo run's tp1 c1 passes disagree by 13 %: not what these test
     if config_change:
         config_change(config)
-    write_record(paths.provenance, provenance.collect(config, configfiles=[], command=None, repo=REPO), schema="provenance")
+    staged = stage_prompts(config["scenarios"], paths.prompts)  # a scenario's prompt file, as the workflow stages it
+    write_record(paths.provenance, provenance.collect(config, configfiles=[], command=None, repo=REPO,
+                                                      prompts=staged if staged.scenarios else None), schema="provenance")
     pre = read_record(DEMO / "preflight.json")
     pre["environment"]["recorded_at"] = recorded_at
     write_record(paths.preflight, pre)
@@ -139,6 +143,42 @@ def test_a_different_output_len_makes_that_scenario_not_comparable_naming_it_and
     assert c1[0].reason == "not comparable: output_len (32 against 16) differ"
     assert {r.verdict for r in record.rows if r.scenario == "c4"} == {"no detectable difference"}
     assert "tp1 in c1: not comparable: output_len (32 against 16) differ; no verdict." in record.sentences
+
+
+def test_other_prompt_bytes_make_that_scenario_not_comparable_and_the_same_bytes_elsewhere_do_not(tmp_path):
+    def prompts(path, lines):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps({"prompt": line}) + "\n" for line in lines))
+        return lambda c: c["scenarios"]["c1"].update(dataset="custom", prompts=str(path), num_prompts=3)
+
+    lines = ["What is two and two?", "Name a colour.", "Count to three."]
+    a = trial_folder(tmp_path, "a", recorded_at=1.0, config_change=prompts(tmp_path / "p.jsonl", lines))
+    b = trial_folder(tmp_path, "b", recorded_at=2.0, config_change=prompts(tmp_path / "moved" / "q.jsonl", lines))
+    c = trial_folder(tmp_path, "c", recorded_at=3.0, config_change=prompts(tmp_path / "p2.jsonl", [*lines[:2], "Count."]))
+    assert compare_trials(a, b).workloads_match  # the same bytes under another name are the same work
+    record = compare_trials(a, c)
+    [d] = [d for d in record.differences if d.effect == "not comparable"]
+    assert (d.key, d.scope) == ("scenarios.c1.prompts_sha256", "c1") and d.a != d.b
+    assert d.a == hashlib.sha256((tmp_path / "p.jsonl").read_bytes()).hexdigest()
+    assert {r.verdict for r in record.rows if r.scenario == "c1"} == {"not comparable"}
+    assert {r.verdict for r in record.rows if r.scenario == "c4"} == {"no detectable difference"}
+    again = trial_file(TrialResults.load(a), "a-reproduced")  # a rerun reads the prompts the trial staged
+    assert again["scenarios"]["c1"]["prompts"] == str((a / "prompts" / "c1.jsonl").resolve())
+    assert validate_config(copy.deepcopy(again)) == again
+
+
+def test_a_trial_recorded_before_scenarios_named_a_dataset_reads_as_random_prompts(tmp_path):
+    a = trial_folder(tmp_path, "a", recorded_at=1.0)
+    prov = read_record(TrialPaths(a).provenance)
+    for spec in prov["config"]["scenarios"].values():
+        for key in ("dataset", "prompts", "chat_template", "range_ratio", "prefix_len", "num_prefixes"):
+            del spec[key]
+    write_record(TrialPaths(a).provenance, prov)
+    b = trial_folder(tmp_path, "b", recorded_at=2.0)
+    assert compare_trials(a, b).workloads_match
+    c = trial_folder(tmp_path, "c", recorded_at=3.0, config_change=lambda c: c["scenarios"]["c1"].update(range_ratio=0.5))
+    [d] = [d for d in compare_trials(a, c).differences if d.effect == "not comparable"]
+    assert (d.key, d.a, d.b) == ("scenarios.c1.range_ratio", None, 0.5)
 
 
 def test_a_pass_that_served_other_token_totals_than_asked_is_not_comparable(tmp_path):

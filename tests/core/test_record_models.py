@@ -40,9 +40,9 @@ def demo(name: str) -> dict:
 # --------------------------------------------------------------------------- the schemas are generated
 
 
-def test_there_are_nine_record_kinds_and_each_committed_schema_is_what_its_model_generates():
+def test_there_are_ten_record_kinds_and_each_committed_schema_is_what_its_model_generates():
     assert set(KINDS) == {"preflight", "plan", "manifest", "quiet", "patches", "configuration", "cleanup", "provenance",
-                          "comparison"}
+                          "comparison", "prompts"}
     stale = stale_schemas()
     assert not stale, (f"schema files differ from their models: {[p.name for p in stale]}; "
                        f"regenerate them with `.venv/bin/{REGENERATE}`")

@@ -5,8 +5,8 @@ record JSON, the units converted, and what the trial did not measure absent."""
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import json
+import statistics
 from pathlib import Path
 
 import numpy as np

@@ -48,7 +48,7 @@ def test_out_elsewhere_gives_the_same_bytes_and_a_rerun_removes_what_it_no_longe
     stale.write_text("{}")
     assert main(["export", str(results), "--out", str(tmp_path / "elsewhere")]) == 0
     assert files(tmp_path / "elsewhere" / FORMAT_DIR) == files(results / "exports" / FORMAT_DIR)
-    assert not stale.exists()
+    assert not stale.exists() and not stale.parent.exists()
 
 
 def test_a_configuration_the_planner_rejected_has_no_report_and_says_why(results):
@@ -58,6 +58,18 @@ def test_a_configuration_the_planner_rejected_has_no_report_and_says_why(results
     lines = export_trial(results)
     assert "tp2: no Benchmark Report: the planner rejected it and it was not launched" in lines
     assert list(files(results / "exports" / FORMAT_DIR)) == ["tp1/c1.json", "tp1/c4.json"]
+
+
+def test_a_trial_where_no_configuration_ran_a_scenario_leaves_an_empty_folder_and_says_why(results):
+    export_trial(results)
+    for name in ("tp1", "tp2"):
+        path = results / "configs" / name / "record.json"
+        path.write_text(json.dumps(json.loads(path.read_text()) | {"status": "skipped", "scenarios": []}))
+    lines = export_trial(results)
+    assert lines == [f"{name}: no Benchmark Report: the planner rejected it and it was not launched"
+                     for name in ("tp1", "tp2")]
+    folder = results / "exports" / FORMAT_DIR
+    assert folder.is_dir() and list(folder.iterdir()) == []
 
 
 @pytest.mark.parametrize("damage,message", [

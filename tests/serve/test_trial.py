@@ -69,7 +69,7 @@ class FakeServerJob(TrialJob):
 
     script: Path | None = None
 
-    def argv(self) -> list[str]:
+    def argv(self, prefix_caching: bool = False) -> list[str]:
         return [sys.executable, str(self.script), str(self.port), "0.3", "0"]
 
 

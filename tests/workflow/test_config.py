@@ -50,6 +50,8 @@ def test_defaults_fill_nested_keys_even_when_parents_are_missing():
     assert config["scenarios"]["s"] == {
         "concurrency": 1, "num_prompts": 8, "input_len": 32, "output_len": 16,
         "request_rate": "inf", "passes": 1, "warmup": False, "slo": None, "timeout_s": 900,
+        "dataset": "random", "prompts": None, "chat_template": False, "range_ratio": None, "prefix_len": None,
+        "num_prefixes": 1,
     }
     assert config["configurations"]["a"] == {"args": {}, "env": {}, "description": "", "force": False, "nodes": [],
                                                 "launch": "native"}

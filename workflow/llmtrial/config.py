@@ -24,6 +24,7 @@ from llmtrial.host.gpus import check_pinning
 from llmtrial.host.nodes import check_nodes, number_slurm_nodes
 from llmtrial.patch.node_patches import check_patch_modes
 from llmtrial.plan.plan_inputs import canonical_args
+from llmtrial.serve.datasets import check_prefix_nodes
 from llmtrial.serve.scenarios import check_scenario, contexts
 
 SCHEMA_PATH = SCHEMAS / "config.schema.yaml"
@@ -96,7 +97,8 @@ def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH, *, 
     problems += [f"{source} key '{key}': {message}" for key, message in [*_check_args(config), *check_nodes(config),
                                                                           *check_patch_modes(config),
                                                                           *check_pinning(config),
-                                                                          *check_cost(config.get("cost"))]]
+                                                                          *check_cost(config.get("cost")),
+                                                                          *check_prefix_nodes(config)]]
     if problems:
         raise ConfigError("invalid trial configuration:\n  " + "\n  ".join(problems))
     number_slurm_nodes(config)

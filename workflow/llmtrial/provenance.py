@@ -2,10 +2,10 @@
 
 The workflow's commit and whether its tracked files were changed, the command line that
 started the run (secrets redacted), the resolved configuration (schema defaults filled,
-secrets redacted) with its sha256, and the sha256 of each trial file read. The main
-Snakemake process puts its command line in the environment once (:data:`COMMAND_ENV`,
-set in ``workflow/rules/common.smk``); jobs inherit it and read it back with
-:func:`command_from_env`. The record kind is ``provenance``
+secrets redacted) with its sha256, the sha256 of each trial file read, and of each prompt file
+as staged. The main Snakemake process puts its command line in the environment once
+(:data:`COMMAND_ENV`, set in ``workflow/rules/common.smk``); jobs inherit it and read it back
+with :func:`command_from_env`. The record kind is ``provenance``
 (``schemas/provenance.record.schema.json``).
 """
 
@@ -23,7 +23,7 @@ from llmtrial.config import validate_config
 from llmtrial.core.cost import Cost
 from llmtrial.core.fileio import file_digest
 from llmtrial.core.gitstate import git_state
-from llmtrial.core.record_models import ProvenanceRecord, TrialFile
+from llmtrial.core.record_models import PromptsRecord, ProvenanceRecord, TrialFile
 from llmtrial.core.records import redact_argv, redact_config
 
 #: The main Snakemake process' argv as JSON; jobs inherit it (never passed through params).
@@ -65,9 +65,11 @@ def trial_files(configfiles: list[str | os.PathLike[str]], repo: Path) -> list[T
 
 
 def collect(config: Mapping[str, Any], *, configfiles: list[str | os.PathLike[str]], command: list[str] | None,
-            repo: Path) -> ProvenanceRecord:
+            repo: Path, prompts: PromptsRecord | None = None) -> ProvenanceRecord:
     """The provenance record of a run of the workflow in ``repo`` with ``config`` (as
-    Snakemake resolved it from ``configfiles``, in the order read) started by ``command``.
+    Snakemake resolved it from ``configfiles``, in the order read) started by ``command``;
+    ``prompts``: the staged prompt files' record, when a scenario reads one (each file's
+    sha256 is recorded as staged).
 
     ``config`` is resolved again against the schema (defaults filled) on a copy; the record
     holds it with secrets redacted, and ``config_sha256`` hashes that recorded form, so it
@@ -84,4 +86,5 @@ def collect(config: Mapping[str, Any], *, configfiles: list[str | os.PathLike[st
         config_sha256=config_sha256(recorded),
         trial_files=trial_files(list(configfiles), Path(repo)),
         **({"cost": Cost.model_validate(resolved["cost"])} if resolved.get("cost") else {}),
+        **({"prompt_files": prompts.scenarios} if prompts is not None else {}),
     )

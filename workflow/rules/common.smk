@@ -16,6 +16,7 @@ from llmtrial.patch.patchdata import patch_inputs
 from llmtrial.plan.allocation import cleanup_submit, rule_resources
 from llmtrial.provenance import COMMAND_ENV
 from llmtrial.report.run_summary import run_summary
+from llmtrial.serve.datasets import file_scenarios
 from llmtrial.core.paths import TrialPaths
 from llmtrial.config import (
     configuration_port,
@@ -96,6 +97,22 @@ def staging_path(wildcards):
 def patch_files(wildcards):
     """The files of every enabled patch (an unknown patch name fails here, before any job)."""
     return patch_inputs(config["patches"])
+
+
+def prompt_scenarios():
+    """The scenarios that read the operator's prompt file, with their dataset and file only (the
+    stage_prompts rule's params: editing another scenario does not stage the files again)."""
+    return {name: {"dataset": spec["dataset"], "prompts": spec["prompts"]}
+            for name, spec in file_scenarios(config["scenarios"]).items()}
+
+
+def prompt_files():
+    return [spec["prompts"] for spec in prompt_scenarios().values()]
+
+
+def prompts_record(wildcards):
+    """The staged prompt files' record, when a scenario reads one (nothing otherwise)."""
+    return [str(TRIAL_PATHS.prompts_record)] if prompt_scenarios() else []
 
 
 def configuration_records(wildcards):

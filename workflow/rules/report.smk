@@ -8,6 +8,7 @@ rule report:
         records=configuration_records,
         telemetry=configuration_telemetry,
         cleanup=rules.cleanup_trial.output.record,
+        prompts=prompts_record,
     output:
         report=report(
             str(P.report),

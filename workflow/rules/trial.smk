@@ -2,6 +2,8 @@
 rule trial:
     input:
         manifest=rules.stage_model.output.manifest,
+        # the staged prompt files' record, when a scenario reads one
+        prompts=prompts_record,
         plan=rules.plan.output.record,
         # the kernel log's baseline, which a GPU health check after a failure compares with
         preflight=rules.preflight.output.record,

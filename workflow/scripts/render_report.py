@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 
 from llmtrial import provenance
 from llmtrial.core.joblog import open_job_log
-from llmtrial.core.records import write_record
+from llmtrial.core.records import load_record, write_record
 from llmtrial.report.render import write_report
 
 if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
@@ -13,8 +13,10 @@ if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
 
 open_job_log(snakemake.log[0])
 # what produced this report: the checkout this script is part of, the trial files, the command
+prompts = [load_record(p, "prompts") for p in snakemake.input.prompts]  # none without a prompt file
 produced_by = provenance.collect(snakemake.config, configfiles=snakemake.params.configfiles,
-                                 command=provenance.command_from_env(), repo=Path(snakemake.scriptdir).parents[1])
+                                 command=provenance.command_from_env(), repo=Path(snakemake.scriptdir).parents[1],
+                                 prompts=prompts[0] if prompts else None)
 write_record(snakemake.output.provenance, produced_by, schema="provenance")
 write_report(
     Path(snakemake.output.report),

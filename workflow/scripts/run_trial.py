@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING
 from llmtrial.core.answers_model import Task
 from llmtrial.core.joblog import open_job_log
 from llmtrial.core.paths import JobPaths, TrialPaths
-from llmtrial.core.records import read_record
+from llmtrial.core.records import load_record, read_record
 from llmtrial.host.nodes import spec_nodes
+from llmtrial.serve.datasets import with_staged
 from llmtrial.serve.measure import Workload
 from llmtrial.serve.trial import TrialJob
 
@@ -22,7 +23,10 @@ TrialJob(
     manifest=read_record(snakemake.input.manifest),
     plan=read_record(snakemake.input.plan),
     services=snakemake.params.services,
-    workload=Workload(served_model_name=snakemake.params.served_model_name, scenarios=snakemake.params.scenarios,
+    workload=Workload(served_model_name=snakemake.params.served_model_name,
+                      # a prompt file's scenario reads its staged copy, checked against the prompts record
+                      scenarios=with_staged(snakemake.params.scenarios,
+                                            *(load_record(p, "prompts") for p in snakemake.input.prompts)),
                       bench_settings=snakemake.params.bench, cold_start=snakemake.params.cold_start,
                       telemetry_interval=float(snakemake.params.telemetry["interval_s"]),
                       level=float(snakemake.params.statistics["level"]), outputs=snakemake.params.outputs,

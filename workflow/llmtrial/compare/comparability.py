@@ -4,9 +4,10 @@ Checked in this order, each difference kept with its value in each trial:
 
 - the model: its source, the staged files' sha256 (one fingerprint of every file), the Hub commit;
 - the workload: per scenario in both trials its spec (concurrency, prompts, input and output
-  lengths, request rate, latency target, warm-up), the benchmark's base seed, and what vLLM's
-  benchmark was run with (dataset, ``--ignore-eos``, from the first pass's argv); then per pass
-  the output tokens served against completed requests x output length;
+  lengths, request rate, latency target, warm-up, dataset and its keys) and the sha256 of its
+  prompt file as staged, the benchmark's base seed, and what vLLM's benchmark was run with
+  (dataset, ``--ignore-eos``, from the first pass's argv); then per pass the output tokens served
+  against completed requests x output length;
 - each configuration's server arguments and environment (serving plus its own);
 - vLLM's version and the patches applied (name and mode);
 - the hardware: host, CPU, NUMA nodes, GPU count and names, driver;
@@ -26,9 +27,12 @@ from typing import Any
 from llmtrial.compare.trials import TrialResults
 from llmtrial.core.comparison_model import Difference
 from llmtrial.report.conclusions import fixed_scenarios
+from llmtrial.serve.datasets import DEFAULTS as DATASET_DEFAULTS
+from llmtrial.serve.datasets import output_ratio
 
 #: The scenario keys that define the work a pass asks for.
-WORKLOAD_KEYS = ("concurrency", "num_prompts", "input_len", "output_len", "request_rate", "slo", "warmup")
+WORKLOAD_KEYS = ("concurrency", "num_prompts", "input_len", "output_len", "request_rate", "slo", "warmup",
+                 "dataset", "chat_template", "range_ratio", "prefix_len", "num_prefixes")
 #: Benchmark flags that define the work, read from a pass's argv (flag -> key); a flag with no value is True.
 BENCH_FLAGS = {"--dataset-name": "dataset", "--ignore-eos": "ignore_eos"}
 
@@ -68,20 +72,27 @@ def workload_differences(a: TrialResults, b: TrialResults) -> list[Difference]:
     for key in sorted(set(fa) & set(fb)):
         out += _diff("workload", f"benchmark.{key}", fa[key], fb[key], "not comparable")
     sa, sb = a.config["scenarios"], b.config["scenarios"]
+    pa, pb = a.provenance.prompt_files or {}, b.provenance.prompt_files or {}
     for name in [n for n in sa if n in sb]:
-        for key in WORKLOAD_KEYS:
-            out += _diff("workload", f"scenarios.{name}.{key}", sa[name].get(key), sb[name].get(key), "not comparable", name)
+        for key in WORKLOAD_KEYS:  # a key the trial file had no default for yet reads as its default now
+            va, vb = (s[name].get(key, DATASET_DEFAULTS.get(key)) for s in (sa, sb))
+            out += _diff("workload", f"scenarios.{name}.{key}", va, vb, "not comparable", name)
+        out += _diff("workload", f"scenarios.{name}.prompts_sha256", pa[name].sha256 if name in pa else None,
+                     pb[name].sha256 if name in pb else None, "not comparable", name)
         out += _diff("measurement", f"scenarios.{name}.passes", sa[name].get("passes"), sb[name].get("passes"), "noted", name)
     return out + served_differences(a, "A") + served_differences(b, "B")
 
 
 def served_differences(trial: TrialResults, side: str) -> list[Difference]:
     """Each pass whose served output tokens are not its completed requests x output length (``--ignore-eos``
-    makes them equal): that pass did not do the work asked, so its configuration's scenario is not comparable."""
+    makes them equal where the output length is fixed, as it is but under a random range ratio for output): that
+    pass did not do the work asked, so its configuration's scenario is not comparable."""
     out = []
     for name, rec in trial.configurations.items():
         for sc in fixed_scenarios(rec):
             length = sc.spec.output_len
+            if output_ratio(sc.spec.range_ratio):
+                continue
             for p in sc.pass_results:
                 s = p.summary
                 if p.status != "ok" or s is None or s.total_output_tokens is None or s.completed is None:

@@ -2,9 +2,10 @@
 
 The trial as it ran (its provenance: the resolved trial file, schema defaults filled) is written
 under a new name into the new folder (``results/<new>/reproduce.json``, the trial file the run is
-given), with the model pinned to the commit the original staged. Before anything runs, what would
-make the rerun measure something else is checked: the project's commit (and whether its tracked
-files are changed), vLLM's installed version and the host. Where one differs the rerun stops,
+given), with the model pinned to the commit the original staged and each prompt file to the
+original's staged copy. Before anything runs, what would make the rerun measure something else
+is checked: the project's commit (and whether its tracked files are changed), vLLM's installed
+version and the host. Where one differs the rerun stops,
 naming each, unless it is asked to go on; the comparison page then names the same differences.
 """
 
@@ -86,7 +87,8 @@ def new_name(trial: str, results: Path) -> str:
 
 
 def trial_file(original: TrialResults, name: str) -> dict[str, Any]:
-    """The trial as it ran, renamed, its model pinned to the commit staged; ValueError naming a redacted key."""
+    """The trial as it ran, renamed, its model pinned to the commit staged and each prompt file to the copy the
+    trial staged; ValueError naming a redacted key."""
     config = copy.deepcopy(original.config)
     hidden = _redacted(config)
     if hidden:
@@ -97,6 +99,9 @@ def trial_file(original: TrialResults, name: str) -> dict[str, Any]:
     hub = original.manifest.hub
     if hub is not None and hub.commit:
         config["model"]["source"]["revision"] = hub.commit
+    for scenario, staged in (original.provenance.prompt_files or {}).items():  # the prompts the trial read
+        copy_path = TrialPaths(original.folder).prompts / Path(staged.staged).name
+        config["scenarios"][scenario]["prompts"] = str(copy_path.resolve())
     return config
 
 

@@ -25,7 +25,7 @@ package's data and job logs. It imports no other package.
   the nodes, the kernel log, the probes and the disk.
 - :mod:`llmtrial.core.record_base`: The base of every record model and the parts several record kinds
   share: a check, a fact, a residue.
-- :mod:`llmtrial.core.record_models`: Typed models of the nine record kinds: the one statement of each
+- :mod:`llmtrial.core.record_models`: Typed models of the ten record kinds: the one statement of each
   record's shape, its JSON Schema (``schemas/<kind>.record.schema.json``) generated from it.
 - :mod:`llmtrial.core.records`: Stage records: the JSON files that stages hand to each other and to
   the report.

@@ -355,6 +355,10 @@ class ConfigurationRecord(RecordModel):
         "not forced."))
     failure: Failure | None = Field(description="Why the configuration failed, or null.")
     server: Server = Field(description="How the server was started and stopped.")
+    prefix_caching_server: Maybe[Server] = Field(None, description=(
+        "Only when a scenario needs prefix caching on (prefix_repetition) and the configuration's args leave it off: "
+        "the configuration's server launched again with --enable-prefix-caching once the other scenarios were done, "
+        "which ran those scenarios (each marked relaunched)."))
     patches: Maybe[ServerPatches] = Field(None, description=(
         "The trial's vLLM patches as this configuration's server saw them (absent when it was not launched)."))
     startup: Startup = Field(description="Facts by name.")
@@ -376,7 +380,7 @@ class ConfigurationRecord(RecordModel):
         "ready: first_ttft_s, first_total_s, first_output_tokens (streamed chunks that carried text; vLLM streams "
         "one token per chunk) and first_output_tok_s (first_output_tokens / first_total_s)."))
     scenarios: list[Scenario] = Field(description=(
-        "One entry per scenario, in config order. Records written before scenarios had a kind, warm-up or "
+        "One entry per scenario, in config order (a relaunched one ran after the others). Records written before scenarios had a kind, warm-up or "
         "repetition have none of those keys: they read as fixed passes without a warm-up."))
     telemetry: Telemetry = Field(description="Where the samples are and the sampler's own figures.")
     timing: Timing = Field(description="Wall time of the job and its parts, in seconds.")

@@ -43,6 +43,15 @@ class TrialPaths:
         return self.root / "model" / "manifest.json"
 
     @property
+    def prompts(self) -> Path:
+        """The staged prompt files of the trial's file scenarios, and their record (manifest.json)."""
+        return self.root / "prompts"
+
+    @property
+    def prompts_record(self) -> Path:
+        return self.prompts / "manifest.json"
+
+    @property
     def quieted(self) -> Path:
         return self.root / "services" / "quieted.json"
 

@@ -26,6 +26,9 @@ NonNegInt = Annotated[int, Field(ge=0)]
 #: shows ``14`` and ``14.0`` apart, as the record has them).
 Number = int | float
 
+#: A sha256 as lowercase hex.
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
 #: Rows of a table the record does not type further: a list of objects.
 Rows = list[dict[str, Any]]
 

@@ -1,4 +1,4 @@
-"""Typed models of the nine record kinds: the one statement of each record's shape, its JSON Schema
+"""Typed models of the ten record kinds: the one statement of each record's shape, its JSON Schema
 generated from it.
 
 Each kind is one pydantic model (the preflight record's in :mod:`llmtrial.core.preflight_model`, the
@@ -32,10 +32,8 @@ from llmtrial.core.comparison_model import ComparisonRecord
 from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.cost import Cost
 from llmtrial.core.preflight_model import PreflightRecord
-from llmtrial.core.record_base import Check, Fact, Maybe, NonNegInt, Number, RecordModel, Verdict
+from llmtrial.core.record_base import Check, Fact, Maybe, NonNegInt, Number, RecordModel, Sha256, Verdict
 from llmtrial.core.resources import SCHEMAS
-
-Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 # --------------------------------------------------------------------------- plan
 
@@ -282,6 +280,32 @@ class PatchesRecord(RecordModel):
     patches: list[PatchApplied] = Field(description="One entry per enabled patch, in config order.")
 
 
+# --------------------------------------------------------------------------- prompts
+
+
+class StagedPrompts(RecordModel):
+    """One scenario's prompt file as staged."""
+
+    dataset: Literal["custom", "sharegpt"] = Field(description="vLLM bench's dataset the file is read as.")
+    source: str = Field(description="The file as the trial file names it (relative to the working directory).")
+    staged: str = Field(description="The copy the benchmark reads (--dataset-path), relative to the working directory.")
+    sha256: Sha256 = Field(description="sha256 of the copy's bytes (the bytes read from source).")
+    bytes: NonNegInt = Field(description="Its size.")
+    prompts: Annotated[int, Field(ge=1)] = Field(description="The prompts it holds.")
+
+
+class PromptsRecord(RecordModel):
+    """The operator's prompt files staged for the trial's file scenarios (results/<trial>/prompts/manifest.json):
+    per scenario its copy under results/<trial>/prompts/ with the copy's sha256. Written by the stage_prompts rule
+    (llmtrial.serve.datasets.stage_prompts); read by the configuration jobs (which check each copy's sha256 before
+    the benchmark reads it) and by provenance."""
+
+    model_config = ConfigDict(title="prompts record")
+
+    staged_at: float = Field(description="Unix time the files were staged.")
+    scenarios: dict[str, StagedPrompts] = Field(description="By scenario name.")
+
+
 # --------------------------------------------------------------------------- provenance
 
 
@@ -320,6 +344,9 @@ class ProvenanceRecord(RecordModel):
     cost: Maybe[Cost] = Field(None, description=(
         "The trial file's cost block, validated (llmtrial.core.cost.Cost): what the report's and an exporter's "
         "cost per million output tokens rest on. Absent when the trial file gives none."))
+    prompt_files: Maybe[dict[str, StagedPrompts]] = Field(None, description=(
+        "Per scenario that reads the operator's prompt file: the file, its staged copy and the copy's sha256, as "
+        "the prompts record has them (absent without such a scenario)."))
 
 
 # --------------------------------------------------------------------------- the kinds and their schemas
@@ -335,6 +362,7 @@ KINDS: dict[str, type[RecordModel]] = {
     "cleanup": CleanupRecord,
     "provenance": ProvenanceRecord,
     "comparison": ComparisonRecord,
+    "prompts": PromptsRecord,
 }
 
 #: The JSON Schema dialect of every generated schema.

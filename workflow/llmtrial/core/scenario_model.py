@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from llmtrial.core.record_base import Maybe, NonNegInt, Number, RecordModel
+from llmtrial.core.record_base import Maybe, NonNegInt, Number, RecordModel, Sha256
 
 # --------------------------------------------------------------------------- a benchmark pass
 
@@ -137,6 +137,8 @@ class ServerMetrics(RecordModel):
     prompt_tokens: Maybe[Number] = None
     generation_tokens: Maybe[Number] = None
     requests_finished: Maybe[Number] = None
+    prefix_cache_queries: Maybe[Number] = Field(None, description="Prompt tokens looked up in the prefix cache.")
+    prefix_cache_hits: Maybe[Number] = Field(None, description="Prompt tokens found there (0 with prefix caching off).")
 
 
 class Pass(RecordModel):
@@ -217,6 +219,20 @@ class ScenarioSpec(RecordModel):
     request_rate: Maybe[Number | str] = Field(None, description='Requests per second, or "inf".')
     passes: Maybe[int | dict[str, Any]] = Field(None, description="A count, or {min, max, agreement}.")
     slo: Slo | None = None
+    dataset: Maybe[Literal["random", "custom", "sharegpt", "prefix_repetition"]] = Field(None, description=(
+        "vLLM bench's --dataset-name (absent in older records: random)."))
+    prompts: Maybe[str | None] = Field(None, description=(
+        "custom or sharegpt: the operator's prompt file as the trial file names it."))
+    chat_template: Maybe[bool] = Field(None, description="custom: each prompt wrapped in the model's chat template.")
+    range_ratio: Maybe[float | dict[str, float] | None] = Field(None, description=(
+        "random: --random-range-ratio, one ratio or {input, output}; null for vLLM's default (0)."))
+    prefix_len: Maybe[int | None] = Field(None, description=(
+        "prefix_repetition: tokens of the prefix prompts share (the rest of input_len is each one's own suffix)."))
+    num_prefixes: Maybe[int] = Field(None, description="prefix_repetition: distinct prefixes.")
+    prompts_staged: Maybe[str] = Field(None, description=(
+        "custom or sharegpt: the staged copy the benchmark read (--dataset-path), as the prompts record names it."))
+    prompts_sha256: Maybe[Sha256] = Field(None, description="custom or sharegpt: sha256 of the staged copy.")
+    prompts_count: Maybe[int] = Field(None, description="custom or sharegpt: the prompts the file holds.")
 
 
 class OnsetComparison(RecordModel):
@@ -250,7 +266,9 @@ class Onset(RecordModel):
     kv_cache_tokens_source: str | None = Field(None, description="The log line it was read from.")
     block_size: Number | None = Field(None, description="KV cache block size of the plan.")
     assumption: Maybe[str] = Field(None, description="The rule the prediction follows, in words.")
-    unpredicted: Maybe[str] = Field(None, description="Why nothing was predicted (no KV cache size or block size).")
+    unpredicted: Maybe[str] = Field(None, description=(
+        "Why nothing was predicted (no KV cache size or block size, or requests without one length: a prompt file's, "
+        "or random ones under a range ratio)."))
     per_step: Maybe[list[OnsetStep]] = Field(None, description=(
         "Per step: in_flight, blocks_per_request, tokens_needed, predicted_preempts, predicted_waits."))
     preemption: Maybe[OnsetComparison] = None
@@ -291,6 +309,13 @@ class Scenario(RecordModel):
 
     name: Any
     spec: ScenarioSpec
+    prefix_caching: Maybe[bool] = Field(None, description=(
+        "The server that ran the scenario had prefix caching on: a prefix_repetition scenario (on a server launched "
+        "again with it on, see relaunched), or every scenario of a configuration whose args turn it on. Absent in "
+        "older records (off)."))
+    relaunched: Maybe[bool] = Field(None, description=(
+        "It ran after the other scenarios, on the configuration's server launched again with --enable-prefix-caching "
+        "(the record's prefix_caching_server)."))
     kind: Maybe[Literal["fixed", "sweep"]] = Field(None, description=(
         "fixed: passes of one scenario (its count fixed, or until they agree); sweep: one pass per step, its spec "
         "listing per-step values (concurrency, input_len, output_len, num_prompts). Absent in older records "

@@ -5,7 +5,8 @@ for a sweep's step), ``<out>`` being ``results/<trial>/exports`` unless given.
 Every report is built and validated before any file is written, so an export that fails leaves the
 folder as it was; the error names the record or the field at fault. A configuration the planner rejected,
 or one that failed before any scenario ran, has no report: :func:`export_trial` says why in its lines.
-Files of an earlier export that this one does not write again (a configuration since removed) are removed.
+Files of an earlier export that this one does not write again (a configuration since removed) are removed,
+and the folders they leave empty; the format's folder itself is always there, empty when nothing ran.
 """
 
 from __future__ import annotations
@@ -56,9 +57,13 @@ def export_trial(results: str | Path, out: str | Path | None = None) -> list[str
     folder = Path(out if out is not None else TrialPaths(Path(results)).exports) / FORMAT_DIR
     reports, left_out = trial_reports(trial)
     written = {folder / rel: report_json(report) for rel, report in reports.items()}
+    folder.mkdir(parents=True, exist_ok=True)  # the rule's output even when no configuration ran a scenario
     for path, text in written.items():
         atomic_write_text(path, text)
-    for stale in sorted(folder.rglob("*.json")) if folder.is_dir() else []:
+    for stale in sorted(folder.rglob("*.json")):
         if stale not in written:
             stale.unlink()
+    for empty in sorted((d for d in folder.rglob("*") if d.is_dir()), reverse=True):
+        if not any(empty.iterdir()):
+            empty.rmdir()
     return [f"{path}: Benchmark Report v0.2 of {path.parent.name} x {path.stem}" for path in written] + left_out

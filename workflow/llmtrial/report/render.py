@@ -28,7 +28,15 @@ from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.core.record_models import ManifestRecord, PatchesRecord, PlanRecord, ProvenanceRecord
 from llmtrial.core.records import human_bytes, load_record
 from llmtrial.core.resources import TEMPLATES
-from llmtrial.core.scenario_model import Agreement, PassSummary, ServerMetrics, WindowFigures, WindowStat
+from llmtrial.core.scenario_model import (
+    Agreement,
+    PassSummary,
+    Scenario,
+    ScenarioSpec,
+    ServerMetrics,
+    WindowFigures,
+    WindowStat,
+)
 from llmtrial.host.gpus import describe_process, gpu_label
 from llmtrial.report import charts
 from llmtrial.report.answers import answers_context, answers_gaps
@@ -107,8 +115,41 @@ def _scenario_rows(configurations: list[ConfigurationRecord]) -> list[dict[str, 
                 for conf, sc in entries for one in ([sc.warmup] if sc.warmup else []) + sc.pass_results]
         notes = [{"configuration": conf, "note": repetition_note(repetition(sc), sc.warmup)}
                  for conf, sc in entries if repetition_noteworthy(sc)]
-        scenarios.append({"name": name, "spec": spec, "rows": rows, "notes": notes, "passes_asked": asked(spec)})
+        scenarios.append({"name": name, "spec": spec, "rows": rows, "notes": notes, "passes_asked": asked(spec),
+                          "caching": caching_text(entries)})
     return scenarios
+
+
+def workload_text(spec: ScenarioSpec) -> str:
+    """What a pass of the scenario sends, in words: the dataset and its lengths (the template's ``workload`` filter)."""
+    dataset = spec.dataset or "random"
+    if dataset in ("custom", "sharegpt"):
+        digest = f", sha256 {spec.prompts_sha256[:12]}…" if spec.prompts_sha256 else ""
+        held = f", {spec.prompts_count} in the file" if spec.prompts_count else ""
+        return f"{spec.num_prompts} prompts from {spec.prompts} ({dataset} dataset{digest}{held}), {spec.output_len} out tokens"
+    if dataset == "prefix_repetition":
+        return (f"{spec.num_prompts} prompts of {spec.input_len} in / {spec.output_len} out tokens, the first "
+                f"{spec.prefix_len} tokens of each one of {spec.num_prefixes or 1} shared prefix(es) (prefix_repetition "
+                "dataset, prefix caching on)")
+    ratio = spec.range_ratio
+    if isinstance(ratio, dict):
+        ratio = f"{ratio['input']} input, {ratio['output']} output"
+    spread = f" (range ratio {ratio})" if ratio else ""
+    return f"{spec.num_prompts} prompts of {spec.input_len} in / {spec.output_len} out tokens{spread}"
+
+
+def caching_text(entries: Sequence[tuple[str, Scenario]]) -> str | None:
+    """Where the scenario ran with prefix caching on, in words (None where it ran with it off everywhere)."""
+    relaunched = [conf for conf, sc in entries if sc.prefix_caching and sc.relaunched]
+    by_args = [conf for conf, sc in entries if sc.prefix_caching and not sc.relaunched]
+    parts = []
+    if relaunched:
+        parts.append(f"prefix caching on for this scenario alone ({', '.join(relaunched)}): the configuration's server "
+                     "was launched again with --enable-prefix-caching after the other scenarios, since the trial "
+                     "otherwise turns it off")
+    if by_args:
+        parts.append(f"prefix caching on ({', '.join(by_args)}): the configuration's own args turn it on")
+    return "; ".join(parts) or None
 
 
 def _sweeps(configurations: list[ConfigurationRecord]) -> list[dict[str, Any]]:
@@ -293,7 +334,7 @@ def render_report(context: Mapping[str, Any], template_dir: Path = TEMPLATES) ->
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(num=fmt_num, bytes=fmt_bytes, time=fmt_time, pct=fmt_pct)
+    env.filters.update(num=fmt_num, bytes=fmt_bytes, time=fmt_time, pct=fmt_pct, workload=workload_text)
     return env.get_template("report.html.j2").render(**context, findings=findings(context),
                                                      outcome_summary=outcome_summary(context))
 

@@ -1,5 +1,5 @@
 """Serving and measuring one configuration: the server process, vLLM's serving benchmark, scenarios and
-sweeps, telemetry, multi-node serving, and the trial job in its phases.
+sweeps and their datasets, telemetry, multi-node serving, and the trial job in its phases.
 
 - :mod:`llmtrial.serve.answers_job`: A configuration's answers: the set asked of the passes'
   server and of a launch with the patch flags off.
@@ -9,6 +9,9 @@ sweeps, telemetry, multi-node serving, and the trial job in its phases.
   server stopped: what the log explains (the failure's line and the GPUs' health after it, the
   start-up facts, the engine's warnings, each patch's evidence) and the measured figures beside the
   plan's (the predicted start-up terms, the throughput bound).
+- :mod:`llmtrial.serve.datasets`: What a scenario's benchmark sends, mapped onto vLLM bench's own
+  dataset flags: vLLM's random dataset (with its range ratio), the operator's own prompts (a
+  ``custom`` JSONL file or a ShareGPT JSON file), or vLLM's ``prefix_repetition`` dataset.
 - :mod:`llmtrial.serve.energy`: A window's energy: each GPU's NVML counter checked against the
   integral of its sampled power, and the CPU packages' RAPL energy, named apart.
 - :mod:`llmtrial.serve.measure`: The measurement phase of one configuration's job: start the server
@@ -42,4 +45,4 @@ Imports from: core, logs, host, plan, weights, patch, borrow. (tests/test_struct
 order.)
 """
 
-__all__ = ["answers_job", "bench", "comparison", "energy", "measure", "multinode", "multinode_job", "nodetelemetry", "onset", "progress", "scenarios", "server", "telemetry", "trial", "vllm_bench"]
+__all__ = ["answers_job", "bench", "comparison", "datasets", "energy", "measure", "multinode", "multinode_job", "nodetelemetry", "onset", "progress", "scenarios", "server", "telemetry", "trial", "vllm_bench"]

@@ -1,8 +1,9 @@
 """Benchmark scenarios: vLLM's serving benchmark per pass, and the cold first request.
 
-The load generator is vLLM's own (random dataset, ``ignore_eos``, a distinct seed per
-pass, per-request detail kept). Server-side counters around each pass come from the
-telemetry's /metrics series (:class:`llmtrial.host.sources.MetricsSource`).
+The load generator is vLLM's own (the scenario's dataset, random unless it names another:
+:mod:`llmtrial.serve.datasets`; ``ignore_eos``, a distinct seed per pass, per-request detail kept).
+Server-side counters around each pass come from the telemetry's /metrics series
+(:class:`llmtrial.host.sources.MetricsSource`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtrial.serve import vllm_bench
+from llmtrial.serve.datasets import dataset_flags
 from llmtrial.serve.scenarios import goodput_flags
 
 #: Summary fields copied from vLLM's result file into the record.
@@ -71,9 +73,7 @@ def bench_argv(
         "--model", served_model_name,
         "--served-model-name", served_model_name,
         "--tokenizer", tokenizer,
-        "--dataset-name", "random",
-        "--random-input-len", str(scenario["input_len"]),
-        "--random-output-len", str(scenario["output_len"]),
+        *dataset_flags(scenario),
         "--num-prompts", str(scenario["num_prompts"]),
         "--max-concurrency", str(scenario["concurrency"]),
         "--request-rate", str(scenario["request_rate"]),

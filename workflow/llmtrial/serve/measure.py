@@ -31,6 +31,7 @@ from llmtrial.host.sources import RAPL_SOURCE, HostSource, MetricsSource, job_so
 from llmtrial.logs import startup_log
 from llmtrial.logs.lines import read_log
 from llmtrial.serve import bench
+from llmtrial.serve.datasets import needs_prefix_caching
 from llmtrial.serve.multinode import MultiNodeServer
 from llmtrial.serve.nodetelemetry import NodeTelemetry, node_window_figures
 from llmtrial.serve.onset import onset, step_figures
@@ -51,7 +52,11 @@ SERVER_COUNTERS = {
     "prompt_tokens": "prompt_tokens_total",
     "generation_tokens": "generation_tokens_total",
     "requests_finished": "requests_finished_total",
+    "prefix_cache_queries": "prefix_cache_queries_total",
+    "prefix_cache_hits": "prefix_cache_hits_total",
 }
+#: A scenario to run: its position in the trial file (its seeds), its name and its spec.
+Todo = tuple[int, str, Mapping[str, Any]]
 
 
 @contextlib.contextmanager
@@ -99,6 +104,9 @@ class Served:
     failure: FailureRecord | None
     #: The task set asked after the passes (``outputs``), or None when none was asked.
     answers: AnswerRun | None = None
+    #: The server launched again with prefix caching on, when a scenario needed it: argv, log, launched_at,
+    #: ready_at, stop, pid (empty when there was none).
+    relaunch: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ready(self) -> bool:
@@ -151,13 +159,26 @@ class Measurement:
     nodes: Sequence[Node] = ()
     #: Each applied patch by name: its flag on in this server (what the answers record says).
     flags: Mapping[str, bool] = field(default_factory=dict)
+    #: The configuration's own args turn prefix caching on: every scenario runs on the one server.
+    prefix_caching: bool = False
+    #: The configuration's server with prefix caching on, not yet started: it runs the scenarios that need
+    #: prefix caching (:func:`llmtrial.serve.datasets.needs_prefix_caching`) once the others are done.
+    relaunch: Callable[[], ServerProcess] | None = None
+
+    def _groups(self) -> tuple[list[Todo], list[Todo]]:
+        """The scenarios the first server runs, and those that wait for the relaunch with prefix caching on."""
+        todo = [(i, name, spec) for i, (name, spec) in enumerate(self.workload.scenarios.items())]
+        if self.prefix_caching:
+            return todo, []
+        return ([t for t in todo if not needs_prefix_caching(t[2])], [t for t in todo if needs_prefix_caching(t[2])])
 
     def serve(self, ledger: Ledger, server: ServerProcess) -> Served:
         """Start ``server`` under the sampler, run the phases, stop it: the measurement's parts of the record
         (:class:`Served`)."""
-        host_source = HostSource()
-        sources, absent = job_sources(host_source, MetricsSource(self.host, self.port),
-                                      gpus=list(self.gpus) or None)
+        host_source, metrics = HostSource(), MetricsSource(self.host, self.port)
+        sources, absent = job_sources(host_source, metrics, gpus=list(self.gpus) or None)
+        first, cached = self._groups()
+        relaunch: dict[str, Any] = {}
         started: dict[str, Any] = {}
         startup: dict[str, Any] = {}
         cold: dict[str, Any] = {}
@@ -173,10 +194,15 @@ class Measurement:
             try:
                 started, startup, cold = self._start(server, host_source)
                 cold.update(self.first_request())
-                failure = self._scenarios(server, sampler, worker, windows, scenarios)
+                run = functools.partial(self._scenarios, sampler=sampler, worker=worker, windows=windows, out=scenarios)
+                failure = run(server, first, caching=self.prefix_caching)
                 if self.workload.outputs and failure is None:
                     say("%s: asking the task set (%d task(s))", self.name, len(self.workload.tasks))
                     answers = self.workload.ask(self.host, self.port, launch="passes", flags=self.flags)
+                if cached:
+                    server.stop()
+                    metrics.seen = False  # the next server's start-up is not a failed scrape
+                    failure = self._relaunched(host_source, run, cached, relaunch) or failure
             except Failure as raised:
                 failure = raised
             finally:
@@ -193,10 +219,31 @@ class Measurement:
         self._sweep_figures(scenarios, startup)
         if failure is not None:
             log.warning("configuration %s failed in %s: %s", self.name, failure.phase, failure.message)
+        order = list(self.workload.scenarios)  # the record keeps the trial file's order
         return Served(server={**started, **stopped}, startup=startup, cold_start=ColdStart.model_validate(cold),
-                      scenarios=[Scenario.model_validate(entry) for entry in scenarios], telemetry=telemetry,
-                      bench_worker={"bench_import_s": worker.import_s, "bench_workers": worker.starts},
-                      failure=failure.as_record() if failure is not None else None, answers=answers)
+                      scenarios=[Scenario.model_validate(entry) for entry in sorted(scenarios, key=lambda e: order.index(e["name"]))],
+                      telemetry=telemetry, bench_worker={"bench_import_s": worker.import_s, "bench_workers": worker.starts},
+                      failure=failure.as_record() if failure is not None else None, answers=answers, relaunch=relaunch)
+
+    def _relaunched(self, host_source: HostSource, run: Callable[..., Failure | None], cached: list[Todo],
+                    part: dict[str, Any]) -> Failure | None:
+        """The scenarios that need prefix caching, on the configuration's server launched again with it on
+        (the first one stopped): their first failed pass, or None. ``part`` gets the launch and the stop."""
+        assert self.relaunch is not None, "a scenario needs prefix caching on and the job gave no relaunch"
+        server = self.relaunch()
+        log.info("%s: relaunching with prefix caching on for %s", self.name, ", ".join(name for _, name, _ in cached))
+        try:
+            try:
+                server.start()
+                host_source.pid = server.proc.pid if server.proc else None
+                server.wait_ready(self.startup_timeout_s)
+            except ServerStartError as exc:
+                raise Failure("startup", exc.reason, f"the relaunch with prefix caching on ({server.log_path.name}): "
+                              f"{exc}", exc.returncode) from None
+            return run(server, cached, caching=True, relaunched=True)
+        finally:
+            part.update(argv=server.argv, log=self.paths.rel(server.log_path), launched_at=server.launched_at,
+                        ready_at=server.ready_at, **self._stopped(server))
 
     def _stopped(self, server: ServerProcess) -> dict[str, Any]:
         """Stop ``server``: how it stopped, its pid, and a multi-node server's ranks."""
@@ -211,7 +258,7 @@ class Measurement:
             if entry["kind"] == "sweep":
                 for step in entry["steps"]:
                     step["figures"] = step_figures(step)
-                entry["onset"] = onset(entry["steps"], startup.get("kv_cache_tokens"), self.block_size)
+                entry["onset"] = onset(entry["steps"], startup.get("kv_cache_tokens"), self.block_size, entry["spec"])
 
     def _start(self, server: ServerProcess, host_source: HostSource) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         """Launch and wait for /health: (server times, startup facts, cold start's ready time)."""
@@ -242,15 +289,18 @@ class Measurement:
                 "first_output_tokens": fact(first["chunks"], source, unit="tokens"),
                 "first_output_tok_s": fact(bench.output_rate(first["chunks"], first["total_s"]), source, unit="tok/s")}
 
-    def _scenarios(self, server: ServerProcess, sampler: Sampler, worker: bench.BenchWorker,
-                   windows: list[tuple[dict[str, Any], float, float]], out: list[dict[str, Any]]) -> Failure | None:
-        """Every scenario, in order, appended to ``out`` (the record's scenarios) as it runs: its
-        warm-up pass when asked, then its passes (or a sweep's steps); returns the first failed
-        pass, or None. A server that dies ends the phase at once (raised as :class:`Failure`)."""
+    def _scenarios(self, server: ServerProcess, todo: list[Todo], *, caching: bool, sampler: Sampler,
+                   worker: bench.BenchWorker, windows: list[tuple[dict[str, Any], float, float]],
+                   out: list[dict[str, Any]], relaunched: bool = False) -> Failure | None:
+        """The scenarios of ``todo``, in order, each appended to ``out`` (the record's scenarios) as it runs:
+        its warm-up pass when asked, then its passes (or a sweep's steps); returns the first failed pass, or
+        None. ``caching``: the server has prefix caching on. A server that dies ends the phase at once
+        (raised as :class:`Failure`)."""
         failed: Failure | None = None
-        for s_index, (name, scenario) in enumerate(self.workload.scenarios.items()):
+        for s_index, name, scenario in todo:
             entry: dict[str, Any] = {"name": name, "spec": dict(scenario), "kind": "sweep" if is_sweep(scenario) else "fixed",
-                                     "pass_results": [], "warmup": None}
+                                     "pass_results": [], "warmup": None, "prefix_caching": caching,
+                                     **({"relaunched": True} if relaunched else {})}
             out.append(entry)
             run = functools.partial(self._checked_pass, server, sampler, worker, windows, name, s_index)
             if scenario.get("warmup"):

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from llmtrial.serve.bench import headline
+from llmtrial.serve.datasets import FILE_SUFFIX, dataset_of
 
 ASSUMPTION = ("Every request of a step is in flight at once (in flight = min(concurrency, prompts)) and holds "
               "its prompt and its whole output (ignore_eos: output grows to output_len), each rounded up to "
@@ -75,20 +76,33 @@ def _compare(predicted: Mapping[str, Any] | None, observed: Mapping[str, Any] | 
             "error_requests": observed["in_flight"] - predicted["in_flight"] if both else None}
 
 
-def onset(steps: list[Mapping[str, Any]], kv_tokens: Mapping[str, Any] | None, block_size: int | None) -> dict[str, Any]:
+def _varied_lengths(spec: Mapping[str, Any]) -> str | None:
+    """Why a step's requests have no one length, or None where they have."""
+    if dataset_of(spec) in FILE_SUFFIX:
+        return "the prompts' lengths are the prompt file's, not known before they are tokenized"
+    if spec.get("range_ratio") is not None:
+        return "the requests' lengths vary (range_ratio)"
+    return None
+
+
+def onset(steps: list[Mapping[str, Any]], kv_tokens: Mapping[str, Any] | None, block_size: int | None,
+          spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Predicted against observed onset of preemption and of waiting requests for one sweep.
 
     ``steps`` are the sweep's step entries (with ``figures``), ``kv_tokens`` the start-up fact
-    vLLM logged (``{"value", "source"}``), ``block_size`` the plan's. Without either, nothing
-    is predicted and the record says why."""
+    vLLM logged (``{"value", "source"}``), ``block_size`` the plan's, ``spec`` the sweep's. Without
+    either, or where the requests' lengths are not one figure per step (a prompt file's, or random
+    ones under a range ratio), nothing is predicted and the record says why."""
     observed = [{"step": s["step"], "concurrency": s["concurrency"],
                  "in_flight": min(int(s["concurrency"]), int(s["num_prompts"])), **(s.get("figures") or {})}
                 for s in steps if s.get("status") == "ok"]
     out: dict[str, Any] = {"kv_cache_tokens": kv_tokens["value"] if kv_tokens else None,
                            "kv_cache_tokens_source": kv_tokens["source"] if kv_tokens else None,
                            "block_size": block_size, "assumption": ASSUMPTION, "per_step": []}
-    if not kv_tokens or not block_size:
-        out["unpredicted"] = "no KV cache size in the server log" if not kv_tokens else "no block size in the plan"
+    varied = _varied_lengths(spec or {})
+    if not kv_tokens or not block_size or varied:
+        out["unpredicted"] = varied or ("no KV cache size in the server log" if not kv_tokens else
+                                        "no block size in the plan")
     else:
         out["per_step"] = [predict(s, int(kv_tokens["value"]), int(block_size)) for s in steps]
     rows = out["per_step"]

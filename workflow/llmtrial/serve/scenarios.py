@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtrial.core.stats import DEFAULT_LEVEL, mean_interval
+from llmtrial.serve.datasets import check_dataset, context
 
 #: The keys a sweep may list, in the order a step names them.
 SWEEP_KEYS = ("concurrency", "input_len", "output_len", "num_prompts")
@@ -51,7 +52,7 @@ def check_scenario(name: str, spec: Mapping[str, Any]) -> list[str]:
     slo = spec.get("slo")
     if isinstance(slo, Mapping) and not any(slo.get(k) is not None for k in SLO_METRICS):
         errors.append(f"{key}.slo: give at least one target ({', '.join(SLO_METRICS)})")
-    return errors
+    return errors + check_dataset(key, spec)
 
 
 def steps(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -66,9 +67,10 @@ def steps(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def contexts(spec: Mapping[str, Any]) -> set[int]:
-    """The context lengths (input + output) a scenario reaches, every step of a sweep included."""
+    """The longest context lengths (input + output) a scenario reaches, every step of a sweep included;
+    none for a prompt file's scenario (its prompts' lengths are not known before they are tokenized)."""
     runs = steps(spec) if is_sweep(spec) else [spec]
-    return {int(s["input_len"]) + int(s["output_len"]) for s in runs}
+    return {n for n in map(context, runs) if n is not None}
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,11 +38,14 @@ from llmtrial.serve.answers_job import FLAGS_OFF_LOG, answers_part, flags_off_en
 from llmtrial.serve.measure import Failure, Measurement, Served, Workload
 from llmtrial.serve.multinode_job import Spread, node_outcomes
 from llmtrial.serve.progress import outcome_line, say
-from llmtrial.serve.server import ServerProcess, build_server_argv
+from llmtrial.serve.server import DEFAULT_ARGS, ServerProcess, build_server_argv
 from llmtrial.serve.telemetry import CSV_HEADER
 from llmtrial.weights.manifest import verify_manifest
 
 log = logging.getLogger(__name__)
+
+#: The log of the configuration's server launched again with prefix caching on (a prefix_repetition scenario).
+PREFIX_CACHING_LOG = "prefix-caching-server.log"
 
 
 @dataclass
@@ -93,18 +96,26 @@ class TrialJob:
         return Spread(name=self.spec["name"], label=self.label, trial=self.trial, nodes=self.nodes, port=self.port,
                       launch=str(self.spec.get("launch") or "native"), manifest=self.manifest)
 
-    def argv(self) -> list[str]:
-        args = {**self.spec["args"], **(self.spread.server_args() if self.spread else {})}
+    @property
+    def prefix_caching(self) -> bool:
+        """The configuration's own args turn prefix caching on (the trial's servers otherwise have it off)."""
+        return bool({**DEFAULT_ARGS, **self.spec["args"]}.get("enable_prefix_caching"))
+
+    def argv(self, prefix_caching: bool = False) -> list[str]:
+        """The server's argv; ``prefix_caching``: the relaunch for the scenarios that need it on."""
+        args = {**self.spec["args"], **(self.spread.server_args() if self.spread else {}),
+                **({"enable_prefix_caching": True} if prefix_caching else {})}
         return build_server_argv(model_dir=self.model_dir, served_model_name=self.workload.served_model_name,
                                  host=self.host, port=self.port, args=ServingArgs.from_config(args, self.spec["env"]))
 
-    def measurement(self, flags: Mapping[str, bool] | None = None) -> Measurement:
+    def measurement(self, flags: Mapping[str, bool] | None = None,
+                    relaunch: Callable[[], ServerProcess] | None = None) -> Measurement:
         return Measurement(
             name=self.spec["name"], label=self.label, host=self.host, port=self.port,
             model_dir=self.model_dir, workload=self.workload,
             startup_timeout_s=float(self.spec["startup_timeout_s"]), paths=self.paths,
             gpus=[g["index"] for g in self.gpus], block_size=(self.plan.get("plan") or {}).get("block_size"),
-            nodes=self.nodes, flags=dict(flags or {}))
+            nodes=self.nodes, flags=dict(flags or {}), prefix_caching=self.prefix_caching, relaunch=relaunch)
 
     def answers(self, served: Served, ledger: Ledger, env: Mapping[str, str], patches: list[dict[str, Any]],
                 flags: Mapping[str, bool]) -> dict[str, Any]:
@@ -161,7 +172,8 @@ class TrialJob:
                                                                            parts["collective"].diagnosis), **parts)
         job = ledger.append(Action.JOB_STARTED, label=self.label, pid=os.getpid(), create_time=psutil.Process().create_time())
         flags = patch_flags(ready.patched["patches"], env)
-        served = self.measurement(flags).serve(ledger, self._server(ledger, env, envs))
+        relaunch = functools.partial(self._server, ledger, env, envs, prefix_caching=True)
+        served = self.measurement(flags, relaunch).serve(ledger, self._server(ledger, env, envs))
         parts.update(self.answers(served, ledger, env, ready.patched["patches"], flags))
         record = self._served(job_start, argv, served, ledger=ledger, ready=ready, env=env, envs=envs, parts=parts)
         write_record(self.paths.record, record, schema="configuration")
@@ -194,15 +206,17 @@ class TrialJob:
         return self._record(
             status="failed" if failure else "ok", failure=failure,
             server=self._server_part(argv, env, **served.server), startup=compared.startup,
+            **({"prefix_caching_server": self._server_part(env=env, **served.relaunch)} if served.relaunch else {}),
             engine_warnings=compared.engine_warnings, cold_start=served.cold_start, scenarios=served.scenarios,
             telemetry=Telemetry(file=self.paths.rel(self.paths.telemetry), **served.telemetry), timing=timing,
             prediction=compared.prediction, **parts, **health, patches=compared.patches,
             throughput_bound=compared.throughput_bound)
 
     def _server_part(self, argv: list[str], env: Mapping[str, str], **ran: Any) -> Server:
-        """How the server was (or would have been) started, and what it did (``ran``)."""
+        """How the server was (or would have been) started, and what it did (``ran``: its log, where not
+        server.log)."""
         return Server(argv=argv, env=redact_env(env), host=self.host, port=self.port,
-                      log=self.paths.rel(self.paths.server_log), **ran)
+                      **{"log": self.paths.rel(self.paths.server_log), **ran})
 
     def _record(self, **parts: Any) -> ConfigurationRecord:
         """The configuration record of ``parts``, beside what every record says: the trial, the
@@ -216,14 +230,17 @@ class TrialJob:
                                 forced=bool(self.spec.get("force"))),
             **parts})
 
-    def _server(self, ledger: Ledger, env: Mapping[str, str], envs: Mapping[str, Mapping[str, str]]) -> ServerProcess:
-        """The configuration's server: on this host, or node 0's with the other nodes' ranks."""
-        kwargs: dict[str, Any] = {"host": self.host, "port": self.port, "log_path": self.paths.server_log,
-                                  "env": dict(env), "stop_timeout": float(self.spec["stop_timeout_s"]),
-                                  "label": self.label}
+    def _server(self, ledger: Ledger, env: Mapping[str, str], envs: Mapping[str, Mapping[str, str]],
+                prefix_caching: bool = False) -> ServerProcess:
+        """The configuration's server: on this host, or node 0's with the other nodes' ranks;
+        ``prefix_caching``: launched again with it on, logging to its own file."""
+        kwargs: dict[str, Any] = {"host": self.host, "port": self.port, "env": dict(env),
+                                  "log_path": self.paths.out_dir / PREFIX_CACHING_LOG if prefix_caching else self.paths.server_log,
+                                  "stop_timeout": float(self.spec["stop_timeout_s"]),
+                                  "label": f"{self.label} (prefix caching on)" if prefix_caching else self.label}
         if self.spread:
-            return self.spread.server(self.argv(), ledger, envs, self.spec["args"], **kwargs)
-        return ServerProcess(self.argv(), ledger=ledger, **kwargs)
+            return self.spread.server(self.argv(prefix_caching), ledger, envs, self.spec["args"], **kwargs)
+        return ServerProcess(self.argv(prefix_caching), ledger=ledger, **kwargs)
 
     def _fresh_folder(self) -> None:
         self.paths.out_dir.mkdir(parents=True, exist_ok=True)
@@ -231,6 +248,7 @@ class TrialJob:
         self.paths.bench_dir.mkdir(parents=True)
         self.paths.server_log.unlink(missing_ok=True)
         (self.paths.out_dir / FLAGS_OFF_LOG).unlink(missing_ok=True)
+        (self.paths.out_dir / PREFIX_CACHING_LOG).unlink(missing_ok=True)
         for rank_log in [*self.paths.out_dir.glob("server-*.log"), *self.paths.out_dir.glob("ray-*.log")]:
             rank_log.unlink()  # other nodes' logs of an earlier run
         self.paths.node_telemetry.unlink(missing_ok=True)

@@ -1,0 +1,354 @@
+"""What a scenario's benchmark sends, mapped onto vLLM bench's own dataset flags: vLLM's random
+dataset (with its range ratio), the operator's own prompts (a ``custom`` JSONL file or a ShareGPT
+JSON file), or vLLM's ``prefix_repetition`` dataset.
+
+A prompt file is read when the trial file is loaded: a file that is missing or malformed is refused
+there, naming the scenario, the file and the line, before any server starts. The ``stage_prompts``
+rule copies it into the trial's results (``results/<trial>/prompts/<scenario>.jsonl`` or ``.json``)
+and writes the ``prompts`` record with each copy's sha256; the benchmark reads the staged copy.
+So a later edit of the operator's file never changes a pass silently: the file is the rule's input,
+so Snakemake stages it again and the configurations run again, and a staged copy whose bytes no
+longer match its record is refused when a configuration's job starts.
+
+Every request of a file scenario generates ``output_len`` tokens (``--custom-output-len`` or
+``--sharegpt-output-len``, with ``--ignore-eos``), and a pass sends each prompt at most once
+(``--no-oversample``), in an order drawn from the pass's seed.
+
+A ``prefix_repetition`` scenario runs with prefix caching on, which the trial otherwise turns off:
+its configuration's server is launched again with ``--enable-prefix-caching`` after the other
+scenarios (:mod:`llmtrial.serve.measure`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from llmtrial.core.fileio import atomic_write_bytes, sha256_file
+from llmtrial.core.record_models import PromptsRecord, StagedPrompts
+from llmtrial.plan.plan_inputs import canonical_args
+
+#: vLLM bench's --dataset-name values a scenario may name.
+DATASETS = ("random", "custom", "sharegpt", "prefix_repetition")
+#: The datasets read from the operator's file, each with its staged copy's suffix (vLLM reads custom from .jsonl only).
+FILE_SUFFIX = {"custom": ".jsonl", "sharegpt": ".json"}
+#: The dataset whose scenarios run with prefix caching on.
+PREFIX_DATASET = "prefix_repetition"
+#: The dataset keys' schema defaults (a test holds them to the schema): a scenario recorded before the
+#: keys existed reads as these.
+DEFAULTS: dict[str, Any] = {"dataset": "random", "prompts": None, "chat_template": False, "range_ratio": None,
+                            "prefix_len": None, "num_prefixes": 1}
+
+
+class PromptFileError(ValueError):
+    """A prompt file that cannot be used; the message names the file and, where it can, the line."""
+
+
+def dataset_of(spec: Mapping[str, Any]) -> str:
+    return str(spec.get("dataset") or DEFAULTS["dataset"])
+
+
+def needs_prefix_caching(spec: Mapping[str, Any]) -> bool:
+    """Whether the scenario runs with prefix caching on (the prefix_repetition dataset)."""
+    return dataset_of(spec) == PREFIX_DATASET
+
+
+def prompt_path(name: str | Path) -> Path:
+    """The operator's prompt file: as given when absolute, else relative to the working directory
+    (the folder snakemake runs in), as the trial's other paths are."""
+    return Path(name)
+
+
+# --------------------------------------------------------------------------- reading a prompt file
+
+
+def count_prompts(path: str | Path, dataset: str) -> int:
+    """The prompts in the ``custom`` or ``sharegpt`` file at ``path``; PromptFileError naming the file
+    and line at fault. The count is cached by the file's size and mtime (a ShareGPT dump is large, and
+    the trial file is loaded by every snakemake call)."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as exc:
+        raise PromptFileError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    if not p.is_file():
+        raise PromptFileError(f"{p}: not a file")
+    return _cached_count(str(p), dataset, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_count(path: str, dataset: str, size: int, mtime_ns: int) -> int:
+    return read_count(Path(path).read_bytes(), dataset, path)
+
+
+def read_count(data: bytes, dataset: str, name: str) -> int:
+    """The prompts in ``data``, the bytes of a ``dataset`` file called ``name`` in messages."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise PromptFileError(f"{name} line {line}: not UTF-8") from None
+    count = _custom_count(text, name) if dataset == "custom" else _sharegpt_count(text, name)
+    if count == 0:
+        raise PromptFileError(f"{name}: holds no prompt")
+    return count
+
+
+def _custom_count(text: str, name: str) -> int:
+    """vLLM's custom format: one JSON object per line with a ``prompt`` string (blank lines skipped,
+    as vLLM's reader skips them)."""
+    count = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PromptFileError(f"{name} line {number}: not JSON ({exc.msg})") from None
+        if not isinstance(raw, dict):
+            raise PromptFileError(f'{name} line {number}: a line is a JSON object such as {{"prompt": "..."}}, '
+                                  f"not a {type(raw).__name__}")
+        if not isinstance(raw.get("prompt"), str) or not raw["prompt"].strip():
+            raise PromptFileError(f"{name} line {number}: no 'prompt' string")
+        count += 1
+    return count
+
+
+def _sharegpt_count(text: str, name: str) -> int:
+    """vLLM's ShareGPT format: a JSON list of objects whose ``conversations`` hold at least two turns
+    (the prompt, then the reply), each an object with a ``value`` string. vLLM skips an entry with
+    fewer turns; it is refused here, since the operator meant it as a prompt."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PromptFileError(f"{name} line {exc.lineno}: not JSON ({exc.msg})") from None
+    if not isinstance(data, list):
+        raise PromptFileError(f"{name} line 1: a ShareGPT file is a JSON list of conversations, "
+                              f"not a {type(data).__name__}")
+    for entry, line in zip(data, _element_lines(text), strict=True):
+        turns = entry.get("conversations") if isinstance(entry, dict) else None
+        if not isinstance(turns, list) or len(turns) < 2:
+            raise PromptFileError(f"{name} line {line}: an entry is an object whose 'conversations' list holds "
+                                  "at least two turns (the prompt and its reply)")
+        for turn in turns[:2]:
+            if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
+                raise PromptFileError(f"{name} line {line}: each of the first two turns is an object with a "
+                                      "'value' string")
+        if not turns[0]["value"].strip():
+            raise PromptFileError(f"{name} line {line}: the first turn's 'value' (the prompt) is empty")
+    return len(data)
+
+
+_BETWEEN = re.compile(r"[\s,]*")
+
+
+def _element_lines(text: str) -> list[int]:
+    """The line each element of the JSON list ``text`` (already parsed) begins on."""
+    decoder = json.JSONDecoder()
+    pos = _BETWEEN.match(text, text.index("[") + 1).end()  # type: ignore[union-attr]
+    lines, line, seen = [], 1, 0
+    while text[pos] != "]":
+        line, seen = line + text.count("\n", seen, pos), pos
+        lines.append(line)
+        _, pos = decoder.raw_decode(text, pos)
+        pos = _BETWEEN.match(text, pos).end()  # type: ignore[union-attr]
+    return lines
+
+
+# --------------------------------------------------------------------------- checking a scenario
+
+
+def _values(spec: Mapping[str, Any], key: str) -> list[Any]:
+    value = spec.get(key)
+    return list(value) if isinstance(value, list) else [value]
+
+
+def check_dataset(key: str, spec: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a scenario's dataset keys (``key``: ``scenarios.<name>``), each problem as
+    ``<key>.<field>: <message>``; a prompt file is read here, so a missing or malformed one is named
+    with its line before anything runs."""
+    dataset = dataset_of(spec)
+    errors = _misplaced(key, spec, dataset)
+    if dataset == PREFIX_DATASET:
+        errors += _check_prefix(key, spec)
+    if dataset in FILE_SUFFIX:
+        errors += _check_file(key, spec, dataset)
+    return errors
+
+
+def _misplaced(key: str, spec: Mapping[str, Any], dataset: str) -> list[str]:
+    """Keys given to a dataset that does not read them."""
+    errors = []
+    if dataset in FILE_SUFFIX and not spec.get("prompts"):
+        errors.append(f"{key}.prompts: dataset {dataset} reads the operator's prompt file: name it")
+    if dataset not in FILE_SUFFIX and spec.get("prompts"):
+        errors.append(f"{key}.prompts: only datasets {' and '.join(FILE_SUFFIX)} read a prompt file "
+                      f"(this scenario's dataset is {dataset})")
+    if spec.get("chat_template") and dataset != "custom":
+        errors.append(f"{key}.chat_template: only dataset custom applies a chat template (this one is {dataset})")
+    if spec.get("range_ratio") is not None and dataset != "random":
+        errors.append(f"{key}.range_ratio: only dataset random varies its lengths (this one is {dataset})")
+    if dataset != PREFIX_DATASET:
+        if spec.get("prefix_len") is not None:
+            errors.append(f"{key}.prefix_len: only dataset {PREFIX_DATASET} repeats prefixes (this one is {dataset})")
+        if spec.get("num_prefixes", 1) != 1:
+            errors.append(f"{key}.num_prefixes: only dataset {PREFIX_DATASET} repeats prefixes (this one is {dataset})")
+    return errors
+
+
+def _check_prefix(key: str, spec: Mapping[str, Any]) -> list[str]:
+    prefix, count = spec.get("prefix_len"), int(spec.get("num_prefixes", 1))
+    errors = []
+    if prefix is None:
+        errors.append(f"{key}.prefix_len: dataset {PREFIX_DATASET} needs the shared prefix's length in tokens")
+    elif any(int(n) <= int(prefix) for n in _values(spec, "input_len")):
+        errors.append(f"{key}.input_len: the whole prompt ({spec.get('input_len')}) must be longer than its shared "
+                      f"prefix (prefix_len {prefix}): the rest is each prompt's own suffix")
+    if any(int(n) % count for n in _values(spec, "num_prompts")):
+        errors.append(f"{key}.num_prompts: {spec.get('num_prompts')} is not a multiple of num_prefixes ({count}): "
+                      "vLLM sends num_prompts // num_prefixes prompts per prefix")
+    return errors
+
+
+def _check_file(key: str, spec: Mapping[str, Any], dataset: str) -> list[str]:
+    if not spec.get("prompts"):
+        return []
+    errors = []
+    if isinstance(spec.get("input_len"), list):
+        errors.append(f"{key}.input_len: a sweep cannot vary it: the prompts of a {dataset} file have their own lengths")
+    try:
+        count = count_prompts(prompt_path(spec["prompts"]), dataset)
+    except PromptFileError as exc:
+        return [*errors, f"{key}.prompts: {exc}"]
+    most = max(int(n) for n in _values(spec, "num_prompts"))
+    if most > count:
+        errors.append(f"{key}.num_prompts: {most} is more than the {count} prompts in {spec['prompts']}: a pass "
+                      "sends each prompt at most once")
+    return errors
+
+
+def check_prefix_nodes(config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(key, problem) for each configuration across nodes that would need a relaunch with prefix caching
+    on (not done across nodes: set ``enable_prefix_caching`` in its args to run every scenario with it)."""
+    cached = [name for name, spec in config["scenarios"].items() if needs_prefix_caching(spec)]
+    if not cached:
+        return []
+    out = []
+    for name, entry in config["configurations"].items():
+        try:
+            args = {**canonical_args(config["serving"]["args"]), **canonical_args(entry["args"])}
+        except ValueError:  # an argument spelled twice: the trial file's check of args names it
+            continue
+        if len(entry.get("nodes") or []) > 1 and not args.get("enable_prefix_caching"):
+            out.append((f"configurations.{name}", f"spans nodes, and scenario {cached[0]} ({PREFIX_DATASET}) needs its "
+                        "server launched again with prefix caching on, which is done on one host only: set "
+                        "enable_prefix_caching: true in its args to run every scenario with prefix caching on"))
+    return out
+
+
+# --------------------------------------------------------------------------- the benchmark's flags
+
+
+def output_ratio(range_ratio: Any) -> float:
+    """The output length's range ratio of a ``range_ratio`` value (0 when unset)."""
+    if isinstance(range_ratio, Mapping):
+        return float(range_ratio.get("output", 0.0))
+    return float(range_ratio or 0.0)
+
+
+def _ratio_flag(range_ratio: Any) -> str:
+    if isinstance(range_ratio, Mapping):
+        return json.dumps({"input": float(range_ratio["input"]), "output": float(range_ratio["output"])},
+                          separators=(",", ":"))
+    return str(float(range_ratio))
+
+
+def dataset_flags(spec: Mapping[str, Any]) -> list[str]:
+    """vLLM bench's dataset flags for one pass (or sweep step) of ``spec``; a file scenario's spec must
+    carry its staged copy (``prompts_staged``, :func:`with_staged`)."""
+    dataset = dataset_of(spec)
+    out = ["--dataset-name", dataset]
+    if dataset == "random":
+        out += ["--random-input-len", str(spec["input_len"]), "--random-output-len", str(spec["output_len"])]
+        if spec.get("range_ratio") is not None:
+            out += ["--random-range-ratio", _ratio_flag(spec["range_ratio"])]
+    elif dataset == PREFIX_DATASET:
+        prefix = int(spec["prefix_len"])
+        out += ["--prefix-repetition-prefix-len", str(prefix),
+                "--prefix-repetition-suffix-len", str(int(spec["input_len"]) - prefix),
+                "--prefix-repetition-num-prefixes", str(int(spec.get("num_prefixes", 1))),
+                "--prefix-repetition-output-len", str(spec["output_len"])]
+    else:
+        if not spec.get("prompts_staged"):
+            raise PromptFileError(f"the {dataset} prompt file {spec.get('prompts')} is not staged")
+        out += ["--dataset-path", str(spec["prompts_staged"]), f"--{dataset}-output-len", str(spec["output_len"]),
+                "--no-oversample"]
+        if dataset == "custom" and not spec.get("chat_template"):
+            out.append("--skip-chat-template")
+    return out
+
+
+def context(spec: Mapping[str, Any]) -> int | None:
+    """The longest context (prompt plus output tokens) one pass of ``spec`` reaches, or None where the
+    trial cannot know it before the prompts are tokenized (a prompt file)."""
+    dataset = dataset_of(spec)
+    if dataset in FILE_SUFFIX:
+        return None
+    if dataset == "random" and spec.get("range_ratio") is not None:
+        ratio = spec["range_ratio"]
+        in_ratio = float(ratio["input"]) if isinstance(ratio, Mapping) else float(ratio)
+        return (math.ceil(int(spec["input_len"]) * (1 + in_ratio))
+                + math.ceil(int(spec["output_len"]) * (1 + output_ratio(ratio))))
+    return int(spec["input_len"]) + int(spec["output_len"])
+
+
+# --------------------------------------------------------------------------- staging
+
+
+def file_scenarios(scenarios: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """The scenarios that read a prompt file, by name."""
+    return {name: spec for name, spec in scenarios.items() if dataset_of(spec) in FILE_SUFFIX}
+
+
+def stage_prompts(scenarios: Mapping[str, Mapping[str, Any]], folder: Path) -> PromptsRecord:
+    """Copy each file scenario's prompt file into ``folder`` as ``<scenario>.jsonl`` (or ``.json``), read
+    once: the bytes copied are the bytes checked and hashed."""
+    staged: dict[str, StagedPrompts] = {}
+    for name, spec in file_scenarios(scenarios).items():
+        dataset, source = dataset_of(spec), prompt_path(spec["prompts"])
+        data = source.read_bytes()
+        count = read_count(data, dataset, str(source))
+        target = Path(folder) / f"{name}{FILE_SUFFIX[dataset]}"
+        atomic_write_bytes(target, data)
+        staged[name] = StagedPrompts(dataset=dataset, source=str(spec["prompts"]), staged=str(target),
+                                     sha256=hashlib.sha256(data).hexdigest(), bytes=len(data), prompts=count)
+    return PromptsRecord(staged_at=time.time(), scenarios=staged)
+
+
+def with_staged(scenarios: Mapping[str, Mapping[str, Any]],
+                record: PromptsRecord | None = None) -> dict[str, dict[str, Any]]:
+    """The scenarios as a configuration's job runs them: each file scenario with its staged copy's path,
+    sha256 and prompt count, once the copy is checked to hold the bytes its record hashed."""
+    out = {name: dict(spec) for name, spec in scenarios.items()}
+    for name in file_scenarios(scenarios):
+        staged = record.scenarios.get(name) if record is not None else None
+        if staged is None:
+            raise PromptFileError(f"scenario {name}: its prompt file is not staged (the stage_prompts rule)")
+        try:
+            now = sha256_file(staged.staged)
+        except OSError as exc:
+            raise PromptFileError(f"{staged.staged}: the staged prompts of scenario {name} cannot be read "
+                                  f"({exc.strerror or exc}); stage them again: snakemake --forcerun stage_prompts") from None
+        if now != staged.sha256:
+            raise PromptFileError(f"{staged.staged}: the staged prompts of scenario {name} changed since they were "
+                                  f"staged (sha256 {now}, recorded {staged.sha256}); stage them again: "
+                                  "snakemake --forcerun stage_prompts")
+        out[name].update(prompts_staged=staged.staged, prompts_sha256=staged.sha256, prompts_count=staged.prompts)
+    return out

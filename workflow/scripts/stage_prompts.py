@@ -1,0 +1,15 @@
+"""Stage the operator's prompt files into results/<trial>/prompts/ and write their record."""
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from llmtrial.core.joblog import open_job_log
+from llmtrial.core.records import write_record
+from llmtrial.serve.datasets import stage_prompts
+
+if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
+    from snakemake.iocontainers import snakemake
+
+open_job_log(snakemake.log[0])
+staged = stage_prompts(snakemake.params.scenarios, Path(snakemake.params.folder))
+write_record(snakemake.output.record, staged, schema="prompts")
