@@ -42,7 +42,7 @@ def run_trial(work: Path, name: str, change=None) -> Path:
     path = work / f"{name}.json"
     path.write_text(json.dumps(config))
     start = time.time()
-    proc = subprocess.run([SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(work), "--cores", "all",
+    proc = subprocess.run([SNAKEMAKE, "--snakefile", str(ROOT / "workflow" / "Snakefile"), "--directory", str(work), "--cores", "all",
                            "--configfile", str(path)], capture_output=True, text=True, check=False)
     print(f"{name}: snakemake exited {proc.returncode} after {time.time() - start:.0f} s", flush=True)
     if proc.returncode != 0:

@@ -68,7 +68,7 @@ def main() -> None:
     with two_hosts() as h:
         trial_file(h, work)
         started = time.monotonic()
-        run = subprocess.run(h.on_a([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(work),
+        run = subprocess.run(h.on_a([SNAKEMAKE, "--snakefile", str(REPO / "workflow" / "Snakefile"), "--directory", str(work),
                                      "--cores", "all"]), capture_output=True, text=True, check=False)
         print(f"trial: exit {run.returncode} in {time.monotonic() - started:.0f} s ({work})")
         if run.returncode:

@@ -24,6 +24,8 @@ from llmtrial.serve.server import ServerProcess
 from slurm_cluster import SlurmCluster, SlurmUnavailable, leftovers, slurm_cluster
 
 REPO = Path(__file__).resolve().parent.parent
+#: The workflow every test runs (``snakemake`` run from the repository finds it there itself).
+SNAKEFILE = REPO / "workflow" / "Snakefile"
 DATA = Path(__file__).resolve().parent / "data"
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, free_ports
+from conftest import SNAKEFILE, free_ports
 from hub_server import HubServer
 from llmtrial.core.ledger import Ledger
 from llmtrial.patch.patching import revert_patches, site_root, vllm_distribution
@@ -89,7 +89,7 @@ def hub_plugin(tmp_path_factory: pytest.TempPathFactory):
         commit = server.add_commit(REPO_ID, files)
         write_config(work, hub_plugin_config(work))
         before = tree_state(SITE)
-        argv = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(work), "--cores", "all"]
+        argv = [SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(work), "--cores", "all"]
         try:
             run = subprocess.run(read_only_site_packages(argv), capture_output=True, text=True, timeout=900, check=False)
         finally:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from conftest import REPO
+from conftest import REPO, SNAKEFILE
 from llmtrial.core.paths import TrialPaths
 
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -39,7 +39,7 @@ def snakemake(workdir: Path, *args: str, timeout: float = 120, configfile: Path 
               via: list[str] = ()) -> subprocess.CompletedProcess[str]:
     """Run snakemake on the trial in ``workdir``; ``via`` is an argv prefix (``ip netns exec A``
     runs it on host A of tests/hosts.py)."""
-    cmd = [*via, SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir)]
+    cmd = [*via, SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(workdir)]
     if configfile is not None:
         cmd += ["--configfile", str(configfile)]
     return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout, check=False)
@@ -94,7 +94,7 @@ def snakemake_report(zip_path: Path) -> dict:
 
 
 #: The rules every trial's rule graph shows.
-RULES = ["preflight", "plan", "stage_model", "quiet", "patch", "trial", "cleanup_trial", "report", "all"]
+RULES = ["preflight", "plan", "stage_model", "quiet", "patch", "trial", "cleanup_trial", "report", "export", "all"]
 
 
 def assert_snakemake_report_bundles(workdir: Path, zip_path: Path, trial: str, configurations: list[str]) -> dict:
@@ -119,5 +119,5 @@ def assert_snakemake_report_bundles(workdir: Path, zip_path: Path, trial: str, c
         assert bundled["results"][str(paths.config_record(c))]["labels"] == {"configuration": c, "record": "outcome"}
     assert sorted(categories["Telemetry"]["Other"]) == sorted(str(paths.telemetry(c)) for c in configurations)
     assert sorted(categories["Charts"]["Other"]) == [str(c.relative_to(workdir)) for c in charts]
-    assert bundled["rulegraph"] == RULES
+    assert bundled["rulegraph"] == RULES, bundled["rulegraph"]
     return bundled

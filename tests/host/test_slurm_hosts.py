@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, SNAKEFILE
 from llmtrial.config import load_config
 from llmtrial.host.nodes import Node, NodeError, configuration_nodes
 from llmtrial.host.slurm_hosts import expand_hostlist
@@ -84,7 +84,7 @@ def test_an_index_past_the_allocation_names_the_node_and_the_hosts(monkeypatch):
 
 
 def test_the_two_node_trial_dry_runs_as_one_group_on_two_hosts_under_the_slurm_profile(tmp_path: Path):
-    run = subprocess.run([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+    run = subprocess.run([SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(tmp_path),
                           "--profile", str(REPO / "profiles" / "slurm"), "--configfile", str(TRIAL), "-n"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]

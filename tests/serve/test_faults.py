@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import REPO, free_ports
+from conftest import SNAKEFILE, free_ports
 from llmtrial.core.ledger import Ledger
 from llmtrial.host.groups import group_members, port_open
 from llmtrial.patch.patching import revert_patches, verify_files
@@ -46,7 +46,7 @@ def small_trial(tmp_path):
 def start_workflow(trial) -> subprocess.Popen:
     """snakemake in the background, its output in <work>/snakemake.out for a failure's message."""
     out = open(trial["work"] / "snakemake.out", "w")  # noqa: SIM115 - the child writes it; closed with the test's tmp
-    proc = subprocess.Popen([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(trial["work"]),
+    proc = subprocess.Popen([SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(trial["work"]),
                              "--cores", "all"], stdout=out, stderr=subprocess.STDOUT)
     proc.output_path = trial["work"] / "snakemake.out"  # type: ignore[attr-defined]
     return proc

@@ -34,7 +34,7 @@ import time
 import pytest
 import yaml
 
-from conftest import REPO, free_base_port
+from conftest import REPO, SNAKEFILE, free_base_port
 from hosts import INTERFACE
 from llmtrial.host.groups import group_alive, group_members, port_open
 from llmtrial.host.nodes import Node
@@ -67,7 +67,7 @@ def trial_config(h, work) -> dict:
 
 def on_a(h, work, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     """snakemake run on host A (in its namespace)."""
-    cmd = h.on_a([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(work), *args])
+    cmd = h.on_a([SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(work), *args])
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -259,7 +259,7 @@ def test_kill_9_of_snakemake_then_cleanup_stops_bs_rank_from_the_ledger(two_host
     results, h, work = two_host_trial["results"], two_host_trial["hosts"], two_host_trial["work"]
     earlier = {e["run"] for e in ledger(results)}
     log = open(work / "kill9.out", "w")  # noqa: SIM115 - the child writes it
-    wf = subprocess.Popen(h.on_a([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(work),
+    wf = subprocess.Popen(h.on_a([SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(work),
                                   "--cores", "all", "--forcerun", "stage_model", "trial"]), stdout=log, stderr=subprocess.STDOUT,
                           start_new_session=True)
     try:

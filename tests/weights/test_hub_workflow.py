@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import DATA, REPO
+from conftest import DATA, SNAKEFILE
 from hub_server import HubServer, model_files
 from llmtrial.core.ledger import Ledger
 from llmtrial.host.disk import disk_headroom
@@ -74,7 +74,7 @@ def test_kill_9_mid_download_then_a_rerun_finishes_without_refetching(hub, tmp_p
     release = hub.hold(SHARD2)
     hub_trial(tmp_path)
     folder = tmp_path / "staging" / "demo" / "m"
-    cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "--cores", "2",
+    cmd = [SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(tmp_path), "--cores", "2",
            "--until", "stage_model"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, free_ports
+from conftest import SNAKEFILE, free_ports
 from llmtrial.core.hostlock import read_holder
 from llmtrial.core.ledger import Ledger
 from workflow_helpers import SNAKEMAKE, default_config, demo_service, snakemake, write_config
@@ -36,7 +36,7 @@ def trial_dir(tmp_path: Path, trial: str, services: dict, wait_s: float) -> Path
 
 def start(work: Path, target: str) -> subprocess.Popen:
     out = open(work / "snakemake.out", "w")  # noqa: SIM115 - the child writes it
-    return subprocess.Popen([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(work), "--cores", "1",
+    return subprocess.Popen([SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(work), "--cores", "1",
                              target], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from browser import PNG_MAGIC, chromium_available, visit
-from conftest import REPO
+from conftest import REPO, SNAKEFILE
 from llmtrial.borrow.cleanup import outstanding
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.records import load_record
@@ -97,7 +97,7 @@ def eager(work: Path) -> tuple[str, str]:
 def run_trial(work: Path, *args: str, watch=None) -> subprocess.CompletedProcess[str]:
     """`.venv/bin/snakemake --cores all` (README.md) in the trial's folder; ``watch(ledger_entries)``
     is polled while it runs."""
-    cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(work), "--cores", "all", *args]
+    cmd = [SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(work), "--cores", "all", *args]
     proc = subprocess.Popen(cmd, cwd=REPO, env=shell_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ledger = Ledger(work / "results" / "demo" / "ledger.jsonl")
     while watch is not None and proc.poll() is None and not watch(ledger.entries()):

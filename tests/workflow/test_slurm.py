@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO
+from conftest import REPO, SNAKEFILE
 from llmtrial.borrow.cleanup import outstanding
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.records import load_record
@@ -57,7 +57,7 @@ def trial_file(work: Path, name: str, **slurm) -> Path:
 
 
 def submit(work: Path, slurm: SlurmCluster, path: Path, *args: str) -> subprocess.Popen:
-    cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(work), "--profile", PROFILE,
+    cmd = [SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(work), "--profile", PROFILE,
            "--configfile", str(path), *QUICK, *args]
     return subprocess.Popen(cmd, cwd=REPO, env=slurm.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
@@ -177,7 +177,7 @@ def _run_both(work: Path, slurm: SlurmCluster, seen: Seen) -> None:
         time.sleep(0.5)
     time.sleep(3)  # KillWait is 5 s: SIGKILL reaches what ignored SIGTERM
     seen.b_cleanup = subprocess.run(
-        [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(work), "--profile", PROFILE,
+        [SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(work), "--profile", PROFILE,
          "--configfile", str(work / "demo-b.yaml"), *QUICK, "cleanup"],
         cwd=REPO, env=slurm.env(), capture_output=True, text=True, timeout=600)
 
@@ -244,7 +244,7 @@ def test_seed_003_asks_one_allocation_of_four_gpus_for_four_configurations_and_i
     """The 4-GPU trial of seed 003 (hardware.gpus: 4, four configurations) against this one-GPU node:
     one sbatch for its whole host group, asking what the trial file says; SLURM refuses it before
     anything on the node changed."""
-    run = subprocess.run([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+    run = subprocess.run([SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(tmp_path),
                           "--profile", PROFILE, "--configfile", str(REPO / "config" / "trials" / "seed003-qwen3-235b-4gpu.yaml"),
                           *QUICK, "--verbose"], cwd=REPO, env=slurm.env(), capture_output=True, text=True, timeout=300)
     assert run.returncode != 0

@@ -28,6 +28,7 @@ from llmtrial.core.records import REDACTED
 
 #: The checkout this library runs from (its Snakefile is what reruns the trial).
 REPO = Path(__file__).resolve().parents[3]
+SNAKEFILE = REPO / "workflow" / "Snakefile"
 TRIAL_FILE = "reproduce.json"
 
 
@@ -122,6 +123,6 @@ def reproduce(folder: str | Path, *, workdir: Path, name: str | None = None, any
     new.root.mkdir(parents=True, exist_ok=True)
     path = new.root / TRIAL_FILE
     path.write_text(json.dumps(trial_file(original, name), indent=2) + "\n", encoding="utf-8")
-    argv = [str(Path(sys.executable).parent / "snakemake"), "--snakefile", str(REPO / "Snakefile"),
+    argv = [str(Path(sys.executable).parent / "snakemake"), "--snakefile", str(SNAKEFILE),
             "--directory", str(workdir), "--cores", cores, "--configfile", str(path), *(snakemake_args or [])]
     return subprocess.run(argv, check=False).returncode, new.root, found
