@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
     from snakemake.iocontainers import snakemake
 
 open_job_log(snakemake.log.job)
-preflight = read_record(snakemake.input.preflight)
+kernel_log = load_record(snakemake.input.preflight, "preflight").kernel_log  # the baseline a crash is read against
 TrialJob(
     trial=snakemake.wildcards.trial,
     spec=snakemake.params.spec,
@@ -35,5 +35,5 @@ TrialJob(
     patches=snakemake.params.patches,
     nodes=spec_nodes(snakemake.params.spec),
     hardware=snakemake.params.hardware,
-    kernel_baseline=(preflight.get("kernel_log") or {}).get("lines", []),
+    kernel_baseline=kernel_log.lines if kernel_log is not None else [],
 ).run()
