@@ -28,6 +28,8 @@ sweeps and their datasets, telemetry, multi-node serving, and the trial job in i
   into one CSV with a node column.
 - :mod:`llmtrial.serve.onset`: Where a sweep starts to preempt: the planner's arithmetic against
   what /metrics showed.
+- :mod:`llmtrial.serve.passes`: The scenarios' passes on one running server: each scenario's warm-up, then
+  its passes until they agree (or a sweep's steps), each in its own telemetry window.
 - :mod:`llmtrial.serve.progress`: What a person watching a run sees of a configuration's job, on the
   terminal as well as in the job's log.
 - :mod:`llmtrial.serve.scenarios`: What a scenario asks for: fixed passes or a sweep's steps, how
@@ -45,4 +47,4 @@ Imports from: core, logs, host, plan, weights, patch, borrow. (tests/test_struct
 order.)
 """
 
-__all__ = ["answers_job", "bench", "comparison", "datasets", "energy", "measure", "multinode", "multinode_job", "nodetelemetry", "onset", "progress", "scenarios", "server", "telemetry", "trial", "vllm_bench"]
+__all__ = ["answers_job", "bench", "comparison", "datasets", "energy", "measure", "multinode", "multinode_job", "nodetelemetry", "onset", "passes", "progress", "scenarios", "server", "telemetry", "trial", "vllm_bench"]

@@ -1,15 +1,15 @@
 """The measurement phase of one configuration's job: start the server under the telemetry
 sampler, wait for it, time the cold first request, run every scenario's passes (warm-up,
-repeated passes, a sweep's steps) each in its own telemetry window, and stop the server.
+repeated passes, a sweep's steps: :mod:`llmtrial.serve.passes`) each in its own telemetry window,
+ask the task set, relaunch with prefix caching on for the scenarios that need it, and stop the server.
 
-A phase that ends the configuration is a :class:`Failure`, a result the record keeps; only
-faults of the workflow itself raise past :meth:`Measurement.serve`.
+A phase that ends the configuration is a :class:`~llmtrial.serve.passes.Failure`, a result the record
+keeps; only faults of the workflow itself raise past :meth:`Measurement.serve`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import signal
 import time
@@ -23,11 +23,11 @@ from llmtrial.core.configuration_model import ColdStart
 from llmtrial.core.configuration_model import Failure as FailureRecord
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.paths import JobPaths
-from llmtrial.core.records import fact, read_record
+from llmtrial.core.records import fact
 from llmtrial.core.scenario_model import Scenario
 from llmtrial.core.stats import DEFAULT_LEVEL
 from llmtrial.host.nodes import Node
-from llmtrial.host.sources import RAPL_SOURCE, HostSource, MetricsSource, job_sources
+from llmtrial.host.sources import HostSource, MetricsSource, job_sources
 from llmtrial.logs import startup_log
 from llmtrial.logs.lines import read_log
 from llmtrial.serve import bench
@@ -35,17 +35,13 @@ from llmtrial.serve.datasets import needs_prefix_caching
 from llmtrial.serve.multinode import MultiNodeServer
 from llmtrial.serve.nodetelemetry import NodeTelemetry, node_window_figures
 from llmtrial.serve.onset import onset, step_figures
-from llmtrial.serve.progress import StartupWatch, pass_line, ready_line, say, stopped_line
-from llmtrial.serve.scenarios import SWEEP_KEYS, Repetition, goodput, is_sweep, spread_of
-from llmtrial.serve.scenarios import steps as sweep_steps
+from llmtrial.serve.passes import Failure, Passes, Todo, Window
+from llmtrial.serve.progress import StartupWatch, ready_line, say
 from llmtrial.serve.server import ServerProcess, ServerStartError
-from llmtrial.serve.telemetry import Sampler, describe_sources, read_samples, window_edge, window_figures
+from llmtrial.serve.telemetry import Sampler, describe_sources, read_samples, window_figures
 
 log = logging.getLogger(__name__)
 
-#: The sources whose counters are sampled at each pass's edges too (when sampled at all): /metrics, the GPUs'
-#: energy (NVML) and the CPU packages' (RAPL).
-EDGE_SOURCES = ("metrics", "nvml", RAPL_SOURCE)
 #: Per-pass server counters (deltas of the /metrics series over the pass's window).
 SERVER_COUNTERS = {
     "preemptions": "preemptions_total",
@@ -55,8 +51,6 @@ SERVER_COUNTERS = {
     "prefix_cache_queries": "prefix_cache_queries_total",
     "prefix_cache_hits": "prefix_cache_hits_total",
 }
-#: A scenario to run: its position in the trial file (its seeds), its name and its spec.
-Todo = tuple[int, str, Mapping[str, Any]]
 
 
 @contextlib.contextmanager
@@ -71,19 +65,6 @@ def sigterm_as_exit():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-@dataclass
-class Failure(Exception):
-    """A phase that ended the configuration: a result, not a fault of the workflow."""
-
-    phase: str
-    reason: str
-    message: str
-    returncode: int | None = None
-
-    def as_record(self) -> FailureRecord:
-        return FailureRecord(phase=self.phase, reason=self.reason, message=self.message, returncode=self.returncode)
 
 
 @dataclass
@@ -183,7 +164,7 @@ class Measurement:
         startup: dict[str, Any] = {}
         cold: dict[str, Any] = {}
         scenarios: list[dict[str, Any]] = []
-        windows: list[tuple[dict[str, Any], float, float]] = []
+        windows: list[Window] = []
         failure: Failure | None = None
         answers: AnswerRun | None = None
         worker = bench.BenchWorker(log_path=self.paths.bench_dir / "worker.log")  # every pass of this job
@@ -194,7 +175,10 @@ class Measurement:
             try:
                 started, startup, cold = self._start(server, host_source)
                 cold.update(self.first_request())
-                run = functools.partial(self._scenarios, sampler=sampler, worker=worker, windows=windows, out=scenarios)
+                run = Passes(name=self.name, host=self.host, port=self.port, model_dir=self.model_dir,
+                             served_model_name=self.workload.served_model_name,
+                             bench_settings=self.workload.bench_settings, level=self.workload.level, paths=self.paths,
+                             sampler=sampler, worker=worker, windows=windows, out=scenarios).run
                 failure = run(server, first, caching=self.prefix_caching)
                 if self.workload.outputs and failure is None:
                     say("%s: asking the task set (%d task(s))", self.name, len(self.workload.tasks))
@@ -289,115 +273,7 @@ class Measurement:
                 "first_output_tokens": fact(first["chunks"], source, unit="tokens"),
                 "first_output_tok_s": fact(bench.output_rate(first["chunks"], first["total_s"]), source, unit="tok/s")}
 
-    def _scenarios(self, server: ServerProcess, todo: list[Todo], *, caching: bool, sampler: Sampler,
-                   worker: bench.BenchWorker, windows: list[tuple[dict[str, Any], float, float]],
-                   out: list[dict[str, Any]], relaunched: bool = False) -> Failure | None:
-        """The scenarios of ``todo``, in order, each appended to ``out`` (the record's scenarios) as it runs:
-        its warm-up pass when asked, then its passes (or a sweep's steps); returns the first failed pass, or
-        None. ``caching``: the server has prefix caching on. A server that dies ends the phase at once
-        (raised as :class:`Failure`)."""
-        failed: Failure | None = None
-        for s_index, name, scenario in todo:
-            entry: dict[str, Any] = {"name": name, "spec": dict(scenario), "kind": "sweep" if is_sweep(scenario) else "fixed",
-                                     "pass_results": [], "warmup": None, "prefix_caching": caching,
-                                     **({"relaunched": True} if relaunched else {})}
-            out.append(entry)
-            run = functools.partial(self._checked_pass, server, sampler, worker, windows, name, s_index)
-            if scenario.get("warmup"):
-                entry["warmup"] = run(scenario, 0, f"{name}-warmup")
-                say("%s (kept out of the figures)", pass_line(self.name, f"{name} warm-up", entry["warmup"]))
-            first = (self._sweep if entry["kind"] == "sweep" else self._repeat)(entry, run)
-            failed = failed or first
-        return failed
-
-    def _sweep(self, entry: dict[str, Any], run: Callable[..., dict[str, Any]]) -> Failure | None:
-        """A sweep's steps in order, each one pass with its own seed, into ``entry["steps"]``."""
-        failed: Failure | None = None
-        entry["steps"] = []
-        for step in sweep_steps(entry["spec"]):
-            one = run(step, step["step"], f"{entry['name']}-step{step['step']}")
-            one.update({k: step[k] for k in ("step", *SWEEP_KEYS)})
-            entry["steps"].append(one)
-            swept = ", ".join(f"{k} {step[k]}" for k in SWEEP_KEYS if isinstance(entry["spec"].get(k), list))
-            say("%s", pass_line(self.name, f"{entry['name']} step {step['step']} ({swept})", one))
-            failed = failed or _pass_failure(entry["name"], one)
-        return failed
-
-    def _repeat(self, entry: dict[str, Any], run: Callable[..., dict[str, Any]]) -> Failure | None:
-        """A scenario's passes until its repetition rule says stop; the record says why it stopped."""
-        rule = Repetition.of(entry["spec"], self.workload.level)
-        failed: Failure | None = None
-        stopped = None
-        while stopped is None:
-            p = len(entry["pass_results"]) + 1
-            one = run(entry["spec"], p, f"{entry['name']}-pass{p}")
-            entry["pass_results"].append(one)
-            failed = failed or _pass_failure(entry["name"], one)
-            ok = [q["summary"] for q in entry["pass_results"] if q["status"] == "ok"]
-            values = [s["output_throughput"] for s in ok if s["output_throughput"] is not None]
-            stopped = rule.verdict(values, p, one["status"] == "failed")
-            say("%s", pass_line(self.name, f"{entry['name']} pass {p}", one, spread_of(values), len(values)))
-        spread = spread_of(values)
-        entry["repetition"] = {"min": rule.min, "max": rule.max, "agreement": rule.agreement, "interval": rule.interval,
-                               "level": rule.level, "passes_run": len(entry["pass_results"]), "spread": spread,
-                               "interval_width": rule.interval_width(values), "stopped": stopped}
-        entry["agreement"] = {"output_throughput": spread, "median_ttft_ms": spread_of([s["median_ttft_ms"] for s in ok])}
-        say("%s", stopped_line(self.name, entry["name"], entry["repetition"]))
-        return failed
-
-    def _checked_pass(self, server: ServerProcess, sampler: Sampler, worker: bench.BenchWorker,
-                      windows: list[tuple[dict[str, Any], float, float]], name: str, s_index: int,
-                      scenario: Mapping[str, Any], p: int, stem: str) -> dict[str, Any]:
-        """One pass (window kept for telemetry); a server that died during it ends the phase."""
-        one = self._pass(scenario, bench.pass_seed(int(self.workload.bench_settings["seed"]), s_index, p), stem, sampler, worker)
-        one["pass"] = p
-        windows.append((one, one["window"]["start"], one["window"]["end"]))
-        if not server.alive():
-            raise Failure("benchmark", "exited", f"{server.down_reason()} during scenario {name} ({stem})",
-                          server.exit_code())
-        return one
-
-    def _pass(self, scenario: Mapping[str, Any], seed: int, stem: str, sampler: Sampler,
-              worker: bench.BenchWorker) -> dict[str, Any]:
-        """One benchmark pass inside its telemetry window: its record entry."""
-        percentiles = list(self.workload.bench_settings["percentiles"])
-        bench_dir = self.paths.bench_dir
-        argv = bench.bench_argv(host=self.host, port=self.port, served_model_name=self.workload.served_model_name,
-                                tokenizer=self.model_dir, scenario=scenario, seed=seed, result_dir=str(bench_dir),
-                                result_filename=f"{stem}.json", percentiles=percentiles)
-        log.info("%s: %s (seed %d)", self.name, stem, seed)
-        # the window opens before its first sample of each counter (/metrics, the GPUs' and the CPU packages'
-        # energy) and closes after its last, so a counter's change over the window is exactly the pass's own
-        edges = [name for name in EDGE_SOURCES if name in sampler.names]
-        w_start = window_edge(time.time())
-        sampler.mark(f"{stem}:start")  # the CSV names its own windows
-        for name in edges:
-            sampler.sample_now(name)
-        run = worker.run(argv, log_path=bench_dir / f"{stem}.log", timeout=float(scenario["timeout_s"]))
-        for name in edges:
-            sampler.sample_now(name)
-        sampler.mark(f"{stem}:end")
-        w_end = window_edge(time.time(), end=True)
-        result_file = bench_dir / f"{stem}.json"
-        one: dict[str, Any] = {
-            "seed": seed, "start": run["start"], "end": run["end"],
-            "argv": argv, "log": self.paths.rel(bench_dir / f"{stem}.log"),
-            "returncode": run["returncode"], "timed_out": run["timed_out"],
-        }
-        if run["returncode"] == 0 and result_file.exists():
-            one["status"] = "ok"
-            one["result_file"] = self.paths.rel(result_file)
-            result = read_record(result_file)
-            one["summary"] = bench.summarize_result(result, percentiles)
-            if scenario.get("slo"):
-                one["summary"]["goodput"] = goodput(result, scenario["slo"])
-            one["stall"] = bench.stall_flag(one["summary"].get("mean_ttft_ms"), one["summary"].get("median_ttft_ms"))
-        else:
-            one["status"] = "failed"
-        one["window"] = {"start": w_start, "end": w_end}
-        return one
-
-    def _telemetry(self, server: ServerProcess, windows: list[tuple[dict[str, Any], float, float]]) -> dict[str, Any]:
+    def _telemetry(self, server: ServerProcess, windows: list[Window]) -> dict[str, Any]:
         """The start-up window's figures; each pass gets its own window's figures and server counters."""
         if not self.paths.telemetry.exists():
             return {}
@@ -413,9 +289,3 @@ class Measurement:
             one["server_metrics"] = {name: deltas[f"metrics.{counter}"] for name, counter in SERVER_COUNTERS.items()
                                      if f"metrics.{counter}" in deltas}
         return out
-
-def _pass_failure(name: str, one: Mapping[str, Any]) -> Failure | None:
-    if one["status"] != "failed":
-        return None
-    return Failure("benchmark", "pass_failed", f"benchmark pass {name}/{one['pass']} failed "
-                   f"(exit {one['returncode']}{', timed out' if one['timed_out'] else ''})")

@@ -35,8 +35,9 @@ from llmtrial.logs.lines import read_log
 from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve import comparison
 from llmtrial.serve.answers_job import FLAGS_OFF_LOG, answers_part, flags_off_env, flags_off_run, patch_flags, wants_flags_off
-from llmtrial.serve.measure import Failure, Measurement, Served, Workload
+from llmtrial.serve.measure import Measurement, Served, Workload
 from llmtrial.serve.multinode_job import Spread, node_outcomes
+from llmtrial.serve.passes import Failure
 from llmtrial.serve.progress import outcome_line, say
 from llmtrial.serve.server import DEFAULT_ARGS, ServerProcess, build_server_argv
 from llmtrial.serve.telemetry import CSV_HEADER

@@ -1,0 +1,179 @@
+"""The scenarios' passes on one running server: each scenario's warm-up, then its repeated passes until
+they agree (or a sweep's steps), each benchmark pass in its own telemetry window, appended to the record's
+scenarios as it runs. A phase that ends the configuration is a :class:`Failure`, a result the record keeps.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from llmtrial.core.configuration_model import Failure as FailureRecord
+from llmtrial.core.paths import JobPaths
+from llmtrial.core.records import read_record
+from llmtrial.host.sources import RAPL_SOURCE
+from llmtrial.serve import bench
+from llmtrial.serve.progress import pass_line, say, stopped_line
+from llmtrial.serve.scenarios import SWEEP_KEYS, Repetition, goodput, is_sweep, spread_of
+from llmtrial.serve.scenarios import steps as sweep_steps
+from llmtrial.serve.server import ServerProcess
+from llmtrial.serve.telemetry import Sampler, window_edge
+
+log = logging.getLogger(__name__)
+
+#: The sources whose counters are sampled at each pass's edges too (when sampled at all): /metrics, the GPUs'
+#: energy (NVML) and the CPU packages' (RAPL).
+EDGE_SOURCES = ("metrics", "nvml", RAPL_SOURCE)
+#: A scenario to run: its position in the trial file (its seeds), its name and its spec.
+Todo = tuple[int, str, Mapping[str, Any]]
+#: A pass's record entry with its telemetry window's start and end.
+Window = tuple[dict[str, Any], float, float]
+
+
+@dataclass
+class Failure(Exception):
+    """A phase that ended the configuration: a result, not a fault of the workflow."""
+
+    phase: str
+    reason: str
+    message: str
+    returncode: int | None = None
+
+    def as_record(self) -> FailureRecord:
+        return FailureRecord(phase=self.phase, reason=self.reason, message=self.message, returncode=self.returncode)
+
+
+@dataclass
+class Passes:
+    """What every pass of one configuration's job shares: where the server listens, the model's tokenizer, the
+    benchmark's settings and worker, the telemetry sampler, and the lists the passes are kept in (``windows``
+    for their telemetry, ``out`` the record's scenarios), across the job's servers."""
+
+    name: str
+    host: str
+    port: int
+    model_dir: str
+    served_model_name: str
+    bench_settings: Mapping[str, Any]
+    #: The confidence level of the passes' interval rule (``statistics.level``).
+    level: float
+    paths: JobPaths
+    sampler: Sampler
+    worker: bench.BenchWorker
+    windows: list[Window]
+    out: list[dict[str, Any]]
+
+    def run(self, server: ServerProcess, todo: list[Todo], *, caching: bool, relaunched: bool = False) -> Failure | None:
+        """The scenarios of ``todo`` on ``server``, in order, each appended to ``out`` as it runs: its warm-up
+        pass when asked, then its passes (or a sweep's steps); returns the first failed pass, or None.
+        ``caching``: the server has prefix caching on. A server that dies ends the phase at once (raised as
+        :class:`Failure`)."""
+        failed: Failure | None = None
+        for s_index, name, scenario in todo:
+            entry: dict[str, Any] = {"name": name, "spec": dict(scenario), "kind": "sweep" if is_sweep(scenario) else "fixed",
+                                     "pass_results": [], "warmup": None, "prefix_caching": caching,
+                                     **({"relaunched": True} if relaunched else {})}
+            self.out.append(entry)
+            run = functools.partial(self._checked_pass, server, name, s_index)
+            if scenario.get("warmup"):
+                entry["warmup"] = run(scenario, 0, f"{name}-warmup")
+                say("%s (kept out of the figures)", pass_line(self.name, f"{name} warm-up", entry["warmup"]))
+            first = (self._sweep if entry["kind"] == "sweep" else self._repeat)(entry, run)
+            failed = failed or first
+        return failed
+
+    def _sweep(self, entry: dict[str, Any], run: Callable[..., dict[str, Any]]) -> Failure | None:
+        """A sweep's steps in order, each one pass with its own seed, into ``entry["steps"]``."""
+        failed: Failure | None = None
+        entry["steps"] = []
+        for step in sweep_steps(entry["spec"]):
+            one = run(step, step["step"], f"{entry['name']}-step{step['step']}")
+            one.update({k: step[k] for k in ("step", *SWEEP_KEYS)})
+            entry["steps"].append(one)
+            swept = ", ".join(f"{k} {step[k]}" for k in SWEEP_KEYS if isinstance(entry["spec"].get(k), list))
+            say("%s", pass_line(self.name, f"{entry['name']} step {step['step']} ({swept})", one))
+            failed = failed or _pass_failure(entry["name"], one)
+        return failed
+
+    def _repeat(self, entry: dict[str, Any], run: Callable[..., dict[str, Any]]) -> Failure | None:
+        """A scenario's passes until its repetition rule says stop; the record says why it stopped."""
+        rule = Repetition.of(entry["spec"], self.level)
+        failed: Failure | None = None
+        stopped = None
+        while stopped is None:
+            p = len(entry["pass_results"]) + 1
+            one = run(entry["spec"], p, f"{entry['name']}-pass{p}")
+            entry["pass_results"].append(one)
+            failed = failed or _pass_failure(entry["name"], one)
+            ok = [q["summary"] for q in entry["pass_results"] if q["status"] == "ok"]
+            values = [s["output_throughput"] for s in ok if s["output_throughput"] is not None]
+            stopped = rule.verdict(values, p, one["status"] == "failed")
+            say("%s", pass_line(self.name, f"{entry['name']} pass {p}", one, spread_of(values), len(values)))
+        spread = spread_of(values)
+        entry["repetition"] = {"min": rule.min, "max": rule.max, "agreement": rule.agreement, "interval": rule.interval,
+                               "level": rule.level, "passes_run": len(entry["pass_results"]), "spread": spread,
+                               "interval_width": rule.interval_width(values), "stopped": stopped}
+        entry["agreement"] = {"output_throughput": spread, "median_ttft_ms": spread_of([s["median_ttft_ms"] for s in ok])}
+        say("%s", stopped_line(self.name, entry["name"], entry["repetition"]))
+        return failed
+
+    def _checked_pass(self, server: ServerProcess, name: str, s_index: int, scenario: Mapping[str, Any], p: int,
+                      stem: str) -> dict[str, Any]:
+        """One pass (window kept for telemetry); a server that died during it ends the phase."""
+        one = self._pass(scenario, bench.pass_seed(int(self.bench_settings["seed"]), s_index, p), stem)
+        one["pass"] = p
+        self.windows.append((one, one["window"]["start"], one["window"]["end"]))
+        if not server.alive():
+            raise Failure("benchmark", "exited", f"{server.down_reason()} during scenario {name} ({stem})",
+                          server.exit_code())
+        return one
+
+    def _pass(self, scenario: Mapping[str, Any], seed: int, stem: str) -> dict[str, Any]:
+        """One benchmark pass inside its telemetry window: its record entry."""
+        percentiles = list(self.bench_settings["percentiles"])
+        bench_dir = self.paths.bench_dir
+        argv = bench.bench_argv(host=self.host, port=self.port, served_model_name=self.served_model_name,
+                                tokenizer=self.model_dir, scenario=scenario, seed=seed, result_dir=str(bench_dir),
+                                result_filename=f"{stem}.json", percentiles=percentiles)
+        log.info("%s: %s (seed %d)", self.name, stem, seed)
+        # the window opens before its first sample of each counter (/metrics, the GPUs' and the CPU packages'
+        # energy) and closes after its last, so a counter's change over the window is exactly the pass's own
+        edges = [name for name in EDGE_SOURCES if name in self.sampler.names]
+        w_start = window_edge(time.time())
+        self.sampler.mark(f"{stem}:start")  # the CSV names its own windows
+        for name in edges:
+            self.sampler.sample_now(name)
+        run = self.worker.run(argv, log_path=bench_dir / f"{stem}.log", timeout=float(scenario["timeout_s"]))
+        for name in edges:
+            self.sampler.sample_now(name)
+        self.sampler.mark(f"{stem}:end")
+        w_end = window_edge(time.time(), end=True)
+        result_file = bench_dir / f"{stem}.json"
+        one: dict[str, Any] = {
+            "seed": seed, "start": run["start"], "end": run["end"],
+            "argv": argv, "log": self.paths.rel(bench_dir / f"{stem}.log"),
+            "returncode": run["returncode"], "timed_out": run["timed_out"],
+        }
+        if run["returncode"] == 0 and result_file.exists():
+            one["status"] = "ok"
+            one["result_file"] = self.paths.rel(result_file)
+            result = read_record(result_file)
+            one["summary"] = bench.summarize_result(result, percentiles)
+            if scenario.get("slo"):
+                one["summary"]["goodput"] = goodput(result, scenario["slo"])
+            one["stall"] = bench.stall_flag(one["summary"].get("mean_ttft_ms"), one["summary"].get("median_ttft_ms"))
+        else:
+            one["status"] = "failed"
+        one["window"] = {"start": w_start, "end": w_end}
+        return one
+
+
+def _pass_failure(name: str, one: Mapping[str, Any]) -> Failure | None:
+    if one["status"] != "failed":
+        return None
+    return Failure("benchmark", "pass_failed", f"benchmark pass {name}/{one['pass']} failed "
+                   f"(exit {one['returncode']}{', timed out' if one['timed_out'] else ''})")
