@@ -28,7 +28,7 @@ from llmtrial.compare.trials import TrialResults
 from llmtrial.core.comparison_model import Difference
 from llmtrial.report.conclusions import fixed_scenarios
 from llmtrial.serve.datasets import DEFAULTS as DATASET_DEFAULTS
-from llmtrial.serve.datasets import output_ratio
+from llmtrial.serve.datasets import length_ratio
 
 #: The scenario keys that define the work a pass asks for.
 WORKLOAD_KEYS = ("concurrency", "num_prompts", "input_len", "output_len", "request_rate", "slo", "warmup",
@@ -91,7 +91,7 @@ def served_differences(trial: TrialResults, side: str) -> list[Difference]:
     for name, rec in trial.configurations.items():
         for sc in fixed_scenarios(rec):
             length = sc.spec.output_len
-            if output_ratio(sc.spec.range_ratio):
+            if length_ratio(sc.spec.range_ratio):
                 continue
             for p in sc.pass_results:
                 s = p.summary

@@ -60,12 +60,6 @@ def needs_prefix_caching(spec: Mapping[str, Any]) -> bool:
     return dataset_of(spec) == PREFIX_DATASET
 
 
-def prompt_path(name: str | Path) -> Path:
-    """The operator's prompt file: as given when absolute, else relative to the working directory
-    (the folder snakemake runs in), as the trial's other paths are."""
-    return Path(name)
-
-
 # --------------------------------------------------------------------------- reading a prompt file
 
 
@@ -224,7 +218,7 @@ def _check_file(key: str, spec: Mapping[str, Any], dataset: str) -> list[str]:
     if isinstance(spec.get("input_len"), list):
         errors.append(f"{key}.input_len: a sweep cannot vary it: the prompts of a {dataset} file have their own lengths")
     try:
-        count = count_prompts(prompt_path(spec["prompts"]), dataset)
+        count = count_prompts(spec["prompts"], dataset)  # relative: to the working directory, as every trial path
     except PromptFileError as exc:
         return [*errors, f"{key}.prompts: {exc}"]
     most = max(int(n) for n in _values(spec, "num_prompts"))
@@ -256,10 +250,11 @@ def check_prefix_nodes(config: Mapping[str, Any]) -> list[tuple[str, str]]:
 # --------------------------------------------------------------------------- the benchmark's flags
 
 
-def output_ratio(range_ratio: Any) -> float:
-    """The output length's range ratio of a ``range_ratio`` value (0 when unset)."""
+def length_ratio(range_ratio: Any, part: str = "output") -> float:
+    """The range ratio of the output (or ``part``) length in a ``range_ratio`` value: one ratio for both, or
+    ``{input, output}`` (0 when unset)."""
     if isinstance(range_ratio, Mapping):
-        return float(range_ratio.get("output", 0.0))
+        return float(range_ratio.get(part, 0.0))
     return float(range_ratio or 0.0)
 
 
@@ -303,9 +298,8 @@ def context(spec: Mapping[str, Any]) -> int | None:
         return None
     if dataset == "random" and spec.get("range_ratio") is not None:
         ratio = spec["range_ratio"]
-        in_ratio = float(ratio["input"]) if isinstance(ratio, Mapping) else float(ratio)
-        return (math.ceil(int(spec["input_len"]) * (1 + in_ratio))
-                + math.ceil(int(spec["output_len"]) * (1 + output_ratio(ratio))))
+        return (math.ceil(int(spec["input_len"]) * (1 + length_ratio(ratio, "input")))
+                + math.ceil(int(spec["output_len"]) * (1 + length_ratio(ratio))))
     return int(spec["input_len"]) + int(spec["output_len"])
 
 
@@ -322,7 +316,7 @@ def stage_prompts(scenarios: Mapping[str, Mapping[str, Any]], folder: Path) -> P
     once: the bytes copied are the bytes checked and hashed."""
     staged: dict[str, StagedPrompts] = {}
     for name, spec in file_scenarios(scenarios).items():
-        dataset, source = dataset_of(spec), prompt_path(spec["prompts"])
+        dataset, source = dataset_of(spec), Path(spec["prompts"])
         data = source.read_bytes()
         count = read_count(data, dataset, str(source))
         target = Path(folder) / f"{name}{FILE_SUFFIX[dataset]}"

@@ -218,9 +218,7 @@ class Measurement:
         log.info("%s: relaunching with prefix caching on for %s", self.name, ", ".join(name for _, name, _ in cached))
         try:
             try:
-                server.start()
-                host_source.pid = server.proc.pid if server.proc else None
-                server.wait_ready(self.startup_timeout_s)
+                self._launch(server, host_source)
             except ServerStartError as exc:
                 raise Failure("startup", exc.reason, f"the relaunch with prefix caching on ({server.log_path.name}): "
                               f"{exc}", exc.returncode) from None
@@ -249,9 +247,7 @@ class Measurement:
         source = self.paths.rel(self.paths.server_log)
         say("%s: launching vLLM on %s:%d (its log: %s)", self.name, self.host, self.port, server.log_path)
         try:
-            server.start()
-            host_source.pid = server.proc.pid if server.proc else None
-            ready_s = server.wait_ready(self.startup_timeout_s, progress=StartupWatch(self.name, server.log_path, source))
+            ready_s = self._launch(server, host_source, progress=StartupWatch(self.name, server.log_path, source))
         except ServerStartError as exc:
             say("%s: did not start (%s): %s", self.name, exc.reason, exc)
             raise Failure("startup", exc.reason, str(exc), exc.returncode) from None
@@ -259,6 +255,13 @@ class Measurement:
         say("%s", ready_line(self.name, ready_s, startup))
         return ({"launched_at": server.launched_at, "ready_at": server.ready_at}, startup,
                 {"ready_seconds": fact(round(ready_s, 3), "launch to first /health 200", unit="s")})
+
+    def _launch(self, server: ServerProcess, host_source: HostSource, progress: StartupWatch | None = None) -> float:
+        """Start ``server``, sample its process tree, and wait for its /health: seconds from launch to ready
+        (:class:`~llmtrial.serve.server.ServerStartError` when it does not start)."""
+        server.start()
+        host_source.pid = server.proc.pid if server.proc else None
+        return server.wait_ready(self.startup_timeout_s, progress=progress)
 
     def first_request(self) -> dict[str, Any]:
         cs = self.workload.cold_start
