@@ -132,6 +132,22 @@ def test_the_load_is_the_scenario_as_vllms_benchmark_ran_it(trial):
     assert load["native"]["args"]["--ignore-eos"] is None
 
 
+@pytest.mark.parametrize("ratio,flag,isl,osl", [
+    (0.25, "0.25", (48, 80), (24, 40)),
+    ({"input": 0.25, "output": 0.5}, '{"input":0.25,"output":0.5}', (48, 80), (16, 48)),
+])
+def test_a_range_ratio_makes_the_lengths_uniform_each_by_its_own_ratio(trial, ratio, flag, isl, osl):
+    data = raw("tp1")
+    [c1] = [s for s in data["scenarios"] if s["name"] == "c1"]
+    c1["spec"] |= {"range_ratio": ratio, "input_len": 64, "output_len": 32}
+    for p in [*c1["pass_results"], c1["warmup"]]:
+        p["argv"] = [*p["argv"], "--random-range-ratio", flag]
+    [w] = [w for w in workloads(ConfigurationRecord.model_validate(data)) if w.scenario.name == "c1"]
+    std = benchmark_report(trial, w).model_dump(mode="json", exclude_unset=True)["scenario"]["load"]["standardized"]
+    assert std["input_seq_len"] == {"distribution": "uniform", "value": 64, "min": isl[0], "max": isl[1]}
+    assert std["output_seq_len"] == {"distribution": "uniform", "value": 32, "min": osl[0], "max": osl[1]}
+
+
 def test_the_reports_of_one_trial_share_its_experiment_id_and_each_has_its_own(trial):
     runs = [report_of(trial, n, s)["run"] for n in ("tp1", "tp2") for s in ("c1", "c4")]
     assert len({r["eid"] for r in runs}) == 1 and len({r["uid"] for r in runs}) == 4

@@ -48,6 +48,7 @@ from llmtrial.core.scenario_model import Pass, Scenario, WindowStat
 from llmtrial.core.stats import percentile
 from llmtrial.export.br_results import BenchmarkReport, validate_report
 from llmtrial.export.br_schema import SCHEMA_VERSION
+from llmtrial.serve.datasets import length_ratio
 
 #: The Statistics percentile fields and the percentile each stands for.
 PERCENTILES = {"p0p1": 0.1, "p1": 1, "p5": 5, "p10": 10, "p25": 25, "p50": 50, "p75": 75, "p90": 90, "p95": 95,
@@ -202,12 +203,14 @@ def _lengths(w: Workload, bench: dict[str, str | None]) -> tuple[dict[str, Any],
     step = w.passes[0] if w.step is not None else None
     input_len = getattr(step, "input_len", None) or w.scenario.spec.input_len
     output_len = getattr(step, "output_len", None) or w.scenario.spec.output_len
-    ratio = float(bench.get("--random-range-ratio") or 0)
+    # the spec's ratio, as the argv was built from it (one ratio for both lengths, or {input, output})
+    ratios = w.scenario.spec.range_ratio if bench.get("--dataset-name") == "random" else None
+    in_ratio, ratio = length_ratio(ratios, "input"), length_ratio(ratios)
     if bench.get("--dataset-name") == "random" and isinstance(input_len, int):
         isl = {"distribution": "fixed", "value": input_len}
-        if ratio > 0:
-            isl = {"distribution": "uniform", "value": input_len, "min": math.floor(input_len * (1 - ratio)),
-                   "max": math.ceil(input_len * (1 + ratio))}
+        if in_ratio > 0:
+            isl = {"distribution": "uniform", "value": input_len, "min": math.floor(input_len * (1 - in_ratio)),
+                   "max": math.ceil(input_len * (1 + in_ratio))}
     else:  # prompts from a file: their lengths vary; the mean sent
         sent = [(p.summary.total_input_tokens, p.summary.completed) for p in w.measured]
         tokens, done = sum(t or 0 for t, _ in sent), sum(c or 0 for _, c in sent)
