@@ -95,6 +95,18 @@ def read_count(data: bytes, dataset: str, name: str) -> int:
     return count
 
 
+def _parsed(text: str, name: str, line: int | None, kind: type, shape: str) -> Any:
+    """``text`` parsed as JSON of ``kind``; PromptFileError naming file ``name`` and ``line`` (None: the whole
+    file, its line the parser's) when it is not JSON or not ``shape``."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PromptFileError(f"{name} line {line or exc.lineno}: not JSON ({exc.msg})") from None
+    if not isinstance(data, kind):
+        raise PromptFileError(f"{name} line {line or 1}: {shape}, not a {type(data).__name__}")
+    return data
+
+
 def _custom_count(text: str, name: str) -> int:
     """vLLM's custom format: one JSON object per line with a ``prompt`` string (blank lines skipped,
     as vLLM's reader skips them)."""
@@ -102,13 +114,7 @@ def _custom_count(text: str, name: str) -> int:
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise PromptFileError(f"{name} line {number}: not JSON ({exc.msg})") from None
-        if not isinstance(raw, dict):
-            raise PromptFileError(f'{name} line {number}: a line is a JSON object such as {{"prompt": "..."}}, '
-                                  f"not a {type(raw).__name__}")
+        raw = _parsed(line, name, number, dict, 'a line is a JSON object such as {"prompt": "..."}')
         if not isinstance(raw.get("prompt"), str) or not raw["prompt"].strip():
             raise PromptFileError(f"{name} line {number}: no 'prompt' string")
         count += 1
@@ -119,13 +125,7 @@ def _sharegpt_count(text: str, name: str) -> int:
     """vLLM's ShareGPT format: a JSON list of objects whose ``conversations`` hold at least two turns
     (the prompt, then the reply), each an object with a ``value`` string. vLLM skips an entry with
     fewer turns; it is refused here, since the operator meant it as a prompt."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PromptFileError(f"{name} line {exc.lineno}: not JSON ({exc.msg})") from None
-    if not isinstance(data, list):
-        raise PromptFileError(f"{name} line 1: a ShareGPT file is a JSON list of conversations, "
-                              f"not a {type(data).__name__}")
+    data = _parsed(text, name, None, list, "a ShareGPT file is a JSON list of conversations")
     for entry, line in zip(data, _element_lines(text), strict=True):
         turns = entry.get("conversations") if isinstance(entry, dict) else None
         if not isinstance(turns, list) or len(turns) < 2:
