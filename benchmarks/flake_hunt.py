@@ -1,0 +1,149 @@
+"""A flake hunt: run chosen test files N times, optionally with CPU cores kept busy, and count each test's passes.
+
+    python benchmarks/flake_hunt.py [--runs N] [--busy K] [--workers W] [--mark EXPR] [--out DIR] [FILE ...]
+
+With no FILE, the files are every test file that holds a test marked ``e2e`` or ``workflow`` (the
+real-vLLM trials and every test that runs snakemake), as pytest collects them. Each run is one pytest
+process over all the files (``-n W`` pytest-xdist workers as ``make test`` runs them, default 2), its
+outcomes read from the JUnit XML file pytest writes into DIR. With ``--busy K``, K plain CPU hogs
+(``while True: pass``, each its own process group) run for the whole hunt and are stopped at its end,
+also when it is interrupted or a run fails. Prints every test with its pass count (those that ever
+failed first, each with the runs it failed in and the first line of its failure) and exits 1 when any
+test failed once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+HOG = "while True: pass"
+
+
+@dataclass
+class Tally:
+    """One test's outcomes over the runs."""
+
+    outcomes: list[str] = field(default_factory=list)
+    failures: list[tuple[int, str]] = field(default_factory=list)
+
+    @property
+    def passed(self) -> int:
+        return self.outcomes.count("passed")
+
+
+@contextlib.contextmanager
+def busy_cores(count: int) -> Iterator[list[int]]:
+    """``count`` CPU hogs, each in its own session, killed by process group on the way out."""
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG], start_new_session=True) for _ in range(count)]
+    try:
+        yield [h.pid for h in hogs]
+    finally:
+        for hog in hogs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(hog.pid, signal.SIGKILL)
+            hog.wait()
+
+
+def marked_files(mark: str) -> list[str]:
+    """The test files that hold a test selected by ``mark``, as pytest collects them."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          "-m", mark, "tests"], cwd=REPO, capture_output=True, text=True, check=False)
+    files = {line.split("::", 1)[0] for line in out.stdout.splitlines() if "::" in line}
+    if not files:
+        raise SystemExit(f"flake_hunt: no test selected by -m {mark!r}:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
+    return sorted(files)
+
+
+def outcomes(junit: Path) -> dict[str, tuple[str, str]]:
+    """Each test's outcome in one JUnit XML file: passed, failed, error or skipped, and the failure's first line."""
+    found: dict[str, tuple[str, str]] = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        state, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            node = case.find(tag)
+            if node is not None:
+                state = "failed" if tag == "failure" else tag
+                message = (node.get("message") or node.text or "").strip().splitlines()[0][:200] if tag != "skipped" else ""
+                break
+        # a setup error and a call failure of one test come as two cases: keep the worse
+        if found.get(name, ("passed", ""))[0] == "passed" or state in ("failed", "error"):
+            found[name] = (state, message)
+    return found
+
+
+def run_once(index: int, files: list[str], args: argparse.Namespace) -> tuple[dict[str, tuple[str, str]], float, int]:
+    junit = args.out / f"run-{index}.xml"
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "junit_family=xunit1", "--durations=30",
+            f"--junitxml={junit}", "-n", str(args.workers), *files]
+    if args.mark:
+        argv += ["-m", args.mark]
+    started = time.monotonic()
+    with (args.out / f"run-{index}.log").open("w") as log:
+        rc = subprocess.run(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    took = time.monotonic() - started
+    if not junit.exists():
+        raise SystemExit(f"flake_hunt: run {index} wrote no {junit} (pytest exit {rc}); see {junit.with_suffix('.log')}")
+    return outcomes(junit), took, rc
+
+
+def report(tallies: dict[str, Tally], runs: int) -> list[str]:
+    flaky = sorted(t for t, tally in tallies.items() if tally.failures)
+    lines = [f"{len(tallies)} tests, {runs} runs: {len(flaky)} failed at least once"]
+    for test in flaky + sorted(t for t in tallies if t not in flaky):
+        tally = tallies[test]
+        skipped = tally.outcomes.count("skipped")
+        lines.append(f"{tally.passed}/{len(tally.outcomes)} passed" + (f" ({skipped} skipped)" if skipped else "") + f"  {test}")
+        lines.extend(f"    run {run}: {message}" for run, message in tally.failures)
+    return lines
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("files", nargs="*", help="test files (default: every file with an e2e or workflow test)")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--busy", type=int, default=1, help="CPU cores kept busy by a hog for the whole hunt (0: none)")
+    p.add_argument("--workers", type=int, default=2, help="pytest-xdist workers, as make test runs (0: one process)")
+    p.add_argument("--mark", default="", help="a -m expression passed to each run (default: every test in the files)")
+    p.add_argument("--out", type=Path, default=REPO / "flake-hunt", help="where each run's JUnit XML and log go")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    files = args.files or marked_files("e2e or workflow")
+    print(f"flake hunt: {len(files)} files, {args.runs} runs, {args.busy} core(s) busy, -n {args.workers}", flush=True)
+    tallies: dict[str, Tally] = {}
+    with busy_cores(args.busy):
+        for index in range(1, args.runs + 1):
+            found, took, rc = run_once(index, files, args)
+            for test, (state, message) in found.items():
+                tally = tallies.setdefault(test, Tally())
+                tally.outcomes.append(state)
+                if state in ("failed", "error"):
+                    tally.failures.append((index, message))
+            bad = sum(1 for state, _ in found.values() if state in ("failed", "error"))
+            print(f"run {index}: {len(found)} tests, {bad} failed, pytest exit {rc}, {took / 60:.1f} min", flush=True)
+    lines = report(tallies, args.runs)
+    print("\n".join(lines))
+    summary = {test: {"outcomes": t.outcomes, "failures": t.failures} for test, t in tallies.items()}
+    (args.out / "summary.json").write_text(json.dumps({"files": files, "runs": args.runs, "busy": args.busy,
+                                                       "tests": summary}, indent=1))
+    return 1 if any(t.failures for t in tallies.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
