@@ -10,7 +10,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,6 +21,7 @@ from llmtrial.core.hostlock import LOCK_ENV
 from llmtrial.core.records import as_written
 from llmtrial.host.groups import port_open
 from llmtrial.serve.server import ServerProcess
+from llmtrial.serve.telemetry import Sampler
 from slurm_cluster import SlurmCluster, SlurmUnavailable, leftovers, slurm_cluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -102,13 +103,23 @@ def fake_server(tmp_path: Path, port: int, delay: float = 0.5, stubborn: bool = 
     return ServerProcess(argv, host="127.0.0.1", port=port, log_path=tmp_path / "server.log", **kw)
 
 
+def wait_until(predicate: Callable[[], object], what: str, timeout: float = 60.0, poll: float = 0.05) -> object:
+    """``predicate()``'s first true value, polled until ``timeout`` seconds pass (a guard against
+    hanging, not a speed target: what it waits for normally takes a fraction of that)."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        time.sleep(poll)
+    return value
+
+
 def child_pid(log: Path) -> int:
-    for _ in range(50):
-        for line in log.read_text().splitlines():
-            if line.startswith("child "):
-                return int(line.split()[1])
-        time.sleep(0.1)
-    raise AssertionError("fake server did not report its child")
+    def reported() -> int | None:
+        lines = [line for line in log.read_text().splitlines() if line.startswith("child ")]
+        return int(lines[0].split()[1]) if lines else None
+
+    return wait_until(reported, "the fake server reports its child")
 
 
 class CompletionsDouble(http.server.BaseHTTPRequestHandler):
@@ -316,6 +327,22 @@ class NvmlPowerDouble(NvmlTelemetryDouble):
         self._check(h)
         watts = self.nvmlDeviceGetPowerUsage(h) / 1000.0
         return int(self.energy[h] + 1000.0 * self.counter_scale * watts * (time.time() - self.t0))
+
+
+def sampled_at(csv: Path, source, times: list[float]) -> Path:
+    """``source`` sampled through a :class:`Sampler` into ``csv`` at exactly ``times`` (Unix seconds, ms
+    apart or more): ``time.time`` stands at each in turn while ``sample_now`` takes it (and, one second
+    before the first, while the sampler's own first sample is taken), so what a double computes from the
+    clock agrees with the times the CSV records whatever the machine's speed."""
+    clock = [times[0] - 1.0]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(time, "time", lambda: clock[0])
+        with Sampler(csv, [source], interval=3600) as sampler:
+            wait_until(lambda: sampler.stats()[source.name]["samples"], "the sampler's first sample")
+            for t in times:
+                clock[0] = t
+                sampler.sample_now(source.name)
+    return csv
 
 
 @pytest.fixture(scope="session")

@@ -7,11 +7,13 @@ import json
 import multiprocessing
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from llmtrial.borrow.cleanup import run_cleanup
+from llmtrial.core import hostlock
 from llmtrial.core.hostlock import PID_ENV, RUN_LOCK_ENV, WAIT_ENV, HostBusy, acquire, holder_for, read_holder, release
 from llmtrial.core.ledger import Action, Ledger, replay
 
@@ -38,14 +40,35 @@ def test_the_first_taking_writes_its_entry_and_a_second_of_the_same_run_is_a_no_
     assert acquire(lock, me, wait_s=0, before=entries.append) is False and entries == [None]
 
 
-def test_another_trial_waits_saying_who_holds_the_host_then_refuses(tmp_path):
-    lock, said = tmp_path / "host.json", []
+class SleeperClock:
+    """hostlock's clock in a test: monotonic time moves only when the code under test sleeps, so the
+    wait's polls and its deadline come out the same whatever the machine's speed."""
+
+    def __init__(self) -> None:
+        self.now, self.slept = 1000.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def test_another_trial_waits_saying_who_holds_the_host_then_refuses(tmp_path, monkeypatch):
+    lock, said, clock = tmp_path / "host.json", [], SleeperClock()
     acquire(lock, claim(tmp_path, "a", "r1"), wait_s=0, before=lambda _: None)
+    monkeypatch.setattr(hostlock, "time", clock)
     with pytest.raises(HostBusy) as busy:
         acquire(lock, claim(tmp_path, "b", "r2"), wait_s=0.6, poll_s=0.1, before=lambda _: None, say=said.append)
     message = str(busy.value)
     assert "held by trial a" in message and "run r1" in message and "running" in message and "waited" in message
-    assert said and said[0].startswith("llmtrial: waiting for the host") and "trial a" in said[0]
+    assert clock.slept == pytest.approx([0.1] * 6)  # polled every 0.1 s until the 0.6 s were up
+    assert len(said) == 2 and said[0].startswith("llmtrial: waiting for the host") and "trial a" in said[0]
+    assert said[1] == f"llmtrial: refusing to change the host: {message}"
     assert read_holder(lock).trial == "a"  # still a's
 
 

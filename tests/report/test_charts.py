@@ -7,7 +7,7 @@ import re
 import time
 
 import synthetic
-from conftest import DATA, NvmlTelemetryDouble
+from conftest import DATA, NvmlTelemetryDouble, wait_until
 from llmtrial.core.records import read_record
 from llmtrial.host.sources import NvmlSource
 from llmtrial.report.charts import (
@@ -88,7 +88,7 @@ def test_a_gpu_timeline_draws_each_gpu_sampled_through_the_nvml_double(tmp_path)
     csv = tmp_path / "telemetry.csv"
     start = time.time()
     with Sampler(csv, [NvmlSource(NvmlTelemetryDouble())], interval=0.05) as sampler:
-        time.sleep(0.3)
+        wait_until(lambda: sampler.stats()["nvml"]["samples"] >= 2, "two samples of both GPUs")
         sampler.mark("c1-pass1:start")
         time.sleep(0.3)
         sampler.mark("c1-pass1:end")

@@ -11,14 +11,14 @@ import time
 
 import pytest
 
-from conftest import NvmlDouble, NvmlPowerDouble
+from conftest import NvmlDouble, NvmlPowerDouble, sampled_at
 from llmtrial.borrow.preflight import environment_record
 from llmtrial.core.records import load_record, read_record, write_record
 from llmtrial.host.sources import NvmlSource, RaplSource
 from llmtrial.provenance import collect
 from llmtrial.report.render import build_context, render_report
 from llmtrial.report.verdicts import NO_DIFFERENCE, UNSTABLE
-from llmtrial.serve.telemetry import Sampler, read_samples, window_figures
+from llmtrial.serve.telemetry import read_samples, window_figures
 from synthetic import DEMO, as_model, demo
 from workflow_helpers import default_config
 
@@ -93,15 +93,13 @@ def test_without_a_price_there_is_no_cost_figure_and_the_report_says_so(tmp_path
 def gpu_trial(tmp_path, scale: float):
     """The default trial's tp1 records with each pass's telemetry sampled from the NVML double (NVML is a
     test double here: no GPU on this machine), its counter running at ``scale`` x its power's energy."""
-    csv = tmp_path / "telemetry.csv"
-    with Sampler(csv, [NvmlSource(NvmlPowerDouble(counter_scale=scale))], interval=0.05):
-        time.sleep(1.2)
-    df = read_samples(csv)
     tp1 = read_record(DEMO / "tp1.json")
     passes = [p for sc in tp1["scenarios"] for p in sc["pass_results"]]
-    t0, span = float(df.t.min()), (float(df.t.max()) - float(df.t.min())) / len(passes)
-    for i, p in enumerate(passes):  # each pass a window of its own
-        p["telemetry"] = window_figures(df, t0 + i * span, t0 + (i + 1) * span)
+    base = float(int(time.time()) + 10)  # sampled 0.05 s apart at times the double's clock shares
+    times = [base + i * 0.05 for i in range(4 * len(passes) + 1)]
+    df = read_samples(sampled_at(tmp_path / "telemetry.csv", NvmlSource(NvmlPowerDouble(counter_scale=scale)), times))
+    for i, p in enumerate(passes):  # each pass a window of its own: 5 samples, 0.2 s
+        p["telemetry"] = window_figures(df, times[4 * i], times[4 * i + 4])
     preflight = as_model("preflight", {**read_record(DEMO / "preflight.json"), "environment": environment_record(nvml=NvmlDouble())})
     ctx = build_context(trial="demo", preflight=preflight, manifest=demo("manifest", "manifest"),
                         plans=[demo("plan-tp1", "plan")], configurations=[as_model("configuration", tp1)],
@@ -119,8 +117,8 @@ def test_energy_per_output_token_from_the_nvml_double_is_ranked_and_a_disagreein
             # two GPUs at 300 W, each counter running at `scale` x the energy that power delivers
             gpus = fig["energy_check"]["gpus"]
             for gpu in gpus.values():
-                assert gpu["counter_j"] == pytest.approx(scale * gpu["integral_j"], rel=0.02)
-                assert gpu["integral_j"] == pytest.approx(300.0 * gpu["power_samples"] * 0.05, rel=0.5)
+                assert gpu["power_samples"] == 5 and gpu["integral_j"] == pytest.approx(300.0 * 0.2)
+                assert gpu["counter_j"] == pytest.approx(scale * gpu["integral_j"], rel=1e-4)
             assert fig["energy_j"] == pytest.approx(sum(g["counter_j"] for g in gpus.values()))
         table = ranking(html, sc["name"])
         assert "energy per output token" in table and "J (GPUs), lower is better" in table

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import re
 import statistics
-import time
 
 import synthetic
 from browser import chromium_available, visit
-from conftest import DATA, NvmlDouble, NvmlTelemetryDouble
+from conftest import DATA, NvmlDouble, NvmlTelemetryDouble, wait_until
 from llmtrial.borrow.preflight import environment_record
 from llmtrial.core.fileio import atomic_write_text
 from llmtrial.core.records import read_record, write_record
@@ -337,8 +336,8 @@ def test_gpu_records_made_with_the_nvml_double_show_the_host_and_each_pass(tmp_p
     env = environment_record(nvml=NarrowLink())
     preflight = as_model("preflight", {**read_record(DEMO / "preflight.json"), "environment": env})
     csv = tmp_path / "telemetry.csv"
-    with Sampler(csv, [NvmlSource(NvmlTelemetryDouble())], interval=0.05):
-        time.sleep(0.4)
+    with Sampler(csv, [NvmlSource(NvmlTelemetryDouble())], interval=0.05) as sampler:
+        wait_until(lambda: sampler.stats()["nvml"]["samples"] >= 3, "three samples of both GPUs")
     df = read_samples(csv)
     tp1 = read_record(DEMO / "tp1.json")
     for sc in tp1["scenarios"]:

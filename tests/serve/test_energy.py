@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from conftest import NvmlPowerDouble
+from conftest import NvmlPowerDouble, sampled_at
 from llmtrial.core.scenario_model import WindowFigures
 from llmtrial.host.sources import NvmlSource
 from llmtrial.serve.energy import ENERGY_TOLERANCE, trapezoid_j
-from llmtrial.serve.telemetry import Sampler, read_samples, window_figures
+from llmtrial.serve.telemetry import read_samples, window_figures
 
 
 def samples(points: list[tuple[float, dict[str, float]]], source: str = "nvml") -> dict[str, list]:
@@ -73,17 +73,19 @@ def test_without_a_counter_the_integral_is_the_energy_named_an_estimate():
 
 @pytest.mark.parametrize("scale, flagged", [(1.05, False), (1.3, True)])
 def test_the_nvml_doubles_counter_is_checked_against_its_sampled_power(tmp_path, scale, flagged):
-    # NVML is a test double (no GPU here): 300 W on each of two GPUs, its counter running at `scale` x that
-    csv = tmp_path / "telemetry.csv"
-    with Sampler(csv, [NvmlSource(NvmlPowerDouble(counter_scale=scale))], interval=0.05):
-        time.sleep(0.5)
-    df = read_samples(csv)
-    fig = window_figures(df, float(df.t.min()), float(df.t.max()))
+    # NVML is a test double (no GPU here): 300 W on each of two GPUs, its counter running at `scale` x that;
+    # sampled through the sampler at times 0.05 s apart that the double's clock shares
+    base = float(int(time.time()) + 10)
+    times = [base + i * 0.05 for i in range(11)]
+    df = read_samples(sampled_at(tmp_path / "telemetry.csv", NvmlSource(NvmlPowerDouble(counter_scale=scale)), times))
+    fig = window_figures(df, times[0], times[-1])
     check = fig["energy_check"]
     assert sorted(check["gpus"]) == ["nvml.gpu0", "nvml.gpu1"] and check["disagrees"] is flagged
     for name, gpu in check["gpus"].items():
-        times = df[(df.source == "nvml") & (df.metric == f"{name.split('.')[1]}.power_w")].t
-        assert gpu["integral_j"] == pytest.approx(300.0 * (times.max() - times.min()))  # 300 W held throughout
-        assert gpu["difference"] == pytest.approx(1 / scale - 1, abs=0.01) and gpu["disagrees"] is flagged
+        power = df[(df.source == "nvml") & (df.metric == f"{name.split('.')[1]}.power_w") & (df.t >= times[0])].t
+        assert gpu["power_samples"] == len(power) == len(times)
+        assert gpu["integral_j"] == pytest.approx(300.0 * (power.max() - power.min()))  # 300 W held throughout
+        assert gpu["counter_j"] == pytest.approx(scale * gpu["integral_j"], rel=1e-4)
+        assert gpu["difference"] == pytest.approx(1 / scale - 1, abs=1e-3) and gpu["disagrees"] is flagged
     assert fig["energy_j"] == pytest.approx(sum(g["counter_j"] for g in check["gpus"].values()))
     WindowFigures.model_validate(fig)  # the record's part

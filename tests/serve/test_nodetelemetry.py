@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, wait_until
 from hosts import cleanup_on_a, entries, kill_planted
 from llmtrial.borrow.cleanup import outstanding
 from llmtrial.core.ledger import Action, Ledger
@@ -56,6 +56,12 @@ def started_groups(results: Path) -> dict[str, dict]:
     return {e["node"]: e for e in entries(results) if e["action"] == Action.GROUP_STARTED}
 
 
+def samples_on(node: Node, label: str = "tp2") -> int:
+    """How many rows the node's sampler has written so far (its file, read on the node while it runs)."""
+    done = node.run(["cat", remote_paths(node, label)[0]], timeout=30)
+    return len(parse_node_csv(done.stdout)) if done.returncode == 0 else 0
+
+
 def test_rows_are_typed_a_torn_line_is_skipped_and_windows_are_per_node(tmp_path):
     text = ",".join(CSV_HEADER) + "\n1.000,b,10.00,100,0.5,1000,50\n1.500,b,30.00,300,0.7,5000,90\n1.7,b\n2.0,b,4,1,1,1,12"
     rows = parse_node_csv(text)
@@ -80,11 +86,15 @@ def test_every_node_is_sampled_merged_and_sees_the_bytes_pushed_between_them(hos
     blob.write_bytes(os.urandom(4 * MB))
     ledger = Ledger(TrialPaths(tmp_path).ledger)
     with NodeTelemetry(ledger, [a, b], label="tp2", out_csv=tmp_path / "nodes.csv", interval=0.5) as tele:
-        time.sleep(1.2)
+        wait_until(lambda: min(samples_on(a), samples_on(b)) >= 2, "two samples on each node before the copy",
+                   poll=0.5)  # each look is an ssh session: few, so the bytes before the copy stay few
         before = time.time()
         b.copy_to(blob, str(hosts.staging_b / "blob.bin"))
         after = time.time()
-        time.sleep(1.2)
+        # of two rows more than a node had after the copy, the second was taken after that reading
+        later = {node.name: samples_on(node) + 2 for node in (a, b)}
+        wait_until(lambda: all(samples_on(node) >= later[node.name] for node in (a, b)), "samples after the copy",
+                   poll=0.5)
     summary = tele.summary
     rows = read_node_samples(tmp_path / "nodes.csv")
     assert (tmp_path / "nodes.csv").read_text().splitlines()[0] == ",".join(CSV_HEADER)
@@ -115,7 +125,7 @@ def test_a_node_whose_sampler_cannot_start_is_listed_with_its_error(hosts, tmp_p
     a, unreachable = hosts.node_a(), hosts.node_b(identity_file=str(hosts.wrong_key))
     with NodeTelemetry(Ledger(TrialPaths(tmp_path).ledger), [a, unreachable], label="tp2",
                        out_csv=tmp_path / "nodes.csv", interval=0.5) as tele:
-        time.sleep(1.2)
+        wait_until(lambda: samples_on(a), "a sample on node a", poll=0.5)
     b = tele.summary["nodes"]["b"]
     assert b["samples"] == 0 and b["error"].startswith("node b: sampler did not start") and "ssh" in b["error"]
     assert tele.summary["nodes"]["a"]["samples"] >= 1 and "error" not in tele.summary["nodes"]["a"]
@@ -128,7 +138,7 @@ def test_an_exception_inside_still_stops_and_merges(tmp_path):
                          interval=0.3)
     try:
         with tele:
-            time.sleep(0.8)
+            wait_until(lambda: samples_on(node, "x"), "a sample on the node")
             raise RuntimeError("the server died")
     except RuntimeError:
         pass

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import DATA, NVMLError, NvmlTelemetryDouble, loopback
+from conftest import DATA, NVMLError, NvmlTelemetryDouble, loopback, wait_until
 from llmtrial.host.sources import POWERCAP, KernelLogSource, MetricsSource, NvmlSource, RaplSource, job_sources
 from llmtrial.serve.telemetry import Sampler, read_samples, window_figures
 
@@ -32,9 +32,13 @@ class TestNvml:
         nvml = NvmlTelemetryDouble()
         src = NvmlSource(nvml)
         with Sampler(tmp_path / "t.csv", [src], interval=0.05) as sampler:
-            time.sleep(0.2)
+            wait_until(lambda: sampler.stats()["nvml"]["samples"] >= 2, "two samples of both GPUs")
             nvml.lose_gpu1 = True
-            time.sleep(0.3)
+            wait_until(lambda: src.lost, "GPU 1 marked lost")
+            # the sample that found the loss may still be in flight; the two after the next one are later
+            # than it by a slot or more
+            later = sampler.stats()["nvml"]["samples"] + 4
+            wait_until(lambda: sampler.stats()["nvml"]["samples"] >= later, "samples after the loss")
         df = read_samples(tmp_path / "t.csv")
         lost = df[df.metric == "gpu1.lost"]
         assert len(lost) == 1 and src.lost == [1]
@@ -119,7 +123,7 @@ class TestKernelLog:
 def test_sample_now_takes_an_immediate_sample_between_scheduled_ones(tmp_path, metrics_server):
     src = MetricsSource("127.0.0.1", metrics_server)
     with Sampler(tmp_path / "t.csv", [src], interval=10.0) as sampler:
-        time.sleep(0.2)
+        wait_until(lambda: sampler.stats()["metrics"]["samples"], "the scheduled first sample")
         t0 = time.time()
         sampler.sample_now("metrics")
     df = read_samples(tmp_path / "t.csv")
@@ -131,12 +135,14 @@ def test_sample_now_takes_an_immediate_sample_between_scheduled_ones(tmp_path, m
 def test_a_retired_source_is_not_sampled_again(tmp_path, metrics_server):
     src = MetricsSource("127.0.0.1", metrics_server)
     with Sampler(tmp_path / "t.csv", [src], interval=0.05) as sampler:
-        time.sleep(0.2)
+        wait_until(lambda: sampler.stats()["metrics"]["samples"] >= 2, "two samples before retiring")
         sampler.retire("metrics")
         retired_at = time.time()
-        time.sleep(0.3)
+        # at its next slot the source's thread finds it retired and ends, the sampler still open
+        wait_until(lambda: not any(t.is_alive() for t in sampler.threads), "the retired source's thread ending")
+        taken = sampler.stats()["metrics"]["samples"]
     df = read_samples(tmp_path / "t.csv")
-    assert len(df) > 0 and (df.t <= retired_at).all()
+    assert taken >= 2 and len(df) > 0 and (df.t <= retired_at).all()
 
 
 def powercap_double(root, packages: dict[str, int], span: int = 262_143_328_850):
