@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -39,6 +39,14 @@ def _result(rank: int, **kw) -> dict:
             "torch": "2.13.0+cpu", "ok": True, "phase": "done", "init_s": 0.5, "times_s": [0.1] * 5,
             "median_s": 0.1, "error": None, "diagnosis": None}
     return {**base, **kw}
+
+
+def within_timeout(rank: dict, timeout: float) -> bool:
+    """Whether a rank failed at the init phase by a timeout of its own, as its record says: torch's
+    store timeout, set below ``timeout``, or the rank's own deadline of ``timeout`` (a slow torch import)."""
+    store = re.search(r"Timed out after (\d+) seconds waiting for clients", rank["error"] or "")
+    fired = int(store[1]) < timeout if store else (rank["error"] or "").startswith(f"deadline of {timeout:g} s reached")
+    return rank["phase"] == "init" and fired
 
 
 # ------------------------------------------------------------------ summarize: pure data
@@ -84,15 +92,15 @@ def test_summarize_names_ranks_that_never_reported():
 # ------------------------------------------------------------------ one rank, in process
 
 
-def test_rank_with_a_missing_interface_fails_before_importing_torch(tmp_path):
+def test_rank_with_a_missing_interface_fails_before_importing_torch(tmp_path, monkeypatch):
     out = tmp_path / "r.json"
-    t0 = time.monotonic()
+    for name in ("torch", "torch.distributed"):  # an import of torch now raises: the rank must not get there
+        monkeypatch.setitem(sys.modules, name, None)
     rc = main(["--rank", "0", "--world-size", "2", "--master-addr", "127.0.0.1", "--master-port", "29999",
                "--interface", "nosuch0", "--timeout-s", "30", "--out", str(out)])
     assert rc == 1
-    assert time.monotonic() - t0 < 2
     r = json.loads(out.read_text())
-    assert r["ok"] is False and r["phase"] == "init"
+    assert r["ok"] is False and r["phase"] == "init" and r["torch"] is None
     assert r["error"] == "GLOO_SOCKET_IFNAME=nosuch0: no such interface"
     assert r["diagnosis"].startswith("GLOO_SOCKET_IFNAME=nosuch0: no such interface")
 
@@ -120,13 +128,12 @@ def test_two_gloo_ranks_on_loopback_all_reduce(tmp_path):
 @pytest.mark.slow
 def test_a_rank_that_never_starts_fails_within_the_timeout(tmp_path):
     timeout = 15
-    t0 = time.monotonic()
     s = run_local_group(2, port=rendezvous_port(), size_mib=1, iters=1, timeout_s=timeout, workdir=tmp_path,
                         ranks=[0])
-    wall = time.monotonic() - t0
-    assert wall < timeout + 5
+    # rank 0 ended on its own (nothing was killed at the group's deadline), by a timeout within its own
     assert not s["ok"] and s["phase"] == "init"
     assert s["missing"] == [1] and s["reported"] == [0] and s["killed"] == []
+    assert within_timeout(s["ranks"][0], timeout)
     assert s["diagnosis"].startswith("A peer never joined: rank(s) 1 of 2")
     assert "ranks that reported: 0" in s["diagnosis"]
 
@@ -135,7 +142,7 @@ def test_a_rank_that_never_starts_fails_within_the_timeout(tmp_path):
 def test_a_master_that_is_not_there_is_a_refused_connection(tmp_path):
     port = rendezvous_port()
     s = run_local_group(2, port=port, size_mib=1, iters=1, timeout_s=15, workdir=tmp_path, ranks=[1])
-    assert not s["ok"] and s["wall_s"] < 20
+    assert not s["ok"] and s["killed"] == [] and s["ranks"][0]["phase"] == "init"  # it ended on its own
     assert s["diagnosis"].startswith(f"rank 1: Connection refused at 127.0.0.1:{port}")
     # what torch printed on the rank's stderr is what the failure catalogue knows
     found = diagnose_failure(read_log(s["logs"]["1"]), source="rank1.log")
@@ -146,7 +153,11 @@ def test_a_master_that_is_not_there_is_a_refused_connection(tmp_path):
 @pytest.mark.slow
 def test_a_missing_interface_is_diagnosed_in_seconds(tmp_path):
     s = run_local_group(2, port=rendezvous_port(), timeout_s=30, workdir=tmp_path, interface="nosuch0")
-    assert s["wall_s"] < 10
+    for r in s["ranks"]:  # each stopped at the interface check, before importing torch or waiting for a peer,
+        # or, when the other rank failed first, was stopped then (not at the deadline)
+        stopped = f"rank {r['rank']} was stopped after rank {1 - r['rank']} failed without writing a result"
+        assert (r["phase"], r.get("torch"), r["error"]) == ("init", None, "GLOO_SOCKET_IFNAME=nosuch0: no such "
+                                                            "interface") or r["error"] == stopped, r
     assert not s["ok"] and s["phase"] == "init"
     assert "GLOO_SOCKET_IFNAME=nosuch0: no such interface" in s["diagnosis"]
 
@@ -216,7 +227,9 @@ def test_a_rank_on_the_wrong_interface_in_a_namespace(two_hosts, tmp_path):
     s = run_local_group(2, master_addr=addr_a, port=rendezvous_port(), timeout_s=30, workdir=tmp_path,
                         interface=[if_a, two_hosts[5]],
                         prefix=[["ip", "netns", "exec", ns_a], ["ip", "netns", "exec", ns_a]])
-    assert not s["ok"] and s["wall_s"] < 10  # rank 0 is stopped once rank 1 failed
+    # rank 0, which cannot finish without rank 1, is stopped once rank 1 failed, not at the deadline
+    assert not s["ok"] and s["killed"] == [0] and s["ranks"][1]["torch"] is None
+    assert s["ranks"][0]["error"] == "rank 0 was stopped after rank 1 failed without writing a result"
     assert f"GLOO_SOCKET_IFNAME={two_hosts[5]}: no such interface" in s["diagnosis"]
 
 
@@ -262,7 +275,8 @@ def test_the_sanity_check_runs_one_rank_on_each_node_over_ssh(hosts):
     assert s["ok"], s["diagnosis"]
     assert [(r["node"], r["rank"], r["interface"], r["master_addr"]) for r in s["ranks"]] == [
         ("a", 0, INTERFACE, hosts.addr_a), ("b", 1, INTERFACE, hosts.addr_a)]
-    assert s["busbw_gbps"] > 0 and s["wall_s"] < 60 and s["nodes"] == ["a", "b"]
+    assert s["busbw_gbps"] > 0 and s["nodes"] == ["a", "b"]
+    assert s["wall_s"] >= max(r["elapsed_s"] for r in s["ranks"])  # the check's time spans each rank's own
 
 
 @pytest.mark.slow
@@ -270,5 +284,7 @@ def test_a_node_naming_a_missing_interface_fails_the_sanity_check_with_its_diagn
     a = hosts.node_a()
     b = dataclasses.replace(hosts.node_b(), python=sys.executable, interface="nosuch0")
     s = sanity_check([a, b], port=rendezvous_port(), size_mib=1, iters=1, timeout_s=10)
-    assert not s["ok"] and s["wall_s"] < 40
+    # each rank answered with its own result (none cut off by ssh's timeout): rank 1 at once, rank 0 by its timeout
+    assert not s["ok"] and [r["node"] for r in s["ranks"]] == ["a", "b"]
+    assert s["ranks"][1]["torch"] is None and within_timeout(s["ranks"][0], 10)
     assert "rank 1: GLOO_SOCKET_IFNAME=nosuch0: no such interface" in s["diagnosis"]

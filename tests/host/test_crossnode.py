@@ -228,9 +228,7 @@ def test_a_python_patch_mismatch_planted_on_host_b_fails_with_torch_and_vllm_mis
     mine = ".".join(map(str, sys.version_info[:3]))
     if not version or version == mine:
         pytest.skip(f"no second Python of another patch level than {mine} at {OTHER_PYTHON}")
-    started = time.monotonic()
     record = preflight_nodes([hosts.node_a(), venv_node_b(hosts, python=OTHER_PYTHON)], master_addr=hosts.addr_a)
-    took = time.monotonic() - started
     checks = by_name(record["checks"])
     assert checks["node_reachable"]["status"] == "ok"
     assert checks["python_patch_level"]["status"] == "fail"
@@ -239,12 +237,12 @@ def test_a_python_patch_mismatch_planted_on_host_b_fails_with_torch_and_vllm_mis
     assert f"torch differs across nodes: a {record['nodes']['a']['torch']}, b not installed" in checks["torch_version"]["detail"]
     b = record["nodes"]["b"]
     assert (b["python"], b["vllm"], b["torch"], b["stale"]["source"]) == (OTHER_PYTHON, None, None, "/proc")
-    assert took < 30
 
 
 @pytest.mark.hostwide
 def test_a_stale_vllm_process_planted_on_host_b_is_found_with_its_pid_and_left_running(hosts):
     argv = [sys.executable, "-c", "import time; time.sleep(300)", "vllm.entrypoints.openai.api_server"]
+    before = time.monotonic()
     planted = subprocess.Popen(hosts.on_b(argv))  # ip netns exec execs: the pid is python's
     try:
         time.sleep(0.5)
@@ -255,7 +253,9 @@ def test_a_stale_vllm_process_planted_on_host_b_is_found_with_its_pid_and_left_r
             [found] = [p for p in facts["stale"]["processes"] if p["pid"] == planted.pid]
             assert found["marker"] == "vllm.entrypoints" and found["what"] == "vLLM server" and found["user"] == "root"
             assert found["cmdline"].endswith("import time; time.sleep(300) vllm.entrypoints.openai.api_server")
-            assert 0 <= found["age_s"] < 60
+            # its age spans the 0.5 s slept since it was planted, and no more than the time since then
+            # (plus 1 s: psutil dates a process from the boot time, which /proc/stat gives in whole seconds)
+            assert 0.4 <= found["age_s"] <= time.monotonic() - before + 1.1
             check = by_name(cross_checks({"b": facts}))["stale_processes"]
             assert check["status"] == "fail" and f"b: pid {planted.pid} (vLLM server, " in check["detail"]
         assert planted.poll() is None  # found, never killed
@@ -274,12 +274,11 @@ def test_a_small_dev_shm_on_host_b_fails(hosts):
 
 
 def test_a_node_that_cannot_be_reached_is_a_failed_check_naming_it(hosts):
-    started = time.monotonic()
     record = preflight_nodes([hosts.node_a(), hosts.node_b(identity_file=str(hosts.wrong_key))],
                              master_addr=hosts.addr_a, timeout=30)
-    assert time.monotonic() - started < 15
     check = record["checks"][0]
     assert check["name"] == "node_reachable" and check["status"] == "fail"
+    assert "did not finish within" not in check["detail"]  # ssh's refusal, not the 30 s timeout
     assert check["detail"].startswith(f"node b (ssh root@{hosts.addr_b}:{hosts.port}): ssh could not run ")
     assert "Permission denied (publickey)" in check["detail"] and list(check["errors"]) == ["b"]
     assert record["nodes"]["b"]["node"]["ssh"]["identity_file"] == str(hosts.wrong_key)
@@ -289,12 +288,14 @@ def test_a_node_that_cannot_be_reached_is_a_failed_check_naming_it(hosts):
 
 def test_a_node_that_does_not_answer_in_time_is_a_failed_check_naming_it(tmp_path):
     hang = tmp_path / "python"
-    hang.write_text("#!/bin/sh\nexec sleep 30\n")
+    pid_file = tmp_path / "pid"
+    hang.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 300\n")
     hang.chmod(0o755)
-    started = time.monotonic()
     record = preflight_nodes([local_node("slow", python=str(hang))], master_addr="127.0.0.1", timeout=1)
-    assert time.monotonic() - started < 5
     check = record["checks"][0]
     assert check["status"] == "fail" and check["detail"].startswith("node slow (this host): ")
-    assert "did not finish within 1 s" in check["detail"]
+    assert "did not finish within 1 s" in check["detail"]  # the 1 s timeout fired, long before the program ended
+    if pid_file.exists() and pid_file.read_text().strip():  # it got that far before the timeout: it was stopped
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid_file.read_text()), 0)
     assert record["checks"][1] == {"name": "cross_node", "status": "fail", "detail": "no node answered: nothing to compare"}

@@ -196,11 +196,9 @@ def test_copy_to_host_b_verifies_every_file_by_sha256(hosts, tmp_path):
 
 def test_a_wrong_key_fails_fast_naming_the_node(hosts):
     node = hosts.node_b(identity_file=str(hosts.wrong_key))
-    started = time.monotonic()
     with pytest.raises(NodeError) as err:
         node.run(["true"], timeout=60, check=True)
-    assert time.monotonic() - started < 10
-    msg = str(err.value)
+    msg = str(err.value)  # ssh's own refusal (exit 255), not the 60 s timeout
     assert msg.startswith(f"node b (ssh root@{hosts.addr_b}:{hosts.port}): ssh could not run true (exit 255")
     assert "Permission denied (publickey)" in msg
     assert node.run(["true"], timeout=60).returncode == 255
@@ -234,6 +232,14 @@ def needs_sshd() -> None:
         pytest.skip(f"{SSHD} is missing: `make test` installs openssh-server (as root)")
 
 
+def in_namespace(pid: int, ns: str, wait: float = 30.0) -> None:
+    """Wait until process ``pid`` has entered network namespace ``ns``."""
+    deadline = time.monotonic() + wait
+    while subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True, text=True).stdout.split() != [ns]:
+        assert time.monotonic() < deadline, f"pid {pid} never entered {ns}"
+        time.sleep(0.05)
+
+
 def test_a_stale_namespace_of_a_dead_run_is_removed():
     needs_sshd()
     gone = subprocess.Popen(["true"])
@@ -244,6 +250,7 @@ def test_a_stale_namespace_of_a_dead_run_is_removed():
     folder = Path(tempfile.gettempdir()) / f"{PREFIX}hosts-{gone.pid}-0-x"
     folder.mkdir()
     try:
+        in_namespace(sleeper.pid, ns)  # inside it before the cleanup looks, whatever the machine's speed
         removed = clean_stale()
         assert ns in removed and str(folder) in removed
         assert ns not in namespaces() and not folder.exists()

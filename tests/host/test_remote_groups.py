@@ -33,7 +33,7 @@ def gone(pid: int) -> bool:
         return True
 
 
-def members(node: Node, pgid: int, not_before: float | None, n: int = 2, wait: float = 10.0) -> list[int]:
+def members(node: Node, pgid: int, not_before: float | None, n: int = 2, wait: float = 60.0) -> list[int]:
     """The group's members once ``n`` of them run (the leader starts its child itself)."""
     deadline = time.monotonic() + wait
     while len(pids := group_alive(node, pgid, not_before)) < n and time.monotonic() < deadline:

@@ -195,15 +195,18 @@ class TestUnknownState:
         (["true"], RUNNING),
         ([sys.executable, "-c", "raise SystemExit(3)"], STOPPED),  # the LSB "not running" default
         ([sys.executable, "-c", "raise SystemExit(1)"], UNKNOWN),  # e.g. "No module named ..."
-        ([sys.executable, "-c", "import time; time.sleep(60)"], UNKNOWN),  # a timeout
     ])
-    def test_command_exit_codes(self, argv, expected, monkeypatch):
+    def test_command_exit_codes(self, argv, expected):
+        svc = Service.from_config("x", {"kind": "command", "status": argv, "stop": ["true"], "start": ["true"]})
+        assert svc.state()[0] == expected
+
+    def test_a_status_command_that_times_out_is_unknown(self, monkeypatch):
         import llmtrial.host.services as services
 
-        real = services.run_argv
-        monkeypatch.setattr(services, "run_argv", lambda a, timeout: real(a, timeout=min(timeout, 2)))
-        svc = Service.from_config("x", {"kind": "command", "status": argv, "stop": ["true"], "start": ["true"]})
-        assert svc.state(services.run_argv)[0] == expected
+        real = services.run_argv  # a status that never answers, cut off after 1 s instead of the 30 s it is given
+        monkeypatch.setattr(services, "run_argv", lambda a, timeout: real(a, timeout=1))
+        svc = Service.from_config("x", {"kind": "command", "status": ["sleep", "600"], "stop": ["true"], "start": ["true"]})
+        assert svc.state(services.run_argv) == (UNKNOWN, "`sleep 600` timed out after 30 s")
 
     def test_a_status_of_stopped_while_the_health_check_answers_is_unknown(self, tmp_path):
         svc = Service.from_config("x", {"kind": "command", "status": [sys.executable, "-c", "raise SystemExit(3)"],

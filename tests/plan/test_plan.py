@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import builtins
+import io
 import json
-import time
+import subprocess
+import sys
 
 import pytest
 
@@ -66,11 +69,20 @@ class TestSeed003:
         assert abs(p.data["max_concurrency"] - 18.96) < 0.02
         assert p.facts["predicted_kv_cache_tokens"]["kind"] == "predicted"
 
-    def test_tp3_is_rejected_for_head_divisibility_in_under_a_second(self):
-        t0 = time.perf_counter()
-        p = plan(SEED_003, Hardware(gpus=3, gpu_memory_gib=95), ServingArgs(tensor_parallel_size=3, max_model_len=32768),
-                 weights=staged(220))
-        assert time.perf_counter() - t0 < 1.0
+    def test_tp3_is_rejected_for_head_divisibility_from_config_json_alone(self):
+        # arithmetic on config.json, hence well under a second (benchmarks/plan_speed.py prints the time): no
+        # model loader imported, no file read, no process started
+        def touched(*args, **kwargs):
+            raise AssertionError(f"the planner touched {args[:1]}")
+
+        with pytest.MonkeyPatch.context() as mp:
+            for name in ("torch", "vllm", "transformers", "safetensors", "huggingface_hub"):
+                mp.setitem(sys.modules, name, None)  # importing it raises
+            for owner in (builtins, io):
+                mp.setattr(owner, "open", touched)
+            mp.setattr(subprocess, "Popen", touched)
+            p = plan(SEED_003, Hardware(gpus=3, gpu_memory_gib=95),
+                     ServingArgs(tensor_parallel_size=3, max_model_len=32768), weights=staged(220))
         assert p.verdict == "does_not_fit"
         assert "Total number of attention heads (64) must be divisible by tensor parallel size (3)" in p.reasons[0]
 
