@@ -9,6 +9,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
 import yaml
 
 from conftest import REPO, SNAKEFILE
@@ -35,10 +36,11 @@ def default_config(*, patch_off: bool = False) -> dict:
     return config
 
 
-def snakemake(workdir: Path, *args: str, timeout: float = 120, configfile: Path | None = None,
+def snakemake(workdir: Path, *args: str, timeout: float = 300, configfile: Path | None = None,
               via: list[str] = ()) -> subprocess.CompletedProcess[str]:
     """Run snakemake on the trial in ``workdir``; ``via`` is an argv prefix (``ip netns exec A``
-    runs it on host A of tests/hosts.py)."""
+    runs it on host A of tests/hosts.py). ``timeout`` only guards against a hang: a dry run takes
+    seconds on an idle machine, and many times that beside a busy one."""
     cmd = [*via, SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(workdir)]
     if configfile is not None:
         cmd += ["--configfile", str(configfile)]
@@ -58,6 +60,30 @@ def job_counts(output: str) -> dict[str, int]:
         if m.group(1) != "total":
             counts[m.group(1)] = int(m.group(2))
     return counts
+
+
+def _spread(values: list[float]) -> float | None:
+    """(max - min) / mean, None below two values: how far a scenario's passes disagree."""
+    return (max(values) - min(values)) / (sum(values) / len(values)) if len(values) >= 2 else None
+
+
+def assert_stopped_as_its_passes_say(scenario: dict) -> None:
+    """A scenario entry of a configuration record (every pass ok, passes ``{min, max, agreement}``) stopped
+    where its own output tok/s say it must, whatever they are: ``agreed`` at the first count from ``min`` on
+    whose spread is within ``agreement``, else ``max_reached`` at ``max``; the recorded spread is theirs."""
+    rep = scenario["repetition"]
+    tok_s = [p["summary"]["output_throughput"] for p in scenario["pass_results"]]
+    assert all(p["status"] == "ok" for p in scenario["pass_results"]) and rep.get("interval") is None
+    assert rep["min"] <= rep["passes_run"] == len(tok_s) <= rep["max"]
+    assert rep["spread"] == pytest.approx(_spread(tok_s))
+
+    def agree(n: int) -> bool:
+        return _spread(tok_s[:n]) is not None and _spread(tok_s[:n]) <= rep["agreement"]
+
+    assert not any(agree(n) for n in range(rep["min"], rep["passes_run"])), (rep, tok_s)  # it stopped at the first
+    assert rep["stopped"] == ("agreed" if agree(rep["passes_run"]) else "max_reached"), (rep, tok_s)
+    if rep["stopped"] == "max_reached":
+        assert rep["passes_run"] == rep["max"]
 
 
 def demo_service(state_dir: Path, port: int) -> dict:

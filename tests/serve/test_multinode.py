@@ -21,6 +21,7 @@ One module-scoped sequence of runs in one results folder serves every test here:
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import os
@@ -102,15 +103,27 @@ def b_rank(entry: dict, configuration: str) -> bool:
     return entry["node"] == "b" and entry["label"] == f"two-hosts/{configuration} rank 1"
 
 
-def kill_b_rank_mid_benchmark(results, done: threading.Event) -> None:
-    """SIGKILL the KILLED configuration's headless rank on B (by its group, read from the ledger)
-    once its first pass has begun."""
-    bench = results / "configs" / KILLED / "bench" / "c2-pass1.log"
+def open_pass(telemetry_csv) -> str | None:
+    """The pass whose telemetry window is open (its start mark written, its end not yet): the benchmark in flight."""
+    marks = [line.split(",")[2] for line in (telemetry_csv.read_text().splitlines() if telemetry_csv.exists() else [])
+             if line.count(",") == 3 and line.split(",")[1] == "window"]
+    return next((m.removesuffix(":start") for m in marks if m.endswith(":start")
+                 and f"{m.removesuffix(':start')}:end" not in marks), None)
+
+
+def kill_b_rank_mid_benchmark(results, done: threading.Event, killed: dict) -> None:
+    """SIGKILL the KILLED configuration's headless rank on B (by its group, read from the ledger) while one of
+    its benchmark passes is in flight, whatever the machine's speed; ``killed`` gets that pass's name."""
+    telemetry = results / "configs" / KILLED / "telemetry.csv"
     while not done.is_set():
-        fresh = [e for e in ledger(results) if e["action"] == "group_started" and b_rank(e, KILLED)]
-        if fresh and bench.exists():
-            time.sleep(1.0)
+        try:
+            fresh = [e for e in ledger(results) if e["action"] == "group_started" and b_rank(e, KILLED)]
+        except ValueError:  # a ledger line half written as it was read: read it again
+            fresh = []
+        running = open_pass(telemetry) if fresh else None
+        if running is not None:
             os.killpg(fresh[-1]["pgid"], signal.SIGKILL)
+            killed["pass"] = running
             return
         time.sleep(0.2)
 
@@ -124,7 +137,8 @@ def two_host_trial(hosts, tmp_path_factory):
     out = {"work": work, "config": config, "results": results, "hosts": hosts}
     t0 = time.time()
     done = threading.Event()
-    killer = threading.Thread(target=kill_b_rank_mid_benchmark, args=(results, done), daemon=True)
+    out["killed"] = {}
+    killer = threading.Thread(target=kill_b_rank_mid_benchmark, args=(results, done, out["killed"]), daemon=True)
     killer.start()
     try:
         out["first"] = on_a(hosts, work, "--cores", "all", timeout=1200)
@@ -198,21 +212,38 @@ def test_the_sanity_check_ran_across_the_hosts_before_the_server(two_host_trial)
     record = two_host_trial["first_record"]
     check = record["collective"]
     assert check["ok"] and check["backend"] == "gloo" and check["world_size"] == 2
-    assert [r["node"] for r in check["ranks"]] == ["a", "b"] and check["busbw_gbps"] > 0
+    assert [r["node"] for r in check["ranks"]] == ["a", "b"]
+    # its figures are what its own times give (how fast the veth pair was is the machine's business): the
+    # slowest rank's median all-reduce inside the whole check, the bandwidth the size over that median
+    # (nccl-tests' bus factor 2 (n - 1) / n is 1 for two ranks)
+    assert 0 < check["median_s"] < check["wall_s"]
+    assert check["busbw_gbps"] == pytest.approx(check["size_bytes"] / check["median_s"] / 1e9)
     entries = ledger(two_host_trial["results"])
     first = next(e for e in entries if e["action"] == "group_launch" and b_rank(e, CONFIGURATION))
-    assert check["wall_s"] < 60 and record["timing"]["job_start"] < first["t"]
+    assert record["timing"]["job_start"] < first["t"]
 
 
 def test_every_node_has_telemetry_with_a_node_column(two_host_trial):
     record = two_host_trial["first_record"]
     nodes = record["telemetry"]["nodes"]
-    assert set(nodes["nodes"]) == {"a", "b"} and all(n["samples"] >= 10 for n in nodes["nodes"].values())
-    csv = (two_host_trial["results"] / "configs" / CONFIGURATION / nodes["file"]).read_text().splitlines()
-    assert csv[0].startswith("time,node,") and {line.split(",")[1] for line in csv[1:]} == {"a", "b"}
-    # the ranks' traffic crossed the veth pair: B received what A sent during the passes
-    per_pass = record["scenarios"][0]["pass_results"][0]["node_telemetry"]
-    assert per_pass["b"]["net_rx_bytes"] > 0 and per_pass["a"]["net_tx_bytes"] > 0
+    with (two_host_trial["results"] / "configs" / CONFIGURATION / nodes["file"]).open() as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0])[:2] == ["time", "node"] and {r["node"] for r in rows} == {"a", "b"}
+    # each node's count is its rows in the merged file, however many its sampler took in the time it had
+    assert {name: n["samples"] for name, n in nodes["nodes"].items()} == {
+        name: sum(r["node"] == name for r in rows) for name in ("a", "b")}
+    assert all("error" not in n and n["samples"] >= 1 for n in nodes["nodes"].values())
+    # the ranks' traffic crossed the veth pair: from its first sample (before the server was launched) to its
+    # last (once it was stopped), B received and A sent what serving the passes across both took
+    assert nodes["nodes"]["b"]["net_rx_bytes"] > 0 and nodes["nodes"]["a"]["net_tx_bytes"] > 0
+    # and each pass's figures are the node's samples inside the pass's window, as many as fell there
+    for p in record["scenarios"][0]["pass_results"]:
+        for name in ("a", "b"):
+            inside = [r for r in rows if r["node"] == name and p["window"]["start"] <= float(r["time"]) <= p["window"]["end"]]
+            got = p["node_telemetry"].get(name)
+            assert (got["samples"] if got else 0) == len(inside)
+            rx = [float(r["net_rx_bytes"]) for r in inside if r["net_rx_bytes"]]
+            assert not got or got["net_rx_bytes"] == (int(rx[-1] - rx[0]) if rx else None)
 
 
 def test_the_weights_were_copied_to_b_and_verified(two_host_trial):
@@ -243,7 +274,9 @@ def test_cleanup_left_nothing_on_either_host(two_host_trial):
 def test_b_killed_mid_benchmark_gives_a_failure_record_and_a_clean_host(two_host_trial):
     record = two_host_trial["killed_record"]
     assert record["status"] == "failed" and record["failure"]["phase"] == "benchmark"
-    assert "node b" in record["failure"]["message"]
+    # killed while that pass was in flight: the pass found B's rank gone, and the scenario stopped there
+    killed = two_host_trial["killed"]["pass"]
+    assert "node b" in record["failure"]["message"] and f"during scenario c2 ({killed})" in record["failure"]["message"]
     assert record["failure"]["error_line"]["pattern"] == "peer_lost"
     assert two_host_trial["first_record"]["status"] == "ok"  # the other configurations of the run are untouched
     entries = ledger(two_host_trial["results"])

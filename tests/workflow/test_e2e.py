@@ -28,6 +28,7 @@ from llmtrial.patch.patching import revert_patches, verify_files
 from llmtrial.serve.telemetry import read_samples
 from workflow_helpers import (
     assert_snakemake_report_bundles,
+    assert_stopped_as_its_passes_say,
     default_config,
     demo_service,
     job_counts,
@@ -68,8 +69,8 @@ def trial(tmp_path_factory):
     # build with pipeline parallel and enforce_eager fails its first request ("assert
     # self.intermediate_tensors is not None" in sync_and_gather_intermediate_tensors)
     config["configurations"]["tp1"]["args"]["enforce_eager"] = True
-    # eager tp1's c1 passes take about 1.1 s here: sampled every 0.5 s, each pass's window holds a
-    # host sample (test_host_telemetry_covers_startup_and_every_pass), which 1 s does not promise
+    # host samples every 0.5 s: eager tp1's c1 passes (about 1.1 s here) usually hold one or two, though
+    # nothing promises any (test_host_telemetry_covers_startup_and_every_pass checks what each window holds)
     config["telemetry"]["interval_s"] = 0.5
     for spec in config["scenarios"].values():  # two or three passes: what these tests check holds at any count
         spec["passes"].update(min=2, max=3)
@@ -110,15 +111,21 @@ def test_each_configuration_has_real_startup_and_benchmark_numbers(trial, name, 
     assert startup["max_concurrency_tokens_per_request"]["value"] == 512
     assert startup["engine_init_seconds"]["value"] > 0
     assert startup["vllm_version"]["value"] == "0.32.0"
-    assert rec["cold_start"]["ready_seconds"]["value"] > 1
-    assert 0 < rec["cold_start"]["first_ttft_s"]["value"] < 60
+    # the cold start's figures are what its own times give (how long they were is the machine's business)
+    cold, server = rec["cold_start"], rec["server"]
+    assert server["launched_at"] < server["ready_at"]
+    assert cold["ready_seconds"]["value"] == pytest.approx(server["ready_at"] - server["launched_at"], abs=6e-4)
+    assert 0 < cold["first_ttft_s"]["value"] <= cold["first_total_s"]["value"]
+    assert cold["first_output_tokens"]["value"] >= 1  # the first token's chunk is what its TTFT timed
+    assert cold["first_output_tok_s"]["value"] == round(
+        cold["first_output_tokens"]["value"] / cold["first_total_s"]["value"], 3)
     assert [s["name"] for s in rec["scenarios"]] == ["c1", "c4"]
     seeds = set()
     for sc in rec["scenarios"]:
         spec = trial["config"]["scenarios"][sc["name"]]
         rule = spec["passes"]  # {min, max, agreement}: passes until they agree
-        assert rule["min"] <= len(sc["pass_results"]) == sc["repetition"]["passes_run"] <= rule["max"]
-        assert sc["repetition"]["stopped"] in ("agreed", "max_reached")
+        assert (sc["repetition"]["min"], sc["repetition"]["max"]) == (rule["min"], rule["max"])
+        assert_stopped_as_its_passes_say(sc)  # agreed or max_reached, as its own pass values say
         for p in sc["pass_results"]:
             assert p["status"] == "ok"
             s = p["summary"]
@@ -191,9 +198,14 @@ def test_host_telemetry_covers_startup_and_every_pass(trial, name):
     assert {f"{w}:{edge}" for w in passes | warmups for edge in ("start", "end")} == marks
     sw = rec["telemetry"]["startup_window"]
     assert sw["summary"]["host.tree_rss_bytes"]["max"] > 100 * 2**20
+    # the host is sampled on its schedule only (not at a window's edges), so how many samples fall inside a
+    # pass depends on how long the pass took: each pass's summary holds exactly the CSV's samples in its window
+    rss = df[(df.source == "host") & (df.metric == "tree_rss_bytes") & df.value.notna()]
     for sc in rec["scenarios"]:
         for p in sc["pass_results"]:
-            assert p["telemetry"]["summary"]["host.tree_rss_bytes"]["n"] >= 1
+            inside = rss[(rss.t >= p["window"]["start"]) & (rss.t <= p["window"]["end"])]
+            got = p["telemetry"]["summary"].get("host.tree_rss_bytes")
+            assert (got["n"], got["max"]) == (len(inside), inside.value.max()) if got else inside.empty
             assert p["window"]["start"] >= sw["end"]
     sources = rec["telemetry"]["sources"]
     assert sources["host"]["status"] == sources["metrics"]["status"] == "sampled"

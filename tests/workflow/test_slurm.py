@@ -83,6 +83,7 @@ class Seen:
     b_pgids: list[int] = field(default_factory=list)
     b_cleanup: subprocess.CompletedProcess | None = None
     patched_file: tuple[str, str] | None = None  # (file, its RECORD hash)
+    a_shown: dict[str, str] = field(default_factory=dict)  # job id -> `scontrol show job`, read as the first ended
 
 
 def ledger(work: Path, trial: str) -> list[dict]:
@@ -106,7 +107,7 @@ def watch_until(proc_done, slurm: SlurmCluster, names: dict[str, str], seen: See
         time.sleep(1)
 
 
-def run_name(work: Path, trial: str, timeout: float = 60) -> str:
+def run_name(work: Path, trial: str, timeout: float = 300) -> str:
     """The SLURM job name of a trial's run: the plugin's run id, from its log line."""
     deadline = time.monotonic() + timeout
     log = work / f"{trial}.out"
@@ -158,6 +159,12 @@ def _run_both(work: Path, slurm: SlurmCluster, seen: Seen) -> None:
     watch_until(lambda: a.poll() is not None, slurm, names, seen, 600)
     seen.a_rc = a.wait(timeout=120)
     seen.a_out = (work / "demo.out").read_text()
+    # read now: slurmctld forgets an ended job MinJobAge (300 s) after it ended, however long demo-b then takes
+    deadline = time.monotonic() + 60
+    while states(slurm, names).get("demo") == "COMPLETING":
+        assert time.monotonic() < deadline, slurm.jobs()
+        time.sleep(0.5)
+    seen.a_shown = {job: slurm.run("scontrol", "show", "job", job).stdout for job in seen.a_jobs}
 
     def b_serving() -> bool:
         return any(e["action"] == "server_started" for e in ledger(work, "demo-b"))
@@ -204,10 +211,10 @@ def outstanding_kinds(entries: list[dict]) -> dict:
     return {kind: changes for kind, changes in outstanding(entries).items() if changes}
 
 
-def test_one_allocation_holds_the_whole_host_group_with_the_trial_files_resources(two_trials, slurm):
+def test_one_allocation_holds_the_whole_host_group_with_the_trial_files_resources(two_trials):
     work, seen = two_trials
     [job] = seen.a_jobs  # preflight, plan, staging, quiet, patch, tp1 and the cleanup: one SLURM job
-    shown = slurm.run("scontrol", "show", "job", job).stdout
+    shown = seen.a_shown[job]
     assert "NodeList=llmtrial-n1" in shown and "TimeLimit=00:30:00" in shown  # 10 setup + 1 x 20 minutes
     assert "OverSubscribe=NO" in shown and "JobState=COMPLETED" in shown
     assert "Group job host" in seen.a_out and "Select jobs to execute" in seen.a_out

@@ -31,8 +31,9 @@ from slurm_cluster import (
 pytestmark = pytest.mark.hostwide  # a SLURM of this machine's, with its /etc/slurm links and daemons
 
 
-def until(what: str, check: Callable[[], object], timeout: float = 20) -> object:
-    """``check()``'s first true result, polled for ``timeout`` seconds."""
+def until(what: str, check: Callable[[], object], timeout: float = 60) -> object:
+    """``check()``'s first true result, polled for ``timeout`` seconds (a guard against hanging only: a job
+    starts in a second or two on an idle machine)."""
     deadline = time.monotonic() + timeout
     while not (result := check()):
         assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
@@ -84,7 +85,8 @@ def test_teardown_leaves_nothing_even_when_the_body_raised():
     assert leftovers(cluster.root) == []
     assert not job_processes(cluster, job_id)
     assert not [n for n in LINKED if (ETC / n).is_symlink() and os.readlink(ETC / n).startswith(str(cluster.root))]
-    assert cluster.setup_s < 30 and cluster.teardown_s < 30
+    # how long bring-up and teardown took is the machine's business (about 1.5 s each on an idle one): shown
+    print(f"cluster setup {cluster.setup_s:.1f} s, teardown {cluster.teardown_s:.1f} s", file=sys.stderr)
 
 
 def test_clean_stale_removes_what_a_dead_run_left(tmp_path: Path):
@@ -166,30 +168,38 @@ def test_gpu_job_runs_on_the_named_node(slurm: SlurmCluster, tmp_path: Path):
 
 
 def test_the_gpu_is_scheduled_once(slurm: SlurmCluster):
-    first = submit(slurm, "--gpus=1", "--chdir", "/tmp", "-o", "/dev/null", "--wrap", "sleep 60")
+    first = submit(slurm, "--gpus=1", "--chdir", "/tmp", "-o", "/dev/null", "--wrap", "sleep 300")
     second = ""
     try:
         until("the first job running", lambda: job(slurm, first).get("state") == "RUNNING")
         second = submit(slurm, "--gpus=1", "--chdir", "/tmp", "-o", "/dev/null", "--wrap", "sleep 60")
-        time.sleep(2)  # two scheduling passes (sched_interval=1)
+        # the scheduler's verdict on the second, once it gave one (sched_interval=1: a busy slurmctld takes longer)
+        until("the second job judged", lambda: job(slurm, second).get("reason") not in (None, "None"))
         assert job(slurm, first)["state"] == "RUNNING"
         assert {k: job(slurm, second)[k] for k in ("state", "reason")} == {"state": "PENDING", "reason": "Resources"}
         assert slurm.run("scancel", first).returncode == 0
         until("the second job running once the first is gone", lambda: job(slurm, second).get("state") == "RUNNING")
     finally:
         slurm.run("scancel", first, *([second] if second else []))
-    slurm.wait_idle(timeout=KILL_WAIT + 10)
+    slurm.wait_idle(timeout=KILL_WAIT + 60)  # a guard against hanging only
 
 
-def test_scancel_ends_the_job_and_its_processes(slurm: SlurmCluster):
-    job_id = submit(slurm, "--chdir", "/tmp", "-o", "/dev/null", "--wrap", "sleep 300 & sleep 300")
+#: A batch shell and its background child that each wait on a ``sleep 300`` and note a SIGTERM in a file of
+#: their own; SIGKILL (KillWait after SIGTERM) would leave no file. The child only gets SIGTERM if scancel
+#: signals every process of the job: the batch shell does not pass it on.
+TRAPPED = ("sh -c 'trap \"touch child.term; exit 0\" TERM; sleep 300 & wait' & "
+           "trap 'touch shell.term; exit 0' TERM; sleep 300 & wait")
+
+
+def test_scancel_ends_the_job_and_its_processes(slurm: SlurmCluster, tmp_path: Path):
+    job_id = submit(slurm, "--chdir", str(tmp_path), "-o", "/dev/null", "--wrap", TRAPPED)
     try:
         until("both sleeps of the job", lambda: len(sleeps(slurm, job_id)) == 2)
-        cancelled = time.monotonic()
         assert slurm.run("scancel", job_id).returncode == 0
-        until("no sleep of the job", lambda: not sleeps(slurm, job_id), timeout=KILL_WAIT + 5)
-        assert time.monotonic() - cancelled < KILL_WAIT  # SIGTERM reached both, the batch shell's child too
-        until("the job cancelled", lambda: job(slurm, job_id).get("state") == "CANCELLED", timeout=10)
+        until("no sleep of the job", lambda: not sleeps(slurm, job_id))
+        # SIGTERM reached both, the batch shell's child too (what the machine's speed cannot change: a file each)
+        assert sorted(p.name for p in tmp_path.glob("*.term")) == ["child.term", "shell.term"]
+        until("the job cancelled", lambda: job(slurm, job_id).get("state") == "CANCELLED")
     finally:
         slurm.run("scancel", job_id)
 
