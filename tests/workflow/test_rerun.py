@@ -74,11 +74,11 @@ def short(work: Path) -> tuple[str, str]:
     return "--configfile", str(path)
 
 
-#: The first run's passes, where the default trial runs three to six until they agree: c4's five or six are
-#: what the copy with one sequence at a time is judged against (beside the suite's other worker, four
-#: passes of tp1 ranged 412-959 tok/s, and the copy's 374-389 were then not told apart: 0.67x, 95 % CI
-#: 0.37-1.22x); c1's two or three (the copy's c1 is not comparable).
-FIRST_PASSES = {"c1": {"min": 2, "max": 3}, "c4": {"min": 5, "max": 6}}
+#: The first run's passes, where the default trial runs three to six until they agree: two or three of each
+#: scenario, enough for the comparison with the copy that serves one sequence at a time (two passes a side give
+#: its interval; which side was faster, and so the verdict's word, is the machine's business, and the tests
+#: check the word against the row's own interval).
+FIRST_PASSES = {"c1": {"min": 2, "max": 3}, "c4": {"min": 2, "max": 3}}
 
 
 def eager(work: Path) -> tuple[str, str]:
@@ -244,7 +244,7 @@ def one_sequence_at_a_time(work: Path) -> tuple[str, str]:
     del config["configurations"]["tp2"]
     config["scenarios"]["c1"]["output_len"] = 16
     config["scenarios"]["c1"]["passes"] = 1  # c1 is not compared: one pass is enough
-    config["scenarios"]["c4"]["passes"] = 4  # how passes are counted is noted, not compared
+    config["scenarios"]["c4"]["passes"] = 2  # two a side: the least an interval is drawn from
     config["compare_with"] = "results/demo"
     path = work / "seqs1.yaml"
     path.write_text(json.dumps(config))
@@ -285,8 +285,8 @@ def test_tp1_one_sequence_at_a_time_at_c4_gets_the_verdict_its_interval_implies_
     # else loaded the CPUs then): what holds is that the row is both trials' recorded passes, its ratio their
     # geometric means' ratio inside its interval, and its word the one that interval implies
     results = work / "results"
-    assert c4.a.values == pass_values(results / "demo", "tp1", "c4") and len(c4.a.values) >= 5
-    assert c4.b.values == pass_values(results / "demo-seqs1", "tp1", "c4") and len(c4.b.values) == 4
+    assert c4.a.values == pass_values(results / "demo", "tp1", "c4") and len(c4.a.values) >= 2
+    assert c4.b.values == pass_values(results / "demo-seqs1", "tp1", "c4") and len(c4.b.values) == 2
     assert (c4.a.median, c4.b.median) == (statistics.median(c4.a.values), statistics.median(c4.b.values))
     geo = [math.exp(statistics.fmean(math.log(v) for v in side)) for side in (c4.b.values, c4.a.values)]
     assert c4.ratio == pytest.approx(geo[0] / geo[1]) and 0 < c4.low <= c4.ratio <= c4.high, c4
