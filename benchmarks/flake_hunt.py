@@ -7,7 +7,8 @@ real-vLLM trials and every test that runs snakemake), as pytest collects them. E
 process over all the files (``-n W`` pytest-xdist workers as ``make test`` runs them, default 2), its
 outcomes read from the JUnit XML file pytest writes into DIR. With ``--busy K``, K plain CPU hogs
 (``while True: pass``, each its own process group) run for the whole hunt and are stopped at its end,
-also when it is interrupted or a run fails. Prints every test with its pass count (those that ever
+also when it is interrupted (Ctrl-C or SIGTERM: the running pytest and every process below it are
+stopped too) or a run fails. Prints every test with its pass count (those that ever
 failed first, each with the runs it failed in and the first line of its failure) and exits 1 when any
 test failed once.
 """
@@ -26,6 +27,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 HOG = "while True: pass"
@@ -56,6 +59,26 @@ def busy_cores(count: int) -> Iterator[list[int]]:
             hog.wait()
 
 
+def stop_tree(pid: int, grace: float = 10.0) -> None:
+    """Stop a process and every process below it (servers in sessions of their own included): SIGTERM, then
+    SIGKILL what is left after ``grace`` seconds."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    for proc in psutil.wait_procs(procs, timeout=grace)[1]:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+
+
+def as_exit(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # SIGTERM runs the same ``finally`` blocks as Ctrl-C
+
+
 def marked_files(mark: str) -> list[str]:
     """The test files that hold a test selected by ``mark``, as pytest collects them."""
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
@@ -66,11 +89,21 @@ def marked_files(mark: str) -> list[str]:
     return sorted(files)
 
 
+def test_id(case: ET.Element) -> str:
+    """pytest's id of a JUnit test case: its file, its class where it has one, its name."""
+    classname, file = case.get("classname", ""), case.get("file")
+    if not file:
+        return f"{classname.replace('.', '/')}.py::{case.get('name')}"
+    module = file.removesuffix(".py").replace("/", ".")
+    cls = classname.removeprefix(module).lstrip(".")
+    return "::".join(part for part in (file, cls, case.get("name")) if part)
+
+
 def outcomes(junit: Path) -> dict[str, tuple[str, str]]:
     """Each test's outcome in one JUnit XML file: passed, failed, error or skipped, and the failure's first line."""
     found: dict[str, tuple[str, str]] = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
-        name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        name = test_id(case)
         state, message = "passed", ""
         for tag in ("failure", "error", "skipped"):
             node = case.find(tag)
@@ -92,7 +125,11 @@ def run_once(index: int, files: list[str], args: argparse.Namespace) -> tuple[di
         argv += ["-m", args.mark]
     started = time.monotonic()
     with (args.out / f"run-{index}.log").open("w") as log:
-        rc = subprocess.run(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+        pytest = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            rc = pytest.wait()
+        finally:
+            stop_tree(pytest.pid)  # an interrupted hunt leaves no pytest, snakemake or vLLM server behind
     took = time.monotonic() - started
     if not junit.exists():
         raise SystemExit(f"flake_hunt: run {index} wrote no {junit} (pytest exit {rc}); see {junit.with_suffix('.log')}")
@@ -123,6 +160,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
+    signal.signal(signal.SIGTERM, as_exit)
     args.out.mkdir(parents=True, exist_ok=True)
     files = args.files or marked_files("e2e or workflow")
     print(f"flake hunt: {len(files)} files, {args.runs} runs, {args.busy} core(s) busy, -n {args.workers}", flush=True)
