@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import SNAKEFILE, free_ports
+from conftest import SNAKEFILE, free_ports, wait_until
 from llmtrial.core.ledger import Ledger
 from llmtrial.host.groups import group_members, port_open
 from llmtrial.patch.patching import revert_patches, verify_files
@@ -54,15 +54,16 @@ def start_workflow(trial) -> subprocess.Popen:
 
 def wait_for(predicate, timeout: float, what: str, wf: subprocess.Popen | None = None) -> None:
     """Poll ``predicate`` until it holds; fail at once, with snakemake's output, if ``wf`` ends first."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def held() -> bool:
         if predicate():
-            return
+            return True
         if wf is not None and wf.poll() is not None:
             out = wf.output_path.read_text()[-3000:]  # type: ignore[attr-defined]
             raise AssertionError(f"snakemake exited ({wf.returncode}) before {what}:\n{out}")
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+        return False
+
+    wait_until(held, what, timeout=timeout, poll=0.5)
 
 
 def ledger_entries(trial) -> list[dict]:

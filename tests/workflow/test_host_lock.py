@@ -9,12 +9,11 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import SNAKEFILE, free_ports
+from conftest import SNAKEFILE, free_ports, wait_until
 from llmtrial.core.hostlock import read_holder
 from llmtrial.core.ledger import Ledger
 from workflow_helpers import SNAKEMAKE, default_config, demo_service, snakemake, write_config
@@ -41,10 +40,7 @@ def start(work: Path, target: str) -> subprocess.Popen:
 
 
 def poll(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
+    wait_until(predicate, what, timeout=timeout, poll=0.3)
 
 
 def quieting(work: Path, trial: str, name: str) -> bool:

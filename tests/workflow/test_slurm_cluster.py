@@ -8,7 +8,6 @@ import re
 import select
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import psutil
 import pytest
 
 import slurm_cluster as helper
+from conftest import wait_until
 from slurm_cluster import (
     ETC,
     KILL_WAIT,
@@ -32,13 +32,9 @@ pytestmark = pytest.mark.hostwide  # a SLURM of this machine's, with its /etc/sl
 
 
 def until(what: str, check: Callable[[], object], timeout: float = 60) -> object:
-    """``check()``'s first true result, polled for ``timeout`` seconds (a guard against hanging only: a job
-    starts in a second or two on an idle machine)."""
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        time.sleep(0.1)
-    return result
+    """``check()``'s first true result (a guard against hanging only: a job starts in a second or two on an idle
+    machine)."""
+    return wait_until(check, what, timeout=timeout, poll=0.1)
 
 
 def submit(cluster: SlurmCluster, *args: str) -> str:
