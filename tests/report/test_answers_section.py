@@ -58,6 +58,17 @@ def test_a_patch_that_changes_answers_is_named_so():
     assert "tp2: served, but no answers are recorded" in html.split('<h2 id="not-measured">', 1)[1]
 
 
+def test_two_patches_flagged_in_one_configuration_are_named_together():
+    both = {"demo-worker-log": True, "demo-second-token": True}
+    on = run(TP1).model_copy(update={"flags": both})
+    off = run(["12 * 11 = 131", "205 + 695 = 890", "Lyon."], launch="flags_off", flag=False).model_copy(
+        update={"flags": dict.fromkeys(both, False)})
+    ctx, _ = page(part(on, off), None)
+    [sentence] = [s for s in ctx["answers"]["sentences"] if "demo-second-token" in s]
+    assert sentence == ("tp1 with the flags of demo-worker-log and demo-second-token on against off (a launch of its own): "
+                        "identical on 1 of 3; 2 differ (prompts 1 and 3); the patches change answers.")
+
+
 def test_the_tiny_model_and_a_repeat_that_differs_are_explained():
     ctx, _ = page(part(run(TP1, repeat_identical=2)), part(run(TP1, flag=False)))
     found = ctx["answers"]["sentences"]

@@ -110,9 +110,13 @@ def answers_context(configurations: Sequence[ConfigurationRecord], baseline: str
 
 def _patch_sentence(on: LabelledRun, off: LabelledRun) -> str:
     ag = agree(on.label, on.run.answers, off.label, off.run.answers)
-    patches = ", ".join(name for name, flag in on.run.flags.items() if flag)
-    verdict = "the patch did not change the answers" if not ag.differences else "the patch changes answers"
-    return (f"{on.configuration} with the flag of {patches} on against off (a launch of its own): "
+    names = [name for name, flag in on.run.flags.items() if flag]
+    if len(names) > 1:
+        flags, patch, changes = f"flags of {', '.join(names[:-1])} and {names[-1]}", "the patches", "change"
+    else:
+        flags, patch, changes = f"flag of {''.join(names)}", "the patch", "changes"
+    verdict = f"{patch} did not change the answers" if not ag.differences else f"{patch} {changes} answers"
+    return (f"{on.configuration} with the {flags} on against off (a launch of its own): "
             f"{agreement_sentence(ag)}; {verdict}.")
 
 
