@@ -364,6 +364,14 @@ def hub_plugin_trial(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def sweep(tmp_path_factory) -> dict:
+    """One trial read by the sweep and the workloads tests (tests/served_trials.py says what it serves)."""
+    from served_trials import sweep_with_workloads
+
+    return sweep_with_workloads(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
 def slurm() -> Iterator[SlurmCluster]:
     """The session's one-node SLURM (tests/slurm_cluster.py), with its /etc/slurm links; skipped (with
     the reason) where this machine cannot run one. Its tests are hostwide or e2e, so one pytest-xdist

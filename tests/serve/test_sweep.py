@@ -3,41 +3,21 @@
 One server serves a concurrency sweep whose KV cache (vLLM's own kv_cache_memory_bytes, 1,024
 tokens) is small enough that preemption starts inside the sweep, then a scenario with a
 latency target, a warm-up pass and passes repeated until they agree. One session-scoped run
-is shared by every test here.
+(tests/served_trials.py, which adds the workloads that tests/workflow/test_workloads.py reads
+after these scenarios) is shared by every test here.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import sys
-import time
 
 import pytest
-import yaml
 
-from conftest import REPO, free_base_port
 from llmtrial.logs.lines import read_log
 from llmtrial.serve.telemetry import read_samples
-from workflow_helpers import snakemake, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
-
-TRIAL_FILE = REPO / "config" / "trials" / "onset-sweep-cpu.yaml"
-
-
-@pytest.fixture(scope="session")
-def sweep(tmp_path_factory):
-    work = tmp_path_factory.mktemp("sweep")
-    config = yaml.safe_load(TRIAL_FILE.read_text())
-    config["serving"]["base_port"] = free_base_port(18600, 1)
-    write_config(work, config)
-    t0 = time.time()
-    run = snakemake(work, "--cores", "all", timeout=1200)
-    print(f"sweep trial took {time.time() - t0:.0f} s", file=sys.stderr)
-    results = work / "results" / config["trial"]
-    record = json.loads((results / "configs" / "tp1" / "record.json").read_text()) if run.returncode == 0 else None
-    return {"work": work, "run": run, "results": results, "config": config, "record": record}
 
 
 def scenario(sweep, name):
