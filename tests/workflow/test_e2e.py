@@ -72,6 +72,8 @@ def trial(tmp_path_factory):
     config["telemetry"]["interval_s"] = 0.5
     for spec in config["scenarios"].values():  # two or three passes: what these tests check holds at any count
         spec["passes"].update(min=2, max=3)
+        spec["num_prompts"] //= 2  # 6 and 16: pipeline parallel on two cores serves slowly, and no count is under test
+    del config["outputs"]  # answers: test_rerun's first run and tests/answers check them
     config["cost"] = COST  # priced per host-hour: every configuration here runs on this one host
     demo_port = free_base_port(BASE_PORT + 90, 1)
     config["services"] = {"demo-web": demo_service(work / "demo", demo_port)}
@@ -363,7 +365,7 @@ def test_the_demo_patch_ran_only_where_its_flag_was_set_and_was_reverted(trial):
     for rank, one in enumerate(lines):
         assert f"llmtrial patch demo-worker-log active: CPU worker rank {rank}" in one["line"]
         assert "llmtrial patch demo-worker-log active" in pp2_log[int(one["source"].split(":")[1]) - 1]
-    line = lines[0]
+    line = on["lines"][0]  # the report shows the first in the log, whichever worker logged first
     cleanup = json.loads((trial["results"] / "cleanup" / "record.json").read_text())
     [row] = cleanup["patches"]
     assert row["target"] == f["file"] and row["after_hash"] == f["after_hash"]
