@@ -37,11 +37,30 @@ DATA = Path(__file__).resolve().parent / "data"
 SERIAL_MARKS = ("e2e", "hostwide")
 
 
+def is_serial(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(mark) for mark in SERIAL_MARKS)
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if any(item.get_closest_marker(mark) for mark in SERIAL_MARKS):
+        if is_serial(item):
             item.add_marker(pytest.mark.xdist_group("serial"))
+
+
+#: How much nicer than the serial tests a pytest-xdist worker runs the others: the serial worker's chain
+#: of real-vLLM trials is what ``make test`` waits for, and the other worker, done with its tests long
+#: before, takes the CPU where the chain leaves it idle instead of slowing it. A worker that may not
+#: lower its niceness again (not root) stays nicer, as both then are: equal shares, as without this.
+OTHERS_NICENESS = 10
+_NICENESS = os.getpriority(os.PRIO_PROCESS, 0)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if "PYTEST_XDIST_WORKER" in os.environ:  # one process runs every test at one niceness
+        with contextlib.suppress(PermissionError):
+            os.setpriority(os.PRIO_PROCESS, 0, _NICENESS + (0 if is_serial(item) else OTHERS_NICENESS))
 
 
 #: The trials the tests run take a host lock of their own (llmtrial.core.hostlock) in place of this
