@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, SNAKEFILE
+from conftest import REPO, SNAKEFILE, wait_until
 from llmtrial.borrow.cleanup import outstanding
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.records import load_record
@@ -119,6 +119,21 @@ def run_name(work: Path, trial: str, timeout: float = 300) -> str:
     raise AssertionError(f"{trial}: no SLURM run id in {log}")
 
 
+def job_processes(job: str, besides: set[int]) -> list[int]:
+    """The live processes of SLURM job ``job`` (its id in their environment), outside the process groups
+    ``besides`` (the servers the ledger names: cleanup's to stop, not SLURM's)."""
+    found = []
+    for proc in psutil.process_iter(["environ", "status"]):
+        env = proc.info["environ"] or {}
+        if env.get("SLURM_JOB_ID") == job and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            try:
+                if os.getpgid(proc.pid) not in besides:
+                    found.append(proc.pid)
+            except ProcessLookupError:
+                continue
+    return found
+
+
 def pump(proc: subprocess.Popen, path: Path) -> None:
     """The snakemake's output into a file as it comes (a background thread)."""
     def copy():
@@ -182,7 +197,11 @@ def _run_both(work: Path, slurm: SlurmCluster, seen: Seen) -> None:
     while states(slurm, names).get("demo-b") not in ("CANCELLED", None):
         assert time.monotonic() < deadline, slurm.jobs()
         time.sleep(0.5)
-    time.sleep(3)  # KillWait is 5 s: SIGKILL reaches what ignored SIGTERM
+    # slurmctld says CANCELLED at once; slurmd's SIGTERM, then SIGKILL after KillWait (5 s), reach the job's own
+    # processes (its batch script's snakemake) when they reach them, later on a busy machine: the cleanup runs
+    # once they are gone, as an operator's would after the job ended. The servers are the cleanup's to stop.
+    wait_until(lambda: not job_processes(job, set(seen.b_pgids)), timeout=180,
+               what=f"SLURM's kill of job {job}'s processes (the servers aside)")
     seen.b_cleanup = subprocess.run(
         [SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(work), "--profile", PROFILE,
          "--configfile", str(work / "demo-b.yaml"), *QUICK, "cleanup"],
