@@ -39,10 +39,6 @@ def start(work: Path, target: str) -> subprocess.Popen:
                              target], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def poll(predicate, timeout: float, what: str) -> None:
-    wait_until(predicate, what, timeout=timeout, poll=0.3)
-
-
 def quieting(work: Path, trial: str, name: str) -> bool:
     entries = Ledger(work / "results" / trial / "ledger.jsonl").entries()
     return any(e["action"] == "service_quiet" and e["service"]["name"] == name for e in entries)
@@ -58,7 +54,8 @@ def test_a_second_trial_waits_for_the_first_even_killed_and_goes_on_once_its_cle
         slow = {"kind": "command", "status": ["true"], "stop": ["sleep", "60"], "start": ["true"]}
         a = trial_dir(tmp_path, "a", {"demo-web": demo, "slow": slow}, wait_s=0)
         first = start(a, QUIETED.format(trial="a"))
-        poll(lambda: quieting(a, "a", "slow") or first.poll() is not None, 180, "trial a to quiet its services")
+        wait_until(lambda: quieting(a, "a", "slow") or first.poll() is not None, "trial a to quiet its services",
+                   timeout=180, poll=0.3)
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(timeout=30)
         held = read_holder(own_host_lock)
@@ -79,8 +76,8 @@ def test_a_second_trial_waits_for_the_first_even_killed_and_goes_on_once_its_cle
         # trial b again, willing to wait: it waits while a holds the host, and goes on once a's cleanup gave it back
         b = trial_dir(tmp_path, "b", {"demo-web": demo}, wait_s=300)
         second = start(b, QUIETED.format(trial="b"))
-        poll(lambda: "waiting for the host" in (b / "snakemake.out").read_text() or second.poll() is not None, 180,
-             "trial b to wait for the host")
+        wait_until(lambda: "waiting for the host" in (b / "snakemake.out").read_text() or second.poll() is not None,
+                   "trial b to wait for the host", timeout=180, poll=0.3)
         assert second.poll() is None and read_holder(own_host_lock).trial == "a"
         cleanup = snakemake(a, "cleanup", "--cores", "1", timeout=300)
         assert cleanup.returncode == 0, cleanup.stdout[-3000:] + cleanup.stderr[-3000:]
