@@ -185,6 +185,7 @@ def test_the_gpu_is_scheduled_once(slurm: SlurmCluster):
 #: signals every process of the job: the batch shell does not pass it on.
 TRAPPED = ("sh -c 'trap \"touch child.term; exit 0\" TERM; sleep 300 & wait' & "
            "trap 'touch shell.term; exit 0' TERM; sleep 300 & wait")
+TERMS = ["child.term", "shell.term"]
 
 
 def test_scancel_ends_the_job_and_its_processes(slurm: SlurmCluster, tmp_path: Path):
@@ -193,8 +194,11 @@ def test_scancel_ends_the_job_and_its_processes(slurm: SlurmCluster, tmp_path: P
         until("both sleeps of the job", lambda: len(sleeps(slurm, job_id)) == 2)
         assert slurm.run("scancel", job_id).returncode == 0
         until("no sleep of the job", lambda: not sleeps(slurm, job_id))
-        # SIGTERM reached both, the batch shell's child too (what the machine's speed cannot change: a file each)
-        assert sorted(p.name for p in tmp_path.glob("*.term")) == ["child.term", "shell.term"]
+        # SIGTERM reached both, the batch shell's child too: each trap leaves a file. A trap runs its touch once
+        # the signal has ended its wait, so the files may come a moment after the sleeps are gone; waited for
+        # (KillWait gives each shell that long before SIGKILL)
+        until("a file from each trap", lambda: sorted(p.name for p in tmp_path.glob("*.term")) == TERMS,
+              timeout=KILL_WAIT + 30)
         until("the job cancelled", lambda: job(slurm, job_id).get("state") == "CANCELLED")
     finally:
         slurm.run("scancel", job_id)
