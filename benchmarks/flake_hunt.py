@@ -2,8 +2,9 @@
 
     python benchmarks/flake_hunt.py [--runs N] [--busy K] [--workers W] [--mark EXPR] [--out DIR] [FILE ...]
 
-With no FILE, the files are every test file that holds a test marked ``e2e`` or ``workflow`` (the
-real-vLLM trials and every test that runs snakemake), as pytest collects them. Each run is one pytest
+With no FILE, the files are every test file that holds a test marked ``e2e``, ``workflow`` or
+``hostwide`` (the real-vLLM trials, every test that runs snakemake, and those that change or watch
+the whole machine: its SLURM, its network namespaces, the installed vLLM), as pytest collects them. Each run is one pytest
 process over all the files (``-n W`` pytest-xdist workers as ``make test`` runs them, default 2), its
 outcomes read from the JUnit XML file pytest writes into DIR. With ``--busy K``, K plain CPU hogs
 (``while True: pass``, each its own process group) run for the whole hunt and are stopped at its end,
@@ -149,7 +150,7 @@ def report(tallies: dict[str, Tally], runs: int) -> list[str]:
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("files", nargs="*", help="test files (default: every file with an e2e or workflow test)")
+    p.add_argument("files", nargs="*", help="test files (default: every file with an e2e, workflow or hostwide test)")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--busy", type=int, default=1, help="CPU cores kept busy by a hog for the whole hunt (0: none)")
     p.add_argument("--workers", type=int, default=2, help="pytest-xdist workers, as make test runs (0: one process)")
@@ -162,7 +163,7 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     signal.signal(signal.SIGTERM, as_exit)
     args.out.mkdir(parents=True, exist_ok=True)
-    files = args.files or marked_files("e2e or workflow")
+    files = args.files or marked_files("e2e or workflow or hostwide")
     print(f"flake hunt: {len(files)} files, {args.runs} runs, {args.busy} core(s) busy, -n {args.workers}", flush=True)
     tallies: dict[str, Tally] = {}
     with busy_cores(args.busy):
