@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 import logging
 import os
 import re
@@ -39,6 +38,8 @@ from typing import Any
 import psutil
 
 from llmtrial.core.ledger import Action, Ledger, replay
+from llmtrial.host.nodes import last_json_object, program_argv
+from llmtrial.onnode import gpu_health
 
 log = logging.getLogger(__name__)
 
@@ -230,53 +231,19 @@ def launch_check(ledger: Ledger, gpus: Sequence[Mapping[str, Any]], allow: Itera
 
 # --------------------------------------------------------------------------- health
 
-#: The fresh process of the health check: initialise CUDA on the one GPU it is shown, allocate,
-#: touch and free a buffer, synchronise. Standard library and torch only; prints one JSON line.
-HEALTH_PROGRAM = r"""
-import importlib.util, json, os, sys, time
-nbytes = int(sys.argv[1])
-t0 = time.perf_counter()
-double = os.environ.get("LLMTRIAL_GPU_DOUBLE")
-try:
-    if double:
-        spec = importlib.util.spec_from_file_location("gpu_double", double)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        out = mod.cuda_health(nbytes)
-    else:
-        import torch
-        if not torch.cuda.is_available():
-            out = {"status": "skipped", "evidence": f"torch {torch.__version__}: torch.cuda.is_available() is False"}
-        else:
-            torch.cuda.init()
-            x = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
-            x.fill_(1)
-            torch.cuda.synchronize()
-            del x
-            torch.cuda.empty_cache()
-            out = {"status": "ok", "evidence": f"allocated, filled and freed {nbytes} bytes on "
-                                                 f"{torch.cuda.get_device_name(0)}"}
-except Exception as exc:
-    out = {"status": "failed", "evidence": f"{type(exc).__name__}: {exc}"}
-out["seconds"] = round(time.perf_counter() - t0, 3)
-print(json.dumps(out))
-"""
-
-
 def allocation_check(gpu: Mapping[str, Any], nbytes: int = HEALTH_BYTES, timeout: float = HEALTH_TIMEOUT_S,
                      python: str = sys.executable) -> dict[str, Any]:
     """A fresh process shown only ``gpu`` initialises CUDA and allocates ``nbytes``: status
     ``ok``, ``failed`` (an error, a hang past ``timeout``, a crash) or ``skipped`` (no CUDA)."""
     env = {**os.environ, **visible_devices_env([gpu])}
-    argv = [python, "-c", HEALTH_PROGRAM, str(nbytes)]
+    argv = program_argv(python, gpu_health, str(nbytes))
     try:
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return {"status": "failed", "evidence": f"the fresh process did not finish in {timeout:g} s (a hang)"}
-    lines = done.stdout.strip().splitlines()
     try:
-        return dict(json.loads(lines[-1]))
-    except (IndexError, ValueError):
+        return last_json_object(done.stdout)
+    except ValueError:
         err = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         return {"status": "failed", "evidence": f"the fresh process died (exit {done.returncode}): {err}"}
 
