@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from llmtrial.core.units import GiB
 from llmtrial.host.crossnode import (
     STALE_MARKERS,
     cross_checks,
@@ -26,7 +27,6 @@ from llmtrial.host.crossnode import (
     preflight_nodes,
     same_files,
 )
-from llmtrial.host.disk import GiB
 from llmtrial.host.nodes import local_node, program_argv
 from llmtrial.onnode import node_facts as node_facts_program
 

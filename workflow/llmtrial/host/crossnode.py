@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from llmtrial.core.units import GiB
 from llmtrial.host.checks import MIN_SHM_BYTES, check
-from llmtrial.host.disk import GiB
 from llmtrial.host.nodes import Node, NodeError
 from llmtrial.onnode import node_facts as onnode_facts
 

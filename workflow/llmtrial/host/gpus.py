@@ -38,6 +38,7 @@ from typing import Any
 import psutil
 
 from llmtrial.core.ledger import Action, Ledger, replay
+from llmtrial.core.units import GiB, MiB
 from llmtrial.host.nodes import last_json_object, program_argv
 from llmtrial.onnode import gpu_health
 
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 #: The environment variable naming a test double of the host's GPU stack (a Python file).
 DOUBLE_ENV = "LLMTRIAL_GPU_DOUBLE"
 #: What the health check allocates on each GPU, and how long the fresh process may take.
-HEALTH_BYTES = 64 * 2**20
+HEALTH_BYTES = 64 * MiB
 HEALTH_TIMEOUT_S = 60.0
 #: ``NVRM: Xid (PCI:0000:17:00): 79, pid=..., GPU has fallen off the bus.``
 XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]+)\): (?P<code>\d+)")
@@ -205,7 +206,7 @@ def census(selected: Sequence[Mapping[str, Any]], allow: Iterable[str] = ()) -> 
 
 def describe_process(p: Mapping[str, Any]) -> str:
     mem = p.get("memory_bytes")
-    used = f", {mem / 2**30:.2f} GiB" if isinstance(mem, (int, float)) else ""
+    used = f", {mem / GiB:.2f} GiB" if isinstance(mem, (int, float)) else ""
     return f"pid {p['pid']} on GPU {p['gpu']} (user {p['user']}, {p['command']}{used})"
 
 

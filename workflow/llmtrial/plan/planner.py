@@ -29,6 +29,7 @@ from typing import Any
 from llmtrial.core.record_models import Hardware as PlannedHardware
 from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.records import fact
+from llmtrial.core.units import GiB
 from llmtrial.core.vllm_install import recorded_vllm
 from llmtrial.plan import budget, checkpoint
 from llmtrial.plan.budget import MemoryTerms
@@ -55,7 +56,6 @@ from llmtrial.plan.shape import (
     text_config,
 )
 
-GiB = 1024**3
 #: KV space per worker the plan assumes on a CPU host when none is configured.
 ASSUMED_CPU_KV_GIB = 4.0
 
