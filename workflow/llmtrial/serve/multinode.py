@@ -35,7 +35,8 @@ from llmtrial.host import collective
 from llmtrial.host.groups import finish_group, group_alive, start_group
 from llmtrial.host.nodes import Node, NodeError, last_json_object, program_argv
 from llmtrial.onnode import headless_serve
-from llmtrial.serve.server import DEFAULT_ARGS, ServerProcess, ServerStartError, args_to_flags
+from llmtrial.plan.plan_inputs import ServingArgs
+from llmtrial.serve.server import ServerProcess, ServerStartError, vllm_flags
 
 __all__ = ["MASTER_PORT_OFFSET", "SANITY_PORT_OFFSET", "launch_args", "ray_port", "headless_argv",
            "NodeGroups", "HeadlessRanks", "RayCluster", "MultiNodeServer", "sanity_check"]
@@ -72,9 +73,9 @@ def launch_args(nodes: Sequence[Node], rank: int, master_port: int) -> dict[str,
     return args
 
 
-def headless_argv(node: Node, model_dir: str, args: Mapping[str, Any]) -> list[str]:
+def headless_argv(node: Node, model_dir: str, args: ServingArgs, launch: Mapping[str, Any]) -> list[str]:
     """The argv of a headless rank on ``node``: its Python running :mod:`llmtrial.onnode.headless_serve`."""
-    return program_argv(node.python, headless_serve, model_dir, *args_to_flags({**DEFAULT_ARGS, **args}))
+    return program_argv(node.python, headless_serve, model_dir, *vllm_flags(args, launch))
 
 
 class NodeGroups:
@@ -174,14 +175,13 @@ class HeadlessRanks(NodeGroups):
     record's ``args`` of a rank are the serving flags after :mod:`llmtrial.onnode.headless_serve`."""
 
     def __init__(self, ledger: Ledger, nodes: Sequence[Node], *, label: str, model_dirs: Mapping[str, str],
-                 args: Mapping[str, Any], envs: Mapping[str, Mapping[str, str]], master_port: int) -> None:
+                 args: ServingArgs, envs: Mapping[str, Mapping[str, str]], master_port: int) -> None:
         super().__init__(ledger, nodes, label=label)
-        self.model_dirs, self.args, self.envs, self.master_port = model_dirs, dict(args), envs, master_port
+        self.model_dirs, self.args, self.envs, self.master_port = model_dirs, args, envs, master_port
 
     def argv(self, node: Node) -> list[str]:
         rank = self.nodes.index(node)
-        return headless_argv(node, self.model_dirs[node.name],
-                             {**self.args, **launch_args(self.nodes, rank, self.master_port)})
+        return headless_argv(node, self.model_dirs[node.name], self.args, launch_args(self.nodes, rank, self.master_port))
 
     def start(self) -> None:
         """Start every headless rank, each with its node's serving environment (``envs``)."""

@@ -102,12 +102,17 @@ class TrialJob:
         """The configuration's own args turn prefix caching on (the trial's servers otherwise have it off)."""
         return bool({**DEFAULT_ARGS, **self.spec["args"]}.get("enable_prefix_caching"))
 
+    def serving_args(self, prefix_caching: bool = False) -> ServingArgs:
+        """The configuration's vLLM args, every rank's; ``prefix_caching``: the relaunch for the scenarios that
+        need it on."""
+        args = {**self.spec["args"], **({"enable_prefix_caching": True} if prefix_caching else {})}
+        return ServingArgs.from_config(args, self.spec["env"])
+
     def argv(self, prefix_caching: bool = False) -> list[str]:
-        """The server's argv; ``prefix_caching``: the relaunch for the scenarios that need it on."""
-        args = {**self.spec["args"], **(self.spread.server_args() if self.spread else {}),
-                **({"enable_prefix_caching": True} if prefix_caching else {})}
+        """The API server's argv (node 0's, with its launch arguments where the configuration spans nodes)."""
         return build_server_argv(model_dir=self.model_dir, served_model_name=self.workload.served_model_name,
-                                 host=self.host, port=self.port, args=ServingArgs.from_config(args, self.spec["env"]))
+                                 host=self.host, port=self.port, args=self.serving_args(prefix_caching),
+                                 launch=self.spread.server_args() if self.spread else None)
 
     def measurement(self, flags: Mapping[str, bool] | None = None,
                     relaunch: Callable[[], ServerProcess] | None = None) -> Measurement:
@@ -240,7 +245,8 @@ class TrialJob:
                                   "stop_timeout": float(self.spec["stop_timeout_s"]),
                                   "label": f"{self.label} (prefix caching on)" if prefix_caching else self.label}
         if self.spread:
-            return self.spread.server(self.argv(prefix_caching), ledger, envs, self.spec["args"], **kwargs)
+            return self.spread.server(self.argv(prefix_caching), ledger, envs, self.serving_args(prefix_caching),
+                                      **kwargs)
         return ServerProcess(self.argv(prefix_caching), ledger=ledger, **kwargs)
 
     def _fresh_folder(self) -> None:
