@@ -46,12 +46,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from llmtrial.core.units import MiB
-
 try:
     from llmtrial.core.fileio import atomic_write_text
+    from llmtrial.core.units import MiB
 except ImportError:  # a rank run as ``python -c`` on a node without llmtrial: it prints its result (--out -)
     atomic_write_text = None  # type: ignore[assignment]
+    MiB = 2**20  # as llmtrial.core.units states it
 
 __all__ = [
     "BACKENDS",
