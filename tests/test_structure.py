@@ -168,6 +168,19 @@ def test_the_checker_finds_a_program_in_a_string_and_passes_prose(tmp_path: Path
     assert programs_in_strings(root) == ["a.py:1"]
 
 
+def test_one_class_per_name_in_the_library() -> None:
+    """A name means one thing: no two modules of the library define a class of the same name (the
+    patches' hooks are patch data, not the library)."""
+    where: dict[str, list[str]] = {}
+    for path in sorted(LIBRARY.rglob("*.py")):
+        if "patches" in path.relative_to(LIBRARY).parts:
+            continue
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(str(path.relative_to(LIBRARY)))
+    assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}
+
+
 def package_of(module: str) -> str | None:
     """The package a library module sits in (``llmtrial.plan.shape`` -> ``plan``); None at the top."""
     parts = module.split(".")

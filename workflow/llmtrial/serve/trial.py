@@ -37,7 +37,7 @@ from llmtrial.serve import comparison
 from llmtrial.serve.answers_job import FLAGS_OFF_LOG, answers_part, flags_off_env, flags_off_run, patch_flags, wants_flags_off
 from llmtrial.serve.measure import Measurement, Served, Workload
 from llmtrial.serve.multinode_job import Spread, node_outcomes
-from llmtrial.serve.passes import Failure
+from llmtrial.serve.passes import PhaseFailure
 from llmtrial.serve.progress import outcome_line, say
 from llmtrial.serve.server import DEFAULT_ARGS, ServerProcess, build_server_argv
 from llmtrial.serve.telemetry import CSV_HEADER
@@ -170,11 +170,11 @@ class TrialJob:
         env = envs[self.nodes[0].name] if spread else envs[""]
         parts["gpu_census"] = ready.census
         if ready.busy:
-            return self._not_served(job_start, argv, "failed", Failure("gpu_check", "gpu_in_use", ready.busy), **parts)
+            return self._not_served(job_start, argv, "failed", PhaseFailure("gpu_check", "gpu_in_use", ready.busy), **parts)
         if spread:
             parts.update(spread.record(gpus=bool((self.plan.get("hardware") or {}).get("gpus")))._asdict())
             if not parts["collective"].ok:
-                return self._not_served(job_start, argv, "failed", Failure("sanity_check", "collective_failed",
+                return self._not_served(job_start, argv, "failed", PhaseFailure("sanity_check", "collective_failed",
                                                                            parts["collective"].diagnosis), **parts)
         job = ledger.append(Action.JOB_STARTED, label=self.label, pid=os.getpid(), create_time=psutil.Process().create_time())
         flags = patch_flags(ready.patched["patches"], env)
@@ -265,7 +265,7 @@ class TrialJob:
                     "; ".join(self.plan["reasons"]))
         return self._not_served(job_start, argv, "skipped")
 
-    def _not_served(self, job_start: float, argv: list[str], status: str, failure: Failure | None = None,
+    def _not_served(self, job_start: float, argv: list[str], status: str, failure: PhaseFailure | None = None,
                     **parts: Any) -> ConfigurationRecord:
         """The record of a configuration whose server never started (skipped, or stopped by its
         sanity check), with an empty telemetry file."""
