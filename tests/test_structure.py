@@ -20,7 +20,7 @@ PACKAGE = "llmtrial"
 LIBRARY = REPO / "workflow" / PACKAGE
 #: The library's packages, bottom first: each may import only those before it. The modules at
 #: the top (the trial file, provenance, the command line) may import any package; none imports them.
-PACKAGES = ("core", "answers", "logs", "host", "plan", "weights", "patch", "borrow", "serve", "report", "compare", "export")
+PACKAGES = ("onnode", "core", "answers", "logs", "host", "plan", "weights", "patch", "borrow", "serve", "report", "compare", "export")
 
 
 def module_name(path: Path, root: Path = LIBRARY) -> str:
@@ -133,6 +133,52 @@ def test_the_library_has_no_import_cycle() -> None:
 def test_no_llmtrial_import_inside_a_function() -> None:
     _, hidden = import_graph()
     assert not hidden, "llmtrial imports inside functions (import at module level instead):\n" + "\n".join(hidden)
+
+
+#: Statements that make a string constant a program rather than prose or a template.
+_PROGRAM_STATEMENTS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.Assign, ast.For, ast.While,
+                       ast.If, ast.With, ast.Try)
+
+
+def programs_in_strings(root: Path = LIBRARY) -> list[str]:
+    """``file:line`` of every string constant over more than one line that is Python source with a
+    statement in it: a program no linter, type check or structure test would read."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.count("\n") > 1):
+                continue
+            try:
+                body = ast.parse(node.value)
+            except SyntaxError:
+                continue
+            if any(isinstance(n, _PROGRAM_STATEMENTS) for n in ast.walk(body)):
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def test_no_program_hides_in_a_string() -> None:
+    """What runs on a node is a module of llmtrial.onnode, sent by its file's source."""
+    assert programs_in_strings() == []
+
+
+def test_the_checker_finds_a_program_in_a_string_and_passes_prose(tmp_path: Path) -> None:
+    root = _package(tmp_path, {"a.py": 'P = """\nimport os\nprint(os.getpid())\n"""\n',
+                               "b.py": '"""Prose over\ntwo lines,\nnot a program."""\nT = """{{ name }}\n<p>\n"""\n'})
+    assert programs_in_strings(root) == ["a.py:1"]
+
+
+def test_one_class_per_name_in_the_library() -> None:
+    """A name means one thing: no two modules of the library define a class of the same name (the
+    patches' hooks are patch data, not the library)."""
+    where: dict[str, list[str]] = {}
+    for path in sorted(LIBRARY.rglob("*.py")):
+        if "patches" in path.relative_to(LIBRARY).parts:
+            continue
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(str(path.relative_to(LIBRARY)))
+    assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}
 
 
 def package_of(module: str) -> str | None:

@@ -20,7 +20,16 @@ from pathlib import Path
 import pytest
 
 from hosts import INTERFACE
-from llmtrial.host.collective import busbw_factor, diagnose_rank, free_port, main, run_local_group, summarize
+from llmtrial.host.collective import (
+    busbw_factor,
+    diagnose_rank,
+    free_port,
+    main,
+    rank_argv,
+    run_local_group,
+    summarize,
+)
+from llmtrial.host.nodes import last_json_object
 from llmtrial.logs.failures import diagnose_failure
 from llmtrial.logs.lines import read_log
 from llmtrial.serve.multinode import sanity_check
@@ -103,6 +112,21 @@ def test_rank_with_a_missing_interface_fails_before_importing_torch(tmp_path, mo
     assert r["ok"] is False and r["phase"] == "init" and r["torch"] is None
     assert r["error"] == "GLOO_SOCKET_IFNAME=nosuch0: no such interface"
     assert r["diagnosis"].startswith("GLOO_SOCKET_IFNAME=nosuch0: no such interface")
+
+
+def test_a_standalone_rank_runs_where_llmtrial_cannot_be_imported():
+    """The rank a node without llmtrial runs (its module's source as ``python -c``, ``--out -``): here with
+    every llmtrial import refused, it still answers, its result the last line it prints."""
+    argv = rank_argv(0, 2, backend="gloo", master_addr="127.0.0.1", port=29999, out="-", interface="nosuch0",
+                     standalone=True)
+    assert argv[1] == "-c" and "llmtrial.host.collective" not in argv[:2]
+    refusing = ("import sys; sys.modules['llmtrial'] = None; "
+                "exec(compile(sys.argv.pop(1), 'collective', 'exec'), {'__name__': '__main__'})")
+    proc = subprocess.run([argv[0], "-c", refusing, *argv[2:]], capture_output=True, text=True, timeout=120,
+                          check=False)
+    result = last_json_object(proc.stdout)
+    assert (proc.returncode, result["ok"], result["phase"]) == (1, False, "init"), proc.stderr
+    assert result["diagnosis"].startswith("GLOO_SOCKET_IFNAME=nosuch0: no such interface")
 
 
 # ------------------------------------------------------------------ real ranks on loopback

@@ -19,16 +19,16 @@ from pathlib import Path
 
 import pytest
 
+from llmtrial.core.units import GiB
 from llmtrial.host.crossnode import (
-    _FACTS_SCRIPT,
     STALE_MARKERS,
     cross_checks,
     node_facts,
     preflight_nodes,
     same_files,
 )
-from llmtrial.host.disk import GiB
-from llmtrial.host.nodes import local_node
+from llmtrial.host.nodes import local_node, program_argv
+from llmtrial.onnode import node_facts as node_facts_program
 
 # --- the checks over facts --------------------------------------------------------------------
 
@@ -156,7 +156,8 @@ def test_same_files_detects_a_differing_hash_and_a_missing_file():
 
 
 def test_the_fact_program_carries_no_marker_so_it_never_finds_itself():
-    assert not [m for m in STALE_MARKERS if m in _FACTS_SCRIPT]
+    [source] = [arg for arg in program_argv("python", node_facts_program) if "def stale(" in arg]
+    assert not [m for m in STALE_MARKERS if m in source]
 
 
 # --- two hosts on this machine ----------------------------------------------------------------

@@ -19,7 +19,16 @@ import pytest
 from hosts import PREFIX, SSHD, clean_stale, namespaces, two_hosts
 from llmtrial.config import ConfigError, validate_config
 from llmtrial.core.fileio import sha256_file
-from llmtrial.host.nodes import LOCAL_NAME, Node, NodeError, configuration_nodes, local_node, spanned_nodes, trial_nodes
+from llmtrial.host.nodes import (
+    LOCAL_NAME,
+    Node,
+    NodeError,
+    configuration_nodes,
+    last_json_object,
+    local_node,
+    spanned_nodes,
+    trial_nodes,
+)
 
 BASE = {
     "trial": "t",
@@ -269,3 +278,12 @@ def test_a_rank_gets_the_nodes_interface_and_address_under_its_own_env():
     assert node.rank_env() == {"VLLM_HOST_IP": "10.0.0.2", "GLOO_SOCKET_IFNAME": "ib0", "NCCL_SOCKET_IFNAME": "=ib0",
                                "VLLM_CPU_OMP_THREADS_BIND": "1"}
     assert local_node().rank_env() == {"VLLM_HOST_IP": "127.0.0.1"}
+
+
+def test_the_answer_of_a_program_is_its_last_json_object_line():
+    """What a program prints after its answer (a library's warning at exit) and before it is passed over;
+    nothing that is an object is an error quoting what was printed."""
+    printed = 'loading\n{"a": 1}\n{"b": 2}\n[3]\nWARNING: leaked semaphore\n'
+    assert last_json_object(printed) == {"b": 2}
+    with pytest.raises(ValueError, match="no JSON object in what it printed: .*Traceback"):
+        last_json_object("[1]\n{not json\nTraceback (most recent call last)\n")

@@ -16,6 +16,7 @@ from llmtrial.config import load_config
 from llmtrial.host.nodes import Node, NodeError, configuration_nodes
 from llmtrial.host.slurm_hosts import expand_hostlist
 from llmtrial.plan.allocation import allocation_nodes, rule_resources
+from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve.multinode import headless_argv, launch_args
 from workflow_helpers import SNAKEMAKE
 
@@ -62,12 +63,16 @@ def test_inside_the_allocation_rank_1_runs_headless_on_the_second_host_through_s
     assert b.label() == "node b (SLURM host gpu08)" and b.rank_env()["VLLM_HOST_IP"] == "gpu08"
     args = launch_args([a, b], 1, 29600)
     assert args == {"nnodes": 2, "node_rank": 1, "master_addr": "gpu07", "master_port": 29600, "headless": True}
-    argv = b.argv(headless_argv(b, "/srv/staging/tiny-llama", args))
+    serving = ServingArgs.from_config({"tensor_parallel_size": 2, "enforce_eager": True})
+    argv = b.argv(headless_argv(b, "/srv/staging/tiny-llama", serving, args))
     assert argv[:8] == ["srun", "--jobid=4242", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=gpu08",
                         sys.executable, "-c"]
     flags = argv[9:]
     assert flags[0] == "/srv/staging/tiny-llama" and "--headless" in flags
     assert flags[flags.index("--master-addr") + 1] == "gpu07" and flags[flags.index("--node-rank") + 1] == "1"
+    # the configuration's flags, as node 0's server gets them, and the trial's default (prefix caching off)
+    assert flags[flags.index("--tensor-parallel-size") + 1] == "2" and "--enforce-eager" in flags
+    assert "--no-enable-prefix-caching" in flags
     # the ledger's description of b, read back after the allocation ended: a job of its own on gpu08
     monkeypatch.delenv("SLURM_JOB_ID")
     monkeypatch.delenv("SLURM_JOB_NODELIST")

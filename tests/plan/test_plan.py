@@ -14,14 +14,14 @@ from conftest import DATA, NvmlDouble, written
 from llmtrial.borrow.preflight import gpu_inventory
 from llmtrial.cli import main as cli_main
 from llmtrial.core.record_models import PlanRecord
+from llmtrial.core.units import GiB
 from llmtrial.logs.lines import read_log
 from llmtrial.logs.startup_log import parse_startup
 from llmtrial.plan.budget import MemoryTerms
 from llmtrial.plan.launch_checks import configuration_checks
 from llmtrial.plan.planner import (
     Extras,
-    GiB,
-    Hardware,
+    HardwareInputs,
     PlanError,
     ServingArgs,
     WeightsSize,
@@ -57,13 +57,13 @@ def logged(name: str) -> dict:
 
 class TestSeed003:
     def test_kv_bytes_per_token_whole_and_per_gpu_at_tp4(self):
-        p = plan(SEED_003, Hardware(gpus=4, gpu_memory_gib=95), ServingArgs(tensor_parallel_size=4, max_model_len=32768),
+        p = plan(SEED_003, HardwareInputs(gpus=4, gpu_memory_gib=95), ServingArgs(tensor_parallel_size=4, max_model_len=32768),
                  weights=staged(220))
         assert p.data["kv_cache_bytes_per_token"] == 192_512
         assert p.data["kv_cache_bytes_per_token_per_rank"] == 48_128
 
     def test_token_count_from_the_logged_available_memory(self):
-        p = plan(SEED_003, Hardware(gpus=4, gpu_memory_gib=95), ServingArgs(tensor_parallel_size=4, max_model_len=32768),
+        p = plan(SEED_003, HardwareInputs(gpus=4, gpu_memory_gib=95), ServingArgs(tensor_parallel_size=4, max_model_len=32768),
                  available_kv_gib=27.85)
         assert abs(p.data["predicted_kv_cache_tokens"] - 621_392) / 621_392 < 0.001
         assert abs(p.data["max_concurrency"] - 18.96) < 0.02
@@ -81,13 +81,13 @@ class TestSeed003:
             for owner in (builtins, io):
                 mp.setattr(owner, "open", touched)
             mp.setattr(subprocess, "Popen", touched)
-            p = plan(SEED_003, Hardware(gpus=3, gpu_memory_gib=95),
+            p = plan(SEED_003, HardwareInputs(gpus=3, gpu_memory_gib=95),
                      ServingArgs(tensor_parallel_size=3, max_model_len=32768), weights=staged(220))
         assert p.verdict == "does_not_fit"
         assert "Total number of attention heads (64) must be divisible by tensor parallel size (3)" in p.reasons[0]
 
     def test_estimated_memory_is_labelled_as_an_estimate(self):
-        p = plan(SEED_003, Hardware(gpus=4, gpu_memory_gib=95), ServingArgs(tensor_parallel_size=4, max_model_len=32768),
+        p = plan(SEED_003, HardwareInputs(gpus=4, gpu_memory_gib=95), ServingArgs(tensor_parallel_size=4, max_model_len=32768),
                  weights=staged(220))
         assert p.facts["available_kv_bytes_per_rank"]["kind"] == "estimated"
         assert p.facts["predicted_kv_cache_tokens"]["kind"] == "estimated"
@@ -123,7 +123,7 @@ class TestSeedsFromConfigAlone:
 
     def seed_003(self, **over):
         args = ServingArgs.from_config({"tensor_parallel_size": 4, "max_model_len": 32768, **over}, SEED_003_ENV)
-        return plan(real_config("Qwen3-235B-A22B-Instruct-2507-FP8"), Hardware(gpus=4, gpu_memory_gib=95.01), args)
+        return plan(real_config("Qwen3-235B-A22B-Instruct-2507-FP8"), HardwareInputs(gpus=4, gpu_memory_gib=95.01), args)
 
     def test_seed_003_fits_at_tp4_with_the_logged_weights_and_kv_tokens(self):
         p = self.seed_003()
@@ -156,27 +156,27 @@ class TestSeedsFromConfigAlone:
         eager = self.seed_003(enforce_eager=True)
         assert eager.facts["cuda_graph_bytes"] == {"value": 0, "kind": "predicted", "unit": "B",
                                                    "source": "enforce_eager: no CUDA graphs"}
-        recent = plan(real_config("Qwen3-235B-A22B-Instruct-2507-FP8"), Hardware(gpus=4, gpu_memory_gib=95.01),
+        recent = plan(real_config("Qwen3-235B-A22B-Instruct-2507-FP8"), HardwareInputs(gpus=4, gpu_memory_gib=95.01),
                       ServingArgs.from_config({"tensor_parallel_size": 4, "max_model_len": 32768}))
         assert recent.facts["cuda_graph_bytes"]["value"] > 0
         assert recent.data["predicted_kv_cache_tokens"] < eager.data["predicted_kv_cache_tokens"]
 
     def test_seed_001_awq_fits_one_12_gb_gpu_and_bf16_does_not(self):
         awq = real_config("Qwen2.5-7B-Instruct-AWQ")
-        gpu = Hardware(gpus=1, gpu_memory_gib=11.63)  # the RTX 3060's 12.49 GB
+        gpu = HardwareInputs(gpus=1, gpu_memory_gib=11.63)  # the RTX 3060's 12.49 GB
         p = plan(awq, gpu, ServingArgs(max_model_len=4096))
         assert p.verdict == "fits" and p.data["weights_bytes_per_rank"][0] / GiB == pytest.approx(5.2, abs=0.05)
         bf16 = {k: v for k, v in awq.items() if k != "quantization_config"}
         p = plan({**bf16, "torch_dtype": "bfloat16"}, gpu, ServingArgs(max_model_len=4096))
         assert p.verdict == "does_not_fit" and any("exceed the budget" in r for r in p.reasons)
         # split over the two 3060s: "the engine loaded 7.12 GiB of weights onto each GPU"
-        p = plan({**bf16, "torch_dtype": "bfloat16"}, Hardware(gpus=2, gpu_memory_gib=11.63),
+        p = plan({**bf16, "torch_dtype": "bfloat16"}, HardwareInputs(gpus=2, gpu_memory_gib=11.63),
                  ServingArgs(tensor_parallel_size=2, max_model_len=4096))
         assert p.data["weights_bytes_per_rank"][0] / GiB == pytest.approx(7.12, rel=0.01)
 
     def test_an_unknown_quantization_on_a_gpu_is_unknown_not_a_bf16_guess(self):
         cfg = {**real_config("Qwen3-30B-A3B"), "quantization_config": {"quant_method": "hqq"}}
-        p = plan(cfg, Hardware(gpus=1, gpu_memory_gib=80), ServingArgs(max_model_len=4096))
+        p = plan(cfg, HardwareInputs(gpus=1, gpu_memory_gib=80), ServingArgs(max_model_len=4096))
         assert p.verdict == "unknown" and "quantization method 'hqq'" in p.reasons[0]
         assert p.facts["weights_bytes"]["kind"] == "unknown"
 
@@ -195,7 +195,7 @@ SEED_000_ARGS = {"tensor_parallel_size": 1, "pipeline_parallel_size": 3, "gpu_me
 
 class TestSeed000:
     weights = WeightsSize(int(378.23 * GiB), "measured", "model.safetensors.index.json total_size")
-    gpus = Hardware(gpus=3, gpu_memory_gib=97.9)
+    gpus = HardwareInputs(gpus=3, gpu_memory_gib=97.9)
 
     def test_the_model_is_the_size_the_report_gives(self):
         from llmtrial.plan.checkpoint import parameter_parts
@@ -240,7 +240,7 @@ class TestSeed002:
     def test_planner_recommends_it_from_the_extras(self):
         cfg = {"num_hidden_layers": 43, "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512,
                "hidden_size": 4096, "vocab_size": 0, "torch_dtype": "bfloat16"}
-        p = plan(cfg, Hardware(gpus=3, gpu_memory_gib=63.5), ServingArgs(pipeline_parallel_size=3, max_model_len=4096),
+        p = plan(cfg, HardwareInputs(gpus=3, gpu_memory_gib=63.5), ServingArgs(pipeline_parallel_size=3, max_model_len=4096),
                  weights=staged(43 * 3.33), extras=Extras(last_stage_bytes=12 * GiB, pinned_last_layers=3))
         parts = [int(x) for x in p.data["pp_layer_partition"].split(",")]
         assert sum(parts) == 43 and parts[-1] <= 12
@@ -251,7 +251,7 @@ class TestThisMachine:
 
     @pytest.mark.parametrize("tp,log,expected", [(2, "vllm-0.32.0-cpu-tp2-server.log", 1_048_576)])
     def test_tensor_parallel(self, tp, log, expected):
-        p = plan(TINY, Hardware(cpu_kv_space_gib=1), ServingArgs(tensor_parallel_size=tp, max_model_len=512))
+        p = plan(TINY, HardwareInputs(cpu_kv_space_gib=1), ServingArgs(tensor_parallel_size=tp, max_model_len=512))
         measured = logged(log)
         assert measured["kv_cache_tokens"]["value"] == expected
         assert p.data["predicted_kv_cache_tokens"] == expected
@@ -260,7 +260,7 @@ class TestThisMachine:
     def test_uneven_pipeline_split(self):
         args = ServingArgs.from_config({"pipeline_parallel_size": 2, "max_model_len": 512},
                                        {"VLLM_PP_LAYER_PARTITION": "3,1"})
-        p = plan(TINY, Hardware(cpu_kv_space_gib=1), args)
+        p = plan(TINY, HardwareInputs(cpu_kv_space_gib=1), args)
         measured = logged("vllm-0.32.0-cpu-pp2-3-1-server.log")
         assert p.data["stage_layers"] == [3, 1]
         assert measured["kv_cache_tokens"]["value"] == 699_008
@@ -268,7 +268,7 @@ class TestThisMachine:
         assert p.data["max_concurrency"] == measured["max_concurrency"]["value"]
 
     def test_tp1(self):
-        p = plan(TINY, Hardware(cpu_kv_space_gib=1), ServingArgs(max_model_len=512))
+        p = plan(TINY, HardwareInputs(cpu_kv_space_gib=1), ServingArgs(max_model_len=512))
         assert p.data["predicted_kv_cache_tokens"] == 524_288 and p.verdict == "fits"
 
 
@@ -276,7 +276,7 @@ class TestArithmetic:
     def test_kv_heads_are_replicated_when_tp_exceeds_them(self):
         shape = model_shape(SEED_003)
         assert kv_bytes_per_token_per_layer(shape, 8, 2) == (2048, 512)
-        p = plan(SEED_003, Hardware(gpus=8, gpu_memory_gib=95), ServingArgs(tensor_parallel_size=8, max_model_len=4096),
+        p = plan(SEED_003, HardwareInputs(gpus=8, gpu_memory_gib=95), ServingArgs(tensor_parallel_size=8, max_model_len=4096),
                  weights=staged(220))
         assert p.data["kv_heads_per_rank"] == 1
         assert any("replicates" in r for r in p.reasons)
@@ -284,13 +284,13 @@ class TestArithmetic:
     def test_mla_caches_one_latent_per_token_on_every_rank(self):
         cfg = {"num_hidden_layers": 61, "num_attention_heads": 128, "hidden_size": 7168, "vocab_size": 129280,
                "kv_lora_rank": 512, "qk_rope_head_dim": 64, "torch_dtype": "bfloat16"}
-        p = plan(cfg, Hardware(gpus=8, gpu_memory_gib=141), ServingArgs(tensor_parallel_size=8, max_model_len=8192),
+        p = plan(cfg, HardwareInputs(gpus=8, gpu_memory_gib=141), ServingArgs(tensor_parallel_size=8, max_model_len=8192),
                  weights=staged(640))
         assert p.data["kv_cache_bytes_per_token"] == 61 * 576 * 2
         assert p.data["kv_cache_bytes_per_token_per_rank"] == 61 * 576 * 2
 
     def test_fp8_kv_cache_halves_the_bytes(self):
-        p = plan(SEED_003, Hardware(gpus=4, gpu_memory_gib=95),
+        p = plan(SEED_003, HardwareInputs(gpus=4, gpu_memory_gib=95),
                  ServingArgs(tensor_parallel_size=4, max_model_len=32768, kv_cache_dtype="fp8"), available_kv_gib=27.85)
         assert p.data["kv_cache_bytes_per_token_per_rank"] == 24_064
 
@@ -298,29 +298,29 @@ class TestArithmetic:
         cfg = {"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
                "hidden_size": 512, "vocab_size": 1000, "torch_dtype": "bfloat16",
                "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"]}
-        p = plan(cfg, Hardware(cpu_kv_space_gib=1), ServingArgs(max_model_len=1024))
+        p = plan(cfg, HardwareInputs(cpu_kv_space_gib=1), ServingArgs(max_model_len=1024))
         assert p.data["kv_cache_bytes_per_token"] == 1 * 2 * 2 * 64 * 2
         assert any("per sequence" in r for r in p.reasons)
 
     def test_sliding_window_layers_are_noted(self):
         cfg = {**TINY, "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 2}
-        p = plan(cfg, Hardware(cpu_kv_space_gib=1), ServingArgs(max_model_len=512))
+        p = plan(cfg, HardwareInputs(cpu_kv_space_gib=1), ServingArgs(max_model_len=512))
         assert any("sliding-window" in r for r in p.reasons)
 
     def test_weights_that_do_not_fit_give_reasons_and_offload_can_rescue(self):
         args = ServingArgs(tensor_parallel_size=1, max_model_len=4096)
-        p = plan(SEED_003, Hardware(gpus=1, gpu_memory_gib=95), args, weights=staged(220))
+        p = plan(SEED_003, HardwareInputs(gpus=1, gpu_memory_gib=95), args, weights=staged(220))
         assert p.verdict == "does_not_fit" and any("No memory left for the KV cache" in r for r in p.reasons)
         args.cpu_offload_gb = 180
-        p = plan(SEED_003, Hardware(gpus=1, gpu_memory_gib=95), args, weights=staged(220))
+        p = plan(SEED_003, HardwareInputs(gpus=1, gpu_memory_gib=95), args, weights=staged(220))
         assert p.verdict == "fits_with_offload"
 
     def test_max_model_len_longer_than_the_cache_is_refused(self):
-        p = plan(TINY, Hardware(cpu_kv_space_gib=1), ServingArgs(max_model_len=2_000_000, allow_long_max_model_len=True))
+        p = plan(TINY, HardwareInputs(cpu_kv_space_gib=1), ServingArgs(max_model_len=2_000_000, allow_long_max_model_len=True))
         assert p.verdict == "does_not_fit" and "less than one request" in p.reasons[0]
 
     def test_preemption_boundary_counts_requests_of_each_context(self):
-        p = plan(TINY, Hardware(cpu_kv_space_gib=1), ServingArgs(max_model_len=512), contexts=[96, 512])
+        p = plan(TINY, HardwareInputs(cpu_kv_space_gib=1), ServingArgs(max_model_len=512), contexts=[96, 512])
         # 4096 blocks of 128 tokens; a 96-token request takes one block, 512 takes four
         assert p.data["preemption_boundary"] == {"96": 4096, "512": 1024}
 
@@ -548,7 +548,7 @@ def test_qwen3_next_keeps_kv_per_token_only_in_its_full_attention_layers():
     # Qwen3-Next-80B-A3B: full attention every 4th of 48 layers (full_attention_interval 4), gated
     # DeltaNet between; 2 KV heads of 256 in bf16: 12 layers x K and V x 2 x 256 x 2 B per token
     cfg = real_config("Qwen3-Next-80B-A3B-Instruct")
-    p = plan(cfg, Hardware(gpus=2, gpu_memory_gib=80), ServingArgs(tensor_parallel_size=2, max_model_len=32768))
+    p = plan(cfg, HardwareInputs(gpus=2, gpu_memory_gib=80), ServingArgs(tensor_parallel_size=2, max_model_len=32768))
     assert p.data["kv_cache_bytes_per_token"] == 12 * 2 * 2 * 256 * 2
     assert any("36 linear-attention/Mamba layers keep state per sequence" in r for r in p.reasons)
     assert model_summary(cfg)["layer_kinds"] == {"state": 36, "full_attention": 12}
@@ -557,7 +557,7 @@ def test_qwen3_next_keeps_kv_per_token_only_in_its_full_attention_layers():
 class TestRefusalsBeforeLaunch:
     """What vLLM refuses within seconds, said by the plan with the argument and the model's field."""
 
-    H100 = Hardware(gpus=1, gpu_memory_gib=79.19)
+    H100 = HardwareInputs(gpus=1, gpu_memory_gib=79.19)
 
     def test_data_parallel_ranks_count_against_the_gpus(self):
         llama = real_config("Meta-Llama-3.1-8B-Instruct")
@@ -565,17 +565,17 @@ class TestRefusalsBeforeLaunch:
         assert p.verdict == "does_not_fit"
         assert ("data_parallel_size 2 x tensor_parallel_size 1 x pipeline_parallel_size 1 = 2 GPUs asked, 1 available "
                 "(hardware.gpus).") in p.reasons
-        two = plan(llama, Hardware(gpus=2, gpu_memory_gib=79.19), ServingArgs.from_config({"data_parallel_size": 2,
+        two = plan(llama, HardwareInputs(gpus=2, gpu_memory_gib=79.19), ServingArgs.from_config({"data_parallel_size": 2,
                                                                                            "max_model_len": 8192}))
         assert two.verdict == "fits"
 
     def test_a_vocabulary_tp_does_not_divide_is_named(self):
-        p = plan(real_config("Qwen3-30B-A3B"), Hardware(gpus=5, gpu_memory_gib=79.19),
+        p = plan(real_config("Qwen3-30B-A3B"), HardwareInputs(gpus=5, gpu_memory_gib=79.19),
                  ServingArgs(tensor_parallel_size=5, max_model_len=8192))
         [vocab] = [r for r in p.reasons if "vocab_size" in r]
         assert vocab.startswith("tensor_parallel_size 5 does not divide the vocabulary (config.json vocab_size 151,936")
         assert "'151936 is not divisible by 5'" in vocab  # vLLM's own assertion, as it will print it
-        assert not [r for r in plan(real_config("Qwen3-30B-A3B"), Hardware(gpus=4, gpu_memory_gib=79.19),
+        assert not [r for r in plan(real_config("Qwen3-30B-A3B"), HardwareInputs(gpus=4, gpu_memory_gib=79.19),
                                     ServingArgs(tensor_parallel_size=4, max_model_len=8192)).reasons if "vocab_size" in r]
 
     def test_max_model_len_above_the_models_own(self):
@@ -601,7 +601,7 @@ class TestRefusalsBeforeLaunch:
 class TestWeightsAsServed:
     """--dtype and --quantization change what the GPU holds, not what the checkpoint stores."""
 
-    H100 = Hardware(gpus=1, gpu_memory_gib=79.19)
+    H100 = HardwareInputs(gpus=1, gpu_memory_gib=79.19)
     LLAMA = "Meta-Llama-3.1-8B-Instruct"
 
     def weights_gib(self, args, **kw):
@@ -641,7 +641,7 @@ class TestWeightsAsServed:
 class TestAccountingByVersion:
     """The GPU budget's terms as the vLLM the trial installs counts them (llmtrial.plan.budget)."""
 
-    H100 = Hardware(gpus=1, gpu_memory_gib=79.19)
+    H100 = HardwareInputs(gpus=1, gpu_memory_gib=79.19)
     LLAMA = "Meta-Llama-3.1-8B-Instruct"
 
     def facts(self, version, hw=None, **args):
@@ -659,7 +659,7 @@ class TestAccountingByVersion:
         assert self.facts(None)["peak_activation_bytes"]["value"] == older["value"]  # unknown: the earlier rule
 
     def test_a_moe_models_fused_intermediates_count(self):
-        p = plan(real_config("Mixtral-8x7B-v0.1"), Hardware(gpus=2, gpu_memory_gib=79.19),
+        p = plan(real_config("Mixtral-8x7B-v0.1"), HardwareInputs(gpus=2, gpu_memory_gib=79.19),
                  ServingArgs(tensor_parallel_size=2, max_model_len=8192), vllm_version="0.19.0")
         # top-2 of experts with intermediate 14,336: gate and up outputs, bf16, split over TP 2
         moe = 2 * 2 * 14336 * 2 // 2
@@ -678,7 +678,7 @@ class TestAccountingByVersion:
         # vllm-project/vllm#10517 (tests/data/vllm-logs/v0-vllm-10517-rtx3090-20k-ok.log, line 1):
         # Llama-3.1-8B-Instruct in bf16 "Loading model weights took 14.9888 GB", its weights and the
         # cos/sin cache of 131,072 positions x 128 rotary dimensions in bf16
-        p = plan(real_config(self.LLAMA), Hardware(gpus=1, gpu_memory_gib=23.58),
+        p = plan(real_config(self.LLAMA), HardwareInputs(gpus=1, gpu_memory_gib=23.58),
                  ServingArgs.from_config({"max_model_len": 20000, "gpu_memory_utilization": 0.9}))
         assert p.facts["rope_cache_bytes"]["value"] == 131072 * 128 * 2
         logged = float(read_log(DATA / "vllm-logs" / "v0-vllm-10517-rtx3090-20k-ok.log").split("took ")[1].split()[0])
@@ -689,7 +689,7 @@ class TestAccountingByVersion:
     def test_cuda_graphs_for_0_19_grow_with_the_layers_on_the_rank(self):
         one = self.facts("0.19.0")["cuda_graph_outside_bytes"]
         assert one["value"] == int((0.32 + 0.0177 * 32) * GiB) and "32 layers on the rank" in one["source"]
-        pp2 = self.facts("0.19.0", Hardware(gpus=2, gpu_memory_gib=79.19), pipeline_parallel_size=2)
+        pp2 = self.facts("0.19.0", HardwareInputs(gpus=2, gpu_memory_gib=79.19), pipeline_parallel_size=2)
         assert pp2["cuda_graph_outside_bytes"]["value"] == int((0.32 + 0.0177 * 16) * GiB)
         assert self.facts("0.21.0")["cuda_graph_bytes"]["value"] == int(0.32 * GiB)  # other releases: the earlier rule
         assert "cuda_graph_outside_bytes" not in self.facts("0.21.0")
@@ -724,13 +724,13 @@ class TestAccountingByVersion:
     def test_non_torch_memory_follows_the_layout(self):
         two = dict(gpus=2, gpu_memory_gib=79.19)
         tp2 = {"tensor_parallel_size": 2}
-        assert self.facts("0.19.0", Hardware(**two, peer_access=True), **tp2)["non_torch_bytes"]["value"] == int(2.1 * GiB)
-        assert self.facts("0.19.0", Hardware(**two, peer_access=False), **tp2)["non_torch_bytes"]["value"] == int(1.7 * GiB)
-        off = self.facts("0.19.0", Hardware(**two, peer_access=True), disable_custom_all_reduce=True, **tp2)
+        assert self.facts("0.19.0", HardwareInputs(**two, peer_access=True), **tp2)["non_torch_bytes"]["value"] == int(2.1 * GiB)
+        assert self.facts("0.19.0", HardwareInputs(**two, peer_access=False), **tp2)["non_torch_bytes"]["value"] == int(1.7 * GiB)
+        off = self.facts("0.19.0", HardwareInputs(**two, peer_access=True), disable_custom_all_reduce=True, **tp2)
         assert off["non_torch_bytes"]["value"] == int(1.7 * GiB)
         pp2 = {"pipeline_parallel_size": 2}
-        assert self.facts("0.19.0", Hardware(**two), **pp2)["non_torch_bytes"]["value"] == int(0.07 * GiB)
-        assert self.facts(None, Hardware(**two), **pp2)["non_torch_bytes"]["value"] == int(1.7 * GiB)
+        assert self.facts("0.19.0", HardwareInputs(**two), **pp2)["non_torch_bytes"]["value"] == int(0.07 * GiB)
+        assert self.facts(None, HardwareInputs(**two), **pp2)["non_torch_bytes"]["value"] == int(1.7 * GiB)
 
     def test_the_plan_record_reads_the_installed_vllm_and_the_peer_access(self):
         env = {"key_packages": {"vllm": "0.19.0"},
@@ -747,7 +747,7 @@ class TestAccountingByVersion:
 
 def test_expert_parallel_over_data_parallel_ranks_splits_the_experts_further():
     mixtral = real_config("Mixtral-8x7B-v0.1")
-    hw = Hardware(gpus=4, gpu_memory_gib=79.19)
+    hw = HardwareInputs(gpus=4, gpu_memory_gib=79.19)
     tp2 = plan(mixtral, hw, ServingArgs.from_config({"tensor_parallel_size": 2, "max_model_len": 8192}))
     ep4 = plan(mixtral, hw, ServingArgs.from_config({"tensor_parallel_size": 2, "data_parallel_size": 2,
                                                       "enable_expert_parallel": True, "max_model_len": 8192}))
@@ -756,14 +756,14 @@ def test_expert_parallel_over_data_parallel_ranks_splits_the_experts_further():
     # the routed experts over 4 ranks instead of 2; attention, embeddings and the head stay split over TP 2
     assert tp2.data["weights_bytes_per_rank"][0] - ep4.data["weights_bytes_per_rank"][0] == pytest.approx(
         experts / 2 - experts / 4, rel=1e-3)
-    odd = plan(mixtral, Hardware(gpus=6, gpu_memory_gib=79.19), ServingArgs.from_config(
+    odd = plan(mixtral, HardwareInputs(gpus=6, gpu_memory_gib=79.19), ServingArgs.from_config(
         {"tensor_parallel_size": 2, "data_parallel_size": 3, "enable_expert_parallel": True, "max_model_len": 8192}))
     assert any("8 experts cannot be split evenly over an expert parallel size of 6" in r for r in odd.reasons)
 
 
 def test_a_draft_model_for_speculative_decoding_is_named_when_its_size_is_not_given():
     llama = real_config("Meta-Llama-3.1-8B-Instruct")
-    hw = Hardware(gpus=1, gpu_memory_gib=79.19)
+    hw = HardwareInputs(gpus=1, gpu_memory_gib=79.19)
     draft = {"speculative_config": '{"model": "meta-llama/Llama-3.2-1B-Instruct", "num_speculative_tokens": 5}'}
     p = plan(llama, hw, ServingArgs.from_config({"max_model_len": 8192, **draft}))
     assert any(r.startswith("speculative_config's draft model meta-llama/Llama-3.2-1B-Instruct is not counted") for r in

@@ -200,10 +200,10 @@ def test_a_plugin_folder_carried_to_another_node_is_listed_with_its_node():
 
 
 def test_a_gpu_plan_shows_where_its_weights_came_from_and_each_memory_term():
-    from llmtrial.plan.planner import Hardware, ServingArgs, plan
+    from llmtrial.plan.planner import HardwareInputs, ServingArgs, plan
 
     config = json.loads((DATA / "configs" / "Qwen3-235B-A22B-Instruct-2507-FP8.json").read_text())
-    p = plan(config, Hardware(gpus=4, gpu_memory_gib=95.01), ServingArgs(tensor_parallel_size=4, max_model_len=32768))
+    p = plan(config, HardwareInputs(gpus=4, gpu_memory_gib=95.01), ServingArgs(tensor_parallel_size=4, max_model_len=32768))
     record = {"configuration": "tp4", "verdict": p.verdict, "reasons": p.reasons, "checks": [], "plan": p.data,
               "facts": p.facts, "hardware": {"gpus": 4, "gpu_memory_gib": 95.01}, "force": False}
     html = render_report({**context(), "plans": [as_model("plan", record)]}).replace("&#39;", "'")

@@ -13,7 +13,7 @@ from conftest import REPO
 from llmtrial.config import ConfigError, load_config, scenario_contexts, validate_config
 from llmtrial.serve.bench import bench_argv
 from llmtrial.serve.onset import onset, predict
-from llmtrial.serve.scenarios import Repetition, goodput, is_sweep, steps
+from llmtrial.serve.scenarios import RepetitionRule, goodput, is_sweep, steps
 
 
 def _with_scenario(**spec):
@@ -58,14 +58,14 @@ def test_a_sweep_is_its_steps_in_order_with_scalars_repeated():
 
 
 def test_repetition_runs_until_passes_agree_or_max():
-    rule = Repetition.of({"passes": {"min": 2, "max": 4, "agreement": 0.1}})
+    rule = RepetitionRule.of({"passes": {"min": 2, "max": 4, "agreement": 0.1}})
     assert rule.verdict([100.0], 1, False) is None
     assert rule.verdict([100.0, 125.0], 2, False) is None  # spread 0.22
     assert rule.verdict([100.0, 125.0, 104.0], 3, False) is None
     assert rule.verdict([100.0, 104.0, 102.0], 3, False) == "agreed"
     assert rule.verdict([100.0, 125.0, 110.0, 130.0], 4, False) == "max_reached"
     assert rule.verdict([100.0], 2, True) == "failed"
-    fixed = Repetition.of({"passes": 2})
+    fixed = RepetitionRule.of({"passes": 2})
     assert (fixed.verdict([1.0], 1, True), fixed.verdict([1.0, 5.0], 2, False)) == (None, "fixed")
 
 
@@ -73,9 +73,9 @@ def test_the_interval_rule_stops_on_the_width_of_the_t_interval_over_the_median(
     # seed 000's two passes, 17.48 and 17.77 tok/s, agree within 1.65 %; their 95 % t interval is 17.625 +- 12.706 x
     # 0.2051 / sqrt 2 = +- 1.843, 20.9 % of the median wide: the spread rule stops there, the interval rule goes on
     seed000 = [17.48, 17.77]
-    spread = Repetition.of({"passes": {"min": 2, "max": 6, "agreement": 0.10}})
-    interval = Repetition.of({"passes": {"min": 2, "max": 6, "agreement": None, "interval": 0.10}})
-    both = Repetition.of({"passes": {"min": 2, "max": 6, "agreement": 0.10, "interval": 0.10}})
+    spread = RepetitionRule.of({"passes": {"min": 2, "max": 6, "agreement": 0.10}})
+    interval = RepetitionRule.of({"passes": {"min": 2, "max": 6, "agreement": None, "interval": 0.10}})
+    both = RepetitionRule.of({"passes": {"min": 2, "max": 6, "agreement": 0.10, "interval": 0.10}})
     assert interval.interval_width(seed000) == pytest.approx(2 * 1.843 / 17.625, rel=1e-3)
     assert spread.verdict(seed000, 2, False) == "agreed"
     assert interval.verdict(seed000, 2, False) is None and both.verdict(seed000, 2, False) is None
@@ -84,7 +84,7 @@ def test_the_interval_rule_stops_on_the_width_of_the_t_interval_over_the_median(
     assert interval.verdict(third, 3, False) == "agreed" and both.verdict(third, 3, False) == "agreed"
     assert interval.verdict([10.0, 20.0, 12.0, 19.0, 11.0, 18.0], 6, False) == "max_reached"
     assert "their 95 % interval is within 10.0 % of the median" in interval.describe()
-    assert Repetition.of({"passes": {"min": 2, "max": 6, "interval": 0.1}}, level=0.9).level == 0.9
+    assert RepetitionRule.of({"passes": {"min": 2, "max": 6, "interval": 0.1}}, level=0.9).level == 0.9
 
 
 def _outputs(n: int, seed: int) -> list:

@@ -17,6 +17,7 @@ from llmtrial.core.comparison_model import ComparisonRecord
 from llmtrial.core.joblog import open_job_log
 from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.records import as_written
+from llmtrial.core.units import GiB
 from llmtrial.export.br_schema import ReportInvalid
 from llmtrial.export.exports import export_trial
 from llmtrial.host.slurm_hosts import srun_options
@@ -109,7 +110,7 @@ def _plan_record(args: argparse.Namespace) -> PlanRecord:
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{args.cpu_kv_space_gib:g}"
     model_dir = Path(args.model_config)
     if args.weights_gib:
-        weights = WeightsSize(int(args.weights_gib * 2**30), "given", "given on the command line (--weights-gib)")
+        weights = WeightsSize(int(args.weights_gib * GiB), "given", "given on the command line (--weights-gib)")
     else:  # the weight files beside the config, else an estimate from config.json
         weights = weights_size(model_dir if model_dir.is_dir() else model_dir.parent)
     return plan_record(
@@ -124,31 +125,30 @@ def _plan_record(args: argparse.Namespace) -> PlanRecord:
 
 def _plan_rows(record: PlanRecord) -> list[tuple[str, str]]:
     d, f = record.plan, record.facts
-    gib = 2**30
     rows = [("verdict", record.verdict)]
     w = f.get("weights_bytes")
     if w:
-        rows.append(("weights", (f"{w.value / gib:,.2f} GiB" if w.value is not None else "unknown") +
+        rows.append(("weights", (f"{w.value / GiB:,.2f} GiB" if w.value is not None else "unknown") +
                      f" ({w.kind}: {w.source})"))
     if not d:
         return rows
     rows += [
         ("TP x PP", f"{d['tensor_parallel_size']} x {d['pipeline_parallel_size']} (layers per stage {d['stage_layers']})"),
-        ("weights per rank", ", ".join(f"{x / gib:,.2f} GiB" for x in d["weights_bytes_per_rank"])),
+        ("weights per rank", ", ".join(f"{x / GiB:,.2f} GiB" for x in d["weights_bytes_per_rank"])),
     ]
     if any(f["offload_bytes_per_rank"].value):
-        rows.append(("offloaded per rank", ", ".join(f"{x / gib:,.2f} GiB" for x in f["offload_bytes_per_rank"].value)))
+        rows.append(("offloaded per rank", ", ".join(f"{x / GiB:,.2f} GiB" for x in f["offload_bytes_per_rank"].value)))
     for key, label in (("gpu_budget_bytes", "GPU budget per rank"), ("non_torch_bytes", "non-torch memory"),
                        ("peak_activation_bytes", "peak activation"), ("cuda_graph_bytes", "CUDA graph memory"),
                        ("cuda_graph_outside_bytes", "CUDA graphs outside the budget"),
                        ("sampler_warmup_bytes", "sampler warm-up outside the budget"),
                        ("headroom_bytes", "headroom outside the budget")):
         if key in f:
-            rows.append((label, f"{f[key].value / gib:,.2f} GiB ({f[key].kind}: {f[key].source})"))
+            rows.append((label, f"{f[key].value / GiB:,.2f} GiB ({f[key].kind}: {f[key].source})"))
     rows += [
         ("KV bytes per token", f"{d['kv_cache_bytes_per_token']:,} B"),
         ("KV bytes per token per rank", f"{d['kv_cache_bytes_per_token_per_rank']} B"),
-        ("KV memory per rank", ", ".join(f"{a / gib:,.2f} GiB" for a in d["available_kv_bytes_per_rank"])
+        ("KV memory per rank", ", ".join(f"{a / GiB:,.2f} GiB" for a in d["available_kv_bytes_per_rank"])
          + f" ({f['available_kv_bytes_per_rank'].kind})"),
         ("KV cache tokens", f"{d['predicted_kv_cache_tokens']:,} (block size {d['block_size']})"),
         (f"max concurrency at {d['max_model_len']:,}", f"{d['max_concurrency']:.2f}x"),

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 from llmtrial.core.answers_model import Answer
 
-__all__ = ["Difference", "Agreement", "agree", "matrix", "tasks_phrase", "identical_phrase", "agreement_sentence", "accuracy_caution"]
+__all__ = ["AnswerDifference", "AnswerAgreement", "agree", "matrix", "tasks_phrase", "identical_phrase", "agreement_sentence", "accuracy_caution"]
 
 
 @dataclass(frozen=True)
-class Difference:
+class AnswerDifference:
     """One task answered differently by two runs."""
 
     task: int
@@ -26,14 +26,14 @@ class Difference:
 
 
 @dataclass(frozen=True)
-class Agreement:
+class AnswerAgreement:
     """Two runs' answers to the same tasks."""
 
     a: str
     b: str
     identical: int
     of: int
-    differences: tuple[Difference, ...]
+    differences: tuple[AnswerDifference, ...]
 
     @property
     def differing(self) -> list[int]:
@@ -55,7 +55,7 @@ def _parting(a: Answer, b: Answer) -> tuple[int | None, str]:
     return None, "token"
 
 
-def agree(a_label: str, a: Sequence[Answer], b_label: str, b: Sequence[Answer]) -> Agreement:
+def agree(a_label: str, a: Sequence[Answer], b_label: str, b: Sequence[Answer]) -> AnswerAgreement:
     """How ``a`` and ``b`` (answers to the same tasks, in order) agree; a failed request never agrees."""
     if [x.task for x in a] != [y.task for y in b]:
         raise ValueError(f"{a_label} and {b_label} answered different tasks")
@@ -63,12 +63,12 @@ def agree(a_label: str, a: Sequence[Answer], b_label: str, b: Sequence[Answer]) 
     for x, y in zip(a, b, strict=True):
         if x.text is None or x.text != y.text:
             first, unit = _parting(x, y)
-            diffs.append(Difference(task=x.task, a=x.text, b=y.text, a_correct=x.correct, b_correct=y.correct,
+            diffs.append(AnswerDifference(task=x.task, a=x.text, b=y.text, a_correct=x.correct, b_correct=y.correct,
                                     first=first, unit=unit))
-    return Agreement(a=a_label, b=b_label, identical=len(a) - len(diffs), of=len(a), differences=tuple(diffs))
+    return AnswerAgreement(a=a_label, b=b_label, identical=len(a) - len(diffs), of=len(a), differences=tuple(diffs))
 
 
-def matrix(runs: Mapping[str, Sequence[Answer]]) -> list[list[Agreement]]:
+def matrix(runs: Mapping[str, Sequence[Answer]]) -> list[list[AnswerAgreement]]:
     """Every pair of ``runs`` (by label, in order): row i, column j compares run i with run j."""
     labels = list(runs)
     return [[agree(i, runs[i], j, runs[j]) for j in labels] for i in labels]
@@ -92,7 +92,7 @@ def identical_phrase(identical: int, of: int, differing: Sequence[int]) -> str:
     return out
 
 
-def agreement_sentence(ag: Agreement) -> str:
+def agreement_sentence(ag: AnswerAgreement) -> str:
     """:func:`identical_phrase` of two runs' agreement."""
     return identical_phrase(ag.identical, ag.of, ag.differing)
 

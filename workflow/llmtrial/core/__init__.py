@@ -36,9 +36,13 @@ package's data and job logs. It imports no other package.
 - :mod:`llmtrial.core.resources`: The files the library ships as package data: record and config
   schemas, the report's templates, and the vLLM patches. Found through ``importlib.resources``, so
   they are there in an installed (not only an editable) package.
+- :mod:`llmtrial.core.units`: Units, stated once: the binary byte multiples and a byte count for people.
+- :mod:`llmtrial.core.vllm_install`: Which vLLM is installed (distribution, version, build), and which
+  one a preflight record found.
 
 Imports from: no other package. (tests/test_structure.py holds the order.)
 """
 
 __all__ = ["answers_model", "cleanup_model", "comparison_model", "configuration_model", "cost", "fileio", "gitstate", "hostlock", "joblog", "ledger", "paths", "preflight_model",
-           "record_base", "record_models", "records", "resources", "scenario_model", "stats"]
+           "record_base", "record_models", "records", "resources", "scenario_model", "stats",
+           "units", "vllm_install"]

@@ -22,13 +22,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from llmtrial.core.units import MiB
+
 if TYPE_CHECKING:
     from hashlib import _Hash
 
 __all__ = ["CHUNK", "file_digest", "sha256_file", "atomic_write_bytes", "atomic_write_text", "sibling_dir", "replace_dir"]
 
 #: Files are read in 1 MiB chunks.
-CHUNK = 1 << 20
+CHUNK = MiB
 
 
 def file_digest(path: str | os.PathLike[str], *, also: Sequence[_Hash] = (), copy_to: IO[bytes] | None = None) -> _Hash:

@@ -28,16 +28,6 @@ _SECRET_WORDS = r"TOKEN|SECRET|PASSWORD|PASSWD|API[_-]?KEY|CREDENTIAL"
 SECRET_NAME = re.compile(_SECRET_WORDS, re.IGNORECASE)
 
 
-def human_bytes(value: float) -> str:
-    """A byte count for people: 1,023 B, 1.50 KiB, ... TiB."""
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.2f} {unit}"
-        size /= 1024
-    return f"{value} B"
-
-
 def redact_env(env: dict[str, str]) -> dict[str, str]:
     """Environment for records: values of secret-looking names replaced by ``<redacted>``."""
     return {k: (REDACTED if SECRET_NAME.search(k) else v) for k, v in env.items()}

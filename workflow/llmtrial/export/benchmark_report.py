@@ -57,7 +57,7 @@ LOAD_TOOL = "vllm-benchmark"  # upstream's name for vLLM's serving benchmark (Wo
 
 
 @dataclass(frozen=True)
-class Workload:
+class ReportUnit:
     """What one report covers: a scenario of a configuration, or one step of a sweep (``step``)."""
 
     record: ConfigurationRecord
@@ -75,14 +75,14 @@ class Workload:
         return f"{self.scenario.name}" + (f" step {self.step}" if self.step is not None else "")
 
 
-def workloads(record: ConfigurationRecord) -> list[Workload]:
+def workloads(record: ConfigurationRecord) -> list[ReportUnit]:
     """Every report a configuration record makes: one per fixed scenario, one per sweep step."""
     out = []
     for scenario in record.scenarios:
         if scenario.steps:
-            out += [Workload(record, scenario, [s], step=s.step) for s in scenario.steps]
+            out += [ReportUnit(record, scenario, [s], step=s.step) for s in scenario.steps]
         else:
-            out.append(Workload(record, scenario, list(scenario.pass_results)))
+            out.append(ReportUnit(record, scenario, list(scenario.pass_results)))
     return out
 
 
@@ -198,7 +198,7 @@ def stack(trial: TrialResults, record: ConfigurationRecord) -> list[dict[str, An
     }]
 
 
-def _lengths(w: Workload, bench: dict[str, str | None]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def _lengths(w: ReportUnit, bench: dict[str, str | None]) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The input and output sequence lengths the benchmark asked for."""
     step = w.passes[0] if w.step is not None else None
     input_len = getattr(step, "input_len", None) or w.scenario.spec.input_len
@@ -222,7 +222,7 @@ def _lengths(w: Workload, bench: dict[str, str | None]) -> tuple[dict[str, Any],
     return isl, osl
 
 
-def load(trial: TrialResults, w: Workload) -> dict[str, Any]:
+def load(trial: TrialResults, w: ReportUnit) -> dict[str, Any]:
     """vLLM's serving benchmark as this scenario (or sweep step) ran it."""
     first = (w.measured or w.passes or [None])[0]
     bench = flags(redact_argv(first.argv)) if first is not None and isinstance(first.argv, list) else {}
@@ -275,7 +275,7 @@ def _input_rate(summary: Any) -> float | None:
     return summary.total_input_tokens / summary.duration
 
 
-def request_performance(w: Workload) -> dict[str, Any] | None:
+def request_performance(w: ReportUnit) -> dict[str, Any] | None:
     """The measured passes' requests, latencies and throughputs (module docstring)."""
     passes = w.measured
     if not passes:
@@ -318,7 +318,7 @@ GPU_RESOURCES = {
 }
 
 
-def observability(trial: TrialResults, w: Workload) -> dict[str, Any] | None:
+def observability(trial: TrialResults, w: ReportUnit) -> dict[str, Any] | None:
     """The measured passes' telemetry as the component's resource metrics, and the GPU energy where measured."""
     windows = [p.telemetry.summary or {} for p in w.measured if p.telemetry is not None]
     aggregate = {field: _pooled((win.get(key) for win in windows), units) for field, (key, units) in RESOURCES.items()}
@@ -336,7 +336,7 @@ def observability(trial: TrialResults, w: Workload) -> dict[str, Any] | None:
     return out if any(v is not None for v in aggregate.values()) or figures else None
 
 
-def cost_and_energy(trial: TrialResults, w: Workload) -> dict[str, Any] | None:
+def cost_and_energy(trial: TrialResults, w: ReportUnit) -> dict[str, Any] | None:
     """Cost per million output tokens (the provenance record's price) and energy per output token over the
     measured passes, as the report ranks them (:mod:`llmtrial.core.cost`: each pass's figure, their median);
     None when the trial has no price and no pass measured its energy. The schema has no field for either."""
@@ -361,7 +361,7 @@ def cost_and_energy(trial: TrialResults, w: Workload) -> dict[str, Any] | None:
     }
 
 
-def health(w: Workload) -> list[dict[str, Any]]:
+def health(w: ReportUnit) -> list[dict[str, Any]]:
     """Whether the configuration ended ok, and where its server's log is."""
     name = w.record.configuration
     ok = w.record.status == "ok"
@@ -369,7 +369,7 @@ def health(w: Workload) -> list[dict[str, Any]]:
              "replica_health": [{"replica_id": name, "healthy": ok, "logs": f"configs/{name}/{w.record.server.log}"}]}]
 
 
-def run(trial: TrialResults, w: Workload, model: str) -> dict[str, Any]:
+def run(trial: TrialResults, w: ReportUnit, model: str) -> dict[str, Any]:
     """Who and when: the report's IDs and its time span."""
     record = w.record
     spans = [(p.start, p.end) for p in w.measured] or [(record.timing.job_start, record.timing.job_end)]
@@ -383,7 +383,7 @@ def run(trial: TrialResults, w: Workload, model: str) -> dict[str, Any]:
     }
 
 
-def benchmark_report(trial: TrialResults, w: Workload) -> BenchmarkReport:
+def benchmark_report(trial: TrialResults, w: ReportUnit) -> BenchmarkReport:
     """The report of ``w``, validated against the schema (:class:`~llmtrial.export.br_schema.ReportInvalid`
     naming the field at fault)."""
     components = stack(trial, w.record)

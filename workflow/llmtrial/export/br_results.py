@@ -292,7 +292,7 @@ class Run(Strict):
     keywords: list[str] | None = None
 
 
-class Scenario(Strict):
+class BrScenario(Strict):
     stack: list[Component] | None = None
     load: Load | None = None
 
@@ -310,7 +310,7 @@ class BenchmarkReport(Strict):
 
     version: str = SCHEMA_VERSION
     run: Run
-    scenario: Scenario | None = None
+    scenario: BrScenario | None = None
     results: Results
 
 

@@ -17,13 +17,13 @@ from pathlib import Path
 from llmtrial.compare.trials import TrialResults
 from llmtrial.core.fileio import atomic_write_text
 from llmtrial.core.paths import TrialPaths
-from llmtrial.export.benchmark_report import Workload, benchmark_report, workloads
+from llmtrial.export.benchmark_report import ReportUnit, benchmark_report, workloads
 from llmtrial.export.br_results import BenchmarkReport
 
 FORMAT_DIR = "benchmark-report-v0.2"
 
 
-def report_name(w: Workload) -> str:
+def report_name(w: ReportUnit) -> str:
     """The report's file name: ``<scenario>.json``, or ``<scenario>-step<N>.json`` for a sweep's step."""
     return f"{w.scenario.name}" + (f"-step{w.step}" if w.step is not None else "") + ".json"
 

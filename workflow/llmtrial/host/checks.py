@@ -15,7 +15,7 @@ from typing import Any
 
 import psutil
 
-from llmtrial.host.disk import GiB
+from llmtrial.core.units import GiB
 
 __all__ = ["MIN_SHM_BYTES", "MIN_OPEN_FILES", "check", "check_allocator", "check_shm", "check_open_files",
            "check_nccl_interfaces", "effective_alloc_conf"]

@@ -48,8 +48,10 @@ from typing import Any
 
 try:
     from llmtrial.core.fileio import atomic_write_text
+    from llmtrial.core.units import MiB
 except ImportError:  # a rank run as ``python -c`` on a node without llmtrial: it prints its result (--out -)
     atomic_write_text = None  # type: ignore[assignment]
+    MiB = 2**20  # as llmtrial.core.units states it
 
 __all__ = [
     "BACKENDS",
@@ -63,7 +65,6 @@ __all__ = [
 ]
 
 BACKENDS = ("gloo", "nccl")
-MIB = 1 << 20
 
 #: Seconds a rank keeps for itself before its deadline: to probe the master, write its result
 #: and exit.
@@ -310,7 +311,7 @@ class _Rank:
     def _all_reduce(self, torch: Any, dist: Any, device: Any, size_mib: float, iters: int) -> dict[str, Any]:
         """A checked warm-up, then ``iters`` timed all_reduces and a barrier: ``{"times"}``, or the failure result."""
         self.state["phase"], self.state["step"] = "all_reduce", "in all_reduce"
-        numel = max(1, int(size_mib * MIB) // 4)
+        numel = max(1, int(size_mib * MiB) // 4)
         self.base["size_bytes"] = numel * 4
 
         def sync() -> None:

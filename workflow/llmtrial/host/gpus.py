@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 import logging
 import os
 import re
@@ -39,13 +38,16 @@ from typing import Any
 import psutil
 
 from llmtrial.core.ledger import Action, Ledger, replay
+from llmtrial.core.units import GiB, MiB
+from llmtrial.host.nodes import last_json_object, program_argv
+from llmtrial.onnode import gpu_health
 
 log = logging.getLogger(__name__)
 
 #: The environment variable naming a test double of the host's GPU stack (a Python file).
 DOUBLE_ENV = "LLMTRIAL_GPU_DOUBLE"
 #: What the health check allocates on each GPU, and how long the fresh process may take.
-HEALTH_BYTES = 64 * 2**20
+HEALTH_BYTES = 64 * MiB
 HEALTH_TIMEOUT_S = 60.0
 #: ``NVRM: Xid (PCI:0000:17:00): 79, pid=..., GPU has fallen off the bus.``
 XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]+)\): (?P<code>\d+)")
@@ -204,7 +206,7 @@ def census(selected: Sequence[Mapping[str, Any]], allow: Iterable[str] = ()) -> 
 
 def describe_process(p: Mapping[str, Any]) -> str:
     mem = p.get("memory_bytes")
-    used = f", {mem / 2**30:.2f} GiB" if isinstance(mem, (int, float)) else ""
+    used = f", {mem / GiB:.2f} GiB" if isinstance(mem, (int, float)) else ""
     return f"pid {p['pid']} on GPU {p['gpu']} (user {p['user']}, {p['command']}{used})"
 
 
@@ -230,53 +232,19 @@ def launch_check(ledger: Ledger, gpus: Sequence[Mapping[str, Any]], allow: Itera
 
 # --------------------------------------------------------------------------- health
 
-#: The fresh process of the health check: initialise CUDA on the one GPU it is shown, allocate,
-#: touch and free a buffer, synchronise. Standard library and torch only; prints one JSON line.
-HEALTH_PROGRAM = r"""
-import importlib.util, json, os, sys, time
-nbytes = int(sys.argv[1])
-t0 = time.perf_counter()
-double = os.environ.get("LLMTRIAL_GPU_DOUBLE")
-try:
-    if double:
-        spec = importlib.util.spec_from_file_location("gpu_double", double)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        out = mod.cuda_health(nbytes)
-    else:
-        import torch
-        if not torch.cuda.is_available():
-            out = {"status": "skipped", "evidence": f"torch {torch.__version__}: torch.cuda.is_available() is False"}
-        else:
-            torch.cuda.init()
-            x = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
-            x.fill_(1)
-            torch.cuda.synchronize()
-            del x
-            torch.cuda.empty_cache()
-            out = {"status": "ok", "evidence": f"allocated, filled and freed {nbytes} bytes on "
-                                                 f"{torch.cuda.get_device_name(0)}"}
-except Exception as exc:
-    out = {"status": "failed", "evidence": f"{type(exc).__name__}: {exc}"}
-out["seconds"] = round(time.perf_counter() - t0, 3)
-print(json.dumps(out))
-"""
-
-
 def allocation_check(gpu: Mapping[str, Any], nbytes: int = HEALTH_BYTES, timeout: float = HEALTH_TIMEOUT_S,
                      python: str = sys.executable) -> dict[str, Any]:
     """A fresh process shown only ``gpu`` initialises CUDA and allocates ``nbytes``: status
     ``ok``, ``failed`` (an error, a hang past ``timeout``, a crash) or ``skipped`` (no CUDA)."""
     env = {**os.environ, **visible_devices_env([gpu])}
-    argv = [python, "-c", HEALTH_PROGRAM, str(nbytes)]
+    argv = program_argv(python, gpu_health, str(nbytes))
     try:
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return {"status": "failed", "evidence": f"the fresh process did not finish in {timeout:g} s (a hang)"}
-    lines = done.stdout.strip().splitlines()
     try:
-        return dict(json.loads(lines[-1]))
-    except (IndexError, ValueError):
+        return last_json_object(done.stdout)
+    except ValueError:
         err = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         return {"status": "failed", "evidence": f"the fresh process died (exit {done.returncode}): {err}"}
 

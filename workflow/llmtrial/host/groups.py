@@ -42,6 +42,7 @@ import psutil
 
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.host.nodes import Node, NodeError
+from llmtrial.onnode import process_group
 
 __all__ = ["GROUP_ENV", "port_open", "group_members", "stop_group", "spawn_group", "group_alive", "stop_remote_group", "start_group", "finish_group",
            "stop_recorded_groups"]
@@ -55,94 +56,9 @@ KILL_GRACE_S = 10.0
 #: Seconds for the program that starts or lists a group to answer.
 ANSWER_TIMEOUT_S = 60.0
 
-#: Run on the node with its own Python (3.8 or later; the standard library, Linux /proc).
-#: Reads {"op": "spawn" | "alive" | "stop", ...} on stdin, prints one JSON object.
-_GROUP_SCRIPT = r'''
-import json, os, signal, subprocess, sys, time
-inp = json.load(sys.stdin)
-TICK = os.sysconf("SC_CLK_TCK")
-with open("/proc/stat") as f:
-    BOOT = float(next(line.split()[1] for line in f if line.startswith("btime ")))
-
-def stat(pid):
-    """(state, pgid, start as Unix time) of a process, or None once it is gone."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            rest = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return rest[0].decode(), int(rest[2]), BOOT + int(rest[19]) / TICK
-
-def carries(pid, token):
-    try:
-        with open("/proc/%d/environ" % pid, "rb") as f:
-            return ("%s=%s" % (inp["env_name"], token)).encode() in f.read().split(b"\0")
-    except OSError:
-        return False
-
-def members(pgid, not_before, token):
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        st = stat(int(name))
-        if st is None or st[0] in ("Z", "X"):
-            continue
-        in_group = pgid is not None and st[1] == pgid and (not_before is None or st[2] + 1.0 >= not_before)
-        if in_group or (token and carries(int(name), token)):
-            out.append(int(name))
-    return sorted(out)
-
-def spawn():
-    env = dict(os.environ, **inp["env"])
-    if inp.get("token"):
-        env[inp["env_name"]] = inp["token"]
-    folder = os.path.dirname(inp["log_path"])
-    try:
-        if folder:
-            os.makedirs(folder, exist_ok=True)
-        with open(inp["log_path"], "ab") as log:
-            p = subprocess.Popen(inp["argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 env=env, start_new_session=True)
-    except (OSError, ValueError) as e:
-        return {"error": "%s: %s" % (type(e).__name__, e)}
-    st = stat(p.pid)
-    return {"pid": p.pid, "pgid": st[1] if st else p.pid, "create_time": st[2] if st else None}
-
-def stop():
-    pgid, nb, token = inp.get("pgid"), inp.get("not_before"), inp.get("token")
-    t0, sent = time.monotonic(), []
-    alive = members(pgid, nb, token)
-    for sig, grace in ((signal.SIGTERM, inp["term_grace"]), (signal.SIGKILL, inp["kill_grace"])):
-        left = members(pgid, nb, token)
-        if not left:
-            break
-        sent.append(sig.name)
-        for pid in left:
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and members(pgid, nb, token):
-            time.sleep(0.2)
-    return {"alive_pids": alive, "signals": sent, "stop_seconds": round(time.monotonic() - t0, 3),
-            "survivors": members(pgid, nb, token)}
-
-op = inp["op"]
-if op == "spawn":
-    out = spawn()
-elif op == "alive":
-    out = {"pids": members(inp.get("pgid"), inp.get("not_before"), inp.get("token"))}
-else:
-    out = stop()
-print(json.dumps(out), flush=True)
-os._exit(0)  # leave the started group alone: no wait for it at exit
-'''
-
 
 def _call(node: Node, op: str, answer_within: float, **inputs: Any) -> dict[str, Any]:
-    return node.program(_GROUP_SCRIPT, {"op": op, "env_name": GROUP_ENV, **inputs}, answer_within)
+    return node.program(process_group, {"op": op, "env_name": GROUP_ENV, **inputs}, answer_within)
 
 
 def spawn_group(node: Node, argv: Sequence[str], *, log_path: str | os.PathLike[str],

@@ -17,6 +17,7 @@ the config loader runs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
@@ -30,14 +31,16 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from llmtrial.core.fileio import sha256_file
 from llmtrial.host.slurm_hosts import JOB_ENV, allocation_hosts, srun_argv
+from llmtrial.onnode import file_hashes, node_probe
 
 __all__ = [
     "LOCAL_NAME", "NodeError", "Node", "local_node", "this_node_name", "trial_nodes", "configuration_nodes", "spec_nodes",
-    "spanned_nodes", "check_nodes", "number_slurm_nodes",
+    "spanned_nodes", "check_nodes", "number_slurm_nodes", "program_argv", "last_json_object",
 ]
 
 #: Name of the one node of a trial that lists none.
@@ -57,31 +60,6 @@ REFUSED_OPTIONS = {
 SSH_FAILED = 255
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-#: Run on the node with its own Python: reads a JSON list of paths on stdin, prints a JSON
-#: object path -> hex sha256 (null for a path that is not a readable file).
-_SHA256_SCRIPT = """\
-import hashlib, json, sys
-out = {}
-for p in json.load(sys.stdin):
-    try:
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        out[p] = h.hexdigest()
-    except OSError:
-        out[p] = None
-print(json.dumps(out))
-"""
-
-#: Run on the node with its own Python: what preflight compares across nodes.
-_PROBE_SCRIPT = """\
-import json, platform, socket, sys
-print(json.dumps({"hostname": socket.gethostname(), "python": sys.executable,
-                  "python_version": platform.python_version(), "machine": platform.machine()}))
-"""
-
 
 class NodeError(RuntimeError):
     """A command on a node could not run, timed out, or failed; the message names the node."""
@@ -256,23 +234,25 @@ class Node:
                     f"unreachable, refused, key or host key not accepted): {tail}")
         return f"{self.label()}: {shlex.join(map(str, cmd))} exited {returncode}: {tail}"
 
-    def program(self, script: str, inputs: Any = None, timeout: float = 60.0) -> dict[str, Any]:
-        """Run ``script`` (a program of the standard library) with the node's own Python as
-        ``python -c``, ``inputs`` as JSON on its stdin, and return the JSON object it prints
-        last. Nothing passes through a shell on this host; a failure raises :class:`NodeError`
-        naming the node."""
+    def program(self, module: ModuleType, inputs: Any = None, timeout: float = 60.0) -> dict[str, Any]:
+        """Run ``module`` (one of :mod:`llmtrial.onnode`) with the node's own Python, ``inputs``
+        as JSON on its stdin, and return the JSON object it prints last. Nothing passes through
+        a shell on this host; a failure raises :class:`NodeError` naming the node."""
         stdin = json.dumps(inputs) if inputs is not None else None
-        proc = self.run([self.python, "-c", script], timeout, check=True, input=stdin)
-        return _json_answer(self, proc.stdout)
+        proc = self.run(program_argv(self.python, module), timeout, check=True, input=stdin)
+        try:
+            return last_json_object(proc.stdout)
+        except ValueError as err:
+            raise NodeError(f"{self.label()}: {err} from {self.python}") from err
 
     def sha256(self, paths: Sequence[str], timeout: float = 600.0) -> dict[str, str | None]:
         """The sha256 of each file, computed on the node with its own Python; None for a path
         that is not a readable file there."""
-        return self.program(_SHA256_SCRIPT, [str(p) for p in paths], timeout)
+        return self.program(file_hashes, [str(p) for p in paths], timeout)
 
     def probe(self, timeout: float = 60.0) -> dict[str, Any]:
         """Hostname, interpreter, Python version and machine of the node (for cross-node checks)."""
-        return self.program(_PROBE_SCRIPT, timeout=timeout)
+        return self.program(node_probe, timeout=timeout)
 
     def copy_to(self, local_path: str | os.PathLike[str], remote_path: str, timeout: float = 3600.0) -> dict[str, str]:
         """Copy a file or a folder's files from this host to ``remote_path`` on the node and
@@ -375,14 +355,23 @@ def _node_defaults(blocks: Mapping[str, Any], staging_dir: Any) -> dict[str, Any
     return {"staging_dir": staging_dir, "slurm_trial": any(b.get("reach") == "slurm" for b in blocks.values())}
 
 
-def _json_answer(node: Node, stdout: str) -> dict[str, Any]:
-    try:
-        answer = json.loads(stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError) as err:
-        raise NodeError(f"{node.label()}: unreadable answer from {node.python}: {stdout[-200:]!r}") from err
-    if not isinstance(answer, dict):
-        raise NodeError(f"{node.label()}: unexpected answer from {node.python}: {stdout[-200:]!r}")
-    return answer
+def program_argv(python: str, module: ModuleType, *args: str) -> list[str]:
+    """``python -c <the source of module> args...``: one of :mod:`llmtrial.onnode` run by an
+    interpreter that need not have this project (its file is self-contained)."""
+    return [python, "-c", Path(str(module.__file__)).read_text(encoding="utf-8"), *args]
+
+
+def last_json_object(stdout: str) -> dict[str, Any]:
+    """The last line of what a program printed that is a JSON object (the answer of each program
+    this project runs and reads: lines a library printed before it are passed over); ValueError,
+    quoting the end of ``stdout``, where there is none."""
+    for line in reversed(stdout.splitlines()):
+        if line.lstrip().startswith("{"):
+            with contextlib.suppress(ValueError):
+                answer = json.loads(line)
+                if isinstance(answer, dict):
+                    return answer
+    raise ValueError(f"no JSON object in what it printed: {stdout[-200:]!r}")
 
 
 def _files_under(root: Path) -> list[Path]:

@@ -14,6 +14,7 @@ its generation or width), ``peer_access`` (off between GPUs a configuration spli
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -26,6 +27,7 @@ from typing import Any
 
 from llmtrial.host import collective, probe_program
 from llmtrial.host.checks import check
+from llmtrial.host.nodes import last_json_object
 
 __all__ = ["GPU_PROBES", "PCIE_LANE_GBPS", "PROBES", "link_checks", "probe_argv", "run_probes", "selected_gpus"]
 
@@ -78,11 +80,11 @@ def _program(settings: Mapping[str, Any], devices: Sequence[int], python: str) -
         return {"error": f"the probe program did not finish within probes.timeout_s = {timeout:g} s"}
     except OSError as exc:
         return {"error": f"the probe program could not start ({python}): {exc}"}
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": f"the probe program exited with status {done.returncode}: {tail}"}
-    return json.loads(lines[-1])
+    with contextlib.suppress(ValueError):
+        if done.returncode == 0:
+            return last_json_object(done.stdout)
+    tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"error": f"the probe program exited with status {done.returncode}: {tail}"}
 
 
 def _skipped(name: str, reason: str, devices: Sequence[int] = ()) -> dict[str, Any]:

@@ -25,7 +25,7 @@ A service may live on another node of the trial (its ``node`` key; default the t
 first node, or this host when the trial lists none): :func:`services_on_nodes` gives each
 entry the node's ``reach``, and then its status, stop and start commands run on that node
 (:meth:`llmtrial.host.nodes.Node.run`) and its health check is made from that node, by
-:data:`_HEALTH_SCRIPT` run with the node's Python (so a URL such as
+:mod:`llmtrial.onnode.service_health` run with the node's Python (so a URL such as
 ``http://127.0.0.1:8190/health`` means the node's own loopback). The ``service_quiet``
 entry names the node and carries its reach, so a restore rebuilds the node from the ledger.
 """
@@ -48,6 +48,7 @@ from llmtrial.core.record_base import Residue
 from llmtrial.host.gpus import held_gpus
 from llmtrial.host.nodes import Node, NodeError, local_node, trial_nodes
 from llmtrial.host.sources import NvmlSource
+from llmtrial.onnode import service_health
 
 log = logging.getLogger(__name__)
 
@@ -79,43 +80,6 @@ DEFAULT_STOPPED_EXIT_CODES = (3,)
 
 #: Seconds a node's health program may take beyond the probe's own timeout.
 HEALTH_ANSWER_S = 30.0
-
-#: A health check (http, tcp, completion), made by the service's node with its own Python
-#: (the standard library only); on this host when the service has no node. Reads
-#: {"health": ..., "timeout": s} on stdin, prints {"ok": bool, "seen": text}.
-_HEALTH_SCRIPT = r'''
-import json, socket, sys, urllib.error, urllib.request
-inp = json.load(sys.stdin)
-h, timeout = inp["health"], inp["timeout"]
-kind = h.get("kind")
-try:
-    if kind == "http":
-        try:
-            with urllib.request.urlopen(h["url"], timeout=timeout) as resp:
-                status = resp.status
-        except urllib.error.HTTPError as exc:
-            status = exc.code
-        want = int(h.get("expect_status", 200))
-        out = {"ok": status == want, "seen": "HTTP %d from %s (want %d)" % (status, h["url"], want)}
-    elif kind == "tcp":
-        host = h.get("host", "127.0.0.1")
-        with socket.create_connection((host, int(h["port"])), timeout=timeout):
-            out = {"ok": True, "seen": "%s:%s accepts connections" % (host, h["port"])}
-    elif kind == "completion":
-        body = json.dumps({"model": h["model"], "prompt": h.get("prompt", "Hello"),
-                           "max_tokens": int(h.get("max_tokens", 4))}).encode()
-        req = urllib.request.Request(h["url"].rstrip("/") + "/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"}, method="POST")
-        with urllib.request.urlopen(req, timeout=float(h.get("timeout_s", timeout))) as resp:
-            text = json.loads(resp.read())["choices"][0].get("text", "")
-        out = {"ok": True, "seen": "completion answered (%d characters)" % len(text)}
-    else:
-        out = {"ok": False, "seen": "unknown health check kind %r" % kind}
-except (OSError, KeyError, ValueError) as exc:
-    out = {"ok": False, "seen": "%s: %s" % (type(exc).__name__, exc)}
-print(json.dumps(out))
-'''
-
 
 class ServiceStateUnknown(RuntimeError):
     """A service's state cannot be read: the quiet stage stops before it changes anything."""
@@ -300,7 +264,7 @@ def healthy(service: Service, timeout: float = 5.0) -> tuple[bool, str]:
     node = service.node or local_node()
     try:
         within = max(timeout, float(h.get("timeout_s") or 0)) + HEALTH_ANSWER_S
-        answer = node.program(_HEALTH_SCRIPT, {"health": h, "timeout": timeout}, within)
+        answer = node.program(service_health, {"health": h, "timeout": timeout}, within)
     except NodeError as exc:
         return False, f"the health check could not run: {exc}"
     return bool(answer.get("ok")), str(answer.get("seen"))

@@ -21,11 +21,11 @@ from typing import Any
 
 from llmtrial.logs.lines import find_lines
 
-__all__ = ["WARNINGS", "EngineWarning", "engine_warnings"]
+__all__ = ["WARNINGS", "WarningPattern", "engine_warnings"]
 
 
 @dataclass(frozen=True)
-class EngineWarning:
+class WarningPattern:
     """One warning the engine prints: ``regex`` finds it; ``says`` (a one-line summary) and
     ``advice`` (what the seed did about it) are formatted with the match's named groups, after
     ``details`` adds any derived ones."""
@@ -52,8 +52,8 @@ def _moe_config_file(m: re.Match[str]) -> dict[str, str]:
 
 
 #: The warnings known, most specific first: a line counts for the first one that matches.
-WARNINGS: tuple[EngineWarning, ...] = (
-    EngineWarning(
+WARNINGS: tuple[WarningPattern, ...] = (
+    WarningPattern(
         "untuned_moe_config",
         # vllm/model_executor/layers/fused_moe/fused_moe.py (get_moe_configs, 0.32.0: line 1163)
         re.compile(r"Using default MoE config\. Performance might be sub-optimal! Config file not found at (?P<paths>.+)$"),
@@ -63,7 +63,7 @@ WARNINGS: tuple[EngineWarning, ...] = (
         "point VLLM_TUNED_CONFIG_FOLDER at it, or report the figures as untuned.",
         details=_moe_config_file,
     ),
-    EngineWarning(
+    WarningPattern(
         "slower_quant_kernel",
         # vllm/model_executor/layers/quantization/awq_marlin.py and gptq_marlin.py
         # (override_quantization_method, vLLM 0.5 to 0.1x; 0.32 chooses the Marlin kernel itself)
@@ -74,7 +74,7 @@ WARNINGS: tuple[EngineWarning, ...] = (
         "Serve with quantization={fast} (or leave quantization unset so vLLM picks it): the seed measured "
         "awq_marlin 10.4 times faster than awq at batch 1 with identical output.",
     ),
-    EngineWarning(
+    WarningPattern(
         "p2p_unsupported",
         # vllm/distributed/device_communicators/custom_all_reduce.py (CustomAllreduce.__init__, 0.32.0: line 286)
         re.compile(r"Custom allreduce is disabled because your platform lacks GPU P2P capability"),
@@ -82,7 +82,7 @@ WARNINGS: tuple[EngineWarning, ...] = (
         "The GPUs cannot read each other's memory (check `nvidia-smi topo -p2p r`), so every tensor-parallel "
         "all-reduce detours through host RAM: measure the split before trusting it, as the seed did.",
     ),
-    EngineWarning(
+    WarningPattern(
         "custom_allreduce_disabled",
         # vllm/distributed/device_communicators/custom_all_reduce.py (0.32.0: lines 215, 235, 271); the
         # INFO line "because of missing custom allreduce library" (a build without it, e.g. CPU) is left out
@@ -92,7 +92,7 @@ WARNINGS: tuple[EngineWarning, ...] = (
         "Tensor-parallel all-reduces fall back to NCCL, slower for decode's small messages: expect less "
         "from more GPUs on this topology than on NVLink-connected ones.",
     ),
-    EngineWarning(
+    WarningPattern(
         "nccl_socket_transport",
         # NCCL's own INFO line under NCCL_DEBUG=INFO: src/init.cc INFO(NCCL_INIT, "Using network %s", ...)
         re.compile(r"NCCL INFO Using network Socket\b"),
@@ -106,7 +106,7 @@ WARNINGS: tuple[EngineWarning, ...] = (
 _ANY = re.compile("|".join(f"(?:{w.regex.pattern})" for w in WARNINGS))
 
 
-def _entry(warning: EngineWarning, m: re.Match[str], found: dict[str, Any]) -> dict[str, Any]:
+def _entry(warning: WarningPattern, m: re.Match[str], found: dict[str, Any]) -> dict[str, Any]:
     says, advice = warning.describe(m)
     return {"name": warning.name, "line": found["line"], "source": found["source"], "process": found["process"],
             "count": 1, "summary": says, "advice": advice, "kind": "measured"}

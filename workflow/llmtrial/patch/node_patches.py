@@ -34,6 +34,7 @@ from typing import Any
 from llmtrial.core.fileio import sha256_file
 from llmtrial.core.ledger import Action, Ledger, replay
 from llmtrial.host.nodes import Node, NodeError
+from llmtrial.onnode import plugin_folder
 from llmtrial.patch.patchdata import PLUGIN_MARK, PatchError
 from llmtrial.weights.node_weights import send_files
 
@@ -46,25 +47,8 @@ PLUGIN_FOLDER = ".llmtrial-plugin"
 #: Seconds a node may take to inspect or remove a plugin folder.
 FOLDER_TIMEOUT_S = 60.0
 
-#: Run on the node with its own Python (the standard library only). Reads {"dir", "mark",
-#: "remove"} on stdin; prints the folder's absolute path, whether it exists, whether it is an
-#: llmtrial plugin folder (``mark`` inside it, the folder not a link) and, with ``remove``,
-#: whether it was removed (only a plugin folder is).
-_PLUGIN_DIR_SCRIPT = r'''
-import json, os, shutil, sys
-inp = json.load(sys.stdin)
-d = os.path.abspath(os.path.expanduser(inp["dir"]))
-out = {"path": d, "exists": os.path.lexists(d),
-       "plugin": not os.path.islink(d) and os.path.isfile(os.path.join(d, inp["mark"])), "removed": False}
-if inp["remove"] and out["plugin"]:
-    shutil.rmtree(d)
-    out["removed"] = True
-print(json.dumps(out))
-'''
-
-
 def _inspect(node: Node, directory: str, *, remove: bool = False) -> dict[str, Any]:
-    return node.program(_PLUGIN_DIR_SCRIPT, {"dir": directory, "mark": PLUGIN_MARK, "remove": remove},
+    return node.program(plugin_folder, {"dir": directory, "mark": PLUGIN_MARK, "remove": remove},
                         FOLDER_TIMEOUT_S)
 
 

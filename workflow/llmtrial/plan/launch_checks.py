@@ -10,8 +10,8 @@ from typing import Any
 
 from llmtrial.host.checks import check, check_allocator, check_nccl_interfaces
 from llmtrial.host.probes import peer_check, selected_gpus
-from llmtrial.plan.plan_inputs import Hardware, ServingArgs
-from llmtrial.plan.shape import ModelShape, derived_max_model_len
+from llmtrial.plan.plan_inputs import HardwareInputs, ServingArgs
+from llmtrial.plan.shape import ConfigShape, derived_max_model_len
 
 __all__ = ["DEEPGEMM_ARCHS", "VOCAB_PADDING", "configuration_checks", "cpu_binding_check", "refusals"]
 
@@ -38,7 +38,7 @@ def _max_len(config: Mapping[str, Any], args: ServingArgs) -> list[str]:
             "covers the length); lower max_model_len."]
 
 
-def refusals(shape: ModelShape, config: Mapping[str, Any], hardware: Hardware,
+def refusals(shape: ConfigShape, config: Mapping[str, Any], hardware: HardwareInputs,
              args: ServingArgs) -> tuple[list[str], list[str]]:
     """(reasons vLLM would refuse the configuration for in a second, other remarks), each naming the
     argument and the model's field."""

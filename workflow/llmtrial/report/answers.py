@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llmtrial.answers.agreement import Agreement, accuracy_caution, agree, agreement_sentence, matrix
+from llmtrial.answers.agreement import AnswerAgreement, accuracy_caution, agree, agreement_sentence, matrix
 from llmtrial.core.answers_model import AnswerRun, Answers
 from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.record_models import ManifestRecord
@@ -71,7 +71,7 @@ def _accuracy_rows(runs: Sequence[LabelledRun], categories: list[str]) -> list[d
     return rows
 
 
-def _difference_rows(pair: str, ag: Agreement, prompts: dict[int, str]) -> list[dict[str, Any]]:
+def _difference_rows(pair: str, ag: AnswerAgreement, prompts: dict[int, str]) -> list[dict[str, Any]]:
     return [{"pair": pair, "task": d.task, "prompt": prompts[d.task], "a": d.a, "b": d.b, "a_correct": d.a_correct,
              "b_correct": d.b_correct, "first": None if d.first is None else f"{d.unit} {d.first + 1}"}
             for d in ag.differences]

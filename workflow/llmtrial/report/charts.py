@@ -18,6 +18,7 @@ import matplotlib
 from matplotlib.figure import Figure
 
 from llmtrial.core.configuration_model import ConfigurationRecord
+from llmtrial.core.units import GiB
 from llmtrial.report.conclusions import median
 
 COLOURS = ("#1f6feb", "#d1242f", "#1a7f37", "#9a6700", "#8250df", "#bf3989", "#0a7e8c", "#57606a")
@@ -177,8 +178,8 @@ SERIES = (
                            ("metrics", "preemptions_total", "preemptions (cumulative)", 1.0)]),
     ("Host CPU", [("host", "cpu_percent", "system CPU % (all CPUs)", 1.0),
                   ("host", "tree_cpu_percent", "server CPU % (100 = one core)", 1.0)]),
-    ("Host memory (GiB)", [("host", "tree_rss_bytes", "server RSS", 1 / 2**30),
-                           ("host", "mem_used_bytes", "system memory used", 1 / 2**30)]),
+    ("Host memory (GiB)", [("host", "tree_rss_bytes", "server RSS", 1 / GiB),
+                           ("host", "mem_used_bytes", "system memory used", 1 / GiB)]),
 )
 
 

@@ -158,7 +158,7 @@ def over_passes(values: Iterable[float | None], level: float = DEFAULT_LEVEL) ->
     """One figure over passes: its pass ``values``, median, min, max, count, spread ((max - min) / mean),
     the mean's Student t interval ``ci`` at ``level`` and the coefficient of variation ``cv`` (None below
     two passes). ``bootstrap`` (a latency figure's interval over requests) is set by :func:`scenario_cell`;
-    ``best``, ``tied`` and ``vs_baseline`` (the verdict against the baseline) by :func:`compare`."""
+    ``best``, ``tied`` and ``vs_baseline`` (the verdict against the baseline) by :func:`against_baseline`."""
     vals = [float(v) for v in values if v is not None]
     if not vals:
         return None
@@ -190,7 +190,7 @@ def median(cell: Mapping[str, Any], key: str) -> float | None:
     return fig["median"] if fig else None
 
 
-def diagnosis(record: ConfigurationRecord) -> str:
+def failure_summary(record: ConfigurationRecord) -> str:
     """One line on why a configuration has no figures."""
     if record.status == "skipped":
         reasons = record.plan.reasons
@@ -275,7 +275,7 @@ def scenario_cell(record: ConfigurationRecord, scenario: Scenario | None, n_rank
         cell["repetition_shown"] = repetition_noteworthy(scenario)
     if record.status != "ok" or not ok:
         cell["status"] = record.status if record.status != "ok" else "no passes"
-        cell["diagnosis"] = diagnosis(record) if record.status != "ok" else "no pass of this scenario completed"
+        cell["diagnosis"] = failure_summary(record) if record.status != "ok" else "no pass of this scenario completed"
         return cell
     cell["status"] = "ok"
     concurrency = int(scenario.spec.concurrency)
@@ -310,7 +310,7 @@ def cell_verdict(a: Mapping[str, Any], b: Mapping[str, Any], key: str, higher: b
                  key=key, wide=bool(a["unstable"] or b["unstable"]))
 
 
-def compare(cells: list[dict[str, Any]], baseline: str | None, settings: Settings,
+def against_baseline(cells: list[dict[str, Any]], baseline: str | None, settings: Settings,
             figures: Iterable[tuple[str, str, str, bool, int]] = FIGURES) -> None:
     """Mark in place each figure's verdict against the baseline and the best value: ``best`` where the
     leader (by median) is detectably better than every other configuration, else ``tied`` on the leader
@@ -359,7 +359,7 @@ def scenario_tables(configurations: list[ConfigurationRecord], plans: Iterable[P
             sc = next((s for s in fixed_scenarios(rec) if s.name == name), None)
             plan = next((p for p in plans if p.configuration == rec.configuration), None)
             cells.append(scenario_cell(rec, sc, ranks(plan), settings, figures, cost))
-        compare(cells, baseline, settings, figures)
+        against_baseline(cells, baseline, settings, figures)
         ranked_by = "goodput" if spec.slo else "output_tok_s"
         cells.sort(key=lambda c: (c["status"] != "ok", -(median(c, ranked_by) or 0)))
         for i, c in enumerate(c for c in cells if c["status"] == "ok"):
@@ -486,7 +486,7 @@ def scenario_sentences(table: Mapping[str, Any]) -> list[str]:
 
 def outcome_sentences(configurations: Iterable[ConfigurationRecord]) -> list[str]:
     """One sentence per configuration that gave no figures."""
-    return [f"{r.configuration} {diagnosis(r)}." for r in configurations if r.status != "ok"]
+    return [f"{r.configuration} {failure_summary(r)}." for r in configurations if r.status != "ok"]
 
 
 def warning_sentences(configurations: Iterable[ConfigurationRecord]) -> list[str]:
@@ -566,7 +566,7 @@ def not_measured(*, preflight: PreflightRecord, configurations: list[Configurati
             out.append(f"Scenario {t['name']}: one pass only for {', '.join(t['single_pass'])}, so no agreement figure.")
     for r in configurations:
         if r.status != "ok":
-            out.append(f"{r.configuration}: no serving figures ({diagnosis(r)}).")
+            out.append(f"{r.configuration}: no serving figures ({failure_summary(r)}).")
     for p in plans:
         if "weights_bytes" in p.facts and p.facts["weights_bytes"].kind == "estimated":
             out.append(f"{p.configuration}: the weights' size is estimated ({p.facts['weights_bytes'].source}), "

@@ -26,7 +26,7 @@ from llmtrial.core.configuration_model import ConfigurationRecord, SamplerStats
 from llmtrial.core.fileio import atomic_write_text
 from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.core.record_models import ManifestRecord, PatchesRecord, PlanRecord, ProvenanceRecord
-from llmtrial.core.records import human_bytes, load_record
+from llmtrial.core.records import load_record
 from llmtrial.core.resources import TEMPLATES
 from llmtrial.core.scenario_model import (
     Agreement,
@@ -37,6 +37,7 @@ from llmtrial.core.scenario_model import (
     WindowFigures,
     WindowStat,
 )
+from llmtrial.core.units import human_bytes
 from llmtrial.host.gpus import describe_process, gpu_label
 from llmtrial.report import charts
 from llmtrial.report.answers import answers_context, answers_gaps

@@ -15,7 +15,7 @@ from typing import Any
 
 from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.scenario_model import Onset, OnsetComparison, OnsetStep, Scenario, Step, StepFigures
-from llmtrial.report.conclusions import diagnosis, is_sweep_entry, warmup_note
+from llmtrial.report.conclusions import failure_summary, is_sweep_entry, warmup_note
 
 #: The two onsets compared: the field of the record's ``onset``, what was observed, what none observed reads.
 ONSETS: tuple[tuple[str, str, str], ...] = (
@@ -115,7 +115,7 @@ def sweep_cell(record: ConfigurationRecord, entry: Scenario | None) -> dict[str,
                             "warmup_note": None, "diagnosis": None, "preemption": OnsetComparison()}
     steps = (entry.steps if entry else None) or []
     if record.status != "ok" and not steps:
-        return {**cell, "status": record.status, "diagnosis": diagnosis(record)}
+        return {**cell, "status": record.status, "diagnosis": failure_summary(record)}
     if not steps:
         return {**cell, "status": "no steps", "diagnosis": "no step of this sweep ran"}
     onset = entry.onset

@@ -5,15 +5,15 @@ sweeps and their datasets, telemetry, multi-node serving, and the trial job in i
   server and of a launch with the patch flags off.
 - :mod:`llmtrial.serve.bench`: Benchmark scenarios: vLLM's serving benchmark per pass, and the cold
   first request.
-- :mod:`llmtrial.serve.comparison`: The comparison phase of one configuration's job, after its
-  server stopped: what the log explains (the failure's line and the GPUs' health after it, the
-  start-up facts, the engine's warnings, each patch's evidence) and the measured figures beside the
-  plan's (the predicted start-up terms, the throughput bound).
 - :mod:`llmtrial.serve.datasets`: What a scenario's benchmark sends, mapped onto vLLM bench's own
   dataset flags: vLLM's random dataset (with its range ratio), the operator's own prompts (a
   ``custom`` JSONL file or a ShareGPT JSON file), or vLLM's ``prefix_repetition`` dataset.
 - :mod:`llmtrial.serve.energy`: A window's energy: each GPU's NVML counter checked against the
   integral of its sampled power, and the CPU packages' RAPL energy, named apart.
+- :mod:`llmtrial.serve.log_review`: The review phase of one configuration's job, after its
+  server stopped: what the log explains (the failure's line and the GPUs' health after it, the
+  start-up facts, the engine's warnings, each patch's evidence) and the measured figures beside the
+  plan's (the predicted start-up terms, the throughput bound).
 - :mod:`llmtrial.serve.measure`: The measurement phase of one configuration's job: start the server
   under the telemetry sampler, wait for it, time the cold first request, run every scenario's passes
   (warm-up, repeated passes, a sweep's steps) each in its own telemetry window, and stop the server.
@@ -47,4 +47,4 @@ Imports from: core, logs, host, plan, weights, patch, borrow. (tests/test_struct
 order.)
 """
 
-__all__ = ["answers_job", "bench", "comparison", "datasets", "energy", "measure", "multinode", "multinode_job", "nodetelemetry", "onset", "passes", "progress", "scenarios", "server", "telemetry", "trial", "vllm_bench"]
+__all__ = ["answers_job", "bench", "datasets", "energy", "log_review", "measure", "multinode", "multinode_job", "nodetelemetry", "onset", "passes", "progress", "scenarios", "server", "telemetry", "trial", "vllm_bench"]

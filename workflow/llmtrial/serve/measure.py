@@ -3,7 +3,7 @@ sampler, wait for it, time the cold first request, run every scenario's passes (
 repeated passes, a sweep's steps: :mod:`llmtrial.serve.passes`) each in its own telemetry window,
 ask the task set, relaunch with prefix caching on for the scenarios that need it, and stop the server.
 
-A phase that ends the configuration is a :class:`~llmtrial.serve.passes.Failure`, a result the record
+A phase that ends the configuration is a :class:`~llmtrial.serve.passes.PhaseFailure`, a result the record
 keeps; only faults of the workflow itself raise past :meth:`Measurement.serve`.
 """
 
@@ -35,7 +35,7 @@ from llmtrial.serve.datasets import needs_prefix_caching
 from llmtrial.serve.multinode import MultiNodeServer
 from llmtrial.serve.nodetelemetry import NodeTelemetry, node_window_figures
 from llmtrial.serve.onset import onset, step_figures
-from llmtrial.serve.passes import Failure, Passes, Todo, Window
+from llmtrial.serve.passes import Passes, PhaseFailure, Todo, Window
 from llmtrial.serve.progress import StartupWatch, ready_line, say
 from llmtrial.serve.server import ServerProcess, ServerStartError
 from llmtrial.serve.telemetry import Sampler, describe_sources, read_samples, window_figures
@@ -165,7 +165,7 @@ class Measurement:
         cold: dict[str, Any] = {}
         scenarios: list[dict[str, Any]] = []
         windows: list[Window] = []
-        failure: Failure | None = None
+        failure: PhaseFailure | None = None
         answers: AnswerRun | None = None
         worker = bench.BenchWorker(log_path=self.paths.bench_dir / "worker.log")  # every pass of this job
         per_node = (NodeTelemetry(ledger, self.nodes, label=self.label, out_csv=self.paths.node_telemetry,
@@ -187,7 +187,7 @@ class Measurement:
                     server.stop()
                     metrics.seen = False  # the next server's start-up is not a failed scrape
                     failure = self._relaunched(host_source, run, cached, relaunch) or failure
-            except Failure as raised:
+            except PhaseFailure as raised:
                 failure = raised
             finally:
                 worker.close()
@@ -209,8 +209,8 @@ class Measurement:
                       telemetry=telemetry, bench_worker={"bench_import_s": worker.import_s, "bench_workers": worker.starts},
                       failure=failure.as_record() if failure is not None else None, answers=answers, relaunch=relaunch)
 
-    def _relaunched(self, host_source: HostSource, run: Callable[..., Failure | None], cached: list[Todo],
-                    part: dict[str, Any]) -> Failure | None:
+    def _relaunched(self, host_source: HostSource, run: Callable[..., PhaseFailure | None], cached: list[Todo],
+                    part: dict[str, Any]) -> PhaseFailure | None:
         """The scenarios that need prefix caching, on the configuration's server launched again with it on
         (the first one stopped): their first failed pass, or None. ``part`` gets the launch and the stop."""
         assert self.relaunch is not None, "a scenario needs prefix caching on and the job gave no relaunch"
@@ -220,7 +220,7 @@ class Measurement:
             try:
                 self._launch(server, host_source)
             except ServerStartError as exc:
-                raise Failure("startup", exc.reason, f"the relaunch with prefix caching on ({server.log_path.name}): "
+                raise PhaseFailure("startup", exc.reason, f"the relaunch with prefix caching on ({server.log_path.name}): "
                               f"{exc}", exc.returncode) from None
             return run(server, cached, caching=True, relaunched=True)
         finally:
@@ -250,7 +250,7 @@ class Measurement:
             ready_s = self._launch(server, host_source, progress=StartupWatch(self.name, server.log_path, source))
         except ServerStartError as exc:
             say("%s: did not start (%s): %s", self.name, exc.reason, exc)
-            raise Failure("startup", exc.reason, str(exc), exc.returncode) from None
+            raise PhaseFailure("startup", exc.reason, str(exc), exc.returncode) from None
         startup = startup_log.parse_startup(read_log(server.log_path), source=source)
         say("%s", ready_line(self.name, ready_s, startup))
         return ({"launched_at": server.launched_at, "ready_at": server.ready_at}, startup,
@@ -269,7 +269,7 @@ class Measurement:
             first = bench.first_request(self.host, self.port, model=self.workload.served_model_name, prompt=cs["prompt"],
                                         max_tokens=int(cs["max_tokens"]), timeout=float(cs["timeout_s"]))
         except Exception as exc:  # the server answered /health but cannot serve: a result, not a fault
-            raise Failure("cold_start", "request_failed", f"first request failed: {exc}") from None
+            raise PhaseFailure("cold_start", "request_failed", f"first request failed: {exc}") from None
         source = "first streamed completion after ready"
         return {"first_ttft_s": fact(first["ttft_s"], source, unit="s"),
                 "first_total_s": fact(first["total_s"], source, unit="s"),

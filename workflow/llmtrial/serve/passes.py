@@ -1,6 +1,6 @@
 """The scenarios' passes on one running server: each scenario's warm-up, then its repeated passes until
 they agree (or a sweep's steps), each benchmark pass in its own telemetry window, appended to the record's
-scenarios as it runs. A phase that ends the configuration is a :class:`Failure`, a result the record keeps.
+scenarios as it runs. A phase that ends the configuration is a :class:`PhaseFailure`, a result the record keeps.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from llmtrial.core.records import read_record
 from llmtrial.host.sources import RAPL_SOURCE
 from llmtrial.serve import bench
 from llmtrial.serve.progress import pass_line, say, stopped_line
-from llmtrial.serve.scenarios import SWEEP_KEYS, Repetition, goodput, is_sweep, spread_of
+from llmtrial.serve.scenarios import SWEEP_KEYS, RepetitionRule, goodput, is_sweep, spread_of
 from llmtrial.serve.scenarios import steps as sweep_steps
 from llmtrial.serve.server import ServerProcess
 from llmtrial.serve.telemetry import Sampler, window_edge
@@ -35,7 +35,7 @@ Window = tuple[dict[str, Any], float, float]
 
 
 @dataclass
-class Failure(Exception):
+class PhaseFailure(Exception):
     """A phase that ended the configuration: a result, not a fault of the workflow."""
 
     phase: str
@@ -67,12 +67,12 @@ class Passes:
     windows: list[Window]
     out: list[dict[str, Any]]
 
-    def run(self, server: ServerProcess, todo: list[Todo], *, caching: bool, relaunched: bool = False) -> Failure | None:
+    def run(self, server: ServerProcess, todo: list[Todo], *, caching: bool, relaunched: bool = False) -> PhaseFailure | None:
         """The scenarios of ``todo`` on ``server``, in order, each appended to ``out`` as it runs: its warm-up
         pass when asked, then its passes (or a sweep's steps); returns the first failed pass, or None.
         ``caching``: the server has prefix caching on. A server that dies ends the phase at once (raised as
-        :class:`Failure`)."""
-        failed: Failure | None = None
+        :class:`PhaseFailure`)."""
+        failed: PhaseFailure | None = None
         for s_index, name, scenario in todo:
             entry: dict[str, Any] = {"name": name, "spec": dict(scenario), "kind": "sweep" if is_sweep(scenario) else "fixed",
                                      "pass_results": [], "warmup": None, "prefix_caching": caching,
@@ -86,9 +86,9 @@ class Passes:
             failed = failed or first
         return failed
 
-    def _sweep(self, entry: dict[str, Any], run: Callable[..., dict[str, Any]]) -> Failure | None:
+    def _sweep(self, entry: dict[str, Any], run: Callable[..., dict[str, Any]]) -> PhaseFailure | None:
         """A sweep's steps in order, each one pass with its own seed, into ``entry["steps"]``."""
-        failed: Failure | None = None
+        failed: PhaseFailure | None = None
         entry["steps"] = []
         for step in sweep_steps(entry["spec"]):
             one = run(step, step["step"], f"{entry['name']}-step{step['step']}")
@@ -99,10 +99,10 @@ class Passes:
             failed = failed or _pass_failure(entry["name"], one)
         return failed
 
-    def _repeat(self, entry: dict[str, Any], run: Callable[..., dict[str, Any]]) -> Failure | None:
+    def _repeat(self, entry: dict[str, Any], run: Callable[..., dict[str, Any]]) -> PhaseFailure | None:
         """A scenario's passes until its repetition rule says stop; the record says why it stopped."""
-        rule = Repetition.of(entry["spec"], self.level)
-        failed: Failure | None = None
+        rule = RepetitionRule.of(entry["spec"], self.level)
+        failed: PhaseFailure | None = None
         stopped = None
         while stopped is None:
             p = len(entry["pass_results"]) + 1
@@ -128,7 +128,7 @@ class Passes:
         one["pass"] = p
         self.windows.append((one, one["window"]["start"], one["window"]["end"]))
         if not server.alive():
-            raise Failure("benchmark", "exited", f"{server.down_reason()} during scenario {name} ({stem})",
+            raise PhaseFailure("benchmark", "exited", f"{server.down_reason()} during scenario {name} ({stem})",
                           server.exit_code())
         return one
 
@@ -172,8 +172,8 @@ class Passes:
         return one
 
 
-def _pass_failure(name: str, one: Mapping[str, Any]) -> Failure | None:
+def _pass_failure(name: str, one: Mapping[str, Any]) -> PhaseFailure | None:
     if one["status"] != "failed":
         return None
-    return Failure("benchmark", "pass_failed", f"benchmark pass {name}/{one['pass']} failed "
+    return PhaseFailure("benchmark", "pass_failed", f"benchmark pass {name}/{one['pass']} failed "
                    f"(exit {one['returncode']}{', timed out' if one['timed_out'] else ''})")

@@ -32,7 +32,7 @@ STARTUP_PHASES = (
     ("kv_cache_tokens", "KV cache: {value:,} {unit}"),
     ("engine_init_seconds", "engine initialised (profiling, KV cache, warm-up) in {value} {unit}"),
 )
-#: Why a scenario's passes stopped (serve.scenarios.Repetition.verdict), in words.
+#: Why a scenario's passes stopped (serve.scenarios.RepetitionRule.verdict), in words.
 STOPPED = {"agreed": "they agreed", "max_reached": "the maximum was reached", "fixed": "the count asked was run",
            "failed": "a pass failed"}
 

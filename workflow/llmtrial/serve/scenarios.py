@@ -74,7 +74,7 @@ def contexts(spec: Mapping[str, Any]) -> set[int]:
 
 
 @dataclass(frozen=True)
-class Repetition:
+class RepetitionRule:
     """How many passes a scenario runs: at least ``min``, at most ``max``, stopping early once every
     rule given holds: the output tok/s spread is within ``agreement``, the width of its Student t
     interval at ``level`` over the median is within ``interval``. ``fixed``: a count was asked."""
@@ -87,7 +87,7 @@ class Repetition:
     fixed: bool = False
 
     @classmethod
-    def of(cls, spec: Mapping[str, Any], level: float = DEFAULT_LEVEL) -> Repetition:
+    def of(cls, spec: Mapping[str, Any], level: float = DEFAULT_LEVEL) -> RepetitionRule:
         passes = spec.get("passes", 1)
         if isinstance(passes, Mapping):
             agreement, interval = passes.get("agreement"), passes.get("interval")
@@ -186,7 +186,7 @@ def repetition_of(entry: Mapping[str, Any] | None) -> dict[str, Any]:
     if rep:
         return {"passes_run": len(passes), **rep}
     spec = entry.get("spec") or {}
-    n = Repetition.of(spec).max if isinstance(spec.get("passes"), int) else len(passes)
+    n = RepetitionRule.of(spec).max if isinstance(spec.get("passes"), int) else len(passes)
     return {"min": n, "max": n, "agreement": None, "passes_run": len(passes),
             "spread": (entry.get("agreement") or {}).get("output_throughput"),
             "stopped": "failed" if any(p.get("status") == "failed" for p in passes) else "fixed"}
@@ -194,4 +194,4 @@ def repetition_of(entry: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def passes_asked(spec: Mapping[str, Any]) -> str:
     """What the trial file asked for: a fixed count, or passes until they agree."""
-    return Repetition.of(spec).describe() if spec.get("passes") is not None else "passes not recorded"
+    return RepetitionRule.of(spec).describe() if spec.get("passes") is not None else "passes not recorded"

@@ -66,6 +66,13 @@ def args_to_flags(args: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def vllm_flags(args: ServingArgs, launch: Mapping[str, Any] | None = None) -> list[str]:
+    """The serving flags of every vLLM process this project starts (a server, a headless rank): the
+    trial's defaults, every argument the configuration gave as
+    :class:`~llmtrial.plan.plan_inputs.ServingArgs` read them, then ``launch`` (a multi-node rank's)."""
+    return args_to_flags({**DEFAULT_ARGS, **args.given, **(launch or {})})
+
+
 def build_server_argv(
     *,
     model_dir: str,
@@ -73,18 +80,18 @@ def build_server_argv(
     host: str,
     port: int,
     args: ServingArgs,
+    launch: Mapping[str, Any] | None = None,
     python: str = sys.executable,
 ) -> list[str]:
-    """The argv that starts one configuration's server (no shell involved): every argument the
-    configuration gave, as :class:`~llmtrial.plan.plan_inputs.ServingArgs` read them."""
-    merged = {**DEFAULT_ARGS, **args.given}
+    """The argv that starts one configuration's server (no shell involved), its flags
+    :func:`vllm_flags`'s."""
     return [
         python, "-m", SERVER_MODULE,
         "--model", model_dir,
         "--served-model-name", served_model_name,
         "--host", host,
         "--port", str(port),
-        *args_to_flags(merged),
+        *vllm_flags(args, launch),
     ]
 
 

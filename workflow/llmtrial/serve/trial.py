@@ -3,7 +3,7 @@
 The job runs three phases, each in its own module and each giving its part of the record:
 host readiness (:mod:`llmtrial.borrow.readiness`: quiet again, patch again, the GPU census, the serving
 environment), measurement (:mod:`llmtrial.serve.measure`: start, cold request, warm-ups, passes,
-sweeps, telemetry windows) and comparison (:mod:`llmtrial.serve.comparison`: diagnosis, engine
+sweeps, telemetry windows) and review (:mod:`llmtrial.serve.log_review`: diagnosis, engine
 warnings, predictions, the throughput bound). A multi-node configuration's side of each lives in
 :mod:`llmtrial.serve.multinode_job`.
 
@@ -33,11 +33,11 @@ from llmtrial.core.records import redact_env, write_record
 from llmtrial.host.nodes import Node
 from llmtrial.logs.lines import read_log
 from llmtrial.plan.plan_inputs import ServingArgs
-from llmtrial.serve import comparison
+from llmtrial.serve import log_review
 from llmtrial.serve.answers_job import FLAGS_OFF_LOG, answers_part, flags_off_env, flags_off_run, patch_flags, wants_flags_off
 from llmtrial.serve.measure import Measurement, Served, Workload
 from llmtrial.serve.multinode_job import Spread, node_outcomes
-from llmtrial.serve.passes import Failure
+from llmtrial.serve.passes import PhaseFailure
 from llmtrial.serve.progress import outcome_line, say
 from llmtrial.serve.server import DEFAULT_ARGS, ServerProcess, build_server_argv
 from llmtrial.serve.telemetry import CSV_HEADER
@@ -102,12 +102,17 @@ class TrialJob:
         """The configuration's own args turn prefix caching on (the trial's servers otherwise have it off)."""
         return bool({**DEFAULT_ARGS, **self.spec["args"]}.get("enable_prefix_caching"))
 
+    def serving_args(self, prefix_caching: bool = False) -> ServingArgs:
+        """The configuration's vLLM args, every rank's; ``prefix_caching``: the relaunch for the scenarios that
+        need it on."""
+        args = {**self.spec["args"], **({"enable_prefix_caching": True} if prefix_caching else {})}
+        return ServingArgs.from_config(args, self.spec["env"])
+
     def argv(self, prefix_caching: bool = False) -> list[str]:
-        """The server's argv; ``prefix_caching``: the relaunch for the scenarios that need it on."""
-        args = {**self.spec["args"], **(self.spread.server_args() if self.spread else {}),
-                **({"enable_prefix_caching": True} if prefix_caching else {})}
+        """The API server's argv (node 0's, with its launch arguments where the configuration spans nodes)."""
         return build_server_argv(model_dir=self.model_dir, served_model_name=self.workload.served_model_name,
-                                 host=self.host, port=self.port, args=ServingArgs.from_config(args, self.spec["env"]))
+                                 host=self.host, port=self.port, args=self.serving_args(prefix_caching),
+                                 launch=self.spread.server_args() if self.spread else None)
 
     def measurement(self, flags: Mapping[str, bool] | None = None,
                     relaunch: Callable[[], ServerProcess] | None = None) -> Measurement:
@@ -165,11 +170,11 @@ class TrialJob:
         env = envs[self.nodes[0].name] if spread else envs[""]
         parts["gpu_census"] = ready.census
         if ready.busy:
-            return self._not_served(job_start, argv, "failed", Failure("gpu_check", "gpu_in_use", ready.busy), **parts)
+            return self._not_served(job_start, argv, "failed", PhaseFailure("gpu_check", "gpu_in_use", ready.busy), **parts)
         if spread:
             parts.update(spread.record(gpus=bool((self.plan.get("hardware") or {}).get("gpus")))._asdict())
             if not parts["collective"].ok:
-                return self._not_served(job_start, argv, "failed", Failure("sanity_check", "collective_failed",
+                return self._not_served(job_start, argv, "failed", PhaseFailure("sanity_check", "collective_failed",
                                                                            parts["collective"].diagnosis), **parts)
         job = ledger.append(Action.JOB_STARTED, label=self.label, pid=os.getpid(), create_time=psutil.Process().create_time())
         flags = patch_flags(ready.patched["patches"], env)
@@ -184,7 +189,7 @@ class TrialJob:
     def _served(self, job_start: float, argv: list[str], served: Served, *, ledger: Ledger, ready: Readiness,
                 env: Mapping[str, str], envs: Mapping[str, Mapping[str, str]], parts: dict[str, Any]) -> ConfigurationRecord:
         """The record of a configuration whose server was launched: the measurement's parts, what the log
-        explains (the failure's line, the GPUs' health, each node's outcome) and the comparison with the plan."""
+        explains (the failure's line, the GPUs' health, each node's outcome) and the figures beside the plan."""
         job_end = time.time()
         ready_seconds = getattr(served.cold_start, "ready_seconds", None)
         timing = Timing(job_start=job_start, **served.bench_worker, job_end=job_end, wall_s=job_end - job_start,
@@ -194,7 +199,7 @@ class TrialJob:
         text = read_log(self.paths.server_log) if self.paths.server_log.exists() else ""
         failure, health = served.failure, {}
         if failure is not None:
-            found = comparison.diagnosis(failure, text, source=source, ready=served.ready, ledger=ledger, gpus=self.gpus,
+            found = log_review.review_failure(failure, text, source=source, ready=served.ready, ledger=ledger, gpus=self.gpus,
                                          kernel_baseline=self.kernel_baseline, label=self.label,
                                          health_check=self.hardware.get("health_check"))
             failure, health = found.failure, {"gpu_health": found.gpu_health}
@@ -202,16 +207,16 @@ class TrialJob:
             parts["nodes"] = node_outcomes(parts["nodes"], ranks=served.server.get("ranks", {}), server_log=source,
                                            failed=failure is not None, ready=served.ready,
                                            patches=ready.patched["patches"], envs=envs, out_dir=self.paths.out_dir)
-        compared = comparison.compare(text, source=source, startup=served.startup, scenarios=served.scenarios,
+        reviewed = log_review.review(text, source=source, startup=served.startup, scenarios=served.scenarios,
                                       plan=self.plan, patched=ready.patched, env=env)
         return self._record(
             status="failed" if failure else "ok", failure=failure,
-            server=self._server_part(argv, env, **served.server), startup=compared.startup,
+            server=self._server_part(argv, env, **served.server), startup=reviewed.startup,
             **({"prefix_caching_server": self._server_part(env=env, **served.relaunch)} if served.relaunch else {}),
-            engine_warnings=compared.engine_warnings, cold_start=served.cold_start, scenarios=served.scenarios,
+            engine_warnings=reviewed.engine_warnings, cold_start=served.cold_start, scenarios=served.scenarios,
             telemetry=Telemetry(file=self.paths.rel(self.paths.telemetry), **served.telemetry), timing=timing,
-            prediction=compared.prediction, **parts, **health, patches=compared.patches,
-            throughput_bound=compared.throughput_bound)
+            prediction=reviewed.prediction, **parts, **health, patches=reviewed.patches,
+            throughput_bound=reviewed.throughput_bound)
 
     def _server_part(self, argv: list[str], env: Mapping[str, str], **ran: Any) -> Server:
         """How the server was (or would have been) started, and what it did (``ran``: its log, where not
@@ -240,7 +245,8 @@ class TrialJob:
                                   "stop_timeout": float(self.spec["stop_timeout_s"]),
                                   "label": f"{self.label} (prefix caching on)" if prefix_caching else self.label}
         if self.spread:
-            return self.spread.server(self.argv(prefix_caching), ledger, envs, self.spec["args"], **kwargs)
+            return self.spread.server(self.argv(prefix_caching), ledger, envs, self.serving_args(prefix_caching),
+                                      **kwargs)
         return ServerProcess(self.argv(prefix_caching), ledger=ledger, **kwargs)
 
     def _fresh_folder(self) -> None:
@@ -259,7 +265,7 @@ class TrialJob:
                     "; ".join(self.plan["reasons"]))
         return self._not_served(job_start, argv, "skipped")
 
-    def _not_served(self, job_start: float, argv: list[str], status: str, failure: Failure | None = None,
+    def _not_served(self, job_start: float, argv: list[str], status: str, failure: PhaseFailure | None = None,
                     **parts: Any) -> ConfigurationRecord:
         """The record of a configuration whose server never started (skipped, or stopped by its
         sanity check), with an empty telemetry file."""

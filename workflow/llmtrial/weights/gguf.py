@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from llmtrial.core.units import MiB
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["GgufError", "GgufHeader", "DTYPE_BYTES", "find_gguf", "read_header", "gguf_config",
@@ -260,6 +262,6 @@ def convert(gguf_file: Path, out: Path, *, dtype: str) -> dict[str, Any]:
     tokenizer.save_pretrained(out)
     seconds = round(time.monotonic() - started, 3)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    logger.info("dequantized %s in %.1f s (peak resident %.0f MiB)", gguf_file.name, seconds, peak / (1 << 20))
+    logger.info("dequantized %s in %.1f s (peak resident %.0f MiB)", gguf_file.name, seconds, peak / MiB)
     return {"seconds": seconds, "peak_rss_bytes": peak, "transformers": transformers.__version__,
             "chat_template": (out / "chat_template.jinja").is_file() or bool(getattr(tokenizer, "chat_template", None))}

@@ -41,7 +41,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from llmtrial.core.fileio import atomic_write_text, file_digest
-from llmtrial.core.records import human_bytes
+from llmtrial.core.units import human_bytes
 from llmtrial.weights.manifest import visible_files
 
 log = logging.getLogger(__name__)

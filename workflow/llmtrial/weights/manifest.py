@@ -17,6 +17,7 @@ from typing import Any
 
 from llmtrial.core.fileio import sha256_file
 from llmtrial.core.record_models import ManifestFile, ManifestRecord
+from llmtrial.core.units import MiB
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def build_manifest(model_dir: Path, *, source: Mapping[str, Any], **parts: Any) 
     total = sum(entry.size for entry in files)
     logger.info(
         "hashed %d files (%.1f MiB) in %s: done in %.1f s",
-        len(files), total / (1 << 20), root, time.monotonic() - started,
+        len(files), total / MiB, root, time.monotonic() - started,
     )
     return ManifestRecord(model_dir=str(root), source=dict(source), files=files, total_bytes=total,
                           created=datetime.now(UTC).isoformat(timespec="seconds"), **parts)

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from llmtrial.core.units import MiB
 from llmtrial.plan.checkpoint import WeightsSize
 from llmtrial.weights import gguf, hub
 from llmtrial.weights.policy import find_archive
@@ -108,7 +109,7 @@ def staged_size_estimate(source: Mapping[str, Any]) -> tuple[int, int]:
     head_dim = h // s["num_heads"]
     per_layer = h * h * 2 + 2 * h * s["num_kv_heads"] * head_dim + 3 * h * inter + 2 * h
     params = layers * per_layer + 2 * vocab * h + h
-    return params * 2 + (1 << 20), 8
+    return params * 2 + MiB, 8
 
 
 def weights_size(model_dir: str | Path) -> WeightsSize | None:

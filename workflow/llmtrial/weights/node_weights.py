@@ -16,7 +16,7 @@ files hash the same on every node (:func:`llmtrial.host.crossnode.same_files`).
 :func:`undo_on_node` is what cleanup does with such an entry (:func:`llmtrial.weights.policy
 .apply_policy`): rebuild the node from the entry, then ``keep`` leaves the copy, while
 ``delete`` and ``archive`` both remove it (the archive is made from the first node's copy).
-Removal runs on the node as :data:`_FOLDER_SCRIPT`, the rules of
+Removal runs on the node as :mod:`llmtrial.onnode.weights_folder`, the rules of
 :func:`llmtrial.weights.policy.delete_staged` written for the node's own Python: nothing outside
 the entry's root, symlinks removed and never followed, nothing forced. A node that cannot
 be reached is a residue naming it, and the entry stays outstanding.
@@ -38,6 +38,7 @@ from llmtrial.core.ledger import Action, Ledger
 from llmtrial.core.record_models import ManifestRecord, NodeCopy, SameFiles
 from llmtrial.host.crossnode import same_files
 from llmtrial.host.nodes import Node, NodeError, trial_nodes
+from llmtrial.onnode import weights_folder
 from llmtrial.weights.manifest import MANIFEST_NAME
 
 __all__ = ["stage_on_nodes", "copy_to_nodes", "undo_on_node", "send_files"]
@@ -47,89 +48,8 @@ log = logging.getLogger(__name__)
 #: Seconds a node may take to resolve, size or remove a folder.
 FOLDER_TIMEOUT_S = 600.0
 
-#: Run on the node with its own Python (the standard library only). Reads {"op": "resolve" |
-#: "size" | "delete", "path", "root"} on stdin, prints one JSON object.
-_FOLDER_SCRIPT = r'''
-import errno, json, os, sys
-inp = json.load(sys.stdin)
-op, given = inp["op"], inp["path"]
-
-def seen(e):
-    return "%s: %s; not forced" % (errno.errorcode.get(e.errno or 0, "error"), e.strerror)
-
-def residue(what, size, why):
-    return {"kind": "weights", "what": what, "size": size, "tried": "remove without force", "seen": why}
-
-def size_of(path):
-    total = 0
-    for d, _, files in os.walk(path):
-        for f in files:
-            p = os.path.join(d, f)
-            if not os.path.islink(p):
-                try:
-                    total += os.lstat(p).st_size
-                except OSError:
-                    pass
-    return total
-
-def remove(out, path):
-    try:
-        st = os.lstat(path)
-        os.unlink(path)
-    except FileNotFoundError:
-        return
-    except OSError as e:
-        out["residues"].append(residue(path, st.st_size, seen(e)))
-        return
-    out["files_removed"] += 1
-    out["freed_bytes"] += 0 if (st.st_mode & 0o170000) == 0o120000 else st.st_size
-
-def rmdir(out, path):
-    try:
-        os.rmdir(path)
-    except FileNotFoundError:
-        pass
-    except OSError as e:
-        if not any(r["what"].startswith(path + os.sep) for r in out["residues"]):
-            out["residues"].append(residue(path, None, seen(e)))
-
-def delete():
-    root = os.path.realpath(inp["root"])
-    out = {"path": given, "freed_bytes": 0, "files_removed": 0, "residues": []}
-    if not os.path.lexists(given):
-        out["action"] = "none (already gone)"
-        return out
-    target = os.path.join(os.path.realpath(os.path.dirname(given) or "."), os.path.basename(given))
-    if os.path.commonpath([target, root]) != root or target == root or root == os.path.sep:
-        out["residues"].append({"kind": "weights", "what": target, "size": None, "tried": "delete",
-                                "seen": "refused: not inside the staging root %s" % root})
-        out["action"] = "refused"
-        return out
-    if os.path.islink(target) or not os.path.isdir(target):
-        remove(out, target)
-    else:
-        for d, dirs, files in os.walk(target, topdown=False):
-            for name in files + [x for x in dirs if os.path.islink(os.path.join(d, x))]:
-                remove(out, os.path.join(d, name))
-            for name in dirs:
-                if not os.path.islink(os.path.join(d, name)):
-                    rmdir(out, os.path.join(d, name))
-        rmdir(out, target)
-    out["action"] = "deleted" if not out["residues"] else "partly deleted"
-    return out
-
-if op == "resolve":
-    out = {"path": os.path.abspath(os.path.expanduser(given))}
-elif op == "size":
-    out = {"exists": os.path.isdir(given), "bytes": size_of(given)}
-else:
-    out = delete()
-print(json.dumps(out))
-'''
-
-
 def _folder(node: Node, op: str, path: str, root: str | None = None) -> dict[str, Any]:
-    return node.program(_FOLDER_SCRIPT, {"op": op, "path": path, "root": root}, FOLDER_TIMEOUT_S)
+    return node.program(weights_folder, {"op": op, "path": path, "root": root}, FOLDER_TIMEOUT_S)
 
 
 def _expected(manifest: ManifestRecord) -> dict[str, str]:

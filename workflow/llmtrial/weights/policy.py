@@ -36,7 +36,8 @@ from typing import Any
 from llmtrial.core.fileio import file_digest
 from llmtrial.core.ledger import LOCAL_NODE, Action, Ledger, replay
 from llmtrial.core.record_models import ManifestRecord
-from llmtrial.core.records import human_bytes, write_record
+from llmtrial.core.records import write_record
+from llmtrial.core.units import human_bytes
 from llmtrial.host.disk import headroom_by_filesystem, headroom_message
 from llmtrial.weights.hub import PARTIAL_PREFIX, VerificationError
 from llmtrial.weights.manifest import MANIFEST_NAME, verify_manifest

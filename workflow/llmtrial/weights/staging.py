@@ -47,6 +47,7 @@ from llmtrial.core.fileio import replace_dir, sha256_file, sibling_dir
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.core.record_models import HubSource, ManifestRecord
 from llmtrial.core.records import write_record
+from llmtrial.core.units import MiB
 from llmtrial.host.disk import Need, require_headroom
 from llmtrial.weights import gguf, hub
 from llmtrial.weights.manifest import MANIFEST_NAME, build_manifest, verify_manifest
@@ -165,7 +166,7 @@ def _restage_from_archive(archive: Path, archived: Mapping[str, Any], folder: Pa
     record_write()
     _remove_stale(folder, {f["path"] for f in entries})
     logger.info("restaging %s from the archive %s (%d files, %.1f MiB to copy); the Hub is not used",
-                what, archive, len(todo), todo_bytes / (1 << 20))
+                what, archive, len(todo), todo_bytes / MiB)
     started = time.monotonic()
     for f in copy_verified(archive, folder, todo):
         verified.add(f["path"], folder / f["path"], f["sha256"])
@@ -282,7 +283,7 @@ def _stage_gguf(source: Mapping[str, Any], folder: Path, *, disk: Mapping[str, A
     file = gguf.find_gguf(source)
     dtype = str(source.get("dtype") or "bfloat16")
     header = gguf.read_header(file)
-    logger.info("hashing %s (%.1f MiB)", file, file.stat().st_size / (1 << 20))
+    logger.info("hashing %s (%.1f MiB)", file, file.stat().st_size / MiB)
     origin = {"file": str(file), "size": file.stat().st_size, "sha256": sha256_file(file),
               "package": source.get("package"), "package_version": gguf.package_version(source),
               "architecture": header.architecture, "dtype": dtype, "transformers": transformers.__version__}

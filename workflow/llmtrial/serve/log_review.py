@@ -1,4 +1,4 @@
-"""The comparison phase of one configuration's job, after its server stopped: what the log
+"""The review phase of one configuration's job, after its server stopped: what the log
 explains (the failure's line and the GPUs' health after it, the start-up facts, the engine's
 warnings, each patch's evidence) and the measured figures beside the plan's (the predicted
 start-up terms, the throughput bound).
@@ -34,7 +34,7 @@ class Diagnosis:
 
 
 @dataclass
-class Compared:
+class Reviewed:
     """The record's parts read from the server's log and set beside the plan."""
 
     startup: dict[str, Any]
@@ -44,7 +44,7 @@ class Compared:
     throughput_bound: list[ThroughputBound]
 
 
-def diagnosis(failure: Failure, text: str, *, source: str, ready: bool, ledger: Ledger,
+def review_failure(failure: Failure, text: str, *, source: str, ready: bool, ledger: Ledger,
               gpus: Sequence[Mapping[str, Any]], kernel_baseline: Sequence[str], label: str,
               health_check: Any) -> Diagnosis:
     """A failed configuration's parts: the GPUs' health after it, and its ``failure`` with the line of
@@ -57,14 +57,14 @@ def diagnosis(failure: Failure, text: str, *, source: str, ready: bool, ledger: 
                                                      "log_tail": tail(text, 40)}))
 
 
-def compare(text: str, *, source: str, startup: Mapping[str, Any], scenarios: Sequence[Scenario],
-            plan: Mapping[str, Any], patched: Mapping[str, Any], env: Mapping[str, str]) -> Compared:
+def review(text: str, *, source: str, startup: Mapping[str, Any], scenarios: Sequence[Scenario],
+            plan: Mapping[str, Any], patched: Mapping[str, Any], env: Mapping[str, str]) -> Reviewed:
     """The record's parts read from the server's log (``text``, read from ``source``) and set beside the
     plan: the start-up facts (``startup`` as the measurement read them, else from the log), the engine's
     warnings, each patch's evidence, the predictions, and the ``scenarios``' throughput bound."""
     facts = dict(startup) or (startup_log.parse_startup(text, source=source) if text else {})
     measured = [as_written(s) for s in scenarios]
-    return Compared(
+    return Reviewed(
         startup=facts,
         engine_warnings=[EngineWarning.model_validate(w) for w in engine_warnings(text, source=source)],
         patches=ServerPatches(reapplied=patched["reapplied"], plugin_dir=patched["plugin_dir"],
