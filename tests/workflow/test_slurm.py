@@ -134,6 +134,18 @@ def job_processes(job: str, besides: set[int]) -> list[int]:
     return found
 
 
+def described(pids: list[int]) -> str:
+    """Each process as ``pid (pgid): command line``, for a failure's message."""
+    out = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            out.append(f"{pid} ({os.getpgid(pid)}): {' '.join(proc.cmdline())[:200]}")
+        except (psutil.Error, ProcessLookupError):
+            out.append(f"{pid}: gone")
+    return "; ".join(out) or "none"
+
+
 def pump(proc: subprocess.Popen, path: Path) -> None:
     """The snakemake's output into a file as it comes (a background thread)."""
     def copy():
@@ -200,8 +212,16 @@ def _run_both(work: Path, slurm: SlurmCluster, seen: Seen) -> None:
     # slurmctld says CANCELLED at once; slurmd's SIGTERM, then SIGKILL after KillWait (5 s), reach the job's own
     # processes (its batch script's snakemake) when they reach them, later on a busy machine: the cleanup runs
     # once they are gone, as an operator's would after the job ended. The servers are the cleanup's to stop.
-    wait_until(lambda: not job_processes(job, set(seen.b_pgids)), timeout=180,
-               what=f"SLURM's kill of job {job}'s processes (the servers aside)")
+    left: list[int] = []
+
+    def gone() -> bool:
+        left[:] = job_processes(job, set(seen.b_pgids))
+        return not left
+
+    try:
+        wait_until(gone, timeout=180, what=f"SLURM's kill of job {job}'s processes (the servers aside)")
+    except AssertionError as exc:  # name what outlived the kill
+        raise AssertionError(f"{exc}; still running: {described(left)}") from None
     seen.b_cleanup = subprocess.run(
         [SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(work), "--profile", PROFILE,
          "--configfile", str(work / "demo-b.yaml"), *QUICK, "cleanup"],
