@@ -176,8 +176,10 @@ class BenchWorker:
 
     def start(self) -> None:
         """Start a worker unless one is running; it imports while the caller goes on (the
-        first :meth:`run` waits for it). Started during vLLM's own start-up on a machine
-        with few cores, its import would slow that start-up and skew its measurement."""
+        first :meth:`run` waits for it). A configuration's job starts it as its server
+        launches: vLLM's start-up runs one process at a time (API server, engine core,
+        then its workers), each importing on one core, and the worker's import (about
+        7 s on a CPU core) then takes a core that start-up leaves idle."""
         if self.proc is not None:
             return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -173,6 +173,7 @@ class Measurement:
         with sigterm_as_exit(), per_node, Sampler(self.paths.telemetry, sources, interval=self.workload.telemetry_interval) as sampler, \
                 worker:
             try:
+                worker.start()  # vLLM's benchmark imports while vLLM starts: the passes need not wait for it
                 started, startup, cold = self._start(server, host_source)
                 cold.update(self.first_request())
                 run = Passes(name=self.name, host=self.host, port=self.port, model_dir=self.model_dir,
