@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import socket
 import stat
+import subprocess
+import sys
 
 import psutil
 import pytest
 
-from conftest import DATA, CompletionsDouble, loopback
+from conftest import DATA, CompletionsDouble, loopback, wait_until
 from llmtrial.core.records import check_record, read_record
 from llmtrial.host.groups import group_members
 from llmtrial.serve.bench import (
@@ -255,3 +257,37 @@ def test_a_worker_that_dies_mid_pass_gives_its_exit_code_and_is_replaced(tmp_pat
     assert second["returncode"] == 5 and w.starts == 2 and w.import_s == 1.0
     with pytest.raises(ValueError, match="not a benchmark pass"):
         w.run(["py", "-m", "other"], log_path=tmp_path / "p3.log", timeout=30)
+
+
+#: A trial job's stand-in: starts a benchmark worker, prints its pid, then runs one pass (argv as JSON) that
+#: hangs (the server never answers) until the job is killed, as SLURM or an operator's kill -9 kills a job.
+JOB_WITH_A_WORKER = """
+import json, sys, time
+from pathlib import Path
+from llmtrial.serve.bench import BenchWorker
+w = BenchWorker(log_path=Path(sys.argv[1]))
+w.start()
+print(w.proc.pid, flush=True)
+w.run(json.loads(sys.argv[2]), log_path=Path(sys.argv[1]).with_name("pass.log"), timeout=600)
+"""
+
+
+def test_a_worker_mid_pass_ends_when_the_job_that_started_it_is_killed(tokenizer, tmp_path):
+    """In its own session the worker is out of the job's process group, so a kill of the job does not reach
+    it, and mid-pass it does not read the stdin whose end would tell it; it ends with the job all the same
+    (it asked the kernel for SIGTERM when its parent dies)."""
+    with socket.socket() as silent:  # accepts the pass's connection (the kernel does) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        argv = small_argv(silent.getsockname(), tokenizer, tmp_path, "hung")
+        job = subprocess.Popen([sys.executable, "-c", JOB_WITH_A_WORKER, str(tmp_path / "worker.log"), json.dumps(argv)],
+                               stdout=subprocess.PIPE, text=True)
+        try:
+            pid = int(job.stdout.readline())
+            silent.settimeout(120)
+            held, _ = silent.accept()  # the pass has reached the server: the worker is mid-pass
+        finally:
+            job.kill()
+            job.wait(timeout=30)
+        with held:  # open, unanswered, until the worker is gone: its pass would wait on it for hours
+            wait_until(lambda: gone(pid), "the orphaned worker's end", timeout=60)

@@ -184,9 +184,12 @@ class BenchWorker:
             return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            # the worker dies with this process (vllm_bench.die_with_parent): the thread that starts it must
+            # live as long as the worker is wanted, as the job's main thread does
             self.proc = subprocess.Popen([self.python, "-m", vllm_bench.MODULE, vllm_bench.WORKER_FLAG],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                         start_new_session=True)
+                                         start_new_session=True,
+                                         env={**os.environ, vllm_bench.PARENT_ENV: str(os.getpid())})
         self.starts += 1
         self._ready, self._buf = False, b""
 

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import gc
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -30,6 +32,10 @@ from typing import Any
 
 MODULE = "llmtrial.serve.vllm_bench"
 WORKER_FLAG = "--worker"
+#: The environment variable that carries the pid of the process that started a worker.
+PARENT_ENV = "LLMTRIAL_BENCH_PARENT"
+#: prctl's option that sends a signal when the parent dies (linux/prctl.h).
+PR_SET_PDEATHSIG = 1
 
 
 # The worker's protocol: one JSON object per line, both ways.
@@ -85,8 +91,20 @@ def main(argv: list[str] | None = None) -> int:
 
 # Worker mode.
 
+def die_with_parent(parent: int | None) -> None:
+    """SIGTERM to this worker when the process that started it dies (a trial job killed by SLURM or
+    ``kill -9``): in its own session it is out of that job's process group, and orphaned mid-pass it
+    would go on benchmarking a server cleanup has yet to stop. Where the parent is already gone, exit."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
+
+
 def worker(lines: Iterable[bytes]) -> int:
     """Serve passes read from ``lines`` until they end; replies go to the original fd 1."""
+    given = os.environ.get(PARENT_ENV)
+    die_with_parent(int(given) if given else None)
     _flush()
     control = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # nothing but replies may reach the control channel
