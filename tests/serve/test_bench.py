@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import stat
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -235,6 +238,14 @@ def test_close_ends_the_worker_and_leaves_no_process_behind(worker):
     worker.close()  # twice is harmless
 
 
+def fake_worker(tmp_path: Path, text: str) -> str:
+    """A stand-in for the worker's interpreter: a shell script BenchWorker runs as ``python``."""
+    fake = tmp_path / "python"
+    fake.write_text(text)
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    return str(fake)
+
+
 #: A double of the worker process (named by BenchWorker's ``python``): it says it is ready,
 #: reads one request and exits 5 without answering.
 DYING_WORKER = """#!/bin/sh
@@ -245,11 +256,8 @@ exit 5
 
 
 def test_a_worker_that_dies_mid_pass_gives_its_exit_code_and_is_replaced(tmp_path):
-    fake = tmp_path / "python"
-    fake.write_text(DYING_WORKER)
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     argv = ["py", "-m", "llmtrial.serve.vllm_bench", "--num-prompts", "1"]
-    with BenchWorker(log_path=tmp_path / "worker.log", python=str(fake)) as w:
+    with BenchWorker(log_path=tmp_path / "worker.log", python=fake_worker(tmp_path, DYING_WORKER)) as w:
         first = w.run(argv, log_path=tmp_path / "p1.log", timeout=30)
         assert (first["returncode"], first["timed_out"]) == (5, False) and w.proc is None
         assert "exited with code 5" in (tmp_path / "p1.log").read_text()
@@ -258,6 +266,47 @@ def test_a_worker_that_dies_mid_pass_gives_its_exit_code_and_is_replaced(tmp_pat
     with pytest.raises(ValueError, match="not a benchmark pass"):
         w.run(["py", "-m", "other"], log_path=tmp_path / "p3.log", timeout=30)
 
+
+
+#: Doubles of the worker process: one that never finishes importing, one that is ready and then never
+#: answers a pass (its server hung). Each ignores the end of its stdin, as vLLM's import and a pass do.
+IMPORTING_WORKER = """#!/bin/sh
+exec sleep 600
+"""
+SILENT_WORKER = """#!/bin/sh
+echo '{"ready": true, "import_s": 0.5}'
+exec sleep 600
+"""
+
+
+class Stopped(Exception):
+    """What SIGTERM becomes in a trial job (llmtrial.serve.measure.sigterm_as_exit raises SystemExit)."""
+
+
+@pytest.mark.parametrize("text", [IMPORTING_WORKER, SILENT_WORKER], ids=["importing", "mid-pass"])
+def test_a_job_stopped_early_kills_its_worker_without_waiting_out_the_grace(tmp_path, text):
+    """A job stopped while its worker imports (vLLM still starting) or runs a pass must stop its server
+    soon (Snakemake's and cleanup's SIGTERM give it seconds): close() kills such a worker at once instead of
+    giving it the idle worker's grace to exit, which it would spend in full (it reads no stdin then)."""
+    w = BenchWorker(log_path=tmp_path / "worker.log", python=fake_worker(tmp_path, text), close_timeout=120)
+    w.start()
+    pid = w.proc.pid
+    if text == SILENT_WORKER:
+        def stop(signum, frame):
+            raise Stopped
+
+        previous = signal.signal(signal.SIGALRM, stop)
+        signal.alarm(1)
+        try:
+            with pytest.raises(Stopped):  # the job is stopped in the middle of the pass
+                w.run(["py", "-m", "llmtrial.serve.vllm_bench"], log_path=tmp_path / "p1.log", timeout=600)
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+    began = time.monotonic()
+    w.close()
+    assert gone(pid) and w.proc is None
+    assert time.monotonic() - began < 60  # the grace, 120 s, was not waited out
 
 #: A trial job's stand-in: starts a benchmark worker, prints its pid, then runs one pass (argv as JSON) that
 #: hangs (the server never answers) until the job is killed, as SLURM or an operator's kill -9 kills a job.

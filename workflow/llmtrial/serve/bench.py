@@ -172,6 +172,7 @@ class BenchWorker:
         self.starts = 0
         self.import_s: float | None = None
         self._ready = False
+        self._busy = False  # a pass sent and its reply not yet read
         self._buf = b""
 
     def start(self) -> None:
@@ -191,7 +192,7 @@ class BenchWorker:
                                          start_new_session=True,
                                          env={**os.environ, vllm_bench.PARENT_ENV: str(os.getpid())})
         self.starts += 1
-        self._ready, self._buf = False, b""
+        self._ready, self._busy, self._buf = False, False, b""
 
     def run(self, argv: list[str], *, log_path: Path, timeout: float) -> dict[str, Any]:
         """One pass: ``{"start", "end", "returncode", "timed_out"}``, times in Unix seconds.
@@ -224,7 +225,9 @@ class BenchWorker:
             self.proc.stdin.flush()
         except BrokenPipeError:
             return self._died(log_path)
+        self._busy = True
         message = self._read(deadline)
+        self._busy = False
         return self._died(log_path) if message is None else int(message["returncode"])
 
     def _read(self, deadline: float) -> dict[str, Any] | None:
@@ -270,8 +273,11 @@ class BenchWorker:
         return code
 
     def close(self) -> None:
-        """Stop the worker (EOF on its stdin, up to ``close_timeout`` s to exit, then its group killed)."""
-        self._stop(grace=self.close_timeout)
+        """Stop the worker: an idle one gets EOF on its stdin and up to ``close_timeout`` s to exit, then its
+        group is killed; one still importing or in the middle of a pass (the job stopped early: SIGTERM, a
+        failed start-up) has nothing to finish, and its group is killed at once."""
+        idle = self._ready and not self._busy
+        self._stop(grace=self.close_timeout if idle else 0.0)
 
     def __enter__(self) -> BenchWorker:
         return self

@@ -191,9 +191,9 @@ class Measurement:
             except PhaseFailure as raised:
                 failure = raised
             finally:
-                worker.close()
                 sampler.retire("metrics")  # the server is going away: its /metrics with it
-                stopped = self._stopped(server)
+                stopped = self._stopped(server)  # first: the server holds the host's memory and ports
+                worker.close()
             telemetry = {"sampler": sampler.stats(), "errors": dict(sampler.errors),
                          "sources": describe_sources(sources, absent, sampler)}
         telemetry.update(self._telemetry(server, windows))
