@@ -421,7 +421,7 @@ class TrialConfig(ConfigModel):
     nodes: dict[Annotated[str, StringConstraints(pattern='^[A-Za-z0-9][A-Za-z0-9_.-]*$')], NodeBlock] = Field(default={}, description='The hosts a trial may span, by name, each reached on this host or over ssh (always as an argv, never a shell string). Empty: the trial runs on this host alone.')
     model: ModelBlock = Field(description='The model under trial and where its weights come from.')
     serving: ServingBlock = Field(default=ServingBlock(), description='What every serving configuration shares.')
-    configurations: dict[Annotated[str, StringConstraints(pattern='^[A-Za-z0-9][A-Za-z0-9_.-]*$')], ConfigurationBlock] = Field(description='ServingBlock configurations by name; each is one Snakemake job that starts, measures and stops its own server.')
+    configurations: dict[Annotated[str, StringConstraints(pattern='^[A-Za-z0-9][A-Za-z0-9_.-]*$')], ConfigurationBlock] = Field(description='Serving configurations by name; each is one Snakemake job that starts, measures and stops its own server.')
     scenarios: dict[Annotated[str, StringConstraints(pattern='^[A-Za-z0-9][A-Za-z0-9_.-]*$')], ScenarioBlock] = Field(description="Benchmark scenarios by name, run in file order on every configuration with vLLM's serving benchmark (ignore_eos; random prompts unless a scenario names another dataset), except that prefix_repetition scenarios run after the others, on the configuration's server launched again with prefix caching on.")
     bench: BenchBlock = Field(default=BenchBlock(), description='Benchmark settings shared by all scenarios.')
     cold_start: ColdStartBlock = Field(default=ColdStartBlock(), description='The first request sent once the server is ready (its TTFT is the cold first-token time).')
