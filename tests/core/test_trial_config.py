@@ -61,3 +61,18 @@ def test_what_the_schema_refuses_the_model_refuses_at_the_same_key(keys, value):
     where = ".".join(keys)
     assert f"'{where}" in str(by_schema.value)
     assert any(".".join(map(str, e["loc"])).startswith(where) for e in by_model.value.errors())
+
+
+@pytest.mark.parametrize("keys", [("trial",), ("model",), ("model", "name"), ("model", "source"),
+                                  ("model", "source", "kind"), ("configurations",), ("scenarios",)])
+def test_a_required_key_left_out_is_refused_by_both_naming_it(keys):
+    data = copy.deepcopy(raw(DEFAULT))
+    node = data
+    for key in keys[:-1]:
+        node = node[key]
+    del node[keys[-1]]
+    with pytest.raises(ConfigError, match=f"'{'.'.join(keys)}'"):
+        validate_config(copy.deepcopy(data), source="config")
+    with pytest.raises(ValidationError) as by_model:
+        TrialConfig.model_validate(data)
+    assert ".".join(keys) in [".".join(map(str, e["loc"])) for e in by_model.value.errors()]

@@ -8,9 +8,32 @@ the model is to replace it, its JSON Schema generated.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, StringConstraints
+from pydantic_core import core_schema
+
+
+@dataclass(frozen=True)
+class keys:  # noqa: N801 (used as an annotation's marker: ``Annotated[dict[str, X], keys(PATTERN)]``)
+    """A mapping's keys held to ``pattern``: a key that breaks it is named in the error, and the JSON
+    Schema says it as ``propertyNames``."""
+
+    pattern: str
+
+    def check(self, value: dict[str, Any]) -> dict[str, Any]:
+        bad = [key for key in value if not re.match(self.pattern, key)]
+        if bad:
+            raise ValueError(f"{', '.join(map(repr, bad))} does not match {self.pattern!r}")
+        return value
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self.check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        return {**handler(schema), "propertyNames": {"pattern": self.pattern}}
 
 
 class ConfigModel(BaseModel):
@@ -37,7 +60,7 @@ class NodeBlock(ConfigModel):
     staging_dir: str | None = Field(default=None, description="Folder on the node that holds staged weights (null is the trial's staging_dir).")
     interface: Annotated[str, StringConstraints(pattern='^[A-Za-z0-9_.@:-]+$')] | None = Field(default=None, description='Network interface for NCCL and gloo traffic on the node (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME); null lets them choose.')
     address: Annotated[str, StringConstraints(pattern='^[A-Za-z0-9_.:%-]+$')] | None = Field(default=None, description="The address other nodes reach this node at (null is ssh.address, the SLURM host's name with reach slurm, or 127.0.0.1 for a local node; a local node of a trial with slurm nodes: the allocation's first host).")
-    env: dict[Annotated[str, StringConstraints(pattern='^[A-Za-z_][A-Za-z0-9_]*$')], str] = Field(default={}, description="Environment for every process the trial starts on this node (its serving rank, the sanity check's rank), over the configuration's env: e.g. the core a CPU rank binds to (VLLM_CPU_OMP_THREADS_BIND). GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME (from interface) and VLLM_HOST_IP (from address) are set unless given here.")
+    env: Annotated[dict[str, str], keys('^[A-Za-z_][A-Za-z0-9_]*$')] = Field(default={}, description="Environment for every process the trial starts on this node (its serving rank, the sanity check's rank), over the configuration's env: e.g. the core a CPU rank binds to (VLLM_CPU_OMP_THREADS_BIND). GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME (from interface) and VLLM_HOST_IP (from address) are set unless given here.")
 
 
 class TinyBlock(ConfigModel):
@@ -418,15 +441,15 @@ class TrialConfig(ConfigModel):
 
     trial: Annotated[str, StringConstraints(pattern='^[A-Za-z0-9][A-Za-z0-9_.-]*$')] = Field(description='Name of the trial; everything it produces goes to results/<trial>/.')
     staging_dir: str = Field(default='staging', description='Folder that holds staged weights, outside results/ so that Snakemake never deletes them; the model is staged into <staging_dir>/<trial>/<model name>.')
-    nodes: dict[Annotated[str, StringConstraints(pattern='^[A-Za-z0-9][A-Za-z0-9_.-]*$')], NodeBlock] = Field(default={}, description='The hosts a trial may span, by name, each reached on this host or over ssh (always as an argv, never a shell string). Empty: the trial runs on this host alone.')
+    nodes: Annotated[dict[str, NodeBlock], keys('^[A-Za-z0-9][A-Za-z0-9_.-]*$')] = Field(default={}, description='The hosts a trial may span, by name, each reached on this host or over ssh (always as an argv, never a shell string). Empty: the trial runs on this host alone.')
     model: ModelBlock = Field(description='The model under trial and where its weights come from.')
     serving: ServingBlock = Field(default=ServingBlock(), description='What every serving configuration shares.')
-    configurations: dict[Annotated[str, StringConstraints(pattern='^[A-Za-z0-9][A-Za-z0-9_.-]*$')], ConfigurationBlock] = Field(description='Serving configurations by name; each is one Snakemake job that starts, measures and stops its own server.')
-    scenarios: dict[Annotated[str, StringConstraints(pattern='^[A-Za-z0-9][A-Za-z0-9_.-]*$')], ScenarioBlock] = Field(description="Benchmark scenarios by name, run in file order on every configuration with vLLM's serving benchmark (ignore_eos; random prompts unless a scenario names another dataset), except that prefix_repetition scenarios run after the others, on the configuration's server launched again with prefix caching on.")
+    configurations: Annotated[dict[str, ConfigurationBlock], keys('^[A-Za-z0-9][A-Za-z0-9_.-]*$')] = Field(description='Serving configurations by name; each is one Snakemake job that starts, measures and stops its own server.')
+    scenarios: Annotated[dict[str, ScenarioBlock], keys('^[A-Za-z0-9][A-Za-z0-9_.-]*$')] = Field(description="Benchmark scenarios by name, run in file order on every configuration with vLLM's serving benchmark (ignore_eos; random prompts unless a scenario names another dataset), except that prefix_repetition scenarios run after the others, on the configuration's server launched again with prefix caching on.")
     bench: BenchBlock = Field(default=BenchBlock(), description='Benchmark settings shared by all scenarios.')
     cold_start: ColdStartBlock = Field(default=ColdStartBlock(), description='The first request sent once the server is ready (its TTFT is the cold first-token time).')
-    services: dict[Annotated[str, StringConstraints(pattern='^[A-Za-z0-9][A-Za-z0-9_.@-]*$')], ServiceBlock] = Field(default={}, description="The host's other services to quiet before the trial and restore after it, by name, in the order they are stopped (restored in reverse). Only a service that was running is stopped, and only it is started again.")
-    patches: dict[Annotated[str, StringConstraints(pattern='^[A-Za-z0-9][A-Za-z0-9_.-]*$')], PatchBlock] = Field(default={}, description='vLLM patches to apply after the services are quieted and before any server starts, by the name of their folder under workflow/llmtrial/patches/ (none unless named here). A patch\'s changed behaviour stays off in a server unless its configuration sets the patch\'s flag to "1" in its env. Cleanup reverts every patch.')
+    services: Annotated[dict[str, ServiceBlock], keys('^[A-Za-z0-9][A-Za-z0-9_.@-]*$')] = Field(default={}, description="The host's other services to quiet before the trial and restore after it, by name, in the order they are stopped (restored in reverse). Only a service that was running is stopped, and only it is started again.")
+    patches: Annotated[dict[str, PatchBlock], keys('^[A-Za-z0-9][A-Za-z0-9_.-]*$')] = Field(default={}, description='vLLM patches to apply after the services are quieted and before any server starts, by the name of their folder under workflow/llmtrial/patches/ (none unless named here). A patch\'s changed behaviour stays off in a server unless its configuration sets the patch\'s flag to "1" in its env. Cleanup reverts every patch.')
     hardware: HardwareBlock = Field(default=HardwareBlock(), description='What the planner assumes about the host; null values are read from the host at preflight.')
     plan: PlanBlock = Field(default=PlanBlock(), description='Settings of the planner that checks every configuration before launch.')
     probes: ProbesBlock = Field(default=ProbesBlock(), description="Bandwidths preflight measures with the serving environment's torch (each recorded as measured with its method, or skipped with the reason; a host without CUDA skips every GPU probe). The decode throughput bound of each configuration is computed from them.")
