@@ -1,19 +1,21 @@
-"""The trial file as one model (llmtrial.core.trial_config) against the schema the loader validates
-with: on every trial file under config/ the model fills the same defaults, and a file the schema
-refuses the model refuses too, at the same key."""
+"""The trial file as one model (llmtrial.core.trial_config), held to the hand-written JSON Schema it
+replaced (``tests/data/config.schema.before-model.yaml``, read with jsonschema filling its defaults as
+the loader did): on every trial file under config/ the loader fills the same defaults, and what the
+old schema refused the loader refuses, naming the same key."""
 
 from __future__ import annotations
 
 import copy
+import json
+import re
 from pathlib import Path
 
 import pytest
 import yaml
-from pydantic import ValidationError
+from jsonschema import Draft202012Validator, validators
 
-from conftest import REPO
+from conftest import DATA, REPO
 from llmtrial.config import ConfigError, validate_config
-from llmtrial.core.trial_config import TrialConfig
 from llmtrial.host.nodes import number_slurm_nodes
 
 TRIAL_FILES = sorted([REPO / "config" / "config.yaml", *(REPO / "config" / "trials").glob("*.yaml")])
@@ -23,12 +25,45 @@ def raw(path: Path) -> dict:
     return yaml.safe_load(path.read_text(encoding="utf-8"))
 
 
+def _filling_defaults(validator_class: type) -> type:
+    """jsonschema filling each property's default before validating it, as the loader did before the model."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub:
+                    instance.setdefault(name, copy.deepcopy(sub["default"]))
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return validators.extend(validator_class, {"properties": set_defaults})
+
+
+BEFORE = _filling_defaults(Draft202012Validator)(yaml.safe_load((DATA / "config.schema.before-model.yaml").read_text()))
+
+
+def old_key(error) -> str:
+    """The dotted key the old loader named for a jsonschema error: a missing or unexpected key itself."""
+    parts = [str(p) for p in error.absolute_path]
+    if error.validator == "required":
+        parts.append(re.match(r"'([^']+)'", error.message)[1])
+    elif error.validator == "additionalProperties":
+        parts.append(sorted(k for k in error.instance if k not in error.schema.get("properties", {}))[0])
+    return ".".join(parts)
+
+
+def by_old_schema(data: dict) -> tuple[dict, list[str]]:
+    """``data`` with the old schema's defaults, and the dotted keys of its errors."""
+    return data, [old_key(e) for e in BEFORE.iter_errors(data)]
+
+
 @pytest.mark.parametrize("path", TRIAL_FILES, ids=lambda p: p.name)
 def test_the_model_fills_every_default_the_schema_fills(path):
-    by_schema = validate_config(copy.deepcopy(raw(path)), source=str(path))
-    by_model = TrialConfig.model_validate(copy.deepcopy(raw(path))).model_dump()
-    number_slurm_nodes(by_model)  # the loader's numbering after validation, as validate_config does
-    assert by_model == by_schema
+    by_schema, errors = by_old_schema(copy.deepcopy(raw(path)))
+    number_slurm_nodes(by_schema)  # the loader's numbering after validation, then as now
+    assert errors == []
+    by_model = validate_config(copy.deepcopy(raw(path)), source=str(path))
+    assert json.dumps(by_model, sort_keys=True) == json.dumps(by_schema, sort_keys=True)  # 60 stays 60, not 60.0
 
 
 def edited(path: Path, keys: tuple, value) -> dict:
@@ -54,13 +89,10 @@ DEFAULT = REPO / "config" / "config.yaml"
 ])
 def test_what_the_schema_refuses_the_model_refuses_at_the_same_key(keys, value):
     data = edited(DEFAULT, keys, value)
-    with pytest.raises(ConfigError) as by_schema:
-        validate_config(copy.deepcopy(data), source="config")
-    with pytest.raises(ValidationError) as by_model:
-        TrialConfig.model_validate(data)
     where = ".".join(keys)
-    assert f"'{where}" in str(by_schema.value)
-    assert any(".".join(map(str, e["loc"])).startswith(where) for e in by_model.value.errors())
+    assert any(e.startswith(where) for e in by_old_schema(copy.deepcopy(data))[1])
+    with pytest.raises(ConfigError, match=f"config key '{re.escape(where)}"):  # or an item of it: 'hardware.gpus.0'
+        validate_config(copy.deepcopy(data), source="config")
 
 
 @pytest.mark.parametrize("keys", [("trial",), ("model",), ("model", "name"), ("model", "source"),
@@ -71,8 +103,7 @@ def test_a_required_key_left_out_is_refused_by_both_naming_it(keys):
     for key in keys[:-1]:
         node = node[key]
     del node[keys[-1]]
-    with pytest.raises(ConfigError, match=f"'{'.'.join(keys)}'"):
+    where = ".".join(keys)
+    assert where in by_old_schema(copy.deepcopy(data))[1]
+    with pytest.raises(ConfigError, match=f"config key '{re.escape(where)}': missing: a required key"):
         validate_config(copy.deepcopy(data), source="config")
-    with pytest.raises(ValidationError) as by_model:
-        TrialConfig.model_validate(data)
-    assert ".".join(keys) in [".".join(map(str, e["loc"])) for e in by_model.value.errors()]

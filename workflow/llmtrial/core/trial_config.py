@@ -1,9 +1,10 @@
 """The trial file as one model: :class:`TrialConfig`, a submodel per block.
 
-A first statement of the file's shape beside ``schemas/config.schema.yaml``: every default and bound
-the schema states, and nothing it refuses let through (``tests/core/test_trial_config.py`` holds the
-two together on every trial file under ``config/``). The loader still validates with the schema;
-the model is to replace it, its JSON Schema generated.
+The one statement of the file's shape: each key's type, bounds, default and description. The loader
+(:func:`llmtrial.config.validate_config`) validates with it and fills its defaults; the JSON Schema
+``schemas/config.schema.json`` is generated from it (``python -m llmtrial.core.record_models --write``,
+its drift checked by the tests). It replaced a hand-written schema, held to it on every trial file
+under ``config/`` by ``tests/core/test_trial_config.py``.
 """
 
 from __future__ import annotations
@@ -12,8 +13,28 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, StringConstraints
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    StringConstraints,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
 from pydantic_core import core_schema
+
+
+def _as_given(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A number checked as a float and kept as given: an integer stays an integer, so a resolved
+    trial file (and its hash in the provenance record) is what the file said."""
+    checked = handler(value)
+    return value if type(value) is int else checked
+
+
+#: A JSON number (an integer or not), its bounds checked, its value kept as the file gave it.
+Number = Annotated[float, WrapValidator(_as_given)]
 
 
 @dataclass(frozen=True)
@@ -91,8 +112,8 @@ class SourceBlock(ConfigModel):
     ignore_patterns: list[str] | None = Field(default=None, description='Files matching one of these glob patterns are not staged (kind hub).')
     max_workers: Annotated[int, Field(ge=1)] = Field(default=8, description='Files downloaded at the same time (kind hub).')
     retries: Annotated[int, Field(ge=0)] = Field(default=5, description='Further tries of one file after a dropped connection, a timeout or a 5xx answer (kind hub).')
-    retry_backoff_s: Annotated[float, Field(ge=0)] = Field(default=1.0, description='Wait before the first retry of a file; doubled on each further retry, at most 30 s.')
-    progress_interval_s: Annotated[float, Field(gt=0)] = Field(default=10.0, description='Seconds between progress lines (bytes done, rate, time left) while downloading.')
+    retry_backoff_s: Annotated[Number, Field(ge=0)] = Field(default=1.0, description='Wait before the first retry of a file; doubled on each further retry, at most 30 s.')
+    progress_interval_s: Annotated[Number, Field(gt=0)] = Field(default=10.0, description='Seconds between progress lines (bytes done, rate, time left) while downloading.')
 
 
 class WeightsBlock(ConfigModel):
@@ -115,8 +136,8 @@ class ServingBlock(ConfigModel):
 
     host: str = Field(default='127.0.0.1', description='Address the server binds to and the benchmark connects to.')
     base_port: Annotated[int, Field(ge=1024, le=65000)] = Field(default=8100, description='Port of the first configuration; the n-th configuration (in file order) serves on base_port + n.')
-    startup_timeout_s: Annotated[float, Field(gt=0)] = Field(default=900, description='Longest wait from launch until /health answers 200 before the configuration is a startup failure.')
-    stop_timeout_s: Annotated[float, Field(gt=0)] = Field(default=30, description="Grace after SIGTERM to the server's process group before SIGKILL.")
+    startup_timeout_s: Annotated[Number, Field(gt=0)] = Field(default=900, description='Longest wait from launch until /health answers 200 before the configuration is a startup failure.')
+    stop_timeout_s: Annotated[Number, Field(gt=0)] = Field(default=30, description="Grace after SIGTERM to the server's process group before SIGKILL.")
     args: dict[str, Any] = Field(default={}, description="vLLM server arguments shared by every configuration, as a mapping of flag name (dashes or underscores) to value: true gives --flag, false gives --no-flag, a list repeats values, a mapping is passed as JSON. A configuration's args override these.")
     env: dict[str, str] = Field(default={}, description="Environment variables for every server (values are strings). A configuration's env overrides these.")
 
@@ -137,8 +158,8 @@ class PassesRuleBlock(ConfigModel):
 
     min: Annotated[int, Field(ge=1)] = Field(default=2, description='Passes always run.')
     max: Annotated[int, Field(ge=1)] = Field(default=6, description='Most passes run when they keep disagreeing.')
-    agreement: Annotated[float, Field(gt=0)] | None = Field(default=0.1, description='Spread of output tok/s over the mean at which passes agree (0.10 = 10 %); null: not a rule.')
-    interval: Annotated[float, Field(gt=0)] | None = Field(default=None, description="Width of output tok/s's confidence interval over the median at which passes stop (0.10 = 10 %); null: not a rule.")
+    agreement: Annotated[Number, Field(gt=0)] | None = Field(default=0.1, description='Spread of output tok/s over the mean at which passes agree (0.10 = 10 %); null: not a rule.')
+    interval: Annotated[Number, Field(gt=0)] | None = Field(default=None, description="Width of output tok/s's confidence interval over the median at which passes stop (0.10 = 10 %); null: not a rule.")
 
 
 class SloBlock(ConfigModel):
@@ -146,18 +167,18 @@ class SloBlock(ConfigModel):
     goodput is the requests per second that meet it. The scenario meets its target when at least
     `percentile` % of requests do."""
 
-    ttft_ms: Annotated[float, Field(gt=0)] | None = Field(default=None, description='Time to first token')
-    tpot_ms: Annotated[float, Field(gt=0)] | None = Field(default=None, description='Time per output token after the first')
-    e2el_ms: Annotated[float, Field(gt=0)] | None = Field(default=None, description='End-to-end latency')
-    percentile: Annotated[float, Field(le=100, gt=0)] = Field(default=90, description='Share of requests (%) that must meet every target.')
+    ttft_ms: Annotated[Number, Field(gt=0)] | None = Field(default=None, description='Time to first token')
+    tpot_ms: Annotated[Number, Field(gt=0)] | None = Field(default=None, description='Time per output token after the first')
+    e2el_ms: Annotated[Number, Field(gt=0)] | None = Field(default=None, description='End-to-end latency')
+    percentile: Annotated[Number, Field(le=100, gt=0)] = Field(default=90, description='Share of requests (%) that must meet every target.')
 
 
 class RangeRatioBlock(ConfigModel):
     """random: --random-range-ratio, lengths drawn uniformly from [len × (1 − r), len × (1 + r)]: one ratio for
     input and output, or {input, output}; null leaves vLLM's default (0, every prompt exactly input_len)."""
 
-    input: Annotated[float, Field(ge=0, lt=1)] = Field(default=0, description="The input length's ratio.")
-    output: Annotated[float, Field(ge=0, lt=1)] = Field(default=0, description="The output length's ratio.")
+    input: Annotated[Number, Field(ge=0, lt=1)] = Field(default=0, description="The input length's ratio.")
+    output: Annotated[Number, Field(ge=0, lt=1)] = Field(default=0, description="The output length's ratio.")
 
 
 class ScenarioBlock(ConfigModel):
@@ -167,24 +188,24 @@ class ScenarioBlock(ConfigModel):
     num_prompts: Annotated[int, Field(ge=1)] | list[Annotated[int, Field(ge=1)]] = Field(default=8, description='Requests per pass (per step of a sweep; a list gives each step its own).')
     input_len: Annotated[int, Field(ge=1)] | list[Annotated[int, Field(ge=1)]] = Field(default=32, description="Prompt length in tokens (--random-input-len); a list sweeps it. prefix_repetition: the whole prompt, prefix_len of it shared. custom and sharegpt: not used (the prompts are the file's).")
     output_len: Annotated[int, Field(ge=1)] | list[Annotated[int, Field(ge=1)]] = Field(default=16, description='Generated tokens per request (with ignore_eos; --random-output-len, --custom-output-len, --sharegpt-output-len or --prefix-repetition-output-len); a list sweeps it.')
-    request_rate: float | str = Field(default='inf', description='Requests per second, or "inf" to send as fast as concurrency allows.')
+    request_rate: Number | str = Field(default='inf', description='Requests per second, or "inf" to send as fast as concurrency allows.')
     passes: Annotated[int, Field(ge=1)] | PassesRuleBlock = Field(default=1, description='Passes of the scenario, each with its own dataset seed: a number runs that many; {min, max, agreement, interval} runs at least min and at most max, stopping once every rule given holds: the spread of output tok/s ((max - min) / mean) is within agreement, and the width of its confidence interval over passes (Student t at statistics.level) over the median is within interval. agreement null leaves the spread out; interval null (the default) leaves the interval out. A sweep runs each step once.')
     warmup: bool = Field(default=False, description="Run one warm-up pass first (its own seed), kept out of the scenario's figures.")
     slo: SloBlock | None = Field(default=None, description="A latency target (vLLM's --goodput): a request meets it when every latency given is at most its target; goodput is the requests per second that meet it. The scenario meets its target when at least `percentile` % of requests do.")
     dataset: Literal['random', 'custom', 'sharegpt', 'prefix_repetition'] = Field(default='random', description="vLLM bench's --dataset-name: random prompts of input_len tokens; custom, the operator's prompts from a JSONL file (prompts); sharegpt, from a ShareGPT JSON file (prompts); or prefix_repetition, random prompts that share prefixes (prefix_len, num_prefixes), served with prefix caching on (the trial otherwise turns it off): its configuration's server is launched again with --enable-prefix-caching after the other scenarios.")
     prompts: str | None = Field(default=None, description='custom and sharegpt: the operator\'s prompt file, relative to the working directory. custom is JSONL, one {"prompt": "..."} object a line; sharegpt a JSON list of {"conversations": [{"value": prompt}, {"value": reply}, ...]}. Read when the trial file is loaded (a missing or malformed file is refused, naming the scenario and the line), staged with its sha256 into results/<trial>/prompts/ (the benchmark reads the copy, --dataset-path), and each pass sends num_prompts of its prompts (at most the file\'s, none twice) in an order drawn from the pass\'s seed.')
     chat_template: bool = Field(default=False, description="custom: wrap each prompt in the model's chat template before sending it (vLLM bench's default); false sends the prompt as written (--skip-chat-template).")
-    range_ratio: Annotated[float, Field(ge=0, lt=1)] | RangeRatioBlock | None = Field(default=None, description="random: --random-range-ratio, lengths drawn uniformly from [len × (1 − r), len × (1 + r)]: one ratio for input and output, or {input, output}; null leaves vLLM's default (0, every prompt exactly input_len).")
+    range_ratio: Annotated[Number, Field(ge=0, lt=1)] | RangeRatioBlock | None = Field(default=None, description="random: --random-range-ratio, lengths drawn uniformly from [len × (1 − r), len × (1 + r)]: one ratio for input and output, or {input, output}; null leaves vLLM's default (0, every prompt exactly input_len).")
     prefix_len: Annotated[int, Field(ge=1)] | None = Field(default=None, description="prefix_repetition: tokens of the prefix that prompts share (--prefix-repetition-prefix-len); the rest of input_len is each prompt's own suffix (--prefix-repetition-suffix-len).")
     num_prefixes: Annotated[int, Field(ge=1)] = Field(default=1, description='prefix_repetition: distinct prefixes (--prefix-repetition-num-prefixes), each shared by num_prompts / num_prefixes prompts (num_prompts must be a multiple).')
-    timeout_s: Annotated[float, Field(gt=0)] = Field(default=900, description='Longest a single pass may take before it is recorded as failed.')
+    timeout_s: Annotated[Number, Field(gt=0)] = Field(default=900, description='Longest a single pass may take before it is recorded as failed.')
 
 
 class BenchBlock(ConfigModel):
     """Benchmark settings shared by all scenarios."""
 
     seed: int = Field(default=1000, description='Base dataset seed; pass p of scenario s uses seed + 1000*s + p, so no two passes replay the same prompts.')
-    percentiles: list[Annotated[float, Field(gt=0, lt=100)]] = Field(default=[50, 90, 99], description='Percentiles reported for TTFT, TPOT, ITL and E2EL.')
+    percentiles: list[Annotated[Number, Field(gt=0, lt=100)]] = Field(default=[50, 90, 99], description='Percentiles reported for TTFT, TPOT, ITL and E2EL.')
 
 
 class ColdStartBlock(ConfigModel):
@@ -192,7 +213,7 @@ class ColdStartBlock(ConfigModel):
 
     prompt: str = Field(default='The quick brown fox', description='Prompt of the first request.')
     max_tokens: Annotated[int, Field(ge=1)] = Field(default=16, description='Tokens the first request generates.')
-    timeout_s: Annotated[float, Field(gt=0)] = Field(default=300, description='Longest the first request may take.')
+    timeout_s: Annotated[Number, Field(gt=0)] = Field(default=300, description='Longest the first request may take.')
 
 
 class HealthBlock(ConfigModel):
@@ -207,15 +228,15 @@ class HealthBlock(ConfigModel):
     model: str | None = Field(default=None, description='completion: the model name to ask.')
     prompt: str = Field(default='Hello', description='completion: a short prompt.')
     max_tokens: Annotated[int, Field(ge=1)] = Field(default=4, description='completion: tokens to generate.')
-    timeout_s: Annotated[float, Field(gt=0)] = Field(default=60, description='completion: longest the request may take.')
+    timeout_s: Annotated[Number, Field(gt=0)] = Field(default=60, description='completion: longest the request may take.')
 
 
 class TimeoutsBlock(ConfigModel):
     """Per-service limits in seconds."""
 
-    stop_s: Annotated[float, Field(gt=0)] = Field(default=60, description='Longest wait for the service to be down after stop.')
-    start_s: Annotated[float, Field(gt=0)] = Field(default=120, description='Longest the start command may take.')
-    health_s: Annotated[float, Field(gt=0)] = Field(default=120, description='Longest wait for a healthy answer after start.')
+    stop_s: Annotated[Number, Field(gt=0)] = Field(default=60, description='Longest wait for the service to be down after stop.')
+    start_s: Annotated[Number, Field(gt=0)] = Field(default=120, description='Longest the start command may take.')
+    health_s: Annotated[Number, Field(gt=0)] = Field(default=120, description='Longest wait for a healthy answer after start.')
 
 
 class ServiceBlock(ConfigModel):
@@ -245,7 +266,7 @@ class HealthCheckBlock(ConfigModel):
     """The health check of each selected GPU after a configuration fails."""
 
     bytes: Annotated[int, Field(ge=1)] = Field(default=67108864, description='What a fresh process allocates, fills and frees on each GPU.')
-    timeout_s: Annotated[float, Field(gt=0)] = Field(default=60, description='How long the fresh process may take before the GPU counts as hung.')
+    timeout_s: Annotated[Number, Field(gt=0)] = Field(default=60, description='How long the fresh process may take before the GPU counts as hung.')
 
 
 class HardwareBlock(ConfigModel):
@@ -254,16 +275,16 @@ class HardwareBlock(ConfigModel):
     gpus: None | Annotated[int, Field(ge=0)] | list[Annotated[int, Field(ge=0)] | Annotated[str, StringConstraints(pattern='^(GPU|MIG)-[A-Za-z0-9-]+$')]] = Field(default=None, description='The GPUs the trial uses: a count (the first N GPUs NVML lists; 0 for a CPU host), or a list of NVML indexes and UUIDs (GPU-...); null takes every GPU NVML lists. The planner, the servers (CUDA_VISIBLE_DEVICES, by UUID) and telemetry use exactly these; preflight stops the trial when the host lacks one.')
     allow_processes: list[str] = Field(default=[], description="Compute processes the trial may share its GPUs with, by name (the process name or its command's program, e.g. python3 or tritonserver). Before each launch, any other compute process on a selected GPU keeps the configuration from launching, named with its pid, user, command and memory.")
     health_check: HealthCheckBlock = Field(default=HealthCheckBlock(), description='The health check of each selected GPU after a configuration fails.')
-    gpu_memory_gib: Annotated[float, Field(gt=0)] | None = Field(default=None, description="Usable memory per GPU in GiB; null takes the smallest GPU's total.")
+    gpu_memory_gib: Annotated[Number, Field(gt=0)] | None = Field(default=None, description="Usable memory per GPU in GiB; null takes the smallest GPU's total.")
 
 
 class PlanBlock(ConfigModel):
     """Settings of the planner that checks every configuration before launch."""
 
-    non_torch_gib: Annotated[float, Field(ge=0)] | None = Field(default=None, description="GPU memory per rank outside torch's allocator (NCCL and all-reduce buffers, cuBLAS workspaces) that vLLM counts before the KV cache; null takes the planner's rule (0.25 GiB on one GPU, 1.7 GiB with TP x PP > 1), labelled estimated.")
-    peak_activation_gib: Annotated[float, Field(ge=0)] | None = Field(default=None, description="Peak activation per rank of vLLM's profiling run; null takes the planner's rule (the larger of the sampler's fp32 logits for max_num_seqs sequences and eight hidden-sized buffers per batched token), labelled estimated.")
-    cuda_graph_gib: Annotated[float, Field(ge=0)] | None = Field(default=None, description="CUDA graph memory per rank that vLLM takes from the KV budget (zero with enforce_eager or VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0); null takes the planner's rule (0.32 GiB), labelled estimated.")
-    last_stage_extra_gib: Annotated[float, Field(ge=0)] = Field(default=0, description='Memory that lives only on the last pipeline stage besides the output head, such as a speculative-decoding draft module.')
+    non_torch_gib: Annotated[Number, Field(ge=0)] | None = Field(default=None, description="GPU memory per rank outside torch's allocator (NCCL and all-reduce buffers, cuBLAS workspaces) that vLLM counts before the KV cache; null takes the planner's rule (0.25 GiB on one GPU, 1.7 GiB with TP x PP > 1), labelled estimated.")
+    peak_activation_gib: Annotated[Number, Field(ge=0)] | None = Field(default=None, description="Peak activation per rank of vLLM's profiling run; null takes the planner's rule (the larger of the sampler's fp32 logits for max_num_seqs sequences and eight hidden-sized buffers per batched token), labelled estimated.")
+    cuda_graph_gib: Annotated[Number, Field(ge=0)] | None = Field(default=None, description="CUDA graph memory per rank that vLLM takes from the KV budget (zero with enforce_eager or VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0); null takes the planner's rule (0.32 GiB), labelled estimated.")
+    last_stage_extra_gib: Annotated[Number, Field(ge=0)] = Field(default=0, description='Memory that lives only on the last pipeline stage besides the output head, such as a speculative-decoding draft module.')
     pinned_last_layers: Annotated[int, Field(ge=0)] = Field(default=0, description='Layers at the end of the model that must sit on the last pipeline stage (read by a draft module).')
 
 
@@ -325,8 +346,8 @@ class ProbesBlock(ConfigModel):
     method, or skipped with the reason; a host without CUDA skips every GPU probe). The decode throughput
     bound of each configuration is computed from them."""
 
-    timeout_s: Annotated[float, Field(gt=0)] = Field(default=120, description='Longest the probe program (and, separately, the all-reduce ranks) may take.')
-    far_below: Annotated[float, Field(le=1, gt=0)] = Field(default=0.5, description="Fraction of the PCIe link's promise (per-lane rate of its generation x its width) under which a measured pinned host-device bandwidth is a warn.")
+    timeout_s: Annotated[Number, Field(gt=0)] = Field(default=120, description='Longest the probe program (and, separately, the all-reduce ranks) may take.')
+    far_below: Annotated[Number, Field(le=1, gt=0)] = Field(default=0.5, description="Fraction of the PCIe link's promise (per-lane rate of its generation x its width) under which a measured pinned host-device bandwidth is a warn.")
     host_memory: HostMemoryProbe = Field(default=HostMemoryProbe(), description='A copy within host memory (read + written bytes); the memory bandwidth a CPU build of vLLM reads weights at. Runs on any host.')
     host_to_device: HostToDeviceProbe = Field(default=HostToDeviceProbe(), description='Host to GPU copies, from pinned and from pageable memory, per selected GPU; the pinned one is what offloaded weights (cpu_offload_gb) cross.')
     device_to_host: DeviceToHostProbe = Field(default=DeviceToHostProbe(), description='GPU to host copies, into pinned and pageable memory, per selected GPU.')
@@ -339,9 +360,9 @@ class DiskBlock(ConfigModel):
     """Headroom every filesystem the model stage writes to (staging, cache, archive) must keep after the
     weights are written."""
 
-    reserve_fraction: Annotated[float, Field(ge=0, le=1)] = Field(default=0.1, description="Share of the filesystem that must stay free (the kubelet's default hard eviction threshold is nodefs.available < 10 %).")
-    reserve_min_gib: Annotated[float, Field(ge=0)] = Field(default=5, description='Absolute floor of free space to keep, in GiB, whatever the fraction gives.')
-    reserve_inodes_fraction: Annotated[float, Field(ge=0, le=1)] = Field(default=0.05, description="Share of the filesystem's inodes that must stay free (the kubelet's default is nodefs.inodesFree < 5 %).")
+    reserve_fraction: Annotated[Number, Field(ge=0, le=1)] = Field(default=0.1, description="Share of the filesystem that must stay free (the kubelet's default hard eviction threshold is nodefs.available < 10 %).")
+    reserve_min_gib: Annotated[Number, Field(ge=0)] = Field(default=5, description='Absolute floor of free space to keep, in GiB, whatever the fraction gives.')
+    reserve_inodes_fraction: Annotated[Number, Field(ge=0, le=1)] = Field(default=0.05, description="Share of the filesystem's inodes that must stay free (the kubelet's default is nodefs.inodesFree < 5 %).")
 
 
 class HostLockBlock(ConfigModel):
@@ -352,7 +373,7 @@ class HostLockBlock(ConfigModel):
     LLMTRIAL_HOST_LOCK in the environment names the file in place of `path`."""
 
     path: str = Field(default='/run/lock/llmtrial-host.json', description='The lock file, the same for every trial that shares this host (its folder is created).')
-    wait_s: Annotated[float, Field(ge=0)] = Field(default=3600, description="Seconds a trial waits for another trial's lock before it refuses (0 refuses at once).")
+    wait_s: Annotated[Number, Field(ge=0)] = Field(default=3600, description="Seconds a trial waits for another trial's lock before it refuses (0 refuses at once).")
 
 
 class SlurmBlock(ConfigModel):
@@ -377,14 +398,14 @@ class SlurmBlock(ConfigModel):
 class TelemetryBlock(ConfigModel):
     """Per-second sampling during each configuration's job."""
 
-    interval_s: Annotated[float, Field(gt=0)] = Field(default=1.0, description='Seconds between samples of each source.')
+    interval_s: Annotated[Number, Field(gt=0)] = Field(default=1.0, description='Seconds between samples of each source.')
 
 
 class ReportBlock(ConfigModel):
     """How the report judges and ranks what the trial measured."""
 
     baseline: str | None = Field(default=None, description='The configuration every other one is compared with (a verdict with the ratio and its interval); null takes the first configuration. It must name a configuration of the trial.')
-    max_disagreement: Annotated[float, Field(ge=0)] = Field(default=0.1, description="Largest spread of output tok/s between a scenario's passes, (max - min) / mean, for its figures to count as stable; above it the configuration is marked unstable in that scenario wherever its figures appear.")
+    max_disagreement: Annotated[Number, Field(ge=0)] = Field(default=0.1, description="Largest spread of output tok/s between a scenario's passes, (max - min) / mean, for its figures to count as stable; above it the configuration is marked unstable in that scenario wherever its figures appear.")
     notes: str = Field(default='', description='The operator\'s notes for the report\'s "What was not measured" section, plain text or Markdown (raw HTML is shown as text; images are not shown).')
 
 
@@ -393,7 +414,7 @@ class StatisticsBlock(ConfigModel):
     figures' bootstrap intervals over requests, and every verdict between two configurations or two trials
     (Welch's t on the logarithms of pass values)."""
 
-    level: Annotated[float, Field(gt=0.5, lt=1)] = Field(default=0.95, description='Confidence level of every interval and verdict (0.95 = 95 %).')
+    level: Annotated[Number, Field(gt=0.5, lt=1)] = Field(default=0.95, description='Confidence level of every interval and verdict (0.95 = 95 %).')
     bootstrap_resamples: Annotated[int, Field(ge=100)] = Field(default=2000, description='Resamples of the per-request bootstrap intervals.')
     bootstrap_seed: int = Field(default=0, description="Seed of the bootstrap's resampling, so a report renders the same twice.")
 
@@ -405,7 +426,7 @@ class CostBlock(ConfigModel):
     a price per host-hour, and tok/s each pass's output throughput (the figure is the median over passes).
     The provenance record carries it, so exports read it from the records. null: no cost figure."""
 
-    price: Annotated[float, Field(gt=0)] | None = Field(default=None, description='The price of one unit for one hour (required when cost is given).')
+    price: Annotated[Number, Field(gt=0)] | None = Field(default=None, description='The price of one unit for one hour (required when cost is given).')
     per: Literal['accelerator_hour', 'host_hour'] = Field(default='accelerator_hour', description='accelerator_hour: the price of one accelerator (a GPU, or a CPU worker on a CPU host) for an hour; host_hour: of one host for an hour.')
     currency: Annotated[str, StringConstraints(pattern='^[A-Z]{3}$')] | None = Field(default=None, description="The price's currency, an ISO 4217 code such as USD or EUR (required when cost is given).")
     note: str = Field(default='', description='Where the price comes from (a list price, a contract, an example); shown beside every cost figure.')
@@ -431,7 +452,7 @@ class OutputsBlock(ConfigModel):
     seed: int = Field(default=0, description="The requests' sampling seed (temperature is 0).")
     repeat: Annotated[int, Field(ge=1, le=5)] = Field(default=1, description="Times the set is asked of the passes' server (the flags-off server is asked once); with 2 or more the record says how many answers were identical on every repeat.")
     concurrency: Annotated[int, Field(ge=1)] = Field(default=1, description='Requests in flight (1: one task at a time, since batching can change greedy answers).')
-    timeout_s: Annotated[float, Field(gt=0)] = Field(default=120, description='Longest wait for one answer.')
+    timeout_s: Annotated[Number, Field(gt=0)] = Field(default=120, description='Longest wait for one answer.')
     patch_off: bool = Field(default=True, description="Where a configuration turns a patch's flag on, also ask the set of a server launched with every flag off (otherwise the same), so the report says whether the patch changed answers. Every patch reads its flag from the server's environment, so this is a second launch.")
 
 
@@ -462,3 +483,7 @@ class TrialConfig(ConfigModel):
     cost: CostBlock | None = Field(default=None, description="What the hardware costs, for the report's cost per million output tokens of each configuration in each scenario: price x units / (output tok/s x 3600) x 10^6, in currency, where the units are the configuration's accelerators (DP x TP x PP) for a price per accelerator-hour, or the hosts it spans for a price per host-hour, and tok/s each pass's output throughput (the figure is the median over passes). The provenance record carries it, so exports read it from the records. null: no cost figure.")
     compare_with: str | None = Field(default=None, description="An earlier trial's results folder (results/<trial>, relative to the working directory, or absolute) to compare this trial with after its report: the comparison record and page are written under this trial's folder, comparison/<earlier trial>/. null: no comparison.")
     outputs: OutputsBlock | None = Field(default=None, description="A task set with known answers asked of every configuration's server after its passes (speed and answers from one launch), greedy, graded, and compared across configurations and across each patch's flag. null: no answers are checked.")
+
+
+#: Every key name any block of the trial file has (for a misspelled key's "did you mean").
+TRIAL_KEYS = sorted({name for model in ConfigModel.__subclasses__() for name in model.model_fields})
