@@ -297,7 +297,7 @@ def test_schemas_templates_and_patches_ship_in_the_package(tmp_path):
 
     from llmtrial.core.resources import PATCHES, SCHEMAS, TEMPLATES
 
-    assert (SCHEMAS / "config.schema.yaml").is_file() and (TEMPLATES / "report.html.j2").is_file()
+    assert (SCHEMAS / "config.schema.json").is_file() and (TEMPLATES / "report.html.j2").is_file()
     assert (PATCHES / "demo-worker-log" / "patch.yaml").is_file()
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                     "-w", str(tmp_path), str(REPO)], check=True, timeout=300)

@@ -97,7 +97,7 @@ def test_spanned_nodes_are_the_nodes_of_any_configuration_in_the_trials_order():
 
 
 def test_a_bad_reach_is_rejected_naming_the_key():
-    with pytest.raises(ConfigError, match=r"'nodes\.b\.reach': 'telnet' is not one of \['local', 'ssh', 'slurm'\]"):
+    with pytest.raises(ConfigError, match=r"'nodes\.b\.reach': 'telnet': Input should be 'local', 'ssh' or 'slurm'"):
         validate_config(config(nodes={"a": {}, "b": {"reach": "telnet"}}))
 
 

@@ -121,8 +121,8 @@ def test_prefix_repetition_needs_a_prefix_shorter_than_the_prompt_and_whole_grou
         in refusal(dataset="prefix_repetition", prefix_len=32, input_len=32)
     assert "'scenarios.mine.num_prompts': 9 is not a multiple of num_prefixes (2)" in refusal(
         dataset="prefix_repetition", prefix_len=16, num_prefixes=2, num_prompts=9)
-    assert "'scenarios.mine.range_ratio': 1.0 is greater than or equal to the maximum of 1" in refusal(range_ratio=1.0)
-    assert "'scenarios.mine.range_ratio.output': 1 is greater than" in refusal(range_ratio={"output": 1})
+    assert "'scenarios.mine.range_ratio': 1.0: Input should be less than 1" in refusal(range_ratio=1.0)
+    assert refusal(range_ratio={"output": 1}).endswith("'scenarios.mine.range_ratio.output': 1: Input should be less than 1")
 
 
 def test_a_configuration_across_nodes_that_would_need_a_relaunch_is_refused():

@@ -32,7 +32,7 @@ def _with_scenario(**spec):
     ({"slo": {"ttft_ms": 500, "p99_ms": 3}}, r"key 'scenarios\.s\.slo\.p99_ms'"),
     ({"slo": {"percentile": 99}}, r"key 'scenarios\.s\.slo': give at least one target"),
     ({"passes": {"min": 4, "max": 2, "agreement": 0.1}}, r"key 'scenarios\.s\.passes\.min': 4 is more than passes\.max \(2\)"),
-    ({"concurrency": [1, 0]}, r"key 'scenarios\.s\.concurrency'"),
+    ({"concurrency": [1, 0]}, r"key 'scenarios\.s\.concurrency\.1': 0: Input should be greater than or equal to 1"),
 ])
 def test_bad_sweeps_targets_and_repetition_are_rejected_naming_the_key(spec, message):
     with pytest.raises(ConfigError, match=message):

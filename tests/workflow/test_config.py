@@ -32,10 +32,14 @@ def minimal() -> dict:
 
 
 def schema_keys(node: dict, prefix: str = "") -> list[tuple[str, dict]]:
+    """Every key of the trial file's schema (refs inlined): its dotted name and its schema, with
+    ``required`` set where its block requires it; a block that may also be null is walked too."""
     out = []
     for name, sub in node.get("properties", {}).items():
-        out.append((prefix + name, sub))
+        out.append((prefix + name, {**sub, "required": name in node.get("required", [])}))
         out.extend(schema_keys(sub, prefix + name + "."))
+    for member in node.get("anyOf", []):
+        out.extend(schema_keys(member, prefix))
     extra = node.get("additionalProperties")
     if isinstance(extra, dict) and "properties" in extra:
         out.extend(schema_keys(extra, prefix + "<name>."))
@@ -73,7 +77,7 @@ def test_wrong_type_is_named_and_every_error_is_listed():
     with pytest.raises(ConfigError) as err:
         validate_config(config)
     msg = str(err.value)
-    assert "'scenarios.s.concurrency': 'two' is not of type 'integer'" in msg
+    assert "'scenarios.s.concurrency': 'two': Input should be a valid integer" in msg
     assert "'configurations.a.env.N'" in msg
 
 
@@ -92,7 +96,9 @@ def test_bad_configuration_name_is_rejected():
 
 
 def test_every_schema_key_has_a_description_and_a_default():
-    missing = [key for key, sub in schema_keys(load_schema()) if "description" not in sub or "default" not in sub]
+    keys = schema_keys(load_schema())
+    assert len(keys) > 150  # the walk reaches the nested blocks
+    missing = [key for key, sub in keys if "description" not in sub or ("default" not in sub and not sub["required"])]
     assert missing == []
 
 
@@ -162,7 +168,7 @@ def test_editing_one_configuration_leaves_the_others_spec_unchanged():
 
 
 def test_schema_path_points_at_the_workflow_schema():
-    assert SCHEMA_PATH == REPO / "workflow" / "llmtrial" / "schemas" / "config.schema.yaml"
+    assert SCHEMA_PATH == REPO / "workflow" / "llmtrial" / "schemas" / "config.schema.json"
 
 
 def test_a_cost_block_needs_its_price_and_an_iso_currency_and_names_the_key():
@@ -175,7 +181,8 @@ def test_a_cost_block_needs_its_price_and_an_iso_currency_and_names_the_key():
     with pytest.raises(ConfigError) as err:
         validate_config(config)
     msg = str(err.value)
-    assert "'cost.currency': 'usd' does not match" in msg and "'cost.per': 'gpu_hour' is not one of" in msg
+    assert "'cost.currency': 'usd': String should match pattern '^[A-Z]{3}$'" in msg
+    assert "'cost.per': 'gpu_hour': Input should be 'accelerator_hour' or 'host_hour'" in msg
     config["cost"] = {"price": 2.5, "currency": "USD"}
     assert validate_config(config)["cost"] == {"price": 2.5, "currency": "USD", "per": "accelerator_hour", "note": ""}
     assert validate_config(minimal())["cost"] is None
@@ -205,3 +212,10 @@ def test_a_file_patch_is_refused_when_a_configuration_spans_nodes_and_a_plugin_p
     config["patches"] = {"demo-worker-log": {"mode": "file"}}
     validate_config(copy.deepcopy(config))
     assert load_config(REPO / "config" / "config.yaml")["patches"] == {"demo-worker-log": {"mode": "file"}}
+
+
+def test_a_misspelled_key_is_named_with_the_key_it_resembles():
+    config = minimal()
+    config["serving"] = {"bas_port": 9000}
+    with pytest.raises(ConfigError, match=r"'serving\.bas_port': not a key of this block \(did you mean 'base_port'\?\)"):
+        validate_config(config)

@@ -1,25 +1,26 @@
-"""Trial configuration: validation against the JSON Schema, defaults, and derived values.
+"""Trial configuration: validation against its model, defaults, and derived values.
 
-The schema (``workflow/llmtrial/schemas/config.schema.yaml``) is the single description of every
-key. :func:`validate_config` fills defaults in place and raises :class:`ConfigError`
-listing every problem by its dotted key, so a typo names itself.
+The model (:class:`llmtrial.core.trial_config.TrialConfig`) is the single description of every key;
+``schemas/config.schema.json`` is generated from it. :func:`validate_config` fills defaults in place
+and raises :class:`ConfigError` listing every problem by its dotted key, so a typo names itself.
 """
 
 from __future__ import annotations
 
-import copy
+import difflib
+import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonschema import Draft202012Validator, validators
-from jsonschema.exceptions import ValidationError, best_match
+from pydantic import ValidationError
 
 from llmtrial.answers.tasks import TaskSetError, task_set
 from llmtrial.core.cost import check_cost
+from llmtrial.core.record_models import CONFIG_SCHEMA
 from llmtrial.core.resources import SCHEMAS
+from llmtrial.core.trial_config import TRIAL_KEYS, TrialConfig
 from llmtrial.host.gpus import check_pinning
 from llmtrial.host.nodes import check_nodes, number_slurm_nodes
 from llmtrial.patch.node_patches import check_patch_modes
@@ -27,62 +28,79 @@ from llmtrial.plan.plan_inputs import canonical_args
 from llmtrial.serve.datasets import check_prefix_nodes
 from llmtrial.serve.scenarios import check_scenario, contexts
 
-SCHEMA_PATH = SCHEMAS / "config.schema.yaml"
+SCHEMA_PATH = SCHEMAS / CONFIG_SCHEMA
 
 
 class ConfigError(ValueError):
     """The trial configuration does not match the schema."""
 
 
-def _with_defaults(validator_class: type) -> type:
-    validate_properties = validator_class.VALIDATORS["properties"]
-
-    def set_defaults(validator, properties, instance, schema) -> Iterator[ValidationError]:  # type: ignore[no-untyped-def]
-        if isinstance(instance, dict):
-            for name, sub in properties.items():
-                if "default" in sub:
-                    instance.setdefault(name, copy.deepcopy(sub["default"]))
-        yield from validate_properties(validator, properties, instance, schema)
-
-    return validators.extend(validator_class, {"properties": set_defaults})
+#: What pydantic puts in an error's location for the member of a union it tried (``int``,
+#: ``list[int]``, ``PassesRuleBlock``, ``function-after[...]``): never a key of the trial file, whose keys
+#: are snake_case and whose names (configurations, scenarios, ...) are in the data the path walks.
+_UNION_MEMBER = re.compile(r"(int|str|float|bool|none|[A-Z]\w*|.*[\[\]-].*)")
 
 
-def key_path(error: ValidationError) -> str:
-    """Dotted key of a validation error, naming the unexpected key where there is one."""
-    parts = [str(p) for p in error.absolute_path]
-    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
-        allowed = set(error.schema.get("properties", {}))
-        extra = sorted(k for k in error.instance if k not in allowed)
-        if extra:
-            parts.append(extra[0])
-    if error.validator == "required":
-        match = re.match(r"'([^']+)' is a required property", error.message)
-        if match:
-            parts.append(match.group(1))
+def key_path(loc: tuple[int | str, ...], data: Any) -> str:
+    """The dotted key an error's location names in ``data``, the members of a union it went through left out."""
+    parts, node = [], data
+    for part in loc:
+        if isinstance(node, dict) and part in node or isinstance(node, list) and isinstance(part, int) and part < len(node):
+            parts.append(str(part))
+            node = node[part]
+        elif not (isinstance(part, str) and _UNION_MEMBER.fullmatch(part)):
+            parts.append(str(part))  # a key that is missing, or not one of the block's
+            node = None
     return ".".join(parts) or "(top level)"
 
 
-def _specific(error: ValidationError) -> ValidationError:
-    """The most telling of a ``oneOf``'s failures (an item below the minimum rather than
-    "not valid under any of the given schemas"); any other error as it is."""
-    if error.validator == "oneOf" and error.context:
-        return best_match(error.context)
-    return error
+def _message(error: Any) -> str:
+    if error["type"] == "extra_forbidden":
+        close = difflib.get_close_matches(str(error["loc"][-1]), TRIAL_KEYS, n=1)
+        return "not a key of this block" + (f" (did you mean {close[0]!r}?)" if close else "")
+    if error["type"] == "missing":
+        return "missing: a required key"
+    shown = repr(error["input"])
+    return f"{shown if len(shown) <= 80 else shown[:77] + '...'}: {error['msg']}"
+
+
+def model_problems(exc: ValidationError, data: Any, source: str) -> list[str]:
+    """One line per error (its key and what is wrong), each key once: a value no member of a union
+    takes is named with the first member's complaint, or where one member got further, with what is
+    wrong deeper in it (``range_ratio.output``, not "range_ratio: not a number")."""
+    seen: dict[str, str] = {}
+    for error in exc.errors():
+        seen.setdefault(key_path(error["loc"], data), _message(error))
+    deepest = {key: message for key, message in seen.items() if not any(k.startswith(key + ".") for k in seen)}
+    return [f"{source} key '{key}': {message}" for key, message in sorted(deepest.items())]
+
+
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_inline(v, defs) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        return _inline({**defs[node["$ref"].rsplit("/", 1)[1]], **{k: v for k, v in node.items() if k != "$ref"}}, defs)
+    return {k: _inline(v, defs) for k, v in node.items() if k != "$defs"}
 
 
 def load_schema(path: Path = SCHEMA_PATH) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
+    """The trial file's JSON Schema as generated from its model, each ``$ref`` replaced by what it names
+    (one tree to read: every key with its description and default)."""
+    schema = json.loads(path.read_text(encoding="utf-8"))
+    return _inline(schema, schema.get("$defs", {}))
 
 
-def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH, *, source: str = "config") -> dict[str, Any]:
-    """Fill defaults into ``config`` in place and check it; raise ConfigError naming each bad key."""
-    schema = load_schema(schema_path)
-    validator = _with_defaults(Draft202012Validator)(schema)
-    errors = sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path])
-    if errors:
-        lines = [f"{source} key '{key_path(e)}': {e.message}" for e in map(_specific, errors)]
-        raise ConfigError("invalid trial configuration:\n  " + "\n  ".join(lines))
+def validate_config(config: dict[str, Any], *, source: str = "config") -> dict[str, Any]:
+    """Check ``config`` against :class:`~llmtrial.core.trial_config.TrialConfig` and fill its defaults in
+    place; raise ConfigError naming each bad key."""
+    try:
+        trial = TrialConfig.model_validate(config)
+    except ValidationError as exc:
+        raise ConfigError("invalid trial configuration:\n  " + "\n  ".join(model_problems(exc, config, source))) from None
+    config.clear()
+    config.update(trial.model_dump())
     problems = [f"{source} key '{line.split(': ', 1)[0]}': {line.split(': ', 1)[1]}"
                 for name, spec in config["scenarios"].items() for line in check_scenario(name, spec)]
     baseline = (config.get("report") or {}).get("baseline")

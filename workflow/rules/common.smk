@@ -27,7 +27,7 @@ from llmtrial.config import (
 )
 
 
-validate_config(config)  # against llmtrial's schemas/config.schema.yaml (package data)
+validate_config(config)  # as llmtrial.core.trial_config.TrialConfig, defaults filled in place
 
 # This invocation is one run: every ledger entry its jobs, onerror and onsuccess write carries
 # this id. Jobs inherit it from the environment (never through params, which would make every

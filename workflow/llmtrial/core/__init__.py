@@ -36,6 +36,8 @@ package's data and job logs. It imports no other package.
 - :mod:`llmtrial.core.resources`: The files the library ships as package data: record and config
   schemas, the report's templates, and the vLLM patches. Found through ``importlib.resources``, so
   they are there in an installed (not only an editable) package.
+- :mod:`llmtrial.core.trial_config`: The trial file as one model, a submodel per block (held to the
+  config schema's defaults and refusals on every trial file; to replace the schema).
 - :mod:`llmtrial.core.units`: Units, stated once: the binary byte multiples and a byte count for people.
 - :mod:`llmtrial.core.vllm_install`: Which vLLM is installed (distribution, version, build), and which
   one a preflight record found.
@@ -45,4 +47,4 @@ Imports from: no other package. (tests/test_structure.py holds the order.)
 
 __all__ = ["answers_model", "cleanup_model", "comparison_model", "configuration_model", "cost", "fileio", "gitstate", "hostlock", "joblog", "ledger", "paths", "preflight_model",
            "record_base", "record_models", "records", "resources", "scenario_model", "stats",
-           "units", "vllm_install"]
+           "trial_config", "units", "vllm_install"]

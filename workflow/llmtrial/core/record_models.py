@@ -34,6 +34,7 @@ from llmtrial.core.cost import Cost
 from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.core.record_base import Check, Fact, Maybe, NonNegInt, Number, RecordModel, Sha256, Verdict
 from llmtrial.core.resources import SCHEMAS
+from llmtrial.core.trial_config import TrialConfig
 
 # --------------------------------------------------------------------------- plan
 
@@ -365,6 +366,8 @@ KINDS: dict[str, type[RecordModel]] = {
     "prompts": PromptsRecord,
 }
 
+#: The trial file's schema, generated from its model as the records' are.
+CONFIG_SCHEMA = "config.schema.json"
 #: The JSON Schema dialect of every generated schema.
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 #: The command that writes the schema files again (the drift test names it).
@@ -406,28 +409,38 @@ def schema_file(kind: str, folder: Path = SCHEMAS) -> Path:
     return Path(folder) / f"{kind}.record.schema.json"
 
 
+def config_schema() -> dict[str, Any]:
+    """The JSON Schema of the trial file, generated from :class:`~llmtrial.core.trial_config.TrialConfig`."""
+    return {"$schema": DIALECT, **TrialConfig.model_json_schema(schema_generator=_Generator)}
+
+
+def generated_schemas(folder: Path = SCHEMAS) -> dict[Path, str]:
+    """Each schema file in ``folder`` and the text its model generates: every record kind's, and the
+    trial file's (:data:`CONFIG_SCHEMA`)."""
+    texts = {schema_file(kind, folder): schema_text(kind) for kind in KINDS}
+    texts[Path(folder) / CONFIG_SCHEMA] = json.dumps(config_schema(), indent=2, ensure_ascii=False) + "\n"
+    return texts
+
+
 def write_schemas(folder: Path = SCHEMAS) -> list[Path]:
-    """Write every kind's schema file into ``folder`` (the package's schemas by default); the files written."""
-    paths = []
-    for kind in KINDS:
-        path = schema_file(kind, folder)
-        path.write_text(schema_text(kind), encoding="utf-8")
-        paths.append(path)
-    return paths
+    """Write every generated schema file into ``folder`` (the package's schemas by default); the files written."""
+    for path, text in generated_schemas(folder).items():
+        path.write_text(text, encoding="utf-8")
+    return list(generated_schemas(folder))
 
 
 def stale_schemas(folder: Path = SCHEMAS) -> list[Path]:
     """The schema files in ``folder`` that are missing or differ from what the models generate."""
-    return [schema_file(kind, folder) for kind in KINDS
-            if not schema_file(kind, folder).is_file()
-            or schema_file(kind, folder).read_text(encoding="utf-8") != schema_text(kind)]
+    return [path for path, text in generated_schemas(folder).items()
+            if not path.is_file() or path.read_text(encoding="utf-8") != text]
 
 
 def main(argv: list[str] | None = None) -> int:
     """``--write``: regenerate the schema files; ``--check``: exit 1 naming each one that differs."""
     parser = argparse.ArgumentParser(prog="python -m llmtrial.core.record_models", description=main.__doc__)
     action = parser.add_mutually_exclusive_group(required=True)
-    action.add_argument("--write", action="store_true", help="write schemas/<kind>.record.schema.json for every kind")
+    action.add_argument("--write", action="store_true", help="write schemas/<kind>.record.schema.json for every kind, "
+                        "and schemas/config.schema.json")
     action.add_argument("--check", action="store_true", help="exit 1 when a schema file differs from its model")
     parser.add_argument("--folder", type=Path, default=SCHEMAS, help="the schemas folder (default: the package's)")
     args = parser.parse_args(argv)

@@ -1,0 +1,109 @@
+"""The trial file as one model (llmtrial.core.trial_config), held to the hand-written JSON Schema it
+replaced (``tests/data/config.schema.before-model.yaml``, read with jsonschema filling its defaults as
+the loader did): on every trial file under config/ the loader fills the same defaults, and what the
+old schema refused the loader refuses, naming the same key."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from jsonschema import Draft202012Validator, validators
+
+from conftest import DATA, REPO
+from llmtrial.config import ConfigError, validate_config
+from llmtrial.host.nodes import number_slurm_nodes
+
+TRIAL_FILES = sorted([REPO / "config" / "config.yaml", *(REPO / "config" / "trials").glob("*.yaml")])
+
+
+def raw(path: Path) -> dict:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def _filling_defaults(validator_class: type) -> type:
+    """jsonschema filling each property's default before validating it, as the loader did before the model."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub:
+                    instance.setdefault(name, copy.deepcopy(sub["default"]))
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return validators.extend(validator_class, {"properties": set_defaults})
+
+
+BEFORE = _filling_defaults(Draft202012Validator)(yaml.safe_load((DATA / "config.schema.before-model.yaml").read_text()))
+
+
+def old_key(error) -> str:
+    """The dotted key the old loader named for a jsonschema error: a missing or unexpected key itself."""
+    parts = [str(p) for p in error.absolute_path]
+    if error.validator == "required":
+        parts.append(re.match(r"'([^']+)'", error.message)[1])
+    elif error.validator == "additionalProperties":
+        parts.append(sorted(k for k in error.instance if k not in error.schema.get("properties", {}))[0])
+    return ".".join(parts)
+
+
+def by_old_schema(data: dict) -> tuple[dict, list[str]]:
+    """``data`` with the old schema's defaults, and the dotted keys of its errors."""
+    return data, [old_key(e) for e in BEFORE.iter_errors(data)]
+
+
+@pytest.mark.parametrize("path", TRIAL_FILES, ids=lambda p: p.name)
+def test_the_model_fills_every_default_the_schema_fills(path):
+    by_schema, errors = by_old_schema(copy.deepcopy(raw(path)))
+    number_slurm_nodes(by_schema)  # the loader's numbering after validation, then as now
+    assert errors == []
+    by_model = validate_config(copy.deepcopy(raw(path)), source=str(path))
+    assert json.dumps(by_model, sort_keys=True) == json.dumps(by_schema, sort_keys=True)  # 60 stays 60, not 60.0
+
+
+def edited(path: Path, keys: tuple, value) -> dict:
+    data = copy.deepcopy(raw(path))
+    node = data
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = value
+    return data
+
+
+DEFAULT = REPO / "config" / "config.yaml"
+
+
+@pytest.mark.parametrize("keys, value", [
+    (("configurations", "tp1", "argz"), {}),  # a misspelled key
+    (("scenarios", "c1", "concurrency"), 0),  # below its minimum
+    (("nodes", "b", "reach"), "pigeon"),  # not one of its values
+    (("hardware", "gpus"), [-1]),  # an index below 0
+    (("model", "source", "kind"), "ftp"),
+    (("statistics", "level"), "high"),
+    (("trial",), "has space"),  # breaks the name's pattern
+])
+def test_what_the_schema_refuses_the_model_refuses_at_the_same_key(keys, value):
+    data = edited(DEFAULT, keys, value)
+    where = ".".join(keys)
+    assert any(e.startswith(where) for e in by_old_schema(copy.deepcopy(data))[1])
+    with pytest.raises(ConfigError, match=f"config key '{re.escape(where)}"):  # or an item of it: 'hardware.gpus.0'
+        validate_config(copy.deepcopy(data), source="config")
+
+
+@pytest.mark.parametrize("keys", [("trial",), ("model",), ("model", "name"), ("model", "source"),
+                                  ("model", "source", "kind"), ("configurations",), ("scenarios",)])
+def test_a_required_key_left_out_is_refused_by_both_naming_it(keys):
+    data = copy.deepcopy(raw(DEFAULT))
+    node = data
+    for key in keys[:-1]:
+        node = node[key]
+    del node[keys[-1]]
+    where = ".".join(keys)
+    assert where in by_old_schema(copy.deepcopy(data))[1]
+    with pytest.raises(ConfigError, match=f"config key '{re.escape(where)}': missing: a required key"):
+        validate_config(copy.deepcopy(data), source="config")
