@@ -23,7 +23,11 @@ denying every service start for the duration) as one cluster of one node, in abo
 * no accounting: ``sacct`` fails ("Slurm accounting storage is disabled"), so the Snakemake
   plugin needs ``--slurm-status-command squeue`` (and its init delay at most MinJobAge / 3, or it
   falls back to sacct); ``KillWait=5`` (scancel sends SIGTERM to every process of the
-  job, the batch shell's children too, and SIGKILL 5 s later), ``MinJobAge=300`` (SLURM's default,
+  job, the batch shell's children too, and SIGKILL 5 s later), ``ProctrackType=proctrack/pgid``
+  (a job's processes are its steps' process groups: as with the cgroups real clusters track jobs by,
+  a process whose parent died is still the job's; proctrack/linuxproc follows parent pids, which an
+  orphaned process no longer leads back to the job by, and with it the job step's snakemake outlived
+  the cancelled job by over 180 s in 2 of 6 flake-hunt runs), ``MinJobAge=300`` (SLURM's default,
   above three times profiles/slurm's 20 s init delay): squeue (with ``-t all``, as
   :meth:`SlurmCluster.jobs` asks) still shows a finished job for 300 s to about 360 s (slurmctld
   purges once a minute), plain squeue not at all.
@@ -297,7 +301,7 @@ def _write_config(c: SlurmCluster) -> None:
         f"SlurmctldPidFile={c.root / 'slurmctld.pid'}", f"SlurmdPidFile={c.root / 'slurmd.pid'}",
         f"SlurmctldLogFile={c.root / 'slurmctld.log'}", f"SlurmdLogFile={c.root / 'slurmd.log'}",
         f"PlugStackConfig={c.root / 'plugstack.conf'}", "MailProg=/bin/true",
-        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
+        "ProctrackType=proctrack/pgid", "TaskPlugin=task/none", "MpiDefault=none",
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
         "AccountingStorageType=accounting_storage/none", "JobAcctGatherType=jobacct_gather/none",
         "JobCompType=jobcomp/none", "ReturnToService=2", f"MinJobAge={MIN_JOB_AGE}", f"KillWait={KILL_WAIT}",

@@ -135,12 +135,12 @@ def job_processes(job: str, besides: set[int]) -> list[int]:
 
 
 def described(pids: list[int]) -> str:
-    """Each process as ``pid (pgid): command line``, for a failure's message."""
+    """Each process as ``pid (pgid, parent pid): command line``, for a failure's message."""
     out = []
     for pid in pids:
         try:
             proc = psutil.Process(pid)
-            out.append(f"{pid} ({os.getpgid(pid)}): {' '.join(proc.cmdline())[:200]}")
+            out.append(f"{pid} ({os.getpgid(pid)}, parent {proc.ppid()}): {' '.join(proc.cmdline())[:200]}")
         except (psutil.Error, ProcessLookupError):
             out.append(f"{pid}: gone")
     return "; ".join(out) or "none"
