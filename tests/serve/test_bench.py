@@ -288,7 +288,7 @@ def test_a_job_stopped_early_kills_its_worker_without_waiting_out_the_grace(tmp_
     """A job stopped while its worker imports (vLLM still starting) or runs a pass must stop its server
     soon (Snakemake's and cleanup's SIGTERM give it seconds): close() kills such a worker at once instead of
     giving it the idle worker's grace to exit, which it would spend in full (it reads no stdin then)."""
-    w = BenchWorker(log_path=tmp_path / "worker.log", python=fake_worker(tmp_path, text), close_timeout=120)
+    w = BenchWorker(log_path=tmp_path / "worker.log", python=fake_worker(tmp_path, text), close_timeout=3600)
     w.start()
     pid = w.proc.pid
     if text == SILENT_WORKER:
@@ -306,7 +306,7 @@ def test_a_job_stopped_early_kills_its_worker_without_waiting_out_the_grace(tmp_
     began = time.monotonic()
     w.close()
     assert gone(pid) and w.proc is None
-    assert time.monotonic() - began < 60  # the grace, 120 s, was not waited out
+    assert time.monotonic() - began < 1800  # the grace, an hour, was not waited out (whatever the machine's load)
 
 #: A trial job's stand-in: starts a benchmark worker, prints its pid, then runs one pass (argv as JSON) that
 #: hangs (the server never answers) until the job is killed, as SLURM or an operator's kill -9 kills a job.
