@@ -8,8 +8,8 @@ the whole machine: its SLURM, its network namespaces, the installed vLLM), as py
 process over all the files (``-n W`` pytest-xdist workers as ``make test`` runs them, default 2), its
 outcomes read from the JUnit XML file pytest writes into DIR. With ``--busy K``, K plain CPU hogs
 (``while True: pass``, each its own process group) run for the whole hunt and are stopped at its end,
-also when it is interrupted (Ctrl-C or SIGTERM: the running pytest and every process below it are
-stopped too) or a run fails. Prints every test with its pass count (those that ever
+also when it is interrupted (Ctrl-C or SIGTERM: the running pytest gets SIGINT, as Ctrl-C, so its
+fixtures tear down what they set up, and every process still below it is then stopped) or a run fails. Prints every test with its pass count (those that ever
 failed first, each with the runs it failed in and the first line of its failure) and exits 1 when any
 test failed once.
 """
@@ -60,18 +60,24 @@ def busy_cores(count: int) -> Iterator[list[int]]:
             hog.wait()
 
 
-def stop_tree(pid: int, grace: float = 10.0) -> None:
-    """Stop a process and every process below it (servers in sessions of their own included): SIGTERM, then
-    SIGKILL what is left after ``grace`` seconds."""
+def stop_tree(pid: int, grace: float = 10.0, teardown: float = 180.0) -> None:
+    """Stop a pytest run in its own process group and every process below it (servers in sessions of their
+    own included): SIGINT to the group first, as Ctrl-C in a terminal, so the controller and its xdist
+    workers run their fixtures' teardowns (a SLURM cluster, network namespaces, a patched vLLM are
+    undone by the fixture that made them) for up to ``teardown`` seconds; then SIGTERM to what is left,
+    and SIGKILL after ``grace`` seconds."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return
-    for proc in procs:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGINT)
+    alive = psutil.wait_procs(procs, timeout=teardown)[1]
+    for proc in alive:
         with contextlib.suppress(psutil.Error):
             proc.terminate()
-    for proc in psutil.wait_procs(procs, timeout=grace)[1]:
+    for proc in psutil.wait_procs(alive, timeout=grace)[1]:
         with contextlib.suppress(psutil.Error):
             proc.kill()
 
@@ -126,7 +132,7 @@ def run_once(index: int, files: list[str], args: argparse.Namespace) -> tuple[di
         argv += ["-m", args.mark]
     started = time.monotonic()
     with (args.out / f"run-{index}.log").open("w") as log:
-        pytest = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        pytest = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc = pytest.wait()
         finally:
