@@ -24,7 +24,7 @@ from llmtrial.host.probes import link_checks, peer_check, run_probes, selected_g
 
 try:
     from llmtrial.borrow.preflight import gpu_inventory
-    from llmtrial.host.sources import NvmlSource
+    from llmtrial.host.telemetry_sources import NvmlSource
 except ImportError as exc:  # psutil missing: probes only
     gpu_inventory = NvmlSource = None  # type: ignore[assignment,misc]
     MISSING = str(exc)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from llmtrial.borrow.preflight import gpu_inventory
-from llmtrial.host.sources import NvmlSource
+from llmtrial.host.telemetry_sources import NvmlSource
 from llmtrial.serve.telemetry import Sampler, read_samples, window_figures
 
 

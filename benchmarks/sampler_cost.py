@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from llmtrial.host.sources import HostSource, MetricsSource
+from llmtrial.host.telemetry_sources import HostSource, MetricsSource
 from llmtrial.serve.telemetry import Sampler, read_samples
 
 METRICS = Path(__file__).resolve().parent.parent / "tests" / "data" / "vllm-0.32.0-cpu-metrics.txt"

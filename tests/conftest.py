@@ -19,7 +19,7 @@ import pytest
 from hosts import SSHD, TwoHosts, free_ports, two_hosts
 from llmtrial.core.hostlock import LOCK_ENV
 from llmtrial.core.records import as_written
-from llmtrial.host.groups import port_open
+from llmtrial.host.process_groups import port_open
 from llmtrial.serve.server import ServerProcess
 from llmtrial.serve.telemetry import Sampler
 from slurm_cluster import SlurmCluster, SlurmUnavailable, leftovers, slurm_cluster

@@ -10,7 +10,7 @@ from llmtrial.cli import main as cli_main
 from llmtrial.core.cleanup_model import CleanupRecord, QuietRecord
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.paths import TrialPaths
-from llmtrial.host.groups import group_members, port_open
+from llmtrial.host.process_groups import group_members, port_open
 
 
 def abandoned_server(tmp_path, port, run=None):

@@ -11,7 +11,7 @@ from llmtrial.borrow.on_node import cleanup_argv, hosts_to_reach
 from llmtrial.core.hostlock import SLURM_NODE_ENV, this_host
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.paths import TrialPaths
-from llmtrial.host.groups import port_open
+from llmtrial.host.process_groups import port_open
 from llmtrial.host.services import quiet_host
 from workflow_helpers import demo_service
 

@@ -25,7 +25,8 @@ from llmtrial.borrow.preflight import (
 )
 from llmtrial.core.paths import TrialPaths
 from llmtrial.core.preflight_model import PreflightRecord
-from llmtrial.core.records import check_record, redact_env
+from llmtrial.core.records import check_record
+from llmtrial.core.redact import redact_env
 from llmtrial.host.checks import check_allocator, check_open_files
 from llmtrial.host.disk import disk_headroom
 from llmtrial.host.nodes import spanned_nodes

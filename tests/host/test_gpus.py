@@ -114,7 +114,7 @@ def test_servers_are_pinned_by_uuid_in_pci_order():
 
 
 def test_telemetry_samples_only_the_selected_gpus(double):
-    from llmtrial.host.sources import NvmlSource
+    from llmtrial.host.telemetry_sources import NvmlSource
 
     source = NvmlSource(gpus=[1])
     sample = source.sample()

@@ -1,4 +1,4 @@
-"""Process groups on any node (llmtrial.host.groups), and cleanup stopping them on their own node
+"""Process groups on any node (llmtrial.host.process_groups), and cleanup stopping them on their own node
 from the ledger alone, on two hosts made on this machine (tests/hosts.py).
 
 Cleanup runs on host A, as `snakemake cleanup` would there after `kill -9` of the trial: a
@@ -19,8 +19,8 @@ from hosts import cleanup_on_a, entries, kill_planted
 from llmtrial.borrow.cleanup import outstanding, run_cleanup
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.core.paths import TrialPaths
-from llmtrial.host.groups import group_alive, spawn_group, start_group, stop_remote_group
 from llmtrial.host.nodes import Node, NodeError, local_node
+from llmtrial.host.process_groups import group_alive, spawn_group, start_group, stop_remote_group
 
 #: A leader that starts one child; both sleep (a server and its engine core, say).
 PAIR = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); " \
@@ -154,7 +154,7 @@ def test_a_group_on_this_host_is_started_and_stopped_the_same_way(tmp_path):
 
 
 def test_a_group_stopped_by_its_trial_is_undone_in_the_ledger(hosts, tmp_path):
-    from llmtrial.host.groups import finish_group
+    from llmtrial.host.process_groups import finish_group
 
     node = hosts.node_b()
     ledger = Ledger(TrialPaths(tmp_path).ledger)

@@ -9,7 +9,7 @@ import time
 import synthetic
 from conftest import DATA, NvmlTelemetryDouble, wait_until
 from llmtrial.core.records import read_record
-from llmtrial.host.sources import NvmlSource
+from llmtrial.host.telemetry_sources import NvmlSource
 from llmtrial.report.charts import (
     latency_chart,
     pareto_chart,

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import DATA, CompletionsDouble, loopback, wait_until
 from llmtrial.core.records import check_record, read_record
-from llmtrial.host.groups import group_members
+from llmtrial.host.process_groups import group_members
 from llmtrial.serve.bench import (
     BenchWorker,
     bench_argv,

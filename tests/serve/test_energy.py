@@ -9,7 +9,7 @@ import pytest
 
 from conftest import NvmlPowerDouble, sampled_at
 from llmtrial.core.scenario_model import WindowFigures
-from llmtrial.host.sources import NvmlSource
+from llmtrial.host.telemetry_sources import NvmlSource
 from llmtrial.serve.energy import ENERGY_TOLERANCE, trapezoid_j
 from llmtrial.serve.telemetry import read_samples, window_figures
 

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import SNAKEFILE, free_ports, wait_until
 from llmtrial.core.ledger import Ledger
-from llmtrial.host.groups import group_members, port_open
+from llmtrial.host.process_groups import group_members, port_open
 from llmtrial.patch.patching import revert_patches, verify_files
 from workflow_helpers import SNAKEMAKE, default_config, demo_service, snakemake, write_config
 

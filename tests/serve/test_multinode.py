@@ -37,8 +37,8 @@ import yaml
 
 from conftest import REPO, SNAKEFILE, free_base_port
 from hosts import INTERFACE
-from llmtrial.host.groups import group_alive, group_members, port_open
 from llmtrial.host.nodes import Node
+from llmtrial.host.process_groups import group_alive, group_members, port_open
 from workflow_helpers import SNAKEMAKE, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.workflow]

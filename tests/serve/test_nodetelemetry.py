@@ -19,8 +19,8 @@ from hosts import cleanup_on_a, entries, kill_planted
 from llmtrial.borrow.cleanup import outstanding
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.core.paths import TrialPaths
-from llmtrial.host.groups import group_alive
 from llmtrial.host.nodes import Node, local_node
+from llmtrial.host.process_groups import group_alive
 from llmtrial.serve.nodetelemetry import (
     CSV_HEADER,
     NodeTelemetry,

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import child_pid, fake_server
 from llmtrial.core.ledger import Ledger
-from llmtrial.host.groups import group_members, port_open
+from llmtrial.host.process_groups import group_members, port_open
 from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve.server import (
     ServerProcess,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_until
-from llmtrial.host.sources import HostSource
+from llmtrial.host.telemetry_sources import HostSource
 from llmtrial.serve.telemetry import (
     ERROR_METRIC,
     MAX_ERRORS_KEPT,

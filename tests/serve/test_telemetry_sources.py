@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import DATA, NVMLError, NvmlTelemetryDouble, loopback, wait_until
-from llmtrial.host.sources import POWERCAP, KernelLogSource, MetricsSource, NvmlSource, RaplSource, job_sources
+from llmtrial.host.telemetry_sources import POWERCAP, KernelLogSource, MetricsSource, NvmlSource, RaplSource, job_sources
 from llmtrial.serve.telemetry import Sampler, read_samples, window_figures
 
 

@@ -16,7 +16,7 @@ from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.paths import JobPaths, TrialPaths
 from llmtrial.core.records import check_record, read_record
-from llmtrial.host.groups import group_members, port_open
+from llmtrial.host.process_groups import group_members, port_open
 from llmtrial.serve.measure import Workload
 from llmtrial.serve.scenarios import spread_of as agreement
 from llmtrial.serve.trial import TrialJob

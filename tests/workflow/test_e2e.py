@@ -23,7 +23,7 @@ from llmtrial.cli import main
 from llmtrial.core.ledger import Ledger
 from llmtrial.export.br_results import validate_report
 from llmtrial.export.exports import FORMAT_DIR
-from llmtrial.host.groups import group_members, port_open
+from llmtrial.host.process_groups import group_members, port_open
 from llmtrial.logs.lines import read_log
 from llmtrial.patch.patching import revert_patches, verify_files
 from llmtrial.serve.telemetry import read_samples

@@ -16,7 +16,8 @@ import yaml
 from conftest import REPO, written
 from llmtrial.config import validate_config
 from llmtrial.core.record_models import ProvenanceRecord
-from llmtrial.core.records import check_record, load_record, read_record, redact_argv, redact_config, write_record
+from llmtrial.core.records import check_record, load_record, read_record, write_record
+from llmtrial.core.redact import redact_argv, redact_config
 from llmtrial.provenance import COMMAND_ENV, collect, command_from_env, config_sha256
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")

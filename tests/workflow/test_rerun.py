@@ -28,7 +28,7 @@ from conftest import REPO, SNAKEFILE
 from llmtrial.borrow.cleanup import outstanding
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.records import load_record
-from llmtrial.host.groups import port_open
+from llmtrial.host.process_groups import port_open
 from llmtrial.patch.patching import revert_patches
 from workflow_helpers import SNAKEMAKE, assert_stopped_as_its_passes_say, default_config
 

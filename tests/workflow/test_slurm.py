@@ -28,7 +28,7 @@ from conftest import REPO, SNAKEFILE, wait_until
 from llmtrial.borrow.cleanup import outstanding
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.records import load_record
-from llmtrial.host.groups import group_members, port_open
+from llmtrial.host.process_groups import group_members, port_open
 from llmtrial.patch.patchdata import file_hash
 from llmtrial.patch.patching import revert_patches
 from slurm_cluster import SlurmCluster

@@ -92,7 +92,7 @@ def test_snakemake_cleanup_stops_what_a_killed_run_left(tmp_path, free_port):
 
     from conftest import fake_server
     from llmtrial.core.ledger import Ledger
-    from llmtrial.host.groups import group_members, port_open
+    from llmtrial.host.process_groups import group_members, port_open
 
     config = default_config()
     config["serving"]["base_port"] = free_port
@@ -184,7 +184,7 @@ def test_snakemake_report_bundles_every_record_of_a_trial_with_a_failed_and_a_sk
     import json
 
     from conftest import free_ports
-    from llmtrial.host.groups import port_open
+    from llmtrial.host.process_groups import port_open
     from workflow_helpers import assert_snakemake_report_bundles
 
     config = default_config()

@@ -24,7 +24,7 @@ from llmtrial.core.cost import Cost
 from llmtrial.core.fileio import file_digest
 from llmtrial.core.gitstate import git_state
 from llmtrial.core.record_models import PromptsRecord, ProvenanceRecord, TrialFile
-from llmtrial.core.records import redact_argv, redact_config
+from llmtrial.core.redact import redact_argv, redact_config
 
 #: The main Snakemake process' argv as JSON; jobs inherit it (never passed through params).
 COMMAND_ENV = "LLMTRIAL_COMMAND"

@@ -4,7 +4,7 @@ Idempotent: it runs after a finished trial, from ``onerror`` when a job fails, a
 successful partial run, and on demand after a crash or ``kill -9``. In reverse order of
 what the trial did: stop any trial server still alive (by process group, then confirm
 its port closed), stop each process group the trial started on any node (on that node,
-rebuilt from the ledger; llmtrial.host.groups), check that no trial port listens, revert each
+rebuilt from the ledger; llmtrial.host.process_groups), check that no trial port listens, revert each
 vLLM patch (restore the backups, check the files against RECORD; llmtrial.patch.patching), then restart and health-check
 each service the trial quieted, and (the trial's own cleanup and on demand, not after a
 failed job) apply the staged weights' policy: keep, archive or delete (llmtrial.weights.policy). What
@@ -36,7 +36,7 @@ from llmtrial.core.paths import TrialPaths
 from llmtrial.core.record_base import LockRow
 from llmtrial.core.records import as_written, load_record, write_record
 from llmtrial.host.gpus import recheck_failed
-from llmtrial.host.groups import group_members, port_open, stop_group, stop_recorded_groups
+from llmtrial.host.process_groups import group_members, port_open, stop_group, stop_recorded_groups
 from llmtrial.host.services import check_running, restore
 from llmtrial.patch.patching import group_patches, revert_patches
 from llmtrial.weights.policy import apply_policy

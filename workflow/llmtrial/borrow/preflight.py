@@ -32,7 +32,7 @@ from typing import Any
 import psutil
 
 from llmtrial.core.preflight_model import PreflightRecord
-from llmtrial.core.records import redact_env
+from llmtrial.core.redact import redact_env
 from llmtrial.host.checks import check, check_allocator, check_nccl_interfaces, check_open_files, check_shm
 from llmtrial.host.crossnode import preflight_nodes
 from llmtrial.host.disk import headroom_by_filesystem, headroom_message

@@ -23,7 +23,7 @@ from typing import Any
 from llmtrial.compare.trials import TrialFolderError, TrialResults
 from llmtrial.core.gitstate import git_state
 from llmtrial.core.paths import RESULTS, TrialPaths
-from llmtrial.core.records import REDACTED
+from llmtrial.core.redact import REDACTED
 from llmtrial.core.vllm_install import find_vllm
 
 #: The checkout this library runs from (its Snakefile is what reruns the trial).

@@ -29,13 +29,15 @@ package's data and job logs. It imports no other package.
   record's shape, its JSON Schema (``schemas/<kind>.record.schema.json``) generated from it.
 - :mod:`llmtrial.core.records`: Stage records: the JSON files that stages hand to each other and to
   the report.
-- :mod:`llmtrial.core.stats`: The statistics behind every verdict: intervals over passes, over
-  requests, and of a ratio (Student t, percentile bootstrap, Welch's t).
-- :mod:`llmtrial.core.scenario_model`: A scenario's parts in the configuration record: its passes,
-  their summaries and windows, a sweep's steps and onset, the repetition's outcome.
+- :mod:`llmtrial.core.redact`: Secrets kept out of records, logs and the report: the values of
+  secret-looking names in an environment, a command line or a configuration become ``<redacted>``.
 - :mod:`llmtrial.core.resources`: The files the library ships as package data: record and config
   schemas, the report's templates, and the vLLM patches. Found through ``importlib.resources``, so
   they are there in an installed (not only an editable) package.
+- :mod:`llmtrial.core.scenario_model`: A scenario's parts in the configuration record: its passes,
+  their summaries and windows, a sweep's steps and onset, the repetition's outcome.
+- :mod:`llmtrial.core.stats`: The statistics behind every verdict: intervals over passes, over
+  requests, and of a ratio (Student t, percentile bootstrap, Welch's t).
 - :mod:`llmtrial.core.trial_config`: The trial file as one model, a submodel per block (held to the
   config schema's defaults and refusals on every trial file; to replace the schema).
 - :mod:`llmtrial.core.units`: Units, stated once: the binary byte multiples and a byte count for people.
@@ -46,5 +48,5 @@ Imports from: no other package. (tests/test_structure.py holds the order.)
 """
 
 __all__ = ["answers_model", "cleanup_model", "comparison_model", "configuration_model", "cost", "fileio", "gitstate", "hostlock", "joblog", "ledger", "paths", "preflight_model",
-           "record_base", "record_models", "records", "resources", "scenario_model", "stats",
+           "record_base", "record_models", "records", "redact", "resources", "scenario_model", "stats",
            "trial_config", "units", "vllm_install"]

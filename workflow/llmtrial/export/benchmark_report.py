@@ -43,7 +43,7 @@ from typing import Any
 from llmtrial.compare.trials import TrialResults
 from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.cost import energy_disagreements, energy_kind, hosts_of, pass_cost_figures, whole_energy
-from llmtrial.core.records import redact_argv, redact_env
+from llmtrial.core.redact import redact_argv, redact_env
 from llmtrial.core.scenario_model import Pass, Scenario, WindowStat
 from llmtrial.core.stats import percentile
 from llmtrial.export.br_results import BenchmarkReport, validate_report

@@ -14,22 +14,22 @@ environment.
   reserve.
 - :mod:`llmtrial.host.gpus`: The GPUs a trial uses: which ones (the selection), who else computes on
   them (the census before launch), and whether they are still healthy after a configuration failed.
-- :mod:`llmtrial.host.groups`: Process groups on any node: started in their own session, found, and
-  stopped there.
 - :mod:`llmtrial.host.nodes`: The hosts a trial spans: each a :class:`Node`, reached on this host or
   over ssh.
 - :mod:`llmtrial.host.probe_program`: The probe program: copies timed with the serving environment's
   torch, printed as one JSON line.
 - :mod:`llmtrial.host.probes`: Host probes, a part of preflight: memory and link bandwidths measured
   with the serving torch.
+- :mod:`llmtrial.host.process_groups`: Process groups on any node: started in their own session, found, and
+  stopped there.
 - :mod:`llmtrial.host.services`: The host's other services: quiet them before a trial, give them
   back after it.
 - :mod:`llmtrial.host.slurm_hosts`: The hosts of the SLURM allocation a job runs in, and the argv
   that runs a command on one of them.
-- :mod:`llmtrial.host.sources`: Telemetry sources: what the sampler
+- :mod:`llmtrial.host.telemetry_sources`: Telemetry sources: what the sampler
   (:mod:`llmtrial.serve.telemetry`) polls each second.
 
 Imports from: core, logs. (tests/test_structure.py holds the order.)
 """
 
-__all__ = ["checks", "collective", "crossnode", "demo_service", "disk", "gpus", "groups", "nodes", "probe_program", "probes", "services", "slurm_hosts", "sources"]
+__all__ = ["checks", "collective", "crossnode", "demo_service", "disk", "gpus", "nodes", "probe_program", "probes", "process_groups", "services", "slurm_hosts", "telemetry_sources"]

@@ -47,7 +47,7 @@ from llmtrial.core.paths import TrialPaths
 from llmtrial.core.record_base import Residue
 from llmtrial.host.gpus import held_gpus
 from llmtrial.host.nodes import Node, NodeError, local_node, trial_nodes
-from llmtrial.host.sources import NvmlSource
+from llmtrial.host.telemetry_sources import NvmlSource
 from llmtrial.onnode import service_health
 
 log = logging.getLogger(__name__)

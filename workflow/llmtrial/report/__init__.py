@@ -10,12 +10,12 @@
 - :mod:`llmtrial.report.costs`: What the report says about cost and energy: the cost per million
   output tokens and the energy per output token as ranked figures, each pass's energy check, and
   what was not measured.
+- :mod:`llmtrial.report.multinode`: What the report says about configurations that span several nodes,
+  from the records only.
 - :mod:`llmtrial.report.render`: The trial report: one self-contained HTML file rendered from the
   stage records only.
 - :mod:`llmtrial.report.run_summary`: The last lines of a workflow run on the terminal: where the
   report is, what its first screen found, and whether the host was given back.
-- :mod:`llmtrial.report.spans`: What the report says about configurations that span several nodes,
-  from the records only.
 - :mod:`llmtrial.report.sweeps`: What the trial's sweeps show, worked out from the configuration
   records alone.
 - :mod:`llmtrial.report.verdicts`: Verdicts between two sets of pass values, in the words the report
@@ -25,4 +25,4 @@ Imports from: core, answers, logs, host, plan, weights, patch, borrow, serve. (t
 the order.)
 """
 
-__all__ = ["answers", "charts", "conclusions", "costs", "render", "run_summary", "spans", "sweeps", "verdicts"]
+__all__ = ["answers", "charts", "conclusions", "costs", "multinode", "render", "run_summary", "sweeps", "verdicts"]

@@ -41,7 +41,7 @@ from llmtrial.core.stats import (
     mean_interval,
     percentile,
 )
-from llmtrial.host.sources import RAPL_SOURCE
+from llmtrial.host.telemetry_sources import RAPL_SOURCE
 from llmtrial.report.costs import ENERGY_FIGURE, cell_energy, cost_figure, cost_sentence, has_energy
 from llmtrial.report.verdicts import NO_DIFFERENCE, Verdict, judge, method_line
 from llmtrial.serve.bench import headline

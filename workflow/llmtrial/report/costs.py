@@ -23,7 +23,7 @@ from llmtrial.core.cost import (
 )
 from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.core.scenario_model import Pass
-from llmtrial.host.sources import RAPL_LABEL, RAPL_SOURCE
+from llmtrial.host.telemetry_sources import RAPL_LABEL, RAPL_SOURCE
 from llmtrial.serve.energy import ENERGY_TOLERANCE
 
 #: The energy figure (key, label, unit, higher is better, digits), ranked where GPU energy was measured.

@@ -60,7 +60,7 @@ from llmtrial.report.conclusions import (
     warning_sentences,
 )
 from llmtrial.report.costs import cost_gaps, energy_method, energy_rows
-from llmtrial.report.spans import nodes_context
+from llmtrial.report.multinode import nodes_context
 from llmtrial.report.sweeps import sweep_gaps, sweep_tables
 from llmtrial.serve.energy import ENERGY_TOLERANCE
 from llmtrial.serve.telemetry import read_samples

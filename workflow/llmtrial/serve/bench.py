@@ -3,7 +3,7 @@
 The load generator is vLLM's own (the scenario's dataset, random unless it names another:
 :mod:`llmtrial.serve.datasets`; ``ignore_eos``, a distinct seed per pass, per-request detail kept).
 Server-side counters around each pass come from the telemetry's /metrics series
-(:class:`llmtrial.host.sources.MetricsSource`).
+(:class:`llmtrial.host.telemetry_sources.MetricsSource`).
 """
 
 from __future__ import annotations

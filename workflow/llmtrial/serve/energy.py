@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from llmtrial.host.sources import RAPL_SOURCE
+from llmtrial.host.telemetry_sources import RAPL_SOURCE
 
 __all__ = ["ENERGY_TOLERANCE", "GPU_METRIC", "gpu_energy", "trapezoid_j", "window_energy"]
 

@@ -27,7 +27,7 @@ from llmtrial.core.records import fact
 from llmtrial.core.scenario_model import Scenario
 from llmtrial.core.stats import DEFAULT_LEVEL
 from llmtrial.host.nodes import Node
-from llmtrial.host.sources import HostSource, MetricsSource, job_sources
+from llmtrial.host.telemetry_sources import HostSource, MetricsSource, job_sources
 from llmtrial.logs import startup_log
 from llmtrial.logs.lines import read_log
 from llmtrial.serve import bench

@@ -12,7 +12,7 @@ serving environment and nothing of llmtrial.
 
 - :func:`launch_args` gives a rank's extra arguments, :func:`headless_argv` a headless rank's argv.
 - :class:`HeadlessRanks` starts each headless rank on its node through the ledger
-  (:func:`llmtrial.host.groups.start_group`, so cleanup stops it from the ledger alone, also after
+  (:func:`llmtrial.host.process_groups.start_group`, so cleanup stops it from the ledger alone, also after
   ``kill -9``), says which have died, stops them and fetches their logs.
 - :func:`sanity_check` runs the collective of :mod:`llmtrial.host.collective` with one rank on each
   node (the module's own source as ``python -c``: the node needs torch only) before any
@@ -32,8 +32,8 @@ from typing import Any
 
 from llmtrial.core.ledger import Ledger
 from llmtrial.host import collective
-from llmtrial.host.groups import finish_group, group_alive, start_group
 from llmtrial.host.nodes import Node, NodeError, last_json_object, program_argv
+from llmtrial.host.process_groups import finish_group, group_alive, start_group
 from llmtrial.onnode import headless_serve
 from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve.server import ServerProcess, ServerStartError, vllm_flags
@@ -80,7 +80,7 @@ def headless_argv(node: Node, model_dir: str, args: ServingArgs, launch: Mapping
 
 class NodeGroups:
     """The process groups one multi-node configuration runs on its nodes besides node 0's API
-    server, each started through the ledger (:func:`llmtrial.host.groups.start_group`), so cleanup
+    server, each started through the ledger (:func:`llmtrial.host.process_groups.start_group`), so cleanup
     stops it on its node from the ledger alone. Subclasses say what runs where."""
 
     #: The prefix of each node's log fetched into the configuration's folder, and the key its

@@ -1,7 +1,7 @@
 """Telemetry on every node of a multi-node configuration, merged into one CSV with a node column.
 
 A small sampler program of the standard library (Linux ``/proc`` only) runs on each node with
-the node's own Python, started through :func:`llmtrial.host.groups.start_group` so the ledger holds
+the node's own Python, started through :func:`llmtrial.host.process_groups.start_group` so the ledger holds
 it before it runs and cleanup can stop it from the ledger alone. It appends one row per
 interval to a CSV on the node, flushing each row, until SIGTERM (or SIGINT) stops it, or its
 ``max_s`` safety limit passes (a sampler of a trial killed before cleanup ends by itself)::
@@ -17,7 +17,7 @@ iowait over the interval ending at ``time`` (``/proc/stat``), ``mem_used_bytes``
 the named interface is missing). Counters are kept raw: a window's traffic is their change.
 
 :class:`NodeTelemetry` starts the samplers on enter and, on exit (an exception too), stops
-each with :func:`llmtrial.host.groups.finish_group`, fetches each node's file (``cat``) and
+each with :func:`llmtrial.host.process_groups.finish_group`, fetches each node's file (``cat``) and
 removes it there, writes the merged CSV sorted by time and keeps :attr:`NodeTelemetry.summary`
 (per node: :func:`node_window_figures` over the whole run). A node whose sampler could not
 start, stop or be read is listed with an ``error`` naming it; exit never raises for it.
@@ -38,8 +38,8 @@ from typing import Any
 
 from llmtrial.core.fileio import atomic_write_text
 from llmtrial.core.ledger import Ledger
-from llmtrial.host.groups import finish_group, start_group
 from llmtrial.host.nodes import Node, NodeError, program_argv
+from llmtrial.host.process_groups import finish_group, start_group
 from llmtrial.onnode import telemetry_sampler
 
 __all__ = ["CSV_HEADER", "REMOTE_DIR", "NodeTelemetry", "sampler_argv", "remote_paths",

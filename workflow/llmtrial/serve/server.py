@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtrial.core.ledger import Action, Ledger
-from llmtrial.host.groups import port_open, stop_group
+from llmtrial.host.process_groups import port_open, stop_group
 from llmtrial.plan.plan_inputs import ServingArgs
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ a sample that overruns skips the slots it missed instead of bursting to catch up
 A source whose ``sample()`` raises gets one ``error`` row (value NaN) per failure, the
 message is kept in :attr:`Sampler.errors`, and sampling goes on.
 
-The sources (host, NVML, vLLM ``/metrics``, kernel log) live in :mod:`llmtrial.host.sources`.
+The sources (host, NVML, vLLM ``/metrics``, kernel log) live in :mod:`llmtrial.host.telemetry_sources`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
-from llmtrial.host.sources import KernelLogSource, NvmlSource, Source
+from llmtrial.host.telemetry_sources import KernelLogSource, NvmlSource, Source
 from llmtrial.serve.energy import window_energy
 
 if TYPE_CHECKING:  # pandas is only needed by read_samples / summarize_window

@@ -29,7 +29,8 @@ from llmtrial.borrow.readiness import Readiness, host_env, ready_host
 from llmtrial.core.configuration_model import ConfigurationRecord, PlanVerdict, Server, Telemetry, Timing
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.core.paths import JobPaths
-from llmtrial.core.records import redact_env, write_record
+from llmtrial.core.records import write_record
+from llmtrial.core.redact import redact_env
 from llmtrial.host.nodes import Node
 from llmtrial.logs.lines import read_log
 from llmtrial.plan.plan_inputs import ServingArgs

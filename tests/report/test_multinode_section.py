@@ -1,4 +1,4 @@
-"""The report's Nodes section (llmtrial.report.spans): shown for a configuration across nodes, from
+"""The report's Nodes section (llmtrial.report.multinode): shown for a configuration across nodes, from
 its records only, and absent for a single-host trial."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from conftest import DATA
 from llmtrial.core.configuration_model import CollectiveSummary, ConfigurationRecord, NodeSample
 from llmtrial.core.fileio import atomic_write_text
 from llmtrial.core.records import check_record, read_record
+from llmtrial.report.multinode import collective_sentence, nodes_context, span_sentence
 from llmtrial.report.render import build_context, render_report
-from llmtrial.report.spans import collective_sentence, nodes_context, span_sentence
 from synthetic import as_model, demo, models
 
 DEMO = DATA / "demo"
