@@ -176,7 +176,7 @@ class TestHostChecks:
         selected = [{k: d[k] for k in ("index", "uuid", "name", "pci_bus_id")} for d in devices]
         env = {**env, "recorded_at": record.environment.recorded_at,
                "gpus": {**env["gpus"], "selected": [0, 1], "selected_gpus": selected}}
-        checks = [{"name": c.name, "status": c.status, "detail": c.detail, **(c.model_extra or {})} for c in record.checks]
+        checks = [c.model_dump(exclude_unset=True) for c in record.checks]
         assert [c["name"] for c in checks] == ["allocator", "dev_shm", "open_files", "nccl_interfaces", "disk_headroom"]
         assert out == written({"environment": env, "checks": checks, "disk": out["disk"], "kernel_log": baseline})
         assert out["disk"]["needed_bytes"] > 5 * 2**20 and out["disk"]["paths"] == [str(tmp_path / "staging")]

@@ -104,7 +104,7 @@ def test_the_planner_sizes_the_selected_gpus_only(double):
                          environment=environment, hardware={"gpus": [1]}, settings={})
     assert record.hardware.gpus == 1
     assert record.hardware.gpu_memory_gib == 80  # GPU 1's 80 GiB, not GPU 0's 141
-    assert [g["uuid"] for g in record.hardware.selected_gpus] == ["GPU-7f3e0c1a-0001"]
+    assert [g.uuid for g in record.hardware.selected_gpus] == ["GPU-7f3e0c1a-0001"]
 
 
 def test_servers_are_pinned_by_uuid_in_pci_order():

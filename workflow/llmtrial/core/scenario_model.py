@@ -4,9 +4,10 @@ outcome and the passes' agreement."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, model_validator
 
 from llmtrial.core.record_base import Maybe, NonNegInt, Number, RecordModel, Sha256
 
@@ -34,8 +35,27 @@ class Goodput(RecordModel):
     met: Maybe[bool] = Field(None, description="share is at least percentile / 100.")
 
 
+#: A percentile of a latency as vLLM's result file names it (``p90_ttft_ms``, ``p99.9_e2el_ms``): one per
+#: percentile ``bench.percentiles`` asks, so the names are the trial's.
+PERCENTILE_KEY = re.compile(r"p\d+(\.\d+)?_(ttft|tpot|itl|e2el)_ms")
+
+
 class PassSummary(RecordModel):
-    """Figures copied from vLLM's result file (null where it has none), and each request's own output throughput."""
+    """Figures copied from vLLM's result file (null where it has none), and each request's own output throughput.
+    Besides its fields it holds one latency percentile for each name :data:`PERCENTILE_KEY` matches, and no
+    other key."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={
+        "patternProperties": {PERCENTILE_KEY.pattern: {"type": ["number", "null"]}}, "additionalProperties": False})
+
+    __pydantic_extra__: dict[str, Number | None]
+
+    @model_validator(mode="after")
+    def _percentiles_only(self) -> PassSummary:
+        odd = sorted(k for k in self.__pydantic_extra__ or {} if not PERCENTILE_KEY.fullmatch(k))
+        if odd:
+            raise ValueError(f"not a field of a pass summary nor a latency percentile (p90_ttft_ms): {', '.join(odd)}")
+        return self
 
     completed: int | None = None
     failed: int | None = None
@@ -55,6 +75,13 @@ class PassSummary(RecordModel):
     p99_tpot_ms: Number | None = None
     median_itl_ms: Number | None = None
     p99_itl_ms: Number | None = None
+    std_ttft_ms: Maybe[Number | None] = None
+    mean_tpot_ms: Maybe[Number | None] = None
+    std_tpot_ms: Maybe[Number | None] = None
+    mean_itl_ms: Maybe[Number | None] = None
+    std_itl_ms: Maybe[Number | None] = None
+    median_e2el_ms: Maybe[Number | None] = None
+    max_concurrency: Maybe[int | None] = Field(None, description="The most requests in flight (vLLM's figure).")
     request_output_tok_s: Maybe[list[float]] = Field(None, description=(
         "Per request (per stream): output tokens over its latency, tok/s, 3 decimals, for each successful request "
         "in the result file's order (failed or zero-latency requests left out)."))
@@ -129,9 +156,7 @@ class WindowFigures(Window):
 
 
 class ServerMetrics(RecordModel):
-    """/metrics deltas over the pass, by name."""
-
-    __pydantic_extra__: dict[str, float]
+    """/metrics deltas over the pass, by name (llmtrial.serve.measure.SERVER_COUNTERS)."""
 
     preemptions: Maybe[Number] = None
     prompt_tokens: Maybe[Number] = None
@@ -233,6 +258,8 @@ class ScenarioSpec(RecordModel):
         "custom or sharegpt: the staged copy the benchmark read (--dataset-path), as the prompts record names it."))
     prompts_sha256: Maybe[Sha256] = Field(None, description="custom or sharegpt: sha256 of the staged copy.")
     prompts_count: Maybe[int] = Field(None, description="custom or sharegpt: the prompts the file holds.")
+    warmup: Maybe[bool] = Field(None, description="A warm-up pass ran first, kept out of the figures.")
+    timeout_s: Maybe[Number] = Field(None, description="The most seconds one pass may take.")
 
 
 class OnsetComparison(RecordModel):
@@ -257,6 +284,8 @@ class OnsetStep(RecordModel):
     tokens_needed: Maybe[int] = None
     predicted_preempts: Maybe[bool] = None
     predicted_waits: Maybe[bool] = None
+    concurrency: Maybe[int] = Field(None, description="The step's concurrency.")
+    blocks_needed: Maybe[int] = Field(None, description="KV blocks the step's requests need together.")
 
 
 class Onset(RecordModel):

@@ -454,12 +454,14 @@ def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | No
             model_shape(model_config)
         except PlanError as exc:  # vLLM may well serve a model the planner cannot read
             unreadable = f"the planner cannot read the model's config.json: {exc}"
-    if model_config is None or unreadable:
-        return PlanRecord(**head, verdict="unknown", reasons=[unreadable or no_config], checks=[],
-                          hardware=dict(hardware), plan={}, facts={})
     gpus = environment.get("gpus", {})
     env = dict(spec.get("env") or {})
     hw = _hardware(hardware, gpus, env)
+    hardware_planned = PlannedHardware(gpus=hw.gpus, gpu_memory_gib=hw.gpu_memory_gib, cpu_kv_space_gib=hw.cpu_kv_space_gib,
+                                       selected_gpus=list(gpus.get("selected_gpus") or []))
+    if model_config is None or unreadable:
+        return PlanRecord(**head, verdict="unknown", reasons=[unreadable or no_config], checks=[],
+                          hardware=hardware_planned, plan={}, facts={})
     args = ServingArgs.from_config(spec.get("args") or {}, env)
     result = plan(model_config, hw, args, weights=weights, contexts=contexts, available_kv_gib=available_kv_gib,
                   extras=Extras(last_stage_bytes=int(float(settings.get("last_stage_extra_gib") or 0) * GiB),
@@ -480,8 +482,6 @@ def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | No
     if result.data:
         result.facts["decode_tok_s_ceiling"] = plan_ceiling(result.data, result.facts, model, probes, is_cpu=hw.is_cpu,
                                                             hosts=len(nodes_env) or 1)
-    hardware_planned = PlannedHardware(gpus=hw.gpus, gpu_memory_gib=hw.gpu_memory_gib, cpu_kv_space_gib=hw.cpu_kv_space_gib,
-                                       selected_gpus=list(gpus.get("selected_gpus") or []))
     return PlanRecord(**head, verdict="does_not_fit" if failed else result.verdict, reasons=reasons, checks=checks,
                       hardware=hardware_planned, plan=result.data, facts=result.facts, model=model)
 
