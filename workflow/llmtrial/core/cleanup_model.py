@@ -83,13 +83,9 @@ class PatchRow(RecordModel):
     entry_points: Maybe[dict[str, str]] = Field(None, description="Mode plugin: the entry points the folder declares.")
 
 
-class WeightsRow(RecordModel):
-    """One staged folder of any run and what the weights policy did to it."""
+class PolicyDone(RecordModel):
+    """What the weights policy did to one staged folder (a row of this run's or an earlier run's)."""
 
-    path: Any
-    run: Any = None
-    policy: Any = None
-    action: Any = None
     freed_bytes: Maybe[int] = Field(None, description="Bytes freed.")
     kept_bytes: Maybe[int] = Field(None, description="Bytes left in place.")
     archive: Maybe[str] = Field(None, description="Policy archive: where the archive is.")
@@ -98,6 +94,15 @@ class WeightsRow(RecordModel):
     archive_copy: Maybe[str] = Field(None, alias="copy", description="The archive's copy as checked: files and bytes.")
     files_removed: Maybe[int] = Field(None, description="Files deleted.")
     node: Maybe[str] = Field(None, description="The node that holds it (a copy on another node).")
+
+
+class WeightsRow(PolicyDone):
+    """One staged folder of any run and what the weights policy did to it."""
+
+    path: Any
+    run: Any = None
+    policy: Any = None
+    action: Any = None
 
 
 class HostService(RecordModel):
@@ -118,21 +123,13 @@ class PortState(RecordModel):
     pids: Maybe[list[int]] = Field(None, description="The processes that held the port.")
 
 
-class WeightsFolder(RecordModel):
+class WeightsFolder(PolicyDone):
     """One staged folder and what the policy did to it."""
 
     path: Any
     policy: Any
     action: Any
-    freed_bytes: Maybe[int] = Field(None, description="Bytes freed.")
-    archive: Maybe[str] = Field(None, description="Policy archive: where the archive is.")
     run: Maybe[str | None] = Field(None, description="The run that staged it.")
-    kept_bytes: Maybe[int] = Field(None, description="Bytes left in place.")
-    residues: Maybe[list[Any]] = Field(None, description="What could not be removed or archived.")
-    archive_seconds: Maybe[Number] = Field(None, description="Seconds the archive took.")
-    archive_copy: Maybe[str] = Field(None, alias="copy", description="The archive's copy as checked: files and bytes.")
-    files_removed: Maybe[int] = Field(None, description="Files deleted.")
-    node: Maybe[str] = Field(None, description="The node that holds it (a copy on another node).")
 
 
 class WeightsOutcome(RecordModel):
