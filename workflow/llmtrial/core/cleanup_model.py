@@ -58,6 +58,7 @@ class ServiceRow(RecordModel):
     restored_by_run: str | None = None
     quiet: Maybe[str] = Field(None, description="The ledger entry of the quiet.")
     state_seen: Maybe[str | None] = Field(None, description="What the status command said before the quiet.")
+    node: Maybe[str] = Field(None, description="The node it runs on (absent: this host).")
 
 
 class PatchRow(RecordModel):
@@ -215,6 +216,7 @@ class QuietedService(RecordModel):
     stop_exit: int | None = Field(None, description="Exit code of the stop command.")
     down_after_s: Maybe[float] = Field(None, description="Seconds until it was down.")
     seen: Maybe[str] = Field(None, description="Its state after the stop.")
+    node: Maybe[str] = Field(None, description="The node it runs on (absent: this host).")
 
 
 class QuietGpu(RecordModel):

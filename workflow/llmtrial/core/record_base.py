@@ -111,6 +111,7 @@ class Residue(RecordModel):
     what: str = Field(description="Which one.")
     tried: str = Field(description="What cleanup tried.")
     seen: str = Field(description="What it saw afterwards.")
+    size: Maybe[int | None] = Field(None, description="Weights: the bytes left there, when known.")
     node: Maybe[str] = Field(None, description=(
         "The node it was left on, where not this host (a node cleanup could not reach is named with ssh's error)."))
 
