@@ -521,9 +521,13 @@ class TestPlanRecords:
         assert isinstance(unknown, PlanRecord)
         [why] = unknown.reasons
         assert why.startswith("the planner cannot read the model's config.json:")
+        # the hardware planned for, as a plan of a model it can read on the same host records it
+        readable = plan_record(spec=spec("y", {}, force=True), model_config=TINY, weights=None, environment=CPU_HOST,
+                               hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[96])
         assert written(unknown) == {"configuration": "x", "force": True, "verdict": "unknown", "reasons": [why],
-                                    "checks": [], "hardware": {"gpus": None, "gpu_memory_gib": None}, "plan": {},
+                                    "checks": [], "hardware": written(readable)["hardware"], "plan": {},
                                     "facts": {}}
+        assert written(readable)["hardware"]["gpus"] == 0  # a CPU host
         environment = {"gpus": gpu_inventory(NvmlDouble())}
         fits = plan_record(spec=spec("tp1", {"max_model_len": 512}, {}), model_config=TINY, weights=None,
                            environment=environment, hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS,
