@@ -18,6 +18,8 @@ import pytest
 
 from conftest import DATA, REPO, written
 from llmtrial.core.ledger import Action, Ledger, replay
+from llmtrial.core.preflight_model import Gpus
+from llmtrial.core.trial_config import ServingSpec
 from llmtrial.host import gpus
 from llmtrial.host.gpus import SelectionError, select
 
@@ -98,10 +100,10 @@ def test_preflight_records_the_selection_and_the_kernel_logs_baseline_and_stops_
 def test_the_planner_sizes_the_selected_gpus_only(double):
     from llmtrial.plan.planner import plan_record
 
-    environment = {"gpus": {**inventory(), "selected": [1], "selected_gpus": select([1], inventory()["devices"])}}
+    selection = Gpus.model_validate({**inventory(), "selected": [1], "selected_gpus": select([1], inventory()["devices"])})
     config = json.loads((DATA / "configs" / "Meta-Llama-3.1-8B-Instruct.json").read_text())
-    record = plan_record(spec={"name": "tp1", "args": {}, "env": {}}, model_config=config, weights=None,
-                         environment=environment, hardware={"gpus": [1]}, settings={})
+    record = plan_record(spec=ServingSpec(name="tp1", args={}), model_config=config, weights=None,
+                         gpus=selection, hardware={"gpus": [1]}, settings={})
     assert record.hardware.gpus == 1
     assert record.hardware.gpu_memory_gib == 80  # GPU 1's 80 GiB, not GPU 0's 141
     assert [g.uuid for g in record.hardware.selected_gpus] == ["GPU-7f3e0c1a-0001"]

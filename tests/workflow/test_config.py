@@ -126,9 +126,9 @@ def test_configuration_spec_merges_common_and_own_settings():
     config["serving"] = {"args": {"max_model_len": 512, "tensor_parallel_size": 1}, "env": {"A": "x", "X": "0"}}
     validate_config(config)
     spec = configuration_spec(config, "b")
-    assert spec["args"] == {"max_model_len": 512, "tensor_parallel_size": 2}
-    assert spec["env"] == {"A": "x", "X": "1"}
-    assert spec["port"] == 8101 == configuration_port(config, "b")
+    assert spec.args == {"max_model_len": 512, "tensor_parallel_size": 2}
+    assert spec.env == {"A": "x", "X": "1"}
+    assert spec.port == 8101 == configuration_port(config, "b")
 
 
 def test_args_are_read_once_under_vllms_own_names_for_the_planner_and_the_server():
@@ -138,9 +138,9 @@ def test_args_are_read_once_under_vllms_own_names_for_the_planner_and_the_server
     validate_config(config)
     spec = configuration_spec(config, "b")
     # an alias is translated once: the configuration's tp overrides the common one, and no --tp reaches vLLM
-    assert spec["args"] == {"max_model_len": 512, "tensor_parallel_size": 2, "enforce_eager": True}
-    args = ServingArgs.from_config(spec["args"])  # the one reading, for the planner and the argv alike
-    assert args.tensor_parallel_size == 2 and args.given == spec["args"]
+    assert spec.args == {"max_model_len": 512, "tensor_parallel_size": 2, "enforce_eager": True}
+    args = ServingArgs.from_config(spec.args)  # the one reading, for the planner and the argv alike
+    assert args.tensor_parallel_size == 2 and args.given == spec.args
     argv = build_server_argv(model_dir="/m", served_model_name="m", host="127.0.0.1", port=8101, args=args)
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2" and "--tp" not in argv
     # given straight, an alias is translated by the same reading, never passed through

@@ -17,6 +17,7 @@ import yaml
 from conftest import DATA, REPO, free_ports, written
 from hub_server import HubServer
 from llmtrial.config import configuration_spec, load_config, scenario_contexts
+from llmtrial.core.preflight_model import Gpus
 from llmtrial.plan.checkpoint import WeightsSize
 from llmtrial.plan.planner import plan_record
 from llmtrial.weights.model_source import model_config_for, planned_weights
@@ -27,7 +28,7 @@ TRIALS = REPO / "config" / "trials"
 SEED_003 = TRIALS / "seed003-qwen3-235b-4gpu.yaml"
 SEED_002 = TRIALS / "seed002-deepseek-v4-flash-pp3.yaml"
 SEED_001 = TRIALS / "seed001-qwen2.5-7b-awq-1gpu.yaml"
-NO_GPUS_HERE = {"gpus": {"count": 0, "devices": []}}  # the trial files say what the GPUs are
+NO_GPUS_HERE = Gpus(present=False, count=0, devices=[])  # the trial files say what the GPUs are
 
 #: Seed 002 publishes no config.json of its model. A stand-in with the report's shape: 43 layers,
 #: 64 attention heads, and one 96-wide KV head in bf16 (384 B per token per layer), which puts the
@@ -69,7 +70,7 @@ def plans(trial: Path) -> dict[str, dict]:
     source, archive = config["model"]["source"], config["model"]["weights"]["archive_dir"]
     model_config, weights = model_config_for(source, archive_dir=archive), planned_weights(source, archive)
     return {name: written(plan_record(spec=configuration_spec(config, name), model_config=model_config, weights=weights,
-                                      environment=NO_GPUS_HERE, hardware=config["hardware"], settings=config["plan"],
+                                      gpus=NO_GPUS_HERE, hardware=config["hardware"], settings=config["plan"],
                                       contexts=scenario_contexts(config)))
             for name in config["configurations"]}
 
@@ -137,7 +138,7 @@ def test_seed_001_awq_fits_one_3060_with_either_kernel(hub):
 def seed_002_plans() -> dict[str, dict]:
     config = load_config(SEED_002)
     return {name: written(plan_record(spec=configuration_spec(config, name), model_config=SEED_002_CONFIG,
-                                      weights=SEED_002_WEIGHTS, environment=NO_GPUS_HERE, hardware=config["hardware"],
+                                      weights=SEED_002_WEIGHTS, gpus=NO_GPUS_HERE, hardware=config["hardware"],
                                       settings=config["plan"], contexts=scenario_contexts(config)))
             for name in config["configurations"]}
 
@@ -164,9 +165,9 @@ def test_seed_002_three_cards_do_not_start_at_utilization_0_85():
     """The seed's own arithmetic: 63.5 x 0.85 leaves about 1 GiB for the KV cache on the heaviest stage."""
     config = load_config(SEED_002)
     spec = configuration_spec(config, "pp3")
-    spec["args"]["gpu_memory_utilization"] = 0.85
+    spec.args["gpu_memory_utilization"] = 0.85
     record = plan_record(spec=spec, model_config=SEED_002_CONFIG, weights=SEED_002_WEIGHTS,
-                         environment=NO_GPUS_HERE, hardware=config["hardware"], settings=config["plan"],
+                         gpus=NO_GPUS_HERE, hardware=config["hardware"], settings=config["plan"],
                          contexts=scenario_contexts(config))
     assert record.verdict == "does_not_fit"
     assert any("No memory left for the KV cache" in r for r in record.reasons), record.reasons

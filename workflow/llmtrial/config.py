@@ -20,7 +20,7 @@ from llmtrial.answers.tasks import TaskSetError, task_set
 from llmtrial.core.cost import check_cost
 from llmtrial.core.record_models import CONFIG_SCHEMA
 from llmtrial.core.resources import SCHEMAS
-from llmtrial.core.trial_config import TRIAL_KEYS, TrialConfig
+from llmtrial.core.trial_config import TRIAL_KEYS, ConfigurationSpec, TrialConfig
 from llmtrial.host.gpus import check_pinning
 from llmtrial.host.nodes import check_nodes, number_slurm_nodes
 from llmtrial.patch.node_patches import check_patch_modes
@@ -163,15 +163,15 @@ def configuration_port(config: dict[str, Any], name: str) -> int:
     return int(config["serving"]["base_port"]) + names.index(name)
 
 
-def configuration_spec(config: dict[str, Any], name: str) -> dict[str, Any]:
+def configuration_spec(config: dict[str, Any], name: str) -> ConfigurationSpec:
     """Everything one configuration's job needs, and nothing another configuration changes.
 
-    This is what the trial rule passes as a param, so editing one configuration's args
-    reruns only that configuration.
+    The plan and trial rules pass it as a param (as its JSON data), so editing one configuration's
+    args reruns only that configuration.
     """
     serving = config["serving"]
     entry = config["configurations"][name]
-    return {
+    return ConfigurationSpec.model_validate({
         "name": name,
         "description": entry.get("description", ""),
         "force": bool(entry.get("force", False)),
@@ -182,7 +182,7 @@ def configuration_spec(config: dict[str, Any], name: str) -> dict[str, Any]:
         "startup_timeout_s": serving["startup_timeout_s"],
         "stop_timeout_s": serving["stop_timeout_s"],
         **_spread(config, entry),
-    }
+    })
 
 
 def _spread(config: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:

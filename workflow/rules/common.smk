@@ -133,7 +133,7 @@ def configuration_plans(wildcards):
 
 def configuration_params(wildcards):
     """Only this configuration's settings: editing another one does not rerun this."""
-    return configuration_spec(config, wildcards.configuration)
+    return configuration_spec(config, wildcards.configuration).model_dump(mode="json", exclude_none=True)
 
 
 def host_resources(rule_name):

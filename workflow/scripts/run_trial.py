@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 from llmtrial.core.answers_model import Task
 from llmtrial.core.joblog import open_job_log
 from llmtrial.core.paths import JobPaths, TrialPaths
-from llmtrial.core.records import load_record, read_record
+from llmtrial.core.records import load_record
+from llmtrial.core.trial_config import ConfigurationSpec, HardwareBlock
 from llmtrial.host.nodes import spec_nodes
 from llmtrial.serve.datasets import with_staged
 from llmtrial.serve.measure import Workload
@@ -16,12 +17,13 @@ if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
     from snakemake.iocontainers import snakemake
 
 open_job_log(snakemake.log.job)
+spec = ConfigurationSpec.model_validate(snakemake.params.spec)
 kernel_log = load_record(snakemake.input.preflight, "preflight").kernel_log  # the baseline a crash is read against
 TrialJob(
     trial=snakemake.wildcards.trial,
-    spec=snakemake.params.spec,
-    manifest=read_record(snakemake.input.manifest),
-    plan=read_record(snakemake.input.plan),
+    spec=spec,
+    manifest=load_record(snakemake.input.manifest, "manifest"),
+    plan=load_record(snakemake.input.plan, "plan"),
     services=snakemake.params.services,
     workload=Workload(served_model_name=snakemake.params.served_model_name,
                       # a prompt file's scenario reads its staged copy, checked against the prompts record
@@ -33,7 +35,7 @@ TrialJob(
                       tasks=tuple(Task.model_validate(t) for t in snakemake.params.tasks)),
     paths=JobPaths(TrialPaths(Path(snakemake.params.results)), snakemake.wildcards.configuration),
     patches=snakemake.params.patches,
-    nodes=spec_nodes(snakemake.params.spec),
-    hardware=snakemake.params.hardware,
+    nodes=spec_nodes(spec),
+    hardware=HardwareBlock.model_validate(snakemake.params.hardware),
     kernel_baseline=kernel_log.lines if kernel_log is not None else [],
 ).run()

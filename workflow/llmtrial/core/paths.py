@@ -8,6 +8,7 @@ spelled in two places.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,6 +162,26 @@ class JobPaths:
     @property
     def bench_dir(self) -> Path:
         return self.out_dir / "bench"
+
+    @property
+    def flags_off_log(self) -> Path:
+        """The log of the server launched with the patch flags off, for the answers (``outputs.patch_off``)."""
+        return self.out_dir / "answers-flags-off.log"
+
+    @property
+    def prefix_caching_log(self) -> Path:
+        """The log of the server launched again with prefix caching on (a prefix_repetition scenario)."""
+        return self.out_dir / "prefix-caching-server.log"
+
+    def fresh(self) -> None:
+        """Ready the folder for a run: an empty bench folder, and no server, rank or node-telemetry file
+        of an earlier run (the record and its telemetry are replaced when written)."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.bench_dir, ignore_errors=True)  # never mix passes of an earlier run
+        self.bench_dir.mkdir(parents=True)
+        for old in [self.server_log, self.flags_off_log, self.prefix_caching_log, self.node_telemetry,
+                    *self.out_dir.glob("server-*.log"), *self.out_dir.glob("ray-*.log")]:  # other nodes' logs
+            old.unlink(missing_ok=True)
 
     def rel(self, path: Path) -> str:
         """``path`` relative to the configuration's folder, as records name files."""

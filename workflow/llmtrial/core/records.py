@@ -12,13 +12,20 @@ import functools
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from pydantic import BaseModel, ValidationError
 
 from llmtrial.core.fileio import atomic_write_text
 from llmtrial.core.record_base import FactKind, RecordModel
 from llmtrial.core.record_models import KINDS, record_schema
+
+if TYPE_CHECKING:
+    from llmtrial.core.cleanup_model import CleanupRecord, QuietRecord
+    from llmtrial.core.comparison_model import ComparisonRecord
+    from llmtrial.core.configuration_model import ConfigurationRecord
+    from llmtrial.core.preflight_model import PreflightRecord
+    from llmtrial.core.record_models import ManifestRecord, PatchesRecord, PlanRecord, PromptsRecord, ProvenanceRecord
 
 Kind = FactKind
 
@@ -67,15 +74,38 @@ def check_record(data: Any, schema: str, *, source: str | os.PathLike[str] | Non
         raise ValueError(f"{schema} record{where} does not match its schema:\n  " + "\n  ".join(errors))
 
 
+@overload
+def load_record(path: str | os.PathLike[str], kind: Literal["preflight"]) -> PreflightRecord: ...
+@overload
+def load_record(path: str | os.PathLike[str], kind: Literal["plan"]) -> PlanRecord: ...
+@overload
+def load_record(path: str | os.PathLike[str], kind: Literal["manifest"]) -> ManifestRecord: ...
+@overload
+def load_record(path: str | os.PathLike[str], kind: Literal["quiet"]) -> QuietRecord: ...
+@overload
+def load_record(path: str | os.PathLike[str], kind: Literal["patches"]) -> PatchesRecord: ...
+@overload
+def load_record(path: str | os.PathLike[str], kind: Literal["configuration"]) -> ConfigurationRecord: ...
+@overload
+def load_record(path: str | os.PathLike[str], kind: Literal["cleanup"]) -> CleanupRecord: ...
+@overload
+def load_record(path: str | os.PathLike[str], kind: Literal["provenance"]) -> ProvenanceRecord: ...
+@overload
+def load_record(path: str | os.PathLike[str], kind: Literal["comparison"]) -> ComparisonRecord: ...
+@overload
+def load_record(path: str | os.PathLike[str], kind: Literal["prompts"]) -> PromptsRecord: ...
+
+
 def load_record(path: str | os.PathLike[str], kind: str) -> RecordModel:
-    """Read a record as its typed model (:data:`llmtrial.core.record_models.KINDS`); ValueError naming
-    the file and each field at fault when it does not match its kind's schema."""
+    """Read a record as its typed model (:data:`llmtrial.core.record_models.KINDS`, the type each kind's
+    overload names); ValueError naming the file and each field at fault when it does not match its kind
+    (the model is what the kind's schema is generated from: one validation says both)."""
     data = read_record(path)
-    check_record(data, kind, source=path)
     try:
         return KINDS[kind].model_validate(data)
     except ValidationError as exc:
-        raise ValueError(f"{kind} record {path} does not match its model:\n{exc}") from None
+        fields = [f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in exc.errors()]
+        raise ValueError(f"{kind} record {path} does not match its schema:\n  " + "\n  ".join(fields)) from None
 
 
 def write_record(path: str | os.PathLike[str], data: Any, schema: str | None = None) -> Path:

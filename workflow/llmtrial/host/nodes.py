@@ -35,6 +35,7 @@ from types import ModuleType
 from typing import Any
 
 from llmtrial.core.fileio import sha256_file
+from llmtrial.core.trial_config import ConfigurationSpec
 from llmtrial.host.slurm_hosts import JOB_ENV, allocation_hosts, srun_argv
 from llmtrial.onnode import file_hashes, node_probe
 
@@ -413,11 +414,11 @@ def configuration_nodes(config: Mapping[str, Any], name: str) -> list[Node]:
     return [nodes[n] for n in names]
 
 
-def spec_nodes(spec: Mapping[str, Any]) -> list[Node]:
+def spec_nodes(spec: ConfigurationSpec) -> list[Node]:
     """The nodes of a configuration's spec (:func:`llmtrial.config.configuration_spec`), in
     its order; empty for a configuration on this host alone."""
-    blocks = spec.get("nodes") or {}
-    defaults = _node_defaults(blocks, spec.get("staging_dir", "staging"))
+    blocks = {name: block.model_dump() for name, block in spec.nodes.items()}
+    defaults = _node_defaults(blocks, spec.staging_dir or "staging")
     return [Node.from_config(name, block, defaults) for name, block in blocks.items()]
 
 

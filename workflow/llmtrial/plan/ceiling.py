@@ -28,7 +28,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from llmtrial.core.configuration_model import ThroughputBound
+from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.records import fact
+from llmtrial.core.scenario_model import Scenario
 from llmtrial.host.collective import busbw_factor
 
 __all__ = ["allreduce_bytes_per_token", "bandwidths", "bound_at", "compare_with_measured", "decode_ceiling",
@@ -128,21 +131,23 @@ def plan_ceiling(plan: Mapping[str, Any], facts: Mapping[str, Any], model: Mappi
     return out
 
 
-def compare_with_measured(plan: Mapping[str, Any], scenarios: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def compare_with_measured(plan: PlanRecord, scenarios: Sequence[Scenario]) -> list[ThroughputBound]:
     """Each ok pass (or sweep step) of each scenario: the bound at its concurrency beside the
     measured output tok/s, and measured / bound. Empty when the plan has no bound."""
-    ceiling = (plan.get("facts") or {}).get("decode_tok_s_ceiling")
-    if not ceiling or ceiling.get("terms") is None:
+    ceiling = plan.facts.get("decode_tok_s_ceiling")
+    if ceiling is None or ceiling.terms is None:
         return []
     rows = []
     for scenario in scenarios:
-        for one in [*scenario.get("pass_results", []), *scenario.get("steps", [])]:
-            measured = (one.get("summary") or {}).get("output_throughput") if one.get("status") == "ok" else None
-            c = one.get("concurrency", (scenario.get("spec") or {}).get("concurrency"))
-            bound = bound_at(ceiling, float(c)) if isinstance(c, (int, float)) else None
+        for one in [*scenario.pass_results, *(scenario.steps or [])]:
+            summary = one.summary if one.status == "ok" else None
+            measured = summary.output_throughput if summary is not None else None
+            c = getattr(one, "concurrency", None) or scenario.spec.concurrency
+            bound = bound_at({"terms": ceiling.terms}, float(c)) if isinstance(c, (int, float)) else None
             if measured is None or bound is None:
                 continue
-            rows.append({"scenario": scenario["name"], "pass": one.get("pass", one.get("step")), "concurrency": c,
-                         "bound_tok_s": bound, "bound_kind": "estimated", "measured_tok_s": measured,
-                         "ratio": measured / bound if bound else None})
+            rows.append(ThroughputBound.model_validate({
+                "scenario": scenario.name, "pass": getattr(one, "step", None) or one.pass_, "concurrency": c,
+                "bound_tok_s": bound, "bound_kind": "estimated", "measured_tok_s": measured,
+                "ratio": measured / bound if bound else None}))
     return rows

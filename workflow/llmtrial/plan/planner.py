@@ -26,11 +26,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmtrial.core.preflight_model import Gpus, Probes
 from llmtrial.core.record_models import Hardware as PlannedHardware
 from llmtrial.core.record_models import PlanRecord
-from llmtrial.core.records import fact
+from llmtrial.core.records import as_written, fact
+from llmtrial.core.trial_config import ServingSpec
 from llmtrial.core.units import GiB
-from llmtrial.core.vllm_install import recorded_vllm
 from llmtrial.plan import budget, checkpoint
 from llmtrial.plan.budget import MemoryTerms
 from llmtrial.plan.ceiling import plan_ceiling
@@ -415,63 +416,65 @@ def plan(config: Mapping[str, Any], hardware: HardwareInputs, args: ServingArgs,
 # --------------------------------------------------------------------------- the plan record
 
 
-def _hardware(hardware: Mapping[str, Any], gpus: Mapping[str, Any], env: Mapping[str, str]) -> HardwareInputs:
+def _hardware(hardware: Mapping[str, Any], gpus: Gpus | None, env: Mapping[str, str]) -> HardwareInputs:
     """The hardware a plan assumes: the trial file's figures, else the GPUs preflight found."""
     count = hardware.get("gpus")
-    selected = gpus.get("selected")
-    devices = [d for d in gpus.get("devices") or [] if selected is None or d.get("index") in selected]
+    selected = gpus.selected if gpus is not None else None
+    devices = [d for d in (gpus.devices if gpus is not None else None) or [] if selected is None or d.index in selected]
     if count is None or isinstance(count, list):
-        count = len(selected) if selected is not None else int(gpus.get("count") or 0)
+        count = len(selected) if selected is not None else (gpus.count if gpus is not None else 0)
     memory = hardware.get("gpu_memory_gib")
-    if memory is None and any(d.get("memory_total_bytes") for d in devices):
-        memory = min(d["memory_total_bytes"] for d in devices if d.get("memory_total_bytes")) / GiB
+    sizes = [d.memory_total_bytes for d in devices if d.memory_total_bytes]
+    if memory is None and sizes:
+        memory = min(sizes) / GiB
     kv_space = env.get("VLLM_CPU_KVCACHE_SPACE")
-    ids = {str(d.get("index")) for d in devices}
-    pairs = [ok for pair, ok in (gpus.get("peer_access") or {}).items() if set(pair.split("-")) <= ids]
+    ids = {str(d.index) for d in devices}
+    peer_access = (gpus.peer_access if gpus is not None else None) or {}
+    pairs = [ok for pair, ok in peer_access.items() if set(pair.split("-")) <= ids]
     peer = False if False in pairs else (True if pairs and all(pairs) else None)
     return HardwareInputs(gpus=int(count), gpu_memory_gib=memory, peer_access=peer,
                     cpu_kv_space_gib=float(kv_space) if kv_space else (ASSUMED_CPU_KV_GIB if not count else None),
                     cpu_kv_space_assumed=not kv_space)
 
 
-def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | None, weights: WeightsSize | None,
-                environment: Mapping[str, Any], hardware: Mapping[str, Any], settings: Mapping[str, Any],
+def plan_record(*, spec: ServingSpec, model_config: Mapping[str, Any] | None, weights: WeightsSize | None,
+                gpus: Gpus | None, hardware: Mapping[str, Any], settings: Mapping[str, Any],
                 contexts: list[int] | None = None, available_kv_gib: float | None = None,
                 no_config: str = "the model's config.json could not be had before staging",
-                probes: Mapping[str, Any] | None = None) -> PlanRecord:
+                probes: Probes | None = None, vllm_version: str | None = None) -> PlanRecord:
     """One configuration's plan record: the planner's verdict, figures and reasons, and the
     checks that depend on the configuration. The plan rule and ``llmtrial plan`` both call it.
 
-    ``spec`` is the configuration (name, args, env, force); ``environment`` preflight's
-    (its ``gpus`` inventory); ``hardware`` the trial file's; ``settings`` the trial file's
+    ``spec`` is the configuration (name, args, env, force); ``gpus`` preflight's GPU inventory (None where
+    none was taken: the command line's plan); ``hardware`` the trial file's; ``settings`` the trial file's
     ``plan`` block; ``probes`` preflight's probes, for the decode throughput bound
-    (:mod:`llmtrial.plan.ceiling`, the fact ``decode_tok_s_ceiling``). Without a readable config.json
+    (:mod:`llmtrial.plan.ceiling`, the fact ``decode_tok_s_ceiling``); ``vllm_version`` the installed vLLM
+    preflight recorded. Without a readable config.json
     the verdict is ``unknown`` with the reason."""
-    head = {"configuration": spec["name"], "force": bool(spec.get("force", False))}
+    head = {"configuration": spec.name, "force": spec.force}
     unreadable = None
     if model_config is not None:
         try:
             model_shape(model_config)
         except PlanError as exc:  # vLLM may well serve a model the planner cannot read
             unreadable = f"the planner cannot read the model's config.json: {exc}"
-    gpus = environment.get("gpus", {})
-    env = dict(spec.get("env") or {})
+    env = dict(spec.env)
     hw = _hardware(hardware, gpus, env)
     hardware_planned = PlannedHardware(gpus=hw.gpus, gpu_memory_gib=hw.gpu_memory_gib, cpu_kv_space_gib=hw.cpu_kv_space_gib,
-                                       selected_gpus=list(gpus.get("selected_gpus") or []))
+                                       selected_gpus=list(gpus.selected_gpus or []) if gpus is not None else [])
     if model_config is None or unreadable:
         return PlanRecord(**head, verdict="unknown", reasons=[unreadable or no_config], checks=[],
                           hardware=hardware_planned, plan={}, facts={})
-    args = ServingArgs.from_config(spec.get("args") or {}, env)
+    args = ServingArgs.from_config(spec.args, env)
     result = plan(model_config, hw, args, weights=weights, contexts=contexts, available_kv_gib=available_kv_gib,
                   extras=Extras(last_stage_bytes=int(float(settings.get("last_stage_extra_gib") or 0) * GiB),
                                 pinned_last_layers=int(settings.get("pinned_last_layers") or 0)),
                   memory=MemoryTerms(**{k: settings.get(k) for k in ("non_torch_gib", "peak_activation_gib",
                                                                          "cuda_graph_gib")}),
-                  vllm_version=recorded_vllm(environment.get("key_packages")))
-    nodes_env = {name: dict(block.get("env") or {}) for name, block in (spec.get("nodes") or {}).items()}
-    checks = configuration_checks(args=args, env=env, gpus=gpus, model_config=model_config, is_cpu=hw.is_cpu,
-                                  name=spec["name"],
+                  vllm_version=vllm_version)
+    nodes_env = {name: dict(block.env) for name, block in spec.nodes.items()}
+    checks = configuration_checks(args=args, env=env, gpus=as_written(gpus) if gpus is not None else {}, model_config=model_config, is_cpu=hw.is_cpu,
+                                  name=spec.name,
                                   nodes_env=nodes_env or None)
     failed = [c["detail"] for c in checks if c["status"] == "fail"]
     reasons = failed + list(result.reasons)
@@ -480,7 +483,7 @@ def plan_record(*, spec: Mapping[str, Any], model_config: Mapping[str, Any] | No
                        f"the plan assumes {ASSUMED_CPU_KV_GIB:g} GiB per worker (an estimate).")
     model = model_summary(model_config)
     if result.data:
-        result.facts["decode_tok_s_ceiling"] = plan_ceiling(result.data, result.facts, model, probes, is_cpu=hw.is_cpu,
+        result.facts["decode_tok_s_ceiling"] = plan_ceiling(result.data, result.facts, model, as_written(probes), is_cpu=hw.is_cpu,
                                                             hosts=len(nodes_env) or 1)
     return PlanRecord(**head, verdict="does_not_fit" if failed else result.verdict, reasons=reasons, checks=checks,
                       hardware=hardware_planned, plan=result.data, facts=result.facts, model=model)

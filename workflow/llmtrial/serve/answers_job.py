@@ -11,21 +11,17 @@ server's. That server is asked the set once: whether answers repeat is the passe
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from llmtrial.answers.tasks import tasks_digest
 from llmtrial.core.answers_model import AnswerRun, Answers
-from llmtrial.serve.measure import Workload, sigterm_as_exit
+from llmtrial.serve.measure import Served, Workload, sigterm_as_exit
 from llmtrial.serve.server import ServerProcess, ServerStartError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FLAGS_OFF_LOG", "patch_flags", "flags_off_env", "flags_off_run", "answers_part", "wants_flags_off"]
-
-#: The log of the launch with the patch flags off, in the configuration's folder.
-FLAGS_OFF_LOG = "answers-flags-off.log"
-
+__all__ = ["job_answers", "patch_flags", "flags_off_env", "flags_off_run", "answers_part", "wants_flags_off"]
 
 def patch_flags(patches: Sequence[Mapping[str, Any]], env: Mapping[str, str]) -> dict[str, bool]:
     """Each applied patch by name: whether ``env`` (the server's) turns its flag on."""
@@ -66,6 +62,19 @@ def answers_part(workload: Workload, runs: Sequence[AnswerRun]) -> Answers | Non
     o = workload.outputs
     return Answers(api=o["api"], max_tokens=int(o["max_tokens"]), seed=int(o["seed"]), temperature=0.0,
                    tasks_sha256=tasks_digest(workload.tasks), tasks=list(workload.tasks), runs=list(runs))
+
+
+def job_answers(workload: Workload, served: Served, *, flags: Mapping[str, bool], spread: bool, env: Mapping[str, str],
+                patches: Sequence[Mapping[str, Any]], server: Callable[[Mapping[str, str]], ServerProcess], log_rel: str,
+                startup_timeout_s: float) -> dict[str, Any]:
+    """The record's answers: the passes' server's run, then, when a flag is on (``outputs.patch_off``), a
+    launch with the flags off (``server`` builds it from its environment, its log at ``log_rel``)."""
+    runs = [served.answers] if served.answers is not None else []
+    if runs and served.failure is None and wants_flags_off(workload, flags, spread):
+        runs.append(flags_off_run(workload, server(flags_off_env(env, patches)), flags=flags, log_rel=log_rel,
+                                  startup_timeout_s=startup_timeout_s))
+    part = answers_part(workload, runs)
+    return {} if part is None else {"answers": part}
 
 
 def wants_flags_off(workload: Workload, flags: Mapping[str, bool], spread: bool) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 from llmtrial.core.configuration_model import EngineWarning, Failure, GpuHealth, Prediction, ServerPatches, ThroughputBound
 from llmtrial.core.ledger import Ledger
-from llmtrial.core.records import as_written
+from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.scenario_model import Scenario
 from llmtrial.host.gpus import after_failure
 from llmtrial.logs import failures, startup_log
@@ -58,17 +58,16 @@ def review_failure(failure: Failure, text: str, *, source: str, ready: bool, led
 
 
 def review(text: str, *, source: str, startup: Mapping[str, Any], scenarios: Sequence[Scenario],
-            plan: Mapping[str, Any], patched: Mapping[str, Any], env: Mapping[str, str]) -> Reviewed:
+            plan: PlanRecord, patched: Mapping[str, Any], env: Mapping[str, str]) -> Reviewed:
     """The record's parts read from the server's log (``text``, read from ``source``) and set beside the
     plan: the start-up facts (``startup`` as the measurement read them, else from the log), the engine's
     warnings, each patch's evidence, the predictions, and the ``scenarios``' throughput bound."""
     facts = dict(startup) or (startup_log.parse_startup(text, source=source) if text else {})
-    measured = [as_written(s) for s in scenarios]
     return Reviewed(
         startup=facts,
         engine_warnings=[EngineWarning.model_validate(w) for w in engine_warnings(text, source=source)],
         patches=ServerPatches(reapplied=patched["reapplied"], plugin_dir=patched["plugin_dir"],
                               patches=evidence(patched["patches"], text, env, source)),
-        prediction=[Prediction.model_validate(p) for p in compare_with_plan(plan, facts)],
-        throughput_bound=[ThroughputBound.model_validate(b) for b in compare_with_measured(plan, measured)],
+        prediction=compare_with_plan(plan, facts),
+        throughput_bound=compare_with_measured(plan, scenarios),
     )

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from llmtrial.core.configuration_model import CollectiveSummary, Launch, SpanNode
 from llmtrial.core.ledger import Ledger
+from llmtrial.core.record_models import ManifestRecord
 from llmtrial.host.nodes import Node
 from llmtrial.logs import failures
 from llmtrial.logs.lines import read_log
@@ -54,7 +55,7 @@ class Spread:
     nodes: Sequence[Node]
     port: int
     launch: str
-    manifest: Mapping[str, Any]
+    manifest: ManifestRecord
 
     @property
     def master_port(self) -> int:
@@ -89,14 +90,13 @@ class Spread:
     def model_dirs(self) -> dict[str, str]:
         """Where each node holds the staged model: the manifest's own folder on the first node,
         the verified copy the model stage made on every other one."""
-        copies = self.manifest.get("nodes") or {}
-        out = {self.nodes[0].name: str(self.manifest["model_dir"])}
+        copies = self.manifest.nodes or {}
+        out = {self.nodes[0].name: self.manifest.model_dir}
         for node in self.nodes[1:]:
-            folder = (copies.get(node.name) or {}).get("model_dir")
-            if not folder:
+            if node.name not in copies:
                 raise FileNotFoundError(f"the manifest has no staged copy of the model on node {node.name}: "
                                         "restage it with `snakemake --forcerun stage_model`")
-            out[node.name] = folder
+            out[node.name] = copies[node.name].model_dir
         return out
 
     def envs(self, ledger: Ledger, patched: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, dict[str, str]]:

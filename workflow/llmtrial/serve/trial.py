@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,13 +28,15 @@ from llmtrial.borrow.readiness import Readiness, host_env, ready_host
 from llmtrial.core.configuration_model import ConfigurationRecord, PlanVerdict, Server, Telemetry, Timing
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.core.paths import JobPaths
+from llmtrial.core.record_models import ManifestRecord, PlanRecord
 from llmtrial.core.records import write_record
 from llmtrial.core.redact import redact_env
+from llmtrial.core.trial_config import ConfigurationSpec, HardwareBlock
 from llmtrial.host.nodes import Node
 from llmtrial.logs.lines import read_log
 from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve import log_review
-from llmtrial.serve.answers_job import FLAGS_OFF_LOG, answers_part, flags_off_env, flags_off_run, patch_flags, wants_flags_off
+from llmtrial.serve.answers_job import job_answers, patch_flags
 from llmtrial.serve.measure import Measurement, Served, Workload
 from llmtrial.serve.multinode_job import Spread, node_outcomes
 from llmtrial.serve.passes import PhaseFailure
@@ -46,19 +47,15 @@ from llmtrial.weights.manifest import verify_manifest
 
 log = logging.getLogger(__name__)
 
-#: The log of the configuration's server launched again with prefix caching on (a prefix_repetition scenario).
-PREFIX_CACHING_LOG = "prefix-caching-server.log"
-
-
 @dataclass
 class TrialJob:
     """One serving configuration's job, built once from the trial's config: :meth:`run` serves,
     measures and stops, and writes the record; each phase returns its own part of it."""
 
     trial: str
-    spec: Mapping[str, Any]
-    manifest: Mapping[str, Any]
-    plan: Mapping[str, Any]
+    spec: ConfigurationSpec
+    manifest: ManifestRecord
+    plan: PlanRecord
     services: Mapping[str, Any]
     workload: Workload
     paths: JobPaths
@@ -66,78 +63,61 @@ class TrialJob:
     #: The nodes the configuration spans, the first serving the API (none or one: this host).
     nodes: Sequence[Node] = ()
     #: The trial file's ``hardware`` (allow_processes, health_check) and preflight's kernel-log baseline.
-    hardware: Mapping[str, Any] = field(default_factory=dict)
+    hardware: HardwareBlock = field(default_factory=HardwareBlock)
     kernel_baseline: Sequence[str] = ()
 
     @property
     def gpus(self) -> list[dict[str, Any]]:
         """The GPUs the trial selected (preflight's resolution of ``hardware.gpus``, via the plan)."""
-        return list((self.plan.get("hardware") or {}).get("selected_gpus") or [])
+        return [g.model_dump(mode="json") for g in self.plan.hardware.selected_gpus or []]
 
     @property
     def label(self) -> str:
-        return f"{self.trial}/{self.spec['name']}"
-
-    @property
-    def host(self) -> str:
-        return str(self.spec["host"])
-
-    @property
-    def port(self) -> int:
-        return int(self.spec["port"])
+        return f"{self.trial}/{self.spec.name}"
 
     @property
     def model_dir(self) -> str:
-        return str(self.manifest["model_dir"])
+        return self.manifest.model_dir
 
     @functools.cached_property
     def spread(self) -> Spread | None:
         """The configuration's nodes when it spans several, else None."""
         if len(self.nodes) < 2:
             return None
-        return Spread(name=self.spec["name"], label=self.label, trial=self.trial, nodes=self.nodes, port=self.port,
-                      launch=str(self.spec.get("launch") or "native"), manifest=self.manifest)
+        return Spread(name=self.spec.name, label=self.label, trial=self.trial, nodes=self.nodes, port=self.spec.port,
+                      launch=self.spec.launch or "native", manifest=self.manifest)
 
     @property
     def prefix_caching(self) -> bool:
         """The configuration's own args turn prefix caching on (the trial's servers otherwise have it off)."""
-        return bool({**DEFAULT_ARGS, **self.spec["args"]}.get("enable_prefix_caching"))
+        return bool({**DEFAULT_ARGS, **self.spec.args}.get("enable_prefix_caching"))
 
     def serving_args(self, prefix_caching: bool = False) -> ServingArgs:
         """The configuration's vLLM args, every rank's; ``prefix_caching``: the relaunch for the scenarios that
         need it on."""
-        args = {**self.spec["args"], **({"enable_prefix_caching": True} if prefix_caching else {})}
-        return ServingArgs.from_config(args, self.spec["env"])
+        args = {**self.spec.args, **({"enable_prefix_caching": True} if prefix_caching else {})}
+        return ServingArgs.from_config(args, self.spec.env)
 
     def argv(self, prefix_caching: bool = False) -> list[str]:
         """The API server's argv (node 0's, with its launch arguments where the configuration spans nodes)."""
         return build_server_argv(model_dir=self.model_dir, served_model_name=self.workload.served_model_name,
-                                 host=self.host, port=self.port, args=self.serving_args(prefix_caching),
+                                 host=self.spec.host, port=self.spec.port, args=self.serving_args(prefix_caching),
                                  launch=self.spread.server_args() if self.spread else None)
 
     def measurement(self, flags: Mapping[str, bool] | None = None,
                     relaunch: Callable[[], ServerProcess] | None = None) -> Measurement:
         return Measurement(
-            name=self.spec["name"], label=self.label, host=self.host, port=self.port,
+            name=self.spec.name, label=self.label, host=self.spec.host, port=self.spec.port,
             model_dir=self.model_dir, workload=self.workload,
-            startup_timeout_s=float(self.spec["startup_timeout_s"]), paths=self.paths,
-            gpus=[g["index"] for g in self.gpus], block_size=(self.plan.get("plan") or {}).get("block_size"),
+            startup_timeout_s=self.spec.startup_timeout_s, paths=self.paths,
+            gpus=[g["index"] for g in self.gpus], block_size=self.plan.figures.block_size,
             nodes=self.nodes, flags=dict(flags or {}), prefix_caching=self.prefix_caching, relaunch=relaunch)
 
-    def answers(self, served: Served, ledger: Ledger, env: Mapping[str, str], patches: list[dict[str, Any]],
-                flags: Mapping[str, bool]) -> dict[str, Any]:
-        """The record's answers: the passes' server's run, then a launch with the patch flags off
-        when a flag is on (``outputs.patch_off``)."""
-        runs = [served.answers] if served.answers is not None else []
-        if runs and served.failure is None and wants_flags_off(self.workload, flags, self.spread is not None):
-            log_path = self.paths.out_dir / FLAGS_OFF_LOG
-            server = ServerProcess(self.argv(), ledger=ledger, host=self.host, port=self.port, log_path=log_path,
-                                   env=flags_off_env(env, patches), stop_timeout=float(self.spec["stop_timeout_s"]),
-                                   label=f"{self.label} (patch flags off)")
-            runs.append(flags_off_run(self.workload, server, flags=flags, log_rel=self.paths.rel(log_path),
-                                      startup_timeout_s=float(self.spec["startup_timeout_s"])))
-        part = answers_part(self.workload, runs)
-        return {} if part is None else {"answers": part}
+    def _flags_off_server(self, ledger: Ledger, env: Mapping[str, str]) -> ServerProcess:
+        """The configuration's server with the patch flags off (``env``), for the answers alone."""
+        return ServerProcess(self.argv(), ledger=ledger, host=self.spec.host, port=self.spec.port, log_path=self.paths.flags_off_log,
+                             env=dict(env), stop_timeout=self.spec.stop_timeout_s,
+                             label=f"{self.label} (patch flags off)")
 
     def run(self) -> ConfigurationRecord:
         """Run the configuration end to end and write its record; returns the record, and says its
@@ -151,9 +131,9 @@ class TrialJob:
         return record
 
     def _run(self) -> ConfigurationRecord:
-        self._fresh_folder()
+        self.paths.fresh()
         job_start, argv = time.time(), self.argv()
-        if self.plan["verdict"] == "does_not_fit" and not self.spec.get("force"):
+        if self.plan.verdict == "does_not_fit" and not self.spec.force:
             return self._skip(job_start, argv)
         missing = verify_manifest(self.manifest, hashes=False)
         if missing:
@@ -161,19 +141,19 @@ class TrialJob:
                 f"the staged model is not all there ({'; '.join(missing[:3])}): a finished trial's cleanup archives "
                 "or deletes it when model.weights.after says so; restage it with `snakemake --forcerun stage_model`")
         ledger = Ledger(self.paths.ledger)
-        ready = ready_host(results=self.paths.trial.root, services=self.services, ports=[self.port], host=self.host,
+        ready = ready_host(results=self.paths.trial.root, services=self.services, ports=[self.spec.port], host=self.spec.host,
                            patches=self.patches, ledger=ledger, patches_dir=self.paths.trial.patches, gpus=self.gpus,
-                           allow_processes=self.hardware.get("allow_processes") or [])
+                           allow_processes=self.hardware.allow_processes)
         parts: dict[str, Any] = {} if ready.requieted is None else {"services_requieted": ready.requieted}
         spread = self.spread
-        envs = spread.envs(ledger, ready.patched, self.spec["env"]) if spread else \
-            {"": host_env(self.gpus, self.spec["env"], ready.patched)}
+        envs = spread.envs(ledger, ready.patched, self.spec.env) if spread else \
+            {"": host_env(self.gpus, self.spec.env, ready.patched)}
         env = envs[self.nodes[0].name] if spread else envs[""]
         parts["gpu_census"] = ready.census
         if ready.busy:
             return self._not_served(job_start, argv, "failed", PhaseFailure("gpu_check", "gpu_in_use", ready.busy), **parts)
         if spread:
-            parts.update(spread.record(gpus=bool((self.plan.get("hardware") or {}).get("gpus")))._asdict())
+            parts.update(spread.record(gpus=bool(self.plan.hardware.gpus))._asdict())
             if not parts["collective"].ok:
                 return self._not_served(job_start, argv, "failed", PhaseFailure("sanity_check", "collective_failed",
                                                                            parts["collective"].diagnosis), **parts)
@@ -181,7 +161,10 @@ class TrialJob:
         flags = patch_flags(ready.patched["patches"], env)
         relaunch = functools.partial(self._server, ledger, env, envs, prefix_caching=True)
         served = self.measurement(flags, relaunch).serve(ledger, self._server(ledger, env, envs))
-        parts.update(self.answers(served, ledger, env, ready.patched["patches"], flags))
+        parts.update(job_answers(self.workload, served, flags=flags, spread=self.spread is not None, env=env,
+                                 patches=ready.patched["patches"], server=functools.partial(self._flags_off_server, ledger),
+                                 log_rel=self.paths.rel(self.paths.flags_off_log),
+                                 startup_timeout_s=self.spec.startup_timeout_s))
         record = self._served(job_start, argv, served, ledger=ledger, ready=ready, env=env, envs=envs, parts=parts)
         write_record(self.paths.record, record, schema="configuration")
         ledger.append(Action.JOB_FINISHED, label=self.label, pid=os.getpid(), undoes=job["id"])
@@ -202,7 +185,7 @@ class TrialJob:
         if failure is not None:
             found = log_review.review_failure(failure, text, source=source, ready=served.ready, ledger=ledger, gpus=self.gpus,
                                          kernel_baseline=self.kernel_baseline, label=self.label,
-                                         health_check=self.hardware.get("health_check"))
+                                         health_check=self.hardware.health_check.model_dump())
             failure, health = found.failure, {"gpu_health": found.gpu_health}
         if "nodes" in parts:
             parts["nodes"] = node_outcomes(parts["nodes"], ranks=served.server.get("ranks", {}), server_log=source,
@@ -222,7 +205,7 @@ class TrialJob:
     def _server_part(self, argv: list[str], env: Mapping[str, str], **ran: Any) -> Server:
         """How the server was (or would have been) started, and what it did (``ran``: its log, where not
         server.log)."""
-        return Server(argv=argv, env=redact_env(env), host=self.host, port=self.port,
+        return Server(argv=argv, env=redact_env(env), host=self.spec.host, port=self.spec.port,
                       **{"log": self.paths.rel(self.paths.server_log), **ran})
 
     def _record(self, **parts: Any) -> ConfigurationRecord:
@@ -231,39 +214,28 @@ class TrialJob:
         empty: dict[str, Any] = {"startup": {}, "engine_warnings": [], "cold_start": {}, "scenarios": [],
                                  "prediction": []}
         return ConfigurationRecord(**{
-            "trial": self.trial, "configuration": self.spec["name"], "description": self.spec.get("description", ""),
+            "trial": self.trial, "configuration": self.spec.name, "description": self.spec.description,
             "failure": None, **empty,
-            "plan": PlanVerdict(verdict=self.plan["verdict"], reasons=self.plan["reasons"],
-                                forced=bool(self.spec.get("force"))),
+            "plan": PlanVerdict(verdict=self.plan.verdict, reasons=self.plan.reasons,
+                                forced=self.spec.force),
             **parts})
 
     def _server(self, ledger: Ledger, env: Mapping[str, str], envs: Mapping[str, Mapping[str, str]],
                 prefix_caching: bool = False) -> ServerProcess:
         """The configuration's server: on this host, or node 0's with the other nodes' ranks;
         ``prefix_caching``: launched again with it on, logging to its own file."""
-        kwargs: dict[str, Any] = {"host": self.host, "port": self.port, "env": dict(env),
-                                  "log_path": self.paths.out_dir / PREFIX_CACHING_LOG if prefix_caching else self.paths.server_log,
-                                  "stop_timeout": float(self.spec["stop_timeout_s"]),
+        kwargs: dict[str, Any] = {"host": self.spec.host, "port": self.spec.port, "env": dict(env),
+                                  "log_path": self.paths.prefix_caching_log if prefix_caching else self.paths.server_log,
+                                  "stop_timeout": self.spec.stop_timeout_s,
                                   "label": f"{self.label} (prefix caching on)" if prefix_caching else self.label}
         if self.spread:
             return self.spread.server(self.argv(prefix_caching), ledger, envs, self.serving_args(prefix_caching),
                                       **kwargs)
         return ServerProcess(self.argv(prefix_caching), ledger=ledger, **kwargs)
 
-    def _fresh_folder(self) -> None:
-        self.paths.out_dir.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(self.paths.bench_dir, ignore_errors=True)  # never mix passes of an earlier run
-        self.paths.bench_dir.mkdir(parents=True)
-        self.paths.server_log.unlink(missing_ok=True)
-        (self.paths.out_dir / FLAGS_OFF_LOG).unlink(missing_ok=True)
-        (self.paths.out_dir / PREFIX_CACHING_LOG).unlink(missing_ok=True)
-        for rank_log in [*self.paths.out_dir.glob("server-*.log"), *self.paths.out_dir.glob("ray-*.log")]:
-            rank_log.unlink()  # other nodes' logs of an earlier run
-        self.paths.node_telemetry.unlink(missing_ok=True)
-
     def _skip(self, job_start: float, argv: list[str]) -> ConfigurationRecord:
-        log.warning("%s not launched: the planner says it cannot work: %s", self.spec["name"],
-                    "; ".join(self.plan["reasons"]))
+        log.warning("%s not launched: the planner says it cannot work: %s", self.spec.name,
+                    "; ".join(self.plan.reasons))
         return self._not_served(job_start, argv, "skipped")
 
     def _not_served(self, job_start: float, argv: list[str], status: str, failure: PhaseFailure | None = None,
@@ -271,10 +243,10 @@ class TrialJob:
         """The record of a configuration whose server never started (skipped, or stopped by its
         sanity check), with an empty telemetry file."""
         if failure is not None:
-            log.warning("configuration %s failed in %s: %s", self.spec["name"], failure.phase, failure.message)
+            log.warning("configuration %s failed in %s: %s", self.spec.name, failure.phase, failure.message)
         job_end = time.time()
         record = self._record(status=status, failure=failure.as_record() if failure is not None else None,
-                              server=self._server_part(argv, self.spec["env"]),
+                              server=self._server_part(argv, self.spec.env),
                               telemetry=Telemetry(file=self.paths.rel(self.paths.telemetry)),
                               timing=Timing(job_start=job_start, job_end=job_end, wall_s=job_end - job_start), **parts)
         self.paths.telemetry.write_text(",".join(CSV_HEADER) + "\n")

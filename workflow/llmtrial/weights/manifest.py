@@ -17,15 +17,26 @@ from typing import Any
 
 from llmtrial.core.fileio import sha256_file
 from llmtrial.core.record_models import ManifestFile, ManifestRecord
+from llmtrial.core.records import load_record
 from llmtrial.core.units import MiB
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MANIFEST_NAME", "visible_files", "build_manifest", "verify_manifest"]
+__all__ = ["MANIFEST_NAME", "visible_files", "build_manifest", "read_manifest", "verify_manifest"]
 
 #: Name of the manifest that :func:`stage_model` writes inside a staged folder. Hidden,
 #: so :func:`build_manifest` does not list it.
 MANIFEST_NAME = ".llmtrial-manifest.json"
+
+
+def read_manifest(path: Path) -> ManifestRecord | None:
+    """The manifest at ``path`` (a staged or archived folder's :data:`MANIFEST_NAME`) as its model; None,
+    logged, when it is missing, unreadable or not a manifest."""
+    try:
+        return load_record(path, "manifest")
+    except (OSError, ValueError) as exc:
+        logger.info("ignoring manifest %s: %s", path, exc)
+        return None
 
 
 def visible_files(root: Path) -> Iterator[Path]:

@@ -36,11 +36,11 @@ from typing import Any
 from llmtrial.core.fileio import file_digest
 from llmtrial.core.ledger import LOCAL_NODE, Action, Ledger, replay
 from llmtrial.core.record_models import ManifestRecord
-from llmtrial.core.records import write_record
+from llmtrial.core.records import as_written, load_record, write_record
 from llmtrial.core.units import human_bytes
 from llmtrial.host.disk import headroom_by_filesystem, headroom_message
 from llmtrial.weights.hub import PARTIAL_PREFIX, VerificationError
-from llmtrial.weights.manifest import MANIFEST_NAME, verify_manifest
+from llmtrial.weights.manifest import MANIFEST_NAME, read_manifest, verify_manifest
 from llmtrial.weights.node_weights import undo_on_node
 
 log = logging.getLogger(__name__)
@@ -48,34 +48,29 @@ log = logging.getLogger(__name__)
 POLICIES = ("keep", "archive", "delete")
 
 
-def archive_path(archive_dir: str | Path, manifest: Mapping[str, Any]) -> Path:
+def archive_path(archive_dir: str | Path, manifest: ManifestRecord) -> Path:
     """Where the archive of a staged model lives: by repository and commit for the Hub, by the GGUF
     file's sha256 and dtype for a dequantized GGUF, by the generator's settings for a tiny model."""
-    hub = manifest.get("hub")
-    if hub:
-        return Path(archive_dir) / "hub" / str(hub["repo_id"]).replace("/", "--") / str(hub["commit"])
-    gguf = manifest.get("gguf")
-    if gguf:
-        return Path(archive_dir) / "gguf" / f"{str(gguf['sha256'])[:16]}-{gguf['dtype']}"
-    key = json.dumps(manifest.get("generator") or manifest.get("source"), sort_keys=True, default=str)
+    if manifest.hub is not None:
+        return Path(archive_dir) / "hub" / str(manifest.hub.repo_id).replace("/", "--") / str(manifest.hub.commit)
+    if manifest.gguf is not None:
+        return Path(archive_dir) / "gguf" / f"{manifest.gguf.sha256[:16]}-{manifest.gguf.dtype}"
+    key = json.dumps(manifest.generator or manifest.source, sort_keys=True, default=str)
     return Path(archive_dir) / "tiny" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def find_archive(archive_dir: str | Path | None, repo_id: str, revision: str) -> tuple[Path, dict[str, Any]] | None:
+def find_archive(archive_dir: str | Path | None, repo_id: str, revision: str) -> tuple[Path, ManifestRecord] | None:
     """The archived copy of ``repo_id`` at ``revision`` (a commit, or the branch or tag it was
     staged from; the newest archive wins), with its manifest, or None."""
     if not archive_dir:
         return None
     base = Path(archive_dir) / "hub" / repo_id.replace("/", "--")
-    found: list[tuple[float, Path, dict[str, Any]]] = []
+    found: list[tuple[float, Path, ManifestRecord]] = []
     for manifest_path in sorted(base.glob(f"*/{MANIFEST_NAME}")):
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        hub = manifest.get("hub") or {}
-        if hub.get("repo_id") == repo_id and revision in (hub.get("commit"), hub.get("revision")):
-            found.append((float(manifest.get("archived_at") or 0), manifest_path.parent, manifest))
+        manifest = read_manifest(manifest_path)
+        hub = manifest.hub if manifest is not None else None
+        if hub is not None and hub.repo_id == repo_id and revision in (hub.commit, hub.revision):
+            found.append((manifest.archived_at or 0.0, manifest_path.parent, manifest))
     if not found:
         return None
     _, folder, manifest = max(found, key=lambda item: item[0])
@@ -200,18 +195,18 @@ def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, 
                                 "tried": "archive", "seen": f"no manifest at {manifest_path}; the staged copy is kept"})
         out.update(action="kept", freed_bytes=0)
         return out
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    manifest = load_record(manifest_path, "manifest")
     dest = archive_path(entry["archive_dir"], manifest)
     out["archive"] = str(dest)
-    files = manifest["files"]
+    files = [as_written(f) for f in manifest.files]
     started = time.monotonic()
     if (dest / MANIFEST_NAME).is_file() and not verify_manifest({"model_dir": str(dest), "files": files}):
         out["copy"] = "archive already present and verified"
     else:
-        space = headroom_by_filesystem([("archive", dest.parent, manifest["total_bytes"], len(files))],
+        space = headroom_by_filesystem([("archive", dest.parent, manifest.total_bytes, len(files))],
                                        disk or {"reserve_fraction": 0.0, "reserve_min_gib": 0.0})[0]
         if not space["ok"]:
-            out["residues"].append({"kind": "weights", "what": str(folder), "size": manifest["total_bytes"],
+            out["residues"].append({"kind": "weights", "what": str(folder), "size": manifest.total_bytes,
                                     "tried": "archive", "seen": f"staged copy kept: {headroom_message(space, 'archive')}"})
             out.update(action="kept", freed_bytes=0)
             return out
@@ -223,7 +218,7 @@ def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, 
             problems = verify_manifest({"model_dir": str(tmp), "files": files})
             if problems:
                 raise VerificationError("; ".join(problems))
-            archived = ManifestRecord.model_validate({**manifest, "model_dir": str(dest), "archived_at": time.time(),
+            archived = ManifestRecord.model_validate({**as_written(manifest), "model_dir": str(dest), "archived_at": time.time(),
                                                       "archived_from": str(folder)})
             write_record(tmp / MANIFEST_NAME, archived, schema="manifest")
             if dest.exists():
@@ -231,13 +226,13 @@ def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, 
             os.replace(tmp, dest)
         except (OSError, VerificationError) as exc:
             shutil.rmtree(tmp, ignore_errors=True)
-            out["residues"].append({"kind": "weights", "what": str(folder), "size": manifest["total_bytes"],
+            out["residues"].append({"kind": "weights", "what": str(folder), "size": manifest.total_bytes,
                                     "tried": "archive", "seen": f"staged copy kept: {exc}"})
             out.update(action="kept", freed_bytes=0)
             return out
-        out["copy"] = f"copied and verified {len(files)} files, {human_bytes(manifest['total_bytes'])}"
+        out["copy"] = f"copied and verified {len(files)} files, {human_bytes(manifest.total_bytes)}"
     out["archive_seconds"] = round(time.monotonic() - started, 3)
-    ledger.append(Action.WEIGHTS_ARCHIVED, path=str(folder), archive=str(dest), bytes=manifest["total_bytes"])
+    ledger.append(Action.WEIGHTS_ARCHIVED, path=str(folder), archive=str(dest), bytes=manifest.total_bytes)
     removed = delete_staged(folder, entry["root"])
     out.update(action="archived" if not removed["residues"] else "archived, staged copy partly removed",
                freed_bytes=removed["freed_bytes"], files_removed=removed["files_removed"])

@@ -46,11 +46,11 @@ from typing import Any
 from llmtrial.core.fileio import replace_dir, sha256_file, sibling_dir
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.core.record_models import HubSource, ManifestRecord
-from llmtrial.core.records import write_record
+from llmtrial.core.records import as_written, write_record
 from llmtrial.core.units import MiB
 from llmtrial.host.disk import Need, require_headroom
 from llmtrial.weights import gguf, hub
-from llmtrial.weights.manifest import MANIFEST_NAME, build_manifest, verify_manifest
+from llmtrial.weights.manifest import MANIFEST_NAME, build_manifest, read_manifest, verify_manifest
 from llmtrial.weights.model_source import check_local_model
 from llmtrial.weights.policy import copy_verified, find_archive
 from llmtrial.weights.tiny import generate_tiny_model, tiny_parameters
@@ -68,33 +68,19 @@ def _json_normal(value: Any) -> Any:
     return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
-def _stored(manifest_path: Path, old: Mapping[str, Any]) -> ManifestRecord | None:
-    """The stored manifest ``old`` (read from ``manifest_path``) as its model, or None (logged) when it
-    does not read as one."""
-    try:
-        return ManifestRecord.model_validate(old)
-    except ValueError as exc:
-        logger.info("ignoring manifest %s that is not one: %s", manifest_path, exc)
-        return None
-
-
 def _reusable(manifest_path: Path, staging_dir: Path, source: Mapping[str, Any],
               **origin: Mapping[str, Any]) -> ManifestRecord | None:
     """The stored manifest if the staged model can be reused as is, else None (logged): it came from the
     same ``source`` and ``origin`` (a tiny model's ``generator``, a GGUF file's ``gguf``) and still verifies."""
     if not manifest_path.is_file():
         return None
-    try:
-        old = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        logger.info("ignoring unreadable manifest %s: %s", manifest_path, exc)
+    old = read_manifest(manifest_path)
+    if old is None:
         return None
-    if not isinstance(old, dict):
-        return None
-    if old.get("source") != _json_normal(source) or any(old.get(k) != _json_normal(v) for k, v in origin.items()):
+    if old.source != _json_normal(source) or any(as_written(getattr(old, k)) != _json_normal(v) for k, v in origin.items()):
         logger.info("staged model in %s came from another source; regenerating", staging_dir)
         return None
-    if old.get("model_dir") != str(staging_dir.resolve()):
+    if old.model_dir != str(staging_dir.resolve()):
         logger.info("manifest %s describes another folder; regenerating", manifest_path)
         return None
     problems = verify_manifest(old)
@@ -102,7 +88,7 @@ def _reusable(manifest_path: Path, staging_dir: Path, source: Mapping[str, Any],
         logger.info("staged model in %s fails its manifest (%s); regenerating",
                     staging_dir, "; ".join(problems))
         return None
-    return _stored(manifest_path, old)
+    return old
 
 
 def _staged_weights_entry(folder: Path, weights: Mapping[str, Any] | None, source: Mapping[str, Any],
@@ -119,21 +105,17 @@ def _reuse_staged_hub(folder: Path, source: Mapping[str, Any], commit: str | Non
     """The manifest of a hub model already staged in ``folder`` from the same repository,
     commit (or, with no commit known, the same revision) and patterns, if every file is
     unchanged since it verified."""
-    try:
-        manifest = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
-        origin = manifest["hub"]
-    except (OSError, ValueError, KeyError, TypeError):
+    manifest = read_manifest(folder / MANIFEST_NAME) if (folder / MANIFEST_NAME).is_file() else None
+    origin = manifest.hub if manifest is not None else None
+    if manifest is None or origin is None:
         return None
-    same = (origin.get("repo_id") == source.get("repo_id")
-            and (origin.get("commit") == commit if commit
-                 else str(source.get("revision")) in (origin.get("revision"), origin.get("commit")))
-            and all(manifest["source"].get(k) == _json_normal(source.get(k))
-                    for k in ("allow_patterns", "ignore_patterns")))
+    same = (origin.repo_id == source.get("repo_id")
+            and (origin.commit == commit if commit else str(source.get("revision")) in (origin.revision, origin.commit))
+            and all(manifest.source.get(k) == _json_normal(source.get(k)) for k in ("allow_patterns", "ignore_patterns")))
     verified = hub.VerifiedFiles(folder)
-    if not same or any(verified.sha256(f["path"], folder / f["path"], sha256=f["sha256"]) is None
-                       for f in manifest["files"]):
+    if not same or any(verified.sha256(f.path, folder / f.path, sha256=f.sha256) is None for f in manifest.files):
         return None
-    return _stored(folder / MANIFEST_NAME, manifest)
+    return manifest
 
 
 def _hub_commit(source: Mapping[str, Any], revision: str) -> tuple[str | None, str | None]:
@@ -155,13 +137,13 @@ def _hub_commit(source: Mapping[str, Any], revision: str) -> tuple[str | None, s
     return commit, None
 
 
-def _restage_from_archive(archive: Path, archived: Mapping[str, Any], folder: Path, verified: hub.VerifiedFiles,
+def _restage_from_archive(archive: Path, archived: ManifestRecord, folder: Path, verified: hub.VerifiedFiles,
                           disk: Mapping[str, Any] | None, record_write: Callable[[], None]) -> Staged:
     """Copy (hashing) what ``folder`` lacks from an archive; (files, fetch figures, headroom)."""
-    entries = list(archived["files"])
+    entries = [as_written(f) for f in archived.files]
     todo = [f for f in entries if verified.sha256(f["path"], folder / f["path"], sha256=f["sha256"]) is None]
     todo_bytes = sum(f["size"] for f in todo)
-    what = f"{archived['hub']['repo_id']}@{archived['hub']['commit']}"
+    what = f"{archived.hub.repo_id}@{archived.hub.commit}" if archived.hub else str(archive)
     headroom = require_headroom([("staging", folder, todo_bytes, len(todo))], disk, f"{what} from the archive {archive}")
     record_write()
     _remove_stale(folder, {f["path"] for f in entries})
@@ -226,7 +208,7 @@ def _stage_hub(source: Mapping[str, Any], folder: Path, *, disk: Mapping[str, An
             raise hub.HubError(f"cannot stage {repo_id}@{revision}: {why_no_hub}, and there is no verified copy "
                                f"in {folder} and no archive of it in {archive_dir or '(no archive_dir)'}")
         resolved_by = "given" if hub.COMMIT.match(revision) else "hub" if commit else "archive"
-        commit = commit or found[1]["hub"]["commit"]  # type: ignore[index]
+        commit = commit or str(found[1].hub.commit)  # found by its hub origin
         ledger_entry = _staged_weights_entry(folder, weights, source, repo_id=repo_id, commit=commit)
         verified = hub.VerifiedFiles(folder)
         if found is not None:
