@@ -16,6 +16,7 @@ from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.record_models import (
     CONFIG_SCHEMA,
     KINDS,
+    PATCH_SCHEMA,
     REGENERATE,
     ManifestRecord,
     main,
@@ -68,7 +69,8 @@ def test_the_schema_files_are_written_and_checked_by_the_command(tmp_path, capsy
     assert main(["--write", "--folder", str(tmp_path)]) == 0
     assert main(["--check", "--folder", str(tmp_path)]) == 0 and stale_schemas(tmp_path) == []
     assert [p.read_text() for p in write_schemas(tmp_path)] == [
-        *(schema_file(k).read_text() for k in KINDS), (SCHEMAS / CONFIG_SCHEMA).read_text()]
+        *(schema_file(k).read_text() for k in KINDS), (SCHEMAS / CONFIG_SCHEMA).read_text(),
+        (SCHEMAS / PATCH_SCHEMA).read_text()]
     schema_file("plan", tmp_path).write_text("{}\n")
     assert stale_schemas(tmp_path) == [schema_file("plan", tmp_path)]
 

@@ -377,8 +377,26 @@ def test_an_unknown_or_invalid_patch_is_named(tmp_path):
         load_patch("nope")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "patch.yaml").write_text("description: x\nvllm: '>=0'\n")
-    with pytest.raises(PatchError, match="'flag' is a required property"):
+    with pytest.raises(PatchError, match=r"bad/patch.yaml is not a valid patch description:\n  flag: Field required"):
         load_patch("bad", tmp_path)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("evidence: '('\nhook: hook.py\n", r"evidence: Value error, not a regular expression"),
+    ("evidence: x\n", r"\(top level\): Value error, a patch needs a diff \(mode file\) or a hook"),
+    ("evidence: x\nhook: hook.py\nflags: X\n", r"flags: Extra inputs are not permitted"),
+    ("evidence: x\nhook: hook.py\nflag: 1X\n", r"flag: String should match pattern"),
+])
+def test_a_patch_file_is_read_by_its_model_naming_each_key_at_fault(tmp_path, text, message):
+    """patch.yaml's one statement is its model (llmtrial.core.patch_model.PatchFile): the generated
+    schemas/patch.schema.json says the same, and a file it refuses is named with the key at fault."""
+    folder = tmp_path / "p"
+    folder.mkdir()
+    (folder / "hook.py").write_text("def register():\n    pass\n")
+    base = "description: x\nvllm: '>=0'\n" + ("" if "flag:" in text else "flag: LLMTRIAL_X\n")
+    (folder / "patch.yaml").write_text(base + text)
+    with pytest.raises(PatchError, match=message):
+        load_patch("p", tmp_path)
 
 
 LOG = """\

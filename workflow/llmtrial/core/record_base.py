@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
 T = TypeVar("T")
@@ -36,6 +36,11 @@ Rows = list[dict[str, Any]]
 
 FactKind = Literal["measured", "predicted", "estimated", "given", "unknown"]
 Verdict = Literal["fits", "fits_with_offload", "does_not_fit", "unknown"]
+
+
+def error_lines(exc: ValidationError) -> list[str]:
+    """``key.path: message`` for each error of a model's validation (a record's, a patch file's)."""
+    return [f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in exc.errors()]
 
 
 class RecordModel(BaseModel):

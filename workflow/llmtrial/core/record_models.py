@@ -31,6 +31,7 @@ from llmtrial.core.cleanup_model import CleanupRecord, QuietRecord
 from llmtrial.core.comparison_model import ComparisonRecord
 from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.cost import Cost
+from llmtrial.core.patch_model import PatchFile
 from llmtrial.core.preflight_model import PreflightRecord, SelectedGpu
 from llmtrial.core.record_base import Check, Fact, Maybe, NonNegInt, Number, RecordModel, Sha256, Verdict
 from llmtrial.core.resources import SCHEMAS
@@ -381,6 +382,8 @@ KINDS: dict[str, type[RecordModel]] = {
 
 #: The trial file's schema, generated from its model as the records' are.
 CONFIG_SCHEMA = "config.schema.json"
+#: A patch's patch.yaml schema, generated from its model likewise.
+PATCH_SCHEMA = "patch.schema.json"
 #: The JSON Schema dialect of every generated schema.
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 #: The command that writes the schema files again (the drift test names it).
@@ -427,11 +430,17 @@ def config_schema() -> dict[str, Any]:
     return {"$schema": DIALECT, **TrialConfig.model_json_schema(schema_generator=_Generator)}
 
 
+def patch_schema() -> dict[str, Any]:
+    """The JSON Schema of a patch's patch.yaml, generated from :class:`~llmtrial.core.patch_model.PatchFile`."""
+    return {"$schema": DIALECT, **_drop_null_defaults(PatchFile.model_json_schema(schema_generator=_Generator))}
+
+
 def generated_schemas(folder: Path = SCHEMAS) -> dict[Path, str]:
-    """Each schema file in ``folder`` and the text its model generates: every record kind's, and the
-    trial file's (:data:`CONFIG_SCHEMA`)."""
+    """Each schema file in ``folder`` and the text its model generates: every record kind's, the trial
+    file's (:data:`CONFIG_SCHEMA`) and a patch's patch.yaml's (:data:`PATCH_SCHEMA`)."""
     texts = {schema_file(kind, folder): schema_text(kind) for kind in KINDS}
     texts[Path(folder) / CONFIG_SCHEMA] = json.dumps(config_schema(), indent=2, ensure_ascii=False) + "\n"
+    texts[Path(folder) / PATCH_SCHEMA] = json.dumps(patch_schema(), indent=2, ensure_ascii=False) + "\n"
     return texts
 
 
@@ -453,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmtrial.core.record_models", description=main.__doc__)
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--write", action="store_true", help="write schemas/<kind>.record.schema.json for every kind, "
-                        "and schemas/config.schema.json")
+                        "schemas/config.schema.json and schemas/patch.schema.json")
     action.add_argument("--check", action="store_true", help="exit 1 when a schema file differs from its model")
     parser.add_argument("--folder", type=Path, default=SCHEMAS, help="the schemas folder (default: the package's)")
     args = parser.parse_args(argv)

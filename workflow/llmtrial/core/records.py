@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from pydantic import BaseModel, ValidationError
 
 from llmtrial.core.fileio import atomic_write_text
-from llmtrial.core.record_base import FactKind, RecordModel
+from llmtrial.core.record_base import FactKind, RecordModel, error_lines
 from llmtrial.core.record_models import KINDS, record_schema
 
 if TYPE_CHECKING:
@@ -104,8 +104,7 @@ def load_record(path: str | os.PathLike[str], kind: str) -> RecordModel:
     try:
         return KINDS[kind].model_validate(data)
     except ValidationError as exc:
-        fields = [f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in exc.errors()]
-        raise ValueError(f"{kind} record {path} does not match its schema:\n  " + "\n  ".join(fields)) from None
+        raise ValueError(f"{kind} record {path} does not match its schema:\n  " + "\n  ".join(error_lines(exc))) from None
 
 
 def write_record(path: str | os.PathLike[str], data: Any, schema: str | None = None) -> Path:

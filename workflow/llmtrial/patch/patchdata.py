@@ -18,13 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from llmtrial.core.fileio import file_digest
-from llmtrial.core.resources import PATCHES, SCHEMAS
+from llmtrial.core.patch_model import PatchFile
+from llmtrial.core.record_base import error_lines
+from llmtrial.core.resources import PATCHES
 from llmtrial.core.vllm_install import VllmInstall, VllmNotInstalled, installed_vllm
 
 PATCHES_DIR = PATCHES
-SCHEMA_PATH = SCHEMAS / "patch.schema.yaml"
 #: Import name and dist-info of the generated plugin folder (mode plugin).
 PLUGIN_PACKAGE = "llmtrial_vllm_patches"
 PLUGIN_VERSION = "1.0"
@@ -87,31 +89,23 @@ def available_patches(patches_dir: Path = PATCHES_DIR) -> list[str]:
 
 
 def load_patch(name: str, patches_dir: Path = PATCHES_DIR) -> Patch:
-    """Read and check ``<patches_dir>/<name>/patch.yaml``; PatchError names what is wrong."""
-    from jsonschema import Draft202012Validator
-
+    """Read and check ``<patches_dir>/<name>/patch.yaml`` (:class:`~llmtrial.core.patch_model.PatchFile`);
+    PatchError names the file and every key at fault."""
     folder = Path(patches_dir) / name
     meta_path = folder / "patch.yaml"
     if not meta_path.is_file():
         raise PatchError(f"no patch named {name!r}: {meta_path} not found "
                          f"(available: {', '.join(available_patches(patches_dir)) or 'none'})")
-    meta = yaml.safe_load(meta_path.read_text(encoding="utf-8")) or {}
-    schema = yaml.safe_load(SCHEMA_PATH.read_text(encoding="utf-8"))
-    errors = [f"{'.'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message}"
-              for e in Draft202012Validator(schema).iter_errors(meta)]
-    if errors:
-        raise PatchError(f"{meta_path} is not a valid patch description:\n  " + "\n  ".join(errors))
-    parts = {}
-    for key in ("diff", "hook"):
-        parts[key] = folder / meta[key] if meta.get(key) else None
-        if parts[key] is not None and not parts[key].is_file():
-            raise PatchError(f"{meta_path}: {key} file {parts[key]} not found")
     try:
-        re.compile(meta["evidence"])
-    except re.error as exc:
-        raise PatchError(f"{meta_path}: evidence is not a regular expression: {exc}") from None
-    return Patch(name=name, folder=folder, description=meta["description"].strip(), vllm=meta["vllm"],
-                 flag=meta["flag"], evidence=meta["evidence"], diff=parts["diff"], hook=parts["hook"])
+        meta = PatchFile.model_validate(yaml.safe_load(meta_path.read_text(encoding="utf-8")) or {})
+    except ValidationError as exc:
+        raise PatchError(f"{meta_path} is not a valid patch description:\n  " + "\n  ".join(error_lines(exc))) from None
+    parts = {key: folder / value if value else None for key, value in (("diff", meta.diff), ("hook", meta.hook))}
+    for key, path in parts.items():
+        if path is not None and not path.is_file():
+            raise PatchError(f"{meta_path}: {key} file {path} not found")
+    return Patch(name=name, folder=folder, description=meta.description.strip(), vllm=meta.vllm,
+                 flag=meta.flag, evidence=meta.evidence, diff=parts["diff"], hook=parts["hook"])
 
 
 def patch_inputs(patches_cfg: Mapping[str, Any], patches_dir: Path = PATCHES_DIR) -> list[str]:
