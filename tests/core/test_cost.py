@@ -9,9 +9,9 @@ import statistics
 import pytest
 
 import synthetic
+from llmtrial.config import ConfigError, validate_config
 from llmtrial.core.cost import (
     Cost,
-    check_cost,
     cost_per_million_output_tokens,
     energy_per_output_token,
     hosts_of,
@@ -45,9 +45,14 @@ def test_no_energy_per_token_without_energy_or_tokens(joules, tokens):
 
 
 def test_a_cost_block_without_price_or_currency_names_the_key():
-    assert check_cost(None) == []
-    problems = dict(check_cost({"per": "host_hour", "price": None, "currency": None, "note": ""}))
-    assert sorted(problems) == ["cost.currency", "cost.price"] and "ISO 4217" in problems["cost.currency"]
+    trial = {"trial": "t", "model": {"name": "m", "source": {"kind": "tiny"}}, "configurations": {"a": {}},
+             "scenarios": {"s": {}}}
+    assert validate_config({**trial, "cost": None})["cost"] is None
+    with pytest.raises(ConfigError) as err:
+        validate_config({**trial, "cost": {"per": "host_hour"}})
+    problems = dict(line.strip().split(": ", 1) for line in str(err.value).splitlines()[1:])
+    assert sorted(problems) == ["config key 'cost.currency'", "config key 'cost.price'"]
+    assert "ISO 4217" in problems["config key 'cost.currency'"] and problems["config key 'cost.price'"].startswith("missing")
 
 
 def test_the_plan_counts_data_times_tensor_times_pipeline_parallel_ranks():

@@ -13,7 +13,6 @@ from llmtrial.serve.bench import bench_argv
 from llmtrial.serve.datasets import (
     DEFAULTS,
     PromptFileError,
-    check_prefix_nodes,
     dataset_flags,
     stage_prompts,
     with_staged,
@@ -126,11 +125,14 @@ def test_prefix_repetition_needs_a_prefix_shorter_than_the_prompt_and_whole_grou
 
 
 def test_a_configuration_across_nodes_that_would_need_a_relaunch_is_refused():
-    config = {"scenarios": {"p": {"dataset": "prefix_repetition"}}, "serving": {"args": {}},
-              "configurations": {"one": {"args": {}, "nodes": ["a"]}, "two": {"args": {}, "nodes": ["a", "b"]},
+    config = {**trial(dataset="prefix_repetition"), "nodes": {"a": {}, "b": {}}, "patches": {},
+              "configurations": {"one": {"nodes": ["a"]}, "two": {"nodes": ["a", "b"]},
                                  "cached": {"args": {"enable-prefix-caching": True}, "nodes": ["a", "b"]}}}
-    [(key, message)] = check_prefix_nodes(config)
-    assert key == "configurations.two" and "set enable_prefix_caching: true in its args" in message
+    with pytest.raises(ConfigError) as err:
+        validate_config(config)
+    [line] = [line for line in str(err.value).splitlines() if "prefix caching" in line]
+    assert line.strip().startswith("config key 'configurations.two': spans nodes, and scenario mine (prefix_repetition)")
+    assert "set enable_prefix_caching: true in its args" in line
 
 
 def test_the_dataset_defaults_are_the_schemas():

@@ -159,6 +159,21 @@ def test_one_argument_spelled_twice_is_refused_naming_both_keys():
         validate_config(config)
 
 
+def test_the_checks_across_keys_are_the_models_and_are_listed_at_once_each_at_its_key():
+    """An argument spelled twice, a sweep whose steps go down, a cost without its price: each block's model
+    refuses its own (llmtrial.core.trial_checks), and the loader lists them together, naming each key."""
+    config = minimal()
+    config["configurations"]["b"]["args"] = {"tp": 2, "tensor_parallel_size": 2}
+    config["scenarios"]["s"] = {"concurrency": [4, 2]}
+    config["cost"] = {"currency": "EUR"}
+    with pytest.raises(ConfigError) as err:
+        validate_config(config)
+    lines = str(err.value).splitlines()[1:]
+    assert [line.strip().split(": ", 1)[0] for line in lines] == [
+        "config key 'configurations.b.args'", "config key 'cost.price'", "config key 'scenarios.s.concurrency'"]
+    assert "a sweep's values must increase, step by step (got [4, 2])" in lines[2]
+
+
 def test_editing_one_configuration_leaves_the_others_spec_unchanged():
     config = validate_config(minimal())
     edited = copy.deepcopy(config)

@@ -17,16 +17,13 @@ import yaml
 from pydantic import ValidationError
 
 from llmtrial.answers.tasks import TaskSetError, task_set
-from llmtrial.core.cost import check_cost
 from llmtrial.core.record_models import CONFIG_SCHEMA
 from llmtrial.core.resources import SCHEMAS
+from llmtrial.core.trial_checks import CHECK_ERROR, canonical_args
 from llmtrial.core.trial_config import TRIAL_KEYS, ConfigurationSpec, TrialConfig
-from llmtrial.host.gpus import check_pinning
-from llmtrial.host.nodes import check_nodes, number_slurm_nodes
-from llmtrial.patch.node_patches import check_patch_modes
-from llmtrial.plan.plan_inputs import canonical_args
-from llmtrial.serve.datasets import check_prefix_nodes
-from llmtrial.serve.scenarios import check_scenario, contexts
+from llmtrial.host.nodes import number_slurm_nodes
+from llmtrial.serve.datasets import check_dataset
+from llmtrial.serve.scenarios import contexts
 
 SCHEMA_PATH = SCHEMAS / CONFIG_SCHEMA
 
@@ -60,6 +57,8 @@ def _message(error: Any) -> str:
         return "not a key of this block" + (f" (did you mean {close[0]!r}?)" if close else "")
     if error["type"] == "missing":
         return "missing: a required key"
+    if error["type"] == CHECK_ERROR:  # a check across keys (llmtrial.core.trial_checks) says it all
+        return str(error["msg"])
     shown = repr(error["input"])
     return f"{shown if len(shown) <= 80 else shown[:77] + '...'}: {error['msg']}"
 
@@ -101,39 +100,18 @@ def validate_config(config: dict[str, Any], *, source: str = "config") -> dict[s
         raise ConfigError("invalid trial configuration:\n  " + "\n  ".join(model_problems(exc, config, source))) from None
     config.clear()
     config.update(trial.model_dump())
+    # what the model cannot say alone: the files a scenario's dataset and the task set read
     problems = [f"{source} key '{line.split(': ', 1)[0]}': {line.split(': ', 1)[1]}"
-                for name, spec in config["scenarios"].items() for line in check_scenario(name, spec)]
-    baseline = (config.get("report") or {}).get("baseline")
-    if baseline is not None and baseline not in config["configurations"]:
-        problems.append(f"{source} key 'report.baseline': {baseline!r} is not a "
-                        f"configuration of this trial ({', '.join(config['configurations'])})")
+                for name, spec in config["scenarios"].items() for line in check_dataset(f"scenarios.{name}", spec)]
     if config.get("outputs"):
         try:
             task_set(config["outputs"])
         except TaskSetError as exc:
             problems.append(f"{source} key 'outputs': {exc}")
-    problems += [f"{source} key '{key}': {message}" for key, message in [*_check_args(config), *check_nodes(config),
-                                                                          *check_patch_modes(config),
-                                                                          *check_pinning(config),
-                                                                          *check_cost(config.get("cost")),
-                                                                          *check_prefix_nodes(config)]]
     if problems:
         raise ConfigError("invalid trial configuration:\n  " + "\n  ".join(problems))
     number_slurm_nodes(config)
     return config
-
-
-def _check_args(config: dict[str, Any]) -> list[tuple[str, str]]:
-    """(key, problem) for each args block that spells one vLLM argument twice."""
-    blocks = {"serving.args": config["serving"]["args"],
-              **{f"configurations.{n}.args": e["args"] for n, e in config["configurations"].items()}}
-    out = []
-    for key, args in blocks.items():
-        try:
-            canonical_args(args)
-        except ValueError as exc:
-            out.append((key, str(exc)))
-    return out
 
 
 def task_params(config: dict[str, Any]) -> list[dict[str, Any]]:

@@ -24,7 +24,6 @@ nodes (only the GPUs of the host that ran the job are sampled). MLCommons' worke
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -65,15 +64,6 @@ class Cost(RecordModel):
     def units(self, accelerators: int | None, hosts: int) -> int | None:
         """How many units of the price one configuration occupies; None where its accelerators are unknown."""
         return hosts if self.per == "host_hour" else accelerators
-
-
-def check_cost(block: Mapping[str, Any] | None) -> list[tuple[str, str]]:
-    """(key, problem) for a ``cost`` block that lacks its price or currency (the schema fills the rest)."""
-    if not block:
-        return []
-    wanted = {"price": "the price of one accelerator-hour or host-hour, a number above 0",
-              "currency": "the currency of the price, an ISO 4217 code such as USD or EUR"}
-    return [(f"cost.{key}", f"missing: give {what}") for key, what in wanted.items() if block.get(key) is None]
 
 
 def cost_per_million_output_tokens(price_per_hour: float, units: int | None, tok_s: float | None) -> float | None:

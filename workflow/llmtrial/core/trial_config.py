@@ -22,8 +22,18 @@ from pydantic import (
     StringConstraints,
     ValidatorFunctionWrapHandler,
     WrapValidator,
+    model_validator,
 )
 from pydantic_core import core_schema
+
+from llmtrial.core.trial_checks import (
+    args_problems,
+    cost_problems,
+    node_problems,
+    placement_problems,
+    raise_problems,
+    scenario_problems,
+)
 
 
 def _as_given(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
@@ -142,6 +152,11 @@ class ServingBlock(ConfigModel):
     env: dict[str, str] = Field(default={}, description="Environment variables for every server (values are strings). A configuration's env overrides these.")
 
 
+    @model_validator(mode="after")
+    def _checked(self) -> ServingBlock:
+        raise_problems("serving", args_problems(self.args))
+        return self
+
 class ConfigurationBlock(ConfigModel):
     """One serving configuration."""
 
@@ -152,6 +167,11 @@ class ConfigurationBlock(ConfigModel):
     nodes: list[str] = Field(default=[], description="The nodes (keys of nodes) this configuration spans, the first serving the API; empty is the trial's first node, or this host when the trial lists none.")
     launch: Literal['native', 'ray'] = Field(default='native', description="How a configuration across several nodes is launched: native is vLLM's own (--nnodes, --node-rank, --master-addr, --master-port, --headless on the other nodes); ray starts a Ray cluster (ray start --head on the first node, ray start --address on the others) and serves with --distributed-executor-backend ray. The CPU build of vLLM refuses the Ray executor.")
 
+
+    @model_validator(mode="after")
+    def _checked(self) -> ConfigurationBlock:
+        raise_problems("configuration", args_problems(self.args))
+        return self
 
 class PassesRuleBlock(ConfigModel):
     """The scenarios.item.passes.opt1 block."""
@@ -200,6 +220,11 @@ class ScenarioBlock(ConfigModel):
     num_prefixes: Annotated[int, Field(ge=1)] = Field(default=1, description='prefix_repetition: distinct prefixes (--prefix-repetition-num-prefixes), each shared by num_prompts / num_prefixes prompts (num_prompts must be a multiple).')
     timeout_s: Annotated[Number, Field(gt=0)] = Field(default=900, description='Longest a single pass may take before it is recorded as failed.')
 
+
+    @model_validator(mode="after")
+    def _checked(self) -> ScenarioBlock:
+        raise_problems("scenario", scenario_problems(self))
+        return self
 
 class BenchBlock(ConfigModel):
     """Benchmark settings shared by all scenarios."""
@@ -432,6 +457,11 @@ class CostBlock(ConfigModel):
     note: str = Field(default='', description='Where the price comes from (a list price, a contract, an example); shown beside every cost figure.')
 
 
+    @model_validator(mode="after")
+    def _checked(self) -> CostBlock:
+        raise_problems("cost", cost_problems(self.price, self.currency))
+        return self
+
 class GenerateBlock(ConfigModel):
     """Tasks generated from a seed (seed 001's kinds), graded as numbers."""
 
@@ -484,6 +514,11 @@ class TrialConfig(ConfigModel):
     compare_with: str | None = Field(default=None, description="An earlier trial's results folder (results/<trial>, relative to the working directory, or absolute) to compare this trial with after its report: the comparison record and page are written under this trial's folder, comparison/<earlier trial>/. null: no comparison.")
     outputs: OutputsBlock | None = Field(default=None, description="A task set with known answers asked of every configuration's server after its passes (speed and answers from one launch), greedy, graded, and compared across configurations and across each patch's flag. null: no answers are checked.")
 
+
+    @model_validator(mode="after")
+    def _checked(self) -> TrialConfig:
+        raise_problems("trial", [*node_problems(self), *placement_problems(self)])
+        return self
 
 #: Every key name any block of the trial file has (for a misspelled key's "did you mean").
 TRIAL_KEYS = sorted({name for model in ConfigModel.__subclasses__() for name in model.model_fields})

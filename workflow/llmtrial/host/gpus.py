@@ -121,18 +121,6 @@ def select(setting: int | Sequence[int | str] | None, devices: Sequence[Mapping[
     return [{k: d.get(k) for k in ("index", "uuid", "name", "pci_bus_id")} for d in chosen]
 
 
-def check_pinning(config: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Problems no schema rule catches, as (dotted key, message): an env that sets
-    ``CUDA_VISIBLE_DEVICES`` itself while ``hardware.gpus`` lists the GPUs (the census and
-    telemetry would watch other GPUs than the server used)."""
-    if not isinstance((config.get("hardware") or {}).get("gpus"), list):
-        return []
-    envs = [("serving.env", (config.get("serving") or {}).get("env") or {})]
-    envs += [(f"configurations.{n}.env", (e or {}).get("env") or {}) for n, e in (config.get("configurations") or {}).items()]
-    return [(f"{key}.CUDA_VISIBLE_DEVICES", "hardware.gpus lists the trial's GPUs and pins the servers to them "
-             "(by UUID): leave CUDA_VISIBLE_DEVICES out of the env") for key, env in envs if "CUDA_VISIBLE_DEVICES" in env]
-
-
 def visible_devices_env(selected: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """The serving environment that pins a server to the selected GPUs ({} with none):
     ``CUDA_VISIBLE_DEVICES`` by UUID where known, and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so an

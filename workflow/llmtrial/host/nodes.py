@@ -11,8 +11,8 @@ itself.
 A trial without ``nodes`` runs on one local node (:func:`local_node`);
 :func:`trial_nodes` and :func:`configuration_nodes` give the nodes a trial and one of its
 configurations use, :func:`spanned_nodes` what the trial-wide stages (preflight, staging)
-need of the nodes any configuration spans, and :func:`check_nodes` is the cross-key check
-the config loader runs.
+need of the nodes any configuration spans. The trial file's checks of its nodes are its model's
+(:mod:`llmtrial.core.trial_checks`).
 """
 
 from __future__ import annotations
@@ -35,13 +35,14 @@ from types import ModuleType
 from typing import Any
 
 from llmtrial.core.fileio import sha256_file
+from llmtrial.core.trial_checks import option_key, option_problem
 from llmtrial.core.trial_config import ConfigurationSpec
 from llmtrial.host.slurm_hosts import JOB_ENV, allocation_hosts, srun_argv
 from llmtrial.onnode import file_hashes, node_probe
 
 __all__ = [
     "LOCAL_NAME", "NodeError", "Node", "local_node", "this_node_name", "trial_nodes", "configuration_nodes", "spec_nodes",
-    "spanned_nodes", "check_nodes", "number_slurm_nodes", "program_argv", "last_json_object",
+    "spanned_nodes", "number_slurm_nodes", "program_argv", "last_json_object",
 ]
 
 #: Name of the one node of a trial that lists none.
@@ -49,13 +50,6 @@ LOCAL_NAME = "local"
 
 #: ssh options (lower case, as ssh compares them) that are refused in the trial file: the
 #: first four run a command through a shell on this host, BatchMode=no could make ssh prompt.
-REFUSED_OPTIONS = {
-    "proxycommand": "runs a command through a shell on this host",
-    "localcommand": "runs a command through a shell on this host",
-    "permitlocalcommand": "enables LocalCommand, a command run through a shell on this host",
-    "knownhostscommand": "runs a command through a shell on this host",
-    "batchmode": "is always yes: the trial never waits for a password or a prompt",
-}
 
 #: ssh's own exit status for its failures (connection, authentication, host key).
 SSH_FAILED = 255
@@ -64,18 +58,6 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 class NodeError(RuntimeError):
     """A command on a node could not run, timed out, or failed; the message names the node."""
-
-
-def _option_key(option: str) -> str:
-    return option.split("=", 1)[0].strip().lower()
-
-
-def option_problem(option: str) -> str | None:
-    """Why ``option`` (``Key=value``) may not be given to ssh from the trial file, or None."""
-    if "=" not in option or not option.split("=", 1)[0].strip().isalnum():
-        return f"{option!r} is not Key=value"
-    reason = REFUSED_OPTIONS.get(_option_key(option))
-    return f"{option.split('=', 1)[0]} {reason}" if reason else None
 
 
 @dataclass(frozen=True)
@@ -173,12 +155,12 @@ class Node:
 
     def ssh_options(self) -> list[str]:
         """The ``-o`` options, defaults first unless ``options`` names the same key."""
-        given = {_option_key(o) for o in self.options}
+        given = {option_key(o) for o in self.options}
         strict = "yes" if "userknownhostsfile" in given else "accept-new"
         defaults = ["BatchMode=yes", f"StrictHostKeyChecking={strict}", "ConnectTimeout=10"]
         if self.identity_file:
             defaults.append("IdentitiesOnly=yes")
-        chosen = [o for o in defaults if _option_key(o) not in given] + list(self.options)
+        chosen = [o for o in defaults if option_key(o) not in given] + list(self.options)
         return [arg for option in chosen for arg in ("-o", option)]
 
     def argv(self, cmd: Sequence[str]) -> list[str]:
@@ -439,28 +421,3 @@ def spanned_nodes(config: Mapping[str, Any]) -> dict[str, Any]:
     uses_ray = "ray" in backends or any(entry.get("launch") == "ray" for entry in configurations)
     return {"nodes": {name: dict(block) for name, block in blocks.items() if name in spanned},
             "staging_dir": str(config.get("staging_dir", "staging")), "uses_ray": uses_ray}
-
-
-def check_nodes(config: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Problems no schema rule catches, as (dotted key, message): a configuration or a
-    service naming a node the trial lacks, an ssh node without an address, a refused ssh
-    option."""
-    problems: list[tuple[str, str]] = []
-    blocks = config.get("nodes") or {}
-    for name, block in blocks.items():
-        ssh = block.get("ssh") or {}
-        if block.get("reach") == "ssh" and not ssh.get("address"):
-            problems.append((f"nodes.{name}.ssh.address", "a node reached over ssh needs an address"))
-        for i, option in enumerate(ssh.get("options") or []):
-            if problem := option_problem(option):
-                problems.append((f"nodes.{name}.ssh.options.{i}", f"ssh option {problem}"))
-    known = ", ".join(blocks) if blocks else "the trial lists no nodes"
-    for cname, entry in (config.get("configurations") or {}).items():
-        for node in entry.get("nodes") or []:
-            if node not in blocks:
-                problems.append((f"configurations.{cname}.nodes", f"{node!r} is not a node of this trial ({known})"))
-    for sname, entry in (config.get("services") or {}).items():
-        node = entry.get("node")
-        if node is not None and node not in blocks:
-            problems.append((f"services.{sname}.node", f"{node!r} is not a node of this trial ({known})"))
-    return problems

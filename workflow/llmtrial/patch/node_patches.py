@@ -20,7 +20,8 @@ or a folder that is not a plugin folder, is a residue naming the node; the entry
 outstanding.
 
 Mode ``file`` cannot reach another node (it rewrites this host's site-packages only):
-:func:`check_patch_modes` is the config loader's cross-key check that says so.
+the trial file's model refuses it where a configuration spans nodes
+(:func:`llmtrial.core.trial_checks.placement_problems`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from llmtrial.onnode import plugin_folder
 from llmtrial.patch.patchdata import PLUGIN_MARK, PatchError
 from llmtrial.weights.node_weights import send_files
 
-__all__ = ["PLUGIN_FOLDER", "plugin_files", "carry_plugin", "remove_copies", "check_patch_modes"]
+__all__ = ["PLUGIN_FOLDER", "plugin_files", "carry_plugin", "remove_copies"]
 
 log = logging.getLogger(__name__)
 
@@ -133,15 +134,3 @@ def remove_copies(copies: list[dict[str, Any]], ledger: Ledger) -> dict[str, Any
         log.info("plugin copy %s on node %s: %s", item["dir"], item["node"], item["action"])
         items.append(item)
     return {"items": items, "residues": residues}
-
-
-def check_patch_modes(config: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Problems no schema rule catches, as (dotted key, message): a patch in mode ``file``
-    while a configuration spans more than one node (a file patch changes this host only)."""
-    spread = [name for name, entry in (config.get("configurations") or {}).items()
-              if len((entry or {}).get("nodes") or []) > 1]
-    if not spread:
-        return []
-    return [(f"patches.{name}.mode", f"mode file changes this host's vLLM only, and configuration {spread[0]!r} "
-             "spans more than one node: use mode plugin, which is carried to every node")
-            for name, entry in (config.get("patches") or {}).items() if (entry or {}).get("mode", "file") == "file"]

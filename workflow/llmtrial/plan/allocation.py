@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from llmtrial.core.trial_checks import canonical_args
 from llmtrial.core.vllm_install import find_vllm
 from llmtrial.host.slurm_hosts import srun_options
-from llmtrial.plan.plan_inputs import canonical_args
 
 __all__ = ["HOST_RULES", "allocation_gpus", "allocation_nodes", "rule_resources", "cleanup_submit",
            "vllm_is_cpu_build"]

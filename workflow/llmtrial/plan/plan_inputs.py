@@ -12,29 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmtrial.core.trial_checks import canonical_args
 from llmtrial.plan.shape import PlanError
 
-__all__ = ["ARG_ALIASES", "HardwareInputs", "ServingArgs", "canonical_args"]
-
-#: Short names of vLLM arguments that its CLI spells otherwise; translated once, here.
-ARG_ALIASES = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size", "dp": "data_parallel_size"}
-
-
-def canonical_args(args: Mapping[str, Any]) -> dict[str, Any]:
-    """A configuration's vLLM ``args`` under vLLM's own names, the one reading of them that the
-    planner and the server's argv both use: leading dashes dropped, dashes as underscores,
-    :data:`ARG_ALIASES` translated. Two spellings of one argument are refused (ValueError
-    naming both), whatever their values."""
-    out: dict[str, Any] = {}
-    spelled: dict[str, str] = {}
-    for key, value in args.items():
-        name = str(key).lstrip("-").replace("-", "_")
-        name = ARG_ALIASES.get(name, name)
-        if name in out:
-            raise ValueError(f"{spelled[name]!r} and {key!r} both set {name}: keep one")
-        out[name], spelled[name] = value, str(key)
-    return out
-
+__all__ = ["HardwareInputs", "ServingArgs"]
 
 @dataclass
 class HardwareInputs:

@@ -33,14 +33,13 @@ from typing import Any
 
 from llmtrial.core.fileio import atomic_write_bytes, sha256_file
 from llmtrial.core.record_models import PromptsRecord, StagedPrompts
-from llmtrial.plan.plan_inputs import canonical_args
+from llmtrial.core.trial_checks import PREFIX_DATASET
 
 #: vLLM bench's --dataset-name values a scenario may name.
 DATASETS = ("random", "custom", "sharegpt", "prefix_repetition")
 #: The datasets read from the operator's file, each with its staged copy's suffix (vLLM reads custom from .jsonl only).
 FILE_SUFFIX = {"custom": ".jsonl", "sharegpt": ".json"}
 #: The dataset whose scenarios run with prefix caching on.
-PREFIX_DATASET = "prefix_repetition"
 #: The dataset keys' schema defaults (a test holds them to the schema): a scenario recorded before the
 #: keys existed reads as these.
 DEFAULTS: dict[str, Any] = {"dataset": "random", "prompts": None, "chat_template": False, "range_ratio": None,
@@ -226,25 +225,6 @@ def _check_file(key: str, spec: Mapping[str, Any], dataset: str) -> list[str]:
         errors.append(f"{key}.num_prompts: {most} is more than the {count} prompts in {spec['prompts']}: a pass "
                       "sends each prompt at most once")
     return errors
-
-
-def check_prefix_nodes(config: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(key, problem) for each configuration across nodes that would need a relaunch with prefix caching
-    on (not done across nodes: set ``enable_prefix_caching`` in its args to run every scenario with it)."""
-    cached = [name for name, spec in config["scenarios"].items() if needs_prefix_caching(spec)]
-    if not cached:
-        return []
-    out = []
-    for name, entry in config["configurations"].items():
-        try:
-            args = {**canonical_args(config["serving"]["args"]), **canonical_args(entry["args"])}
-        except ValueError:  # an argument spelled twice: the trial file's check of args names it
-            continue
-        if len(entry.get("nodes") or []) > 1 and not args.get("enable_prefix_caching"):
-            out.append((f"configurations.{name}", f"spans nodes, and scenario {cached[0]} ({PREFIX_DATASET}) needs its "
-                        "server launched again with prefix caching on, which is done on one host only: set "
-                        "enable_prefix_caching: true in its args to run every scenario with prefix caching on"))
-    return out
 
 
 # --------------------------------------------------------------------------- the benchmark's flags

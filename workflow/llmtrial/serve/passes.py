@@ -15,10 +15,11 @@ from typing import Any
 from llmtrial.core.configuration_model import Failure as FailureRecord
 from llmtrial.core.paths import JobPaths
 from llmtrial.core.records import read_record
+from llmtrial.core.trial_checks import SWEEP_KEYS
 from llmtrial.host.telemetry_sources import RAPL_SOURCE
 from llmtrial.serve import bench
 from llmtrial.serve.progress import pass_line, say, stopped_line
-from llmtrial.serve.scenarios import SWEEP_KEYS, RepetitionRule, goodput, is_sweep, spread_of
+from llmtrial.serve.scenarios import RepetitionRule, goodput, is_sweep, spread_of
 from llmtrial.serve.scenarios import steps as sweep_steps
 from llmtrial.serve.server import ServerProcess
 from llmtrial.serve.telemetry import Sampler, window_edge

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtrial.core.stats import DEFAULT_LEVEL, mean_interval
-from llmtrial.serve.datasets import check_dataset, context
+from llmtrial.core.trial_checks import SWEEP_KEYS
+from llmtrial.serve.datasets import context
 
 #: The keys a sweep may list, in the order a step names them.
-SWEEP_KEYS = ("concurrency", "input_len", "output_len", "num_prompts")
 #: slo key -> vLLM's --goodput metric name.
 SLO_METRICS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "e2el_ms": "e2el"}
 DEFAULT_SLO_PERCENTILE = 90.0
@@ -25,34 +25,6 @@ DEFAULT_SLO_PERCENTILE = 90.0
 
 def is_sweep(spec: Mapping[str, Any]) -> bool:
     return any(isinstance(spec.get(k), list) for k in SWEEP_KEYS)
-
-
-def check_scenario(name: str, spec: Mapping[str, Any]) -> list[str]:
-    """What is wrong with one scenario beyond its schema, each naming its key."""
-    errors: list[str] = []
-    key = f"scenarios.{name}"
-    lengths = set()
-    for k in SWEEP_KEYS:
-        values = spec.get(k)
-        if not isinstance(values, list):
-            continue
-        lengths.add(len(values))
-        if not values:
-            errors.append(f"{key}.{k}: a sweep's list is empty")
-        elif k != "num_prompts" and any(b <= a for a, b in zip(values, values[1:], strict=False)):
-            errors.append(f"{key}.{k}: a sweep's values must increase, step by step (got {values})")
-        elif k == "num_prompts" and any(b < a for a, b in zip(values, values[1:], strict=False)):
-            errors.append(f"{key}.{k}: a sweep's prompt counts must not decrease (got {values})")
-    if len(lengths - {0}) > 1:
-        listed = ", ".join(f"{k} ({len(spec[k])})" for k in SWEEP_KEYS if isinstance(spec.get(k), list))
-        errors.append(f"{key}: a sweep's lists must have one value per step, the same count each: {listed}")
-    passes = spec.get("passes")
-    if isinstance(passes, Mapping) and passes.get("min", 1) > passes.get("max", 1):
-        errors.append(f"{key}.passes.min: {passes['min']} is more than passes.max ({passes['max']})")
-    slo = spec.get("slo")
-    if isinstance(slo, Mapping) and not any(slo.get(k) is not None for k in SLO_METRICS):
-        errors.append(f"{key}.slo: give at least one target ({', '.join(SLO_METRICS)})")
-    return errors + check_dataset(key, spec)
 
 
 def steps(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
