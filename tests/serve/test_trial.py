@@ -3,6 +3,7 @@ phases against a double of the server."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import subprocess
@@ -15,7 +16,9 @@ from conftest import DATA, SERVER_SCRIPT, wait_until, written
 from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.paths import JobPaths, TrialPaths
+from llmtrial.core.record_models import Hardware, ManifestFile, ManifestRecord, PlanRecord
 from llmtrial.core.records import check_record, read_record
+from llmtrial.core.trial_config import BenchBlock, ColdStartBlock, ConfigurationSpec
 from llmtrial.host.process_groups import group_members, port_open
 from llmtrial.serve.measure import Workload
 from llmtrial.serve.scenarios import spread_of as agreement
@@ -67,7 +70,7 @@ class FakeServerJob(TrialJob):
     script: Path | None = None
 
     def argv(self, prefix_caching: bool = False) -> list[str]:
-        return [sys.executable, str(self.script), str(self.port), "0.3", "0"]
+        return [sys.executable, str(self.script), str(self.spec.port), "0.3", "0"]
 
 
 def fake_job(tmp_path: Path, port: int, verdict: str = "fits") -> FakeServerJob:
@@ -75,13 +78,15 @@ def fake_job(tmp_path: Path, port: int, verdict: str = "fits") -> FakeServerJob:
     model.mkdir()
     (model / "config.json").write_text("{}")
     job = FakeServerJob(
-        trial="demo", spec={"name": "tp1", "host": "127.0.0.1", "port": port, "args": {}, "env": {},
-                            "startup_timeout_s": 30, "stop_timeout_s": 10},
-        manifest={"model_dir": str(model), "files": [{"path": "config.json", "size": 2}]},
-        plan={"verdict": verdict, "reasons": ["a reason"], "plan": {}, "facts": {}}, services={},
+        trial="demo", spec=ConfigurationSpec(name="tp1", description="", host="127.0.0.1", port=port,
+                                             startup_timeout_s=30, stop_timeout_s=10),
+        manifest=ManifestRecord(model_dir=str(model), source={"kind": "local"}, total_bytes=2, created="2026-12-05",
+                                files=[ManifestFile(path="config.json", size=2, sha256=hashlib.sha256(b"{}").hexdigest())]),
+        plan=PlanRecord(configuration="tp1", verdict=verdict, reasons=["a reason"], checks=[], hardware=Hardware(),
+                        plan={}, facts={}, force=False), services={},
         workload=Workload(served_model_name="m", scenarios={"c1": {"passes": 1}},
-                          bench_settings={"seed": 0, "percentiles": [50]},
-                          cold_start={"prompt": "Hi", "max_tokens": 2, "timeout_s": 5}, telemetry_interval=0.5),
+                          bench_settings=BenchBlock(seed=0, percentiles=[50]),
+                          cold_start=ColdStartBlock(prompt="Hi", max_tokens=2, timeout_s=5), telemetry_interval=0.5),
         paths=JobPaths(TrialPaths.of("demo", tmp_path / "results"), "tp1"))
     job.script = tmp_path / "fake_server.py"
     job.script.write_text(SERVER_SCRIPT)

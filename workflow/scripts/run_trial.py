@@ -7,7 +7,7 @@ from llmtrial.core.answers_model import Task
 from llmtrial.core.joblog import open_job_log
 from llmtrial.core.paths import JobPaths, TrialPaths
 from llmtrial.core.records import load_record
-from llmtrial.core.trial_config import ConfigurationSpec, HardwareBlock
+from llmtrial.core.trial_config import BenchBlock, ColdStartBlock, ConfigurationSpec, HardwareBlock, OutputsBlock
 from llmtrial.host.nodes import spec_nodes
 from llmtrial.serve.datasets import with_staged
 from llmtrial.serve.measure import Workload
@@ -29,9 +29,10 @@ TrialJob(
                       # a prompt file's scenario reads its staged copy, checked against the prompts record
                       scenarios=with_staged(snakemake.params.scenarios,
                                             *(load_record(p, "prompts") for p in snakemake.input.prompts)),
-                      bench_settings=snakemake.params.bench, cold_start=snakemake.params.cold_start,
+                      bench_settings=BenchBlock.model_validate(snakemake.params.bench),
+                      cold_start=ColdStartBlock.model_validate(snakemake.params.cold_start),
                       telemetry_interval=float(snakemake.params.telemetry["interval_s"]),
-                      level=float(snakemake.params.statistics["level"]), outputs=snakemake.params.outputs,
+                      level=float(snakemake.params.statistics["level"]), outputs=OutputsBlock.model_validate(snakemake.params.outputs) if snakemake.params.outputs else None,
                       tasks=tuple(Task.model_validate(t) for t in snakemake.params.tasks)),
     paths=JobPaths(TrialPaths(Path(snakemake.params.results)), snakemake.wildcards.configuration),
     patches=snakemake.params.patches,

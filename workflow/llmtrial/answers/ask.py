@@ -20,6 +20,7 @@ from typing import Any
 
 from llmtrial.answers.grading import grade
 from llmtrial.core.answers_model import Accuracy, Answer, AnswerRun, Task
+from llmtrial.core.trial_config import OutputsBlock
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +70,13 @@ def ask_one(base_url: str, task: Task, *, model: str, api: str, max_tokens: int,
                   correct=grade(text, task.expected, task.grader), seconds=round(time.monotonic() - start, 3))
 
 
-def ask_all(base_url: str, tasks: Sequence[Task], *, settings: Mapping[str, Any], model: str) -> list[Answer]:
-    """Every task asked, ``settings["concurrency"]`` at a time; answers in task order."""
+def ask_all(base_url: str, tasks: Sequence[Task], *, settings: OutputsBlock, model: str) -> list[Answer]:
+    """Every task asked, ``settings.concurrency`` at a time; answers in task order."""
     def one(task: Task) -> Answer:
-        return ask_one(base_url, task, model=model, api=str(settings["api"]), max_tokens=int(settings["max_tokens"]),
-                       seed=int(settings["seed"]), timeout=float(settings["timeout_s"]))
+        return ask_one(base_url, task, model=model, api=settings.api, max_tokens=settings.max_tokens,
+                       seed=settings.seed, timeout=float(settings.timeout_s))
 
-    with ThreadPoolExecutor(max_workers=max(1, int(settings.get("concurrency") or 1))) as pool:
+    with ThreadPoolExecutor(max_workers=settings.concurrency) as pool:
         return list(pool.map(one, tasks))
 
 
@@ -95,11 +96,11 @@ def identical_repeats(repeats: Sequence[Sequence[Answer]]) -> int | None:
     return sum(1 for same in zip(*repeats, strict=True) if len({a.text for a in same}) == 1 and same[0].text is not None)
 
 
-def run_set(base_url: str, tasks: Sequence[Task], *, settings: Mapping[str, Any], model: str,
+def run_set(base_url: str, tasks: Sequence[Task], *, settings: OutputsBlock, model: str,
             launch: str, flags: Mapping[str, bool], **parts: Any) -> AnswerRun:
-    """The set asked ``settings["repeat"]`` times of the server at ``base_url``: the run's record."""
+    """The set asked ``settings.repeat`` times of the server at ``base_url``: the run's record."""
     started, clock = time.time(), time.monotonic()
-    repeats = [ask_all(base_url, tasks, settings=settings, model=model) for _ in range(int(settings.get("repeat") or 1))]
+    repeats = [ask_all(base_url, tasks, settings=settings, model=model) for _ in range(settings.repeat)]
     run = AnswerRun(launch=launch, flags=dict(flags), started=started, seconds=round(time.monotonic() - clock, 3),
                     repeat=len(repeats), repeat_identical=identical_repeats(repeats), answers=repeats[0],
                     accuracy=accuracy(tasks, repeats[0]), **parts)

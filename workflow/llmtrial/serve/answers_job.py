@@ -60,7 +60,7 @@ def answers_part(workload: Workload, runs: Sequence[AnswerRun]) -> Answers | Non
     if not workload.outputs or not runs:
         return None
     o = workload.outputs
-    return Answers(api=o["api"], max_tokens=int(o["max_tokens"]), seed=int(o["seed"]), temperature=0.0,
+    return Answers(api=o.api, max_tokens=o.max_tokens, seed=o.seed, temperature=0.0,
                    tasks_sha256=tasks_digest(workload.tasks), tasks=list(workload.tasks), runs=list(runs))
 
 
@@ -79,5 +79,5 @@ def job_answers(workload: Workload, served: Served, *, flags: Mapping[str, bool]
 
 def wants_flags_off(workload: Workload, flags: Mapping[str, bool], spread: bool) -> bool:
     """A flags-off launch is due: a set is asked, patch_off holds, a flag is on, one host serves."""
-    return bool(workload.outputs and workload.outputs.get("patch_off", True) and any(flags.values()) and not spread)
+    return bool(workload.outputs and workload.outputs.patch_off and any(flags.values()) and not spread)
 

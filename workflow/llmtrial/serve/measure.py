@@ -26,6 +26,7 @@ from llmtrial.core.paths import JobPaths
 from llmtrial.core.records import fact
 from llmtrial.core.scenario_model import Scenario
 from llmtrial.core.stats import DEFAULT_LEVEL
+from llmtrial.core.trial_config import BenchBlock, ColdStartBlock, OutputsBlock
 from llmtrial.host.nodes import Node
 from llmtrial.host.telemetry_sources import HostSource, MetricsSource, job_sources
 from llmtrial.logs import startup_log
@@ -103,20 +104,20 @@ class Workload:
 
     served_model_name: str
     scenarios: Mapping[str, Mapping[str, Any]]
-    bench_settings: Mapping[str, Any]
-    cold_start: Mapping[str, Any]
+    bench_settings: BenchBlock
+    cold_start: ColdStartBlock
     telemetry_interval: float
     #: The confidence level of the passes' interval rule (``statistics.level``).
     level: float = DEFAULT_LEVEL
     #: The trial's ``outputs`` settings and its task set, asked after the passes (None: no set).
-    outputs: Mapping[str, Any] | None = None
+    outputs: OutputsBlock | None = None
     tasks: tuple[Task, ...] = ()
 
     def ask(self, host: str, port: int, *, launch: str, flags: Mapping[str, bool], once: bool = False,
             **parts: Any) -> AnswerRun:
         """The task set asked of the server at ``host:port``, ``outputs.repeat`` times (once with ``once``)."""
         assert self.outputs is not None
-        settings = {**self.outputs, "repeat": 1} if once else self.outputs
+        settings = self.outputs.model_copy(update={"repeat": 1}) if once else self.outputs
         return run_set(f"http://{host}:{port}", self.tasks, settings=settings, model=self.served_model_name,
                        launch=launch, flags=flags, **parts)
 
@@ -267,8 +268,8 @@ class Measurement:
     def first_request(self) -> dict[str, Any]:
         cs = self.workload.cold_start
         try:
-            first = bench.first_request(self.host, self.port, model=self.workload.served_model_name, prompt=cs["prompt"],
-                                        max_tokens=int(cs["max_tokens"]), timeout=float(cs["timeout_s"]))
+            first = bench.first_request(self.host, self.port, model=self.workload.served_model_name, prompt=cs.prompt,
+                                        max_tokens=cs.max_tokens, timeout=float(cs.timeout_s))
         except Exception as exc:  # the server answered /health but cannot serve: a result, not a fault
             raise PhaseFailure("cold_start", "request_failed", f"first request failed: {exc}") from None
         source = "first streamed completion after ready"

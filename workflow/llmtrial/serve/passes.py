@@ -16,6 +16,7 @@ from llmtrial.core.configuration_model import Failure as FailureRecord
 from llmtrial.core.paths import JobPaths
 from llmtrial.core.records import read_record
 from llmtrial.core.trial_checks import SWEEP_KEYS
+from llmtrial.core.trial_config import BenchBlock
 from llmtrial.host.telemetry_sources import RAPL_SOURCE
 from llmtrial.serve import bench
 from llmtrial.serve.progress import pass_line, say, stopped_line
@@ -59,7 +60,7 @@ class Passes:
     port: int
     model_dir: str
     served_model_name: str
-    bench_settings: Mapping[str, Any]
+    bench_settings: BenchBlock
     #: The confidence level of the passes' interval rule (``statistics.level``).
     level: float
     paths: JobPaths
@@ -125,7 +126,7 @@ class Passes:
     def _checked_pass(self, server: ServerProcess, name: str, s_index: int, scenario: Mapping[str, Any], p: int,
                       stem: str) -> dict[str, Any]:
         """One pass (window kept for telemetry); a server that died during it ends the phase."""
-        one = self._pass(scenario, bench.pass_seed(int(self.bench_settings["seed"]), s_index, p), stem)
+        one = self._pass(scenario, bench.pass_seed(self.bench_settings.seed, s_index, p), stem)
         one["pass"] = p
         self.windows.append((one, one["window"]["start"], one["window"]["end"]))
         if not server.alive():
@@ -135,7 +136,7 @@ class Passes:
 
     def _pass(self, scenario: Mapping[str, Any], seed: int, stem: str) -> dict[str, Any]:
         """One benchmark pass inside its telemetry window: its record entry."""
-        percentiles = list(self.bench_settings["percentiles"])
+        percentiles = list(self.bench_settings.percentiles)
         bench_dir = self.paths.bench_dir
         argv = bench.bench_argv(host=self.host, port=self.port, served_model_name=self.served_model_name,
                                 tokenizer=self.model_dir, scenario=scenario, seed=seed, result_dir=str(bench_dir),
