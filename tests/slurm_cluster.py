@@ -142,6 +142,17 @@ class SlurmCluster:
                 raise TimeoutError(f"jobs still active after {timeout} s: {active}")
             time.sleep(0.2)
 
+    def job_processes(self, job_id: str) -> list[psutil.Process]:
+        """The live processes of this cluster's job ``job_id`` (by SLURM_JOB_ID and SLURM_CONF in their
+        environment: what slurmd started for the job and what those started)."""
+        found = []
+        for proc in psutil.process_iter(["environ", "status"]):
+            env = proc.info["environ"] or {}
+            if (env.get("SLURM_JOB_ID") == job_id and env.get("SLURM_CONF") == str(self.conf)
+                    and proc.info["status"] != psutil.STATUS_ZOMBIE):
+                found.append(proc)
+        return found
+
     def log_tail(self, chars: int = 1500) -> str:
         """The end of each daemon's logs, for an error message."""
         parts = []

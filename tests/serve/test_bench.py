@@ -308,17 +308,8 @@ def test_a_job_stopped_early_kills_its_worker_without_waiting_out_the_grace(tmp_
     assert gone(pid) and w.proc is None
     assert time.monotonic() - began < 1800  # the grace, an hour, was not waited out (whatever the machine's load)
 
-#: A trial job's stand-in: starts a benchmark worker, prints its pid, then runs one pass (argv as JSON) that
-#: hangs (the server never answers) until the job is killed, as SLURM or an operator's kill -9 kills a job.
-JOB_WITH_A_WORKER = """
-import json, sys, time
-from pathlib import Path
-from llmtrial.serve.bench import BenchWorker
-w = BenchWorker(log_path=Path(sys.argv[1]))
-w.start()
-print(w.proc.pid, flush=True)
-w.run(json.loads(sys.argv[2]), log_path=Path(sys.argv[1]).with_name("pass.log"), timeout=600)
-"""
+#: A trial job's stand-in that starts a benchmark worker and hangs in one pass until it is killed.
+JOB_WITH_A_WORKER = Path(__file__).parents[1] / "programs" / "job_with_a_worker.py"
 
 
 def test_a_worker_mid_pass_ends_when_the_job_that_started_it_is_killed(tokenizer, tmp_path):
@@ -329,7 +320,7 @@ def test_a_worker_mid_pass_ends_when_the_job_that_started_it_is_killed(tokenizer
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
         argv = small_argv(silent.getsockname(), tokenizer, tmp_path, "hung")
-        job = subprocess.Popen([sys.executable, "-c", JOB_WITH_A_WORKER, str(tmp_path / "worker.log"), json.dumps(argv)],
+        job = subprocess.Popen([sys.executable, str(JOB_WITH_A_WORKER), str(tmp_path / "worker.log"), json.dumps(argv)],
                                stdout=subprocess.PIPE, text=True)
         try:
             pid = int(job.stdout.readline())

@@ -11,6 +11,7 @@ ledger names, through srun. Real vLLM (CPU build): about two minutes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -119,18 +120,14 @@ def run_name(work: Path, trial: str, timeout: float = 300) -> str:
     raise AssertionError(f"{trial}: no SLURM run id in {log}")
 
 
-def job_processes(job: str, besides: set[int]) -> list[int]:
-    """The live processes of SLURM job ``job`` (its id in their environment), outside the process groups
-    ``besides`` (the servers the ledger names: cleanup's to stop, not SLURM's)."""
+def job_processes(slurm: SlurmCluster, job: str, besides: set[int]) -> list[int]:
+    """The live processes of SLURM job ``job`` outside the process groups ``besides`` (the servers the ledger
+    names: cleanup's to stop, not SLURM's)."""
     found = []
-    for proc in psutil.process_iter(["environ", "status"]):
-        env = proc.info["environ"] or {}
-        if env.get("SLURM_JOB_ID") == job and proc.info["status"] != psutil.STATUS_ZOMBIE:
-            try:
-                if os.getpgid(proc.pid) not in besides:
-                    found.append(proc.pid)
-            except ProcessLookupError:
-                continue
+    for proc in slurm.job_processes(job):
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(proc.pid) not in besides:
+                found.append(proc.pid)
     return found
 
 
@@ -215,7 +212,7 @@ def _run_both(work: Path, slurm: SlurmCluster, seen: Seen) -> None:
     left: list[int] = []
 
     def gone() -> bool:
-        left[:] = job_processes(job, set(seen.b_pgids))
+        left[:] = job_processes(slurm, job, set(seen.b_pgids))
         return not left
 
     try:

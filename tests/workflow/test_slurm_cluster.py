@@ -47,20 +47,9 @@ def job(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
     return next((j for j in cluster.jobs() if j["id"] == job_id), {})
 
 
-def job_processes(cluster: SlurmCluster, job_id: str) -> list[psutil.Process]:
-    """The live processes of job ``job_id`` of ``cluster`` (by their environment)."""
-    found = []
-    for proc in psutil.process_iter(["environ", "status"]):
-        env = proc.info["environ"] or {}
-        if (env.get("SLURM_JOB_ID") == job_id and env.get("SLURM_CONF") == str(cluster.conf)
-                and proc.info["status"] != psutil.STATUS_ZOMBIE):
-            found.append(proc)
-    return found
-
-
 def sleeps(cluster: SlurmCluster, job_id: str) -> list[psutil.Process]:
     procs = []
-    for proc in job_processes(cluster, job_id):
+    for proc in cluster.job_processes(job_id):
         try:
             if proc.cmdline() == ["sleep", "300"]:
                 procs.append(proc)
@@ -79,7 +68,7 @@ def test_teardown_leaves_nothing_even_when_the_body_raised():
         until("both sleeps of the job", lambda: len(sleeps(cluster, job_id)) == 2)
         raise RuntimeError("the body failed")
     assert leftovers(cluster.root) == []
-    assert not job_processes(cluster, job_id)
+    assert not cluster.job_processes(job_id)
     assert not [n for n in LINKED if (ETC / n).is_symlink() and os.readlink(ETC / n).startswith(str(cluster.root))]
     # how long bring-up and teardown took is the machine's business (about 1.5 s each on an idle one): shown
     print(f"cluster setup {cluster.setup_s:.1f} s, teardown {cluster.teardown_s:.1f} s", file=sys.stderr)
@@ -122,21 +111,14 @@ def test_a_failed_bring_up_says_why_and_leaves_nothing(monkeypatch: pytest.Monke
     assert leftovers(root) == []
 
 
-CRASHING = """
-import sys, time
-sys.path.insert(0, sys.argv[1])
-from slurm_cluster import slurm_cluster
-with slurm_cluster(link_etc=False) as cluster:
-    proc = cluster.run("sbatch", "--parsable", "--chdir", "/tmp", "-o", "/dev/null", "--wrap", "sleep 300")
-    print(cluster.root, cluster.conf, proc.stdout.strip(), flush=True)
-    time.sleep(120)
-"""
+#: A process that makes a cluster, starts a job in it and sleeps until it is killed.
+CRASHING = Path(__file__).parents[1] / "programs" / "crashing_cluster.py"
 
 
 def test_the_next_cluster_removes_what_a_killed_run_left():
     """A process killed (SIGKILL) inside its cluster leaves the daemons and a job running: the next
     cluster's clean_stale removes them, and the folder."""
-    crashing = subprocess.Popen([sys.executable, "-c", CRASHING, str(Path(__file__).parent.parent)],
+    crashing = subprocess.Popen([sys.executable, str(CRASHING)],
                                 stdout=subprocess.PIPE, text=True)
     try:
         ready, _, _ = select.select([crashing.stdout], [], [], 90)
@@ -144,14 +126,14 @@ def test_the_next_cluster_removes_what_a_killed_run_left():
         if len(line) != 3:
             pytest.skip(f"no cluster in a fresh process (exit {crashing.poll()})")
         cluster, job_id = SlurmCluster(root=Path(line[0]), conf=Path(line[1])), line[2]
-        until("the job's processes", lambda: job_processes(cluster, job_id))
+        until("the job's processes", lambda: cluster.job_processes(job_id))
     finally:
         crashing.kill()
         crashing.wait(timeout=10)
     assert leftovers(cluster.root), "the killed run left nothing to clean"
     assert str(cluster.root) in clean_stale()
     assert leftovers(cluster.root) == []
-    assert not job_processes(cluster, job_id)
+    assert not cluster.job_processes(job_id)
 
 
 def test_gpu_job_runs_on_the_named_node(slurm: SlurmCluster, tmp_path: Path):
