@@ -20,6 +20,7 @@ from llmtrial.core.record_base import RecordModel
 from llmtrial.core.record_models import KINDS
 from llmtrial.core.records import check_record, load_record, read_record
 from llmtrial.host.collective import summarize
+from llmtrial.serve.nodetelemetry import node_window_figures
 
 DEMO = DATA / "demo"
 SLO = {"ttft_ms": 500, "tpot_ms": 50, "percentile": 90}
@@ -195,6 +196,12 @@ def two_node_record(name: str = "tp2", *, ok: bool = True) -> dict[str, Any]:
               "mem_used_peak_bytes": 6 * 2**30, "net_rx_bytes": 3_400_000, "net_tx_bytes": 51_200_000},
         "b": {**node, "interface": "llmt0", "cpu_percent_peak": 88.0, "cpu_percent_mean": 55.5,
               "mem_used_peak_bytes": 5 * 2**30, "net_rx_bytes": 51_000_000, "net_tx_bytes": 3_300_000}}}
+    for scenario in rec["scenarios"]:  # each pass: the nodes' samples in its window, as the trial reads them
+        for one in scenario["pass_results"]:
+            start, end = one["window"]["start"], one["window"]["end"]
+            rows = [{"time": start + i * (end - start) / 3, "node": n, "cpu_percent": 50.0 + i, "mem_used_bytes": 2**30,
+                     "load1": 1.0, "net_rx_bytes": 1000 * i, "net_tx_bytes": 2000 * i} for n in ("a", "b") for i in range(4)]
+            one["node_telemetry"] = node_window_figures(rows, start, end)
     return rec
 
 

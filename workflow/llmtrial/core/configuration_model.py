@@ -9,7 +9,7 @@ from pydantic import ConfigDict, Field
 
 from llmtrial.core.answers_model import Answers
 from llmtrial.core.record_base import Fact, HeldGpu, Maybe, Number, RecordModel, Rows, Verdict
-from llmtrial.core.scenario_model import Scenario, WindowFigures
+from llmtrial.core.scenario_model import NodeWindow, Scenario, WindowFigures
 
 # --------------------------------------------------------------------------- the server and its failure
 
@@ -226,21 +226,12 @@ class ColdStart(RecordModel):
     first_output_tok_s: Maybe[RateFact] = None
 
 
-class NodeSample(RecordModel):
+class NodeSample(NodeWindow):
     """What the sampler on one node saw over the job, or an error naming the node."""
 
-    samples: Maybe[int] = None
-    cpu_percent_peak: Number | None = None
-    cpu_percent_mean: Number | None = None
-    mem_used_peak_bytes: int | None = None
-    net_rx_bytes: int | None = None
-    net_tx_bytes: int | None = None
     error: Maybe[str] = None
     interface: Maybe[str | None] = Field(None, description="The interface its traffic was counted on (all but lo "
                                          "when the node names none).")
-    load1_peak: Maybe[Number | None] = Field(None, description="The highest one-minute load average.")
-    first: Maybe[float | None] = Field(None, description="Unix time of its first sample.")
-    last: Maybe[float | None] = Field(None, description="Unix time of its last sample.")
     interval_s: Maybe[Number] = Field(None, description="Seconds between its samples.")
 
 

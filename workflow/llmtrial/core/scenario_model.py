@@ -166,6 +166,21 @@ class ServerMetrics(RecordModel):
     prefix_cache_hits: Maybe[Number] = Field(None, description="Prompt tokens found there (0 with prefix caching off).")
 
 
+class NodeWindow(RecordModel):
+    """What one node's sampler saw in a window (llmtrial.serve.nodetelemetry.node_window_figures): its samples,
+    CPU and memory peaks, load, and the bytes its interface received and sent."""
+
+    samples: Maybe[int] = None
+    cpu_percent_peak: Number | None = None
+    cpu_percent_mean: Number | None = None
+    mem_used_peak_bytes: int | None = None
+    net_rx_bytes: int | None = None
+    net_tx_bytes: int | None = None
+    load1_peak: Maybe[Number | None] = Field(None, description="The highest one-minute load average.")
+    first: Maybe[float | None] = Field(None, description="Unix time of its first sample.")
+    last: Maybe[float | None] = Field(None, description="Unix time of its last sample.")
+
+
 class Pass(RecordModel):
     """One benchmark pass (or warm-up pass, or sweep step)."""
 
@@ -185,6 +200,9 @@ class Pass(RecordModel):
     window: Maybe[Window] = Field(None, description="The telemetry window around the pass.")
     telemetry: Maybe[WindowFigures] = Field(None, description="What telemetry sampled in the window.")
     server_metrics: Maybe[ServerMetrics] = Field(None, description="/metrics deltas over the pass.")
+    node_telemetry: Maybe[dict[str, NodeWindow]] = Field(None, description=(
+        "Across nodes: each node's samples inside the pass's window, by node (a node without a sample there is "
+        "absent)."))
 
 
 class StepFigures(RecordModel):
