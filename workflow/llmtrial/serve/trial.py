@@ -43,7 +43,7 @@ from llmtrial.serve.passes import PhaseFailure
 from llmtrial.serve.progress import outcome_line, say
 from llmtrial.serve.server import DEFAULT_ARGS, ServerProcess, build_server_argv
 from llmtrial.serve.telemetry import CSV_HEADER
-from llmtrial.weights.manifest import verify_manifest
+from llmtrial.weights.manifest import require_staged
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +75,6 @@ class TrialJob:
     def label(self) -> str:
         return f"{self.trial}/{self.spec.name}"
 
-    @property
-    def model_dir(self) -> str:
-        return self.manifest.model_dir
-
     @functools.cached_property
     def spread(self) -> Spread | None:
         """The configuration's nodes when it spans several, else None."""
@@ -100,7 +96,7 @@ class TrialJob:
 
     def argv(self, prefix_caching: bool = False) -> list[str]:
         """The API server's argv (node 0's, with its launch arguments where the configuration spans nodes)."""
-        return build_server_argv(model_dir=self.model_dir, served_model_name=self.workload.served_model_name,
+        return build_server_argv(model_dir=self.manifest.model_dir, served_model_name=self.workload.served_model_name,
                                  host=self.spec.host, port=self.spec.port, args=self.serving_args(prefix_caching),
                                  launch=self.spread.server_args() if self.spread else None)
 
@@ -108,7 +104,7 @@ class TrialJob:
                     relaunch: Callable[[], ServerProcess] | None = None) -> Measurement:
         return Measurement(
             name=self.spec.name, label=self.label, host=self.spec.host, port=self.spec.port,
-            model_dir=self.model_dir, workload=self.workload,
+            model_dir=self.manifest.model_dir, workload=self.workload,
             startup_timeout_s=self.spec.startup_timeout_s, paths=self.paths,
             gpus=[g["index"] for g in self.gpus], block_size=self.plan.figures.block_size,
             nodes=self.nodes, flags=dict(flags or {}), prefix_caching=self.prefix_caching, relaunch=relaunch)
@@ -135,11 +131,7 @@ class TrialJob:
         job_start, argv = time.time(), self.argv()
         if self.plan.verdict == "does_not_fit" and not self.spec.force:
             return self._skip(job_start, argv)
-        missing = verify_manifest(self.manifest, hashes=False)
-        if missing:
-            raise FileNotFoundError(
-                f"the staged model is not all there ({'; '.join(missing[:3])}): a finished trial's cleanup archives "
-                "or deletes it when model.weights.after says so; restage it with `snakemake --forcerun stage_model`")
+        require_staged(self.manifest)
         ledger = Ledger(self.paths.ledger)
         ready = ready_host(results=self.paths.trial.root, services=self.services, ports=[self.spec.port], host=self.spec.host,
                            patches=self.patches, ledger=ledger, patches_dir=self.paths.trial.patches, gpus=self.gpus,

@@ -22,7 +22,7 @@ from llmtrial.core.units import MiB
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MANIFEST_NAME", "visible_files", "build_manifest", "read_manifest", "verify_manifest"]
+__all__ = ["MANIFEST_NAME", "visible_files", "build_manifest", "read_manifest", "require_staged", "verify_manifest"]
 
 #: Name of the manifest that :func:`stage_model` writes inside a staged folder. Hidden,
 #: so :func:`build_manifest` does not list it.
@@ -108,3 +108,13 @@ def verify_manifest(manifest: ManifestRecord | Mapping[str, Any], *, hashes: boo
         if digest != entry.get("sha256"):
             problems.append(f"{rel}: sha256 {digest}, manifest says {entry.get('sha256')}")
     return problems
+
+
+def require_staged(manifest: ManifestRecord) -> None:
+    """FileNotFoundError, naming the first files at fault and how to restage, when a file the manifest lists
+    is missing or of another size (a configuration's job checks this before it serves)."""
+    missing = verify_manifest(manifest, hashes=False)
+    if missing:
+        raise FileNotFoundError(
+            f"the staged model is not all there ({'; '.join(missing[:3])}): a finished trial's cleanup archives "
+            "or deletes it when model.weights.after says so; restage it with `snakemake --forcerun stage_model`")
