@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA, REPO, written
+from llmtrial.core.configuration_spec import ServingSpec
 from llmtrial.core.ledger import Action, Ledger, replay
 from llmtrial.core.preflight_model import Gpus
-from llmtrial.core.trial_config import ServingSpec
 from llmtrial.host import gpus
 from llmtrial.host.gpus import SelectionError, select
 

@@ -8,11 +8,11 @@ import json
 import pytest
 
 from conftest import REPO, written
+from llmtrial.core.configuration_spec import ServingSpec
 from llmtrial.core.preflight_model import Gpus, Probes
 from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.records import check_record
 from llmtrial.core.scenario_model import Scenario
-from llmtrial.core.trial_config import ServingSpec
 from llmtrial.plan import ceiling
 from llmtrial.plan.planner import plan_record
 from llmtrial.plan.shape import model_shape

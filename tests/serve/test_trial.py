@@ -14,11 +14,12 @@ import pytest
 
 from conftest import DATA, SERVER_SCRIPT, wait_until, written
 from llmtrial.core.configuration_model import ConfigurationRecord
+from llmtrial.core.configuration_spec import ConfigurationSpec
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.paths import JobPaths, TrialPaths
 from llmtrial.core.record_models import Hardware, ManifestFile, ManifestRecord, PlanRecord
 from llmtrial.core.records import check_record, read_record
-from llmtrial.core.trial_config import BenchBlock, ColdStartBlock, ConfigurationSpec
+from llmtrial.core.trial_config import BenchBlock, ColdStartBlock
 from llmtrial.host.process_groups import group_members, port_open
 from llmtrial.serve.measure import Workload
 from llmtrial.serve.scenarios import spread_of as agreement

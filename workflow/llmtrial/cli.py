@@ -14,10 +14,10 @@ from llmtrial.compare.reproduce import reproduce
 from llmtrial.compare.trials import TrialFolderError
 from llmtrial.config import ConfigError, load_config
 from llmtrial.core.comparison_model import ComparisonRecord
+from llmtrial.core.configuration_spec import ServingSpec
 from llmtrial.core.joblog import open_job_log
 from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.records import as_written
-from llmtrial.core.trial_config import ServingSpec
 from llmtrial.core.units import GiB
 from llmtrial.export.br_schema import ReportInvalid
 from llmtrial.export.exports import export_trial

@@ -17,10 +17,11 @@ import yaml
 from pydantic import ValidationError
 
 from llmtrial.answers.tasks import TaskSetError, task_set
+from llmtrial.core.configuration_spec import ConfigurationSpec
 from llmtrial.core.record_models import CONFIG_SCHEMA
 from llmtrial.core.resources import SCHEMAS
 from llmtrial.core.trial_checks import CHECK_ERROR, canonical_args
-from llmtrial.core.trial_config import TRIAL_KEYS, ConfigurationSpec, TrialConfig
+from llmtrial.core.trial_config import TRIAL_KEYS, TrialConfig
 from llmtrial.host.nodes import number_slurm_nodes
 from llmtrial.serve.datasets import check_dataset
 from llmtrial.serve.scenarios import contexts

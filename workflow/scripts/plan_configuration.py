@@ -2,9 +2,9 @@
 
 from typing import TYPE_CHECKING
 
+from llmtrial.core.configuration_spec import ConfigurationSpec
 from llmtrial.core.joblog import open_job_log
 from llmtrial.core.records import load_record, write_record
-from llmtrial.core.trial_config import ConfigurationSpec
 from llmtrial.core.vllm_install import recorded_vllm
 from llmtrial.plan.planner import plan_record
 from llmtrial.weights.model_source import model_config_for, planned_weights

@@ -4,10 +4,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llmtrial.core.answers_model import Task
+from llmtrial.core.configuration_spec import ConfigurationSpec
 from llmtrial.core.joblog import open_job_log
 from llmtrial.core.paths import JobPaths, TrialPaths
 from llmtrial.core.records import load_record
-from llmtrial.core.trial_config import BenchBlock, ColdStartBlock, ConfigurationSpec, HardwareBlock, OutputsBlock
+from llmtrial.core.trial_config import BenchBlock, ColdStartBlock, HardwareBlock, OutputsBlock
 from llmtrial.host.nodes import spec_nodes
 from llmtrial.serve.datasets import with_staged
 from llmtrial.serve.measure import Workload

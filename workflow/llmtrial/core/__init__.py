@@ -7,6 +7,8 @@ package's data and job logs. It imports no other package.
   gave back, read from the ledger alone, and what it quieted.
 - :mod:`llmtrial.core.comparison_model`: The comparison record's model: one trial against another, what
   differs, and each figure's ratio with its interval and verdict.
+- :mod:`llmtrial.core.configuration_spec`: One configuration's spec: what its plan and its job read of
+  the trial file, as the plan and trial rules pass it.
 - :mod:`llmtrial.core.configuration_model`: The configuration record's model: what one serving
   configuration's job measured, its scenarios, server, failure and telemetry.
 - :mod:`llmtrial.core.cost`: Cost per million output tokens and energy per output token: the
@@ -21,6 +23,7 @@ package's data and job logs. It imports no other package.
 - :mod:`llmtrial.core.ledger`: The trial ledger: an append-only record of every change a trial makes
   to the host.
 - :mod:`llmtrial.core.paths`: Every path under ``results/<trial>/``, named once.
+- :mod:`llmtrial.core.patch_model`: A vLLM patch's ``patch.yaml`` as one model (its schema generated from it).
 - :mod:`llmtrial.core.preflight_model`: The preflight record's model: the host as found, its checks,
   the nodes, the kernel log, the probes and the disk.
 - :mod:`llmtrial.core.record_base`: The base of every record model and the parts several record kinds
@@ -38,8 +41,10 @@ package's data and job logs. It imports no other package.
   their summaries and windows, a sweep's steps and onset, the repetition's outcome.
 - :mod:`llmtrial.core.stats`: The statistics behind every verdict: intervals over passes, over
   requests, and of a ratio (Student t, percentile bootstrap, Welch's t).
-- :mod:`llmtrial.core.trial_config`: The trial file as one model, a submodel per block (held to the
-  config schema's defaults and refusals on every trial file; to replace the schema).
+- :mod:`llmtrial.core.trial_checks`: The trial file's model's shared parts: its number type, its names'
+  patterns, vLLM's argument names, and what its checks across keys share.
+- :mod:`llmtrial.core.trial_config`: The trial file as one model, a submodel per block, its checks across
+  keys as its validators (``schemas/config.schema.json`` generated from it).
 - :mod:`llmtrial.core.units`: Units, stated once: the binary byte multiples and a byte count for people.
 - :mod:`llmtrial.core.vllm_install`: Which vLLM is installed (distribution, version, build), and which
   one a preflight record found.
@@ -47,6 +52,7 @@ package's data and job logs. It imports no other package.
 Imports from: no other package. (tests/test_structure.py holds the order.)
 """
 
-__all__ = ["answers_model", "cleanup_model", "comparison_model", "configuration_model", "cost", "fileio", "gitstate", "hostlock", "joblog", "ledger", "paths", "preflight_model",
+__all__ = ["answers_model", "cleanup_model", "comparison_model", "configuration_model", "configuration_spec", "cost",
+           "fileio", "gitstate", "hostlock", "joblog", "ledger", "paths", "patch_model", "preflight_model",
            "record_base", "record_models", "records", "redact", "resources", "scenario_model", "stats",
-           "trial_config", "units", "vllm_install"]
+           "trial_checks", "trial_config", "units", "vllm_install"]

@@ -1,8 +1,11 @@
-"""The trial file's checks across keys, run as its model's validators (:mod:`llmtrial.core.trial_config`):
-each returns its problems as (key path under the block it checks, message), and :func:`raise_problems`
-hands them to pydantic at those keys, so the loader lists them with every other error of the file.
+"""The trial file's model's shared parts: its number type (:data:`Number`), its names' patterns (:class:`keys`), and
+what its checks across keys share (:mod:`llmtrial.core.trial_config` runs them as its model's
+validators): each check returns its problems as (key path under the block it checks, message), and
+:func:`raise_problems` hands them to pydantic at those keys, so the loader lists them with every other
+error of the file. The checks that need no model are here (arguments, ssh options, a cost's price); those
+that read a block's fields are beside the blocks.
 
-What a trial file says alone is checked here: arguments spelled twice, a sweep's lists, a passes rule, an
+The model checks what a trial file says alone: arguments spelled twice, a sweep's lists, a passes rule, an
 SLO with no target, a cost without its price, nodes and services naming nodes the trial lacks, refused ssh
 options, a pinned CUDA_VISIBLE_DEVICES, a file patch across nodes, the report's baseline, prefix caching
 across nodes. What needs the disk (a prompt file, the task set) is checked by the loader after the model
@@ -11,14 +14,19 @@ across nodes. What needs the disk (a prompt file, the task set) is checked by th
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
-from pydantic import ValidationError
-from pydantic_core import InitErrorDetails, PydanticCustomError
-
-if TYPE_CHECKING:
-    from llmtrial.core.trial_config import ScenarioBlock, TrialConfig
+from pydantic import (
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 
 #: A problem: where it is (keys under the block checked) and what is wrong.
 Problem = tuple[tuple[str | int, ...], str]
@@ -39,6 +47,37 @@ REFUSED_OPTIONS = {
     "knownhostscommand": "runs a command through a shell on this host",
     "batchmode": "is always yes: the trial never waits for a password or a prompt",
 }
+
+
+def _as_given(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A number checked as a float and kept as given: an integer stays an integer, so a resolved
+    trial file (and its hash in the provenance record) is what the file said."""
+    checked = handler(value)
+    return value if type(value) is int else checked
+
+
+#: A JSON number (an integer or not), its bounds checked, its value kept as the file gave it.
+Number = Annotated[float, WrapValidator(_as_given)]
+
+
+@dataclass(frozen=True)
+class keys:  # noqa: N801 (used as an annotation's marker: ``Annotated[dict[str, X], keys(PATTERN)]``)
+    """A mapping's keys held to ``pattern``: a key that breaks it is named in the error, and the JSON
+    Schema says it as ``propertyNames``."""
+
+    pattern: str
+
+    def check(self, value: dict[str, Any]) -> dict[str, Any]:
+        bad = [key for key in value if not re.match(self.pattern, key)]
+        if bad:
+            raise ValueError(f"{', '.join(map(repr, bad))} does not match {self.pattern!r}")
+        return value
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self.check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        return {**handler(schema), "propertyNames": {"pattern": self.pattern}}
 
 
 def raise_problems(title: str, problems: Iterable[Problem]) -> None:
@@ -85,82 +124,6 @@ def option_problem(option: str) -> str | None:
         return f"{option!r} is not Key=value"
     reason = REFUSED_OPTIONS.get(option_key(option))
     return f"{option.split('=', 1)[0]} {reason}" if reason else None
-
-
-def scenario_problems(spec: ScenarioBlock) -> list[Problem]:
-    """A sweep's lists (not empty, increasing, one value per step each), a passes rule whose min is
-    over its max, an SLO with no target."""
-    problems: list[Problem] = []
-    lists = {k: v for k in SWEEP_KEYS if isinstance(v := getattr(spec, k), list)}
-    for k, values in lists.items():
-        if not values:
-            problems.append(((k,), "a sweep's list is empty"))
-        elif k != "num_prompts" and any(b <= a for a, b in zip(values, values[1:], strict=False)):
-            problems.append(((k,), f"a sweep's values must increase, step by step (got {values})"))
-        elif k == "num_prompts" and any(b < a for a, b in zip(values, values[1:], strict=False)):
-            problems.append(((k,), f"a sweep's prompt counts must not decrease (got {values})"))
-    if len({len(v) for v in lists.values()} - {0}) > 1:
-        listed = ", ".join(f"{k} ({len(v)})" for k, v in lists.items())
-        problems.append(((), f"a sweep's lists must have one value per step, the same count each: {listed}"))
-    passes = spec.passes
-    if not isinstance(passes, int) and passes.min > passes.max:
-        problems.append((("passes", "min"), f"{passes.min} is more than passes.max ({passes.max})"))
-    slo = spec.slo
-    if slo is not None and all(v is None for v in (slo.ttft_ms, slo.tpot_ms, slo.e2el_ms)):
-        problems.append((("slo",), "give at least one target (ttft_ms, tpot_ms, e2el_ms)"))
-    return problems
-
-
-def node_problems(trial: TrialConfig) -> list[Problem]:
-    """An ssh node without an address, a refused ssh option, a configuration or a service naming a node
-    the trial lacks."""
-    problems: list[Problem] = []
-    for name, block in trial.nodes.items():
-        if block.reach == "ssh" and not block.ssh.address:
-            problems.append((("nodes", name, "ssh", "address"), "a node reached over ssh needs an address"))
-        problems += [(("nodes", name, "ssh", "options", i), f"ssh option {problem}")
-                     for i, option in enumerate(block.ssh.options) if (problem := option_problem(option))]
-    known = ", ".join(trial.nodes) if trial.nodes else "the trial lists no nodes"
-    for cname, entry in trial.configurations.items():
-        problems += [(("configurations", cname, "nodes"), f"{node!r} is not a node of this trial ({known})")
-                     for node in entry.nodes if node not in trial.nodes]
-    return problems + [(("services", sname, "node"), f"{entry.node!r} is not a node of this trial ({known})")
-                       for sname, entry in trial.services.items() if entry.node is not None and entry.node not in trial.nodes]
-
-
-def placement_problems(trial: TrialConfig) -> list[Problem]:
-    """An env that sets CUDA_VISIBLE_DEVICES while hardware.gpus lists the GPUs (the census and telemetry
-    would watch other GPUs than the server used); a file patch while a configuration spans nodes (it
-    changes this host only); prefix caching across nodes (the relaunch with it on is done on one host
-    only); a report baseline that is not a configuration."""
-    problems: list[Problem] = []
-    if isinstance(trial.hardware.gpus, list):
-        envs = [(("serving", "env"), trial.serving.env),
-                *((("configurations", n, "env"), e.env) for n, e in trial.configurations.items())]
-        problems += [((*key, "CUDA_VISIBLE_DEVICES"), "hardware.gpus lists the trial's GPUs and pins the servers to "
-                      "them (by UUID): leave CUDA_VISIBLE_DEVICES out of the env") for key, env in envs
-                     if "CUDA_VISIBLE_DEVICES" in env]
-    spread = [name for name, entry in trial.configurations.items() if len(entry.nodes) > 1]
-    if spread:
-        problems += [(("patches", name, "mode"), f"mode file changes this host's vLLM only, and configuration "
-                      f"{spread[0]!r} spans more than one node: use mode plugin, which is carried to every node")
-                     for name, entry in trial.patches.items() if entry.mode == "file"]
-    cached = [name for name, spec in trial.scenarios.items() if spec.dataset == PREFIX_DATASET]
-    for name in spread if cached else []:
-        try:
-            args = {**canonical_args(trial.serving.args), **canonical_args(trial.configurations[name].args)}
-        except ValueError:  # an argument spelled twice: its args' own check names it
-            continue
-        if not args.get("enable_prefix_caching"):
-            problems.append((("configurations", name), f"spans nodes, and scenario {cached[0]} ({PREFIX_DATASET}) "
-                             "needs its server launched again with prefix caching on, which is done on one host "
-                             "only: set enable_prefix_caching: true in its args to run every scenario with prefix "
-                             "caching on"))
-    baseline = trial.report.baseline
-    if baseline is not None and baseline not in trial.configurations:
-        problems.append((("report", "baseline"), f"{baseline!r} is not a configuration of this trial "
-                         f"({', '.join(trial.configurations)})"))
-    return problems
 
 
 def cost_problems(price: float | None, currency: str | None) -> list[Problem]:

@@ -9,62 +9,28 @@ under ``config/`` by ``tests/core/test_trial_config.py``.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    GetCoreSchemaHandler,
-    GetJsonSchemaHandler,
     StringConstraints,
-    ValidatorFunctionWrapHandler,
-    WrapValidator,
     model_validator,
 )
-from pydantic_core import core_schema
 
 from llmtrial.core.trial_checks import (
+    PREFIX_DATASET,
+    SWEEP_KEYS,
+    Number,
+    Problem,
     args_problems,
+    canonical_args,
     cost_problems,
-    node_problems,
-    placement_problems,
+    keys,
+    option_problem,
     raise_problems,
-    scenario_problems,
 )
-
-
-def _as_given(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-    """A number checked as a float and kept as given: an integer stays an integer, so a resolved
-    trial file (and its hash in the provenance record) is what the file said."""
-    checked = handler(value)
-    return value if type(value) is int else checked
-
-
-#: A JSON number (an integer or not), its bounds checked, its value kept as the file gave it.
-Number = Annotated[float, WrapValidator(_as_given)]
-
-
-@dataclass(frozen=True)
-class keys:  # noqa: N801 (used as an annotation's marker: ``Annotated[dict[str, X], keys(PATTERN)]``)
-    """A mapping's keys held to ``pattern``: a key that breaks it is named in the error, and the JSON
-    Schema says it as ``propertyNames``."""
-
-    pattern: str
-
-    def check(self, value: dict[str, Any]) -> dict[str, Any]:
-        bad = [key for key in value if not re.match(self.pattern, key)]
-        if bad:
-            raise ValueError(f"{', '.join(map(repr, bad))} does not match {self.pattern!r}")
-        return value
-
-    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        return core_schema.no_info_after_validator_function(self.check, handler(source))
-
-    def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> dict[str, Any]:
-        return {**handler(schema), "propertyNames": {"pattern": self.pattern}}
 
 
 class ConfigModel(BaseModel):
@@ -520,35 +486,85 @@ class TrialConfig(ConfigModel):
         raise_problems("trial", [*node_problems(self), *placement_problems(self)])
         return self
 
+# --------------------------------------------------------------------------- checks across keys
+
+
+def scenario_problems(spec: ScenarioBlock) -> list[Problem]:
+    """A sweep's lists (not empty, increasing, one value per step each), a passes rule whose min is
+    over its max, an SLO with no target."""
+    problems: list[Problem] = []
+    lists = {k: v for k in SWEEP_KEYS if isinstance(v := getattr(spec, k), list)}
+    for k, values in lists.items():
+        if not values:
+            problems.append(((k,), "a sweep's list is empty"))
+        elif k != "num_prompts" and any(b <= a for a, b in zip(values, values[1:], strict=False)):
+            problems.append(((k,), f"a sweep's values must increase, step by step (got {values})"))
+        elif k == "num_prompts" and any(b < a for a, b in zip(values, values[1:], strict=False)):
+            problems.append(((k,), f"a sweep's prompt counts must not decrease (got {values})"))
+    if len({len(v) for v in lists.values()} - {0}) > 1:
+        listed = ", ".join(f"{k} ({len(v)})" for k, v in lists.items())
+        problems.append(((), f"a sweep's lists must have one value per step, the same count each: {listed}"))
+    passes = spec.passes
+    if not isinstance(passes, int) and passes.min > passes.max:
+        problems.append((("passes", "min"), f"{passes.min} is more than passes.max ({passes.max})"))
+    slo = spec.slo
+    if slo is not None and all(v is None for v in (slo.ttft_ms, slo.tpot_ms, slo.e2el_ms)):
+        problems.append((("slo",), "give at least one target (ttft_ms, tpot_ms, e2el_ms)"))
+    return problems
+
+
+def node_problems(trial: TrialConfig) -> list[Problem]:
+    """An ssh node without an address, a refused ssh option, a configuration or a service naming a node
+    the trial lacks."""
+    problems: list[Problem] = []
+    for name, block in trial.nodes.items():
+        if block.reach == "ssh" and not block.ssh.address:
+            problems.append((("nodes", name, "ssh", "address"), "a node reached over ssh needs an address"))
+        problems += [(("nodes", name, "ssh", "options", i), f"ssh option {problem}")
+                     for i, option in enumerate(block.ssh.options) if (problem := option_problem(option))]
+    known = ", ".join(trial.nodes) if trial.nodes else "the trial lists no nodes"
+    for cname, entry in trial.configurations.items():
+        problems += [(("configurations", cname, "nodes"), f"{node!r} is not a node of this trial ({known})")
+                     for node in entry.nodes if node not in trial.nodes]
+    return problems + [(("services", sname, "node"), f"{entry.node!r} is not a node of this trial ({known})")
+                       for sname, entry in trial.services.items() if entry.node is not None and entry.node not in trial.nodes]
+
+
+def placement_problems(trial: TrialConfig) -> list[Problem]:
+    """An env that sets CUDA_VISIBLE_DEVICES while hardware.gpus lists the GPUs (the census and telemetry
+    would watch other GPUs than the server used); a file patch while a configuration spans nodes (it
+    changes this host only); prefix caching across nodes (the relaunch with it on is done on one host
+    only); a report baseline that is not a configuration."""
+    problems: list[Problem] = []
+    if isinstance(trial.hardware.gpus, list):
+        envs = [(("serving", "env"), trial.serving.env),
+                *((("configurations", n, "env"), e.env) for n, e in trial.configurations.items())]
+        problems += [((*key, "CUDA_VISIBLE_DEVICES"), "hardware.gpus lists the trial's GPUs and pins the servers to "
+                      "them (by UUID): leave CUDA_VISIBLE_DEVICES out of the env") for key, env in envs
+                     if "CUDA_VISIBLE_DEVICES" in env]
+    spread = [name for name, entry in trial.configurations.items() if len(entry.nodes) > 1]
+    if spread:
+        problems += [(("patches", name, "mode"), f"mode file changes this host's vLLM only, and configuration "
+                      f"{spread[0]!r} spans more than one node: use mode plugin, which is carried to every node")
+                     for name, entry in trial.patches.items() if entry.mode == "file"]
+    cached = [name for name, spec in trial.scenarios.items() if spec.dataset == PREFIX_DATASET]
+    for name in spread if cached else []:
+        try:
+            args = {**canonical_args(trial.serving.args), **canonical_args(trial.configurations[name].args)}
+        except ValueError:  # an argument spelled twice: its args' own check names it
+            continue
+        if not args.get("enable_prefix_caching"):
+            problems.append((("configurations", name), f"spans nodes, and scenario {cached[0]} ({PREFIX_DATASET}) "
+                             "needs its server launched again with prefix caching on, which is done on one host "
+                             "only: set enable_prefix_caching: true in its args to run every scenario with prefix "
+                             "caching on"))
+    baseline = trial.report.baseline
+    if baseline is not None and baseline not in trial.configurations:
+        problems.append((("report", "baseline"), f"{baseline!r} is not a configuration of this trial "
+                         f"({', '.join(trial.configurations)})"))
+    return problems
+
+
 #: Every key name any block of the trial file has (for a misspelled key's "did you mean").
 TRIAL_KEYS = sorted({name for model in ConfigModel.__subclasses__() for name in model.model_fields})
 
-
-class ServingSpec(BaseModel):
-    """What the planner reads of one configuration: its name, its vLLM args and env merged over
-    ``serving``'s, ``force``, and the blocks of the nodes it spans (the command line's plan gives these
-    alone)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(description="The configuration's name.")
-    args: dict[str, Any] = Field(default={}, description="serving.args and then the configuration's args, canonical names.")
-    env: dict[str, str] = Field(default={}, description="serving.env and then the configuration's env.")
-    force: bool = Field(default=False, description="Launch even when the planner rejects it.")
-    nodes: dict[str, NodeBlock] = Field(default={}, description=(
-        "The nodes it spans, in its order, when it spans several (empty: this host alone)."))
-
-
-class ConfigurationSpec(ServingSpec):
-    """Everything one configuration's job needs, and nothing another configuration changes
-    (:func:`llmtrial.config.configuration_spec`): the plan and trial rules pass it as a param, so editing
-    one configuration's args reruns that configuration alone; the scripts read it as this model."""
-
-    description: str = Field(description="configurations.<name>.description.")
-    host: str = Field(description="serving.host.")
-    port: int = Field(description="serving.base_port plus the configuration's position in the file.")
-    startup_timeout_s: float = Field(description="serving.startup_timeout_s.")
-    stop_timeout_s: float = Field(description="serving.stop_timeout_s.")
-    staging_dir: str | None = Field(default=None, description="Across nodes only: the trial's staging_dir.")
-    launch: Literal["native", "ray"] | None = Field(default=None, description=(
-        "Across nodes only: configurations.<name>.launch."))

@@ -34,9 +34,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from llmtrial.core.configuration_spec import ConfigurationSpec
 from llmtrial.core.fileio import sha256_file
 from llmtrial.core.trial_checks import option_key, option_problem
-from llmtrial.core.trial_config import ConfigurationSpec
 from llmtrial.host.slurm_hosts import JOB_ENV, allocation_hosts, srun_argv
 from llmtrial.onnode import file_hashes, node_probe
 

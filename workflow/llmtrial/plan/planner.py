@@ -26,11 +26,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmtrial.core.configuration_spec import ServingSpec
 from llmtrial.core.preflight_model import Gpus, Probes
 from llmtrial.core.record_models import Hardware as PlannedHardware
 from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.records import as_written, fact
-from llmtrial.core.trial_config import ServingSpec
 from llmtrial.core.units import GiB
 from llmtrial.plan import budget, checkpoint
 from llmtrial.plan.budget import MemoryTerms

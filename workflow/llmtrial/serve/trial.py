@@ -26,12 +26,13 @@ import psutil
 
 from llmtrial.borrow.readiness import Readiness, host_env, ready_host
 from llmtrial.core.configuration_model import ConfigurationRecord, PlanVerdict, Server, Telemetry, Timing
+from llmtrial.core.configuration_spec import ConfigurationSpec
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.core.paths import JobPaths
 from llmtrial.core.record_models import ManifestRecord, PlanRecord
 from llmtrial.core.records import write_record
 from llmtrial.core.redact import redact_env
-from llmtrial.core.trial_config import ConfigurationSpec, HardwareBlock
+from llmtrial.core.trial_config import HardwareBlock
 from llmtrial.host.nodes import Node
 from llmtrial.logs.lines import read_log
 from llmtrial.plan.plan_inputs import ServingArgs

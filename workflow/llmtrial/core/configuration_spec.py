@@ -1,0 +1,40 @@
+"""One configuration's spec: what its plan and its job read of the trial file (:func:`llmtrial.config.configuration_spec`
+builds it; the plan and trial rules pass it as a param)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmtrial.core.trial_config import NodeBlock
+
+
+class ServingSpec(BaseModel):
+    """What the planner reads of one configuration: its name, its vLLM args and env merged over
+    ``serving``'s, ``force``, and the blocks of the nodes it spans (the command line's plan gives these
+    alone)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="The configuration's name.")
+    args: dict[str, Any] = Field(default={}, description="serving.args and then the configuration's args, canonical names.")
+    env: dict[str, str] = Field(default={}, description="serving.env and then the configuration's env.")
+    force: bool = Field(default=False, description="Launch even when the planner rejects it.")
+    nodes: dict[str, NodeBlock] = Field(default={}, description=(
+        "The nodes it spans, in its order, when it spans several (empty: this host alone)."))
+
+
+class ConfigurationSpec(ServingSpec):
+    """Everything one configuration's job needs, and nothing another configuration changes
+    (:func:`llmtrial.config.configuration_spec`): the plan and trial rules pass it as a param, so editing
+    one configuration's args reruns that configuration alone; the scripts read it as this model."""
+
+    description: str = Field(description="configurations.<name>.description.")
+    host: str = Field(description="serving.host.")
+    port: int = Field(description="serving.base_port plus the configuration's position in the file.")
+    startup_timeout_s: float = Field(description="serving.startup_timeout_s.")
+    stop_timeout_s: float = Field(description="serving.stop_timeout_s.")
+    staging_dir: str | None = Field(default=None, description="Across nodes only: the trial's staging_dir.")
+    launch: Literal["native", "ray"] | None = Field(default=None, description=(
+        "Across nodes only: configurations.<name>.launch."))
