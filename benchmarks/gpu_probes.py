@@ -23,8 +23,8 @@ from llmtrial.host import gpus
 from llmtrial.host.probes import link_checks, peer_check, run_probes, selected_gpus
 
 try:
-    from llmtrial.borrow.preflight import gpu_inventory
     from llmtrial.host.telemetry_sources import NvmlSource
+    from llmtrial.lifecycle.preflight import gpu_inventory
 except ImportError as exc:  # psutil missing: probes only
     gpu_inventory = NvmlSource = None  # type: ignore[assignment,misc]
     MISSING = str(exc)

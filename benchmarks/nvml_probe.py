@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from llmtrial.borrow.preflight import gpu_inventory
 from llmtrial.host.telemetry_sources import NvmlSource
+from llmtrial.lifecycle.preflight import gpu_inventory
 from llmtrial.serve.telemetry import Sampler, read_samples, window_figures
 
 

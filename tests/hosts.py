@@ -285,7 +285,7 @@ def two_hosts(subnet: str = "10.231.1", port: int = 2222) -> Iterator[TwoHosts]:
         h.teardown_s = time.monotonic() - stopping
 
 
-CLEANUP = ("import json, sys; from llmtrial.borrow.cleanup import run_cleanup; "
+CLEANUP = ("import json, sys; from llmtrial.lifecycle.cleanup import run_cleanup; "
            "print(run_cleanup(sys.argv[1], stop_timeout=5).model_dump_json(exclude_unset=True))")
 
 

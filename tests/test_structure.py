@@ -20,7 +20,7 @@ PACKAGE = "llmtrial"
 LIBRARY = REPO / "workflow" / PACKAGE
 #: The library's packages, bottom first: each may import only those before it. The modules at
 #: the top (the trial file, provenance, the command line) may import any package; none imports them.
-PACKAGES = ("onnode", "core", "answers", "logs", "host", "plan", "weights", "patch", "borrow", "serve", "report", "compare", "export")
+PACKAGES = ("onnode", "core", "answers", "logs", "host", "plan", "weights", "patch", "lifecycle", "serve", "report", "compare", "export")
 
 
 def module_name(path: Path, root: Path = LIBRARY) -> str:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from llmtrial.borrow.cleanup import run_cleanup
 from llmtrial.core import hostlock
 from llmtrial.core.hostlock import PID_ENV, RUN_LOCK_ENV, WAIT_ENV, HostBusy, acquire, holder_for, read_holder, release
 from llmtrial.core.ledger import Action, Ledger, replay
+from llmtrial.lifecycle.cleanup import run_cleanup
 
 
 def dead_pid() -> int:

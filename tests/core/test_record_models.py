@@ -276,7 +276,7 @@ def test_every_record_the_workflow_writes_names_its_kind():
 
 
 def test_the_cleanup_records_weights_is_always_an_object(tmp_path):
-    from llmtrial.borrow.cleanup import cleanup_with_record
+    from llmtrial.lifecycle.cleanup import cleanup_with_record
 
     kept = cleanup_with_record(tmp_path, tmp_path / "a.json", weights=False).weights
     assert kept.applied is False and "did not finish" in kept.reason and kept.folders == []
@@ -287,9 +287,9 @@ def test_the_cleanup_records_weights_is_always_an_object(tmp_path):
 
 
 def test_the_quiet_record_matches_its_schema_with_an_earlier_runs_cleanup_inside(tmp_path, free_port):
-    from llmtrial.borrow.cleanup import restore_first
     from llmtrial.core.ledger import Ledger
     from llmtrial.host.services import quiet_host
+    from llmtrial.lifecycle.cleanup import restore_first
     from workflow_helpers import demo_service
 
     svc = demo_service(tmp_path / "demo", free_port)
@@ -305,7 +305,7 @@ def test_the_quiet_record_matches_its_schema_with_an_earlier_runs_cleanup_inside
         assert model.restored_first.run == record.restored_first.run and model.services[0].kind == "command"
         assert written(model) == written(record)
     finally:
-        from llmtrial.borrow.cleanup import run_cleanup
+        from llmtrial.lifecycle.cleanup import run_cleanup
 
         run_cleanup(tmp_path)
         subprocess.run(svc["stop"], timeout=30)

@@ -52,7 +52,7 @@ def double(tmp_path, monkeypatch):
 
 
 def inventory():
-    from llmtrial.borrow.preflight import gpu_inventory
+    from llmtrial.lifecycle.preflight import gpu_inventory
 
     return gpu_inventory()
 
@@ -84,7 +84,7 @@ def test_a_gpu_the_host_lacks_is_named_with_its_key(double, setting, message):
 
 
 def test_preflight_records_the_selection_and_the_kernel_logs_baseline_and_stops_on_a_missing_gpu(double, tmp_path):
-    from llmtrial.borrow.preflight import PreflightError, run_preflight
+    from llmtrial.lifecycle.preflight import PreflightError, run_preflight
 
     double["dmesg"] = [XID_79]
     write(double)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from conftest import NvmlDouble
-from llmtrial.borrow.preflight import gpu_inventory, run_preflight
 from llmtrial.config import load_schema, validate_config
 from llmtrial.core.records import check_record
 from llmtrial.host import probes
+from llmtrial.lifecycle.preflight import gpu_inventory, run_preflight
 
 SMALL = {"host_memory": {"bytes": 8 << 20, "repeats": 3}}
 

@@ -16,11 +16,11 @@ import pytest
 
 from conftest import written
 from hosts import cleanup_on_a, entries, kill_planted
-from llmtrial.borrow.cleanup import outstanding, run_cleanup
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.core.paths import TrialPaths
 from llmtrial.host.nodes import Node, NodeError, local_node
 from llmtrial.host.process_groups import group_alive, spawn_group, start_group, stop_remote_group
+from llmtrial.lifecycle.cleanup import outstanding, run_cleanup
 
 #: A leader that starts one child; both sleep (a server and its engine core, say).
 PAIR = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); " \

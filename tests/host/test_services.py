@@ -369,7 +369,7 @@ class TestArgv:
 #: The quiet stage and `snakemake cleanup` as they run on host A (one run: LLMTRIAL_RUN).
 QUIET_ON_A = ("import json, sys; from llmtrial.host.services import quiet_host; "
               "print(quiet_host(sys.argv[1], json.loads(sys.argv[2])).model_dump_json(exclude_unset=True))")
-CLEANUP_ON_A = ("import json, sys; from llmtrial.borrow.cleanup import run_cleanup; "
+CLEANUP_ON_A = ("import json, sys; from llmtrial.lifecycle.cleanup import run_cleanup; "
                 "print(run_cleanup(sys.argv[1], stop_timeout=5).model_dump_json(exclude_unset=True))")
 
 

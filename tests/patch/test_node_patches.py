@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from llmtrial.borrow.cleanup import outstanding
-from llmtrial.borrow.ledger_tables import patches_table
 from llmtrial.core.ledger import Action, Ledger, current_run
 from llmtrial.core.paths import TrialPaths
 from llmtrial.core.records import check_record
 from llmtrial.host.nodes import NodeError
+from llmtrial.lifecycle.cleanup import outstanding
+from llmtrial.lifecycle.ledger_tables import patches_table
 from llmtrial.patch.node_patches import PLUGIN_FOLDER, carry_plugin, plugin_files
 from llmtrial.patch.patchdata import PLUGIN_GROUP, PatchError, entry_point_name
 from llmtrial.patch.patching import apply_patches, ensure_patched, live_patches, node_plugin_env
@@ -27,7 +27,7 @@ from llmtrial.patch.patching import apply_patches, ensure_patched, live_patches,
 DEMO = "demo-worker-log"
 FLAG = "LLMTRIAL_DEMO_WORKER_LOG"
 #: run_cleanup on host A in a fresh process, as `snakemake cleanup` runs it, as this test's run.
-CLEANUP = ("import json, sys; from llmtrial.borrow.cleanup import run_cleanup; "
+CLEANUP = ("import json, sys; from llmtrial.lifecycle.cleanup import run_cleanup; "
            "print(run_cleanup(sys.argv[1], stop_timeout=5, run=sys.argv[2]).model_dump_json(exclude_unset=True))")
 #: On a node: the vllm.general_plugins entry points its Python finds on its PYTHONPATH.
 ENTRY_POINTS = ("import json, sys; from importlib.metadata import entry_points; "

@@ -21,10 +21,10 @@ import pytest
 import yaml
 
 from conftest import REPO, written
-from llmtrial.borrow.cleanup import run_cleanup, unfinished
-from llmtrial.borrow.ledger_tables import patches_table
 from llmtrial.cli import main as cli_main
 from llmtrial.core.ledger import Ledger
+from llmtrial.lifecycle.cleanup import run_cleanup, unfinished
+from llmtrial.lifecycle.ledger_tables import patches_table
 from llmtrial.patch.patching import (
     PatchError,
     apply_file_diff,

@@ -11,12 +11,12 @@ import sys
 import pytest
 
 from conftest import DATA, NvmlDouble, written
-from llmtrial.borrow.preflight import gpu_inventory
 from llmtrial.cli import main as cli_main
 from llmtrial.core.configuration_spec import ServingSpec
 from llmtrial.core.preflight_model import GpuDevice, Gpus
 from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.units import GiB
+from llmtrial.lifecycle.preflight import gpu_inventory
 from llmtrial.logs.lines import read_log
 from llmtrial.logs.startup_log import parse_startup
 from llmtrial.plan.budget import MemoryTerms

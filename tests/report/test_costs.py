@@ -12,9 +12,9 @@ import time
 import pytest
 
 from conftest import NvmlDouble, NvmlPowerDouble, sampled_at
-from llmtrial.borrow.preflight import environment_record
 from llmtrial.core.records import load_record, read_record, write_record
 from llmtrial.host.telemetry_sources import NvmlSource, RaplSource
+from llmtrial.lifecycle.preflight import environment_record
 from llmtrial.provenance import collect
 from llmtrial.report.render import build_context, render_report
 from llmtrial.report.verdicts import NO_DIFFERENCE, UNSTABLE

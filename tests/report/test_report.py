@@ -9,11 +9,11 @@ import statistics
 import synthetic
 from browser import chromium_available, visit
 from conftest import DATA, NvmlDouble, NvmlTelemetryDouble, wait_until
-from llmtrial.borrow.preflight import environment_record
 from llmtrial.core.fileio import atomic_write_text
 from llmtrial.core.records import as_written, read_record, write_record
 from llmtrial.host.services import gpu_snapshot
 from llmtrial.host.telemetry_sources import NvmlSource
+from llmtrial.lifecycle.preflight import environment_record
 from llmtrial.logs.engine_warnings import engine_warnings
 from llmtrial.report.render import build_context, fmt_bytes, fmt_num, notes_html, render_report, write_report
 from llmtrial.serve.telemetry import Sampler, read_samples, window_figures

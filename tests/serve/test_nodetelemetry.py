@@ -16,11 +16,11 @@ import pytest
 
 from conftest import REPO, wait_until
 from hosts import cleanup_on_a, entries, kill_planted
-from llmtrial.borrow.cleanup import outstanding
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.core.paths import TrialPaths
 from llmtrial.host.nodes import Node, local_node
 from llmtrial.host.process_groups import group_alive
+from llmtrial.lifecycle.cleanup import outstanding
 from llmtrial.serve.nodetelemetry import (
     CSV_HEADER,
     NodeTelemetry,

@@ -24,7 +24,7 @@ from llmtrial.weights.node_weights import copy_to_nodes, stage_on_nodes
 from workflow_helpers import default_config, snakemake, write_config
 
 #: run_cleanup on host A as `snakemake cleanup` runs it (with the weights' policy), as this test's run.
-CLEANUP = ("import json, sys; from llmtrial.borrow.cleanup import run_cleanup; "
+CLEANUP = ("import json, sys; from llmtrial.lifecycle.cleanup import run_cleanup; "
            "print(run_cleanup(sys.argv[1], stop_timeout=5, weights=True, run=sys.argv[2]).model_dump_json(exclude_unset=True))")
 FILES = {"config.json": b'{"model_type": "llama"}', "model.safetensors": b"\x00" * 4096, "sub/tokenizer.json": b"{}"}
 

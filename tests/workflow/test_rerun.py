@@ -25,10 +25,10 @@ import pytest
 
 from browser import PNG_MAGIC, chromium_available, visit
 from conftest import REPO, SNAKEFILE
-from llmtrial.borrow.cleanup import outstanding
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.records import load_record
 from llmtrial.host.process_groups import port_open
+from llmtrial.lifecycle.cleanup import outstanding
 from llmtrial.patch.patching import revert_patches
 from workflow_helpers import SNAKEMAKE, assert_stopped_as_its_passes_say, default_config
 

@@ -26,10 +26,10 @@ import psutil
 import pytest
 
 from conftest import REPO, SNAKEFILE, wait_until
-from llmtrial.borrow.cleanup import outstanding
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.records import load_record
 from llmtrial.host.process_groups import group_members, port_open
+from llmtrial.lifecycle.cleanup import outstanding
 from llmtrial.patch.patchdata import file_hash
 from llmtrial.patch.patching import revert_patches
 from slurm_cluster import SlurmCluster

@@ -9,7 +9,7 @@ only the packages below it (tests/test_structure.py checks it):
 - :mod:`llmtrial.plan`: shapes, checkpoints, vLLM's memory accounting, the planner;
 - :mod:`llmtrial.weights`: sources, staging, manifests, the weights policy;
 - :mod:`llmtrial.patch`: vLLM patches as data, applied and reverted;
-- :mod:`llmtrial.borrow`: preflight, host readiness, cleanup from the ledger;
+- :mod:`llmtrial.lifecycle`: preflight, host readiness, cleanup from the ledger;
 - :mod:`llmtrial.serve`: the server, the benchmark, telemetry, the trial job in phases;
 - :mod:`llmtrial.report`: conclusions, charts and the rendered report, from records only.
 

@@ -7,7 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-from llmtrial.borrow.cleanup import cleanup_with_record
 from llmtrial.compare.comparison import compare_trials
 from llmtrial.compare.page import write_comparison
 from llmtrial.compare.reproduce import reproduce
@@ -22,6 +21,7 @@ from llmtrial.core.units import GiB
 from llmtrial.export.br_schema import ReportInvalid
 from llmtrial.export.exports import export_trial
 from llmtrial.host.slurm_hosts import srun_options
+from llmtrial.lifecycle.cleanup import cleanup_with_record
 from llmtrial.logs.engine_warnings import engine_warnings
 from llmtrial.logs.failures import diagnose_failure
 from llmtrial.logs.lines import read_log

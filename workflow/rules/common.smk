@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from llmtrial.borrow.cleanup import cleanup_with_record, host_lines, restore_after_run
+from llmtrial.lifecycle.cleanup import cleanup_with_record, host_lines, restore_after_run
 from llmtrial.core.hostlock import LOCK_ENV, PID_ENV, PID_HOST_ENV, RUN_LOCK_ENV, WAIT_ENV, this_host
 from llmtrial.core.ledger import NODE_ENV, RUN_ENV, new_run_id
 from llmtrial.host.nodes import spanned_nodes, this_node_name

@@ -3,8 +3,8 @@
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmtrial.borrow.cleanup import cleanup_with_record
 from llmtrial.core.joblog import open_job_log
+from llmtrial.lifecycle.cleanup import cleanup_with_record
 
 if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
     from snakemake.iocontainers import snakemake

@@ -2,9 +2,9 @@
 
 from typing import TYPE_CHECKING
 
-from llmtrial.borrow.preflight import run_preflight
 from llmtrial.core.joblog import open_job_log
 from llmtrial.core.records import write_record
+from llmtrial.lifecycle.preflight import run_preflight
 
 if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
     from snakemake.iocontainers import snakemake

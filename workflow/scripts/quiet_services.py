@@ -3,9 +3,9 @@
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmtrial.borrow.readiness import quiet
 from llmtrial.core.joblog import open_job_log
 from llmtrial.core.records import write_record
+from llmtrial.lifecycle.readiness import quiet
 
 if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
     from snakemake.iocontainers import snakemake

@@ -10,7 +10,7 @@ each figure's verdict with its interval, the comparison page, and reproducing a 
   results folder, then compare the two.
 - :mod:`llmtrial.compare.trials`: A finished trial's results folder read as its records.
 
-Imports from: core, logs, host, plan, weights, patch, borrow, serve, report. (tests/test_structure.py
+Imports from: core, logs, host, plan, weights, patch, lifecycle, serve, report. (tests/test_structure.py
 holds the order.)
 """
 

@@ -164,7 +164,7 @@ class HostAfter(RecordModel):
 class CleanupRecord(RecordModel):
     """What a cleanup gave back (results/<trial>/cleanup/record.json; on-demand.json for `snakemake cleanup` and
     `llmtrial cleanup`; on-error.json after a failed job; on-success.json after a partial run). Written by
-    llmtrial.borrow.cleanup from the ledger alone; read by the report. What this run changed is kept apart from
+    llmtrial.lifecycle.cleanup from the ledger alone; read by the report. What this run changed is kept apart from
     what earlier runs left."""
 
     model_config = ConfigDict(title="cleanup record")
@@ -230,7 +230,7 @@ class QuietGpu(RecordModel):
 class QuietRecord(RecordModel):
     """What the quiet stage did (results/<trial>/services/quieted.json): per service its state before and what
     was done, the GPU memory freed, and the cleanup of an earlier run it did first. Written by
-    llmtrial.host.services (quiet_host), with the restore first of llmtrial.borrow.cleanup (restore_first); read
+    llmtrial.host.services (quiet_host), with the restore first of llmtrial.lifecycle.cleanup (restore_first); read
     by the report."""
 
     model_config = ConfigDict(title="quieted services record")

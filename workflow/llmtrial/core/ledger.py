@@ -25,7 +25,7 @@ Every entry names, beside, the ``machine``: the host whose process wrote it
 (:func:`llmtrial.core.hostlock.this_host`: inside a SLURM job, the node's SLURM name). On a cluster
 the jobs that change a host run on the node an allocation gave, while ``snakemake cleanup`` runs
 on the login node: cleanup undoes what was done on its own machine (:class:`Ledger` with
-``only_host``) and sends the rest to the host that did it (llmtrial.borrow.on_node). Entries
+``only_host``) and sends the rest to the host that did it (llmtrial.lifecycle.on_node). Entries
 written before hosts were named read as this machine's.
 
 The vocabulary is here and only here: :class:`Action` lists every entry kind, :data:`ACTIONS`

@@ -215,7 +215,7 @@ class Disk(RecordModel):
 
 class PreflightRecord(RecordModel):
     """The environment and the host checks before anything is staged (results/<trial>/preflight/record.json).
-    Written by llmtrial.borrow.preflight (run_preflight); read by the plan rule and the report."""
+    Written by llmtrial.lifecycle.preflight (run_preflight); read by the plan rule and the report."""
 
     model_config = ConfigDict(title="preflight record")
 

@@ -93,7 +93,7 @@ class ModelShape(RecordModel):
 
 class PlanRecord(RecordModel):
     """The planner's verdict on one serving configuration before launch (results/<trial>/plans/<name>.json).
-    Written by llmtrial.borrow.preflight (plan_record); read by the configuration job (whether to launch,
+    Written by llmtrial.lifecycle.preflight (plan_record); read by the configuration job (whether to launch,
     what to compare with) and the report."""
 
     model_config = ConfigDict(title="plan record")

@@ -1,6 +1,6 @@
 """One preflight check's shape, and the checks of a host's serving environment.
 
-Shared by the host's preflight (:mod:`llmtrial.borrow.preflight`), the cross-node preflight
+Shared by the host's preflight (:mod:`llmtrial.lifecycle.preflight`), the cross-node preflight
 (:mod:`llmtrial.host.crossnode`) and the launch checks of a plan (:mod:`llmtrial.plan.launch_checks`):
 the allocator setting, ``/dev/shm``, the open-file limit and the NCCL/GLOO interfaces. It
 sits apart from both preflights so that they and the planner never import each other.

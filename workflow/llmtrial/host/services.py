@@ -449,7 +449,7 @@ def quiet_host(results_dir: Path, services: Mapping[str, Any], *,
     first), and on a GPU host record the GPU memory and compute processes before and after,
     and the memory freed. A service whose state is unknown stops the stage before anything is
     stopped (:class:`ServiceStateUnknown`). ``restored_first`` is the record of the cleanup
-    that gave back what an earlier run left (:func:`llmtrial.borrow.cleanup.restore_first`)."""
+    that gave back what an earlier run left (:func:`llmtrial.lifecycle.cleanup.restore_first`)."""
     ledger = Ledger(TrialPaths(Path(results_dir)).ledger)
     before = gpu_snapshot(nvml)
     quieted = quiet([Service.from_config(name, entry) for name, entry in services.items()], ledger, runner)

@@ -21,7 +21,7 @@
 - :mod:`llmtrial.report.verdicts`: Verdicts between two sets of pass values, in the words the report
   and the comparison page use.
 
-Imports from: core, answers, logs, host, plan, weights, patch, borrow, serve. (tests/test_structure.py holds
+Imports from: core, answers, logs, host, plan, weights, patch, lifecycle, serve. (tests/test_structure.py holds
 the order.)
 """
 

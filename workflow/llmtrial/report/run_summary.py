@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmtrial.borrow.cleanup import host_lines
 from llmtrial.core.cleanup_model import CleanupRecord
 from llmtrial.core.paths import TrialPaths
+from llmtrial.lifecycle.cleanup import host_lines
 
 #: Findings quoted on the terminal; the rest are in the report.
 SHOWN = 6
@@ -16,7 +16,7 @@ SHOWN = 6
 def run_summary(results_dir: Path, *, since: float, cleanup: CleanupRecord | None = None) -> list[str]:
     """The run's closing lines. The report is named only when this run (started at ``since``,
     Unix time) rendered it; the host's state comes from ``cleanup`` or the trial's latest
-    cleanup record and its ledger (:func:`llmtrial.borrow.cleanup.host_lines`)."""
+    cleanup record and its ledger (:func:`llmtrial.lifecycle.cleanup.host_lines`)."""
     paths = TrialPaths(Path(results_dir))
     lines: list[str] = []
     if paths.report.exists() and paths.report.stat().st_mtime >= since:

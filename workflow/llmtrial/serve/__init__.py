@@ -43,7 +43,7 @@ sweeps and their datasets, telemetry, multi-node serving, and the trial job in i
 - :mod:`llmtrial.serve.vllm_bench`: Run vLLM's own serving benchmark (``vllm.benchmarks.serve``) as
   a module.
 
-Imports from: core, logs, host, plan, weights, patch, borrow. (tests/test_structure.py holds the
+Imports from: core, logs, host, plan, weights, patch, lifecycle. (tests/test_structure.py holds the
 order.)
 """
 

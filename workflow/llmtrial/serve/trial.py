@@ -1,7 +1,7 @@
 """One serving configuration's job: make the host ready, serve and measure, compare, stop.
 
 The job runs three phases, each in its own module and each giving its part of the record:
-host readiness (:mod:`llmtrial.borrow.readiness`: quiet again, patch again, the GPU census, the serving
+host readiness (:mod:`llmtrial.lifecycle.readiness`: quiet again, patch again, the GPU census, the serving
 environment), measurement (:mod:`llmtrial.serve.measure`: start, cold request, warm-ups, passes,
 sweeps, telemetry windows) and review (:mod:`llmtrial.serve.log_review`: diagnosis, engine
 warnings, predictions, the throughput bound). A multi-node configuration's side of each lives in
@@ -24,7 +24,6 @@ from typing import Any
 
 import psutil
 
-from llmtrial.borrow.readiness import Readiness, host_env, ready_host
 from llmtrial.core.configuration_model import ConfigurationRecord, PlanVerdict, Server, Telemetry, Timing
 from llmtrial.core.configuration_spec import ConfigurationSpec
 from llmtrial.core.ledger import Action, Ledger
@@ -34,6 +33,7 @@ from llmtrial.core.records import write_record
 from llmtrial.core.redact import redact_env
 from llmtrial.core.trial_config import HardwareBlock
 from llmtrial.host.nodes import Node
+from llmtrial.lifecycle.readiness import Readiness, host_env, ready_host
 from llmtrial.logs.lines import read_log
 from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve import log_review

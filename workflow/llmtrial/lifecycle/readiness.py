@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmtrial.borrow.cleanup import restore_first
 from llmtrial.core.cleanup_model import QuietedService, QuietRecord
 from llmtrial.core.configuration_model import GpuCensus
 from llmtrial.core.ledger import Ledger
 from llmtrial.host.gpus import launch_check, visible_devices_env
 from llmtrial.host.services import quiet_host, quiet_needed
+from llmtrial.lifecycle.cleanup import restore_first
 from llmtrial.patch.patching import ensure_patched, server_env
 
 log = logging.getLogger(__name__)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import socket
 
 from conftest import child_pid, fake_server, written
-from llmtrial.borrow.cleanup import cleanup_with_record, host_lines, run_cleanup
 from llmtrial.cli import main as cli_main
 from llmtrial.core.cleanup_model import CleanupRecord, QuietRecord
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.paths import TrialPaths
 from llmtrial.host.process_groups import group_members, port_open
+from llmtrial.lifecycle.cleanup import cleanup_with_record, host_lines, run_cleanup
 
 
 def abandoned_server(tmp_path, port, run=None):
@@ -97,8 +97,8 @@ def test_a_new_run_restores_what_a_crashed_run_left_before_quieting(tmp_path, fr
 
     import psutil
 
-    from llmtrial.borrow.cleanup import restore_first, unfinished
     from llmtrial.host.services import quiet_needed
+    from llmtrial.lifecycle.cleanup import restore_first, unfinished
 
     ledger = Ledger(TrialPaths(tmp_path).ledger, run="crashed")
     server = abandoned_server(tmp_path, free_port, run="crashed")  # a crashed run's server, still up

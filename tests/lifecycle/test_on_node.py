@@ -6,13 +6,13 @@ from __future__ import annotations
 import subprocess
 
 from conftest import written
-from llmtrial.borrow.cleanup import cleanup_with_record, run_cleanup
-from llmtrial.borrow.on_node import cleanup_argv, hosts_to_reach
 from llmtrial.core.hostlock import SLURM_NODE_ENV, this_host
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.paths import TrialPaths
 from llmtrial.host.process_groups import port_open
 from llmtrial.host.services import quiet_host
+from llmtrial.lifecycle.cleanup import cleanup_with_record, run_cleanup
+from llmtrial.lifecycle.on_node import cleanup_argv, hosts_to_reach
 from workflow_helpers import demo_service
 
 

@@ -26,8 +26,6 @@ from typing import Any
 
 import psutil
 
-from llmtrial.borrow.ledger_tables import patches_table, services_table, undo_rows
-from llmtrial.borrow.on_node import cleanup_there, hosts_to_reach
 from llmtrial.core.cleanup_model import CleanupRecord, HostAfter, LeftBehind, PortState, WeightsOutcome
 from llmtrial.core.hostlock import read_holder, this_host
 from llmtrial.core.hostlock import release as release_lock
@@ -38,6 +36,8 @@ from llmtrial.core.records import as_written, load_record, write_record
 from llmtrial.host.gpus import recheck_failed
 from llmtrial.host.process_groups import group_members, port_open, stop_group, stop_recorded_groups
 from llmtrial.host.services import check_running, restore
+from llmtrial.lifecycle.ledger_tables import patches_table, services_table, undo_rows
+from llmtrial.lifecycle.on_node import cleanup_there, hosts_to_reach
 from llmtrial.patch.patching import group_patches, revert_patches
 from llmtrial.weights.policy import apply_policy
 
@@ -284,7 +284,7 @@ def cleanup_with_record(results_dir: Path, record_path: Path | None = None, *, p
                         host: str = "127.0.0.1", stop_timeout: float = 30.0, weights: bool = False,
                         submit: Sequence[str] = ()) -> CleanupRecord:
     """Run cleanup and write its record (default ``<results>/cleanup/on-demand.json``): on each other
-    host with a change still open (a SLURM node; llmtrial.borrow.on_node, ``submit``: srun's further
+    host with a change still open (a SLURM node; llmtrial.lifecycle.on_node, ``submit``: srun's further
     options), then here. When only other hosts had changes, the record is the last one's; a host
     that could not be reached is a residue of the record written here."""
     paths = TrialPaths(Path(results_dir))

@@ -15,14 +15,6 @@ from pathlib import Path
 import pytest
 
 from conftest import NvmlDouble, NVMLError, written
-from llmtrial.borrow.preflight import (
-    PreflightError,
-    environment_record,
-    gpu_inventory,
-    linux_bus_id,
-    numa_nodes,
-    run_preflight,
-)
 from llmtrial.core.paths import TrialPaths
 from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.core.records import check_record
@@ -30,6 +22,14 @@ from llmtrial.core.redact import redact_env
 from llmtrial.host.checks import check_allocator, check_open_files
 from llmtrial.host.disk import disk_headroom
 from llmtrial.host.nodes import spanned_nodes
+from llmtrial.lifecycle.preflight import (
+    PreflightError,
+    environment_record,
+    gpu_inventory,
+    linux_bus_id,
+    numa_nodes,
+    run_preflight,
+)
 from workflow_helpers import default_config, snakemake, write_config
 
 DISK = {"reserve_fraction": 0.10, "reserve_min_gib": 5}
@@ -162,7 +162,7 @@ class TestHostChecks:
         assert record.disk.needed_bytes > 5 * 2**20
 
     def test_the_record_is_its_model_and_writes_what_the_dict_held(self, tmp_path, monkeypatch):
-        import llmtrial.borrow.preflight as preflight
+        import llmtrial.lifecycle.preflight as preflight
 
         sysfs = fake_sysfs(tmp_path / "sys")
         baseline = {"available": False, "reason": "dmesg: not permitted", "lines": []}
@@ -197,7 +197,7 @@ def test_redaction_keeps_ordinary_values():
 NODE_PREFLIGHT = """\
 import json, sys
 from llmtrial.host import crossnode
-from llmtrial.borrow.preflight import PreflightError, run_preflight
+from llmtrial.lifecycle.preflight import PreflightError, run_preflight
 crossnode.STALE_MARKERS.clear()
 crossnode.STALE_MARKERS["llmtrial-test-" + "no-such-process"] = "nothing"
 try:

@@ -1,6 +1,6 @@
 """What the trial's ledger says was changed and given back, one row per change: each quieted
 service, each patched file or plugin folder, each server, group and job. The cleanup record
-carries these tables (:func:`llmtrial.borrow.cleanup.run_cleanup`); they are read from the ledger
+carries these tables (:func:`llmtrial.lifecycle.cleanup.run_cleanup`); they are read from the ledger
 alone, so any run's cleanup tells every run's changes apart.
 """
 
