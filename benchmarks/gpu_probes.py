@@ -4,7 +4,7 @@
 
 Needs torch (with CUDA to measure the GPU probes) and, for the telemetry and the link
 checks, nvidia-ml-py and psutil; neither vLLM nor Snakemake. Runs every probe with the trial
-file's defaults (:data:`llmtrial.host.probes.DEFAULTS`) on the GPUs given (every GPU NVML lists
+file's defaults (:class:`llmtrial.core.trial_config.ProbesBlock`) on the GPUs given (every GPU NVML lists
 by default), prints every figure and the link checks, then samples NVML once a second for
 SECONDS (default 3) while idle. Before the probes it prints the census of compute processes
 on those GPUs and their health check (:mod:`llmtrial.host.gpus`: a fresh process per GPU that

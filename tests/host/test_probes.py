@@ -9,6 +9,7 @@ import pytest
 from conftest import NvmlDouble
 from llmtrial.config import load_schema, validate_config
 from llmtrial.core.records import check_record
+from llmtrial.core.trial_config import ProbesBlock
 from llmtrial.host import probes
 from llmtrial.lifecycle.preflight import gpu_inventory, run_preflight
 
@@ -64,7 +65,9 @@ def test_a_program_that_cannot_start_skips_every_probe_with_the_reason(tmp_path)
 def test_the_defaults_are_the_schemas():
     config = validate_config({"trial": "t", "model": {"name": "m", "source": {"kind": "tiny"}},
                               "configurations": {"a": {}}, "scenarios": {"s": {}}})
-    assert config["probes"] == probes.DEFAULTS
+    assert config["probes"] == probes.settings_with_defaults(None) == ProbesBlock().model_dump()
+    assert probes.settings_with_defaults({"host_memory": {"repeats": 2}})["host_memory"] == {
+        **ProbesBlock().host_memory.model_dump(), "repeats": 2}
     assert set(load_schema()["properties"]["probes"]["properties"]) == {"timeout_s", "far_below", *probes.PROBES}
 
 

@@ -8,10 +8,9 @@ import json
 
 import pytest
 
-from llmtrial.config import ConfigError, load_schema, validate_config
+from llmtrial.config import ConfigError, validate_config
 from llmtrial.serve.bench import bench_argv
 from llmtrial.serve.datasets import (
-    DEFAULTS,
     PromptFileError,
     dataset_flags,
     stage_prompts,
@@ -133,11 +132,6 @@ def test_a_configuration_across_nodes_that_would_need_a_relaunch_is_refused():
     [line] = [line for line in str(err.value).splitlines() if "prefix caching" in line]
     assert line.strip().startswith("config key 'configurations.two': spans nodes, and scenario mine (prefix_repetition)")
     assert "set enable_prefix_caching: true in its args" in line
-
-
-def test_the_dataset_defaults_are_the_schemas():
-    keys = load_schema()["properties"]["scenarios"]["additionalProperties"]["properties"]
-    assert {key: keys[key]["default"] for key in DEFAULTS} == DEFAULTS
 
 
 # --------------------------------------------------------------------------- the flags

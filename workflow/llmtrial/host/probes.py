@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from llmtrial.core.trial_config import ProbesBlock
 from llmtrial.host import collective, probe_program
 from llmtrial.host.checks import check
 from llmtrial.host.nodes import last_json_object
@@ -35,18 +36,10 @@ GPU_PROBES = (*probe_program.GPU_PROBES, "all_reduce")
 PROBES = ("host_memory", *GPU_PROBES)
 #: GB/s one PCIe lane carries per direction, by generation (after line coding).
 PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
-#: The probes' defaults when the trial file is not read through its schema (tests, the benchmark).
-DEFAULTS: dict[str, Any] = {
-    "timeout_s": 120, "far_below": 0.5,
-    **{name: {"enabled": True, "bytes": 256 << 20 if name == "host_memory" else 64 << 20, "repeats": 5}
-       for name in PROBES},
-}
-
-
 def settings_with_defaults(settings: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The trial file's ``probes`` block over :data:`DEFAULTS`."""
-    given = dict(settings or {})
-    return {**DEFAULTS, **given, **{name: {**DEFAULTS[name], **(given.get(name) or {})} for name in PROBES}}
+    """The trial file's ``probes`` block with its model's defaults filled (a partial block too: the tests',
+    the benchmark's); the probe program reads it as this plain mapping."""
+    return ProbesBlock.model_validate(dict(settings or {})).model_dump()
 
 
 def selected_gpus(gpus: Mapping[str, Any]) -> list[int]:
@@ -226,7 +219,7 @@ def bandwidth_check(devices: Sequence[Mapping[str, Any]], results: Sequence[Mapp
 
 
 def link_checks(probes: Mapping[str, Any], gpus: Mapping[str, Any],
-                far_below: float = DEFAULTS["far_below"]) -> list[dict[str, Any]]:
+                far_below: float = ProbesBlock().far_below) -> list[dict[str, Any]]:
     """The host's link checks from the preflight inventory (``environment.gpus``) and the probes:
     ``pcie_link`` and ``link_bandwidth``. Peer access depends on a configuration's split, so
     each plan checks it (:func:`peer_check`)."""

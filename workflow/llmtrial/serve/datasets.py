@@ -34,16 +34,15 @@ from typing import Any
 from llmtrial.core.fileio import atomic_write_bytes, sha256_file
 from llmtrial.core.record_models import PromptsRecord, StagedPrompts
 from llmtrial.core.trial_checks import PREFIX_DATASET
+from llmtrial.core.trial_config import ScenarioBlock
 
 #: vLLM bench's --dataset-name values a scenario may name.
 DATASETS = ("random", "custom", "sharegpt", "prefix_repetition")
 #: The datasets read from the operator's file, each with its staged copy's suffix (vLLM reads custom from .jsonl only).
 FILE_SUFFIX = {"custom": ".jsonl", "sharegpt": ".json"}
-#: The dataset whose scenarios run with prefix caching on.
-#: The dataset keys' schema defaults (a test holds them to the schema): a scenario recorded before the
-#: keys existed reads as these.
-DEFAULTS: dict[str, Any] = {"dataset": "random", "prompts": None, "chat_template": False, "range_ratio": None,
-                            "prefix_len": None, "num_prefixes": 1}
+#: The dataset keys' defaults, the trial file's model's: a scenario recorded before the keys existed reads as these.
+DEFAULTS: dict[str, Any] = {key: ScenarioBlock.model_fields[key].default
+                            for key in ("dataset", "prompts", "chat_template", "range_ratio", "prefix_len", "num_prefixes")}
 
 
 class PromptFileError(ValueError):
