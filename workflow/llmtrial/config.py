@@ -171,4 +171,4 @@ def _spread(config: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
     if len(names) < 2:
         return {}
     return {"nodes": {name: config["nodes"][name] for name in names}, "staging_dir": config["staging_dir"],
-            "launch": entry.get("launch", "native")}
+            "launch": entry["launch"]}

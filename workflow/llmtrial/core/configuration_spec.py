@@ -38,3 +38,10 @@ class ConfigurationSpec(ServingSpec):
     staging_dir: str | None = Field(default=None, description="Across nodes only: the trial's staging_dir.")
     launch: Literal["native", "ray"] | None = Field(default=None, description=(
         "Across nodes only: configurations.<name>.launch."))
+
+    @property
+    def spread_launch(self) -> Literal["native", "ray"]:
+        """How the configuration across nodes is launched (ValueError for a spec on one host, which has none)."""
+        if self.launch is None:
+            raise ValueError(f"configuration {self.name} spans no nodes: it has no launch across them")
+        return self.launch

@@ -82,7 +82,7 @@ class TrialJob:
         if len(self.nodes) < 2:
             return None
         return Spread(name=self.spec.name, label=self.label, trial=self.trial, nodes=self.nodes, port=self.spec.port,
-                      launch=self.spec.launch or "native", manifest=self.manifest)
+                      launch=self.spec.spread_launch, manifest=self.manifest)
 
     @property
     def prefix_caching(self) -> bool:
