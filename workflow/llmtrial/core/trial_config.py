@@ -60,6 +60,11 @@ class NodeBlock(ConfigModel):
     env: Annotated[dict[str, str], keys('^[A-Za-z_][A-Za-z0-9_]*$')] = Field(default={}, description="Environment for every process the trial starts on this node (its serving rank, the sanity check's rank), over the configuration's env: e.g. the core a CPU rank binds to (VLLM_CPU_OMP_THREADS_BIND). GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME (from interface) and VLLM_HOST_IP (from address) are set unless given here.")
 
 
+    @model_validator(mode="after")
+    def _checked(self) -> NodeBlock:
+        raise_problems("node", reach_problems(self))
+        return self
+
 class TinyBlock(ConfigModel):
     """Size of the generated tiny model (kind tiny only). head_dim = hidden_size / num_heads must be 64."""
 
@@ -513,15 +518,18 @@ def scenario_problems(spec: ScenarioBlock) -> list[Problem]:
     return problems
 
 
-def node_problems(trial: TrialConfig) -> list[Problem]:
-    """An ssh node without an address, a refused ssh option, a configuration or a service naming a node
-    the trial lacks."""
+def reach_problems(block: NodeBlock) -> list[Problem]:
+    """An ssh node without an address, a refused ssh option."""
     problems: list[Problem] = []
-    for name, block in trial.nodes.items():
-        if block.reach == "ssh" and not block.ssh.address:
-            problems.append((("nodes", name, "ssh", "address"), "a node reached over ssh needs an address"))
-        problems += [(("nodes", name, "ssh", "options", i), f"ssh option {problem}")
-                     for i, option in enumerate(block.ssh.options) if (problem := option_problem(option))]
+    if block.reach == "ssh" and not block.ssh.address:
+        problems.append((("ssh", "address"), "a node reached over ssh needs an address"))
+    return problems + [(("ssh", "options", i), f"ssh option {problem}")
+                       for i, option in enumerate(block.ssh.options) if (problem := option_problem(option))]
+
+
+def node_problems(trial: TrialConfig) -> list[Problem]:
+    """A configuration or a service naming a node the trial lacks."""
+    problems: list[Problem] = []
     known = ", ".join(trial.nodes) if trial.nodes else "the trial lists no nodes"
     for cname, entry in trial.configurations.items():
         problems += [(("configurations", cname, "nodes"), f"{node!r} is not a node of this trial ({known})")

@@ -34,9 +34,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from pydantic import ValidationError
+
 from llmtrial.core.configuration_spec import ConfigurationSpec
 from llmtrial.core.fileio import sha256_file
-from llmtrial.core.trial_checks import option_key, option_problem
+from llmtrial.core.trial_checks import CHECK_ERROR, option_key
+from llmtrial.core.trial_config import NodeBlock
 from llmtrial.host.slurm_hosts import JOB_ENV, allocation_hosts, srun_argv
 from llmtrial.onnode import file_hashes, node_probe
 
@@ -85,36 +88,28 @@ class Node:
     via: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
-    def from_config(cls, name: str, block: Mapping[str, Any], defaults: Mapping[str, Any]) -> Node:
-        """The node ``name`` of the trial file's ``nodes`` (``block`` is its mapping, defaults
-        filled or not); ``defaults`` gives the trial's ``staging_dir`` (and ``python``, the
-        interpreter of a local node, default this one)."""
-        reach = block.get("reach", "local")
-        ssh = dict(block.get("ssh") or {})
-        if reach not in ("local", "ssh", "slurm"):
-            raise ValueError(f"node {name}: reach must be local, ssh or slurm, not {reach!r}")
-        if reach == "ssh" and not ssh.get("address"):
-            raise ValueError(f"node {name}: a node reached over ssh needs ssh.address")
-        options = tuple(ssh.get("options") or ())
-        for option in options:
-            if problem := option_problem(option):
-                raise ValueError(f"node {name}: ssh option {problem}")
+    def from_config(cls, name: str, block: NodeBlock | Mapping[str, Any], defaults: Mapping[str, Any]) -> Node:
+        """The node ``name`` of the trial file's ``nodes`` (``block`` its model, or its mapping, read as the model:
+        ValueError naming the node and each problem); ``defaults`` gives the trial's ``staging_dir`` (and
+        ``python``, the interpreter of a local node, default this one)."""
+        block = node_block(name, block)
+        reach, ssh = block.reach, block.ssh
         local_python = defaults.get("python") or sys.executable
         host, job = _slurm_host(name, block, defaults)
         return cls(
             name=name,
             reach=reach,
-            python=block.get("python") or (local_python if reach != "ssh" else "python3"),
-            staging_dir=str(block.get("staging_dir") or defaults.get("staging_dir") or "staging"),
-            address=(block.get("address") or (ssh.get("address") if reach == "ssh" else None) or host
+            python=block.python or (local_python if reach != "ssh" else "python3"),
+            staging_dir=str(block.staging_dir or defaults.get("staging_dir") or "staging"),
+            address=(block.address or (ssh.address if reach == "ssh" else None) or host
                      or _local_address(block, defaults) or "127.0.0.1"),
-            interface=block.get("interface"),
-            user=ssh.get("user"),
-            ssh_address=ssh.get("address") if reach == "ssh" else None,
-            port=int(ssh.get("port") or 22),
-            identity_file=ssh.get("identity_file"),
-            options=options,
-            env=tuple(sorted((str(k), str(v)) for k, v in (block.get("env") or {}).items())),
+            interface=block.interface,
+            user=ssh.user,
+            ssh_address=ssh.address if reach == "ssh" else None,
+            port=ssh.port,
+            identity_file=ssh.identity_file,
+            options=tuple(ssh.options),
+            env=tuple(sorted(block.env.items())),
             slurm_host=host if reach == "slurm" else None,
             slurm_job=job if reach == "slurm" else None,
         )
@@ -302,14 +297,26 @@ class Node:
         return out
 
 
-def _slurm_host(name: str, block: Mapping[str, Any], defaults: Mapping[str, Any]) -> tuple[str | None, str | None]:
+def node_block(name: str, block: NodeBlock | Mapping[str, Any]) -> NodeBlock:
+    """``block`` as the trial file's node model; ValueError naming node ``name`` and each problem."""
+    if isinstance(block, NodeBlock):
+        return block
+    try:
+        return NodeBlock.model_validate(dict(block))
+    except ValidationError as exc:
+        raise ValueError(f"node {name}: " + "; ".join(
+            str(e["msg"]) if e["type"] == CHECK_ERROR else f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+            for e in exc.errors())) from None
+
+
+def _slurm_host(name: str, block: NodeBlock, defaults: Mapping[str, Any]) -> tuple[str | None, str | None]:
     """The allocation's host of a node with ``reach: slurm`` (its ``slurm_index`` in SLURM_JOB_NODELIST)
     and the allocation's id, or what a ledger entry recorded (``defaults["slurm_host"]``: from outside
     the allocation, which may have ended); (None, None) where neither says."""
-    if block.get("reach") != "slurm":
+    if block.reach != "slurm":
         return None, None
     hosts, job = allocation_hosts(), os.environ.get(JOB_ENV)
-    index = block.get("slurm_index")
+    index = block.slurm_index
     if hosts and job and index is not None:
         if index >= len(hosts):
             raise NodeError(f"node {name}: slurm_index {index}, but the allocation has {len(hosts)} host(s) "
@@ -319,10 +326,10 @@ def _slurm_host(name: str, block: Mapping[str, Any], defaults: Mapping[str, Any]
     return recorded, (job if recorded in hosts else None)
 
 
-def _local_address(block: Mapping[str, Any], defaults: Mapping[str, Any]) -> str | None:
+def _local_address(block: NodeBlock, defaults: Mapping[str, Any]) -> str | None:
     """A local node's address in a trial with slurm nodes: the allocation's first host (where the
     host group runs), so the other hosts reach it; None otherwise."""
-    if block.get("reach", "local") != "local" or not defaults.get("slurm_trial"):
+    if block.reach != "local" or not defaults.get("slurm_trial"):
         return None
     return next(iter(allocation_hosts()), None)
 
@@ -334,8 +341,8 @@ def number_slurm_nodes(config: dict[str, Any]) -> None:
             block["slurm_index"] = i
 
 
-def _node_defaults(blocks: Mapping[str, Any], staging_dir: Any) -> dict[str, Any]:
-    return {"staging_dir": staging_dir, "slurm_trial": any(b.get("reach") == "slurm" for b in blocks.values())}
+def _node_defaults(blocks: Mapping[str, NodeBlock], staging_dir: Any) -> dict[str, Any]:
+    return {"staging_dir": staging_dir, "slurm_trial": any(b.reach == "slurm" for b in blocks.values())}
 
 
 def program_argv(python: str, module: ModuleType, *args: str) -> list[str]:
@@ -381,7 +388,7 @@ def this_node_name(config: Mapping[str, Any]) -> str:
 
 def trial_nodes(config: Mapping[str, Any]) -> dict[str, Node]:
     """The trial's nodes by name, in file order; one local node when it lists none."""
-    blocks = config.get("nodes") or {}
+    blocks = {name: node_block(name, block) for name, block in (config.get("nodes") or {}).items()}
     defaults = _node_defaults(blocks, config.get("staging_dir", "staging"))
     if not blocks:
         return {LOCAL_NAME: local_node(staging_dir=defaults["staging_dir"])}
@@ -399,9 +406,8 @@ def configuration_nodes(config: Mapping[str, Any], name: str) -> list[Node]:
 def spec_nodes(spec: ConfigurationSpec) -> list[Node]:
     """The nodes of a configuration's spec (:func:`llmtrial.config.configuration_spec`), in
     its order; empty for a configuration on this host alone."""
-    blocks = {name: block.model_dump() for name, block in spec.nodes.items()}
-    defaults = _node_defaults(blocks, spec.staging_dir or "staging")
-    return [Node.from_config(name, block, defaults) for name, block in blocks.items()]
+    defaults = _node_defaults(spec.nodes, spec.staging_dir or "staging")
+    return [Node.from_config(name, block, defaults) for name, block in spec.nodes.items()]
 
 
 def spanned_nodes(config: Mapping[str, Any]) -> dict[str, Any]:
