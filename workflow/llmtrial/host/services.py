@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from llmtrial.core.cleanup_model import CleanupRecord, QuietedService, QuietGpu,
 from llmtrial.core.ledger import Action, Ledger, replay
 from llmtrial.core.paths import TrialPaths
 from llmtrial.core.record_base import Residue
+from llmtrial.core.trial_config import ServiceBlock
 from llmtrial.host.gpus import held_gpus
 from llmtrial.host.nodes import Node, NodeError, local_node, trial_nodes
 from llmtrial.host.telemetry_sources import NvmlSource
@@ -75,7 +76,6 @@ SYSTEMD_STOPPED_WORDS = ("inactive", "failed")
 SUPERVISOR_STOPPED_WORDS = ("STOPPED", "EXITED", "FATAL")
 # - kind command: exit 0 is running; `stopped_exit_codes` (default [3], the LSB "program is
 #   not running" status) are stopped; anything else is unknown.
-DEFAULT_STOPPED_EXIT_CODES = (3,)
 
 
 #: Seconds a node's health program may take beyond the probe's own timeout.
@@ -114,49 +114,47 @@ def resolve_argv(argv: list[Any], python: str | None = None) -> list[str]:
 
 @dataclass
 class Service:
-    """One service as the trial config describes it."""
+    """One service as the trial config describes it (:meth:`from_config`: its defaults are the model's)."""
 
     name: str
     kind: str
-    target: str = ""  # systemd unit, docker container or supervisor program
-    supervisor_config: str | None = None  # supervisorctl -c FILE
-    status_argv: list[str] = field(default_factory=list)  # kind command
-    stop_argv: list[str] = field(default_factory=list)
-    start_argv: list[str] = field(default_factory=list)
-    stopped_exit_codes: list[int] = field(default_factory=lambda: list(DEFAULT_STOPPED_EXIT_CODES))
-    health: dict[str, Any] = field(default_factory=dict)
-    stop_timeout_s: float = 60.0
-    start_timeout_s: float = 120.0
-    health_timeout_s: float = 120.0
-    node: Node | None = None  # another node of the trial (None: this host, as the trial's first node)
-    gpus: list[str] = field(default_factory=list)  # the GPUs it runs on (NVML indexes or UUIDs)
-    start_on_failed_gpu: bool = False  # restore it even onto a GPU that failed its health check
+    target: str  # systemd unit, docker container or supervisor program
+    supervisor_config: str | None  # supervisorctl -c FILE
+    status_argv: list[str]  # kind command
+    stop_argv: list[str]
+    start_argv: list[str]
+    stopped_exit_codes: list[int]
+    health: dict[str, Any]
+    stop_timeout_s: float
+    start_timeout_s: float
+    health_timeout_s: float
+    node: Node | None  # another node of the trial (None: this host, as the trial's first node)
+    gpus: list[str]  # the GPUs it runs on (NVML indexes or UUIDs)
+    start_on_failed_gpu: bool  # restore it even onto a GPU that failed its health check
 
     @property
     def has_health(self) -> bool:
         return bool(self.health.get("kind"))
 
     @classmethod
-    def from_config(cls, name: str, entry: Mapping[str, Any]) -> Service:
-        """The service of a config entry, or of a ledger entry's ``service``; with ``reach``
-        (:func:`services_on_nodes`), on the node it describes."""
-        node = Node.from_reach(str(entry["node"]), entry["reach"]) if entry.get("reach") else None
+    def from_config(cls, name: str, entry: ServiceBlock | Mapping[str, Any]) -> Service:
+        """The service of a config entry (its model, or its mapping read as the model), or of a ledger
+        entry's ``service`` (its name and ``reach`` set aside: with ``reach``, from :func:`services_on_nodes`,
+        on the node it describes)."""
+        reach = entry.get("reach") if isinstance(entry, Mapping) else None
+        block = entry if isinstance(entry, ServiceBlock) else ServiceBlock.model_validate(
+            {k: v for k, v in entry.items() if k not in ("name", "reach")})
+        node = Node.from_reach(str(block.node), reach) if reach else None
         python = node.python if node is not None and not node.is_local else None
-        timeouts = entry.get("timeouts") or {}
-        health = dict(entry.get("health") or {})
-        if "argv" in health:
-            health["argv"] = resolve_argv(health["argv"], python)
+        health = block.health.model_dump()
+        health["argv"] = resolve_argv(health["argv"], python)
         return cls(
-            name=name, kind=entry["kind"], target=str(entry.get("target") or name),
-            supervisor_config=entry.get("supervisor_config"),
-            status_argv=resolve_argv(entry.get("status") or [], python),
-            stop_argv=resolve_argv(entry.get("stop") or [], python),
-            start_argv=resolve_argv(entry.get("start") or [], python),
-            stopped_exit_codes=[int(c) for c in entry.get("stopped_exit_codes", DEFAULT_STOPPED_EXIT_CODES)],
-            health=health,
-            stop_timeout_s=float(timeouts.get("stop_s", 60)), start_timeout_s=float(timeouts.get("start_s", 120)),
-            health_timeout_s=float(timeouts.get("health_s", 120)), node=node,
-            gpus=[str(g) for g in entry.get("gpus") or []], start_on_failed_gpu=bool(entry.get("start_on_failed_gpu")),
+            name=name, kind=block.kind, target=block.target or name, supervisor_config=block.supervisor_config,
+            status_argv=resolve_argv(block.status, python), stop_argv=resolve_argv(block.stop, python),
+            start_argv=resolve_argv(block.start, python), stopped_exit_codes=list(block.stopped_exit_codes),
+            health=health, stop_timeout_s=float(block.timeouts.stop_s), start_timeout_s=float(block.timeouts.start_s),
+            health_timeout_s=float(block.timeouts.health_s), node=node, gpus=[str(g) for g in block.gpus],
+            start_on_failed_gpu=block.start_on_failed_gpu,
         )
 
     def to_json(self) -> dict[str, Any]:
