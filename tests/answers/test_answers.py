@@ -8,6 +8,7 @@ from llmtrial.answers.agreement import accuracy_caution, agree, agreement_senten
 from llmtrial.answers.grading import grade, last_number
 from llmtrial.answers.tasks import TaskSetError, generate_tasks, read_tasks, task_set
 from llmtrial.core.answers_model import Answer
+from llmtrial.core.trial_config import GenerateBlock, OutputsBlock
 
 
 @pytest.mark.parametrize(("answer", "expected"), [("6126", "6106"), ("1849", "1869"), ("4710", "4810")])
@@ -48,7 +49,7 @@ def test_a_bad_task_line_is_refused_naming_the_file_and_line(tmp_path) -> None:
 
 
 def test_the_shipped_set_reads_with_ids_from_one() -> None:
-    tasks = task_set({"files": ["config/answers/small.jsonl"], "generate": {"seed": 1, "additions": 2}})
+    tasks = task_set(OutputsBlock(files=["config/answers/small.jsonl"], generate=GenerateBlock(seed=1, additions=2)))
     assert [t.id for t in tasks] == list(range(1, len(tasks) + 1))
     assert {t.category for t in tasks} == {"addition", "multiplication", "fact"}
 

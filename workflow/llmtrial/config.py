@@ -21,7 +21,7 @@ from llmtrial.core.configuration_spec import ConfigurationSpec
 from llmtrial.core.record_models import CONFIG_SCHEMA
 from llmtrial.core.resources import SCHEMAS
 from llmtrial.core.trial_checks import CHECK_ERROR, canonical_args
-from llmtrial.core.trial_config import TRIAL_KEYS, TrialConfig
+from llmtrial.core.trial_config import TRIAL_KEYS, OutputsBlock, TrialConfig
 from llmtrial.host.nodes import number_slurm_nodes
 from llmtrial.serve.datasets import check_dataset
 from llmtrial.serve.scenarios import contexts
@@ -104,9 +104,9 @@ def validate_config(config: dict[str, Any], *, source: str = "config") -> dict[s
     # what the model cannot say alone: the files a scenario's dataset and the task set read
     problems = [f"{source} key '{line.split(': ', 1)[0]}': {line.split(': ', 1)[1]}"
                 for name, spec in config["scenarios"].items() for line in check_dataset(f"scenarios.{name}", spec)]
-    if config.get("outputs"):
+    if trial.outputs is not None:
         try:
-            task_set(config["outputs"])
+            task_set(trial.outputs)
         except TaskSetError as exc:
             problems.append(f"{source} key 'outputs': {exc}")
     if problems:
@@ -118,7 +118,8 @@ def validate_config(config: dict[str, Any], *, source: str = "config") -> dict[s
 def task_params(config: dict[str, Any]) -> list[dict[str, Any]]:
     """The trial's task set as plain data (a rule's params, so a changed task file reruns the
     configurations); empty when ``outputs`` is null."""
-    return [t.model_dump(mode="json") for t in task_set(config["outputs"])] if config.get("outputs") else []
+    return [t.model_dump(mode="json") for t in task_set(OutputsBlock.model_validate(config["outputs"]))] \
+        if config["outputs"] else []
 
 
 def load_config(path: str | Path) -> dict[str, Any]:

@@ -12,12 +12,13 @@ import hashlib
 import json
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from llmtrial.answers.grading import GRADERS
 from llmtrial.core.answers_model import Task
+from llmtrial.core.trial_config import OutputsBlock
 
 __all__ = ["TaskSetError", "CHECKOUT", "generate_tasks", "read_tasks", "task_file", "task_set", "tasks_digest"]
 
@@ -106,15 +107,14 @@ def task_file(name: str | Path, base: Path | None = None) -> Path:
     return CHECKOUT / path
 
 
-def task_set(outputs: Mapping[str, Any], base: Path | None = None) -> list[Task]:
+def task_set(outputs: OutputsBlock, base: Path | None = None) -> list[Task]:
     """The trial's task set from its ``outputs`` settings: the generated tasks, then each file's
     (found by :func:`task_file`), numbered from 1."""
     items: list[dict[str, Any]] = []
-    generate = outputs.get("generate")
-    if generate:
-        items += generate_tasks(int(generate.get("seed", 0)), additions=int(generate.get("additions", 0)),
-                                multiplications=int(generate.get("multiplications", 0)))
-    for name in outputs.get("files") or ():
+    generate = outputs.generate
+    if generate is not None:
+        items += generate_tasks(generate.seed, additions=generate.additions, multiplications=generate.multiplications)
+    for name in outputs.files:
         items += read_tasks(task_file(name, base))
     if not items:
         raise TaskSetError("outputs asks no task: give outputs.generate counts or outputs.files")
