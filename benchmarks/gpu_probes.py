@@ -19,6 +19,7 @@ import json
 import sys
 import time
 
+from llmtrial.core.trial_config import HealthCheckBlock
 from llmtrial.host import gpus
 from llmtrial.host.probes import link_checks, peer_check, run_probes, selected_gpus
 
@@ -40,7 +41,7 @@ def census_and_health(devices: list[dict], baseline: list[str]) -> None:
     for p in found["processes"]:
         print(f"  {gpus.describe_process(p)}")
     t0 = time.monotonic()
-    checked = gpus.health(devices, baseline)
+    checked = gpus.health(devices, baseline, HealthCheckBlock())
     print(f"health ({checked['source']}), {time.monotonic() - t0:.1f} s; kernel log "
           + ("read" if checked["kernel_log"]["available"] else f"not read: {checked['kernel_log']['reason']}"))
     for g in checked["gpus"]:

@@ -20,6 +20,7 @@ from conftest import DATA, REPO, written
 from llmtrial.core.configuration_spec import ServingSpec
 from llmtrial.core.ledger import Action, Ledger, replay
 from llmtrial.core.preflight_model import Gpus
+from llmtrial.core.trial_config import HealthCheckBlock
 from llmtrial.host import gpus
 from llmtrial.host.gpus import SelectionError, select
 
@@ -189,7 +190,7 @@ def test_a_failed_allocation_and_a_new_xid_on_its_pci_id_fail_the_gpu(double, tm
     write(double)
     ledger = Ledger(tmp_path / "l.jsonl")
     selected = select(None, inventory()["devices"])
-    found = gpus.after_failure(ledger, selected, baseline, label="demo/tp1", settings={"bytes": 4096})
+    found = gpus.after_failure(ledger, selected, baseline, label="demo/tp1", settings=HealthCheckBlock(bytes=4096))
     by = {g["index"]: g for g in found["gpus"]}
     assert found["source"] == "double"
     assert by[1]["healthy"] is False and by[1]["xid"] == [XID_79]

@@ -38,7 +38,8 @@ from typing import Any
 import psutil
 
 from llmtrial.core.ledger import Action, Ledger, replay
-from llmtrial.core.units import GiB, MiB
+from llmtrial.core.trial_config import HealthCheckBlock
+from llmtrial.core.units import GiB
 from llmtrial.host.nodes import last_json_object, program_argv
 from llmtrial.onnode import gpu_health
 
@@ -47,8 +48,6 @@ log = logging.getLogger(__name__)
 #: The environment variable naming a test double of the host's GPU stack (a Python file).
 DOUBLE_ENV = "LLMTRIAL_GPU_DOUBLE"
 #: What the health check allocates on each GPU, and how long the fresh process may take.
-HEALTH_BYTES = 64 * MiB
-HEALTH_TIMEOUT_S = 60.0
 #: ``NVRM: Xid (PCI:0000:17:00): 79, pid=..., GPU has fallen off the bus.``
 XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]+)\): (?P<code>\d+)")
 
@@ -220,7 +219,7 @@ def launch_check(ledger: Ledger, gpus: Sequence[Mapping[str, Any]], allow: Itera
 
 # --------------------------------------------------------------------------- health
 
-def allocation_check(gpu: Mapping[str, Any], nbytes: int = HEALTH_BYTES, timeout: float = HEALTH_TIMEOUT_S,
+def allocation_check(gpu: Mapping[str, Any], nbytes: int, timeout: float,
                      python: str = sys.executable) -> dict[str, Any]:
     """A fresh process shown only ``gpu`` initialises CUDA and allocates ``nbytes``: status
     ``ok``, ``failed`` (an error, a hang past ``timeout``, a crash) or ``skipped`` (no CUDA)."""
@@ -266,14 +265,13 @@ def new_xid(baseline: Iterable[str], gpus: Sequence[Mapping[str, Any]]) -> dict[
     return {"available": now["available"], "reason": now["reason"], "by_gpu": by_gpu, "other": other}
 
 
-def health(gpus: Sequence[Mapping[str, Any]], baseline: Iterable[str], *, nbytes: int = HEALTH_BYTES,
-           timeout: float = HEALTH_TIMEOUT_S) -> dict[str, Any]:
+def health(gpus: Sequence[Mapping[str, Any]], baseline: Iterable[str], settings: HealthCheckBlock) -> dict[str, Any]:
     """Each GPU's health: the fresh allocation and the new Xid lines, ``healthy`` False when
     either fails (None when the allocation could not be tried), with the evidence."""
     xid = new_xid(baseline, gpus)
     out = []
     for gpu in gpus:
-        alloc = allocation_check(gpu, nbytes, timeout)
+        alloc = allocation_check(gpu, settings.bytes, float(settings.timeout_s))
         lines = xid["by_gpu"].get(gpu["index"], [])
         bad = [f"allocation {alloc['status']}: {alloc['evidence']}"] if alloc["status"] == "failed" else []
         bad += [f"kernel log: {ln.strip()}" for ln in lines]
@@ -285,20 +283,19 @@ def health(gpus: Sequence[Mapping[str, Any]], baseline: Iterable[str], *, nbytes
 
 
 def after_failure(ledger: Ledger, gpus: Sequence[Mapping[str, Any]], baseline: Iterable[str], label: str,
-                  settings: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+                  settings: HealthCheckBlock | None = None) -> dict[str, Any] | None:
     """After a configuration failed: each selected GPU's health, and a ``gpu_failed`` ledger
     entry for each that failed (cleanup then holds back the services that run on it)."""
     if not gpus:
         return None
-    settings = settings or {}
+    settings = settings or HealthCheckBlock()
     baseline = list(baseline)
-    found = health(gpus, baseline, nbytes=int(settings.get("bytes", HEALTH_BYTES)),
-                   timeout=float(settings.get("timeout_s", HEALTH_TIMEOUT_S)))
+    found = health(gpus, baseline, settings)
     for gpu in found["gpus"]:
         if gpu["healthy"] is False:
             ledger.append(Action.GPU_FAILED, gpu=gpu["index"], uuid=gpu.get("uuid"), pci_bus_id=gpu.get("pci_bus_id"),
                           label=label, evidence=gpu["evidence"], kernel_lines=baseline + gpu["xid"],
-                          health={k: settings[k] for k in ("bytes", "timeout_s") if k in settings})
+                          health=settings.model_dump())
             log.warning("%s failed its health check after %s failed: %s", gpu_label(gpu), label, gpu["evidence"])
     return found
 
@@ -311,9 +308,8 @@ def recheck_failed(ledger: Ledger, residues: list[dict[str, Any]]) -> list[dict[
     held = []
     for entry in replay(ledger.entries()).open("gpus"):
         gpu = {"index": entry["gpu"], "uuid": entry.get("uuid"), "pci_bus_id": entry.get("pci_bus_id")}
-        settings = entry.get("health") or {}
-        now = health([gpu], entry.get("kernel_lines") or [], nbytes=int(settings.get("bytes", HEALTH_BYTES)),
-                     timeout=float(settings.get("timeout_s", HEALTH_TIMEOUT_S)))["gpus"][0]
+        settings = HealthCheckBlock.model_validate(entry.get("health") or {})  # the check the failure had
+        now = health([gpu], entry.get("kernel_lines") or [], settings)["gpus"][0]
         if now["healthy"]:
             ledger.append(Action.GPU_CLEARED, gpu=gpu["index"], uuid=gpu["uuid"], undoes=entry["id"],
                           evidence=now["evidence"])

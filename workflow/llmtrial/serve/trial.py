@@ -178,7 +178,7 @@ class TrialJob:
         if failure is not None:
             found = log_review.review_failure(failure, text, source=source, ready=served.ready, ledger=ledger, gpus=self.gpus,
                                          kernel_baseline=self.kernel_baseline, label=self.label,
-                                         health_check=self.hardware.health_check.model_dump())
+                                         health_check=self.hardware.health_check)
             failure, health = found.failure, {"gpu_health": found.gpu_health}
         if "nodes" in parts:
             parts["nodes"] = node_outcomes(parts["nodes"], ranks=served.server.get("ranks", {}), server_log=source,
