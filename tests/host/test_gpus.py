@@ -20,7 +20,7 @@ from conftest import DATA, REPO, written
 from llmtrial.core.configuration_spec import ServingSpec
 from llmtrial.core.ledger import Action, Ledger, replay
 from llmtrial.core.preflight_model import Gpus
-from llmtrial.core.trial_config import HealthCheckBlock
+from llmtrial.core.trial_config import HardwareBlock, HealthCheckBlock, PlanBlock
 from llmtrial.host import gpus
 from llmtrial.host.gpus import SelectionError, select
 
@@ -104,7 +104,7 @@ def test_the_planner_sizes_the_selected_gpus_only(double):
     selection = Gpus.model_validate({**inventory(), "selected": [1], "selected_gpus": select([1], inventory()["devices"])})
     config = json.loads((DATA / "configs" / "Meta-Llama-3.1-8B-Instruct.json").read_text())
     record = plan_record(spec=ServingSpec(name="tp1", args={}), model_config=config, weights=None,
-                         gpus=selection, hardware={"gpus": [1]}, settings={})
+                         gpus=selection, hardware=HardwareBlock(gpus=[1]), settings=PlanBlock())
     assert record.hardware.gpus == 1
     assert record.hardware.gpu_memory_gib == 80  # GPU 1's 80 GiB, not GPU 0's 141
     assert [g.uuid for g in record.hardware.selected_gpus] == ["GPU-7f3e0c1a-0001"]

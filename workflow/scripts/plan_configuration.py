@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 from llmtrial.core.configuration_spec import ConfigurationSpec
 from llmtrial.core.joblog import open_job_log
 from llmtrial.core.records import load_record, write_record
+from llmtrial.core.trial_config import HardwareBlock, PlanBlock
 from llmtrial.core.vllm_install import recorded_vllm
 from llmtrial.plan.planner import plan_record
 from llmtrial.weights.model_source import model_config_for, planned_weights
@@ -22,8 +23,8 @@ record = plan_record(
     weights=planned_weights(source, archive_dir),
     gpus=environment.gpus,
     vllm_version=recorded_vllm(environment.key_packages),
-    hardware=snakemake.params.hardware,
-    settings=snakemake.params.settings,
+    hardware=HardwareBlock.model_validate(snakemake.params.hardware),
+    settings=PlanBlock.model_validate(snakemake.params.settings),
     contexts=list(snakemake.params.contexts),
     no_config=f"the model's config.json could not be had before staging (source kind {source.get('kind')!r}; "
               "see the plan's log)",

@@ -31,6 +31,7 @@ from llmtrial.core.preflight_model import Gpus, Probes
 from llmtrial.core.record_models import Hardware as PlannedHardware
 from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.records import as_written, fact
+from llmtrial.core.trial_config import HardwareBlock, PlanBlock
 from llmtrial.core.units import GiB
 from llmtrial.plan import budget, checkpoint
 from llmtrial.plan.budget import MemoryTerms
@@ -416,14 +417,14 @@ def plan(config: Mapping[str, Any], hardware: HardwareInputs, args: ServingArgs,
 # --------------------------------------------------------------------------- the plan record
 
 
-def _hardware(hardware: Mapping[str, Any], gpus: Gpus | None, env: Mapping[str, str]) -> HardwareInputs:
+def _hardware(hardware: HardwareBlock, gpus: Gpus | None, env: Mapping[str, str]) -> HardwareInputs:
     """The hardware a plan assumes: the trial file's figures, else the GPUs preflight found."""
-    count = hardware.get("gpus")
+    count = hardware.gpus
     selected = gpus.selected if gpus is not None else None
     devices = [d for d in (gpus.devices if gpus is not None else None) or [] if selected is None or d.index in selected]
     if count is None or isinstance(count, list):
         count = len(selected) if selected is not None else (gpus.count if gpus is not None else 0)
-    memory = hardware.get("gpu_memory_gib")
+    memory = hardware.gpu_memory_gib
     sizes = [d.memory_total_bytes for d in devices if d.memory_total_bytes]
     if memory is None and sizes:
         memory = min(sizes) / GiB
@@ -438,7 +439,7 @@ def _hardware(hardware: Mapping[str, Any], gpus: Gpus | None, env: Mapping[str, 
 
 
 def plan_record(*, spec: ServingSpec, model_config: Mapping[str, Any] | None, weights: WeightsSize | None,
-                gpus: Gpus | None, hardware: Mapping[str, Any], settings: Mapping[str, Any],
+                gpus: Gpus | None, hardware: HardwareBlock, settings: PlanBlock,
                 contexts: list[int] | None = None, available_kv_gib: float | None = None,
                 no_config: str = "the model's config.json could not be had before staging",
                 probes: Probes | None = None, vllm_version: str | None = None) -> PlanRecord:
@@ -467,10 +468,10 @@ def plan_record(*, spec: ServingSpec, model_config: Mapping[str, Any] | None, we
                           hardware=hardware_planned, plan={}, facts={})
     args = ServingArgs.from_config(spec.args, env)
     result = plan(model_config, hw, args, weights=weights, contexts=contexts, available_kv_gib=available_kv_gib,
-                  extras=Extras(last_stage_bytes=int(float(settings.get("last_stage_extra_gib") or 0) * GiB),
-                                pinned_last_layers=int(settings.get("pinned_last_layers") or 0)),
-                  memory=MemoryTerms(**{k: settings.get(k) for k in ("non_torch_gib", "peak_activation_gib",
-                                                                         "cuda_graph_gib")}),
+                  extras=Extras(last_stage_bytes=int(float(settings.last_stage_extra_gib) * GiB),
+                                pinned_last_layers=settings.pinned_last_layers),
+                  memory=MemoryTerms(non_torch_gib=settings.non_torch_gib, peak_activation_gib=settings.peak_activation_gib,
+                                     cuda_graph_gib=settings.cuda_graph_gib),
                   vllm_version=vllm_version)
     nodes_env = {name: dict(block.env) for name, block in spec.nodes.items()}
     checks = configuration_checks(args=args, env=env, gpus=as_written(gpus) if gpus is not None else {}, model_config=model_config, is_cpu=hw.is_cpu,
