@@ -147,7 +147,7 @@ def compare_with_measured(plan: PlanRecord, scenarios: Sequence[Scenario]) -> li
             if measured is None or bound is None:
                 continue
             rows.append(ThroughputBound.model_validate({
-                "scenario": scenario.name, "pass": getattr(one, "step", None) or one.pass_, "concurrency": c,
+                "scenario": scenario.name, "pass": one.pass_, "concurrency": c,
                 "bound_tok_s": bound, "bound_kind": "estimated", "measured_tok_s": measured,
                 "ratio": measured / bound if bound else None}))
     return rows
