@@ -15,16 +15,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from llmtrial.core.trial_config import DiskBlock
 from llmtrial.core.units import GiB
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["GiB", "HeadroomError", "Need", "disk_headroom", "headroom_by_filesystem", "headroom_message",
-           "require_headroom", "DEFAULT_RESERVE"]
+           "require_headroom"]
 
 
 #: The reserve the model stage keeps when a trial names none.
-DEFAULT_RESERVE: Mapping[str, float] = {"reserve_fraction": 0.10, "reserve_min_gib": 5}
 
 #: What a stage needs on one folder: (role, path, bytes, files), such as
 #: ("staging", folder, bytes to fetch, files to fetch).
@@ -58,8 +58,7 @@ def disk_headroom(path: str | Path, needed_bytes: int, *, reserve_fraction: floa
             "short_inodes": 0 if st.f_files == 0 else max(files + inodes_reserve - inodes_free, 0)}
 
 
-def headroom_by_filesystem(needs: Sequence[Need],
-                           disk: Mapping[str, Any]) -> list[dict[str, Any]]:
+def headroom_by_filesystem(needs: Sequence[Need], disk: DiskBlock) -> list[dict[str, Any]]:
     """Headroom of every filesystem a stage writes to. ``needs`` holds (role, path, bytes,
     files) such as ("staging", dir, bytes to fetch, files to fetch); roles whose paths share a
     filesystem are summed, so two folders on one disk must fit together."""
@@ -74,9 +73,8 @@ def headroom_by_filesystem(needs: Sequence[Need],
     out = []
     for group in groups.values():
         fs = disk_headroom(group["paths"][0], group["bytes"], files=group["files"],
-                           reserve_fraction=float(disk["reserve_fraction"]),
-                           reserve_min_gib=float(disk["reserve_min_gib"]),
-                           reserve_inodes_fraction=float(disk.get("reserve_inodes_fraction", 0.05)))
+                           reserve_fraction=float(disk.reserve_fraction), reserve_min_gib=float(disk.reserve_min_gib),
+                           reserve_inodes_fraction=float(disk.reserve_inodes_fraction))
         out.append({**fs, "roles": group["roles"], "paths": group["paths"]})
     return out
 
@@ -95,11 +93,11 @@ def headroom_message(fs: Mapping[str, Any], what: str = "staging") -> str:
     return line
 
 
-def require_headroom(needs: Sequence[Need], disk: Mapping[str, Any] | None, what: str) -> list[dict[str, Any]]:
+def require_headroom(needs: Sequence[Need], disk: DiskBlock | None, what: str) -> list[dict[str, Any]]:
     """The headroom of every filesystem in ``needs`` (logged), or HeadroomError naming each
     filesystem that would fall below its reserve. ``disk`` holds the reserve settings
-    (:data:`DEFAULT_RESERVE` when None); ``what`` names what is being staged."""
-    filesystems = headroom_by_filesystem(needs, disk or DEFAULT_RESERVE)
+    (the trial file's defaults when None); ``what`` names what is being staged."""
+    filesystems = headroom_by_filesystem(needs, disk or DiskBlock())
     short = [fs for fs in filesystems if not fs["ok"]]
     for fs in filesystems:
         logger.info("headroom %s", headroom_message(fs))

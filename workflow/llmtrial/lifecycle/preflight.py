@@ -33,6 +33,7 @@ import psutil
 
 from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.core.redact import redact_env
+from llmtrial.core.trial_config import DiskBlock
 from llmtrial.host.checks import check, check_allocator, check_nccl_interfaces, check_open_files, check_shm
 from llmtrial.host.crossnode import preflight_nodes
 from llmtrial.host.disk import headroom_by_filesystem, headroom_message
@@ -299,7 +300,7 @@ def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: M
     """
     host = {"host": dict(os.environ)}
     needed, files = staged_size_estimate(source)
-    headroom = headroom_by_filesystem([("staging", staging_dir, needed, files)], disk)[0]
+    headroom = headroom_by_filesystem([("staging", staging_dir, needed, files)], DiskBlock.model_validate(dict(disk)))[0]
     checks = [check_allocator(host), check_shm(), check_open_files(), check_nccl_interfaces(host), disk_check(headroom)]
     environment = environment_record(nvml, sysfs)
     unselectable = select_gpus(environment, hardware or {})

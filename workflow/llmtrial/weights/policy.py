@@ -37,6 +37,7 @@ from llmtrial.core.fileio import file_digest
 from llmtrial.core.ledger import LOCAL_NODE, Action, Ledger, replay
 from llmtrial.core.record_models import ManifestRecord
 from llmtrial.core.records import as_written, load_record, write_record
+from llmtrial.core.trial_config import DiskBlock
 from llmtrial.core.units import human_bytes
 from llmtrial.host.disk import headroom_by_filesystem, headroom_message
 from llmtrial.weights.hub import PARTIAL_PREFIX, VerificationError
@@ -204,7 +205,8 @@ def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, 
         out["copy"] = "archive already present and verified"
     else:
         space = headroom_by_filesystem([("archive", dest.parent, manifest.total_bytes, len(files))],
-                                       disk or {"reserve_fraction": 0.0, "reserve_min_gib": 0.0})[0]
+                                       DiskBlock.model_validate(disk) if disk else DiskBlock(reserve_fraction=0.0,
+                                                                                             reserve_min_gib=0.0))[0]
         if not space["ok"]:
             out["residues"].append({"kind": "weights", "what": str(folder), "size": manifest.total_bytes,
                                     "tried": "archive", "seen": f"staged copy kept: {headroom_message(space, 'archive')}"})

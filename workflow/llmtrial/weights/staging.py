@@ -47,6 +47,7 @@ from llmtrial.core.fileio import replace_dir, sha256_file, sibling_dir
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.core.record_models import HubSource, ManifestRecord
 from llmtrial.core.records import as_written, write_record
+from llmtrial.core.trial_config import DiskBlock
 from llmtrial.core.units import MiB
 from llmtrial.host.disk import Need, require_headroom
 from llmtrial.weights import gguf, hub
@@ -138,7 +139,7 @@ def _hub_commit(source: Mapping[str, Any], revision: str) -> tuple[str | None, s
 
 
 def _restage_from_archive(archive: Path, archived: ManifestRecord, folder: Path, verified: hub.VerifiedFiles,
-                          disk: Mapping[str, Any] | None, record_write: Callable[[], None]) -> Staged:
+                          disk: DiskBlock | None, record_write: Callable[[], None]) -> Staged:
     """Copy (hashing) what ``folder`` lacks from an archive; (files, fetch figures, headroom)."""
     entries = [as_written(f) for f in archived.files]
     todo = [f for f in entries if verified.sha256(f["path"], folder / f["path"], sha256=f["sha256"]) is None]
@@ -159,7 +160,7 @@ def _restage_from_archive(archive: Path, archived: ManifestRecord, folder: Path,
 
 
 def _fetch_from_hub(source: Mapping[str, Any], commit: str, folder: Path, verified: hub.VerifiedFiles,
-                    disk: Mapping[str, Any] | None, weights: Mapping[str, Any] | None,
+                    disk: DiskBlock | None, weights: Mapping[str, Any] | None,
                     record_write: Callable[[], None]) -> Staged:
     """Fetch (verifying) what ``folder`` lacks from the Hub; (files, fetch figures, headroom)."""
     from huggingface_hub import constants
@@ -182,7 +183,7 @@ def _fetch_from_hub(source: Mapping[str, Any], commit: str, folder: Path, verifi
     return hub.manifest_files(folder, remote, verified), fetch, headroom
 
 
-def _stage_hub(source: Mapping[str, Any], folder: Path, *, disk: Mapping[str, Any] | None,
+def _stage_hub(source: Mapping[str, Any], folder: Path, *, disk: DiskBlock | None,
                weights: Mapping[str, Any] | None, record_write: Callable[[dict[str, Any]], None]) -> ManifestRecord:
     """Stage a ``hub`` (or ``archive``) source into ``folder``: a staged copy that verifies,
     else the archive of the same repository and commit, else the Hub. See llmtrial.weights.hub."""
@@ -255,7 +256,7 @@ def _stage_tiny(source: Mapping[str, Any], folder: Path, *, seed_default: int, w
     return manifest
 
 
-def _stage_gguf(source: Mapping[str, Any], folder: Path, *, disk: Mapping[str, Any] | None,
+def _stage_gguf(source: Mapping[str, Any], folder: Path, *, disk: DiskBlock | None,
                 weights: Mapping[str, Any] | None, record_write: Callable[[dict[str, Any]], None]) -> ManifestRecord:
     """A GGUF checkpoint dequantized into ``folder`` (or the folder reused when its manifest verifies and
     names the same file, dtype and transformers version)."""
@@ -328,10 +329,11 @@ def stage_model(source: Mapping[str, Any], staging_dir: Path, *, seed_default: i
     kind = source.get("kind")
     started = time.monotonic()
     folder = Path(staging_dir)
+    reserve = DiskBlock.model_validate(dict(disk)) if disk else None
 
     def record_write(entry: dict[str, Any]) -> None:
         if ledger is not None:  # with all cleanup needs: the root it stays inside, the archive's reserve
-            entry.update(root=str(Path(root or folder.parent).resolve()), disk=dict(disk) if disk else None)
+            entry.update(root=str(Path(root or folder.parent).resolve()), disk=reserve.model_dump() if reserve else None)
             ledger.append(Action.WEIGHTS_STAGED, **entry)
 
     if kind == "tiny":
@@ -344,7 +346,7 @@ def stage_model(source: Mapping[str, Any], staging_dir: Path, *, seed_default: i
         logger.info("staged local model %s in place: done in %.1f s", model_dir, time.monotonic() - started)
         return manifest
     if kind in ("hub", "archive"):
-        return _stage_hub(source, folder, disk=disk, weights=weights, record_write=record_write)
+        return _stage_hub(source, folder, disk=reserve, weights=weights, record_write=record_write)
     if kind == "gguf":
-        return _stage_gguf(source, folder, disk=disk, weights=weights, record_write=record_write)
+        return _stage_gguf(source, folder, disk=reserve, weights=weights, record_write=record_write)
     raise ValueError(f"unknown model source kind {kind!r}; expected 'tiny', 'local', 'hub', 'archive' or 'gguf'")
