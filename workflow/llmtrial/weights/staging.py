@@ -47,7 +47,7 @@ from llmtrial.core.fileio import replace_dir, sha256_file, sibling_dir
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.core.record_models import HubSource, ManifestRecord
 from llmtrial.core.records import as_written, write_record
-from llmtrial.core.trial_config import DiskBlock
+from llmtrial.core.trial_config import DiskBlock, WeightsBlock
 from llmtrial.core.units import MiB
 from llmtrial.host.disk import Need, require_headroom
 from llmtrial.weights import gguf, hub
@@ -92,12 +92,13 @@ def _reusable(manifest_path: Path, staging_dir: Path, source: Mapping[str, Any],
     return old
 
 
-def _staged_weights_entry(folder: Path, weights: Mapping[str, Any] | None, source: Mapping[str, Any],
+def _staged_weights_entry(folder: Path, weights: WeightsBlock | None, source: Mapping[str, Any],
                           **extra: Any) -> dict[str, Any]:
-    """The ``weights_staged`` ledger entry: what cleanup keeps, archives or deletes, and where."""
-    weights = weights or {}
-    archive_dir = weights.get("archive_dir")
-    return {"path": str(folder.resolve()), "after": weights.get("after", "keep"),
+    """The ``weights_staged`` ledger entry: what cleanup keeps, archives or deletes, and where (no policy
+    given: the model's default, and no archive)."""
+    policy = weights or WeightsBlock()
+    archive_dir = weights.archive_dir if weights else None
+    return {"path": str(folder.resolve()), "after": policy.after,
             "archive_dir": str(Path(archive_dir).resolve()) if archive_dir else None,
             "kind": source.get("kind"), **extra}
 
@@ -160,7 +161,7 @@ def _restage_from_archive(archive: Path, archived: ManifestRecord, folder: Path,
 
 
 def _fetch_from_hub(source: Mapping[str, Any], commit: str, folder: Path, verified: hub.VerifiedFiles,
-                    disk: DiskBlock | None, weights: Mapping[str, Any] | None,
+                    disk: DiskBlock | None, weights: WeightsBlock | None,
                     record_write: Callable[[], None]) -> Staged:
     """Fetch (verifying) what ``folder`` lacks from the Hub; (files, fetch figures, headroom)."""
     from huggingface_hub import constants
@@ -171,9 +172,8 @@ def _fetch_from_hub(source: Mapping[str, Any], commit: str, folder: Path, verifi
     record_write()
     todo, removed_bad = hub.plan_fetch(folder, remote, verified)
     needs: list[Need] = [("staging", folder, sum(f.size for f in todo), len(todo)), ("cache", constants.HF_HUB_CACHE, 0, 0)]
-    archive_dir = (weights or {}).get("archive_dir")
-    if (weights or {}).get("after") == "archive" and archive_dir:
-        needs.append(("archive", archive_dir, sum(f.size for f in remote), len(remote)))
+    if weights is not None and weights.after == "archive" and weights.archive_dir:
+        needs.append(("archive", weights.archive_dir, sum(f.size for f in remote), len(remote)))
     headroom = require_headroom(needs, disk, f"{repo_id}@{commit}")
     _remove_stale(folder, {f.path for f in remote})
     logger.info("%d of %d files already staged and verified; %d to fetch", len(remote) - len(todo), len(remote), len(todo))
@@ -184,14 +184,14 @@ def _fetch_from_hub(source: Mapping[str, Any], commit: str, folder: Path, verifi
 
 
 def _stage_hub(source: Mapping[str, Any], folder: Path, *, disk: DiskBlock | None,
-               weights: Mapping[str, Any] | None, record_write: Callable[[dict[str, Any]], None]) -> ManifestRecord:
+               weights: WeightsBlock | None, record_write: Callable[[dict[str, Any]], None]) -> ManifestRecord:
     """Stage a ``hub`` (or ``archive``) source into ``folder``: a staged copy that verifies,
     else the archive of the same repository and commit, else the Hub. See llmtrial.weights.hub."""
     repo_id = source.get("repo_id")
     if not repo_id:
         raise ValueError(f"source kind {source.get('kind')!r} needs 'repo_id' (such as Qwen/Qwen3-8B)")
     revision = str(source.get("revision") or "main")
-    archive_dir = (weights or {}).get("archive_dir")
+    archive_dir = weights.archive_dir if weights else None
     started = time.monotonic()
     folder.mkdir(parents=True, exist_ok=True)
     with hub.stage_lock(folder):
@@ -237,7 +237,7 @@ def _remove_stale(folder: Path, keep: set[str]) -> None:
         hub.forget_download(folder, rel)
 
 
-def _stage_tiny(source: Mapping[str, Any], folder: Path, *, seed_default: int, weights: Mapping[str, Any] | None,
+def _stage_tiny(source: Mapping[str, Any], folder: Path, *, seed_default: int, weights: WeightsBlock | None,
                 record_write: Callable[[dict[str, Any]], None]) -> ManifestRecord:
     """The tiny model generated into ``folder`` (or reused when its manifest still verifies)."""
     started = time.monotonic()
@@ -257,7 +257,7 @@ def _stage_tiny(source: Mapping[str, Any], folder: Path, *, seed_default: int, w
 
 
 def _stage_gguf(source: Mapping[str, Any], folder: Path, *, disk: DiskBlock | None,
-                weights: Mapping[str, Any] | None, record_write: Callable[[dict[str, Any]], None]) -> ManifestRecord:
+                weights: WeightsBlock | None, record_write: Callable[[dict[str, Any]], None]) -> ManifestRecord:
     """A GGUF checkpoint dequantized into ``folder`` (or the folder reused when its manifest verifies and
     names the same file, dtype and transformers version)."""
     import transformers
@@ -296,7 +296,7 @@ def _stage_gguf(source: Mapping[str, Any], folder: Path, *, disk: DiskBlock | No
 
 
 def stage_model(source: Mapping[str, Any], staging_dir: Path, *, seed_default: int = 0,
-                ledger: Ledger | None = None, root: Path | None = None, weights: Mapping[str, Any] | None = None,
+                ledger: Ledger | None = None, root: Path | None = None, weights: WeightsBlock | Mapping[str, Any] | None = None,
                 disk: Mapping[str, Any] | None = None) -> ManifestRecord:
     """Stage the model a trial serves and return its manifest.
 
@@ -330,6 +330,7 @@ def stage_model(source: Mapping[str, Any], staging_dir: Path, *, seed_default: i
     started = time.monotonic()
     folder = Path(staging_dir)
     reserve = DiskBlock.model_validate(dict(disk)) if disk else None
+    policy = None if not weights else weights if isinstance(weights, WeightsBlock) else WeightsBlock.model_validate(dict(weights))
 
     def record_write(entry: dict[str, Any]) -> None:
         if ledger is not None:  # with all cleanup needs: the root it stays inside, the archive's reserve
@@ -337,7 +338,7 @@ def stage_model(source: Mapping[str, Any], staging_dir: Path, *, seed_default: i
             ledger.append(Action.WEIGHTS_STAGED, **entry)
 
     if kind == "tiny":
-        return _stage_tiny(source, folder, seed_default=seed_default, weights=weights, record_write=record_write)
+        return _stage_tiny(source, folder, seed_default=seed_default, weights=policy, record_write=record_write)
     if kind == "local":
         if not source.get("path"):
             raise ValueError("source kind 'local' needs a 'path' to a Hugging Face-format model folder")
@@ -346,7 +347,7 @@ def stage_model(source: Mapping[str, Any], staging_dir: Path, *, seed_default: i
         logger.info("staged local model %s in place: done in %.1f s", model_dir, time.monotonic() - started)
         return manifest
     if kind in ("hub", "archive"):
-        return _stage_hub(source, folder, disk=reserve, weights=weights, record_write=record_write)
+        return _stage_hub(source, folder, disk=reserve, weights=policy, record_write=record_write)
     if kind == "gguf":
-        return _stage_gguf(source, folder, disk=reserve, weights=weights, record_write=record_write)
+        return _stage_gguf(source, folder, disk=reserve, weights=policy, record_write=record_write)
     raise ValueError(f"unknown model source kind {kind!r}; expected 'tiny', 'local', 'hub', 'archive' or 'gguf'")
