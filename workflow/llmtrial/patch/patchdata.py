@@ -24,6 +24,7 @@ from llmtrial.core.fileio import file_digest
 from llmtrial.core.patch_model import PatchFile
 from llmtrial.core.record_base import error_lines
 from llmtrial.core.resources import PATCHES
+from llmtrial.core.trial_config import PatchBlock
 from llmtrial.core.vllm_install import VllmInstall, VllmNotInstalled, installed_vllm
 
 PATCHES_DIR = PATCHES
@@ -106,6 +107,12 @@ def load_patch(name: str, patches_dir: Path = PATCHES_DIR) -> Patch:
             raise PatchError(f"{meta_path}: {key} file {path} not found")
     return Patch(name=name, folder=folder, description=meta.description.strip(), vllm=meta.vllm,
                  flag=meta.flag, evidence=meta.evidence, diff=parts["diff"], hook=parts["hook"])
+
+
+def patch_modes(patches_cfg: Mapping[str, Any]) -> dict[str, str]:
+    """Each patch the trial enables, by name, with its mode (file or plugin), its block read as the trial
+    file's model (``PatchBlock``, whose default mode is file)."""
+    return {name: PatchBlock.model_validate(dict(entry or {})).mode for name, entry in patches_cfg.items()}
 
 
 def patch_inputs(patches_cfg: Mapping[str, Any], patches_dir: Path = PATCHES_DIR) -> list[str]:

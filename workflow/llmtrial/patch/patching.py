@@ -69,6 +69,7 @@ from llmtrial.patch.patchdata import (
     hook_pattern,
     load_patch,
     parse_diff,
+    patch_modes,
     record_hash,
     record_of,
     site_root,
@@ -290,7 +291,7 @@ def apply_patches(patches_cfg: Mapping[str, Mapping[str, Any]], *, ledger: Ledge
     if leftover["residues"]:
         raise PatchError("an earlier patch could not be reverted: " + "; ".join(
             f"{r['what']}: {r['seen']}" for r in leftover["residues"]) + "; fix it, then run `snakemake cleanup`")
-    chosen = [(load_patch(name, patches_dir), str((entry or {}).get("mode", "file"))) for name, entry in patches_cfg.items()]
+    chosen = [(load_patch(name, patches_dir), mode) for name, mode in patch_modes(patches_cfg).items()]
     vllm, applied = _apply_chosen(chosen, ledger, Path(work_dir), dist or vllm_distribution()) if chosen else (None, [])
     finished = time.time()
     return PatchesRecord(started=started, reverted_first=leftover["items"], vllm=vllm, patches=applied,
@@ -339,7 +340,7 @@ def ensure_patched(patches_cfg: Mapping[str, Mapping[str, Any]], *, ledger: Ledg
     """Before a configuration's server starts: make the live patches what the config asks for
     (a configuration rerun on its own after cleanup reverted them applies them again).
     Returns ``{"reapplied", "patches", "plugin_dir"}``."""
-    want = {name: str((entry or {}).get("mode", "file")) for name, entry in patches_cfg.items()}
+    want = patch_modes(patches_cfg)
     live = live_patches(ledger.entries())
     reapplied = False
     if {n: v["mode"] for n, v in live.items()} != want or _outstanding_unapplied(ledger.entries()):
