@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hosts import PREFIX, SSHD, clean_stale, namespaces, two_hosts
-from llmtrial.config import ConfigError, validate_config
+from llmtrial.config import ConfigError, check_config, validate_config
 from llmtrial.core.fileio import sha256_file
 from llmtrial.host.nodes import (
     LOCAL_NAME,
@@ -56,7 +56,7 @@ def test_a_trial_without_nodes_runs_on_one_local_node():
     cfg = validate_config(config(nodes={}, configurations={"one": {}}))
     assert cfg["nodes"] == {} and cfg["configurations"]["one"]["nodes"] == []
     assert list(trial_nodes(cfg)) == [LOCAL_NAME]
-    [node] = configuration_nodes(cfg, "one")
+    [node] = configuration_nodes(check_config(cfg), "one")
     assert node.is_local and node.python == sys.executable and node.staging_dir == "staging"
     assert node.address == "127.0.0.1"
 
@@ -69,10 +69,10 @@ def test_node_defaults_are_filled_and_resolved():
         "ssh": {"user": "root", "address": "10.0.0.2", "port": 22, "identity_file": None, "options": []},
     }
     assert cfg["nodes"]["a"]["reach"] == "local"
-    a, b = configuration_nodes(cfg, "two")
+    a, b = configuration_nodes(check_config(cfg), "two")
     assert (a.name, a.python, a.staging_dir, a.address) == ("a", sys.executable, "/srv/staging", "127.0.0.1")
     assert (b.name, b.python, b.staging_dir, b.address, b.port) == ("b", "python3", "/srv/staging", "10.0.0.2", 22)
-    assert [n.name for n in configuration_nodes(cfg, "one")] == ["a"]  # the trial's first node
+    assert [n.name for n in configuration_nodes(check_config(cfg), "one")] == ["a"]  # the trial's first node
 
 
 def test_a_configuration_naming_an_unknown_node_is_rejected_naming_the_key():
@@ -91,9 +91,9 @@ def test_a_service_naming_an_unknown_node_is_rejected_naming_the_key():
 
 
 def test_spanned_nodes_are_the_nodes_of_any_configuration_in_the_trials_order():
-    cfg = validate_config(config(configurations={"two": {"nodes": ["b", "a"]}, "one": {}}))
-    assert list(spanned_nodes(cfg)["nodes"]) == ["a", "b"]
-    assert list(spanned_nodes(validate_config(config(configurations={"one": {}})))["nodes"]) == ["a"]
+    assert list(spanned_nodes(check_config(config(configurations={"two": {"nodes": ["b", "a"]}, "one": {}})))["nodes"]) \
+        == ["a", "b"]
+    assert list(spanned_nodes(check_config(config(configurations={"one": {}})))["nodes"]) == ["a"]
 
 
 def test_a_bad_reach_is_rejected_naming_the_key():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, SNAKEFILE
-from llmtrial.config import load_config
+from llmtrial.config import check_config, load_config
 from llmtrial.host.nodes import Node, NodeError, configuration_nodes
 from llmtrial.host.slurm_hosts import expand_hostlist
 from llmtrial.plan.allocation import allocation_nodes, rule_resources
@@ -49,7 +49,7 @@ def test_the_two_node_trial_asks_two_hosts_and_node_b_is_the_second(monkeypatch)
     assert rule_resources(config, "trial")["nodes"] == 2 and "nodes" not in rule_resources(config, "preflight")
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
-    a, b = configuration_nodes(config, "tp2-two-nodes")  # the login node: no allocation yet
+    a, b = configuration_nodes(check_config(config), "tp2-two-nodes")  # the login node: no allocation yet
     with pytest.raises(NodeError, match="node b .*no SLURM allocation names its host"):
         b.argv(["true"])
 
@@ -57,8 +57,7 @@ def test_the_two_node_trial_asks_two_hosts_and_node_b_is_the_second(monkeypatch)
 def test_inside_the_allocation_rank_1_runs_headless_on_the_second_host_through_srun(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[07-08]")
-    config = load_config(TRIAL)
-    a, b = configuration_nodes(config, "tp2-two-nodes")
+    a, b = configuration_nodes(check_config(load_config(TRIAL)), "tp2-two-nodes")
     assert (a.address, b.address, b.slurm_host, b.python) == ("gpu07", "gpu08", "gpu08", sys.executable)
     assert b.label() == "node b (SLURM host gpu08)" and b.rank_env()["VLLM_HOST_IP"] == "gpu08"
     args = launch_args([a, b], 1, 29600)
@@ -85,7 +84,7 @@ def test_an_index_past_the_allocation_names_the_node_and_the_hosts(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu07")
     with pytest.raises(NodeError, match=r"node b: slurm_index 1, but the allocation has 1 host\(s\) \(gpu07\)"):
-        configuration_nodes(load_config(TRIAL), "tp2-two-nodes")
+        configuration_nodes(check_config(load_config(TRIAL)), "tp2-two-nodes")
 
 
 def test_the_two_node_trial_dry_runs_as_one_group_on_two_hosts_under_the_slurm_profile(tmp_path: Path):

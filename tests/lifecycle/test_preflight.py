@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import NvmlDouble, NVMLError, written
+from llmtrial.config import check_config
 from llmtrial.core.paths import TrialPaths
 from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.core.records import check_record
@@ -210,8 +211,9 @@ OTHER_PYTHON = "/usr/bin/python3"
 
 
 def preflight_on_a(hosts, tmp_path, python_b: str) -> dict:
-    config = {"trial": "t", "staging_dir": str(hosts.staging_a), "nodes": hosts.node_blocks(python_b),
-              "configurations": {"pp2": {"nodes": ["a", "b"]}}}
+    config = check_config({"trial": "t", "staging_dir": str(hosts.staging_a), "nodes": hosts.node_blocks(python_b),
+                           "model": {"name": "m", "source": {"kind": "tiny"}}, "scenarios": {"s": {}},
+                           "configurations": {"pp2": {"nodes": ["a", "b"]}}})
     inputs = {"source": {"kind": "tiny", "seed": 0}, "staging_dir": str(tmp_path / "staging"),
               "disk": {"reserve_fraction": 0.0, "reserve_min_gib": 0}, "nodes": spanned_nodes(config)}
     return hosts.python_on_a(NODE_PREFLIGHT, json.dumps(inputs))
@@ -243,7 +245,8 @@ def test_a_python_patch_level_planted_on_node_b_stops_the_trial_naming_node_and_
 
 
 def test_a_trial_without_nodes_has_no_nodes_in_its_preflight_record(tmp_path):
-    spanned = spanned_nodes({"trial": "t", "configurations": {"tp1": {}}})
+    spanned = spanned_nodes(check_config({"trial": "t", "model": {"name": "m", "source": {"kind": "tiny"}},
+                                          "configurations": {"tp1": {}}, "scenarios": {"s": {}}}))
     assert spanned == {"nodes": {}, "staging_dir": "staging", "uses_ray": False}
     record = run_preflight(source={"kind": "tiny", "seed": 0}, staging_dir=tmp_path, disk={"reserve_fraction": 0.0,
                            "reserve_min_gib": 0}, nodes=spanned, nvml=NvmlDouble())

@@ -92,9 +92,9 @@ def load_schema(path: Path = SCHEMA_PATH) -> dict[str, Any]:
     return _inline(schema, schema.get("$defs", {}))
 
 
-def validate_config(config: dict[str, Any], *, source: str = "config") -> dict[str, Any]:
-    """Check ``config`` against :class:`~llmtrial.core.trial_config.TrialConfig` and fill its defaults in
-    place; raise ConfigError naming each bad key."""
+def check_config(config: dict[str, Any], *, source: str = "config") -> TrialConfig:
+    """Check ``config`` against :class:`~llmtrial.core.trial_config.TrialConfig`, fill its defaults in place
+    and return it as the model (what the workflow builds once); raise ConfigError naming each bad key."""
     try:
         trial = TrialConfig.model_validate(config)
     except ValidationError as exc:
@@ -112,6 +112,12 @@ def validate_config(config: dict[str, Any], *, source: str = "config") -> dict[s
     if problems:
         raise ConfigError("invalid trial configuration:\n  " + "\n  ".join(problems))
     number_slurm_nodes(config)
+    return TrialConfig.model_validate(config) if any(b.reach == "slurm" for b in trial.nodes.values()) else trial
+
+
+def validate_config(config: dict[str, Any], *, source: str = "config") -> dict[str, Any]:
+    """:func:`check_config`, returning the filled ``config`` itself."""
+    check_config(config, source=source)
     return config
 
 

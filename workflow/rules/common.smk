@@ -22,12 +22,14 @@ from llmtrial.config import (
     configuration_port,
     configuration_spec,
     scenario_contexts,
+    check_config,
     task_params,
-    validate_config,
 )
 
 
-validate_config(config)  # as llmtrial.core.trial_config.TrialConfig, defaults filled in place
+# The trial file as its model (llmtrial.core.trial_config.TrialConfig), built once; `config` gets its defaults
+# in place, so a rule's params read the same values as plain data.
+TRIAL_CONFIG = check_config(config)
 
 # This invocation is one run: every ledger entry its jobs, onerror and onsuccess write carries
 # this id. Jobs inherit it from the environment (never through params, which would make every
@@ -37,19 +39,19 @@ RUN = os.environ.setdefault(RUN_ENV, new_run_id())
 RUN_STARTED = time.time()
 # The trial's name for this host (its first local node, or "local"): every ledger entry of this
 # run names it, as entries of the other nodes name theirs.
-os.environ[NODE_ENV] = this_node_name(config)
+os.environ[NODE_ENV] = this_node_name(TRIAL_CONFIG)
 # The command line that started this run, for the provenance record (llmtrial.provenance
 # .command_from_env reads it back in a job; secrets are redacted when it is recorded).
 os.environ.setdefault(COMMAND_ENV, json.dumps(sys.argv))
 # The host's lock (llmtrial.core.hostlock): the first change a job writes to the ledger takes it for
 # this run, held by this snakemake's pid; LLMTRIAL_HOST_LOCK names the file in place of host_lock.path.
-os.environ[RUN_LOCK_ENV] = os.environ.get(LOCK_ENV) or config["host_lock"]["path"]
-os.environ[WAIT_ENV] = str(config["host_lock"]["wait_s"])
+os.environ[RUN_LOCK_ENV] = os.environ.get(LOCK_ENV) or TRIAL_CONFIG.host_lock.path
+os.environ[WAIT_ENV] = str(TRIAL_CONFIG.host_lock.wait_s)
 os.environ.setdefault(PID_ENV, str(os.getpid()))
 os.environ.setdefault(PID_HOST_ENV, this_host())
 
-TRIAL = config["trial"]
-CONFIGURATIONS = list(config["configurations"])
+TRIAL = TRIAL_CONFIG.trial
+CONFIGURATIONS = list(TRIAL_CONFIG.configurations)
 
 
 wildcard_constraints:
@@ -68,7 +70,7 @@ def report_path():
 
 def compare_name():
     """The folder under comparison/ for the earlier trial of `compare_with` (its results folder's name)."""
-    earlier = Path(config["compare_with"] or "none")
+    earlier = Path(TRIAL_CONFIG.compare_with or "none")
     return earlier.name if earlier.name != TRIAL else f"{earlier.name}-earlier"
 
 
@@ -76,7 +78,7 @@ def trial_targets():
     """What `snakemake` builds: the report, the exports (llmtrial.export), and the comparison with the earlier
     trial when `compare_with` names one."""
     targets = [report_path(), str(TRIAL_PATHS.exports)]
-    if config["compare_with"]:
+    if TRIAL_CONFIG.compare_with:
         targets.append(str(TRIAL_PATHS.root / "comparison" / compare_name() / "comparison.html"))
     return targets
 
@@ -87,11 +89,11 @@ def ledger_path(wildcards):
 
 def staging_root(wildcards):
     """The trial's own staging folder: cleanup never deletes anything outside it."""
-    return str(Path(config["staging_dir"]) / TRIAL)
+    return str(Path(TRIAL_CONFIG.staging_dir) / TRIAL)
 
 
 def staging_path(wildcards):
-    return str(Path(staging_root(wildcards)) / config["model"]["name"])
+    return str(Path(staging_root(wildcards)) / TRIAL_CONFIG.model.name)
 
 
 def patch_files(wildcards):

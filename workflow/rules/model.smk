@@ -24,7 +24,7 @@ rule stage_model:
         weights=config["model"]["weights"],
         disk=config["disk"],
         ledger=ledger_path,
-        nodes=spanned_nodes(config),
+        nodes=spanned_nodes(TRIAL_CONFIG),
         trial=TRIAL,
         model=config["model"]["name"],
     script:

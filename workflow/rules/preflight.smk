@@ -19,7 +19,7 @@ rule preflight:
         source=config["model"]["source"],
         staging=staging_path,
         disk=config["disk"],
-        nodes=spanned_nodes(config),
+        nodes=spanned_nodes(TRIAL_CONFIG),
         hardware=config["hardware"],
         probes=config["probes"],
     script:

@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from llmtrial.core.configuration_spec import ConfigurationSpec
 from llmtrial.core.fileio import sha256_file
 from llmtrial.core.trial_checks import CHECK_ERROR, option_key
-from llmtrial.core.trial_config import NodeBlock
+from llmtrial.core.trial_config import NodeBlock, TrialConfig
 from llmtrial.host.slurm_hosts import JOB_ENV, allocation_hosts, srun_argv
 from llmtrial.onnode import file_hashes, node_probe
 
@@ -379,28 +379,30 @@ def local_node(name: str = LOCAL_NAME, *, staging_dir: str = "staging", python: 
     return Node(name=name, python=python or sys.executable, staging_dir=str(staging_dir), via=tuple(via))
 
 
-def this_node_name(config: Mapping[str, Any]) -> str:
+def this_node_name(trial: TrialConfig) -> str:
     """The trial's name for the host the workflow runs on: its first node reached locally, or
     :data:`LOCAL_NAME` when it lists none."""
-    blocks = config.get("nodes") or {}
-    return next((name for name, block in blocks.items() if (block or {}).get("reach", "local") == "local"), LOCAL_NAME)
+    return next((name for name, block in trial.nodes.items() if block.reach == "local"), LOCAL_NAME)
 
 
-def trial_nodes(config: Mapping[str, Any]) -> dict[str, Node]:
-    """The trial's nodes by name, in file order; one local node when it lists none."""
-    blocks = {name: node_block(name, block) for name, block in (config.get("nodes") or {}).items()}
-    defaults = _node_defaults(blocks, config.get("staging_dir", "staging"))
+def trial_nodes(spanned: Mapping[str, Any]) -> dict[str, Node]:
+    """The nodes of ``spanned`` (:func:`spanned_nodes`, a trial-wide stage's params: their blocks and the
+    trial's staging_dir) by name, in file order; one local node when it names none."""
+    return _nodes({name: node_block(name, block) for name, block in spanned["nodes"].items()}, spanned["staging_dir"])
+
+
+def _nodes(blocks: Mapping[str, NodeBlock], staging_dir: str) -> dict[str, Node]:
+    defaults = _node_defaults(blocks, staging_dir)
     if not blocks:
-        return {LOCAL_NAME: local_node(staging_dir=defaults["staging_dir"])}
+        return {LOCAL_NAME: local_node(staging_dir=staging_dir)}
     return {name: Node.from_config(name, block, defaults) for name, block in blocks.items()}
 
 
-def configuration_nodes(config: Mapping[str, Any], name: str) -> list[Node]:
+def configuration_nodes(trial: TrialConfig, name: str) -> list[Node]:
     """The nodes configuration ``name`` spans, the first serving the API (default: the
     trial's first node)."""
-    nodes = trial_nodes(config)
-    names = config["configurations"][name].get("nodes") or [next(iter(nodes))]
-    return [nodes[n] for n in names]
+    nodes = _nodes(trial.nodes, trial.staging_dir)
+    return [nodes[n] for n in trial.configurations[name].nodes or [next(iter(nodes))]]
 
 
 def spec_nodes(spec: ConfigurationSpec) -> list[Node]:
@@ -410,20 +412,16 @@ def spec_nodes(spec: ConfigurationSpec) -> list[Node]:
     return [Node.from_config(name, block, defaults) for name, block in spec.nodes.items()]
 
 
-def spanned_nodes(config: Mapping[str, Any]) -> dict[str, Any]:
+def spanned_nodes(trial: TrialConfig) -> dict[str, Any]:
     """What a trial-wide stage that runs on every node needs of the trial file, as rule
     params (so editing a node no configuration spans reruns nothing): ``nodes``, the blocks
     of the nodes any configuration spans, in the trial's order ({} when the trial lists
     none: one local node); ``staging_dir``; and ``uses_ray``, whether a configuration
     is launched with Ray or asks for its executor (the Ray versions must then agree)."""
-    blocks = config.get("nodes") or {}
-    spanned = set()
-    if blocks:
-        for name in config.get("configurations") or {}:
-            spanned.update(node.name for node in configuration_nodes(config, name))
-    configurations = (config.get("configurations") or {}).values()
-    backends = [(entry.get("args") or {}).get("distributed_executor_backend")
-                for entry in [config.get("serving") or {}, *configurations]]
-    uses_ray = "ray" in backends or any(entry.get("launch") == "ray" for entry in configurations)
-    return {"nodes": {name: dict(block) for name, block in blocks.items() if name in spanned},
-            "staging_dir": str(config.get("staging_dir", "staging")), "uses_ray": uses_ray}
+    spanned = {node.name for name in trial.configurations for node in configuration_nodes(trial, name)} \
+        if trial.nodes else set()
+    entries = [trial.serving, *trial.configurations.values()]
+    uses_ray = any(e.args.get("distributed_executor_backend") == "ray" for e in entries) \
+        or any(e.launch == "ray" for e in trial.configurations.values())
+    return {"nodes": {name: block.model_dump() for name, block in trial.nodes.items() if name in spanned},
+            "staging_dir": trial.staging_dir, "uses_ray": uses_ray}
