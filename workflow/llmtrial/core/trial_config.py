@@ -59,11 +59,11 @@ class NodeBlock(ConfigModel):
     address: Annotated[str, StringConstraints(pattern='^[A-Za-z0-9_.:%-]+$')] | None = Field(default=None, description="The address other nodes reach this node at (null is ssh.address, the SLURM host's name with reach slurm, or 127.0.0.1 for a local node; a local node of a trial with slurm nodes: the allocation's first host).")
     env: Annotated[dict[str, str], keys('^[A-Za-z_][A-Za-z0-9_]*$')] = Field(default={}, description="Environment for every process the trial starts on this node (its serving rank, the sanity check's rank), over the configuration's env: e.g. the core a CPU rank binds to (VLLM_CPU_OMP_THREADS_BIND). GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME (from interface) and VLLM_HOST_IP (from address) are set unless given here.")
 
-
     @model_validator(mode="after")
     def _checked(self) -> NodeBlock:
         raise_problems("node", reach_problems(self))
         return self
+
 
 class TinyBlock(ConfigModel):
     """Size of the generated tiny model (kind tiny only). head_dim = hidden_size / num_heads must be 64."""
@@ -122,11 +122,11 @@ class ServingBlock(ConfigModel):
     args: dict[str, Any] = Field(default={}, description="vLLM server arguments shared by every configuration, as a mapping of flag name (dashes or underscores) to value: true gives --flag, false gives --no-flag, a list repeats values, a mapping is passed as JSON. A configuration's args override these.")
     env: dict[str, str] = Field(default={}, description="Environment variables for every server (values are strings). A configuration's env overrides these.")
 
-
     @model_validator(mode="after")
     def _checked(self) -> ServingBlock:
         raise_problems("serving", args_problems(self.args))
         return self
+
 
 class ConfigurationBlock(ConfigModel):
     """One serving configuration."""
@@ -138,11 +138,11 @@ class ConfigurationBlock(ConfigModel):
     nodes: list[str] = Field(default=[], description="The nodes (keys of nodes) this configuration spans, the first serving the API; empty is the trial's first node, or this host when the trial lists none.")
     launch: Literal['native', 'ray'] = Field(default='native', description="How a configuration across several nodes is launched: native is vLLM's own (--nnodes, --node-rank, --master-addr, --master-port, --headless on the other nodes); ray starts a Ray cluster (ray start --head on the first node, ray start --address on the others) and serves with --distributed-executor-backend ray. The CPU build of vLLM refuses the Ray executor.")
 
-
     @model_validator(mode="after")
     def _checked(self) -> ConfigurationBlock:
         raise_problems("configuration", args_problems(self.args))
         return self
+
 
 class PassesRuleBlock(ConfigModel):
     """The scenarios.item.passes.opt1 block."""
@@ -191,11 +191,11 @@ class ScenarioBlock(ConfigModel):
     num_prefixes: Annotated[int, Field(ge=1)] = Field(default=1, description='prefix_repetition: distinct prefixes (--prefix-repetition-num-prefixes), each shared by num_prompts / num_prefixes prompts (num_prompts must be a multiple).')
     timeout_s: Annotated[Number, Field(gt=0)] = Field(default=900, description='Longest a single pass may take before it is recorded as failed.')
 
-
     @model_validator(mode="after")
     def _checked(self) -> ScenarioBlock:
         raise_problems("scenario", scenario_problems(self))
         return self
+
 
 class BenchBlock(ConfigModel):
     """Benchmark settings shared by all scenarios."""
@@ -427,11 +427,11 @@ class CostBlock(ConfigModel):
     currency: Annotated[str, StringConstraints(pattern='^[A-Z]{3}$')] | None = Field(default=None, description="The price's currency, an ISO 4217 code such as USD or EUR (required when cost is given).")
     note: str = Field(default='', description='Where the price comes from (a list price, a contract, an example); shown beside every cost figure.')
 
-
     @model_validator(mode="after")
     def _checked(self) -> CostBlock:
         raise_problems("cost", cost_problems(self.price, self.currency))
         return self
+
 
 class GenerateBlock(ConfigModel):
     """Tasks generated from a seed (seed 001's kinds), graded as numbers."""
@@ -485,11 +485,11 @@ class TrialConfig(ConfigModel):
     compare_with: str | None = Field(default=None, description="An earlier trial's results folder (results/<trial>, relative to the working directory, or absolute) to compare this trial with after its report: the comparison record and page are written under this trial's folder, comparison/<earlier trial>/. null: no comparison.")
     outputs: OutputsBlock | None = Field(default=None, description="A task set with known answers asked of every configuration's server after its passes (speed and answers from one launch), greedy, graded, and compared across configurations and across each patch's flag. null: no answers are checked.")
 
-
     @model_validator(mode="after")
     def _checked(self) -> TrialConfig:
         raise_problems("trial", [*node_problems(self), *placement_problems(self)])
         return self
+
 
 # --------------------------------------------------------------------------- checks across keys
 
