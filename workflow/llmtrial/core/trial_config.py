@@ -9,6 +9,7 @@ under ``config/`` by ``tests/core/test_trial_config.py``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -19,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from llmtrial.core.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED
 from llmtrial.core.trial_checks import (
     PREFIX_DATASET,
     SWEEP_KEYS,
@@ -410,9 +412,9 @@ class StatisticsBlock(ConfigModel):
     figures' bootstrap intervals over requests, and every verdict between two configurations or two trials
     (Welch's t on the logarithms of pass values)."""
 
-    level: Annotated[Number, Field(gt=0.5, lt=1)] = Field(default=0.95, description='Confidence level of every interval and verdict (0.95 = 95 %).')
-    bootstrap_resamples: Annotated[int, Field(ge=100)] = Field(default=2000, description='Resamples of the per-request bootstrap intervals.')
-    bootstrap_seed: int = Field(default=0, description="Seed of the bootstrap's resampling, so a report renders the same twice.")
+    level: Annotated[Number, Field(gt=0.5, lt=1)] = Field(default=DEFAULT_LEVEL, description='Confidence level of every interval and verdict (0.95 = 95 %).')
+    bootstrap_resamples: Annotated[int, Field(ge=100)] = Field(default=DEFAULT_RESAMPLES, description='Resamples of the per-request bootstrap intervals.')
+    bootstrap_seed: int = Field(default=DEFAULT_SEED, description="Seed of the bootstrap's resampling, so a report renders the same twice.")
 
 
 class CostBlock(ConfigModel):
@@ -572,6 +574,12 @@ def placement_problems(trial: TrialConfig) -> list[Problem]:
                          f"({', '.join(trial.configurations)})"))
     return problems
 
+
+
+def known_keys(block_model: type[ConfigModel], block: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The keys of ``block`` that ``block_model`` has: an earlier trial's block (read back from its provenance
+    record) read by this version, keys it no longer knows set aside."""
+    return {k: v for k, v in (block or {}).items() if k in block_model.model_fields}
 
 #: Every key name any block of the trial file has (for a misspelled key's "did you mean").
 TRIAL_KEYS = sorted({name for model in ConfigModel.__subclasses__() for name in model.model_fields})

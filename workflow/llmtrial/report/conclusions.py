@@ -41,6 +41,7 @@ from llmtrial.core.stats import (
     mean_interval,
     percentile,
 )
+from llmtrial.core.trial_config import ReportBlock, StatisticsBlock, known_keys
 from llmtrial.host.telemetry_sources import RAPL_SOURCE
 from llmtrial.report.costs import ENERGY_FIGURE, cell_energy, cost_figure, cost_sentence, has_energy
 from llmtrial.report.verdicts import NO_DIFFERENCE, Verdict, judge, method_line
@@ -64,8 +65,6 @@ GOODPUT_FIGURES: tuple[tuple[str, str, str, bool, int], ...] = (
 )
 #: The figure pass agreement is judged on (the record's own agreement figure).
 AGREEMENT_FIGURE = "output_tok_s"
-#: The spread of that figure between passes above which a configuration is unstable (``report.max_disagreement``).
-DEFAULT_MAX_DISAGREEMENT = 0.10
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,7 @@ class Settings:
     operator's notes) and its ``statistics`` block (the confidence level, the bootstrap's resamples and seed)."""
 
     baseline: str | None = None
-    max_disagreement: float = DEFAULT_MAX_DISAGREEMENT
+    max_disagreement: float = ReportBlock().max_disagreement  # the spread of AGREEMENT_FIGURE that makes a configuration unstable
     notes: str | None = None
     level: float = DEFAULT_LEVEL
     resamples: int = DEFAULT_RESAMPLES
@@ -82,12 +81,12 @@ class Settings:
 
     @classmethod
     def from_config(cls, block: Mapping[str, Any] | None, statistics_block: Mapping[str, Any] | None = None) -> Settings:
-        """The settings of the trial file's ``report`` and ``statistics`` blocks (settings mappings, not records)."""
-        block, st = block or {}, statistics_block or {}
-        return cls(baseline=block.get("baseline"), notes=block.get("notes"),
-                   max_disagreement=float(block.get("max_disagreement", DEFAULT_MAX_DISAGREEMENT)),
-                   level=float(st.get("level", DEFAULT_LEVEL)), resamples=int(st.get("bootstrap_resamples", DEFAULT_RESAMPLES)),
-                   seed=int(st.get("bootstrap_seed", DEFAULT_SEED)))
+        """The settings of the trial file's ``report`` and ``statistics`` blocks, read as their models (an earlier
+        trial's, from its provenance record, with the keys this version does not know set aside)."""
+        report = ReportBlock.model_validate(known_keys(ReportBlock, block))
+        st = StatisticsBlock.model_validate(known_keys(StatisticsBlock, statistics_block))
+        return cls(baseline=report.baseline, notes=report.notes or None, max_disagreement=float(report.max_disagreement),
+                   level=float(st.level), resamples=st.bootstrap_resamples, seed=st.bootstrap_seed)
 
     def method_line(self) -> str:
         """The confidence level and the tests behind every interval and verdict, in one line."""
