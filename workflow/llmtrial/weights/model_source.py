@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from llmtrial.core.trial_config import SourceBlock
 from llmtrial.core.units import MiB
 from llmtrial.plan.checkpoint import WeightsSize
 from llmtrial.weights import gguf, hub
@@ -68,28 +69,32 @@ def check_local_model(path: Path) -> Path:
     return p.resolve()
 
 
+def source_block(source: SourceBlock | Mapping[str, Any]) -> SourceBlock:
+    """``model.source`` as the trial file's model (its defaults filled: the revision, the dtype)."""
+    return source if isinstance(source, SourceBlock) else SourceBlock.model_validate(dict(source))
+
+
 def model_config_for(source: Mapping[str, Any], *, archive_dir: str | Path | None = None) -> dict[str, Any] | None:
     """The model's config.json before the weights are staged: computed for ``tiny``, read for
     ``local``, read from the archive of the same repository and revision for ``archive`` and
     ``hub``, else for ``hub`` fetched alone (a few KiB, into the Hugging Face cache). None
     when it cannot be had (offline, the Hub unreachable), with the reason logged."""
-    kind = source.get("kind")
-    if kind == "tiny":
+    src = source_block(source)
+    if src.kind == "tiny":
         return tiny_config(source)
-    if kind == "gguf":  # with the dtype staging dequantizes to, as the staged config.json says
-        return {**gguf.gguf_config(gguf.read_header(gguf.find_gguf(source))),
-                "torch_dtype": str(source.get("dtype") or "bfloat16")}
-    if kind == "local":
-        path = check_local_model(Path(str(source.get("path"))))
+    if src.kind == "gguf":  # with the dtype staging dequantizes to, as the staged config.json says
+        return {**gguf.gguf_config(gguf.read_header(gguf.find_gguf(source))), "torch_dtype": src.dtype}
+    if src.kind == "local":
+        path = check_local_model(Path(str(src.path)))
         return json.loads((path / "config.json").read_text(encoding="utf-8"))
-    if kind not in ("hub", "archive") or not source.get("repo_id"):
+    if src.kind not in ("hub", "archive") or not src.repo_id:
         return None
-    found = find_archive(archive_dir, str(source["repo_id"]), str(source.get("revision") or "main"))
+    found = find_archive(archive_dir, src.repo_id, src.revision)
     if found is not None and (found[0] / "config.json").is_file():
         return json.loads((found[0] / "config.json").read_text(encoding="utf-8"))
-    if kind == "archive":
+    if src.kind == "archive":
         return None
-    return hub.fetch_config(str(source["repo_id"]), str(source.get("revision") or "main"))
+    return hub.fetch_config(src.repo_id, src.revision)
 
 
 def staged_size_estimate(source: Mapping[str, Any]) -> tuple[int, int]:
@@ -99,10 +104,10 @@ def staged_size_estimate(source: Mapping[str, Any]) -> tuple[int, int]:
     dequantized weights plus 8 MiB; ``local``: nothing (served in place); ``hub``: not
     known yet (0).
     """
-    if source.get("kind") == "gguf":
-        header = gguf.read_header(gguf.find_gguf(source))
-        return gguf.staged_size(header, str(source.get("dtype") or "bfloat16"))
-    if source.get("kind") != "tiny":
+    src = source_block(source)
+    if src.kind == "gguf":
+        return gguf.staged_size(gguf.read_header(gguf.find_gguf(source)), src.dtype)
+    if src.kind != "tiny":
         return 0, 0
     s = tiny_sizes(source)
     h, layers, inter, vocab = s["hidden_size"], s["num_layers"], s["intermediate_size"], s["vocab_size"]
@@ -132,22 +137,21 @@ def planned_weights(source: Mapping[str, Any], archive_dir: str | Path | None = 
     weight count in the staged dtype for ``gguf``, an archive's files for ``hub``/``archive`` when
     one holds the revision, else the Hub's file sizes for ``hub``. None (the planner estimates from config.json) for ``tiny`` or when the
     Hub cannot say."""
-    kind = source.get("kind")
-    if kind == "local":
-        return weights_size(source["path"])
-    if kind == "gguf":
+    src = source_block(source)
+    if src.kind == "local":
+        return weights_size(str(src.path))
+    if src.kind == "gguf":
         file = gguf.find_gguf(source)
-        header, dtype = gguf.read_header(file), str(source.get("dtype") or "bfloat16")
-        return WeightsSize(gguf.dequantized_bytes(header, dtype), "measured",
-                           f"{file.name}: {header.parameters:,} weights in its header, dequantized to {dtype}")
-    if kind not in ("hub", "archive") or not source.get("repo_id"):
+        header = gguf.read_header(file)
+        return WeightsSize(gguf.dequantized_bytes(header, src.dtype), "measured",
+                           f"{file.name}: {header.parameters:,} weights in its header, dequantized to {src.dtype}")
+    if src.kind not in ("hub", "archive") or not src.repo_id:
         return None
-    repo_id, revision = str(source["repo_id"]), str(source.get("revision") or "main")
-    found = find_archive(archive_dir, repo_id, revision)
+    found = find_archive(archive_dir, src.repo_id, src.revision)
     if found is not None:
         return weights_size(found[0])
-    if kind == "archive":
+    if src.kind == "archive":
         return None
-    sized = hub.weight_bytes(repo_id, revision, allow_patterns=source.get("allow_patterns"),
-                             ignore_patterns=source.get("ignore_patterns"))
+    sized = hub.weight_bytes(src.repo_id, src.revision, allow_patterns=src.allow_patterns,
+                             ignore_patterns=src.ignore_patterns)
     return WeightsSize(sized[0], "measured", sized[1]) if sized else None
