@@ -41,6 +41,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from llmtrial.core.fileio import atomic_write_text, file_digest
+from llmtrial.core.trial_config import SourceBlock
 from llmtrial.core.units import human_bytes
 from llmtrial.weights.manifest import visible_files
 
@@ -491,7 +492,7 @@ def manifest_files(folder: Path, files: Sequence[RemoteFile], verified: Verified
 
 
 def settings(source: Mapping[str, Any]) -> dict[str, Any]:
-    """The download settings of a hub source, with defaults."""
-    return {"max_workers": int(source.get("max_workers") or 8), "retries": int(source.get("retries", 5)),
-            "backoff_s": float(source.get("retry_backoff_s", 1.0)),
-            "progress_interval": float(source.get("progress_interval_s", 10.0))}
+    """The download settings of a hub source, its block read as the trial file's model (its defaults filled)."""
+    src = SourceBlock.model_validate(dict(source))
+    return {"max_workers": src.max_workers, "retries": src.retries, "backoff_s": float(src.retry_backoff_s),
+            "progress_interval": float(src.progress_interval_s)}

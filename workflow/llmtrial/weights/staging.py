@@ -52,7 +52,7 @@ from llmtrial.core.units import MiB
 from llmtrial.host.disk import Need, require_headroom
 from llmtrial.weights import gguf, hub
 from llmtrial.weights.manifest import MANIFEST_NAME, build_manifest, read_manifest, verify_manifest
-from llmtrial.weights.model_source import check_local_model
+from llmtrial.weights.model_source import check_local_model, source_block
 from llmtrial.weights.policy import copy_verified, find_archive
 from llmtrial.weights.tiny import generate_tiny_model, tiny_parameters
 
@@ -187,10 +187,11 @@ def _stage_hub(source: Mapping[str, Any], folder: Path, *, disk: DiskBlock | Non
                weights: WeightsBlock | None, record_write: Callable[[dict[str, Any]], None]) -> ManifestRecord:
     """Stage a ``hub`` (or ``archive``) source into ``folder``: a staged copy that verifies,
     else the archive of the same repository and commit, else the Hub. See llmtrial.weights.hub."""
-    repo_id = source.get("repo_id")
+    src = source_block(source)
+    repo_id = src.repo_id
     if not repo_id:
-        raise ValueError(f"source kind {source.get('kind')!r} needs 'repo_id' (such as Qwen/Qwen3-8B)")
-    revision = str(source.get("revision") or "main")
+        raise ValueError(f"source kind {src.kind!r} needs 'repo_id' (such as Qwen/Qwen3-8B)")
+    revision = src.revision
     archive_dir = weights.archive_dir if weights else None
     started = time.monotonic()
     folder.mkdir(parents=True, exist_ok=True)
@@ -264,7 +265,7 @@ def _stage_gguf(source: Mapping[str, Any], folder: Path, *, disk: DiskBlock | No
 
     started = time.monotonic()
     file = gguf.find_gguf(source)
-    dtype = str(source.get("dtype") or "bfloat16")
+    dtype = source_block(source).dtype
     header = gguf.read_header(file)
     logger.info("hashing %s (%.1f MiB)", file, file.stat().st_size / MiB)
     origin = {"file": str(file), "size": file.stat().st_size, "sha256": sha256_file(file),
