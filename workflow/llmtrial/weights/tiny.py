@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtrial.core.fileio import replace_dir, sibling_dir
+from llmtrial.core.trial_config import TinyBlock
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,9 @@ TINY_PARAMETERS: tuple[str, ...] = (
     "vocab_size",
     "max_position_embeddings",
 )
+
+#: The generator's default sizes: the trial file's (a ``tiny`` source's block with nothing given).
+_SIZES = TinyBlock()
 
 #: Attention head size of generated models: vLLM's CPU attention backend rejects small
 #: head sizes such as 16, and 64 is supported by every backend.
@@ -171,9 +175,8 @@ def llama_config_values(sizes: Mapping[str, int]) -> dict[str, Any]:
 
 
 def tiny_sizes(source: Mapping[str, Any]) -> dict[str, int]:
-    """The tiny generator's sizes: its defaults, overridden by ``source["tiny"]``."""
-    defaults = inspect.signature(generate_tiny_model).parameters
-    return {name: int((source.get("tiny") or {}).get(name, defaults[name].default)) for name in TINY_PARAMETERS}
+    """The tiny generator's sizes: the trial file's defaults (``TinyBlock``), overridden by ``source["tiny"]``."""
+    return TinyBlock.model_validate(dict(source.get("tiny") or {})).model_dump()
 
 
 def tiny_config(source: Mapping[str, Any]) -> dict[str, Any]:
@@ -221,13 +224,13 @@ def generate_tiny_model(
     dest: Path,
     *,
     seed: int = 0,
-    hidden_size: int = 256,
-    num_layers: int = 4,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    intermediate_size: int = 512,
-    vocab_size: int = 512,
-    max_position_embeddings: int = 2048,
+    hidden_size: int = _SIZES.hidden_size,
+    num_layers: int = _SIZES.num_layers,
+    num_heads: int = _SIZES.num_heads,
+    num_kv_heads: int = _SIZES.num_kv_heads,
+    intermediate_size: int = _SIZES.intermediate_size,
+    vocab_size: int = _SIZES.vocab_size,
+    max_position_embeddings: int = _SIZES.max_position_embeddings,
 ) -> Path:
     """Generate a small random Llama model with its tokenizer into ``dest``.
 
