@@ -69,7 +69,7 @@ def test_the_plugin_is_carried_to_node_b_verified_reused_on_its_path_and_removed
     assert len(of(ledger, Action.PATCH_PLUGIN_COPY)) == 1
     # the node's copy leaves this host's patches as they are: live here, not applied again
     assert live_patches(ledger.entries()) == {DEMO: {"mode": "plugin", "dir": str(plugin)}}
-    assert not ensure_patched({DEMO: {"mode": "plugin"}}, ledger=ledger, work_dir=tmp_path / "patches")["reapplied"]
+    assert not ensure_patched({DEMO: {"mode": "plugin"}}, ledger=ledger, work_dir=tmp_path / "patches").reapplied
 
     (Path(there) / next(rel for rel in files if rel.endswith(".py") and "__init__" not in rel)).write_text("# changed")
     patches = [{"name": DEMO, "mode": "plugin"}]

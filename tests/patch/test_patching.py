@@ -26,6 +26,7 @@ from llmtrial.core.ledger import Ledger
 from llmtrial.lifecycle.cleanup import run_cleanup, unfinished
 from llmtrial.lifecycle.ledger_tables import patches_table
 from llmtrial.patch.patching import (
+    Patched,
     PatchError,
     apply_file_diff,
     apply_patches,
@@ -340,13 +341,13 @@ def test_a_configuration_rerun_after_cleanup_applies_the_patches_again(work):
     cfg = {DEMO: {"mode": "plugin"}}
     apply_patches(cfg, ledger=work.ledger, work_dir=work.dir)
     first = ensure_patched(cfg, ledger=work.ledger, work_dir=work.dir)
-    assert not first["reapplied"] and Path(first["plugin_dir"]).is_dir()
+    assert not first.reapplied and Path(first.plugin_dir).is_dir()
     revert_patches(work.ledger)
     again = ensure_patched(cfg, ledger=work.ledger, work_dir=work.dir)
-    assert again["reapplied"] and Path(again["plugin_dir"]).is_dir()
-    assert again["patches"][0]["name"] == DEMO and again["patches"][0]["mode"] == "plugin"
+    assert again.reapplied and Path(again.plugin_dir).is_dir()
+    assert again.patches[0]["name"] == DEMO and again.patches[0]["mode"] == "plugin"
     switched = ensure_patched({DEMO: {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir)
-    assert switched["reapplied"] and switched["plugin_dir"] is None and not Path(again["plugin_dir"]).exists()
+    assert switched.reapplied and switched.plugin_dir is None and not Path(again.plugin_dir).exists()
     assert not pristine(TARGET)
 
 
@@ -459,6 +460,5 @@ def test_no_patches_is_no_change(work):
     record = apply_patches({}, ledger=work.ledger, work_dir=work.dir)
     assert written(record) == {"started": record.started, "reverted_first": [], "vllm": None, "patches": [],
                                "finished": record.finished, "apply_seconds": round(record.finished - record.started, 4)}
-    assert ensure_patched({}, ledger=work.ledger, work_dir=work.dir) == {"reapplied": False, "patches": [],
-                                                                          "plugin_dir": None}
+    assert ensure_patched({}, ledger=work.ledger, work_dir=work.dir) == Patched(reapplied=False, patches=[], plugin_dir=None)
     assert work.ledger.entries() == []

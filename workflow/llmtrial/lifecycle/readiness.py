@@ -18,7 +18,7 @@ from llmtrial.core.ledger import Ledger
 from llmtrial.host.gpus import launch_check, visible_devices_env
 from llmtrial.host.services import quiet_host, quiet_needed
 from llmtrial.lifecycle.cleanup import restore_first
-from llmtrial.patch.patching import ensure_patched, server_env
+from llmtrial.patch.patching import Patched, ensure_patched, server_env
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class Readiness:
     #: The services the job quieted again (None when the quiet stage's work still stood).
     requieted: list[QuietedService] | None
     #: :func:`llmtrial.patch.patching.ensure_patched`'s answer: the patches, the plugin folder, what was reapplied.
-    patched: dict[str, Any]
+    patched: Patched
     #: The GPU census before launch and, when a foreign process holds a selected GPU, why the job stops.
     census: GpuCensus
     busy: str | None
@@ -58,7 +58,7 @@ def ready_host(*, results: Path, services: Mapping[str, Any], ports: Sequence[in
     return Readiness(requieted, patched, GpuCensus.model_validate(census), busy)
 
 
-def host_env(gpus: Sequence[Mapping[str, Any]], env: Mapping[str, str], patched: Mapping[str, Any]) -> dict[str, str]:
+def host_env(gpus: Sequence[Mapping[str, Any]], env: Mapping[str, str], patched: Patched) -> dict[str, str]:
     """A single host's serving environment: the selected GPUs made visible, the configuration's
     ``env``, and the patches' plugin folder."""
-    return server_env({**visible_devices_env(list(gpus)), **env}, patched["plugin_dir"], patched["patches"])
+    return server_env({**visible_devices_env(list(gpus)), **env}, patched.plugin_dir, patched.patches)

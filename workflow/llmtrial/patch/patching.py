@@ -335,11 +335,20 @@ def live_patches(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return live
 
 
+@dataclass(frozen=True)
+class Patched:
+    """The patches a configuration's servers run with (:func:`ensure_patched`): each patch's description
+    with its mode, the plugin folder (mode plugin) and whether they had to be applied again."""
+
+    reapplied: bool
+    patches: list[dict[str, Any]]
+    plugin_dir: str | None
+
+
 def ensure_patched(patches_cfg: Mapping[str, Mapping[str, Any]], *, ledger: Ledger, work_dir: Path,
-                   patches_dir: Path = PATCHES_DIR) -> dict[str, Any]:
+                   patches_dir: Path = PATCHES_DIR) -> Patched:
     """Before a configuration's server starts: make the live patches what the config asks for
-    (a configuration rerun on its own after cleanup reverted them applies them again).
-    Returns ``{"reapplied", "patches", "plugin_dir"}``."""
+    (a configuration rerun on its own after cleanup reverted them applies them again)."""
     want = patch_modes(patches_cfg)
     live = live_patches(ledger.entries())
     reapplied = False
@@ -350,7 +359,7 @@ def ensure_patched(patches_cfg: Mapping[str, Mapping[str, Any]], *, ledger: Ledg
         reapplied = True
     dirs = sorted({v["dir"] for v in live.values() if v["mode"] == "plugin" and v.get("dir")})
     patches = [{**load_patch(name, patches_dir).to_json(), "mode": mode} for name, mode in want.items()]
-    return {"reapplied": reapplied, "patches": patches, "plugin_dir": dirs[0] if dirs else None}
+    return Patched(reapplied=reapplied, patches=patches, plugin_dir=dirs[0] if dirs else None)
 
 
 def _outstanding_unapplied(entries: list[dict[str, Any]]) -> bool:

@@ -19,7 +19,7 @@ from llmtrial.host.gpus import after_failure
 from llmtrial.logs import failures, startup_log
 from llmtrial.logs.engine_warnings import engine_warnings
 from llmtrial.logs.lines import tail
-from llmtrial.patch.patching import evidence
+from llmtrial.patch.patching import Patched, evidence
 from llmtrial.plan.ceiling import compare_with_measured
 from llmtrial.plan.prediction import compare_with_plan
 
@@ -59,7 +59,7 @@ def review_failure(failure: Failure, text: str, *, source: str, ready: bool, led
 
 
 def review(text: str, *, source: str, startup: Mapping[str, Any], scenarios: Sequence[Scenario],
-            plan: PlanRecord, patched: Mapping[str, Any], env: Mapping[str, str]) -> Reviewed:
+            plan: PlanRecord, patched: Patched, env: Mapping[str, str]) -> Reviewed:
     """The record's parts read from the server's log (``text``, read from ``source``) and set beside the
     plan: the start-up facts (``startup`` as the measurement read them, else from the log), the engine's
     warnings, each patch's evidence, the predictions, and the ``scenarios``' throughput bound."""
@@ -67,8 +67,8 @@ def review(text: str, *, source: str, startup: Mapping[str, Any], scenarios: Seq
     return Reviewed(
         startup=facts,
         engine_warnings=[EngineWarning.model_validate(w) for w in engine_warnings(text, source=source)],
-        patches=ServerPatches(reapplied=patched["reapplied"], plugin_dir=patched["plugin_dir"],
-                              patches=evidence(patched["patches"], text, env, source)),
+        patches=ServerPatches(reapplied=patched.reapplied, plugin_dir=patched.plugin_dir,
+                              patches=evidence(patched.patches, text, env, source)),
         prediction=compare_with_plan(plan, facts),
         throughput_bound=compare_with_measured(plan, scenarios),
     )

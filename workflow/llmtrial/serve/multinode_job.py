@@ -18,7 +18,7 @@ from llmtrial.core.record_models import ManifestRecord
 from llmtrial.host.nodes import Node
 from llmtrial.logs import failures
 from llmtrial.logs.lines import read_log
-from llmtrial.patch.patching import evidence, node_plugin_env
+from llmtrial.patch.patching import Patched, evidence, node_plugin_env
 from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve.multinode import (
     MASTER_PORT_OFFSET,
@@ -99,10 +99,10 @@ class Spread:
             out[node.name] = copies[node.name].model_dir
         return out
 
-    def envs(self, ledger: Ledger, patched: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    def envs(self, ledger: Ledger, patched: Patched, env: Mapping[str, str]) -> dict[str, dict[str, str]]:
         """Every node's serving environment: the configuration's ``env`` with the patches' plugin
         folder, carried to every other node (ledger first), and its rank environment."""
-        envs = node_plugin_env(ledger, list(self.nodes), patched["plugin_dir"], patched["patches"], env,
+        envs = node_plugin_env(ledger, list(self.nodes), patched.plugin_dir, patched.patches, env,
                                trial=self.trial)
         ray = {"RAY_ADDRESS": self.ray_address} if self.launch == "ray" else {}
         return {n.name: {**envs[n.name], **n.rank_env(), **ray} for n in self.nodes}

@@ -151,11 +151,11 @@ class TrialJob:
                 return self._not_served(job_start, argv, "failed", PhaseFailure("sanity_check", "collective_failed",
                                                                            parts["collective"].diagnosis), **parts)
         job = ledger.append(Action.JOB_STARTED, label=self.label, pid=os.getpid(), create_time=psutil.Process().create_time())
-        flags = patch_flags(ready.patched["patches"], env)
+        flags = patch_flags(ready.patched.patches, env)
         relaunch = functools.partial(self._server, ledger, env, envs, prefix_caching=True)
         served = self.measurement(flags, relaunch).serve(ledger, self._server(ledger, env, envs))
         parts.update(job_answers(self.workload, served, flags=flags, spread=self.spread is not None, env=env,
-                                 patches=ready.patched["patches"], server=functools.partial(self._flags_off_server, ledger),
+                                 patches=ready.patched.patches, server=functools.partial(self._flags_off_server, ledger),
                                  log_rel=self.paths.rel(self.paths.flags_off_log),
                                  startup_timeout_s=self.spec.startup_timeout_s))
         record = self._served(job_start, argv, served, ledger=ledger, ready=ready, env=env, envs=envs, parts=parts)
@@ -183,7 +183,7 @@ class TrialJob:
         if "nodes" in parts:
             parts["nodes"] = node_outcomes(parts["nodes"], ranks=served.server.get("ranks", {}), server_log=source,
                                            failed=failure is not None, ready=served.ready,
-                                           patches=ready.patched["patches"], envs=envs, out_dir=self.paths.out_dir)
+                                           patches=ready.patched.patches, envs=envs, out_dir=self.paths.out_dir)
         reviewed = log_review.review(text, source=source, startup=served.startup, scenarios=served.scenarios,
                                       plan=self.plan, patched=ready.patched, env=env)
         return self._record(
