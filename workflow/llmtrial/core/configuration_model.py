@@ -135,14 +135,21 @@ class GpuCheck(RecordModel):
     evidence: Any
 
 
+class KernelLogAccess(RecordModel):
+    """Whether the kernel log could be read for Xid lines."""
+
+    available: bool = Field(description="The kernel log was read.")
+    reason: str | None = Field(description="Why it could not be, or null.")
+
+
 class GpuHealth(RecordModel):
     """Each selected GPU checked after a failure."""
 
     source: Maybe[str] = Field(None, description="cuda, or double when a test double played the GPUs.")
     gpus: Maybe[list[GpuCheck]] = None
     checked_at: Maybe[float] = Field(None, description="Unix time of the check.")
-    kernel_log: Maybe[dict[str, Any]] = Field(None, description="Whether the kernel log could be read for Xid lines, "
-                                              "and why not.")
+    kernel_log: Maybe[KernelLogAccess] = Field(None, description="Whether the kernel log could be read for Xid lines, "
+                                               "and why not.")
     xid_other: Maybe[list[Any]] = Field(None, description="Xid lines on GPUs outside the selection.")
 
 
@@ -360,7 +367,7 @@ class SpanNode(RecordModel):
     remote_log: Maybe[str] = Field(None, description="Its log's path on that node.")
     ray: Maybe[dict[str, Any]] = Field(None, description="Ray launch: the head's address, the nodes Ray saw and after how long.")
     ray_log: Maybe[str] = Field(None, description="Ray launch: the node's ray start log, copied beside the record.")
-    error_line: Maybe[dict[str, Any] | None] = Field(None, description=(
+    error_line: Maybe[ErrorLine | None] = Field(None, description=(
         "The first line of its log that names a failure, with its source and the failure pattern it matched."))
     patches: Maybe[list[Any]] = Field(None, description="The trial's patches as that node's processes saw them.")
     stop: Maybe[dict[str, Any] | None] = Field(None, description=(
