@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal, TypeVar, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
+from llmtrial.core.trial_checks import CHECK_ERROR
+
 T = TypeVar("T")
 
 #: A field that may be absent but, when present, is never null: ``x: Maybe[str] = Field(None, ...)``.
@@ -39,8 +41,10 @@ Verdict = Literal["fits", "fits_with_offload", "does_not_fit", "unknown"]
 
 
 def error_lines(exc: ValidationError) -> list[str]:
-    """``key.path: message`` for each error of a model's validation (a record's, a patch file's)."""
-    return [f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in exc.errors()]
+    """``key.path: message`` for each error of a model's validation (a record's, a patch file's, a node's); a
+    check across keys (:data:`llmtrial.core.trial_checks.CHECK_ERROR`) by its message alone, which names them."""
+    return [str(e["msg"]) if e["type"] == CHECK_ERROR else f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}"
+            for e in exc.errors()]
 
 
 class RecordModel(BaseModel):

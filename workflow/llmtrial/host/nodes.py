@@ -38,7 +38,8 @@ from pydantic import ValidationError
 
 from llmtrial.core.configuration_spec import ConfigurationSpec
 from llmtrial.core.fileio import sha256_file
-from llmtrial.core.trial_checks import CHECK_ERROR, option_key
+from llmtrial.core.record_base import error_lines
+from llmtrial.core.trial_checks import option_key
 from llmtrial.core.trial_config import NodeBlock, TrialConfig
 from llmtrial.host.slurm_hosts import JOB_ENV, allocation_hosts, srun_argv
 from llmtrial.onnode import file_hashes, node_probe
@@ -304,9 +305,7 @@ def node_block(name: str, block: NodeBlock | Mapping[str, Any]) -> NodeBlock:
     try:
         return NodeBlock.model_validate(dict(block))
     except ValidationError as exc:
-        raise ValueError(f"node {name}: " + "; ".join(
-            str(e["msg"]) if e["type"] == CHECK_ERROR else f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
-            for e in exc.errors())) from None
+        raise ValueError(f"node {name}: " + "; ".join(error_lines(exc))) from None
 
 
 def _slurm_host(name: str, block: NodeBlock, defaults: Mapping[str, Any]) -> tuple[str | None, str | None]:
