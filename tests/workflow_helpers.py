@@ -92,7 +92,7 @@ def demo_service(state_dir: Path, port: int) -> dict:
     opts = ["--port", str(port), "--state", str(state_dir)]
     return {"kind": "command", "status": [*base, "status", *opts], "stop": [*base, "stop", *opts],
             "start": [*base, "start", *opts], "health": {"kind": "http", "url": f"http://127.0.0.1:{port}/health"},
-            "timeouts": {"stop_s": 10, "start_s": 20, "health_s": 20}}
+            "timeouts": {"stop_s": 60, "start_s": 60, "health_s": 60}}  # bounds for a busy machine
 
 
 def snakemake_report(zip_path: Path) -> dict:

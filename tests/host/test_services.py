@@ -48,6 +48,11 @@ http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 """
 
 
+#: Longest waits for a real supervisord and its programs: bounds, not expectations (each wait ends
+#: as soon as the state is reached), wide enough for a machine busy with other work.
+WAIT_S = 60
+
+
 @pytest.fixture
 def supervisor(tmp_path):
     """A real supervisord with two demo programs: ``web`` (running) and ``idle`` (stopped)."""
@@ -81,12 +86,12 @@ supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
 serverurl=unix://{sock}
 {programs}""")
     subprocess.run([SUPERVISORD, "-c", str(conf)], check=True, timeout=30)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        out = subprocess.run([SUPERVISORCTL, "-c", str(conf), "status", "web"], capture_output=True, text=True)
-        if "RUNNING" in out.stdout:
-            break
+    deadline = time.monotonic() + WAIT_S
+    seen = ""
+    while "RUNNING" not in seen and time.monotonic() < deadline:
         time.sleep(0.2)
+        seen = subprocess.run([SUPERVISORCTL, "-c", str(conf), "status", "web"], capture_output=True, text=True).stdout
+    assert "RUNNING" in seen, f"supervisord's web program not running after {WAIT_S} s: {seen}"
     yield {"conf": str(conf), "ports": ports, "dir": tmp_path, "sock": sock}
     subprocess.run([SUPERVISORCTL, "-c", str(conf), "shutdown"], capture_output=True, timeout=30)
 
@@ -95,7 +100,7 @@ def supervised(sup, name: str, **timeouts) -> Service:
     return Service.from_config(name, {
         "kind": "supervisor", "target": name, "supervisor_config": sup["conf"],
         "health": {"kind": "http", "url": f"http://127.0.0.1:{sup['ports'][name]}/health", "expect_status": 200},
-        "timeouts": {"stop_s": 10, "start_s": 10, "health_s": 10, **timeouts},
+        "timeouts": {"stop_s": WAIT_S, "start_s": WAIT_S, "health_s": WAIT_S, **timeouts},
     })
 
 
@@ -386,7 +391,7 @@ def test_a_service_on_node_b_is_quieted_and_restored_there_from_the_ledger(hosts
     config = {"nodes": hosts.node_blocks(sys.executable), "staging_dir": "staging", "services": {"web-b": {
         "kind": "command", "node": "b", "status": demo_on_b("status", port, state), "stop": demo_on_b("stop", port, state),
         "start": demo_on_b("start", port, state), "health": {"kind": "http", "url": f"http://127.0.0.1:{port}/health"},
-        "timeouts": {"stop_s": 10, "start_s": 20, "health_s": 20}}}}
+        "timeouts": {"stop_s": WAIT_S, "start_s": WAIT_S, "health_s": WAIT_S}}}}
     services = services_on_nodes(config)
     web = Service.from_config("web-b", services["web-b"])
     assert web.node.name == "b" and web.start_argv[2] == sys.executable

@@ -17,7 +17,7 @@ def abandoned_server(tmp_path, port, run=None):
     """A server started through the ledger whose job then vanished without stopping it."""
     server = fake_server(tmp_path, port, ledger=Ledger(TrialPaths(tmp_path).ledger, run=run))
     server.start()
-    server.wait_ready(timeout=20, poll=0.1)
+    server.wait_ready(timeout=60, poll=0.1)
     return server
 
 

@@ -80,14 +80,14 @@ def fake_job(tmp_path: Path, port: int, verdict: str = "fits") -> FakeServerJob:
     (model / "config.json").write_text("{}")
     job = FakeServerJob(
         trial="demo", spec=ConfigurationSpec(name="tp1", description="", host="127.0.0.1", port=port,
-                                             startup_timeout_s=30, stop_timeout_s=10),
+                                             startup_timeout_s=120, stop_timeout_s=30),
         manifest=ManifestRecord(model_dir=str(model), source={"kind": "local"}, total_bytes=2, created="2026-12-05",
                                 files=[ManifestFile(path="config.json", size=2, sha256=hashlib.sha256(b"{}").hexdigest())]),
         plan=PlanRecord(configuration="tp1", verdict=verdict, reasons=["a reason"], checks=[], hardware=Hardware(),
                         plan={}, facts={}, force=False), services={},
         workload=Workload(served_model_name="m", scenarios={"c1": {"passes": 1}},
                           bench_settings=BenchBlock(seed=0, percentiles=[50]),
-                          cold_start=ColdStartBlock(prompt="Hi", max_tokens=2, timeout_s=5), telemetry_interval=0.5),
+                          cold_start=ColdStartBlock(prompt="Hi", max_tokens=2, timeout_s=60), telemetry_interval=0.5),
         paths=JobPaths(TrialPaths.of("demo", tmp_path / "results"), "tp1"))
     job.script = tmp_path / "fake_server.py"
     job.script.write_text(SERVER_SCRIPT)

@@ -100,7 +100,7 @@ def test_snakemake_cleanup_stops_what_a_killed_run_left(tmp_path, free_port):
     results = tmp_path / "results" / "demo"
     server = fake_server(tmp_path, free_port, ledger=Ledger(results / "ledger.jsonl"))
     server.start()
-    server.wait_ready(timeout=20, poll=0.1)
+    server.wait_ready(timeout=60, poll=0.1)
     out = snakemake(tmp_path, "cleanup", "--cores", "1")
     server.proc.poll()
     assert out.returncode == 0, out.stdout + out.stderr

@@ -131,8 +131,13 @@ def task_params(config: dict[str, Any]) -> list[dict[str, Any]]:
 def load_config(path: str | Path) -> dict[str, Any]:
     """Read a YAML config file and validate it (used by the command line)."""
     p = Path(path)
-    with open(p, encoding="utf-8") as fh:
-        data = yaml.safe_load(fh) or {}
+    try:
+        with open(p, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read it: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not YAML: {' '.join(str(exc).split())}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: the top level must be a mapping")
     return validate_config(data, source=str(p))

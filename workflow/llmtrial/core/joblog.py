@@ -11,6 +11,23 @@ from pathlib import Path
 PROGRESS = "llmtrial.progress"
 
 
+class CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler that writes to whatever ``sys.stderr`` is when a record is emitted, not the
+    stream it was when logging was set up: a command run in-process (a test, a notebook) whose
+    stderr is replaced afterwards still logs, and never to a stream closed since."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
 def open_job_log(path: str | Path | None, level: int = logging.INFO, echo: tuple[str, ...] = ()) -> None:
     """Send the ``logging`` records (and anything printed to stderr) to ``path``.
 
@@ -26,7 +43,7 @@ def open_job_log(path: str | Path | None, level: int = logging.INFO, echo: tuple
         sys.stderr = stream
         handlers = [logging.StreamHandler(stream)]
     else:
-        handlers = [logging.StreamHandler(sys.stderr)]
+        handlers = [CurrentStderr()]
     logging.basicConfig(level=level, handlers=handlers, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in (PROGRESS, *echo) if path is not None else ():

@@ -318,7 +318,10 @@ def quiet(services: list[Service], ledger: Ledger, runner: Runner = run_argv) ->
                                     seen=f"still up after {svc.stop_timeout_s:g} s: {down_seen} ({stop_seen})"))
         ledger.append(Action.SERVICE_STOPPED, name=svc.name, down=down, quiet=entry["id"],
                       **svc.named())
-        log.info("quieted %s: stopped", svc.name)
+        if down:
+            log.info("quieted %s: stopped, down after %.1f s", svc.name, took)
+        else:
+            log.warning("quieted %s: stop tried, still up after %g s: %s", svc.name, svc.stop_timeout_s, down_seen)
         items.append(QuietedService(**head, stopped_at=stopped_at, action="stopped", stop_exit=code,
                                     down_after_s=round(took, 3), seen=down_seen))
     return Quieted(items, residues, time.time())
