@@ -36,7 +36,7 @@ from pathlib import Path
 
 import psutil
 
-from llmtrial.core.ledger import Ledger
+from llmtrial.core.ledger import Entry, Ledger
 from llmtrial.core.paths import TrialPaths
 from llmtrial.host.nodes import Node, local_node
 
@@ -301,6 +301,6 @@ def kill_planted(pids: list[int]) -> None:
             psutil.Process(pid).kill()
 
 
-def entries(results: Path) -> list[dict]:
+def entries(results: Path) -> list[Entry]:
     """The trial ledger's entries under ``results``."""
     return Ledger(TrialPaths(results).ledger).entries()

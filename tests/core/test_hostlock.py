@@ -129,7 +129,7 @@ def test_a_change_takes_the_lock_before_its_entry_and_the_cleanup_that_gives_the
     assert not lock.exists()
     ledger.append(Action.WEIGHTS_STAGED, path=str(tmp_path / "w"), root=str(tmp_path), after="keep")
     ledger.append(Action.WEIGHTS_STAGED, path=str(tmp_path / "w2"), root=str(tmp_path), after="keep")
-    actions = [e["action"] for e in ledger.entries()]
+    actions = [e.action for e in ledger.entries()]
     assert actions == ["cleanup_start", "host_locked", "weights_staged", "weights_staged"]  # taken once, first
     assert read_holder(lock).results == str(results.resolve())
     record = run_cleanup(results, run="r1")

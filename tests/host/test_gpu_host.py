@@ -107,7 +107,7 @@ def test_a_foreign_process_on_the_selected_gpu_keeps_the_configuration_from_laun
     [proc] = record["gpu_census"]["foreign"]
     assert (proc["pid"], proc["uuid"], proc["memory_bytes"]) == (TRITON["pid"], UUID, 8 * 2**30)
     assert record["gpu_census"]["source"] == f"nvml double ({DOUBLE})"
-    assert not any(e["action"] in ("server_launch", "server_started") for e in run["ledger"]), "a server was started"
+    assert not any(e.action in ("server_launch", "server_started") for e in run["ledger"]), "a server was started"
     assert run["preflight"]["environment"]["gpus"]["selected"] == [0]
     assert run["preflight"]["environment"]["gpus"]["source"] == f"nvml double ({DOUBLE})"
     assert run["cleanup"]["restored"] and run["service_running"]
@@ -126,8 +126,8 @@ def test_an_allowed_process_is_shared_and_a_failed_gpu_after_a_crash_holds_its_s
     [gpu] = record["gpu_health"]["gpus"]
     assert gpu["healthy"] is False and gpu["xid"] == [XID]
     assert gpu["allocation"]["status"] == "failed" and "illegal memory access" in gpu["allocation"]["evidence"]
-    held = [e for e in run["ledger"] if e["action"] == "gpu_failed"]
-    assert [(e["gpu"], e["uuid"], e["label"]) for e in held] == [(0, UUID, "demo/tp1")]
+    held = [e for e in run["ledger"] if e.action == "gpu_failed"]
+    assert [(e.gpu, e.uuid, e.label) for e in held] == [(0, UUID, "demo/tp1")]
     kinds = {(r["kind"], r["what"]) for r in run["cleanup"]["residues"]}
     assert kinds == {("gpu", f"GPU 0 ({UUID})"), ("service", "demo-web")}
     assert not run["cleanup"]["restored"] and not run["service_running"]
@@ -139,5 +139,5 @@ def test_an_allowed_process_is_shared_and_a_failed_gpu_after_a_crash_holds_its_s
 def test_cleanup_clears_a_gpu_that_passes_again_and_restores_its_service(gpu_trial):
     run = gpu_trial["cleanup"]
     assert run["proc"].returncode == 0, run["proc"].stderr[-3000:]
-    assert [e["action"] for e in run["ledger"] if e["action"].startswith("gpu_")] == ["gpu_failed", "gpu_cleared"]
+    assert [e.action for e in run["ledger"] if e.action.startswith("gpu_")] == ["gpu_failed", "gpu_cleared"]
     assert run["record"]["restored"] and run["record"]["gpus_held"] == [] and run["service_running"]

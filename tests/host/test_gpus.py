@@ -199,7 +199,7 @@ def test_a_failed_allocation_and_a_new_xid_on_its_pci_id_fail_the_gpu(double, tm
     assert "allocating 4096 bytes on GPU-7f3e0c1a-0000" in by[0]["allocation"]["evidence"]  # a process shown only GPU 0
     assert found["xid_other"] == ["[ 9.0] NVRM: Xid (PCI:0000:99:00): 13, Graphics Exception"]
     held = replay(ledger.entries()).open("gpus")
-    assert [(e["gpu"], e["uuid"], e["label"]) for e in held] == [(0, "GPU-7f3e0c1a-0000", "demo/tp1"),
+    assert [(e.gpu, e.uuid, e.label) for e in held] == [(0, "GPU-7f3e0c1a-0000", "demo/tp1"),
                                                                  (1, "GPU-7f3e0c1a-0001", "demo/tp1")]
 
 
@@ -218,19 +218,19 @@ def test_a_held_gpu_keeps_its_service_stopped_until_a_later_check_passes(double,
     double.update(allocation="failed")
     write(double)
     gpus.after_failure(ledger, select([1], inventory()["devices"]), [], label="demo/tp1")
-    residues: list[dict] = []
+    residues: list = []
     held = gpus.recheck_failed(ledger, residues)
     back = restore(ledger.entries(), ledger, held=held)
-    assert not flag.exists() and back["services"][0]["held_by_gpu"] == 1
-    assert [r["kind"] for r in [*residues, *back["residues"]]] == ["gpu", "service"]
-    assert residues[0]["what"] == "GPU 1 (GPU-7f3e0c1a-0001)" and "illegal memory access" in residues[0]["seen"]
-    assert "services.tts.start_on_failed_gpu" in back["residues"][0]["seen"]
+    assert not flag.exists() and back.services[0].held_by_gpu == 1
+    assert [r.kind for r in [*residues, *back.residues]] == ["gpu", "service"]
+    assert residues[0].what == "GPU 1 (GPU-7f3e0c1a-0001)" and "illegal memory access" in residues[0].seen
+    assert "services.tts.start_on_failed_gpu" in back.residues[0].seen
 
     double.update(allocation="ok")  # the GPU was reset: the next cleanup checks it again
     write(double)
     held = gpus.recheck_failed(ledger, residues := [])
     back = restore(ledger.entries(), ledger, held=held)
-    assert held == [] and residues == [] and back["residues"] == [] and flag.exists()
+    assert held == [] and residues == [] and back.residues == [] and flag.exists()
     assert replay(ledger.entries()).open("gpus") == []
 
 

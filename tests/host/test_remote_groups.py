@@ -53,9 +53,9 @@ def test_a_group_started_over_ssh_survives_the_session_and_cleanup_stops_it_on_i
         pids = members(node, group["pgid"], group["create_time"])
         assert len(pids) == 2 and group["pid"] in pids and not any(gone(p) for p in pids)
         assert os.getpgid(pids[0]) == os.getpgid(pids[1]) == group["pgid"] != os.getpgid(0)
-        [launch] = [e for e in entries(tmp_path) if e["action"] == Action.GROUP_LAUNCH]
-        assert launch["node"] == "b" and launch["reach"] == node.describe() and "via" not in launch["reach"]
-        assert Node.from_reach("b", launch["reach"]) == node
+        [launch] = [e for e in entries(tmp_path) if e.action == Action.GROUP_LAUNCH]
+        assert launch.node == "b" and launch.reach == node.describe() and "via" not in launch.reach
+        assert Node.from_reach("b", launch.reach) == node
 
         # the trial is killed (nothing stops the group): cleanup on host A, from the ledger alone
         record = cleanup_on_a(hosts, tmp_path)
@@ -66,12 +66,12 @@ def test_a_group_started_over_ssh_survives_the_session_and_cleanup_stops_it_on_i
         assert row["undone_by_run"] == record["run"]
         assert sorted(row["alive_pids"]) == sorted(pids) and row["stop"]["signals"] == ["SIGTERM"]
         assert all(gone(p) for p in pids) and group_alive(node, group["pgid"], group["create_time"]) == []
-        [undo] = [e for e in entries(tmp_path) if e["action"] == Action.GROUP_STOPPED]
-        assert undo["node"] == "b" and undo["undoes"] == launch["id"] and undo["outcome"] == "stopped"
+        [undo] = [e for e in entries(tmp_path) if e.action == Action.GROUP_STOPPED]
+        assert undo.node == "b" and undo.undoes == launch.id and undo.outcome == "stopped"
 
         again = cleanup_on_a(hosts, tmp_path)  # nothing left to do
         assert again["restored"] and again["groups"] == again["left_behind"]["groups"] == []
-        assert [e["action"] for e in entries(tmp_path)].count(Action.GROUP_STOPPED) == 1
+        assert [e.action for e in entries(tmp_path)].count(Action.GROUP_STOPPED) == 1
         assert outstanding(entries(tmp_path))["groups"] == []
     finally:
         kill_planted(pids)
@@ -88,7 +88,7 @@ def test_a_process_of_the_group_id_created_before_not_before_is_never_touched(ho
         ledger = Ledger(TrialPaths(tmp_path).ledger)
         launch = ledger.append(Action.GROUP_LAUNCH, node="b", label="recycled", reach=node.describe(), argv=["x"],
                                env_keys=[], log_path="x.log", token=None)
-        ledger.append(Action.GROUP_STARTED, node="b", label="recycled", launch=launch["id"], pid=older["pid"],
+        ledger.append(Action.GROUP_STARTED, node="b", label="recycled", launch=launch.id, pid=older["pid"],
                       pgid=older["pgid"], create_time=later)
         record = cleanup_on_a(hosts, tmp_path)
         [row] = record["left_behind"]["groups"]
@@ -109,7 +109,7 @@ def test_a_node_cleanup_cannot_reach_is_a_residue_naming_it_and_stays_outstandin
         ledger = Ledger(TrialPaths(tmp_path).ledger)
         launch = ledger.append(Action.GROUP_LAUNCH, node="b", label="tp2/rank1", reach=unreachable.describe(),
                                argv=["x"], env_keys=[], log_path="x.log", token=None)
-        ledger.append(Action.GROUP_STARTED, node="b", label="tp2/rank1", launch=launch["id"], pid=real["pid"],
+        ledger.append(Action.GROUP_STARTED, node="b", label="tp2/rank1", launch=launch.id, pid=real["pid"],
                       pgid=real["pgid"], create_time=real["create_time"])
         for _ in range(2):  # a second cleanup tries again
             record = cleanup_on_a(hosts, tmp_path)
@@ -119,7 +119,7 @@ def test_a_node_cleanup_cannot_reach_is_a_residue_naming_it_and_stays_outstandin
             assert "ssh could not run" in residue["seen"] and "Permission denied" in residue["seen"]
             [row] = record["left_behind"]["groups"]
             assert row["action"] == "not reached" and row["undone_by_run"] is None and "ssh" in row["error"]
-            assert [e["id"] for e in outstanding(entries(tmp_path))["groups"]] == [launch["id"]]
+            assert [e.id for e in outstanding(entries(tmp_path))["groups"]] == [launch.id]
         assert not any(gone(p) for p in pids)  # nothing was done to it
     finally:
         stop_remote_group(node, real["pgid"], not_before=real["create_time"], timeout=5)
@@ -164,8 +164,8 @@ def test_a_group_stopped_by_its_trial_is_undone_in_the_ledger(hosts, tmp_path):
     try:
         result = finish_group(ledger, node, group, timeout=5)
         assert sorted(result["alive_pids"]) == sorted(pids) and result["survivors"] == [] and all(map(gone, pids))
-        [undo] = [e for e in entries(tmp_path) if e["action"] == Action.GROUP_STOPPED]
-        assert (undo["node"], undo["undoes"], undo["outcome"]) == ("b", group["launch"], "stopped")
+        [undo] = [e for e in entries(tmp_path) if e.action == Action.GROUP_STOPPED]
+        assert (undo.node, undo.undoes, undo.outcome) == ("b", group["launch"], "stopped")
         assert outstanding(entries(tmp_path))["groups"] == []
     finally:
         kill_planted(pids)

@@ -126,15 +126,15 @@ class TestSupervisor:
         [item] = state.services
         assert item.was_running and item.action == "stopped" and state.residues == []
         assert status(supervisor, "web") == "STOPPED" and not healthy(web)[0]
-        actions = [e["action"] for e in ledger.entries()]
+        actions = [e.action for e in ledger.entries()]
         assert actions == ["service_quiet", "service_stopped"]  # the state was written before the stop
 
         back = restore(ledger.entries(), ledger)
-        assert back["residues"] == [] and back["services"][0]["healthy"]
+        assert back.residues == [] and back.services[0].healthy
         assert status(supervisor, "web") == "RUNNING" and healthy(web)[0]
 
         again = restore(ledger.entries(), ledger)  # idempotent
-        assert again == {"services": [], "residues": []}
+        assert again.services == [] and again.residues == []
 
     def test_a_service_that_was_stopped_stays_stopped(self, supervisor, tmp_path):
         ledger = Ledger(tmp_path / "ledger.jsonl")
@@ -145,7 +145,7 @@ class TestSupervisor:
             "name": "idle", "kind": "supervisor", "was_running": False, "state_seen": item.state_seen,
             "action": "left stopped (was not running)"}
         assert item.state_seen.endswith("exited 3: idle STOPPED Not started")
-        assert restore(ledger.entries(), ledger)["services"] == []
+        assert restore(ledger.entries(), ledger).services == []
         assert status(supervisor, "idle") == "STOPPED"
 
     @pytest.mark.slow  # waits out the health check's timeout of a service that stays down
@@ -155,12 +155,12 @@ class TestSupervisor:
         quiet([web], ledger)
         (supervisor["dir"] / "web.broken").write_text("")  # it now exits at start
         back = restore(ledger.entries(), ledger)
-        [residue] = back["residues"]
-        assert residue["what"] == "web" and "not running and healthy" in residue["seen"] and "supervisorctl" in residue["tried"]
-        assert not back["services"][0]["healthy"]
+        [residue] = back.residues
+        assert residue.what == "web" and "not running and healthy" in residue.seen and "supervisorctl" in residue.tried
+        assert not back.services[0].healthy
         # not marked restored: a later cleanup tries again, and succeeds once the cause is gone
         (supervisor["dir"] / "web.broken").unlink()
-        assert restore(ledger.entries(), ledger)["residues"] == []
+        assert restore(ledger.entries(), ledger).residues == []
         assert healthy(web)[0]
 
 
@@ -297,9 +297,9 @@ class TestSystemdAndDockerStates:
         quiet([svc], ledger, runner=runner)
         runner.status = SYSTEMD_ANSWERS[-1][0]  # systemd stops answering
         back = restore(ledger.entries(), ledger, runner=runner)
-        [residue] = back["residues"]
-        assert residue["what"] == "tts" and "state unknown" in residue["seen"] and "booted with systemd" in residue["seen"]
-        assert [e["action"] for e in ledger.entries()] == ["service_quiet", "service_stopped"]  # still outstanding
+        [residue] = back.residues
+        assert residue.what == "tts" and "state unknown" in residue.seen and "booted with systemd" in residue.seen
+        assert [e.action for e in ledger.entries()] == ["service_quiet", "service_stopped"]  # still outstanding
 
 
 class RunnerDouble:
@@ -361,7 +361,7 @@ class TestArgv:
         ledger = Ledger(tmp_path / "l.jsonl")
         quiet([svc], ledger)
         assert not flag.exists()
-        assert restore(ledger.entries(), ledger)["services"][0]["healthy"] and flag.exists()
+        assert restore(ledger.entries(), ledger).services[0].healthy and flag.exists()
 
     def test_command_kind_without_an_argv_is_refused_by_name(self):
         svc = Service.from_config("x", {"kind": "command", "status": ["true"]})
@@ -404,8 +404,8 @@ def test_a_service_on_node_b_is_quieted_and_restored_there_from_the_ledger(hosts
         assert item["was_running"] and item["action"] == "stopped" and quieted["residues"] == []
         status = [sys.executable if a == "{python}" else a for a in demo_on_b("status", port, state)]
         assert node_b.run(status, timeout=30).returncode == 3  # stopped, on host B
-        [entry] = [e for e in Ledger(TrialPaths(tmp_path).ledger).entries() if e["action"] == Action.SERVICE_QUIET]
-        assert entry["node"] == "b" and entry["reach"]["ssh"]["address"] == hosts.addr_b
+        [entry] = [e for e in Ledger(TrialPaths(tmp_path).ledger).entries() if e.action == Action.SERVICE_QUIET]
+        assert entry.node == "b" and entry.reach["ssh"]["address"] == hosts.addr_b
         record = hosts.python_on_a(CLEANUP_ON_A, str(tmp_path))
         [back] = record["services_restored"]
         assert back["healthy"] and record["restored"] and record["host"]["services"][0]["running_and_healthy"]

@@ -34,7 +34,7 @@ def test_cleanup_stops_a_server_left_running_and_is_idempotent(tmp_path, free_po
 
     again = written(run_cleanup(tmp_path, ports=[free_port]))
     assert again["restored"] and again["servers"][0]["action"] == "stopped"  # by the first cleanup
-    actions = [e["action"] for e in Ledger(TrialPaths(tmp_path).ledger).entries()]
+    actions = [e.action for e in Ledger(TrialPaths(tmp_path).ledger).entries()]
     assert actions.count("cleanup_done") == 2 and actions.count("server_stopped") == 1
 
 

@@ -25,7 +25,7 @@ def test_a_nodes_changes_are_left_to_that_node_and_a_node_out_of_reach_is_a_resi
         assert this_host() == "gpu-n7"
         quiet_host(tmp_path, {"demo": svc})
         entries = Ledger(TrialPaths(tmp_path).ledger).entries()
-        assert {e["machine"] for e in entries} == {"gpu-n7"} and not port_open("127.0.0.1", free_port)
+        assert {e.machine for e in entries} == {"gpu-n7"} and not port_open("127.0.0.1", free_port)
 
         monkeypatch.delenv(SLURM_NODE_ENV)  # the login node, where srun is missing
         monkeypatch.setenv("PATH", str(tmp_path / "no-srun"))

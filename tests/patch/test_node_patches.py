@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from llmtrial.core.ledger import Action, Ledger, current_run
+from llmtrial.core.ledger import Action, Entry, Ledger, current_run
 from llmtrial.core.paths import TrialPaths
 from llmtrial.core.records import check_record
 from llmtrial.host.nodes import NodeError
@@ -45,8 +45,8 @@ def plugin_here(tmp_path) -> tuple[Ledger, Path]:
     return ledger, Path(record.patches[0].plugin.dir)
 
 
-def of(ledger: Ledger, action: Action) -> list[dict]:
-    return [e for e in ledger.entries() if e["action"] == action]
+def of(ledger: Ledger, action: Action) -> list[Entry]:
+    return [e for e in ledger.entries() if e.action == action]
 
 
 @pytest.mark.slow
@@ -60,15 +60,15 @@ def test_the_plugin_is_carried_to_node_b_verified_reused_on_its_path_and_removed
     on_b = b.sha256([f"{there}/{rel}" for rel in files])
     assert {rel: on_b[f"{there}/{rel}"] for rel in files} == files
     [copy] = of(ledger, Action.PATCH_PLUGIN_COPY)
-    assert (copy["node"], copy["dir"], copy["patches"], copy["source"]) == ("b", there, [DEMO], str(plugin))
-    assert copy["reach"]["ssh"]["address"] == hosts.addr_b
+    assert (copy.node, copy.dir, copy.patches, copy.source) == ("b", there, [DEMO], str(plugin))
+    assert copy.reach["ssh"]["address"] == hosts.addr_b
     [mark] = of(ledger, Action.PATCH_PLUGIN_COPIED)
-    assert (mark["copy"], mark["node"], mark["files"]) == (copy["id"], "b", files)
+    assert (mark.copy_id, mark.node, mark.files) == (copy.id, "b", files)
 
     assert carry_plugin(ledger, b, plugin, trial="t1") == there  # verifies: reused, nothing new
     assert len(of(ledger, Action.PATCH_PLUGIN_COPY)) == 1
     # the node's copy leaves this host's patches as they are: live here, not applied again
-    assert live_patches(ledger.entries()) == {DEMO: {"mode": "plugin", "dir": str(plugin)}}
+    assert {n: (e.mode, e.dir) for n, e in live_patches(ledger.entries()).items()} == {DEMO: ("plugin", str(plugin))}
     assert not ensure_patched({DEMO: {"mode": "plugin"}}, ledger=ledger, work_dir=tmp_path / "patches").reapplied
 
     (Path(there) / next(rel for rel in files if rel.endswith(".py") and "__init__" not in rel)).write_text("# changed")
@@ -91,8 +91,8 @@ def test_the_plugin_is_carried_to_node_b_verified_reused_on_its_path_and_removed
     check_record(record, "cleanup")
     assert [(p.get("node"), p["action"]) for p in record["patches_reverted"]] == [("b", "removed"), (None, "removed")]
     [undo] = of(ledger, Action.PATCH_PLUGIN_COPY_REMOVED)
-    assert (undo["node"], undo["dir"], undo["outcome"]) == ("b", there, "removed")
-    assert sorted(undo["undoes"]) == sorted(e["id"] for e in of(ledger, Action.PATCH_PLUGIN_COPY))
+    assert (undo.node, undo.dir, undo.outcome) == ("b", there, "removed")
+    assert sorted(undo.undoes) == sorted(e.id for e in of(ledger, Action.PATCH_PLUGIN_COPY))
     assert {(r["node"], r["revert_outcome"]) for r in record["patches"]} == {("b", "removed"), ("local", "removed")}
     assert outstanding(ledger.entries())["patches"] == []
     assert hosts.python_on_a(CLEANUP, str(tmp_path), current_run())["patches_reverted"] == []  # nothing left
@@ -115,7 +115,7 @@ def test_a_node_cleanup_cannot_reach_is_a_residue_naming_it_and_its_copy_stays_o
     check_record(record, "cleanup")
     assert of(ledger, Action.PATCH_PLUGIN_COPY_REMOVED) == []
     [left] = outstanding(ledger.entries())["patches"]
-    assert (left["action"], left["node"], left["dir"]) == (Action.PATCH_PLUGIN_COPY, "b", there)
+    assert (left.action, left.node, left.dir) == (Action.PATCH_PLUGIN_COPY, "b", there)
 
     path.write_text(path.read_text().replace(str(hosts.wrong_key), str(hosts.key)))
     again = hosts.python_on_a(CLEANUP, str(tmp_path), current_run())

@@ -120,25 +120,26 @@ def test_apply_then_revert_leaves_the_files_matching_record(work):
     assert f'os.environ.get("{FLAG}") == "1"' in (SITE / TARGET).read_text()
     assert file_hash(f.backup) == f.before_hash and os.stat(f.backup).st_mtime_ns == before.st_mtime_ns
     entries = work.ledger.entries()
-    assert [e["action"] for e in entries] == ["patch_file", "patch_applied"]
-    assert entries[0]["after_hash"] == f.after_hash and entries[0]["backup"] == f.backup
+    assert [e.action for e in entries] == ["patch_file", "patch_applied"]
+    assert entries[0].after_hash == f.after_hash and entries[0].backup == f.backup
     assert written(record) == {  # the patches record as the stage wrote it when it was a dict
         "started": record.started, "reverted_first": [],
         "vllm": {"distribution": DIST.metadata["Name"], "version": DIST.version, "site_packages": str(SITE)},
         "patches": [{**load_patch(DEMO).to_json(), "mode": "file", "applied_at": patch.applied_at, "plugin": None,
                      "files": [{"path": TARGET, "file": str(SITE / TARGET), "patches": [DEMO],
                                 "backup": str((work.dir / "backup" / TARGET).resolve()),
-                                "record_hash": entries[0]["record_hash"], "before_hash": entries[0]["before_hash"],
-                                "after_hash": entries[0]["after_hash"], "hunks": entries[0]["hunks"]}]}],
+                                "record_hash": entries[0].record_hash, "before_hash": entries[0].before_hash,
+                                "after_hash": entries[0].after_hash, "hunks": entries[0].hunks}]}],
         "finished": record.finished, "apply_seconds": round(record.finished - record.started, 4)}
-    assert unfinished(entries) and live_patches(entries) == {DEMO: {"mode": "file", "dir": None}}
+    assert unfinished(entries) and {n: (e.mode, e.dir) for n, e in live_patches(entries).items()} == {DEMO: ("file", None)}
 
     back = revert_patches(work.ledger)
-    assert back["residues"] == [] and [i["action"] for i in back["items"]] == ["restored from backup"]
-    assert back["items"][0]["matches_record"] and pristine(TARGET)
+    assert back.residues == [] and [i.action for i in back.items] == ["restored from backup"]
+    assert back.items[0].matches_record and pristine(TARGET)
     after = os.stat(SITE / TARGET)
     assert (after.st_mode, after.st_uid, after.st_mtime_ns) == (before.st_mode, before.st_uid, before.st_mtime_ns)
-    assert revert_patches(work.ledger) == {"items": [], "residues": []}  # twice is harmless
+    again = revert_patches(work.ledger)  # twice is harmless
+    assert again.items == [] and again.residues == []
     [row] = patches_table(work.ledger.entries())
     assert row["reverted_at"] > row["applied_at"] and row["matches_record"] and row["revert_outcome"] == "restored from backup"
     assert live_patches(work.ledger.entries()) == {}
@@ -147,7 +148,7 @@ def test_apply_then_revert_leaves_the_files_matching_record(work):
 def test_applying_again_reverts_the_earlier_patch_first(work):
     apply_patches({DEMO: {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir)
     again = apply_patches({DEMO: {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir)
-    assert [i["action"] for i in again.reverted_first] == ["restored from backup"]
+    assert [i.action for i in again.reverted_first] == ["restored from backup"]
     assert again.patches[0].files[0].before_hash == again.patches[0].files[0].record_hash
     assert not pristine(TARGET)
 
@@ -172,7 +173,7 @@ def test_a_multi_file_patch_applies_all_files_and_reverts_them(work):
     assert [h["hunk"] for h in record.patches[0].files[1].hunks] == [1, 2]
     assert not pristine(TARGET) and not pristine(OTHER) and "# test hunk 2" in (SITE / OTHER).read_text()
     back = revert_patches(work.ledger)
-    assert [i["path"] for i in back["items"]] == [OTHER, TARGET] and pristine(TARGET, OTHER)
+    assert [i.path for i in back.items] == [OTHER, TARGET] and pristine(TARGET, OTHER)
 
 
 def test_a_failure_part_way_reverts_what_was_written(work, monkeypatch):
@@ -193,7 +194,7 @@ def test_a_failure_part_way_reverts_what_was_written(work, monkeypatch):
         apply_patches({"two": {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir, patches_dir=patches)
     monkeypatch.undo()
     assert pristine(TARGET, OTHER)
-    actions = [(e["action"], e.get("path")) for e in work.ledger.entries()]
+    actions = [(e.action, e.path) for e in work.ledger.entries()]
     assert actions == [("patch_file", TARGET), ("patch_file", OTHER), ("patch_reverted", OTHER), ("patch_reverted", TARGET)]
     assert "patch_applied" not in [a for a, _ in actions] and live_patches(work.ledger.entries()) == {}
 
@@ -219,18 +220,18 @@ def test_a_file_changed_after_patching_is_a_residue_left_as_found(work):
     with open(SITE / TARGET, "a") as fh:
         fh.write("# someone else's change\n")
     back = revert_patches(work.ledger)
-    [residue] = back["residues"]
-    assert residue["kind"] == "file" and residue["what"] == str(SITE / TARGET)
-    assert "changed since the patch was applied" in residue["seen"] and "does not match RECORD" in residue["seen"]
+    [residue] = back.residues
+    assert residue.kind == "file" and residue.what == str(SITE / TARGET)
+    assert "changed since the patch was applied" in residue.seen and "does not match RECORD" in residue.seen
     assert (SITE / TARGET).read_text().endswith("# someone else's change\n")  # not forced
-    assert revert_patches(work.ledger)["residues"], "a residue stays until it is fixed"
+    assert revert_patches(work.ledger).residues, "a residue stays until it is fixed"
     record = written(run_cleanup(work.tmp))
     assert not record["restored"] and record["residues"][0]["what"] == str(SITE / TARGET)
     assert record["patches"][0]["matches_record"] is False
     # fixed by hand (the backup is the original): the next revert finds the original
     shutil.copy2(work.dir / "backup" / TARGET, SITE / TARGET)
     again = revert_patches(work.ledger)
-    assert again["residues"] == [] and again["items"][0]["action"] == "none (already the original)"
+    assert again.residues == [] and again.items[0].action == "none (already the original)"
 
 
 def test_cleanup_reverts_the_patch_and_records_it(work):
@@ -324,9 +325,9 @@ def test_mode_plugin_switches_the_behaviour_without_writing_site_packages(work):
     assert f"llmtrial patch {DEMO}: hook installed in pid" in seen["all"]
     assert ACTIVE in seen["on"] and "llmtrial patch" not in seen["off"]
     back = revert_patches(work.ledger)
-    assert [{k: i[k] for k in ("dir", "patches", "action")} for i in back["items"]] == [
+    assert [i.model_dump(include={"dir", "patches", "action"}) for i in back.items] == [
         {"dir": plugin["dir"], "patches": [DEMO], "action": "removed"}]
-    assert not Path(plugin["dir"]).exists() and revert_patches(work.ledger)["items"] == []
+    assert not Path(plugin["dir"]).exists() and revert_patches(work.ledger).items == []
 
 
 def test_server_env_puts_the_plugin_first_and_extends_an_allow_list():

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conftest import SNAKEFILE, free_ports, wait_until
-from llmtrial.core.ledger import Ledger
+from llmtrial.core.ledger import Entry, Ledger
 from llmtrial.host.process_groups import group_members, port_open
 from llmtrial.patch.patching import revert_patches, verify_files
 from workflow_helpers import SNAKEMAKE, default_config, demo_service, snakemake, write_config
@@ -66,17 +66,17 @@ def wait_for(predicate, timeout: float, what: str, wf: subprocess.Popen | None =
     wait_until(held, what, timeout=timeout, poll=0.5)
 
 
-def ledger_entries(trial) -> list[dict]:
+def ledger_entries(trial) -> list[Entry]:
     return Ledger(trial["results"] / "ledger.jsonl").entries()
 
 
-def started(trial, action: str) -> dict | None:
-    return next((e for e in ledger_entries(trial) if e["action"] == action), None)
+def started(trial, action: str) -> Entry | None:
+    return next((e for e in ledger_entries(trial) if e.action == action), None)
 
 
 def patched_files(trial) -> list[str]:
     """The vLLM files the trial's demo patch (mode file, from the default trial) changed."""
-    return sorted({e["path"] for e in ledger_entries(trial) if e["action"] == "patch_file"})
+    return sorted({e.path for e in ledger_entries(trial) if e.action == "patch_file"})
 
 
 def assert_host_given_back(trial) -> None:
@@ -85,17 +85,17 @@ def assert_host_given_back(trial) -> None:
     status = subprocess.run(trial["config"]["services"]["demo-web"]["status"], timeout=30)
     assert status.returncode == 0 and port_open("127.0.0.1", trial["demo_port"]), "demo service not restored"
     server = started(trial, "server_started")
-    assert group_members(server["pgid"], not_before=server["launched_at"]) == [], "a trial server survived"
+    assert group_members(server.pgid, not_before=server.launched_at) == [], "a trial server survived"
     assert not port_open("127.0.0.1", trial["server_port"])
-    for job in (e for e in ledger_entries(trial) if e["action"] == "job_started"):
+    for job in (e for e in ledger_entries(trial) if e.action == "job_started"):
         try:
             import psutil
 
-            proc = psutil.Process(job["pid"])
-            alive = abs(proc.create_time() - job["create_time"]) < 1 and proc.status() != psutil.STATUS_ZOMBIE
+            proc = psutil.Process(job.pid)
+            alive = abs(proc.create_time() - job.create_time) < 1 and proc.status() != psutil.STATUS_ZOMBIE
         except Exception:
             alive = False
-        assert not alive, f"configuration job {job['pid']} survived"
+        assert not alive, f"configuration job {job.pid} survived"
 
 
 def pass_in_flight(trial, stem: str) -> bool:
@@ -112,7 +112,7 @@ def test_a_server_crash_mid_benchmark_is_a_result_and_the_host_is_restored(small
         # 200 requests of 64 tokens one at a time: the pass cannot end before the kill, whatever the speed
         wait_for(lambda: pass_in_flight(small_trial, "c1-pass1"), 600, "the first benchmark pass", wf)
         server = started(small_trial, "server_started")
-        os.killpg(server["pgid"], signal.SIGKILL)  # the server dies mid-benchmark
+        os.killpg(server.pgid, signal.SIGKILL)  # the server dies mid-benchmark
         assert wf.wait(timeout=600) == 0  # a failed configuration is a result: the workflow finishes
     finally:
         if wf.poll() is None:

@@ -37,6 +37,7 @@ import yaml
 
 from conftest import REPO, SNAKEFILE, free_base_port
 from hosts import INTERFACE
+from llmtrial.core.ledger import Entry, Ledger
 from llmtrial.host.nodes import Node
 from llmtrial.host.process_groups import group_alive, group_members, port_open
 from workflow_helpers import SNAKEMAKE, write_config
@@ -72,9 +73,8 @@ def on_a(h, work, *args: str, timeout: float) -> subprocess.CompletedProcess[str
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def ledger(results) -> list[dict]:
-    path = results / "ledger.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+def ledger(results) -> list[Entry]:
+    return Ledger(results / "ledger.jsonl").entries()
 
 
 def record_of(results, name=CONFIGURATION) -> dict:
@@ -92,15 +92,15 @@ def groups_on_b(trial, entries, run=None) -> list[int]:
     """Live processes on B of every group the trial started there (of one run, or all)."""
     b = node_b(trial)
     pids = []
-    for launch in (e for e in entries if e["action"] == "group_launch" and e["node"] == "b"):
-        if run is None or launch["run"] == run:
-            pids += group_alive(b, None, None, token=launch["token"])
+    for launch in (e for e in entries if e.action == "group_launch" and e.node == "b"):
+        if run is None or launch.run == run:
+            pids += group_alive(b, None, None, token=launch.token)
     return pids
 
 
-def b_rank(entry: dict, configuration: str) -> bool:
+def b_rank(entry: Entry, configuration: str) -> bool:
     """Whether a ledger entry is about ``configuration``'s headless rank on B (its group's label)."""
-    return entry["node"] == "b" and entry["label"] == f"two-hosts/{configuration} rank 1"
+    return entry.node == "b" and entry.label == f"two-hosts/{configuration} rank 1"
 
 
 def open_pass(telemetry_csv) -> str | None:
@@ -116,13 +116,10 @@ def kill_b_rank_mid_benchmark(results, done: threading.Event, killed: dict) -> N
     its benchmark passes is in flight, whatever the machine's speed; ``killed`` gets that pass's name."""
     telemetry = results / "configs" / KILLED / "telemetry.csv"
     while not done.is_set():
-        try:
-            fresh = [e for e in ledger(results) if e["action"] == "group_started" and b_rank(e, KILLED)]
-        except ValueError:  # a ledger line half written as it was read: read it again
-            fresh = []
+        fresh = [e for e in ledger(results) if e.action == "group_started" and b_rank(e, KILLED)]
         running = open_pass(telemetry) if fresh else None
         if running is not None:
-            os.killpg(fresh[-1]["pgid"], signal.SIGKILL)
+            os.killpg(fresh[-1].pgid, signal.SIGKILL)
             killed["pass"] = running
             return
         time.sleep(0.2)
@@ -186,8 +183,8 @@ def test_the_trial_is_served_across_both_hosts_benchmarked_and_reported(two_host
     [on_b] = b["patches"]
     assert on_a["flag_on"] and [re.search(r"CPU worker rank (\d+)", x["line"])[1] for x in on_a["lines"]] == ["0"]
     assert on_b["flag_on"] and [re.search(r"CPU worker rank (\d+)", x["line"])[1] for x in on_b["lines"]] == ["1"]
-    copies = [e for e in ledger(two_host_trial["results"]) if e["action"] == "patch_plugin_copy"]
-    assert [e["node"] for e in copies] == ["b"]
+    copies = [e for e in ledger(two_host_trial["results"]) if e.action == "patch_plugin_copy"]
+    assert [e.node for e in copies] == ["b"]
     report = (two_host_trial["results"] / "report.html").read_text()
     assert "Nodes" in report and f"{CONFIGURATION} spans nodes a and b" in report
 
@@ -203,9 +200,9 @@ def test_ray_across_both_hosts_ends_in_vllms_own_refusal_diagnosed(two_host_tria
     folder = two_host_trial["results"] / "configs" / RAY
     assert "Ray runtime started" in (folder / record["nodes"][1]["ray_log"]).read_text()
     entries = ledger(two_host_trial["results"])
-    ray_groups = [e for e in entries if e["action"] == "group_launch" and e["label"].endswith(" ray")]
-    undone = {e.get("undoes") for e in entries if e["action"] == "group_stopped"}
-    assert {e["node"] for e in ray_groups} == {"a", "b"} and all(e["id"] in undone for e in ray_groups)
+    ray_groups = [e for e in entries if e.action == "group_launch" and e.label.endswith(" ray")]
+    undone = {e.undoes for e in entries if e.action == "group_stopped"}
+    assert {e.node for e in ray_groups} == {"a", "b"} and all(e.id in undone for e in ray_groups)
 
 
 def test_the_sanity_check_ran_across_the_hosts_before_the_server(two_host_trial):
@@ -219,8 +216,8 @@ def test_the_sanity_check_ran_across_the_hosts_before_the_server(two_host_trial)
     assert 0 < check["median_s"] < check["wall_s"]
     assert check["busbw_gbps"] == pytest.approx(check["size_bytes"] / check["median_s"] / 1e9)
     entries = ledger(two_host_trial["results"])
-    first = next(e for e in entries if e["action"] == "group_launch" and b_rank(e, CONFIGURATION))
-    assert record["timing"]["job_start"] < first["t"]
+    first = next(e for e in entries if e.action == "group_launch" and b_rank(e, CONFIGURATION))
+    assert record["timing"]["job_start"] < first.t
 
 
 def test_every_node_has_telemetry_with_a_node_column(two_host_trial):
@@ -250,25 +247,25 @@ def test_the_weights_were_copied_to_b_and_verified(two_host_trial):
     manifest = json.loads((two_host_trial["results"] / "model" / "manifest.json").read_text())
     copy = manifest["nodes"]["b"]
     assert copy["verified"] and copy["model_dir"].startswith(str(two_host_trial["hosts"].staging_b))
-    staged = [e for e in ledger(two_host_trial["results"]) if e["action"] == "weights_staged" and e["node"] == "b"]
-    assert staged and staged[0]["path"] == copy["model_dir"]
+    staged = [e for e in ledger(two_host_trial["results"]) if e.action == "weights_staged" and e.node == "b"]
+    assert staged and staged[0].path == copy["model_dir"]
 
 
 def test_cleanup_left_nothing_on_either_host(two_host_trial):
     cleanup = two_host_trial["first_cleanup"]
     assert cleanup["restored"], cleanup["residues"]
     entries = ledger(two_host_trial["results"])
-    launches = [e for e in entries if e["action"] == "group_launch"]
-    undone = {e.get("undoes") for e in entries if e["action"] == "group_stopped"}
-    assert {e["node"] for e in launches} == {"a", "b"} and all(e["id"] in undone for e in launches)
+    launches = [e for e in entries if e.action == "group_launch"]
+    undone = {e.undoes for e in entries if e.action == "group_stopped"}
+    assert {e.node for e in launches} == {"a", "b"} and all(e.id in undone for e in launches)
     assert groups_on_b(two_host_trial, entries) == []
     # the trial file deletes the weights after the trial: on A, and B's verified copy on B
-    deleted = {e["node"]: e["path"] for e in entries if e["action"] == "weights_done" and e["outcome"] == "deleted"}
+    deleted = {e.node: e.path for e in entries if e.action == "weights_done" and e.outcome == "deleted"}
     assert set(deleted) == {"a", "b"} and not any(os.path.exists(p) for p in deleted.values())
     # every entry names the node it changed: A by the trial's own name for it
-    assert {e["node"] for e in entries} == {"a", "b"}
-    for server in (e for e in entries if e["action"] == "server_started"):
-        assert group_members(server["pgid"], not_before=server["launched_at"]) == []
+    assert {e.node for e in entries} == {"a", "b"}
+    for server in (e for e in entries if e.action == "server_started"):
+        assert group_members(server.pgid, not_before=server.launched_at) == []
 
 
 def test_b_killed_mid_benchmark_gives_a_failure_record_and_a_clean_host(two_host_trial):
@@ -280,9 +277,9 @@ def test_b_killed_mid_benchmark_gives_a_failure_record_and_a_clean_host(two_host
     assert record["failure"]["error_line"]["pattern"] == "peer_lost"
     assert two_host_trial["first_record"]["status"] == "ok"  # the other configurations of the run are untouched
     entries = ledger(two_host_trial["results"])
-    killed = [e for e in entries if e["action"] == "group_launch" and KILLED in e["label"]]
-    undone = {e.get("undoes") for e in entries if e["action"] == "group_stopped"}
-    assert {e["node"] for e in killed} == {"a", "b"} and all(e["id"] in undone for e in killed)
+    killed = [e for e in entries if e.action == "group_launch" and KILLED in e.label]
+    undone = {e.undoes for e in entries if e.action == "group_stopped"}
+    assert {e.node for e in killed} == {"a", "b"} and all(e.id in undone for e in killed)
     assert two_host_trial["first_cleanup"]["restored"], two_host_trial["first_cleanup"]["residues"]
     assert groups_on_b(two_host_trial, entries) == []
     assert not port_open("127.0.0.1", record["server"]["port"])
@@ -290,15 +287,15 @@ def test_b_killed_mid_benchmark_gives_a_failure_record_and_a_clean_host(two_host
 
 def test_kill_9_of_snakemake_then_cleanup_stops_bs_rank_from_the_ledger(two_host_trial):
     results, h, work = two_host_trial["results"], two_host_trial["hosts"], two_host_trial["work"]
-    earlier = {e["run"] for e in ledger(results)}
+    earlier = {e.run for e in ledger(results)}
     log = open(work / "kill9.out", "w")  # noqa: SIM115 - the child writes it
     wf = subprocess.Popen(h.on_a([SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(work),
                                   "--cores", "all", "--forcerun", "stage_model", "trial"]), stdout=log, stderr=subprocess.STDOUT,
                           start_new_session=True)
     try:
         deadline = time.monotonic() + 300
-        while not [e for e in ledger(results) if e["action"] == "group_started" and b_rank(e, CONFIGURATION)
-                   and e["run"] not in earlier]:
+        while not [e for e in ledger(results) if e.action == "group_started" and b_rank(e, CONFIGURATION)
+                   and e.run not in earlier]:
             assert wf.poll() is None and time.monotonic() < deadline, (work / "kill9.out").read_text()[-3000:]
             time.sleep(0.2)
         time.sleep(2)
@@ -310,7 +307,7 @@ def test_kill_9_of_snakemake_then_cleanup_stops_bs_rank_from_the_ledger(two_host
     finally:
         if wf.poll() is None:
             wf.kill()
-    run = {e["run"] for e in ledger(results)} - earlier
+    run = {e.run for e in ledger(results)} - earlier
     assert groups_on_b(two_host_trial, ledger(results), run=run.pop()), "B's rank should still run"
     out = on_a(h, work, "cleanup", "--cores", "1", timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr

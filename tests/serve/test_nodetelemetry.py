@@ -53,7 +53,7 @@ with NodeTelemetry(Ledger(TrialPaths(Path(inp["results"])).ledger), nodes, label
 
 def started_groups(results: Path) -> dict[str, dict]:
     """Node name -> its group_started entry."""
-    return {e["node"]: e for e in entries(results) if e["action"] == Action.GROUP_STARTED}
+    return {e.node: e for e in entries(results) if e.action == Action.GROUP_STARTED}
 
 
 def samples_on(node: Node, label: str = "tp2") -> int:
@@ -112,12 +112,12 @@ def test_every_node_is_sampled_merged_and_sees_the_bytes_pushed_between_them(hos
     assert node_window_figures(rows)["b"]["net_rx_bytes"] == summary["nodes"]["b"]["net_rx_bytes"]
     # both samplers stopped through the ledger, their files removed on their node
     log = entries(tmp_path)
-    assert sorted(e["node"] for e in log if e["action"] == Action.GROUP_STOPPED) == ["a", "b"]
+    assert sorted(e.node for e in log if e.action == Action.GROUP_STOPPED) == ["a", "b"]
     assert outstanding(log)["groups"] == []
     for node in (a, b):
         assert node.run(["test", "-e", remote_paths(node, "tp2")[0]], timeout=30).returncode == 1
         mark = started_groups(tmp_path)[node.name]
-        assert group_alive(node, mark["pgid"], mark["create_time"]) == []
+        assert group_alive(node, mark.pgid, mark.create_time) == []
 
 
 @pytest.mark.slow
@@ -160,19 +160,19 @@ def test_kill_9_of_the_holder_then_cleanup_stops_the_samplers_on_both_nodes(host
         marks = started_groups(tmp_path)
         on = {"a": Node.from_reach("a", nodes["a"]), "b": b}
         for name in ("a", "b"):
-            pids += group_alive(on[name], marks[name]["pgid"], marks[name]["create_time"])
+            pids += group_alive(on[name], marks[name].pgid, marks[name].create_time)
         assert len(pids) == 2
         holder.kill()  # kill -9: no exit code of the holder runs
         holder.wait(timeout=10)
         time.sleep(0.6)
-        assert all(group_alive(on[n], marks[n]["pgid"], marks[n]["create_time"]) for n in ("a", "b"))
+        assert all(group_alive(on[n], marks[n].pgid, marks[n].create_time) for n in ("a", "b"))
 
         record = cleanup_on_a(hosts, tmp_path)
         assert record["restored"] and record["residues"] == []
         rows = sorted((r["node"], r["label"], r["action"]) for r in record["left_behind"]["groups"])
         assert rows == [("a", "tp2/telemetry", "stopped"), ("b", "tp2/telemetry", "stopped")]
         for name in ("a", "b"):
-            assert group_alive(on[name], marks[name]["pgid"], marks[name]["create_time"]) == []
+            assert group_alive(on[name], marks[name].pgid, marks[name].create_time) == []
         assert outstanding(entries(tmp_path))["groups"] == []
     finally:
         if holder.poll() is None:

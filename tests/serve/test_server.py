@@ -64,9 +64,9 @@ class TestLifecycle:
         stop = server.stop_result
         assert stop["port_closed"] and stop["survivors"] == [] and stop["signals"] == ["SIGTERM"]
         assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
-        actions = [e["action"] for e in ledger.entries()]
+        actions = [e.action for e in ledger.entries()]
         assert actions == ["server_launch", "server_started", "server_stopped"]
-        assert ledger.entries()[1]["pgid"] == server.pgid
+        assert ledger.entries()[1].pgid == server.pgid
 
     def test_a_server_ignoring_sigterm_gets_sigkill(self, tmp_path, free_port):
         server = fake_server(tmp_path, free_port, stubborn=True, stop_timeout=1.0)

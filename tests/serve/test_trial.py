@@ -107,7 +107,7 @@ def test_a_server_that_cannot_serve_is_a_failure_record_with_each_phase_part(tmp
     assert record["telemetry"]["startup_window"]["start"] == record["server"]["launched_at"]
     assert record["timing"]["startup_s"] == record["cold_start"]["ready_seconds"]["value"]
     assert json.loads((tmp_path / "results/demo/configs/tp1/record.json").read_text()) == record
-    actions = [e["action"] for e in Ledger(tmp_path / "results/demo/ledger.jsonl").entries()]
+    actions = [e.action for e in Ledger(tmp_path / "results/demo/ledger.jsonl").entries()]
     assert actions[0] == "job_started" and actions[-1] == "job_finished" and "server_started" in actions
 
 

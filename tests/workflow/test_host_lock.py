@@ -41,7 +41,7 @@ def start(work: Path, target: str) -> subprocess.Popen:
 
 def quieting(work: Path, trial: str, name: str) -> bool:
     entries = Ledger(work / "results" / trial / "ledger.jsonl").entries()
-    return any(e["action"] == "service_quiet" and e["service"]["name"] == name for e in entries)
+    return any(e.action == "service_quiet" and e.service["name"] == name for e in entries)
 
 
 def test_a_second_trial_waits_for_the_first_even_killed_and_goes_on_once_its_cleanup_gave_the_host_back(
@@ -70,7 +70,7 @@ def test_a_second_trial_waits_for_the_first_even_killed_and_goes_on_once_its_cle
         assert "refusing to change the host" in said and "held by trial a" in said and f"pid {first.pid} not running" in said
         assert "`snakemake cleanup`" in said
         b_ledger = Ledger(b / "results" / "b" / "ledger.jsonl")
-        assert not [e for e in b_ledger.entries() if e["action"] in ("service_quiet", "weights_staged", "host_locked")]
+        assert not [e for e in b_ledger.entries() if e.action in ("service_quiet", "weights_staged", "host_locked")]
         assert subprocess.run(demo["status"], timeout=30).returncode != 0  # b neither recorded nor restarted it
 
         # trial b again, willing to wait: it waits while a holds the host, and goes on once a's cleanup gave it back
@@ -90,7 +90,7 @@ def test_a_second_trial_waits_for_the_first_even_killed_and_goes_on_once_its_cle
         assert subprocess.run(demo["status"], timeout=30).returncode == 0  # b's own cleanup started it again
         assert read_holder(own_host_lock) is None  # and released the host
         b_entries = Ledger(b / "results" / "b" / "ledger.jsonl").entries()
-        assert [e["action"] for e in b_entries].count("host_locked") == 1
-        assert [e["outcome"] for e in b_entries if e["action"] == "host_unlocked"] == ["released"]
+        assert [e.action for e in b_entries].count("host_locked") == 1
+        assert [e.outcome for e in b_entries if e.action == "host_unlocked"] == ["released"]
     finally:
         subprocess.run(demo["stop"], timeout=60)

@@ -141,7 +141,7 @@ def test_the_default_trial_as_readme_shows_it_quiets_and_restores_the_demo_servi
     seen_down: list[bool] = []
 
     def at_first_server(entries):
-        if any(e["action"] == "server_started" for e in entries):
+        if any(e.action == "server_started" for e in entries):
             seen_down.append(not port_open("127.0.0.1", DEMO_PORT) and demo(work, "status").returncode == 3)
             return True
         return False
@@ -150,8 +150,8 @@ def test_the_default_trial_as_readme_shows_it_quiets_and_restores_the_demo_servi
     assert run.returncode == 0, run.stdout[-4000:]
     assert seen_down == [True]  # stopped while the servers ran
     cleanup, entries, _ = assert_given_back(work)
-    [quiet] = [e for e in entries if e["action"] == "service_quiet"]
-    assert quiet["was_running"] and quiet["service"]["status"][0] == sys.executable  # {python}, not PATH's python3
+    [quiet] = [e for e in entries if e.action == "service_quiet"]
+    assert quiet.was_running and quiet.service["status"][0] == sys.executable  # {python}, not PATH's python3
     [row] = cleanup["services"]
     assert row["was_running"] and row["down"] and row["healthy"] and row["restored_by_run"] == cleanup["run"]
 
@@ -320,13 +320,13 @@ def test_the_second_run_after_a_complete_first_leaves_nothing_undone(work):
     first = json.loads((work / FIRST_COPY / "cleanup" / "record.json").read_text())["run"]
     cleanup, entries, _ = assert_given_back(work)
     assert cleanup["run"] != first
-    mine = [e for e in entries if e["run"] == cleanup["run"]]
+    mine = [e for e in entries if e.run == cleanup["run"]]
     kinds = {"server_started": "servers", "service_quiet": "services", "patch_file": "patches",
              "weights_staged": "weights", "job_started": "jobs"}
-    changed = {kinds[e["action"]] for e in mine if e["action"] in kinds}
+    changed = {kinds[e.action] for e in mine if e.action in kinds}
     assert changed == set(kinds.values())  # the second run made every kind of change, and undid each
-    undone = {i for e in mine for i in ([e["undoes"]] if isinstance(e.get("undoes"), str) else e.get("undoes") or [])}
-    assert {e["id"] for e in mine if e["action"] in kinds and (e["action"] != "service_quiet" or e["was_running"])} <= undone
+    undone = {i for e in mine for i in ([e.undoes] if isinstance(e.undoes, str) else e.undoes or [])}
+    assert {e.id for e in mine if e.action in kinds and (e.action != "service_quiet" or e.was_running)} <= undone
     assert all(not rows for rows in cleanup["left_behind"].values())  # the first run left nothing
 
 
@@ -334,7 +334,7 @@ def test_the_third_run_records_one_patch_and_one_quiet_of_its_own(work):
     run = run_trial(work, "--forceall", *short(work))
     assert run.returncode == 0, run.stdout[-4000:]
     cleanup, entries, html = assert_given_back(work)
-    mine = [e["action"] for e in entries if e["run"] == cleanup["run"]]
+    mine = [e.action for e in entries if e.run == cleanup["run"]]
     assert (mine.count("patch_file"), mine.count("patch_reverted")) == (1, 1)
     assert (mine.count("service_quiet"), mine.count("service_restored")) == (1, 1)
     [patch] = cleanup["patches"]
@@ -346,7 +346,7 @@ def test_the_third_run_records_one_patch_and_one_quiet_of_its_own(work):
     assert html.count(f"<code>{patch['target']}</code>") == 1  # the patched file, once
     assert html.split('<h2 id="cleanup">', 1)[1].count("<tr><td>demo-web</td>") == 1  # restored once, by this run
     assert "None: no earlier run of this trial left a change open." in html
-    assert len({e["run"] for e in entries if e["action"] == "service_quiet"}) == 3  # three runs in one ledger
+    assert len({e.run for e in entries if e.action == "service_quiet"}) == 3  # three runs in one ledger
 
 
 def test_reproduce_reruns_the_third_run_into_a_new_folder_and_its_page_says_the_workloads_match(work):

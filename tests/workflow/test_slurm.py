@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from conftest import REPO, SNAKEFILE, wait_until
-from llmtrial.core.ledger import Ledger
+from llmtrial.core.ledger import Entry, Ledger
 from llmtrial.core.records import load_record
 from llmtrial.host.process_groups import group_members, port_open
 from llmtrial.lifecycle.cleanup import outstanding
@@ -87,7 +87,7 @@ class Seen:
     a_shown: dict[str, str] = field(default_factory=dict)  # job id -> `scontrol show job`, read as the first ended
 
 
-def ledger(work: Path, trial: str) -> list[dict]:
+def ledger(work: Path, trial: str) -> list[Entry]:
     return Ledger(work / "results" / trial / "ledger.jsonl").entries()
 
 
@@ -191,13 +191,13 @@ def _run_both(work: Path, slurm: SlurmCluster, seen: Seen) -> None:
     seen.a_shown = {job: slurm.run("scontrol", "show", "job", job).stdout for job in seen.a_jobs}
 
     def b_serving() -> bool:
-        return any(e["action"] == "server_started" for e in ledger(work, "demo-b"))
+        return any(e.action == "server_started" for e in ledger(work, "demo-b"))
     watch_until(lambda: b.poll() is not None, slurm, names, seen, 300, until=b_serving)
     assert b.poll() is None, (work / "demo-b.out").read_text()[-3000:]
     entries = ledger(work, "demo-b")
-    seen.b_pgids = [int(e["pgid"]) for e in entries if e["action"] == "server_started"]
-    patch = next(e for e in entries if e["action"] == "patch_file")
-    seen.patched_file = (patch["file"], patch["record_hash"])
+    seen.b_pgids = [int(e.pgid) for e in entries if e.action == "server_started"]
+    patch = next(e for e in entries if e.action == "patch_file")
+    seen.patched_file = (patch.file, patch.record_hash)
     os.killpg(b.pid, signal.SIGKILL)  # the login session is lost: no onerror
     b.wait(timeout=30)
     [job] = seen.b_jobs
@@ -232,18 +232,18 @@ def test_the_default_trial_under_the_slurm_profile_records_what_a_local_run_does
     assert load_record(results / "configs" / "tp1" / "record.json", "configuration").status == "ok"
     cleanup = load_record(results / "cleanup" / "record.json", "cleanup")
     assert cleanup.restored and cleanup.residues == []
-    assert [s["name"] for s in cleanup.services_restored] == ["demo-web"]
-    assert [p["path"] for p in cleanup.patches_reverted] == ["vllm/v1/worker/cpu_worker.py"]
+    assert [s.name for s in cleanup.services_restored] == ["demo-web"]
+    assert [p.path for p in cleanup.patches_reverted] == ["vllm/v1/worker/cpu_worker.py"]
     assert [row.outcome for row in cleanup.host_lock] == ["released"]
     quiet = load_record(results / "services" / "quieted.json", "quiet")
     assert [(s.name, s.action) for s in quiet.services] == [("demo-web", "stopped")]
     assert (results / "report.html").exists() and "Host lock" in (results / "report.html").read_text()
     entries = ledger(work, "demo")
     # every change was made on SLURM's node, none on the login side (this machine's hostname)
-    assert {e["machine"] for e in entries} == {"llmtrial-n1"} and outstanding_kinds(entries) == {}
+    assert {e.machine for e in entries} == {"llmtrial-n1"} and outstanding_kinds(entries) == {}
 
 
-def outstanding_kinds(entries: list[dict]) -> dict:
+def outstanding_kinds(entries: list[Entry]) -> dict:
     return {kind: changes for kind, changes in outstanding(entries).items() if changes}
 
 
@@ -279,7 +279,7 @@ def test_scancel_mid_configuration_then_snakemake_cleanup_gives_the_node_back_fr
     assert not [p for p in psutil.process_iter(["cmdline"]) if "demo-b" in " ".join(p.info["cmdline"] or [])]
     entries = ledger(work, "demo-b")
     # the cleanup ran on the node the ledger names, sent there from this side through srun
-    assert {e["machine"] for e in entries if e["action"] in ("cleanup_start", "service_restored")} == {"llmtrial-n1"}
+    assert {e.machine for e in entries if e.action in ("cleanup_start", "service_restored")} == {"llmtrial-n1"}
     assert outstanding_kinds(entries) == {}
 
 
@@ -296,4 +296,4 @@ def test_seed_003_asks_one_allocation_of_four_gpus_for_four_configurations_and_i
     assert "--gpus=4" in argv and argv[argv.index("-t") + 1] == "270"  # 30 setup + 4 x 60 minutes
     assert "--exclusive" in argv and "-p" in argv and argv[argv.index("-p") + 1] == "trials"
     entries = Ledger(tmp_path / "results" / "seed003-qwen3-235b" / "ledger.jsonl").entries()
-    assert {e["action"] for e in entries} <= {"cleanup_start", "cleanup_done"}  # onerror's; nothing changed
+    assert {e.action for e in entries} <= {"cleanup_start", "cleanup_done"}  # onerror's; nothing changed

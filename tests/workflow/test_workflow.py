@@ -161,7 +161,7 @@ def test_a_service_whose_state_is_unknown_stops_the_trial_before_any_server(tmp_
     assert out.returncode != 0
     log = (tmp_path / "results/demo/logs/quiet.log").read_text()
     assert "service tts (command): state unknown:" in log and f"`{missing}` could not run: FileNotFoundError" in log
-    actions = [e["action"] for e in Ledger(tmp_path / "results/demo/ledger.jsonl").entries()]
+    actions = [e.action for e in Ledger(tmp_path / "results/demo/ledger.jsonl").entries()]
     assert not {"service_quiet", "service_stopped", "patch_file", "server_launch", "job_started"} & set(actions)
     assert not (tmp_path / "results/demo/configs").exists() and not (tmp_path / "results/demo/patches").exists()
     assert all(v["matches"] for v in verify_files(["vllm/v1/worker/cpu_worker.py"]))  # the demo patch's target

@@ -90,20 +90,45 @@ class PolicyDone(RecordModel):
     freed_bytes: Maybe[int] = Field(None, description="Bytes freed.")
     kept_bytes: Maybe[int] = Field(None, description="Bytes left in place.")
     archive: Maybe[str] = Field(None, description="Policy archive: where the archive is.")
-    residues: Maybe[list[Any]] = Field(None, description="What could not be removed or archived.")
+    residues: Maybe[list[Residue]] = Field(None, description="What could not be removed or archived.")
     archive_seconds: Maybe[Number] = Field(None, description="Seconds the archive took.")
     archive_copy: Maybe[str] = Field(None, alias="copy", description="The archive's copy as checked: files and bytes.")
     files_removed: Maybe[int] = Field(None, description="Files deleted.")
     node: Maybe[str] = Field(None, description="The node that holds it (a copy on another node).")
 
 
-class WeightsRow(PolicyDone):
-    """One staged folder of any run and what the weights policy did to it."""
+class RestoredService(RecordModel):
+    """A service this cleanup started again, or kept stopped because its GPU failed, and how it came back."""
 
-    path: Any
-    run: Any = None
-    policy: Any = None
-    action: Any = None
+    name: str
+    kind: Literal["systemd", "docker", "supervisor", "command"]
+    run: str | None = Field(description="The run that quieted it.")
+    quiet: str = Field(description="The ledger entry of the quiet.")
+    started_at: float = Field(description="Unix time the restore of it began.")
+    node: Maybe[str] = Field(None, description="The node it runs on (absent: this host).")
+    state_before: Maybe[str] = Field(None, description="Its state before the start, as its status command said.")
+    start_exit: Maybe[int | None] = Field(None, description="The start command's exit code (null: it timed out).")
+    start_seen: Maybe[str] = Field(None, description="What the start command printed or why it failed.")
+    healthy: bool = Field(description="Running and answering its health check.")
+    health_seen: str = Field(description="What the last look at it saw.")
+    healthy_after_s: Maybe[Number] = Field(None, description="Seconds from the restore's start to that look.")
+    held_by_gpu: Maybe[int | str] = Field(None, description="Not started: the failed GPU it runs on.")
+
+
+class PatchRevert(RecordModel):
+    """One patched file, plugin folder or node's copy of one that this cleanup reverted or removed."""
+
+    patches: list[str]
+    run: str = Field(description="The run that changed it.")
+    action: str = Field(description="What the revert did (restored from backup, removed, none, not restored: why).")
+    path: Maybe[str] = Field(None, description="A file: its path relative to site-packages, as in RECORD.")
+    file: Maybe[str] = Field(None, description="A file: its absolute path.")
+    found_hash: Maybe[str | None] = Field(None, description="A file: its sha256 when the revert found it.")
+    hash: Maybe[str | None] = Field(None, description="A file: its sha256 after the revert.")
+    record_hash: Maybe[str | None] = Field(None, description="A file: its hash in RECORD.")
+    matches_record: Maybe[bool] = Field(None, description="A file: it matches RECORD after the revert.")
+    dir: Maybe[str] = Field(None, description="A plugin folder or its copy on a node.")
+    node: Maybe[str] = Field(None, description="A copy: the node that holds it.")
 
 
 class HostService(RecordModel):
@@ -152,7 +177,7 @@ class LeftBehind(RecordModel):
     groups: list[ServerRow] = Field([], description="Process groups the trial started on any node (ray, headless ranks).")
     services: list[ServiceRow]
     patches: list[PatchRow]
-    weights: list[WeightsRow]
+    weights: list[WeightsFolder]
 
 
 class HostAfter(RecordModel):
@@ -180,9 +205,9 @@ class CleanupRecord(RecordModel):
         "This run's process groups on any node (a worker on another host), each with its node and how it was "
         "stopped there."))
     ports: list[PortState] = Field(description="Whether each trial port still listened after the servers were stopped.")
-    services_restored: Rows = Field(description="The services this cleanup started again.")
+    services_restored: list[RestoredService] = Field(description="The services this cleanup started again.")
     services: list[ServiceRow] = Field(description="This run's quiets of services, from the ledger.")
-    patches_reverted: Rows = Field(description="The patch reverts this cleanup did.")
+    patches_reverted: list[PatchRevert] = Field(description="The patch reverts this cleanup did.")
     patches: list[PatchRow] = Field(description=(
         "This run's patched files and plugin folders, from the ledger, each with its node (a plugin folder "
         "carried to another node: copy_of names the folder here)."))

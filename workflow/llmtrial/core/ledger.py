@@ -38,16 +38,21 @@ the others: every stage that undoes something asks it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from llmtrial.core.hostlock import acquire, holder_for, lock_settings, this_host
+
+log = logging.getLogger(__name__)
 
 #: The environment variable that names the current run; the workflow sets it once per invocation.
 RUN_ENV = "LLMTRIAL_RUN"
@@ -147,8 +152,115 @@ ACTIONS: dict[Action, ActionSpec] = {
 }
 
 
-def _service_name(e: dict[str, Any]) -> Any:
-    return e["service"]["name"] if "service" in e else e.get("name", "")
+class LedgerError(ValueError):
+    """A ledger line that is JSON but not an entry this version reads (named by file and line)."""
+
+
+class Entry(BaseModel):
+    """One ledger line: when, which action, which run and node wrote it, its id; then the payload
+    of its action (:data:`ACTIONS` says which fields each action must carry). Every field a line
+    may hold is declared here, typed; an entry with an undeclared field is refused when written."""
+
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
+
+    t: float
+    action: str
+    run: str = EARLIER_RUN
+    id: str
+    node: str = LOCAL_NODE
+    machine: str | None = None
+    # any change or undo
+    label: str | None = None
+    undoes: str | list[str] | None = None
+    outcome: str | None = None
+    reach: dict[str, Any] | None = Field(None, description="The node as Node.describe() gives it, to rebuild it.")
+    # jobs, servers, process groups
+    pid: int | None = None
+    pgid: int | None = None
+    create_time: float | None = None
+    host: str | None = None
+    port: int | None = None
+    argv: list[str] | None = None
+    env_keys: list[str] | None = None
+    launched_at: float | None = None
+    log_path: str | None = None
+    token: str | None = None
+    launch: str | None = Field(None, description="group_started: the id of its group_launch.")
+    signals: list[str] | None = None
+    stop_seconds: float | None = None
+    survivors: list[int] | None = None
+    port_closed: bool | None = None
+    returncode: int | None = None
+    # services
+    service: dict[str, Any] | None = Field(None, description="service_quiet: the service as Service.to_json() gives it.")
+    was_running: bool | None = None
+    state_seen: str | None = None
+    name: str | None = None
+    down: bool | None = None
+    quiet: str | None = Field(None, description="service_stopped: the id of its service_quiet.")
+    healthy_after_s: float | None = None
+    # patches
+    patches: list[str] | None = None
+    dist: str | None = None
+    version: str | None = None
+    path: str | None = None
+    file: str | None = None
+    backup: str | None = None
+    record_hash: str | None = None
+    before_hash: str | None = None
+    after_hash: str | None = None
+    hash: str | None = None
+    matches_record: bool | None = None
+    hunks: list[Any] | None = None
+    dir: str | None = None
+    entry_points: dict[str, Any] | None = None
+    mode: str | None = None
+    files: list[str] | dict[str, str] | None = None
+    source: str | None = None
+    copy_id: str | None = Field(None, alias="copy", description="patch_plugin_copied: the id of its patch_plugin_copy.")
+    # weights
+    root: str | None = None
+    after: str | None = None
+    archive_dir: str | None = None
+    kind: str | None = None
+    copied_from: str | None = None
+    repo_id: str | None = None
+    commit: str | None = None
+    disk: dict[str, Any] | None = None
+    archive: str | None = None
+    bytes: int | None = None
+    policy: str | None = None
+    freed_bytes: int | None = None
+    # GPUs
+    gpu: int | str | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    evidence: str | None = None
+    kernel_lines: list[str] | None = None
+    health: dict[str, Any] | None = None
+    # the host's lock, cleanup
+    holder: dict[str, Any] | None = None
+    earlier: dict[str, Any] | None = None
+    restored: bool | None = None
+    residues: int | None = None
+
+    def undone_ids(self) -> list[str]:
+        """The ids this undo entry names (none for an entry of an old-format ledger)."""
+        if self.undoes is None:
+            return []
+        return [self.undoes] if isinstance(self.undoes, str) else list(self.undoes)
+
+    def written(self) -> dict[str, Any]:
+        """The entry as its ledger line holds it: the fields it was given."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+#: Every key a ledger line may hold (a field's name, or its alias).
+ENTRY_KEYS = frozenset(f.alias or name for name, f in Entry.model_fields.items())
+
+
+def _service_name(e: Entry) -> Any:
+    return e.service["name"] if e.service is not None else e.name or ""
 
 
 @dataclass(frozen=True)
@@ -159,14 +271,14 @@ class Change:
     kind: str
     makes: tuple[Action, ...]
     undone_by: tuple[Action, ...]
-    key: Callable[[dict[str, Any]], Any]
-    when: Callable[[dict[str, Any]], bool] = field(default=lambda e: True)
+    key: Callable[[Entry], Any]
+    when: Callable[[Entry], bool] = field(default=lambda e: True)
 
-    def is_change(self, e: dict[str, Any]) -> bool:
-        return e.get("action") in self.makes and self.when(e)
+    def is_change(self, e: Entry) -> bool:
+        return e.action in self.makes and self.when(e)
 
-    def is_undo(self, e: dict[str, Any]) -> bool:
-        return e.get("action") in self.undone_by
+    def is_undo(self, e: Entry) -> bool:
+        return e.action in self.undone_by
 
 
 #: Every kind of change a trial makes to a host, in the order cleanup undoes them (``locks``, the host's
@@ -176,28 +288,28 @@ class Change:
 #: are serving process groups: a vLLM server started here (``server_started``) and a group
 #: started on any node, this one or another host (``group_launch``: a headless rank, a worker).
 CHANGES: dict[str, Change] = {c.kind: c for c in (
-    Change("jobs", (Action.JOB_STARTED,), (Action.JOB_FINISHED, Action.JOB_STOPPED), lambda e: e.get("pid")),
+    Change("jobs", (Action.JOB_STARTED,), (Action.JOB_FINISHED, Action.JOB_STOPPED), lambda e: e.pid),
     Change("servers", (Action.SERVER_STARTED, Action.GROUP_LAUNCH), (Action.SERVER_STOPPED, Action.GROUP_STOPPED),
-           lambda e: e.get("pgid")),
+           lambda e: e.pgid),
     Change("patches", (Action.PATCH_FILE, Action.PATCH_PLUGIN, Action.PATCH_PLUGIN_COPY),
            (Action.PATCH_REVERTED, Action.PATCH_PLUGIN_REMOVED, Action.PATCH_PLUGIN_COPY_REMOVED),
-           lambda e: e.get("file") or e.get("dir")),
+           lambda e: e.file or e.dir),
     Change("services", (Action.SERVICE_QUIET,), (Action.SERVICE_RESTORED,), _service_name,
-           lambda e: bool(e.get("was_running"))),
-    Change("weights", (Action.WEIGHTS_STAGED,), (Action.WEIGHTS_DONE,), lambda e: e.get("path")),
-    Change("gpus", (Action.GPU_FAILED,), (Action.GPU_CLEARED,), lambda e: e.get("uuid") or e.get("gpu")),
-    Change("locks", (Action.HOST_LOCKED,), (Action.HOST_UNLOCKED,), lambda e: e.get("path")),
+           lambda e: bool(e.was_running)),
+    Change("weights", (Action.WEIGHTS_STAGED,), (Action.WEIGHTS_DONE,), lambda e: e.path),
+    Change("gpus", (Action.GPU_FAILED,), (Action.GPU_CLEARED,), lambda e: e.uuid or e.gpu),
+    Change("locks", (Action.HOST_LOCKED,), (Action.HOST_UNLOCKED,), lambda e: e.path),
 )}
 
 
-def missing_fields(entry: dict[str, Any]) -> list[str]:
-    """The fields an entry of a known action lacks (its declared payload); [] for a complete
-    entry or an action outside the vocabulary."""
+def missing_fields(line: Mapping[str, Any]) -> list[str]:
+    """The fields a ledger line of a known action lacks (its declared payload); [] for a complete
+    line or an action outside the vocabulary."""
     try:
-        spec = ACTIONS[Action(entry.get("action"))]
+        spec = ACTIONS[Action(line.get("action"))]
     except ValueError:
         return []
-    return [f for f in ("t", "action", "run", "id", "node", *spec.required) if f not in entry]
+    return [f for f in ("t", "action", "run", "id", "node", *spec.required) if f not in line]
 
 
 def new_run_id() -> str:
@@ -230,7 +342,7 @@ class Ledger:
         self.node = node or current_node()
         self.only_host = only_host
 
-    def append(self, action: str, **data: Any) -> dict[str, Any]:
+    def append(self, action: str, **data: Any) -> Entry:
         """Write one entry (``node`` defaults to this ledger's) and return it. An entry of a change
         takes the host's lock first when the workflow gave one (:meth:`hold_host`)."""
         spec = ACTIONS.get(action)  # Action is a StrEnum: its plain string finds it too
@@ -251,10 +363,10 @@ class Ledger:
         acquire(path, me, wait_s=wait_s, before=lambda earlier: self._write(
             Action.HOST_LOCKED, path=str(path), holder=me.model_dump(), earlier=earlier.model_dump() if earlier else None, node=node))
 
-    def _write(self, action: str, **data: Any) -> dict[str, Any]:
-        entry = {"t": time.time(), "action": str(action), "run": self.run, "id": secrets.token_hex(8),
-                 "node": self.node, "machine": this_host(), **data}
-        line = (json.dumps(entry, default=str) + "\n").encode("utf-8")
+    def _write(self, action: str, **data: Any) -> Entry:
+        entry = Entry.model_validate({"t": time.time(), "action": str(action), "run": self.run, "id": secrets.token_hex(8),
+                                      "node": self.node, "machine": this_host(), **data})
+        line = (json.dumps(entry.written()) + "\n").encode("utf-8")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -264,51 +376,55 @@ class Ledger:
             os.close(fd)
         return entry
 
-    def entries(self) -> list[dict[str, Any]]:
+    def entries(self) -> list[Entry]:
+        """Every entry, in order (with ``only_host``: that host's). A line torn by a crash mid-write
+        is skipped; a line that is not an entry raises :class:`LedgerError` naming it."""
         if not self.path.exists():
             return []
         out, here = [], this_host()
         for i, raw in enumerate(self.path.read_text(encoding="utf-8").splitlines()):
             try:
-                entry = json.loads(raw)
+                data = json.loads(raw)
             except json.JSONDecodeError:
                 continue  # a line torn by a crash mid-write
-            entry.setdefault("run", EARLIER_RUN)
-            entry.setdefault("id", f"line-{i + 1}")
-            entry.setdefault("node", LOCAL_NODE)
-            entry.setdefault("machine", here)
-            if self.only_host is None or entry["machine"] == self.only_host:
+            entry = self._entry(data, i + 1, here)
+            if self.only_host is None or entry.machine == self.only_host:
                 out.append(entry)
         return out
 
+    def _entry(self, data: Any, line: int, here: str) -> Entry:
+        """One line's entry; a field a later version wrote is left out (and said), never fatal."""
+        if not isinstance(data, dict):
+            raise LedgerError(f"{self.path} line {line}: not a ledger entry (a JSON object): {str(data)[:80]}")
+        unknown = sorted(set(data) - ENTRY_KEYS)
+        if unknown:
+            log.warning("%s line %d: fields this version does not know, left out: %s", self.path, line, ", ".join(unknown))
+        known = {k: v for k, v in data.items() if k in ENTRY_KEYS}
+        try:
+            entry = Entry.model_validate({**known, "id": known.get("id") or f"line-{line}",
+                                          "machine": known.get("machine") or here})
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise LedgerError(f"{self.path} line {line}: not a ledger entry: {problems}") from exc
+        return entry
 
-def undone_ids(entry: dict[str, Any]) -> list[str]:
-    """The ids an undo entry names (none for an entry of an old-format ledger)."""
-    ids = entry.get("undoes")
-    if ids is None:
-        return []
-    return [ids] if isinstance(ids, str) else list(ids)
 
-
-def match_undos(entries: Iterable[dict[str, Any]], is_change: Callable[[dict[str, Any]], bool],
-                is_undo: Callable[[dict[str, Any]], bool],
-                key: Callable[[dict[str, Any]], Any]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+def match_undos(entries: Iterable[Entry], is_change: Callable[[Entry], bool], is_undo: Callable[[Entry], bool],
+                key: Callable[[Entry], Any]) -> tuple[dict[str, Entry], dict[str, Entry]]:
     """Pair each change with the entry that undid it, in ledger order.
 
     Returns ``(outstanding, undone)``: the changes no entry has undone (by id, in order) and,
     per undone change's id, the entry that undid it. An undo entry of an old-format ledger
     (no run, no ids) undoes every outstanding change with the same ``key``; any other entry
     undoes only the ids it names; the key is matched on the same node only."""
-    outstanding: dict[str, dict[str, Any]] = {}
-    undone: dict[str, dict[str, Any]] = {}
+    outstanding: dict[str, Entry] = {}
+    undone: dict[str, Entry] = {}
     for e in entries:
         if is_change(e):
-            outstanding[e["id"]] = e
+            outstanding[e.id] = e
         elif is_undo(e):
-            legacy = "undoes" not in e and e.get("run") == EARLIER_RUN
-            ids = [i for i, c in outstanding.items()
-                   if key(c) == key(e) and c.get("node", LOCAL_NODE) == e.get("node", LOCAL_NODE)] \
-                if legacy else undone_ids(e)
+            legacy = e.undoes is None and e.run == EARLIER_RUN
+            ids = [i for i, c in outstanding.items() if key(c) == key(e) and c.node == e.node] if legacy else e.undone_ids()
             for i in ids:
                 if i in outstanding:
                     outstanding.pop(i)
@@ -317,14 +433,35 @@ def match_undos(entries: Iterable[dict[str, Any]], is_change: Callable[[dict[str
 
 
 @dataclass
+class OpenChange:
+    """An outstanding change of one target (a file, a folder) and the ids of every change of it that an
+    undo of it names (a target changed more than once and not undone since)."""
+
+    entry: Entry
+    undo_ids: list[str] = field(default_factory=list)
+
+
+def by_target(changes: dict[str, Entry], key: Callable[[Entry], Any], *, latest: bool = False) -> dict[Any, OpenChange]:
+    """Outstanding changes (by id, as :func:`replay` gives them) by their target, ``key`` of each: each
+    target with its first change (``latest``: its last one) and the ids of all of them."""
+    out: dict[Any, OpenChange] = {}
+    for i, e in changes.items():
+        target = out.setdefault(key(e), OpenChange(e))
+        target.undo_ids.append(i)
+        if latest:
+            target.entry = e
+    return out
+
+
+@dataclass
 class Replay:
     """What a ledger says now: per kind of change (:data:`CHANGES`), the changes no entry
     has undone, by id in ledger order; and, per undone change's id, the entry that undid it."""
 
-    outstanding: dict[str, dict[str, dict[str, Any]]]
-    undone: dict[str, dict[str, Any]]
+    outstanding: dict[str, dict[str, Entry]]
+    undone: dict[str, Entry]
 
-    def open(self, kind: str) -> list[dict[str, Any]]:
+    def open(self, kind: str) -> list[Entry]:
         """The outstanding changes of one kind, in ledger order."""
         return list(self.outstanding[kind].values())
 
@@ -334,12 +471,12 @@ class Replay:
         return any(changes for kind, changes in self.outstanding.items() if kind not in skip)
 
 
-def replay(entries: Iterable[dict[str, Any]]) -> Replay:
+def replay(entries: Iterable[Entry]) -> Replay:
     """Replay a ledger (from any run, any node): every change still outstanding, by kind,
     and what undid the rest. The one reading of a ledger every undoing stage uses."""
     entries = list(entries)
-    outstanding: dict[str, dict[str, dict[str, Any]]] = {}
-    undone: dict[str, dict[str, Any]] = {}
+    outstanding: dict[str, dict[str, Entry]] = {}
+    undone: dict[str, Entry] = {}
     for kind, change in CHANGES.items():
         outstanding[kind], done = match_undos(entries, change.is_change, change.is_undo, change.key)
         undone.update(done)

@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field
 from pydantic.json_schema import GenerateJsonSchema
 
-from llmtrial.core.cleanup_model import CleanupRecord, QuietRecord
+from llmtrial.core.cleanup_model import CleanupRecord, PatchRevert, QuietRecord
 from llmtrial.core.comparison_model import ComparisonRecord
 from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.cost import Cost
@@ -289,7 +289,7 @@ class PatchesRecord(RecordModel):
     started: float = Field(description="Unix time the stage began.")
     finished: float = Field(description="Unix time the stage ended.")
     apply_seconds: float = Field(description="Wall time of the stage.")
-    reverted_first: list[Any] = Field(description=(
+    reverted_first: list[PatchRevert] = Field(description=(
         "What an earlier run had left patched and this stage reverted before applying."))
     vllm: VllmDistribution | None = Field(description="The installed vLLM distribution, or null when no patch is enabled.")
     patches: list[PatchApplied] = Field(description="One entry per enabled patch, in config order.")

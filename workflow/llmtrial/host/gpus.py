@@ -37,7 +37,8 @@ from typing import Any
 
 import psutil
 
-from llmtrial.core.ledger import Action, Ledger, replay
+from llmtrial.core.ledger import Action, Entry, Ledger, replay
+from llmtrial.core.record_base import HeldGpu, Residue
 from llmtrial.core.trial_config import HealthCheckBlock
 from llmtrial.core.units import GiB
 from llmtrial.host.nodes import last_json_object, program_argv
@@ -208,11 +209,11 @@ def launch_check(ledger: Ledger, gpus: Sequence[Mapping[str, Any]], allow: Itera
     start (a foreign process, or a GPU the ledger still holds as failed), or None."""
     found = census(gpus, allow)
     selected = [g.get("uuid") or g["index"] for g in gpus]
-    failed = held_gpus(selected, replay(ledger.entries()).open("gpus"))
-    found["held_failed"] = [{k: e.get(k) for k in ("gpu", "uuid", "label", "evidence")} for e in failed]
+    failed = held_gpus(selected, [held_gpu(e) for e in replay(ledger.entries()).open("gpus")])
+    found["held_failed"] = [h.model_dump(include={"gpu", "uuid", "label", "evidence"}) for h in failed]
     if failed:
         return found, ("a selected GPU failed its health check after an earlier configuration failed: "
-                       + "; ".join(f"GPU {e['gpu']} after {e['label']} ({e['evidence']})" for e in failed)
+                       + "; ".join(f"GPU {h.gpu} after {h.label} ({h.evidence})" for h in failed)
                        + ". `snakemake cleanup` checks it again and clears it once it passes.")
     return found, census_failure(found) if found["foreign"] else None
 
@@ -300,29 +301,36 @@ def after_failure(ledger: Ledger, gpus: Sequence[Mapping[str, Any]], baseline: I
     return found
 
 
-def recheck_failed(ledger: Ledger, residues: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def recheck_failed(ledger: Ledger, residues: list[Residue]) -> list[HeldGpu]:
     """Cleanup's look at every GPU the ledger still holds as failed: check it again (a fresh
     allocation, and no Xid line since it failed); one that passes is cleared (``gpu_cleared``),
     one that fails stays held and is a residue naming the GPU and the evidence. Returns the
     GPUs still held."""
     held = []
     for entry in replay(ledger.entries()).open("gpus"):
-        gpu = {"index": entry["gpu"], "uuid": entry.get("uuid"), "pci_bus_id": entry.get("pci_bus_id")}
-        settings = HealthCheckBlock.model_validate(entry.get("health") or {})  # the check the failure had
-        now = health([gpu], entry.get("kernel_lines") or [], settings)["gpus"][0]
+        gpu = {"index": entry.gpu, "uuid": entry.uuid, "pci_bus_id": entry.pci_bus_id}
+        settings = HealthCheckBlock.model_validate(entry.health or {})  # the check the failure had
+        now = health([gpu], entry.kernel_lines or [], settings)["gpus"][0]
         if now["healthy"]:
-            ledger.append(Action.GPU_CLEARED, gpu=gpu["index"], uuid=gpu["uuid"], undoes=entry["id"],
+            ledger.append(Action.GPU_CLEARED, gpu=gpu["index"], uuid=gpu["uuid"], undoes=entry.id,
                           evidence=now["evidence"])
             continue
-        held.append({**entry, "evidence_now": now["evidence"]})
-        residues.append({"kind": "gpu", "what": gpu_label(gpu),
-                         "tried": "a fresh process allocating on it, and the kernel log since it failed",
-                         "seen": f"failed its health check after {entry['label']} failed ({entry['evidence']}); "
-                                 f"now: {now['evidence']}"})
+        held.append(held_gpu(entry, evidence_now=now["evidence"]))
+        residues.append(Residue(kind="gpu", what=gpu_label(gpu),
+                                tried="a fresh process allocating on it, and the kernel log since it failed",
+                                seen=f"failed its health check after {entry.label} failed ({entry.evidence}); "
+                                     f"now: {now['evidence']}"))
     return held
 
 
-def held_gpus(gpus: Iterable[Any], held: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The ``gpu_failed`` entries (``held``) among ``gpus``, given by NVML index or UUID."""
+def held_gpu(entry: Entry, evidence_now: str | None = None) -> HeldGpu:
+    """A ``gpu_failed`` entry of the ledger as the GPU it holds (with ``evidence_now``: as cleanup found it again)."""
+    now = {"evidence_now": evidence_now} if evidence_now is not None else {}
+    return HeldGpu(gpu=entry.gpu, uuid=entry.uuid, label=entry.label, evidence=entry.evidence,
+                   run=entry.run, **now)
+
+
+def held_gpus(gpus: Iterable[Any], held: Sequence[HeldGpu]) -> list[HeldGpu]:
+    """The GPUs ``held`` as failed among ``gpus``, given by NVML index or UUID."""
     wanted = {str(g) for g in gpus}
-    return [h for h in held if {str(h["gpu"]), str(h.get("uuid"))} & wanted]
+    return [h for h in held if {str(h.gpu), str(h.uuid)} & wanted]

@@ -40,7 +40,8 @@ from typing import Any
 
 import psutil
 
-from llmtrial.core.ledger import Action, Ledger
+from llmtrial.core.ledger import Action, Entry, Ledger
+from llmtrial.core.record_base import Residue
 from llmtrial.host.nodes import Node, NodeError
 from llmtrial.onnode import process_group
 
@@ -104,10 +105,10 @@ def start_group(ledger: Ledger, node: Node, argv: Sequence[str], *, label: str, 
     launch = ledger.append(Action.GROUP_LAUNCH, node=node.name, label=label, reach=node.describe(),
                            argv=[str(a) for a in argv], env_keys=sorted(env or {}), log_path=str(log_path), token=token)
     started = spawn_group(node, argv, log_path=log_path, env=env, token=token, timeout=timeout)
-    ledger.append(Action.GROUP_STARTED, node=node.name, label=label, launch=launch["id"], pid=started["pid"],
+    ledger.append(Action.GROUP_STARTED, node=node.name, label=label, launch=launch.id, pid=started["pid"],
                   pgid=started["pgid"], create_time=started["create_time"])
     log.info("started %s on %s: pid %s", label, node.label(), started["pid"])
-    return {**started, "label": label, "launch": launch["id"], "token": token}
+    return {**started, "label": label, "launch": launch.id, "token": token}
 
 
 def finish_group(ledger: Ledger, node: Node, group: Mapping[str, Any], *, timeout: float) -> dict[str, Any]:
@@ -121,43 +122,43 @@ def finish_group(ledger: Ledger, node: Node, group: Mapping[str, Any], *, timeou
     return result
 
 
-def _stop_one(launch: dict[str, Any], mark: dict[str, Any] | None, ledger: Ledger, timeout: float,
-              residues: list[dict[str, Any]]) -> dict[str, Any]:
-    name, label = launch["node"], launch.get("label")
-    pgid, since = (mark["pgid"], mark["create_time"]) if mark else (None, None)
-    item: dict[str, Any] = {"label": label, "node": name, "pgid": pgid, "pid": mark and mark["pid"],
-                            "run": launch["run"], "change": launch["id"], "alive_pids": []}
+def _stop_one(launch: Entry, mark: Entry | None, ledger: Ledger, timeout: float,
+              residues: list[Residue]) -> dict[str, Any]:
+    name, label = launch.node, launch.label
+    pgid, since = (mark.pgid, mark.create_time) if mark else (None, None)
+    item: dict[str, Any] = {"label": label, "node": name, "pgid": pgid, "pid": mark and mark.pid,
+                            "run": launch.run, "change": launch.id, "alive_pids": []}
     what = f"group {label} (pgid {pgid if pgid is not None else 'never confirmed'}) on node {name}"
     try:
-        node = Node.from_reach(name, launch["reach"])
-        result = stop_remote_group(node, pgid, not_before=since, timeout=timeout, token=launch.get("token"))
-    except (NodeError, ValueError, KeyError) as err:
+        node = Node.from_reach(name, launch.reach)
+        result = stop_remote_group(node, pgid, not_before=since, timeout=timeout, token=launch.token)
+    except (NodeError, ValueError, KeyError, TypeError) as err:
         item.update(action="not reached", error=str(err))
-        residues.append({"kind": "process", "what": what, "node": name,
-                         "tried": f"stop it on node {name} from the ledger", "seen": str(err)})
+        residues.append(Residue(kind="process", what=what, node=name, tried=f"stop it on node {name} from the ledger",
+                                seen=str(err)))
         return item
     item.update(alive_pids=result["alive_pids"], stop=result,
                 action="would not stop" if result["survivors"] else
                 "stopped" if result["alive_pids"] else "none (already gone)")
     if result["survivors"]:
-        residues.append({"kind": "process", "what": what, "node": name, "tried": ", ".join(result["signals"]),
-                         "seen": f"pids {result['survivors']} still alive"})
+        residues.append(Residue(kind="process", what=what, node=name, tried=", ".join(result["signals"]),
+                                seen=f"pids {result['survivors']} still alive"))
     else:
-        ledger.append(Action.GROUP_STOPPED, node=name, label=label, pgid=pgid, undoes=launch["id"],
+        ledger.append(Action.GROUP_STOPPED, node=name, label=label, pgid=pgid, undoes=launch.id,
                       outcome=item["action"])
     return item
 
 
-def stop_recorded_groups(launches: list[dict[str, Any]], ledger: Ledger, timeout: float,
-                         residues: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def stop_recorded_groups(launches: list[Entry], ledger: Ledger, timeout: float,
+                         residues: list[Residue]) -> list[dict[str, Any]]:
     """Stop, newest first, each group whose ``group_launch`` is still outstanding, on the
     node its entry names (rebuilt from its ``reach``); each ``group_stopped`` names the node
     and the launch it undoes. What cannot be reached or stopped is a residue naming the node."""
-    marks = {e.get("launch"): e for e in ledger.entries() if e.get("action") == Action.GROUP_STARTED}
+    marks = {e.launch: e for e in ledger.entries() if e.action == Action.GROUP_STARTED}
     out = []
     for launch in reversed(launches):
-        log.info("stopping group %s on node %s from the ledger", launch.get("label"), launch.get("node"))
-        out.append(_stop_one(launch, marks.get(launch["id"]), ledger, timeout, residues))
+        log.info("stopping group %s on node %s from the ledger", launch.label, launch.node)
+        out.append(_stop_one(launch, marks.get(launch.id), ledger, timeout, residues))
     return out
 
 

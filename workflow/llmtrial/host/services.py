@@ -41,10 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmtrial.core.cleanup_model import CleanupRecord, QuietedService, QuietGpu, QuietRecord
-from llmtrial.core.ledger import Action, Ledger, replay
+from llmtrial.core.cleanup_model import CleanupRecord, HostService, QuietedService, QuietGpu, QuietRecord, RestoredService
+from llmtrial.core.ledger import Action, Entry, Ledger, replay
 from llmtrial.core.paths import TrialPaths
-from llmtrial.core.record_base import Residue
+from llmtrial.core.record_base import HeldGpu, Residue
 from llmtrial.core.trial_config import ServiceBlock
 from llmtrial.host.gpus import held_gpus
 from llmtrial.host.nodes import Node, NodeError, local_node, trial_nodes
@@ -316,7 +316,7 @@ def quiet(services: list[Service], ledger: Ledger, runner: Runner = run_argv) ->
         if not down:
             residues.append(Residue(kind="service", what=svc.name, tried=" ".join(svc.argv("stop")),
                                     seen=f"still up after {svc.stop_timeout_s:g} s: {down_seen} ({stop_seen})"))
-        ledger.append(Action.SERVICE_STOPPED, name=svc.name, down=down, quiet=entry["id"],
+        ledger.append(Action.SERVICE_STOPPED, name=svc.name, down=down, quiet=entry.id,
                       **svc.named())
         if down:
             log.info("quieted %s: stopped, down after %.1f s", svc.name, took)
@@ -340,72 +340,80 @@ def _up(svc: Service, runner: Runner) -> tuple[bool, str]:
     return state == RUNNING and ok, f"state {state} ({seen}); health: {health_seen}"
 
 
-def outstanding_stops(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def outstanding_stops(entries: list[Entry]) -> dict[str, Entry]:
     """The ``service_quiet`` entries of services stopped and not started again since, by id
     (:func:`llmtrial.core.ledger.replay`)."""
     return replay(entries).outstanding["services"]
 
 
-def restore(entries: list[dict[str, Any]], ledger: Ledger, runner: Runner = run_argv,
-            held: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+@dataclass
+class Restored:
+    """What :func:`restore` did: each service it started again (or held back), and the residues."""
+
+    services: list[RestoredService]
+    residues: list[Residue]
+
+
+def restore(entries: list[Entry], ledger: Ledger, runner: Runner = run_argv,
+            held: Sequence[HeldGpu] = ()) -> Restored:
     """Undo, in reverse order, every stop still outstanding in the ledger (of any run): start
     the service unless it runs, then wait until it runs and answers its health check. Each
     restart names the stop it undoes. A service that runs on a GPU ``held`` as failed
     (:func:`llmtrial.host.gpus.recheck_failed`) is not started onto it unless its
     ``start_on_failed_gpu`` says so: it stays stopped, a residue naming the GPU. Idempotent:
     a second call finds nothing to do."""
-    items, residues = [], []
+    done = Restored([], [])
     for quiet_id, entry in reversed(list(outstanding_stops(entries).items())):
-        svc = Service.from_config(entry["service"]["name"], entry["service"])
-        item: dict[str, Any] = {"name": svc.name, "kind": svc.kind, "run": entry.get("run"), "quiet": quiet_id,
-                                "started_at": time.time(), **svc.named()}
-        held_back = _held_back(svc, held)
-        if held_back is not None:
-            item.update(healthy=False, held_by_gpu=held_back["gpu"], health_seen="not started")
-            residues.append(held_back["residue"])
-            items.append(item)
+        svc = Service.from_config(entry.service["name"], entry.service)
+        head = {"name": svc.name, "kind": svc.kind, "run": entry.run, "quiet": quiet_id, "started_at": time.time(),
+                **svc.named()}
+        failed = _failed_gpu(svc, held)
+        if failed is not None:
+            done.services.append(RestoredService(**head, healthy=False, held_by_gpu=failed.gpu, health_seen="not started"))
+            done.residues.append(_held_back(svc, failed))
             continue
         state, seen = svc.state(runner)
-        item["state_before"] = f"{state} ({seen})"
+        started = {}
         if state != RUNNING:
-            item["start_exit"], _, item["start_seen"] = call(svc.runner(runner), svc.argv("start"),
-                                                             timeout=svc.start_timeout_s)
-        ok, seen, took = _wait(lambda svc=svc: _up(svc, runner), svc.health_timeout_s)
-        item.update(healthy=ok, health_seen=seen, healthy_after_s=round(took, 3))
+            started["start_exit"], _, started["start_seen"] = call(svc.runner(runner), svc.argv("start"),
+                                                                   timeout=svc.start_timeout_s)
+        ok, seen_after, took = _wait(lambda svc=svc: _up(svc, runner), svc.health_timeout_s)
+        done.services.append(RestoredService(**head, state_before=f"{state} ({seen})", **started, healthy=ok,
+                                             health_seen=seen_after, healthy_after_s=round(took, 3)))
         if ok:
             ledger.append(Action.SERVICE_RESTORED, name=svc.name, undoes=quiet_id, healthy_after_s=round(took, 3),
                           **svc.named())
         else:
-            residues.append({"kind": "service", "what": svc.name, "tried": " ".join(svc.argv("start")),
-                             "seen": f"not running and healthy after {svc.health_timeout_s:g} s: {seen}"})
-        log.info("restored %s: healthy=%s (%s)", svc.name, ok, seen)
-        items.append(item)
-    return {"services": items, "residues": residues}
+            done.residues.append(Residue(kind="service", what=svc.name, tried=" ".join(svc.argv("start")),
+                                         seen=f"not running and healthy after {svc.health_timeout_s:g} s: {seen_after}"))
+        log.info("restored %s: healthy=%s (%s)", svc.name, ok, seen_after)
+    return done
 
 
-def _held_back(svc: Service, held: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """Why ``svc`` stays stopped (the failed GPU it runs on, and the residue), or None."""
+def _failed_gpu(svc: Service, held: Sequence[HeldGpu]) -> HeldGpu | None:
+    """The failed GPU ``svc`` runs on, unless its ``start_on_failed_gpu`` lets it start there anyway."""
     failed = next(iter(held_gpus(svc.gpus, held)), None)
-    if failed is None or svc.start_on_failed_gpu:
-        return None
-    return {"gpu": failed["gpu"], "residue": {
-        "kind": "service", "what": svc.name, "tried": "not started: it runs on a GPU that failed its health check",
-        "seen": f"GPU {failed['gpu']} failed its health check after {failed['label']} failed ({failed['evidence']}); "
-                f"start it once the GPU is sound (`snakemake cleanup` checks the GPU again), or set "
-                f"services.{svc.name}.start_on_failed_gpu"}}
+    return None if svc.start_on_failed_gpu else failed
 
 
+def _held_back(svc: Service, failed: HeldGpu) -> Residue:
+    """The residue of a service kept stopped because the GPU it runs on failed."""
+    return Residue(kind="service", what=svc.name, tried="not started: it runs on a GPU that failed its health check",
+                   seen=f"GPU {failed.gpu} failed its health check after {failed.label} failed ({failed.evidence}); "
+                        f"start it once the GPU is sound (`snakemake cleanup` checks the GPU again), or set "
+                        f"services.{svc.name}.start_on_failed_gpu")
 
-def check_running(quiet_ids: list[str], entries: list[dict[str, Any]], runner: Runner = run_argv) -> list[dict[str, Any]]:
+
+def check_running(quiet_ids: list[str], entries: list[Entry], runner: Runner = run_argv) -> list[HostService]:
     """Read, from the host now, whether each service whose ``service_quiet`` entry is named
     runs and answers its health check: what cleanup's "restored" rests on."""
-    by_id = {e["id"]: e for e in entries if e.get("action") == Action.SERVICE_QUIET}
+    by_id = {e.id: e for e in entries if e.action == Action.SERVICE_QUIET}
     out = []
     for quiet_id in quiet_ids:
         entry = by_id[quiet_id]
-        svc = Service.from_config(entry["service"]["name"], entry["service"])
+        svc = Service.from_config(entry.service["name"], entry.service)
         ok, seen = _up(svc, runner)
-        out.append({"name": svc.name, "run": entry["run"], "quiet": quiet_id, "running_and_healthy": ok, "seen": seen})
+        out.append(HostService(name=svc.name, run=entry.run, quiet=quiet_id, running_and_healthy=ok, seen=seen))
     return out
 
 
@@ -468,8 +476,8 @@ def quiet_needed(results_dir: Path, services: Mapping[str, Any]) -> str | None:
     ledger = Ledger(TrialPaths(Path(results_dir)).ledger)
     entries = ledger.entries()
     state = replay(entries)
-    left = [e for kind in state.outstanding if kind != "weights" for e in state.open(kind) if e.get("run") != ledger.run]
-    quieted = any(e.get("action") == Action.SERVICE_QUIET and e.get("run") == ledger.run for e in entries)
+    left = [e for kind in state.outstanding if kind != "weights" for e in state.open(kind) if e.run != ledger.run]
+    quieted = any(e.action == Action.SERVICE_QUIET and e.run == ledger.run for e in entries)
     if left:
         return "an earlier run left it changed"
     if services and not quieted:

@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +30,17 @@ import psutil
 from llmtrial.core.cleanup_model import CleanupRecord, HostAfter, LeftBehind, PortState, WeightsOutcome
 from llmtrial.core.hostlock import read_holder, this_host
 from llmtrial.core.hostlock import release as release_lock
-from llmtrial.core.ledger import Action, Ledger, replay
+from llmtrial.core.ledger import Action, Entry, Ledger, replay
 from llmtrial.core.paths import TrialPaths
-from llmtrial.core.record_base import LockRow
+from llmtrial.core.record_base import HeldGpu, LockRow, Residue
 from llmtrial.core.records import as_written, load_record, write_record
 from llmtrial.host.gpus import recheck_failed
 from llmtrial.host.process_groups import group_members, port_open, stop_group, stop_recorded_groups
-from llmtrial.host.services import check_running, restore
+from llmtrial.host.services import Restored, check_running, restore
 from llmtrial.lifecycle.ledger_tables import patches_table, services_table, undo_rows
 from llmtrial.lifecycle.on_node import cleanup_there, hosts_to_reach
-from llmtrial.patch.patching import group_patches, revert_patches
-from llmtrial.weights.policy import apply_policy
+from llmtrial.patch.patching import Reverted, group_patches, revert_patches
+from llmtrial.weights.policy import PolicyApplied, apply_policy
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class HostNotRestored(RuntimeError):
     """Cleanup left residues: the workflow must not report success."""
 
 
-def outstanding(entries: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def outstanding(entries: list[Entry]) -> dict[str, list[Entry]]:
     """Every change the ledger records that no later entry undid, by kind, from any run
     (:func:`llmtrial.core.ledger.replay`): configuration jobs, servers, process groups on any
     node, services stopped, patched files and plugin folders (here, and their copies on
@@ -55,13 +56,13 @@ def outstanding(entries: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
     state = replay(entries)
     patches = group_patches(state.outstanding["patches"])
     serving = state.open("servers")
-    return {"jobs": state.open("jobs"), "servers": [e for e in serving if e["action"] == Action.SERVER_STARTED],
-            "groups": [e for e in serving if e["action"] == Action.GROUP_LAUNCH], "services": state.open("services"),
-            "patches": [*patches["files"].values(), *patches["plugins"].values(), *patches["copies"].values()],
+    return {"jobs": state.open("jobs"), "servers": [e for e in serving if e.action == Action.SERVER_STARTED],
+            "groups": [e for e in serving if e.action == Action.GROUP_LAUNCH], "services": state.open("services"),
+            "patches": [o.entry for group in patches.values() for o in group.values()],
             "weights": state.open("weights"), "gpus": state.open("gpus"), "locks": state.open("locks")}
 
 
-def unfinished(entries: list[dict[str, Any]]) -> bool:
+def unfinished(entries: list[Entry]) -> bool:
     """True when the ledger holds a change to the host that no entry undid (the staged
     weights aside: a failed run keeps them for its rerun; and the host's lock, which the
     running trial holds from its first change to its cleanup)."""
@@ -74,14 +75,14 @@ def release_host_locks(ledger: Ledger, *, release: bool) -> list[LockRow]:
     closed either way (llmtrial.core.hostlock)."""
     rows = []
     for e in replay(ledger.entries()).open("locks"):
-        path, holder = Path(e["path"]), e["holder"]
+        path, holder = Path(e.path), e.holder
         held = read_holder(path)
-        if not release and not (held is not None and held.results == holder["results"] and held.run != e["run"]):
-            rows.append(LockRow(path=str(path), run=e["run"], outcome="kept"))
+        if not release and not (held is not None and held.results == holder["results"] and held.run != e.run):
+            rows.append(LockRow(path=str(path), run=e.run, outcome="kept"))
             continue
-        outcome = release_lock(path, holder["results"], e["run"])
-        ledger.append(Action.HOST_UNLOCKED, path=str(path), undoes=e["id"], outcome=outcome)
-        rows.append(LockRow(path=str(path), run=e["run"], outcome=outcome))
+        outcome = release_lock(path, holder["results"], e.run)
+        ledger.append(Action.HOST_UNLOCKED, path=str(path), undoes=e.id, outcome=outcome)
+        rows.append(LockRow(path=str(path), run=e.run, outcome=outcome))
     return rows
 
 
@@ -127,66 +128,67 @@ def _split(rows: list[dict[str, Any]], run: str, by: str,
     return mine, left
 
 
-def stop_orphaned_jobs(jobs: list[dict[str, Any]], ledger: Ledger, timeout: float,
-                       residues: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def stop_orphaned_jobs(jobs: list[Entry], ledger: Ledger, timeout: float,
+                       residues: list[Residue]) -> list[dict[str, Any]]:
     """End each configuration job the ledger still has open: one that outlived its workflow
     (after ``kill -9`` of snakemake) gets SIGTERM first, which makes it stop its own server,
     then SIGKILL; one already gone is marked so. Each ``job_stopped`` names its ``job_started``."""
     out = []
     for e in jobs:
-        if e.get("pid") == os.getpid():
+        if e.pid == os.getpid():
             continue
         try:
-            proc = psutil.Process(int(e["pid"]))
-            alive = abs(proc.create_time() - float(e["create_time"])) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
-        except (psutil.Error, KeyError, ValueError):
+            proc = psutil.Process(int(e.pid))
+            alive = abs(proc.create_time() - float(e.create_time)) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
+        except (psutil.Error, TypeError, ValueError):
             alive = False
         left: list[Any] = []
         if alive:
-            log.warning("configuration job %s (pid %s) outlived its workflow: stopping it", e.get("label"), e["pid"])
+            log.warning("configuration job %s (pid %s) outlived its workflow: stopping it", e.label, e.pid)
             proc.terminate()
             gone, left = psutil.wait_procs([proc], timeout=timeout)
             if left:
                 proc.kill()
                 gone, left = psutil.wait_procs([proc], timeout=10)
-        item = {"label": e.get("label"), "pid": e["pid"], "run": e["run"], "change": e["id"],
+        item = {"label": e.label, "pid": e.pid, "run": e.run, "change": e.id,
                 "action": "none (already gone)" if not alive else "stopped" if not left else "would not stop"}
         if left:
-            residues.append({"kind": "process", "what": f"job {e.get('label')} pid {e['pid']}",
-                             "tried": "SIGTERM, SIGKILL", "seen": "still alive"})
+            residues.append(Residue(kind="process", what=f"job {e.label} pid {e.pid}", tried="SIGTERM, SIGKILL",
+                                    seen="still alive"))
         else:
-            ledger.append(Action.JOB_STOPPED, label=e.get("label"), pid=e["pid"], undoes=e["id"], outcome=item["action"])
+            ledger.append(Action.JOB_STOPPED, label=e.label, pid=e.pid, undoes=e.id, outcome=item["action"])
         out.append(item)
     return out
 
 
-def stop_servers(servers: list[dict[str, Any]], ledger: Ledger, host: str, timeout: float,
-                 residues: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def stop_servers(servers: list[Entry], ledger: Ledger, host: str, timeout: float,
+                 residues: list[Residue]) -> list[dict[str, Any]]:
     """Stop, newest first, each server the ledger still has open (by process group, then
     confirm its port closed); each ``server_stopped`` names its ``server_started``."""
     out = []
     for entry in reversed(servers):
-        pgid, port = int(entry["pgid"]), int(entry["port"])
-        alive = [p.pid for p in group_members(pgid, not_before=entry.get("launched_at"))]
-        item: dict[str, Any] = {"label": entry.get("label"), "pgid": pgid, "port": port, "run": entry["run"],
-                                "change": entry["id"], "alive_pids": alive, "action": "none (already stopped)"}
+        pgid, port = int(entry.pgid), int(entry.port)
+        alive = [p.pid for p in group_members(pgid, not_before=entry.launched_at)]
+        item: dict[str, Any] = {"label": entry.label, "pgid": pgid, "port": port, "run": entry.run,
+                                "change": entry.id, "alive_pids": alive, "action": "none (already stopped)"}
         if alive:
-            log.warning("server %s (pgid %d) still alive: stopping it", entry.get("label"), pgid)
+            log.warning("server %s (pgid %d) still alive: stopping it", entry.label, pgid)
             item["action"] = "stopped"
-            item["stop"] = stop_group(pgid, host=entry.get("host", host), port=port, timeout=timeout,
-                                      not_before=entry.get("launched_at"))
+            item["stop"] = stop_group(pgid, host=entry.host or host, port=port, timeout=timeout,
+                                      not_before=entry.launched_at)
             if item["stop"]["survivors"]:
                 item["action"] = "would not stop"
-                residues.append({"kind": "process", "what": f"server {entry.get('label')} pgid {pgid}",
-                                 "tried": item["stop"]["signals"], "seen": f"pids {item['stop']['survivors']} still alive"})
+                residues.append(Residue(kind="process", what=f"server {entry.label} pgid {pgid}",
+                                        tried=", ".join(item["stop"]["signals"]),
+                                        seen=f"pids {item['stop']['survivors']} still alive"))
         if item["action"] != "would not stop":
-            ledger.append(Action.SERVER_STOPPED, label=entry.get("label"), pgid=pgid, port=port, undoes=entry["id"],
+            ledger.append(Action.SERVER_STOPPED, label=entry.label, pgid=pgid, port=port, undoes=entry.id,
                           outcome=item["action"])
         out.append(item)
     return out
 
 
-def check_ports(ports: Iterable[int], host: str, residues: list[dict[str, Any]]) -> list[PortState]:
+def check_ports(ports: Iterable[int], host: str, residues: list[Residue]) -> list[PortState]:
     """Whether each trial port still listens after the servers were stopped (a residue if so)."""
     checks = []
     for port in sorted(set(ports)):
@@ -194,41 +196,53 @@ def check_ports(ports: Iterable[int], host: str, residues: list[dict[str, Any]])
             checks.append(PortState(port=port, listening=False))
             continue
         pids = _listener_pids(port)
-        residues.append({"kind": "port", "what": f"{host}:{port}", "tried": "checked after stopping trial servers",
-                         "seen": f"still listening (pids {pids or 'unknown'})"})
+        residues.append(Residue(kind="port", what=f"{host}:{port}", tried="checked after stopping trial servers",
+                                seen=f"still listening (pids {pids or 'unknown'})"))
         checks.append(PortState(port=port, listening=True, pids=pids))
     return checks
 
 
+@dataclass
+class Undone:
+    """What one cleanup did, step by step, in the order it undoes the stages."""
+
+    jobs: list[dict[str, Any]]
+    servers: list[dict[str, Any]]
+    groups: list[dict[str, Any]]
+    ports: list[PortState]
+    patches: Reverted
+    gpus_held: list[HeldGpu]
+    services: Restored
+    weights: PolicyApplied | None
+
+
 def _undo_all(ledger: Ledger, *, ports: Iterable[int], host: str, stop_timeout: float, weights: bool,
-              residues: list[dict[str, Any]]) -> dict[str, Any]:
+              residues: list[Residue]) -> Undone:
     """Undo every outstanding change in reverse order of the stages; what each step did."""
     todo = outstanding(ledger.entries())
     jobs = stop_orphaned_jobs(todo["jobs"], ledger, stop_timeout, residues)
     servers = stop_servers(todo["servers"], ledger, host, stop_timeout, residues)
     groups = stop_recorded_groups(todo["groups"], ledger, stop_timeout, residues)
-    trial_ports = {*ports, *(int(e["port"]) for e in todo["servers"])}
-    port_checks = check_ports(trial_ports, host, residues)
+    port_checks = check_ports({*ports, *(int(e.port) for e in todo["servers"])}, host, residues)
     patched = revert_patches(ledger)
-    residues.extend(patched["residues"])
+    residues.extend(patched.residues)
     held = recheck_failed(ledger, residues)
     back = restore(ledger.entries(), ledger, held=held)
-    residues.extend(back["residues"])
+    residues.extend(back.residues)
     staged = apply_policy(ledger.entries(), ledger) if weights else None
     if staged is not None:
-        residues.extend(staged["residues"])
-    return {"jobs": jobs, "servers": servers, "groups": groups, "ports": port_checks, "patches": patched,
-            "services": back, "weights": staged, "gpus_held": held}
+        residues.extend(staged.residues)
+    return Undone(jobs, servers, groups, port_checks, patched, held, back, staged)
 
 
-def weights_outcome(staged: dict[str, Any] | None, run: str) -> WeightsOutcome:
+def weights_outcome(staged: PolicyApplied | None, run: str) -> WeightsOutcome:
     """The cleanup record's ``weights``, always one shape: whether the staged weights' policy
     was applied (and why not), this run's folders, the bytes freed and the residues."""
     if staged is None:
         return WeightsOutcome(applied=False, reason="not applied: the trial did not finish (a rerun needs them)",
                               folders=[], freed_bytes=0, residues=[])
-    return WeightsOutcome(applied=True, reason=None,
-                          **{**staged, "folders": [w for w in staged["folders"] if w.get("run") == run]})
+    return WeightsOutcome(applied=True, reason=None, folders=[w for w in staged.folders if w.run == run],
+                          freed_bytes=staged.freed_bytes, residues=staged.residues)
 
 
 def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1",
@@ -246,35 +260,33 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
     ledger = Ledger(TrialPaths(Path(results_dir)).ledger, run=run, only_host=this_host())
     started, n_entries = time.time(), len(ledger.entries())
     ledger.append(Action.CLEANUP_START)
-    residues: list[dict[str, Any]] = []
+    residues: list[Residue] = []
     did = _undo_all(ledger, ports=ports, host=host, stop_timeout=stop_timeout, weights=weights, residues=residues)
     after = ledger.entries()
     services, left_services = _split(services_table(after), ledger.run, "restored_by_run")
     patches, left_patches = _split(patches_table(after), ledger.run, "reverted_by_run")
     servers, left_servers = _split(undo_rows(after, "servers", ("label", "pgid", "port"), Action.SERVER_STARTED),
-                                   ledger.run, "undone_by_run", did["servers"])
+                                   ledger.run, "undone_by_run", did.servers)
     groups, left_groups = _split(undo_rows(after, "servers", ("label", "node"), Action.GROUP_LAUNCH),
-                                 ledger.run, "undone_by_run", did["groups"])
-    jobs, left_jobs = _split(undo_rows(after, "jobs", ("label", "pid")), ledger.run, "undone_by_run", did["jobs"])
+                                 ledger.run, "undone_by_run", did.groups)
+    jobs, left_jobs = _split(undo_rows(after, "jobs", ("label", "pid")), ledger.run, "undone_by_run", did.jobs)
     host_check = check_running([r["quiet"] for r in [*services, *left_services] if r["was_running"]], after)
     for c in host_check:
-        if not c["running_and_healthy"] and not any(r["what"] == c["name"] for r in residues):
-            residues.append({"kind": "service", "what": c["name"], "tried": "read its state after cleanup",
-                             "seen": c["seen"]})
-    restored = not residues and all(c["running_and_healthy"] for c in host_check)
+        if not c.running_and_healthy and not any(r.what == c.name for r in residues):
+            residues.append(Residue(kind="service", what=c.name, tried="read its state after cleanup", seen=c.seen or ""))
+    restored = not residues and all(c.running_and_healthy for c in host_check)
     locks = release_host_locks(ledger, release=restored and release_host)
-    staged = did["weights"]
+    staged = did.weights
     left_behind = LeftBehind(jobs=left_jobs, servers=left_servers, groups=left_groups, services=left_services,
                              patches=left_patches,
-                             weights=[w for w in (staged or {}).get("folders", []) if w.get("run") != ledger.run])
+                             weights=[w for w in (staged.folders if staged else []) if w.run != ledger.run])
     record = CleanupRecord(
         run=ledger.run, started=started, finished=time.time(), ledger=str(ledger.path), ledger_entries=n_entries,
-        jobs=jobs, servers=servers, groups=groups, ports=did["ports"],
-        services_restored=[s for s in did["services"]["services"] if s["run"] == ledger.run], services=services,
-        patches_reverted=[p for p in did["patches"]["items"] if p["run"] == ledger.run], patches=patches,
+        jobs=jobs, servers=servers, groups=groups, ports=did.ports,
+        services_restored=[s for s in did.services.services if s.run == ledger.run], services=services,
+        patches_reverted=[p for p in did.patches.items if p.run == ledger.run], patches=patches,
         weights=weights_outcome(staged, ledger.run), left_behind=left_behind, host=HostAfter(services=host_check),
-        gpus_held=[{k: g.get(k) for k in ("gpu", "uuid", "label", "evidence", "evidence_now", "run")}
-                   for g in did["gpus_held"]],
+        gpus_held=did.gpus_held,
         residues=residues, restored=restored, host_lock=locks)
     ledger.append(Action.CLEANUP_DONE, restored=record.restored, residues=len(residues))
     return record
@@ -319,9 +331,9 @@ def restore_after_run(results_dir: Path, *, ports: Iterable[int] = (), host: str
         record = cleanup_with_record(results, TrialPaths(results).cleanup_on_success, ports=ports, host=host,
                                      submit=submit)
         entries = Ledger(TrialPaths(results).ledger).entries()
-    done = [e for e in entries if e.get("action") == Action.CLEANUP_DONE]
-    if done and not done[-1].get("restored", True):
-        raise HostNotRestored(f"the host was not fully restored ({done[-1].get('residues')} residue(s)); see "
+    done = [e for e in entries if e.action == Action.CLEANUP_DONE]
+    if done and done[-1].restored is False:
+        raise HostNotRestored(f"the host was not fully restored ({done[-1].residues} residue(s)); see "
                               f"{results / 'cleanup'} and the report, fix them, then run `snakemake cleanup`")
     return record
 

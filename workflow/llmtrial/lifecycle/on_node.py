@@ -18,11 +18,10 @@ import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 from llmtrial.core.cleanup_model import CleanupRecord
 from llmtrial.core.hostlock import tell, this_host
-from llmtrial.core.ledger import replay
+from llmtrial.core.ledger import Entry, replay
 from llmtrial.core.record_base import Residue
 from llmtrial.core.records import load_record
 from llmtrial.host.slurm_hosts import srun_argv
@@ -31,12 +30,12 @@ from llmtrial.host.slurm_hosts import srun_argv
 SUBMIT_TIMEOUT_S = 1800.0
 
 
-def hosts_to_reach(entries: list[dict[str, Any]]) -> list[str]:
+def hosts_to_reach(entries: list[Entry]) -> list[str]:
     """The hosts other than this one that made a change still open in the ledger (a taking of the
     host's lock too: the lock file is the node's), in the order they first appear."""
     state = replay(entries)
     here = this_host()
-    hosts = [e["machine"] for changes in state.outstanding.values() for e in changes.values() if e["machine"] != here]
+    hosts = [e.machine for changes in state.outstanding.values() for e in changes.values() if e.machine != here]
     return list(dict.fromkeys(hosts))
 
 

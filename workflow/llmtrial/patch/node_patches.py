@@ -32,8 +32,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from llmtrial.core.cleanup_model import PatchRevert
 from llmtrial.core.fileio import sha256_file
-from llmtrial.core.ledger import Action, Ledger, replay
+from llmtrial.core.ledger import Action, Entry, Ledger, OpenChange, replay
+from llmtrial.core.record_base import Residue
 from llmtrial.host.nodes import Node, NodeError
 from llmtrial.onnode import plugin_folder
 from llmtrial.patch.patchdata import PLUGIN_MARK, PatchError
@@ -60,17 +62,17 @@ def plugin_files(plugin_dir: Path) -> dict[str, str]:
     return {p.relative_to(plugin_dir).as_posix(): sha256_file(p) for p in files}
 
 
-def _plugin_patches(entries: list[dict[str, Any]], plugin_dir: Path) -> list[str]:
+def _plugin_patches(entries: list[Entry], plugin_dir: Path) -> list[str]:
     """The patches of the outstanding ``patch_plugin`` that wrote ``plugin_dir`` here."""
     for e in replay(entries).open("patches"):
-        if e["action"] == Action.PATCH_PLUGIN and e.get("dir") == str(plugin_dir):
-            return list(e["patches"])
+        if e.action == Action.PATCH_PLUGIN and e.dir == str(plugin_dir):
+            return list(e.patches or [])
     return []
 
 
-def _verified_copy(entries: list[dict[str, Any]], node: Node, dest: str, files: Mapping[str, str]) -> bool:
+def _verified_copy(entries: list[Entry], node: Node, dest: str, files: Mapping[str, str]) -> bool:
     """True when an outstanding copy to ``dest`` on ``node`` holds ``files`` there now."""
-    if not any(e["action"] == Action.PATCH_PLUGIN_COPY and e["node"] == node.name and e.get("dir") == dest
+    if not any(e.action == Action.PATCH_PLUGIN_COPY and e.node == node.name and e.dir == dest
                for e in replay(entries).open("patches")):
         return False
     there = node.sha256([posixpath.join(dest, rel) for rel in files], timeout=FOLDER_TIMEOUT_S)
@@ -97,40 +99,38 @@ def carry_plugin(ledger: Ledger, node: Node, plugin_dir: Path, *, trial: str) ->
     if found["exists"]:
         _inspect(node, dest, remove=True)  # an older copy's files never mix with these
     copied = send_files(node, plugin_dir, list(files), dest)
-    ledger.append(Action.PATCH_PLUGIN_COPIED, node=node.name, copy=entry["id"], dir=dest, files=copied)
+    ledger.append(Action.PATCH_PLUGIN_COPIED, node=node.name, copy=entry.id, dir=dest, files=copied)
     log.info("plugin folder %s copied to %s at %s (%d files verified)", plugin_dir, node.label(), dest, len(copied))
     return dest
 
 
-def _remove_one(e: Mapping[str, Any], ledger: Ledger, residues: list[dict[str, Any]]) -> dict[str, Any]:
-    name, directory = e["node"], str(e["dir"])
-    item: dict[str, Any] = {"dir": directory, "node": name, "patches": e["patches"], "run": e["run"]}
+def _remove_one(change: OpenChange, ledger: Ledger, residues: list[Residue]) -> PatchRevert:
+    e = change.entry
+    name, directory = e.node, str(e.dir)
+    head = {"dir": directory, "node": name, "patches": e.patches, "run": e.run}
     try:
-        found = _inspect(Node.from_reach(name, e["reach"]), directory, remove=True)
-    except (NodeError, ValueError, KeyError) as err:
-        item["action"] = "not reached"
-        residues.append({"kind": "file", "what": directory, "node": name,
-                         "tried": f"remove the plugin folder on node {name} from the ledger", "seen": str(err)})
-        return item
+        found = _inspect(Node.from_reach(name, e.reach), directory, remove=True)
+    except (NodeError, ValueError, KeyError, TypeError) as err:
+        residues.append(Residue(kind="file", what=directory, node=name,
+                                tried=f"remove the plugin folder on node {name} from the ledger", seen=str(err)))
+        return PatchRevert(**head, action="not reached")
     if found["exists"] and not found["removed"]:
-        item["action"] = "not removed: not a plugin folder of llmtrial"
-        residues.append({"kind": "file", "what": directory, "node": name, "tried": "remove the plugin folder",
-                         "seen": "it holds no llmtrial plugin dist-info; left as found"})
-        return item
-    item["action"] = "removed" if found["removed"] else "none (already gone)"
-    ledger.append(Action.PATCH_PLUGIN_COPY_REMOVED, node=name, patches=e["patches"], dir=directory,
-                  undoes=e["undo_ids"], outcome=item["action"])
+        residues.append(Residue(kind="file", what=directory, node=name, tried="remove the plugin folder",
+                                seen="it holds no llmtrial plugin dist-info; left as found"))
+        return PatchRevert(**head, action="not removed: not a plugin folder of llmtrial")
+    item = PatchRevert(**head, action="removed" if found["removed"] else "none (already gone)")
+    ledger.append(Action.PATCH_PLUGIN_COPY_REMOVED, node=name, patches=e.patches, dir=directory,
+                  undoes=change.undo_ids, outcome=item.action)
     return item
 
 
-def remove_copies(copies: list[dict[str, Any]], ledger: Ledger) -> dict[str, Any]:
+def remove_copies(copies: list[OpenChange], ledger: Ledger, residues: list[Residue]) -> list[PatchRevert]:
     """Remove, newest first, each outstanding plugin copy on its node (``copies`` as
-    :func:`llmtrial.patch.patching.group_patches` gives them, with ``undo_ids``). Returns
-    ``{"items", "residues"}``; each residue names the node."""
-    items: list[dict[str, Any]] = []
-    residues: list[dict[str, Any]] = []
-    for e in reversed(copies):
-        item = _remove_one(e, ledger, residues)
-        log.info("plugin copy %s on node %s: %s", item["dir"], item["node"], item["action"])
+    :func:`llmtrial.patch.patching.group_patches` gives them). Returns what
+    was done to each; adds to ``residues`` what could not be removed, each naming the node."""
+    items = []
+    for change in reversed(copies):
+        item = _remove_one(change, ledger, residues)
+        log.info("plugin copy %s on node %s: %s", item.dir, item.node, item.action)
         items.append(item)
-    return {"items": items, "residues": residues}
+    return items

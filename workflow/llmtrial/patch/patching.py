@@ -46,8 +46,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmtrial.core.cleanup_model import PatchRevert
 from llmtrial.core.fileio import atomic_write_bytes
-from llmtrial.core.ledger import Action, Ledger, replay
+from llmtrial.core.ledger import Action, Entry, Ledger, OpenChange, by_target, replay
+from llmtrial.core.record_base import Residue
 from llmtrial.core.record_models import PatchApplied, PatchedFile, PatchesRecord, Plugin, VllmDistribution
 from llmtrial.host.nodes import Node
 from llmtrial.logs.lines import find_lines
@@ -176,9 +178,8 @@ def write_file_patches(prepared: list[PreparedFile], ledger: Ledger, backup_dir:
             log.info("patched %s (%s -> %s)", f.target, f.before_hash, f.after_hash)
     except BaseException:
         log.error("file patching failed part way: reverting what was written")
-        back = revert_patches(ledger)
-        for r in back["residues"]:
-            log.error("RESIDUE %s: %s", r["what"], r["seen"])
+        for r in revert_patches(ledger).residues:
+            log.error("RESIDUE %s: %s", r.what, r.seen)
         raise
     ledger.append(Action.PATCH_APPLIED, mode="file", patches=sorted({n for f in prepared for n in f.patches}),
                   files=[f.path for f in prepared])
@@ -288,13 +289,13 @@ def apply_patches(patches_cfg: Mapping[str, Mapping[str, Any]], *, ledger: Ledge
     raises PatchError with nothing left changed when a patch cannot be applied."""
     started = time.time()
     leftover = revert_patches(ledger)
-    if leftover["residues"]:
+    if leftover.residues:
         raise PatchError("an earlier patch could not be reverted: " + "; ".join(
-            f"{r['what']}: {r['seen']}" for r in leftover["residues"]) + "; fix it, then run `snakemake cleanup`")
+            f"{r.what}: {r.seen}" for r in leftover.residues) + "; fix it, then run `snakemake cleanup`")
     chosen = [(load_patch(name, patches_dir), mode) for name, mode in patch_modes(patches_cfg).items()]
     vllm, applied = _apply_chosen(chosen, ledger, Path(work_dir), dist or vllm_distribution()) if chosen else (None, [])
     finished = time.time()
-    return PatchesRecord(started=started, reverted_first=leftover["items"], vllm=vllm, patches=applied,
+    return PatchesRecord(started=started, reverted_first=leftover.items, vllm=vllm, patches=applied,
                          finished=finished, apply_seconds=round(finished - started, 4))
 
 
@@ -321,16 +322,15 @@ def _apply_chosen(chosen: list[tuple[Patch, str]], ledger: Ledger, work_dir: Pat
                                plugin=plugin if mode == "plugin" else None) for p, mode in chosen]
 
 
-def live_patches(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Patches applied and not reverted since, by name: ``{"mode", "dir"}``."""
-    live: dict[str, dict[str, Any]] = {}
+def live_patches(entries: list[Entry]) -> dict[str, Entry]:
+    """Patches applied and not reverted since, by name: the ``patch_applied`` entry (its mode, its folder)."""
+    live: dict[str, Entry] = {}
     for e in entries:
-        action = e.get("action")
-        if action == Action.PATCH_APPLIED:
-            for name in e.get("patches", []):
-                live[name] = {"mode": e.get("mode"), "dir": e.get("dir")}
-        elif action in (Action.PATCH_FILE, Action.PATCH_PLUGIN, Action.PATCH_REVERTED, Action.PATCH_PLUGIN_REMOVED):
-            for name in e.get("patches", []):
+        if e.action == Action.PATCH_APPLIED:
+            for name in e.patches or []:
+                live[name] = e
+        elif e.action in (Action.PATCH_FILE, Action.PATCH_PLUGIN, Action.PATCH_REVERTED, Action.PATCH_PLUGIN_REMOVED):
+            for name in e.patches or []:
                 live.pop(name, None)  # being applied again, or reverted
     return live
 
@@ -352,21 +352,21 @@ def ensure_patched(patches_cfg: Mapping[str, Mapping[str, Any]], *, ledger: Ledg
     want = patch_modes(patches_cfg)
     live = live_patches(ledger.entries())
     reapplied = False
-    if {n: v["mode"] for n, v in live.items()} != want or _outstanding_unapplied(ledger.entries()):
-        log.info("applying patches %s first (live: %s)", want, {n: v["mode"] for n, v in live.items()})
+    if {n: v.mode for n, v in live.items()} != want or _outstanding_unapplied(ledger.entries()):
+        log.info("applying patches %s first (live: %s)", want, {n: v.mode for n, v in live.items()})
         apply_patches(patches_cfg, ledger=ledger, work_dir=work_dir, patches_dir=patches_dir)
         live = live_patches(ledger.entries())
         reapplied = True
-    dirs = sorted({v["dir"] for v in live.values() if v["mode"] == "plugin" and v.get("dir")})
+    dirs = sorted({v.dir for v in live.values() if v.mode == "plugin" and v.dir})
     patches = [{**load_patch(name, patches_dir).to_json(), "mode": mode} for name, mode in want.items()]
     return Patched(reapplied=reapplied, patches=patches, plugin_dir=dirs[0] if dirs else None)
 
 
-def _outstanding_unapplied(entries: list[dict[str, Any]]) -> bool:
+def _outstanding_unapplied(entries: list[Entry]) -> bool:
     """A file or plugin change recorded but never completed (an apply interrupted by a crash)."""
     state = outstanding(entries)
-    applied = {n for n in live_patches(entries)}
-    return any(not set(e.get("patches", [])) <= applied for e in [*state["files"].values(), *state["plugins"].values()])
+    applied = set(live_patches(entries))
+    return any(not set(o.entry.patches or []) <= applied for o in [*state["files"].values(), *state["plugins"].values()])
 
 
 def server_env(env: Mapping[str, str], plugin_dir: str | None, patches: list[dict[str, Any]], *,
@@ -437,39 +437,37 @@ def evidence(patches: list[dict[str, Any]], log_text: str, env: Mapping[str, str
 # ------------------------------------------------------------------ revert
 
 
-def patch_key(e: dict[str, Any]) -> str | None:
-    return e.get("file") or e.get("dir")
+def patch_key(e: Entry) -> str | None:
+    return e.file or e.dir
 
 
-def group_patches(changes: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+def group_patches(changes: dict[str, Entry]) -> dict[str, dict[str, OpenChange]]:
     """Outstanding patch changes (by id, as :func:`llmtrial.core.ledger.replay` gives them) by file
     or folder: ``files``, ``plugins`` (here) and ``copies`` (plugin folders carried to another
     node, by ``node:folder``). A file changed more than once and not reverted keeps its first
-    entry (the one whose backup holds the original); ``undo_ids`` lists every change a revert
+    entry (the one whose backup holds the original); its ``undo_ids`` list every change a revert
     of it undoes."""
-    groups: dict[str, dict[str, dict[str, Any]]] = {"files": {}, "plugins": {}, "copies": {}}
-    for i, e in changes.items():
-        if e["action"] == Action.PATCH_PLUGIN_COPY:
-            into, key = groups["copies"], f"{e['node']}:{e['dir']}"
-        else:
-            into, key = groups["files" if e["action"] == Action.PATCH_FILE else "plugins"], patch_key(e)
-        into.setdefault(key, {**e, "undo_ids": []})["undo_ids"].append(i)
-    return groups
+    def group(e: Entry) -> str:
+        return "copies" if e.action == Action.PATCH_PLUGIN_COPY else "files" if e.action == Action.PATCH_FILE else "plugins"
+
+    return {name: by_target({i: e for i, e in changes.items() if group(e) == name},
+                            (lambda e: f"{e.node}:{e.dir}") if name == "copies" else patch_key)
+            for name in ("files", "plugins", "copies")}
 
 
-def outstanding(entries: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+def outstanding(entries: list[Entry]) -> dict[str, dict[str, OpenChange]]:
     """File and plugin changes the ledger records and no later revert undid (of any run),
     by file or folder, and plugin copies on other nodes (:func:`group_patches`)."""
     return group_patches(replay(entries).outstanding["patches"])
 
 
-def _record_hash_now(entry: dict[str, Any]) -> str | None:
+def _record_hash_now(entry: Entry) -> str | None:
     """The RECORD hash of the entry's file, read from RECORD again (the ledger's copy when
     the distribution is gone)."""
     try:
-        return record_of(md.distribution(entry["dist"])).get(entry["path"])
-    except (md.PackageNotFoundError, KeyError):
-        return entry.get("record_hash")
+        return record_of(md.distribution(str(entry.dist))).get(str(entry.path))
+    except md.PackageNotFoundError:
+        return entry.record_hash
 
 
 def _restore(backup: Path, target: Path) -> None:
@@ -478,64 +476,77 @@ def _restore(backup: Path, target: Path) -> None:
     os.utime(target, ns=(like.st_atime_ns, like.st_mtime_ns))  # the original's times, as cp -p kept them
 
 
-def revert_patches(ledger: Ledger) -> dict[str, Any]:
+@dataclass
+class Reverted:
+    """What :func:`revert_patches` did: each file, plugin folder and node's copy, and the residues."""
+
+    items: list[PatchRevert]
+    residues: list[Residue]
+
+
+def revert_patches(ledger: Ledger) -> Reverted:
     """Undo every outstanding patch the ledger records; idempotent. A file is restored from
     its backup only while it holds what the patch wrote (anything else is left as found and
     reported); each file is then checked against RECORD, and a mismatch is a residue naming
     it. Plugin folders carried to other nodes are removed there first
-    (:func:`llmtrial.patch.node_patches.remove_copies`). Returns ``{"items", "residues"}``."""
+    (:func:`llmtrial.patch.node_patches.remove_copies`)."""
     state = outstanding(ledger.entries())
-    copies = remove_copies(list(state["copies"].values()), ledger)
-    items: list[dict[str, Any]] = copies["items"]
-    residues: list[dict[str, Any]] = copies["residues"]
-    for e in reversed(list(state["files"].values())):
-        target, backup = Path(e["file"]), Path(e["backup"])
-        found = file_hash(target)
-        item: dict[str, Any] = {"path": e["path"], "file": e["file"], "patches": e["patches"], "run": e["run"],
-                                "found_hash": found}
-        tried = f"restore {backup}"
-        if found == e["after_hash"]:
-            if file_hash(backup) != e["before_hash"]:
-                item["action"] = "not restored: the backup does not match the original's hash"
-            else:
-                _restore(backup, target)
-                item["action"] = "restored from backup"
-        elif found == e["before_hash"]:
-            item["action"] = "none (already the original)"
-        elif found is None:
-            item["action"] = "not restored: the file is missing"
-        else:
-            item["action"] = "not restored: changed since the patch was applied (left as found)"
-        record = _record_hash_now(e)
-        now = file_hash(target)
-        item.update(hash=now, record_hash=record, matches_record=now is not None and now == record)
-        if item["matches_record"]:
-            ledger.append(Action.PATCH_REVERTED, patches=e["patches"], path=e["path"], file=e["file"],
-                          undoes=e["undo_ids"], outcome=item["action"], hash=now, matches_record=True)
-        else:
-            ledger.append(Action.PATCH_REVERT_FAILED, patches=e["patches"], path=e["path"], file=e["file"],
-                          outcome=item["action"], hash=now, record_hash=record)
-            residues.append({"kind": "file", "what": e["file"], "tried": tried,
-                             "seen": f"{item['action']}; hash {now} does not match RECORD {record}"})
-        log.info("revert %s: %s (matches RECORD: %s)", e["file"], item["action"], item["matches_record"])
-        items.append(item)
-    for directory, e in reversed(list(state["plugins"].items())):
-        path = Path(directory)
-        item = {"dir": directory, "patches": e["patches"], "run": e["run"]}
-        if not path.exists():
-            item["action"] = "none (already gone)"
-        elif _is_plugin_dir(path):
-            shutil.rmtree(path)
-            item["action"] = "removed"
-        else:
-            item["action"] = "not removed: not a plugin folder of llmtrial"
-            residues.append({"kind": "file", "what": directory, "tried": "remove the plugin folder",
-                             "seen": "it holds no llmtrial plugin dist-info; left as found"})
-            items.append(item)
-            continue
-        ledger.append(Action.PATCH_PLUGIN_REMOVED, patches=e["patches"], dir=directory, undoes=e["undo_ids"],
-                      outcome=item["action"])
-        items.append(item)
-    return {"items": items, "residues": residues}
+    done = Reverted([], [])
+    done.items.extend(remove_copies(list(state["copies"].values()), ledger, done.residues))
+    for change in reversed(list(state["files"].values())):
+        done.items.append(_revert_file(change, ledger, done.residues))
+    for directory, change in reversed(list(state["plugins"].items())):
+        done.items.append(_remove_plugin(directory, change, ledger, done.residues))
+    return done
+
+
+def _file_outcome(e: Entry, found: str | None, backup: Path, target: Path) -> str:
+    """Restore a patched file from its backup while it holds what the patch wrote; what was done."""
+    if found == e.after_hash:
+        if file_hash(backup) != e.before_hash:
+            return "not restored: the backup does not match the original's hash"
+        _restore(backup, target)
+        return "restored from backup"
+    if found == e.before_hash:
+        return "none (already the original)"
+    if found is None:
+        return "not restored: the file is missing"
+    return "not restored: changed since the patch was applied (left as found)"
+
+
+def _revert_file(change: OpenChange, ledger: Ledger, residues: list[Residue]) -> PatchRevert:
+    e = change.entry
+    target, backup = Path(str(e.file)), Path(str(e.backup))
+    found = file_hash(target)
+    action = _file_outcome(e, found, backup, target)
+    record, now = _record_hash_now(e), file_hash(target)
+    item = PatchRevert(path=e.path, file=e.file, patches=e.patches, run=e.run, found_hash=found,
+                       action=action, hash=now, record_hash=record, matches_record=now is not None and now == record)
+    if item.matches_record:
+        ledger.append(Action.PATCH_REVERTED, patches=e.patches, path=e.path, file=e.file,
+                      undoes=change.undo_ids, outcome=action, hash=now, matches_record=True)
+    else:
+        ledger.append(Action.PATCH_REVERT_FAILED, patches=e.patches, path=e.path, file=e.file,
+                      outcome=action, hash=now, record_hash=record)
+        residues.append(Residue(kind="file", what=str(e.file), tried=f"restore {backup}",
+                                seen=f"{action}; hash {now} does not match RECORD {record}"))
+    log.info("revert %s: %s (matches RECORD: %s)", e.file, action, item.matches_record)
+    return item
+
+
+def _remove_plugin(directory: str, change: OpenChange, ledger: Ledger, residues: list[Residue]) -> PatchRevert:
+    e = change.entry
+    path, head = Path(directory), {"dir": directory, "patches": e.patches, "run": e.run}
+    if not path.exists():
+        action = "none (already gone)"
+    elif _is_plugin_dir(path):
+        shutil.rmtree(path)
+        action = "removed"
+    else:
+        residues.append(Residue(kind="file", what=directory, tried="remove the plugin folder",
+                                seen="it holds no llmtrial plugin dist-info; left as found"))
+        return PatchRevert(**head, action="not removed: not a plugin folder of llmtrial")
+    ledger.append(Action.PATCH_PLUGIN_REMOVED, patches=e.patches, dir=directory, undoes=change.undo_ids, outcome=action)
+    return PatchRevert(**head, action=action)
 
 

@@ -133,7 +133,7 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.ledger:
             self.ledger.append(Action.SERVER_LAUNCH, label=self.label, host=self.host, port=self.port,
-                               argv=self.argv, env_keys=sorted(self.env))
+                               argv=[str(a) for a in self.argv], env_keys=sorted(self.env))
         logfile = open(self.log_path, "ab")  # noqa: SIM115 - handed to the server process, closed once it is started
         self.launched_at = time.time()
         try:
@@ -150,7 +150,7 @@ class ServerProcess:
         self.pgid = self.proc.pid  # session leader: its pid is the group id
         if self.ledger:
             self.started_id = self.ledger.append(Action.SERVER_STARTED, label=self.label, pid=self.proc.pid, pgid=self.pgid,
-                               host=self.host, port=self.port, launched_at=self.launched_at)["id"]
+                               host=self.host, port=self.port, launched_at=self.launched_at).id
         log.info("started %s pid=%d on %s:%d", self.label, self.proc.pid, self.host, self.port)
 
     def alive(self) -> bool:

@@ -160,7 +160,7 @@ class TrialJob:
                                  startup_timeout_s=self.spec.startup_timeout_s))
         record = self._served(job_start, argv, served, ledger=ledger, ready=ready, env=env, envs=envs, parts=parts)
         write_record(self.paths.record, record, schema="configuration")
-        ledger.append(Action.JOB_FINISHED, label=self.label, pid=os.getpid(), undoes=job["id"])
+        ledger.append(Action.JOB_FINISHED, label=self.label, pid=os.getpid(), undoes=job.id)
         return record
 
     def _served(self, job_start: float, argv: list[str], served: Served, *, ledger: Ledger, ready: Readiness,

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtrial.core.fileio import sha256_file
-from llmtrial.core.ledger import Action, Ledger
+from llmtrial.core.ledger import Action, Entry, Ledger
 from llmtrial.core.record_models import ManifestRecord, NodeCopy, SameFiles
 from llmtrial.host.crossnode import same_files
 from llmtrial.host.nodes import Node, NodeError, trial_nodes
@@ -128,20 +128,20 @@ def stage_on_nodes(manifest: ManifestRecord, spanned: Mapping[str, Any] | None, 
                          model_name=model_name, weights=weights)
 
 
-def undo_on_node(entry: Mapping[str, Any], ledger: Ledger) -> dict[str, Any]:
+def undo_on_node(entry: Entry, ledger: Ledger) -> dict[str, Any]:
     """Apply the policy of a ``weights_staged`` entry of another node, on that node: the
     cleanup record's item for the folder (its residues name the node)."""
-    name, path, policy = entry["node"], str(entry["path"]), entry.get("after", "keep")
+    name, path, policy = entry.node, str(entry.path), entry.after or "keep"
     item: dict[str, Any] = {"path": path, "node": name, "policy": policy, "freed_bytes": 0, "residues": []}
     try:
-        node = Node.from_reach(name, entry["reach"])
+        node = Node.from_reach(name, entry.reach)
         if policy == "keep":
             found = _folder(node, "size", path)
             item.update(action="kept" if found["exists"] else "none (already gone)", kept_bytes=found["bytes"])
             return item
         ledger.append(Action.WEIGHTS_DELETE_START, node=name, path=path)
-        done = _folder(node, "delete", path, str(entry["root"]))
-    except (NodeError, ValueError, KeyError) as err:
+        done = _folder(node, "delete", path, str(entry.root))
+    except (NodeError, ValueError, KeyError, TypeError) as err:
         item["action"] = "not reached"
         item["residues"].append({"kind": "weights", "what": path, "node": name, "size": None,
                                  "tried": f"{policy} on node {name} from the ledger", "seen": str(err)})

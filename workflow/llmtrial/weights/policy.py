@@ -30,11 +30,14 @@ import shutil
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmtrial.core.cleanup_model import WeightsFolder
 from llmtrial.core.fileio import file_digest
-from llmtrial.core.ledger import LOCAL_NODE, Action, Ledger, replay
+from llmtrial.core.ledger import Action, Entry, Ledger, by_target, replay
+from llmtrial.core.record_base import Residue
 from llmtrial.core.record_models import ManifestRecord
 from llmtrial.core.records import as_written, load_record, write_record
 from llmtrial.core.trial_config import DiskBlock
@@ -183,9 +186,9 @@ def _rmdir(path: Path, out: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- archive
 
 
-def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def archive_staged(entry: Entry, ledger: Ledger, disk: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Archive the staged folder of a ``weights_staged`` entry, verify, then delete it."""
-    folder = Path(entry["path"])
+    folder = Path(entry.path)
     out: dict[str, Any] = {"path": str(folder), "policy": "archive", "residues": []}
     manifest_path = folder / MANIFEST_NAME
     if not manifest_path.is_file():
@@ -197,7 +200,7 @@ def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, 
         out.update(action="kept", freed_bytes=0)
         return out
     manifest = load_record(manifest_path, "manifest")
-    dest = archive_path(entry["archive_dir"], manifest)
+    dest = archive_path(entry.archive_dir, manifest)
     out["archive"] = str(dest)
     files = [as_written(f) for f in manifest.files]
     started = time.monotonic()
@@ -235,54 +238,61 @@ def archive_staged(entry: Mapping[str, Any], ledger: Ledger, disk: Mapping[str, 
         out["copy"] = f"copied and verified {len(files)} files, {human_bytes(manifest.total_bytes)}"
     out["archive_seconds"] = round(time.monotonic() - started, 3)
     ledger.append(Action.WEIGHTS_ARCHIVED, path=str(folder), archive=str(dest), bytes=manifest.total_bytes)
-    removed = delete_staged(folder, entry["root"])
+    removed = delete_staged(folder, entry.root)
     out.update(action="archived" if not removed["residues"] else "archived, staged copy partly removed",
                freed_bytes=removed["freed_bytes"], files_removed=removed["files_removed"])
     out["residues"].extend(removed["residues"])
     return out
 
 
-def outstanding_weights(entries: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def outstanding_weights(entries: Sequence[Entry]) -> dict[str, Entry]:
     """The ``weights_staged`` entries (of any run) whose policy no cleanup has applied, by id
     (:func:`llmtrial.core.ledger.replay`)."""
     return replay(entries).outstanding["weights"]
 
 
-def _apply_here(path: str, entry: Mapping[str, Any], ledger: Ledger) -> dict[str, Any]:
+def _apply_here(path: str, entry: Entry, ledger: Ledger) -> dict[str, Any]:
     """The policy of one folder staged on this host: the cleanup record's item for it."""
-    policy = entry.get("after", "keep")
+    policy = entry.after or "keep"
     if policy == "keep":
         size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file() and not f.is_symlink()) \
             if Path(path).is_dir() else 0
         return {"path": path, "policy": "keep", "action": "kept", "freed_bytes": 0, "kept_bytes": size, "residues": []}
     if policy == "archive":
-        return archive_staged(entry, ledger, entry.get("disk"))
+        return archive_staged(entry, ledger, entry.disk)
     ledger.append(Action.WEIGHTS_DELETE_START, path=path)
-    return {"policy": "delete", **delete_staged(path, entry["root"])}
+    return {"policy": "delete", **delete_staged(path, entry.root)}
 
 
-def apply_policy(entries: Sequence[dict[str, Any]], ledger: Ledger) -> dict[str, Any]:
+@dataclass
+class PolicyApplied:
+    """What :func:`apply_policy` did: each staged folder and the policy's outcome, the bytes freed, the residues."""
+
+    folders: list[WeightsFolder]
+    freed_bytes: int
+    residues: list[Residue]
+
+
+def apply_policy(entries: Sequence[Entry], ledger: Ledger) -> PolicyApplied:
     """Apply the policy (keep, archive or delete) of each staged folder no cleanup has dealt
     with yet (the folder's latest ``weights_staged`` entry on its node holds the staging
     root, the archive folder and its reserve), on this host or, for an entry that carries a
     node's ``reach``, on that node; the ``weights_done`` entry names the node and every
     staging it settles. A policy that leaves residues (a node that cannot be reached) stays
     outstanding, so a later cleanup tries again."""
-    latest: dict[tuple[str, str], dict[str, Any]] = {}
-    for i, e in outstanding_weights(entries).items():
-        key = (str(e.get("node", LOCAL_NODE)), str(e["path"]))
-        latest[key] = {**e, "undo_ids": [*latest.get(key, {}).get("undo_ids", []), i]}
-    results = []
-    for (node, path), entry in latest.items():
-        policy = entry.get("after", "keep")
-        item = undo_on_node(entry, ledger) if entry.get("reach") else _apply_here(path, entry, ledger)
-        item["run"] = entry["run"]
-        if item.get("freed_bytes"):
-            log.info("weights %s on node %s: %s, freed %s", path, node, item["action"], human_bytes(item["freed_bytes"]))
-        ledger.append(Action.WEIGHTS_DONE if not item["residues"] else Action.WEIGHTS_POLICY_FAILED, node=node,
-                      path=path, policy=policy, undoes=entry["undo_ids"] if not item["residues"] else None,
-                      outcome=item["action"], freed_bytes=item.get("freed_bytes", 0), residues=len(item["residues"]))
-        results.append(item)
-    residues = [r for item in results for r in item["residues"]]
-    return {"folders": results, "freed_bytes": sum(int(i.get("freed_bytes") or 0) for i in results),
-            "residues": residues}
+    done = PolicyApplied([], 0, [])
+    for (node, path), staged in by_target(outstanding_weights(entries), lambda e: (e.node, str(e.path)), latest=True).items():
+        entry = staged.entry
+        policy = entry.after or "keep"
+        item = WeightsFolder.model_validate({**(undo_on_node(entry, ledger) if entry.reach else
+                                                _apply_here(path, entry, ledger)), "run": entry.run})
+        residues = list(item.residues or [])
+        if item.freed_bytes:
+            log.info("weights %s on node %s: %s, freed %s", path, node, item.action, human_bytes(item.freed_bytes))
+        ledger.append(Action.WEIGHTS_DONE if not residues else Action.WEIGHTS_POLICY_FAILED, node=node,
+                      path=path, policy=policy, undoes=staged.undo_ids if not residues else None,
+                      outcome=item.action, freed_bytes=item.freed_bytes or 0, residues=len(residues))
+        done.folders.append(item)
+        done.freed_bytes += int(item.freed_bytes or 0)
+        done.residues.extend(residues)
+    return done
