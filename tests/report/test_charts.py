@@ -61,10 +61,10 @@ def test_the_latency_table_holds_the_medians_the_ranking_shows():
     chart = latency_chart(t, NAMES)
     by = {(r[0], r[1]): r for r in chart.rows}
     for table in t:
-        for c in table["cells"]:
-            row = by[(c["configuration"], table["name"])]
-            assert row[2] == table["spec"].concurrency
-            assert row[3] == c["figures"]["ttft_median_ms"]["median"] and row[6] == c["figures"]["tpot_p99_ms"]["median"]
+        for c in table.cells:
+            row = by[(c.configuration, table.name)]
+            assert row[2] == table.spec.concurrency
+            assert row[3] == c.figures["ttft_median_ms"].median and row[6] == c.figures["tpot_p99_ms"].median
 
 
 def test_the_pareto_front_keeps_only_points_nothing_beats_on_both_axes():

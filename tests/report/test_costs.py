@@ -61,8 +61,8 @@ def test_a_cpu_trial_ranks_cost_in_its_currency_and_says_no_energy_was_measured(
     c4 = ranking(html, "c4")
     assert "cost per million output tokens" in c4 and "USD, lower is better" in c4
     assert "energy per output token" not in c4  # no GPU: no energy figure to rank
-    [tp2] = [c for c in ctx["tables"][1]["cells"] if c["configuration"] == "tp2"]
-    verdict = tp2["figures"]["cost_per_mtok"]["vs_baseline"]  # against tp1, said of money, not of speed
+    [tp2] = [c for c in ctx["tables"][1].cells if c.configuration == "tp2"]
+    verdict = tp2.figures["cost_per_mtok"].vs_baseline  # against tp1, said of money, not of speed
     assert verdict.word in ("better", "worse", NO_DIFFERENCE, UNSTABLE) and verdict.as_text() in row_of(c4, "tp2")
     by_hand = {}
     for rec, plan in zip(records, plans, strict=True):

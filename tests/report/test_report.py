@@ -440,8 +440,8 @@ def test_the_warm_up_pass_is_listed_apart_and_counted_in_no_figure():
     warm = [r for r in slo4.split("<tr")[1:] if 'class="warmup-row"' in r]
     assert len(warm) == 2 and "warm-up not counted" in cells_of(warm[0])[1]
     assert "5.0" in cells_of(warm[0])[9]  # the warm-up's 5.0 tok/s is shown here ...
-    cell = next(c for t in ctx["tables"] if t["name"] == "slo4" for c in t["cells"] if c["configuration"] == "tp1")
-    assert cell["figures"]["output_tok_s"]["min"] == 400.0 and cell["passes"] == 3  # ... and in no figure
+    cell = next(c for t in ctx["tables"] if t.name == "slo4" for c in t.cells if c.configuration == "tp1")
+    assert cell.figures["output_tok_s"].min == 400.0 and cell.passes == 3  # ... and in no figure
     assert "A warm-up pass, where one ran, is never counted in a figure." in first_screen(html)
     assert "ramp" not in [s["name"] for s in ctx["scenarios"]]  # a sweep has steps, listed under Sweeps
 

@@ -12,14 +12,14 @@ for character (the passes' servers), as the report compares configurations.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from llmtrial.answers.agreement import accuracy_caution, agree, identical_phrase
 from llmtrial.compare.comparability import blocking, change_sentence, differences
 from llmtrial.compare.trials import TrialResults
 from llmtrial.core.answers_model import Answers
 from llmtrial.core.comparison_model import AnswersRow, ComparisonRecord, Difference, Row, Side, TrialRef
-from llmtrial.report.conclusions import Settings, figures_of, fixed_scenarios, ranks, scenario_cell
+from llmtrial.report.cells import Cell, FigureOverPasses, Settings
+from llmtrial.report.conclusions import figures_of, fixed_scenarios, ranks, scenario_cell
 from llmtrial.report.verdicts import judge
 
 
@@ -33,18 +33,18 @@ def ordered(x: TrialResults, y: TrialResults) -> tuple[TrialResults, TrialResult
     return (x, y) if x.recorded_at <= y.recorded_at else (y, x)
 
 
-def _cells(t: TrialResults, name: str, settings: Settings) -> dict[str, dict[str, Any]]:
+def _cells(t: TrialResults, name: str, settings: Settings) -> dict[str, Cell]:
     """One configuration's cells by scenario name (:func:`llmtrial.report.conclusions.scenario_cell`)."""
     rec = t.configurations[name]
     return {sc.name: scenario_cell(rec, sc, ranks(t.plans.get(name)), settings, figures_of(sc.spec))
             for sc in fixed_scenarios(rec)}
 
 
-def _side(fig: dict[str, Any] | None) -> Side:
+def _side(fig: FigureOverPasses | None) -> Side:
     if not fig:
         return Side(median=None, low=None, high=None, values=[])
-    ci = fig["ci"]
-    return Side(median=fig["median"], low=ci.low if ci else None, high=ci.high if ci else None, values=fig["values"])
+    ci = fig.ci
+    return Side(median=fig.median, low=ci.low if ci else None, high=ci.high if ci else None, values=fig.values)
 
 
 def _not_comparable(blocked: list[Difference]) -> str:
@@ -52,12 +52,12 @@ def _not_comparable(blocked: list[Difference]) -> str:
     return f"not comparable: {keys} differ"
 
 
-def figure_row(name: str, scenario: str, figure: tuple, cells: tuple[dict, dict], blocked: list[Difference],
+def figure_row(name: str, scenario: str, figure: tuple, cells: tuple[Cell, Cell], blocked: list[Difference],
                settings: Settings) -> Row:
     """B against A on one figure of one configuration's scenario."""
     key, label, unit, higher, _digits = figure
     ca, cb = cells
-    fa, fb = ca["figures"].get(key), cb["figures"].get(key)
+    fa, fb = ca.figures.get(key), cb.figures.get(key)
     base = {"configuration": name, "scenario": scenario, "figure": key, "label": label, "unit": unit,
             "higher_is_better": higher, "a": _side(fa), "b": _side(fb)}
     if blocked:
@@ -65,8 +65,7 @@ def figure_row(name: str, scenario: str, figure: tuple, cells: tuple[dict, dict]
     if not fa or not fb:
         missing = "A" if not fa else "B"
         return Row(**base, ratio=None, low=None, high=None, verdict="unstable", reason=f"no completed pass in {missing}")
-    v = judge(fb["values"], fa["values"], higher=higher, level=settings.level, key=key,
-              wide=bool(ca["unstable"] or cb["unstable"]))
+    v = judge(fb.values, fa.values, higher=higher, level=settings.level, key=key, wide=bool(ca.unstable or cb.unstable))
     return Row(**base, ratio=v.test.ratio, low=v.test.low, high=v.test.high, verdict=v.word, reason=v.reason)
 
 

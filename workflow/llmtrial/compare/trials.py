@@ -16,7 +16,7 @@ from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.core.record_models import ManifestRecord, PatchesRecord, PlanRecord, ProvenanceRecord
 from llmtrial.core.records import load_record
 from llmtrial.core.vllm_install import recorded_vllm
-from llmtrial.report.conclusions import Settings
+from llmtrial.report.cells import Settings
 
 
 class TrialFolderError(Exception):

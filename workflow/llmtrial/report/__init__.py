@@ -2,6 +2,8 @@
 
 - :mod:`llmtrial.report.answers`: The report's Answers section: what each configuration answered to
   the trial's task set, the agreement matrix and whether a patch changed answers.
+- :mod:`llmtrial.report.cells`: What the report works out per scenario from the records: each figure
+  over passes, each configuration's cell and each scenario's table of cells.
 - :mod:`llmtrial.report.charts`: The report's charts: matplotlib drawn to inline SVG (text kept as
   text, no font or script fetched), each with the table of the numbers it draws so a figure can be
   copied.
@@ -25,4 +27,4 @@ Imports from: core, answers, logs, host, plan, weights, patch, lifecycle, serve.
 the order.)
 """
 
-__all__ = ["answers", "charts", "conclusions", "costs", "multinode", "render", "run_summary", "sweeps", "verdicts"]
+__all__ = ["answers", "cells", "charts", "conclusions", "costs", "multinode", "render", "run_summary", "sweeps", "verdicts"]

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 
 from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.units import GiB
-from llmtrial.report.conclusions import median
+from llmtrial.report.cells import Cell, ScenarioTable
 
 COLOURS = ("#1f6feb", "#d1242f", "#1a7f37", "#9a6700", "#8250df", "#bf3989", "#0a7e8c", "#57606a")
 STYLE = {"font.size": 9, "axes.spines.top": False, "axes.spines.right": False, "svg.fonttype": "none",
@@ -64,13 +64,12 @@ def _colour(names: Sequence[str], name: str) -> str:
     return COLOURS[names.index(name) % len(COLOURS)] if name in names else COLOURS[-1]
 
 
-def latency_chart(tables: Sequence[Mapping[str, Any]], names: Sequence[str]) -> Chart | None:
+def latency_chart(tables: Sequence[ScenarioTable], names: Sequence[str]) -> Chart | None:
     """TTFT and TPOT (median solid, p99 dashed) against concurrency, a line per configuration."""
-    points: dict[str, list[tuple[int, Mapping[str, Any], str]]] = {}
+    points: dict[str, list[tuple[int, Cell, str]]] = {}
     for t in tables:
-        for c in t["cells"]:
-            if c["status"] == "ok":
-                points.setdefault(c["configuration"], []).append((int(t["spec"].concurrency), c, t["name"]))
+        for c in t.ok():
+            points.setdefault(c.configuration, []).append((int(t.spec.concurrency), c, t.name))
     if not points:
         return None
     with matplotlib.rc_context(STYLE):
@@ -80,15 +79,15 @@ def latency_chart(tables: Sequence[Mapping[str, Any]], names: Sequence[str]) -> 
                 pts = sorted(pts, key=lambda p: p[0])
                 xs = [p[0] for p in pts]
                 colour = _colour(names, name)
-                ax.plot(xs, [median(p[1], f"{metric}_median_ms") for p in pts], "o-", color=colour,
+                ax.plot(xs, [p[1].median(f"{metric}_median_ms") for p in pts], "o-", color=colour,
                         label=f"{name} median")
-                ax.plot(xs, [median(p[1], f"{metric}_p99_ms") for p in pts], "s--", color=colour, alpha=0.7,
+                ax.plot(xs, [p[1].median(f"{metric}_p99_ms") for p in pts], "s--", color=colour, alpha=0.7,
                         label=f"{name} p99")
             ax.set_xlabel("concurrency")
             ax.set_ylabel(label)
             ax.set_xticks(sorted({x for pts in points.values() for x, _, _ in pts}))
         axes[0][1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    rows = [[name, sc, conc] + [median(c, k) for k in ("ttft_median_ms", "ttft_p99_ms", "tpot_median_ms", "tpot_p99_ms")]
+    rows = [[name, sc, conc] + [c.median(k) for k in ("ttft_median_ms", "ttft_p99_ms", "tpot_median_ms", "tpot_p99_ms")]
             for name, pts in points.items() for conc, c, sc in sorted(pts, key=lambda p: p[0])]
     return Chart("latency", "Latency against concurrency",
                  "Median over passes of each pass's median and p99, per configuration.", svg_of(fig, "latency"),
@@ -107,14 +106,14 @@ def pareto_front(points: Iterable[tuple[float, float]]) -> list[tuple[float, flo
     return sorted(front)
 
 
-def pareto_chart(tables: Sequence[Mapping[str, Any]], names: Sequence[str], per: str) -> Chart | None:
+def pareto_chart(tables: Sequence[ScenarioTable], names: Sequence[str], per: str) -> Chart | None:
     """Output tok/s per accelerator against tok/s per user over every configuration and scenario."""
     rows = []
     for t in tables:
-        for c in (c for c in t["cells"] if c["status"] == "ok"):
-            x, y = median(c, "tok_s_per_user"), median(c, "tok_s_per_accelerator")
+        for c in t.ok():
+            x, y = c.median("tok_s_per_user"), c.median("tok_s_per_accelerator")
             if x is not None and y is not None:
-                rows.append([c["configuration"], t["name"], t["spec"].concurrency, x, y])
+                rows.append([c.configuration, t.name, t.spec.concurrency, x, y])
     if not rows:
         return None
     front = pareto_front((r[3], r[4]) for r in rows)

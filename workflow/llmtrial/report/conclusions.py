@@ -9,7 +9,7 @@ what the records say was not measured.
 
 Every record is read as its model (:mod:`llmtrial.core.record_models`): a field is an attribute,
 a field a record may leave out reads as None. What this module works out (tables, cells, figures
-over passes) are plain dicts that always carry every key the report reads.
+over passes) are the types of :mod:`llmtrial.report.cells`.
 
 A scenario with a latency target (``spec.slo``) is also ranked on goodput (requests per second
 meeting every target, vLLM's ``--goodput`` rule) and the share of requests meeting it; its
@@ -21,8 +21,7 @@ a ``kind``, ``warmup`` or ``repetition`` read as fixed scenarios without a warm-
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 from llmtrial.core.configuration_model import ColdStart, ConfigurationRecord
@@ -33,23 +32,21 @@ from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.scenario_model import Goodput, Pass, PassSummary, Repetition, Scenario, ScenarioSpec, Slo
 from llmtrial.core.stats import (
     DEFAULT_LEVEL,
-    DEFAULT_RESAMPLES,
-    DEFAULT_SEED,
     Interval,
     bootstrap_interval,
     cv,
     mean_interval,
     percentile,
 )
-from llmtrial.core.trial_config import ReportBlock, StatisticsBlock, known_keys
 from llmtrial.host.telemetry_sources import RAPL_SOURCE
+from llmtrial.report.cells import Cell, FigureOverPasses, FigureSpec, ScenarioTable, Settings, SloPasses, Stall
 from llmtrial.report.costs import ENERGY_FIGURE, cell_energy, cost_figure, cost_sentence, has_energy
-from llmtrial.report.verdicts import NO_DIFFERENCE, Verdict, judge, method_line
+from llmtrial.report.verdicts import NO_DIFFERENCE, Verdict, judge
 from llmtrial.serve.bench import headline
 from llmtrial.serve.scenarios import DEFAULT_SLO_PERCENTILE, is_sweep, passes_asked, repetition_of, spread_of
 
 #: The ranked figures: key, label, unit, whether higher is better, digits shown.
-FIGURES: tuple[tuple[str, str, str, bool, int], ...] = (
+FIGURES: tuple[FigureSpec, ...] = (
     ("output_tok_s", "output tok/s", "tok/s", True, 1),
     ("tok_s_per_accelerator", "tok/s per accelerator", "tok/s", True, 1),
     ("tok_s_per_user", "tok/s per user", "tok/s", True, 2),
@@ -59,38 +56,12 @@ FIGURES: tuple[tuple[str, str, str, bool, int], ...] = (
     ("tpot_p99_ms", "TPOT p99", "ms", False, 2),
 )
 #: The goodput figures of a scenario with a latency target (``spec.slo``), ranked first.
-GOODPUT_FIGURES: tuple[tuple[str, str, str, bool, int], ...] = (
+GOODPUT_FIGURES: tuple[FigureSpec, ...] = (
     ("goodput", "goodput", "req/s", True, 2),
     ("slo_share", "SLO share", "%", True, 1),
 )
 #: The figure pass agreement is judged on (the record's own agreement figure).
 AGREEMENT_FIGURE = "output_tok_s"
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The trial file's ``report`` block (the baseline configuration, the agreement threshold and the
-    operator's notes) and its ``statistics`` block (the confidence level, the bootstrap's resamples and seed)."""
-
-    baseline: str | None = None
-    max_disagreement: float = ReportBlock().max_disagreement  # the spread of AGREEMENT_FIGURE that makes a configuration unstable
-    notes: str | None = None
-    level: float = DEFAULT_LEVEL
-    resamples: int = DEFAULT_RESAMPLES
-    seed: int = DEFAULT_SEED
-
-    @classmethod
-    def from_config(cls, block: Mapping[str, Any] | None, statistics_block: Mapping[str, Any] | None = None) -> Settings:
-        """The settings of the trial file's ``report`` and ``statistics`` blocks, read as their models (an earlier
-        trial's, from its provenance record, with the keys this version does not know set aside)."""
-        report = ReportBlock.model_validate(known_keys(ReportBlock, block))
-        st = StatisticsBlock.model_validate(known_keys(StatisticsBlock, statistics_block))
-        return cls(baseline=report.baseline, notes=report.notes or None, max_disagreement=float(report.max_disagreement),
-                   level=float(st.level), resamples=st.bootstrap_resamples, seed=st.bootstrap_seed)
-
-    def method_line(self) -> str:
-        """The confidence level and the tests behind every interval and verdict, in one line."""
-        return method_line(self.level, self.resamples, self.seed)
 
 
 def as_mapping(part: RecordModel) -> dict[str, Any]:
@@ -120,7 +91,7 @@ def fixed_scenarios(record: ConfigurationRecord) -> list[Scenario]:
 
 
 def figures_of(spec: ScenarioSpec, cost: Cost | None = None,
-               energy: bool = False) -> tuple[tuple[str, str, str, bool, int], ...]:
+               energy: bool = False) -> tuple[FigureSpec, ...]:
     """The figures a scenario is ranked on: goodput first when it has a latency target; the cost per million
     output tokens when a price is given, the energy per output token where it was measured."""
     extra = ((cost_figure(cost),) if cost else ()) + ((ENERGY_FIGURE,) if energy else ())
@@ -153,17 +124,14 @@ def goodput_figures(goodput: Goodput | None) -> dict[str, float | None]:
     return {"goodput": goodput.request_goodput, "slo_share": 100.0 * share if share is not None else None}
 
 
-def over_passes(values: Iterable[float | None], level: float = DEFAULT_LEVEL) -> dict[str, Any] | None:
-    """One figure over passes: its pass ``values``, median, min, max, count, spread ((max - min) / mean),
-    the mean's Student t interval ``ci`` at ``level`` and the coefficient of variation ``cv`` (None below
-    two passes). ``bootstrap`` (a latency figure's interval over requests) is set by :func:`scenario_cell`;
-    ``best``, ``tied`` and ``vs_baseline`` (the verdict against the baseline) by :func:`against_baseline`."""
+def over_passes(values: Iterable[float | None], level: float = DEFAULT_LEVEL) -> FigureOverPasses | None:
+    """One figure over passes (None without a value); its ``bootstrap`` (a latency figure's interval over
+    requests) is set by :func:`scenario_cell`, its ``best``, ``tied`` and ``vs_baseline`` by :func:`against_baseline`."""
     vals = [float(v) for v in values if v is not None]
     if not vals:
         return None
-    return {"values": vals, "median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals),
-            "spread": spread_of(vals), "ci": mean_interval(vals, level), "cv": cv(vals), "bootstrap": None,
-            "best": False, "tied": False, "vs_baseline": None}
+    return FigureOverPasses(values=vals, median=statistics.median(vals), min=min(vals), max=max(vals), n=len(vals),
+                  spread=spread_of(vals), ci=mean_interval(vals, level), cv=cv(vals))
 
 
 #: The latency figures with a bootstrap interval over requests: the per-request samples and the statistic.
@@ -181,12 +149,6 @@ def request_interval(ok: list[Pass], key: str, settings: Settings) -> Interval |
     field, stat = BOOTSTRAPPED[key]
     samples = [v for p in ok for v in (getattr(p.summary, field) or [])]
     return bootstrap_interval(samples, stat, settings.level, settings.resamples, settings.seed)
-
-
-def median(cell: Mapping[str, Any], key: str) -> float | None:
-    """The median over passes of one figure of a cell, None where it has none."""
-    fig = cell["figures"][key]
-    return fig["median"] if fig else None
 
 
 def failure_summary(record: ConfigurationRecord) -> str:
@@ -248,52 +210,45 @@ def warmup_note(warmup: Pass | None) -> str | None:
             else "a warm-up pass ran first and failed, kept out of the figures")
 
 
-def _slo_passes(ok: list[Pass]) -> dict[str, Any] | None:
+def _slo_passes(ok: list[Pass]) -> SloPasses | None:
     """How many passes met the scenario's SLO at its percentile."""
     judged = [p.summary.goodput for p in ok if p.summary.goodput]
     if not judged:
         return None
-    return {"met": sum(1 for g in judged if g.met), "n": len(judged), "percentile": judged[0].percentile}
+    return SloPasses(met=sum(1 for g in judged if g.met), n=len(judged), percentile=judged[0].percentile)
 
 
 def scenario_cell(record: ConfigurationRecord, scenario: Scenario | None, n_ranks: int | None,
-                  settings: Settings, figures: Iterable[tuple[str, str, str, bool, int]] = FIGURES,
-                  cost: Cost | None = None) -> dict[str, Any]:
-    """One configuration in one scenario: its ``figures`` over passes (None where it has none), stall
-    flags and stability, how many passes ran and why they stopped (the warm-up pass is never among them),
-    and how its energy was had (``energy``: kind, and the passes whose energy check failed)."""
+                  settings: Settings, figures: Iterable[FigureSpec] = FIGURES, cost: Cost | None = None) -> Cell:
+    """One configuration in one scenario (:class:`llmtrial.report.cells.Cell`); the warm-up pass is never among its passes."""
     keys = [key for key, *_ in figures]
-    cell: dict[str, Any] = {"configuration": record.configuration, "figures": dict.fromkeys(keys), "stalls": [], "passes": 0,
-                            "unstable": False, "diagnosis": None, "slo": None, "spread": None, "rank": None,
-                            "repetition": None, "repetition_note": None, "repetition_shown": False,
-                            "energy": cell_energy([])}
+    cell = Cell(configuration=record.configuration, figures=dict.fromkeys(keys), energy=cell_energy([]))
     ok = scenario.ok_passes() if scenario else []
     if scenario is not None:
-        cell["repetition"] = repetition(scenario)
-        cell["repetition_note"] = repetition_note(cell["repetition"], scenario.warmup)
-        cell["repetition_shown"] = repetition_noteworthy(scenario)
+        cell.repetition = repetition(scenario)
+        cell.repetition_note = repetition_note(cell.repetition, scenario.warmup)
+        cell.repetition_shown = repetition_noteworthy(scenario)
     if record.status != "ok" or not ok:
-        cell["status"] = record.status if record.status != "ok" else "no passes"
-        cell["diagnosis"] = failure_summary(record) if record.status != "ok" else "no pass of this scenario completed"
+        cell.status = record.status if record.status != "ok" else "no passes"
+        cell.diagnosis = failure_summary(record) if record.status != "ok" else "no pass of this scenario completed"
         return cell
-    cell["status"] = "ok"
     concurrency = int(scenario.spec.concurrency)
     units = cost.units(n_ranks, hosts_of(record)) if cost else None
     per_pass = [{**pass_figures(p.summary, concurrency, n_ranks), **pass_cost_figures(p, cost, units, whole_energy(record))}
                 for p in ok]
     if "energy_per_token_j" in keys:
-        cell["energy"] = cell_energy(ok)
+        cell.energy = cell_energy(ok)
     for key in keys:
-        cell["figures"][key] = over_passes((f[key] for f in per_pass), settings.level)
-        if cell["figures"][key]:
-            cell["figures"][key]["bootstrap"] = request_interval(ok, key, settings)
-    cell["passes"] = len(ok)
-    cell["slo"] = _slo_passes(ok)
-    cell["stalls"] = [{"pass": p.pass_, "mean_ttft_ms": p.summary.mean_ttft_ms,
-                       "median_ttft_ms": p.summary.median_ttft_ms} for p in ok if p.stall]
-    fig = cell["figures"][AGREEMENT_FIGURE]
-    cell["spread"] = fig["spread"] if fig else None
-    cell["unstable"] = cell["spread"] is not None and cell["spread"] > settings.max_disagreement
+        fig = cell.figures[key] = over_passes((f[key] for f in per_pass), settings.level)
+        if fig:
+            fig.bootstrap = request_interval(ok, key, settings)
+    cell.passes = len(ok)
+    cell.slo = _slo_passes(ok)
+    cell.stalls = [Stall(pass_=p.pass_, mean_ttft_ms=p.summary.mean_ttft_ms, median_ttft_ms=p.summary.median_ttft_ms)
+                   for p in ok if p.stall]
+    fig = cell.figures[AGREEMENT_FIGURE]
+    cell.spread = fig.spread if fig else None
+    cell.unstable = cell.spread is not None and cell.spread > settings.max_disagreement
     return cell
 
 
@@ -303,31 +258,36 @@ def _baseline(names: list[str], settings: Settings) -> str | None:
     return names[0] if names else None
 
 
-def cell_verdict(a: Mapping[str, Any], b: Mapping[str, Any], key: str, higher: bool, settings: Settings) -> Verdict:
+def _values(cell: Cell, key: str) -> list[float]:
+    fig = cell.figures[key]
+    return fig.values if fig else []
+
+
+def cell_verdict(a: Cell, b: Cell, key: str, higher: bool, settings: Settings) -> Verdict:
     """Configuration cell ``a`` against ``b`` on one figure (:func:`llmtrial.report.verdicts.judge`)."""
-    return judge(a["figures"][key]["values"], b["figures"][key]["values"], higher=higher, level=settings.level,
-                 key=key, wide=bool(a["unstable"] or b["unstable"]))
+    return judge(_values(a, key), _values(b, key), higher=higher, level=settings.level, key=key,
+                 wide=bool(a.unstable or b.unstable))
 
 
-def against_baseline(cells: list[dict[str, Any]], baseline: str | None, settings: Settings,
-            figures: Iterable[tuple[str, str, str, bool, int]] = FIGURES) -> None:
+def against_baseline(cells: list[Cell], baseline: str | None, settings: Settings,
+                     figures: Iterable[FigureSpec] = FIGURES) -> None:
     """Mark in place each figure's verdict against the baseline and the best value: ``best`` where the
     leader (by median) is detectably better than every other configuration, else ``tied`` on the leader
     and on each configuration not detectably worse than it."""
-    ok = [c for c in cells if c["status"] == "ok"]
-    base = next((c for c in ok if c["configuration"] == baseline), None)
+    ok = [c for c in cells if c.status == "ok"]
+    base = next((c for c in ok if c.configuration == baseline), None)
     for key, _label, _unit, higher, _digits in figures:
-        have = [c for c in ok if c["figures"][key]]
-        for c in have:
-            if base is not None and c is not base and base["figures"][key]:
-                c["figures"][key]["vs_baseline"] = cell_verdict(c, base, key, higher, settings)
+        have = [(c, fig) for c in ok if (fig := c.figures[key])]
+        for c, fig in have:
+            if base is not None and c is not base and base.figures[key]:
+                fig.vs_baseline = cell_verdict(c, base, key, higher, settings)
         if len(have) < 2:
             continue
-        leader = (max if higher else min)(have, key=lambda c: c["figures"][key]["median"])
-        tied = [c for c in have if c is not leader and not cell_verdict(leader, c, key, higher, settings).decided]
-        leader["figures"][key]["best"] = not tied
-        for c in [leader, *tied] if tied else []:
-            c["figures"][key]["tied"] = True
+        leader, lead_fig = (max if higher else min)(have, key=lambda pair: pair[1].median)
+        tied = [(c, fig) for c, fig in have if c is not leader and not cell_verdict(leader, c, key, higher, settings).decided]
+        lead_fig.best = not tied
+        for _c, fig in [(leader, lead_fig), *tied] if tied else []:
+            fig.tied = True
 
 
 def scenario_specs(configurations: Iterable[ConfigurationRecord]) -> dict[str, ScenarioSpec]:
@@ -340,7 +300,7 @@ def scenario_specs(configurations: Iterable[ConfigurationRecord]) -> dict[str, S
 
 
 def scenario_tables(configurations: list[ConfigurationRecord], plans: Iterable[PlanRecord],
-                    settings: Settings, cost: Cost | None = None) -> list[dict[str, Any]]:
+                    settings: Settings, cost: Cost | None = None) -> list[ScenarioTable]:
     """Per scenario (in the trial's order): every configuration's cell, ranked by output tok/s
     (by goodput where the scenario has a latency target), configurations without figures last,
     with their one-line diagnosis; with the cost per million output tokens at ``cost`` (the provenance
@@ -360,15 +320,16 @@ def scenario_tables(configurations: list[ConfigurationRecord], plans: Iterable[P
             cells.append(scenario_cell(rec, sc, ranks(plan), settings, figures, cost))
         against_baseline(cells, baseline, settings, figures)
         ranked_by = "goodput" if spec.slo else "output_tok_s"
-        cells.sort(key=lambda c: (c["status"] != "ok", -(median(c, ranked_by) or 0)))
-        for i, c in enumerate(c for c in cells if c["status"] == "ok"):
-            c["rank"] = i + 1
-        tables.append({"name": name, "spec": spec, "cells": cells, "baseline": baseline,
-                       "figures": figures, "ranked_by": ranked_by, "passes_asked": asked(spec),
-                       "slo_text": slo_text(spec.slo) if spec.slo else None,
-                       "unstable": [c["configuration"] for c in cells if c["unstable"]],
-                       "single_pass": [c["configuration"] for c in cells if c["status"] == "ok" and c["passes"] < 2],
-                       "settings": settings, "cost": cost, "energy": energy})
+        cells.sort(key=lambda c: (c.status != "ok", -(c.median(ranked_by) or 0)))
+        for i, c in enumerate(c for c in cells if c.status == "ok"):
+            c.rank = i + 1
+        table = ScenarioTable(name=name, spec=spec, cells=cells, baseline=baseline, figures=figures, ranked_by=ranked_by,
+                              passes_asked=asked(spec), slo_text=slo_text(spec.slo) if spec.slo else None,
+                              unstable=[c.configuration for c in cells if c.unstable],
+                              single_pass=[c.configuration for c in cells if c.status == "ok" and c.passes < 2],
+                              settings=settings, cost=cost, energy=energy)
+        table.sentences = scenario_sentences(table)
+        tables.append(table)
     return tables
 
 
@@ -376,11 +337,11 @@ def _at(settings: Settings) -> str:
     return f"at {100 * settings.level:g} % confidence"
 
 
-def _ratio_sentence(lead: Mapping[str, Any], other: Mapping[str, Any], settings: Settings) -> str:
+def _ratio_sentence(lead: Cell, other: Cell, settings: Settings) -> str:
     """Output tok/s of the leader against another configuration, said as the verdict allows."""
-    a, b = lead["figures"]["output_tok_s"]["median"], other["figures"]["output_tok_s"]["median"]
+    a, b = lead.median("output_tok_s") or 0.0, other.median("output_tok_s") or 0.0
     v = cell_verdict(lead, other, "output_tok_s", True, settings)
-    names, medians = (lead["configuration"], other["configuration"]), f"medians {a:,.1f} against {b:,.1f} tok/s"
+    names, medians = (lead.configuration, other.configuration), f"medians {a:,.1f} against {b:,.1f} tok/s"
     if v.decided:
         return (f"{names[0]} delivers {v.ratio_text()} the output tok/s of {names[1]} ({medians}): "
                 f"{v.word} {_at(settings)}")
@@ -390,27 +351,25 @@ def _ratio_sentence(lead: Mapping[str, Any], other: Mapping[str, Any], settings:
     return f"{names[0]} against {names[1]} on output tok/s is unstable, {v.reason} (ratio {v.ratio_text()}; {medians})"
 
 
-def _ttft_sentence(cells: list[Mapping[str, Any]], settings: Settings) -> str | None:
-    timed = [c for c in cells if median(c, "ttft_median_ms") is not None]
+def _ttft_sentence(cells: list[Cell], settings: Settings) -> str | None:
+    timed = sorted(((c, m) for c in cells if (m := c.median("ttft_median_ms")) is not None), key=lambda pair: pair[1])
     if len(timed) < 2:
         return None
-    timed = sorted(timed, key=lambda c: c["figures"]["ttft_median_ms"]["median"])
-    fast, slow = timed[0], timed[-1]
-    a, b = fast["figures"]["ttft_median_ms"]["median"], slow["figures"]["ttft_median_ms"]["median"]
+    (fast, a), (slow, b) = timed[0], timed[-1]
     if not b:
         return None
     v = cell_verdict(fast, slow, "ttft_median_ms", False, settings)
     ms = f"(median TTFT {a:,.1f} against {b:,.1f} ms; ratio {v.ratio_text()})"
     if v.decided:
-        return f"{fast['configuration']} is {v.word} to first token than {slow['configuration']} {_at(settings)} {ms}"
+        return f"{fast.configuration} is {v.word} to first token than {slow.configuration} {_at(settings)} {ms}"
     if v.word == NO_DIFFERENCE:
-        return (f"{fast['configuration']} and {slow['configuration']} show no detectable difference in time to first "
+        return (f"{fast.configuration} and {slow.configuration} show no detectable difference in time to first "
                 f"token {_at(settings)} {ms}")
-    return f"{fast['configuration']} against {slow['configuration']} on time to first token is unstable, {v.reason} {ms}"
+    return f"{fast.configuration} against {slow.configuration} on time to first token is unstable, {v.reason} {ms}"
 
 
-def _unstable_note(cells: Iterable[Mapping[str, Any]]) -> str:
-    shaky = [f"{c['configuration']} {100 * c['spread']:.1f} %" for c in cells if c["unstable"]]
+def _unstable_note(cells: Iterable[Cell]) -> str:
+    shaky = [f"{c.configuration} {100 * (c.spread or 0.0):.1f} %" for c in cells if c.unstable]
     return f" Unstable: passes disagree on output tok/s by {', '.join(shaky)}." if shaky else ""
 
 
@@ -426,57 +385,57 @@ def slo_text(slo: Slo) -> str:
     return f"{targets} at p{_percentile(slo):g}"
 
 
-def _goodput_sentence(table: Mapping[str, Any], lead: Mapping[str, Any], other: Mapping[str, Any]) -> str:
-    a, b = median(lead, "goodput"), median(other, "goodput")
+def _goodput_sentence(table: ScenarioTable, lead: Cell, other: Cell) -> str:
+    a, b = lead.median("goodput"), other.median("goodput")
     if a is None or b is None:
-        return f"no goodput figure for {(other if a is not None else lead)['configuration']}"
-    v = cell_verdict(lead, other, "goodput", True, table["settings"])
+        return f"no goodput figure for {(other if a is not None else lead).configuration}"
+    v = cell_verdict(lead, other, "goodput", True, table.settings)
     said = (f"a {v.word} goodput than" if v.decided else "no detectable difference in goodput from" if v.word == NO_DIFFERENCE
             else f"a goodput too unstable to compare ({v.reason}) with")
-    return (f"under the target ({slo_text(table['spec'].slo)}), {lead['configuration']} has {said} "
-            f"{other['configuration']} {_at(table['settings'])} ({a:,.2f} against {b:,.2f} req/s meeting every target; "
+    return (f"under the target ({table.slo_text}), {lead.configuration} has {said} "
+            f"{other.configuration} {_at(table.settings)} ({a:,.2f} against {b:,.2f} req/s meeting every target; "
             f"ratio {v.ratio_text()}); ranked by goodput")
 
 
-def slo_sentence(table: Mapping[str, Any]) -> str | None:
+def slo_sentence(table: ScenarioTable) -> str | None:
     """Which configurations meet the scenario's SLO (their share at least its percentile), pass by pass."""
-    judged = [c for c in table["cells"] if c["status"] == "ok" and c["slo"]]
-    if not judged:
+    judged = [(c, c.slo) for c in table.ok() if c.slo]
+    if not judged or table.spec.slo is None:
         return None
     parts = []
-    for c in judged:
-        met, n = c["slo"]["met"], c["slo"]["n"]
-        share = median(c, "slo_share")
+    for c, slo in judged:
+        met, n = slo.met, slo.n
+        share = c.median("slo_share")
         verdict = ("meets it" + (" in every pass" if n > 1 else "") if met == n
                    else "misses it" + (" in every pass" if n > 1 else "") if met == 0 else f"meets it in {met} of {n} passes")
-        parts.append(f"{c['configuration']} {verdict} ({share:.1f} % of requests within target)" if share is not None
-                     else f"{c['configuration']} {verdict}")
-    return f"The SLO asks for at least {_percentile(table['spec'].slo):g} % of requests within the target: {'; '.join(parts)}."
+        parts.append(f"{c.configuration} {verdict} ({share:.1f} % of requests within target)" if share is not None
+                     else f"{c.configuration} {verdict}")
+    return f"The SLO asks for at least {_percentile(table.spec.slo):g} % of requests within the target: {'; '.join(parts)}."
 
 
-def scenario_sentences(table: Mapping[str, Any]) -> list[str]:
+def scenario_sentences(table: ScenarioTable) -> list[str]:
     """Sentences for one scenario, generated from its cells."""
-    spec = table["spec"]
-    where = f"In scenario {table['name']} (concurrency {spec.concurrency}), "
-    ok = [c for c in table["cells"] if c["status"] == "ok"]
+    spec = table.spec
+    where = f"In scenario {table.name} (concurrency {spec.concurrency}), "
+    ok = table.ok()
     slo = slo_sentence(table) if spec.slo else None
-    priced = cost_sentence(table, table["cost"])
+    priced = cost_sentence(table, table.cost)
     if not ok:
-        return [f"No configuration completed scenario {table['name']}."]
+        return [f"No configuration completed scenario {table.name}."]
     if len(ok) == 1:
         only = ok[0]
-        return [f"Only {only['configuration']} completed scenario {table['name']}: "
-                f"{only['figures']['output_tok_s']['median']:,.1f} output tok/s.{_unstable_note(ok)}"] + [
+        return [f"Only {only.configuration} completed scenario {table.name}: "
+                f"{only.median('output_tok_s') or 0.0:,.1f} output tok/s.{_unstable_note(ok)}"] + [
                     s for s in (slo, priced) if s]
     lead = ok[0]
-    other = next((c for c in ok if c["configuration"] == table["baseline"] and c is not lead), ok[1])
+    other = next((c for c in ok if c.configuration == table.baseline and c is not lead), ok[1])
     if spec.slo:
-        by_tok_s = sorted((lead, other), key=lambda c: -c["figures"]["output_tok_s"]["median"])
+        by_tok_s = sorted((lead, other), key=lambda c: -(c.median("output_tok_s") or 0.0))
         out = [where + _goodput_sentence(table, lead, other) + ".",
-               "On output tok/s alone, " + _ratio_sentence(*by_tok_s, table["settings"]) + "."]
+               "On output tok/s alone, " + _ratio_sentence(*by_tok_s, table.settings) + "."]
     else:
-        out = [where + _ratio_sentence(lead, other, table["settings"]) + "."]
-    ttft = _ttft_sentence(ok, table["settings"])
+        out = [where + _ratio_sentence(lead, other, table.settings) + "."]
+    ttft = _ttft_sentence(ok, table.settings)
     if ttft:
         out.append(ttft + ".")
     out[-1] += _unstable_note(ok)
@@ -514,8 +473,8 @@ def cold_warm(record: ConfigurationRecord) -> dict[str, Any] | None:
         "ready_s": cold.ready_seconds, "first_ttft_s": cold.first_ttft_s, "first_output_tok_s": cold.first_output_tok_s,
         "warm_scenario": warm_sc.name if warm_sc else None,
         "warm_tok_s": warm_tok_s, "warm_ttft_ms": warm_ttft,
-        "tok_s_ratio": warm_tok_s["median"] / cold_tok_s if warm_tok_s and cold_tok_s else None,
-        "ttft_ratio": cold_ttft * 1000.0 / warm_ttft["median"] if warm_ttft and cold_ttft and warm_ttft["median"] else None,
+        "tok_s_ratio": warm_tok_s.median / cold_tok_s if warm_tok_s and cold_tok_s else None,
+        "ttft_ratio": cold_ttft * 1000.0 / warm_ttft.median if warm_ttft and cold_ttft and warm_ttft.median else None,
     }
 
 
@@ -552,7 +511,7 @@ def _telemetry_gaps(configurations: Iterable[ConfigurationRecord]) -> list[str]:
 
 
 def not_measured(*, preflight: PreflightRecord, configurations: list[ConfigurationRecord],
-                 plans: Iterable[PlanRecord], tables: Iterable[Mapping[str, Any]]) -> list[str]:
+                 plans: Iterable[PlanRecord], tables: Iterable[ScenarioTable]) -> list[str]:
     """What the records say was not measured, one sentence each."""
     out = []
     gpus = preflight.environment.gpus
@@ -561,8 +520,8 @@ def not_measured(*, preflight: PreflightRecord, configurations: list[Configurati
                    "figures exist for this trial; throughput per accelerator counts CPU workers (DP x TP x PP).")
     out += _telemetry_gaps(configurations)
     for t in tables:
-        if t["single_pass"]:
-            out.append(f"Scenario {t['name']}: one pass only for {', '.join(t['single_pass'])}, so no agreement figure.")
+        if t.single_pass:
+            out.append(f"Scenario {t.name}: one pass only for {', '.join(t.single_pass)}, so no agreement figure.")
     for r in configurations:
         if r.status != "ok":
             out.append(f"{r.configuration}: no serving figures ({failure_summary(r)}).")

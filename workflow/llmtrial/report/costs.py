@@ -8,7 +8,7 @@ when a price is given, the energy figure where some configuration's passes have 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from llmtrial.core.configuration_model import ConfigurationRecord
@@ -24,6 +24,7 @@ from llmtrial.core.cost import (
 from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.core.scenario_model import Pass
 from llmtrial.host.telemetry_sources import RAPL_LABEL, RAPL_SOURCE
+from llmtrial.report.cells import ScenarioTable
 from llmtrial.serve.energy import ENERGY_TOLERANCE
 
 #: The energy figure (key, label, unit, higher is better, digits), ranked where GPU energy was measured.
@@ -52,15 +53,15 @@ def cell_energy(ok: list[Pass]) -> dict[str, Any]:
     return {"kind": energy_kind(ok), "disagree": [{"pass": n, "difference": d} for n, d in energy_disagreements(ok)]}
 
 
-def cost_sentence(table: Mapping[str, Any], cost: Cost | None) -> str | None:
+def cost_sentence(table: ScenarioTable, cost: Cost | None) -> str | None:
     """Each configuration's cost per million output tokens in a scenario, cheapest first, at the price given."""
-    priced = sorted(((c["figures"]["cost_per_mtok"]["median"], c["configuration"]) for c in table["cells"]
-                     if c["status"] == "ok" and c["figures"].get("cost_per_mtok")), key=lambda x: x[0])
+    priced = sorted(((m, c.configuration) for c in table.ok() if (m := c.median("cost_per_mtok")) is not None),
+                    key=lambda x: x[0])
     if cost is None or not priced:
         return None
     listed = "; ".join(f"{name} {value:,.3f} {cost.currency}" for value, name in priced)
     cheapest = f"; {priced[0][1]} is the cheapest" if len(priced) > 1 else ""
-    return (f"At {cost.rate}, a million output tokens in scenario {table['name']} cost: {listed} "
+    return (f"At {cost.rate}, a million output tokens in scenario {table.name} cost: {listed} "
             f"(the median over passes{cheapest}).")
 
 
@@ -92,7 +93,7 @@ def _rapl_sentences(configurations: Sequence[ConfigurationRecord]) -> list[str]:
 
 
 def cost_gaps(*, preflight: PreflightRecord, configurations: Sequence[ConfigurationRecord], cost: Cost | None,
-              tables: Iterable[Mapping[str, Any]]) -> list[str]:
+              tables: Iterable[ScenarioTable]) -> list[str]:
     """What the records say about cost and energy that was not measured or not given, one sentence each."""
     out = _energy_sentences(preflight, configurations) + _rapl_sentences(configurations)
     if cost is None and list(tables):

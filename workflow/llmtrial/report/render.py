@@ -41,9 +41,9 @@ from llmtrial.core.units import human_bytes
 from llmtrial.host.gpus import describe_process, gpu_label
 from llmtrial.report import charts
 from llmtrial.report.answers import answers_context, answers_gaps
+from llmtrial.report.cells import ScenarioTable, Settings
 from llmtrial.report.conclusions import (
     FIGURES,
-    Settings,
     as_mapping,
     asked,
     cold_warm,
@@ -53,7 +53,6 @@ from llmtrial.report.conclusions import (
     repetition,
     repetition_note,
     repetition_noteworthy,
-    scenario_sentences,
     scenario_specs,
     scenario_tables,
     streams,
@@ -168,7 +167,7 @@ def notes_html(notes: str | None) -> Markup:
     return Markup(md.render(notes))
 
 
-def _charts(tables: list[dict[str, Any]], configurations: list[ConfigurationRecord],
+def _charts(tables: list[ScenarioTable], configurations: list[ConfigurationRecord],
             telemetry: Mapping[str, Any], per: str) -> list[charts.Chart]:
     names = [r.configuration for r in configurations]
     out = [charts.latency_chart(tables, names), charts.pareto_chart(tables, names, per),
@@ -253,9 +252,9 @@ def build_context(*, trial: str, preflight: PreflightRecord, manifest: ManifestR
     cost = provenance.cost if provenance is not None else None
     tables = scenario_tables(configurations, plans, cfg, cost)
     per = "GPU" if preflight.environment.gpus.present else "CPU worker"
-    unstable = {(t["name"], c["configuration"]): c["spread"] for t in tables for c in t["cells"] if c["unstable"]}
+    unstable = {(t.name, c.configuration): c.spread for t in tables for c in t.cells if c.unstable}
     sweeps = _sweeps(configurations)
-    baseline = tables[0]["baseline"] if tables else cfg.baseline
+    baseline = tables[0].baseline if tables else cfg.baseline
     return {
         "trial": trial,
         "generated": fmt_time(dt.datetime.now(tz=dt.UTC).timestamp()),
@@ -276,7 +275,7 @@ def build_context(*, trial: str, preflight: PreflightRecord, manifest: ManifestR
         "n_ok": sum(1 for r in configurations if r.status == "ok"),
         "settings": cfg,
         "per": per,
-        "tables": [{**t, "sentences": scenario_sentences(t)} for t in tables],
+        "tables": tables,
         "sweeps": sweeps,
         "any_warmup": any(sc.warmup for r in configurations for sc in r.scenarios),
         "outcomes": outcome_sentences(configurations),
@@ -305,7 +304,7 @@ def build_context(*, trial: str, preflight: PreflightRecord, manifest: ManifestR
 def findings(context: Mapping[str, Any]) -> list[dict[str, Any]]:
     """What the trial found, in the report's order (its first screen): each sentence, and whether it
     quotes a figure."""
-    lines = [(s, True) for t in context["tables"] for s in t["sentences"]]
+    lines = [(s, True) for t in context["tables"] for s in t.sentences]
     lines += [(s, True) for sw in context["sweeps"] for s in sw["sentences"]]
     lines += [(s, False) for s in [*context["outcomes"], *context["warnings"]]]
     nodes, gpus, answers = context["nodes"], context["gpus"], context["answers"]
