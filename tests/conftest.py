@@ -48,6 +48,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("serial"))
 
 
+#: What the trials the tests run write beside the weights they stage (logs, records, results, a bytecode
+#: cache), per trial, beyond the reserve their disk block keeps free; several trials run at once.
+TRIALS_WRITE_BYTES = 2 << 30
+#: The marks of tests that run a trial through the workflow (its preflight checks the disk's headroom).
+TRIAL_MARKS = ("e2e", "workflow")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Stop before the first test when the trials the selected tests run cannot pass the preflight's disk
+    check on this machine: one message naming the filesystem and what is short, instead of every trial
+    failing on its own (a disk filled by earlier checkouts and their venvs, say)."""
+    from llmtrial.core.trial_config import DiskBlock
+    from llmtrial.host.disk import headroom_by_filesystem, headroom_message
+
+    if not any(item.get_closest_marker(mark) for item in session.items for mark in TRIAL_MARKS):
+        return
+    [fs] = headroom_by_filesystem([("tests' trials", Path(tempfile.gettempdir()), TRIALS_WRITE_BYTES, 0)], DiskBlock())
+    if not fs["ok"]:
+        pytest.exit("the trials these tests run would fail their preflight's disk check (the default disk block, "
+                    f"a reserve of 10 %): {headroom_message(fs)}; free space there first", returncode=3)
+
+
 #: How much nicer than the serial tests a pytest-xdist worker runs the others: the serial worker's chain
 #: of real-vLLM trials is what ``make test`` waits for, and the other worker, done with its tests long
 #: before, takes the CPU where the chain leaves it idle instead of slowing it. A worker that may not
