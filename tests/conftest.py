@@ -64,10 +64,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     if not any(item.get_closest_marker(mark) for item in session.items for mark in TRIAL_MARKS):
         return
-    [fs] = headroom_by_filesystem([("tests' trials", Path(tempfile.gettempdir()), TRIALS_WRITE_BYTES, 0)], DiskBlock())
+    disk = DiskBlock()
+    [fs] = headroom_by_filesystem([("tests' trials", Path(tempfile.gettempdir()), TRIALS_WRITE_BYTES, 0)], disk)
     if not fs["ok"]:
         pytest.exit("the trials these tests run would fail their preflight's disk check (the default disk block, "
-                    f"a reserve of 10 %): {headroom_message(fs)}; free space there first", returncode=3)
+                    f"a reserve of {100 * disk.reserve_fraction:g} %): {headroom_message(fs)}; free space there first",
+                    returncode=3)
 
 
 #: How much nicer than the serial tests a pytest-xdist worker runs the others: the serial worker's chain

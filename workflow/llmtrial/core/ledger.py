@@ -51,6 +51,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmtrial.core.hostlock import acquire, holder_for, lock_settings, this_host
+from llmtrial.core.record_base import error_lines
 
 log = logging.getLogger(__name__)
 
@@ -404,8 +405,7 @@ class Ledger:
             entry = Entry.model_validate({**known, "id": known.get("id") or f"line-{line}",
                                           "machine": known.get("machine") or here})
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            raise LedgerError(f"{self.path} line {line}: not a ledger entry: {problems}") from exc
+            raise LedgerError(f"{self.path} line {line}: not a ledger entry: {'; '.join(error_lines(exc))}") from exc
         return entry
 
 

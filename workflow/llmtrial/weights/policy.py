@@ -266,11 +266,15 @@ def _apply_here(path: str, entry: Entry, ledger: Ledger) -> dict[str, Any]:
 
 @dataclass
 class PolicyApplied:
-    """What :func:`apply_policy` did: each staged folder and the policy's outcome, the bytes freed, the residues."""
+    """What :func:`apply_policy` did: each staged folder and the policy's outcome, and the residues."""
 
     folders: list[WeightsFolder]
-    freed_bytes: int
     residues: list[Residue]
+
+    @property
+    def freed_bytes(self) -> int:
+        """The bytes freed in all."""
+        return sum(int(f.freed_bytes or 0) for f in self.folders)
 
 
 def apply_policy(entries: Sequence[Entry], ledger: Ledger) -> PolicyApplied:
@@ -280,7 +284,7 @@ def apply_policy(entries: Sequence[Entry], ledger: Ledger) -> PolicyApplied:
     node's ``reach``, on that node; the ``weights_done`` entry names the node and every
     staging it settles. A policy that leaves residues (a node that cannot be reached) stays
     outstanding, so a later cleanup tries again."""
-    done = PolicyApplied([], 0, [])
+    done = PolicyApplied([], [])
     for (node, path), staged in by_target(outstanding_weights(entries), lambda e: (e.node, str(e.path)), latest=True).items():
         entry = staged.entry
         policy = entry.after or "keep"
@@ -293,6 +297,5 @@ def apply_policy(entries: Sequence[Entry], ledger: Ledger) -> PolicyApplied:
                       path=path, policy=policy, undoes=staged.undo_ids if not residues else None,
                       outcome=item.action, freed_bytes=item.freed_bytes or 0, residues=len(residues))
         done.folders.append(item)
-        done.freed_bytes += int(item.freed_bytes or 0)
         done.residues.extend(residues)
     return done
