@@ -66,7 +66,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     disk = DiskBlock()
     [fs] = headroom_by_filesystem([("tests' trials", Path(tempfile.gettempdir()), TRIALS_WRITE_BYTES, 0)], disk)
-    if not fs["ok"]:
+    if not fs.ok:
         pytest.exit("the trials these tests run would fail their preflight's disk check (the default disk block, "
                     f"a reserve of {100 * disk.reserve_fraction:g} %): {headroom_message(fs)}; free space there first",
                     returncode=3)

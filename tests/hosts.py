@@ -38,7 +38,7 @@ import psutil
 
 from llmtrial.core.ledger import Entry, Ledger
 from llmtrial.core.paths import TrialPaths
-from llmtrial.host.nodes import Node, local_node
+from llmtrial.host.nodes import Node, NodeDefaults, local_node
 
 SSHD = Path("/usr/sbin/sshd")
 #: sshd's compiled-in privilege separation folder; it refuses to start without it.
@@ -130,7 +130,7 @@ class TwoHosts:
             "ssh": {"user": "root", "address": self.addr_b, "port": self.port, "identity_file": str(self.key),
                     "options": [f"UserKnownHostsFile={self.known_hosts}"], **ssh},
         }
-        node = Node.from_config("b", block, {"staging_dir": str(self.staging_a)})
+        node = Node.from_config("b", block, NodeDefaults(staging_dir=str(self.staging_a)))
         return dataclasses.replace(node, via=tuple(self.on_a([])))
 
 

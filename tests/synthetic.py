@@ -20,7 +20,7 @@ from llmtrial.core.record_base import RecordModel
 from llmtrial.core.record_models import KINDS
 from llmtrial.core.records import check_record, load_record, read_record
 from llmtrial.host.collective import summarize
-from llmtrial.serve.nodetelemetry import node_window_figures
+from llmtrial.serve.nodetelemetry import NodeSampleRow, node_window_figures
 
 DEMO = DATA / "demo"
 SLO = {"ttft_ms": 500, "tpot_ms": 50, "percentile": 90}
@@ -199,9 +199,10 @@ def two_node_record(name: str = "tp2", *, ok: bool = True) -> dict[str, Any]:
     for scenario in rec["scenarios"]:  # each pass: the nodes' samples in its window, as the trial reads them
         for one in scenario["pass_results"]:
             start, end = one["window"]["start"], one["window"]["end"]
-            rows = [{"time": start + i * (end - start) / 3, "node": n, "cpu_percent": 50.0 + i, "mem_used_bytes": 2**30,
-                     "load1": 1.0, "net_rx_bytes": 1000 * i, "net_tx_bytes": 2000 * i} for n in ("a", "b") for i in range(4)]
-            one["node_telemetry"] = node_window_figures(rows, start, end)
+            rows = [NodeSampleRow(time=start + i * (end - start) / 3, node=n, cpu_percent=50.0 + i, mem_used_bytes=2**30,
+                            load1=1.0, net_rx_bytes=1000 * i, net_tx_bytes=2000 * i) for n in ("a", "b") for i in range(4)]
+            one["node_telemetry"] = {n: f.model_dump(exclude_unset=True)
+                                     for n, f in node_window_figures(rows, start, end).items()}
     return rec
 
 

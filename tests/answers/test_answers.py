@@ -32,10 +32,10 @@ def test_contains_exact_and_regex_graders() -> None:
 def test_the_same_seed_generates_the_same_tasks_and_their_answers_are_right() -> None:
     a = generate_tasks(3, additions=30, multiplications=20)
     assert a == generate_tasks(3, additions=30, multiplications=20) != generate_tasks(4, additions=30, multiplications=20)
-    assert [t["category"] for t in a].count("addition") == 30
+    assert [t.category for t in a].count("addition") == 30
     for t in a:
-        x, op, y = t["prompt"].split()[2:5]
-        assert int(t["expected"]) == (int(x) + int(y.rstrip("?")) if op == "+" else int(x) * int(y.rstrip("?")))
+        x, op, y = t.prompt.split()[2:5]
+        assert int(t.expected) == (int(x) + int(y.rstrip("?")) if op == "+" else int(x) * int(y.rstrip("?")))
 
 
 def test_a_bad_task_line_is_refused_naming_the_file_and_line(tmp_path) -> None:

@@ -28,6 +28,7 @@ from llmtrial.config import validate_config
 from llmtrial.core.paths import TrialPaths
 from llmtrial.core.records import load_record, read_record, write_record
 from llmtrial.core.stats import ratio_test
+from llmtrial.core.trial_config import ScenarioBlock
 from llmtrial.serve.datasets import stage_prompts
 from synthetic import answer_run, answers_part
 from workflow_helpers import default_config
@@ -44,7 +45,8 @@ def trial_folder(root: Path, name: str, *, recorded_at: float, config_change=Non
     config["report"] = {"max_disagreement": 0.5}  # the demo run's tp1 c1 passes disagree by 13 %: not what these test
     if config_change:
         config_change(config)
-    staged = stage_prompts(config["scenarios"], paths.prompts)  # a scenario's prompt file, as the workflow stages it
+    scenarios = {name: ScenarioBlock.model_validate(spec) for name, spec in config["scenarios"].items()}
+    staged = stage_prompts(scenarios, paths.prompts)  # a scenario's prompt file, as the workflow stages it
     write_record(paths.provenance, provenance.collect(config, configfiles=[], command=None, repo=REPO,
                                                       prompts=staged if staged.scenarios else None), schema="provenance")
     pre = read_record(DEMO / "preflight.json")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from llmtrial.core.preflight_model import NodeReport
 from llmtrial.core.units import GiB
 from llmtrial.host.crossnode import (
     STALE_MARKERS,
@@ -65,12 +66,23 @@ def seed(**changes_b) -> dict:
     return facts
 
 
+def checks_of(facts: dict, **kwargs) -> list[dict]:
+    """:func:`cross_checks` of facts given as the record has them, each check as the record has it."""
+    reports = {name: NodeReport.model_validate({"node": {"name": name}, **f}) for name, f in facts.items()}
+    return [c.model_dump(exclude_unset=True) for c in cross_checks(reports, **kwargs)]
+
+
+def facts_of(node, **kwargs) -> dict:
+    """:func:`node_facts` as the record has them."""
+    return node_facts(node, **kwargs).model_dump(exclude_unset=True)
+
+
 def by_name(checks: list[dict]) -> dict[str, dict]:
     return {c["name"]: c for c in checks}
 
 
 def test_seed_000s_python_patch_mismatch_fails_naming_both_versions():
-    checks = by_name(cross_checks(SEED_FACTS, uses_ray=True))
+    checks = by_name(checks_of(SEED_FACTS, uses_ray=True))
     python = checks["python_patch_level"]
     assert python["status"] == "fail"
     assert python["detail"].startswith("Python differs across nodes: node-a 3.12.3, node-b 3.12.13; Ray refuses")
@@ -79,7 +91,7 @@ def test_seed_000s_python_patch_mismatch_fails_naming_both_versions():
 
 
 def test_equal_versions_are_ok_on_every_check():
-    checks = cross_checks(seed(), uses_ray=True)
+    checks = checks_of(seed(), uses_ray=True)
     assert [(c["name"], c["status"]) for c in checks] == [
         ("python_patch_level", "ok"), ("vllm_version", "ok"), ("torch_version", "ok"), ("nccl_version", "ok"),
         ("ray_version", "ok"), ("node_interface", "ok"), ("node_dev_shm", "ok"), ("stale_processes", "ok")]
@@ -94,22 +106,22 @@ def test_equal_versions_are_ok_on_every_check():
     ("ray", "2.60.0", "ray_version", "Ray differs across nodes: node-a 2.52.1, node-b 2.60.0; the configuration uses Ray"),
 ])
 def test_a_version_differing_on_one_node_fails_naming_it(key, value, name, text):
-    check = by_name(cross_checks(seed(**{key: value}), uses_ray=True))[name]
+    check = by_name(checks_of(seed(**{key: value}), uses_ray=True))[name]
     assert check["status"] == "fail" and text in check["detail"]
 
 
 def test_ray_missing_on_one_node_fails_only_when_the_configuration_uses_ray():
-    assert by_name(cross_checks(seed(ray=None), uses_ray=True))["ray_version"]["status"] == "fail"
-    assert by_name(cross_checks(seed(ray=None), uses_ray=False))["ray_version"]["status"] == "warn"
+    assert by_name(checks_of(seed(ray=None), uses_ray=True))["ray_version"]["status"] == "fail"
+    assert by_name(checks_of(seed(ray=None), uses_ray=False))["ray_version"]["status"] == "warn"
     nowhere = seed(ray=None)
     nowhere["node-a"]["ray"] = None
-    assert by_name(cross_checks(nowhere, uses_ray=False))["ray_version"]["status"] == "skip"
-    assert by_name(cross_checks(nowhere, uses_ray=True))["ray_version"]["status"] == "fail"
+    assert by_name(checks_of(nowhere, uses_ray=False))["ray_version"]["status"] == "skip"
+    assert by_name(checks_of(nowhere, uses_ray=True))["ray_version"]["status"] == "fail"
 
 
 def test_a_small_dev_shm_fails_naming_the_node_and_both_sizes():
     small = seed(dev_shm={"size_bytes": 64 * 2**20, "free_bytes": 64 * 2**20, "min_bytes": 8 * GiB})
-    check = by_name(cross_checks(small))["node_dev_shm"]
+    check = by_name(checks_of(small))["node_dev_shm"]
     assert check["status"] == "fail"
     assert check["detail"].startswith("node-b: /dev/shm is 0.06 GiB, below the 8.00 GiB minimum; remount /dev/shm larger")
     assert check["size_bytes"] == {"node-a": 256 * GiB, "node-b": 64 * 2**20}
@@ -118,7 +130,7 @@ def test_a_small_dev_shm_fails_naming_the_node_and_both_sizes():
 def test_a_stale_ray_process_fails_with_its_pid():
     raylet = {"pid": 4242, "marker": "raylet", "what": STALE_MARKERS["raylet"], "age_s": 86400.0, "user": "serve",
               "cmdline": "/opt/serve/.venv/lib/python3.12/site-packages/ray/core/src/ray/raylet/raylet --node_id=..."}
-    check = by_name(cross_checks(seed(stale={"source": "psutil", "processes": [raylet]})))["stale_processes"]
+    check = by_name(checks_of(seed(stale={"source": "psutil", "processes": [raylet]})))["stale_processes"]
     assert check["status"] == "fail"
     assert check["detail"].startswith("node-b: pid 4242 (Ray node daemon, 86400 s old, serve): /opt/serve/")
     assert check["processes"] == {"node-b": [raylet]}
@@ -126,33 +138,33 @@ def test_a_stale_ray_process_fails_with_its_pid():
 
 def test_an_interface_that_is_missing_or_not_on_the_way_to_the_master_fails_naming_node_and_interface():
     missing = seed(interface={"name": "fabric200g", "exists": False, "addresses": []})
-    check = by_name(cross_checks(missing))["node_interface"]
+    check = by_name(checks_of(missing))["node_interface"]
     assert (check["status"], check["detail"]) == ("fail", "node-b: interface fabric200g does not exist")
     other_way = seed()
     other_way["node-b"]["master"]["route_dev"] = "eno1"
-    check = by_name(cross_checks(other_way))["node_interface"]
+    check = by_name(checks_of(other_way))["node_interface"]
     assert check["detail"] == "node-b: traffic to the master 10.200.0.1 leaves by eno1, not by fabric200g"
     unnamed = seed(interface={"name": None, "exists": False, "addresses": []})
-    assert by_name(cross_checks(unnamed))["node_interface"]["status"] == "warn"
+    assert by_name(checks_of(unnamed))["node_interface"]["status"] == "warn"
 
 
 def test_a_node_that_did_not_answer_is_left_out_of_the_comparison():
     facts = {**copy.deepcopy(SEED_FACTS), "node-c": {"node": {"name": "node-c"}, "error": "node node-c: gone"}}
-    assert by_name(cross_checks(facts))["python_patch_level"]["versions"] == {"node-a": "3.12.3", "node-b": "3.12.13"}
+    assert by_name(checks_of(facts))["python_patch_level"]["versions"] == {"node-a": "3.12.3", "node-b": "3.12.13"}
 
 
 def test_same_files_detects_a_differing_hash_and_a_missing_file():
     a = {"config.json": "a" * 64, "model-00001.safetensors": "1" * 64, "tokenizer.json": "t" * 64}
-    assert same_files({"a": a, "b": dict(a)})["status"] == "ok"
+    assert same_files({"a": a, "b": dict(a)}).status == "ok"
     b = {**a, "model-00001.safetensors": "2" * 64}
     del b["tokenizer.json"]
     check = same_files({"a": a, "b": b})
-    assert check["status"] == "fail"
-    assert check["detail"] == ("2 of 3 staged files differ across nodes: model-00001.safetensors: a 111111111111, "
+    assert check.status == "fail"
+    assert check.detail == ("2 of 3 staged files differ across nodes: model-00001.safetensors: a 111111111111, "
                                "b 222222222222; tokenizer.json: a tttttttttttt, b missing")
-    assert [d["path"] for d in check["differing"]] == ["model-00001.safetensors", "tokenizer.json"]
-    assert same_files({"a": a, "b": {**a, "config.json": None}})["differing"][0]["sha256"]["b"] is None
-    assert same_files({})["status"] == "skip"
+    assert [d["path"] for d in check.differing] == ["model-00001.safetensors", "tokenizer.json"]
+    assert same_files({"a": a, "b": {**a, "config.json": None}}).differing[0]["sha256"]["b"] is None
+    assert same_files({}).status == "skip"
 
 
 def test_the_fact_program_carries_no_marker_so_it_never_finds_itself():
@@ -194,8 +206,8 @@ def venv_node_b(hosts, **changes):
 
 
 def test_host_b_over_ssh_reports_its_interface_and_reaches_the_master_on_host_a(hosts, listener):
-    b = node_facts(venv_node_b(hosts), master_addr=hosts.addr_a, master_port=listener)
-    a = node_facts(hosts.node_a(), master_addr=hosts.addr_a, master_port=listener)
+    b = facts_of(venv_node_b(hosts), master_addr=hosts.addr_a, master_port=listener)
+    a = facts_of(hosts.node_a(), master_addr=hosts.addr_a, master_port=listener)
     assert b["interface"] == {"name": "llmt0", "exists": True, "addresses": [f"{hosts.addr_b}/24"]}
     assert a["interface"] == {"name": "llmt0", "exists": True, "addresses": [f"{hosts.addr_a}/24"]}
     assert b["master"] == {"address": hosts.addr_a, "port": listener, "ip": hosts.addr_a, "method": "tcp",
@@ -204,21 +216,21 @@ def test_host_b_over_ssh_reports_its_interface_and_reaches_the_master_on_host_a(
     for key in ("python", "python_version", "vllm", "vllm_distribution", "torch", "nccl", "ray"):
         assert a[key] == b[key], key
     assert b["python_version"] == ".".join(map(str, sys.version_info[:3])) and b["torch"] and b["vllm"]
-    checks = by_name(cross_checks({"a": a, "b": b}))
+    checks = by_name(checks_of({"a": a, "b": b}))
     for name in ("python_patch_level", "vllm_version", "torch_version", "node_interface", "node_dev_shm"):
         assert checks[name]["status"] == "ok", checks[name]
     assert checks["nccl_version"]["status"] == "skip"  # the CPU build of torch: no NCCL
 
 
 def test_a_master_not_reachable_from_host_b_fails_naming_node_and_interface(hosts):
-    b = node_facts(venv_node_b(hosts), master_addr=hosts.addr_a, master_port=9)  # nothing listens on 9 in A
-    check = by_name(cross_checks({"b": b}))["node_interface"]
+    b = facts_of(venv_node_b(hosts), master_addr=hosts.addr_a, master_port=9)  # nothing listens on 9 in A
+    check = by_name(checks_of({"b": b}))["node_interface"]
     assert check["status"] == "fail"
     assert check["detail"].startswith(f"b: the master {hosts.addr_a}:9 is not reachable from llmt0 (TCP connect to "
                                       f"{hosts.addr_a}:9 from {hosts.addr_b}: [Errno 111] Connection refused")
-    on_subnet = node_facts(venv_node_b(hosts), master_addr=hosts.addr_a)
+    on_subnet = facts_of(venv_node_b(hosts), master_addr=hosts.addr_a)
     assert on_subnet["master"]["method"] == "subnet" and on_subnet["master"]["ok"]
-    elsewhere = node_facts(venv_node_b(hosts), master_addr="10.99.0.1")
+    elsewhere = facts_of(venv_node_b(hosts), master_addr="10.99.0.1")
     assert elsewhere["master"]["error"] == f"10.99.0.1 is not on a subnet of llmt0 ({hosts.addr_b}/24)"
 
 
@@ -229,7 +241,7 @@ def test_a_python_patch_mismatch_planted_on_host_b_fails_with_torch_and_vllm_mis
     mine = ".".join(map(str, sys.version_info[:3]))
     if not version or version == mine:
         pytest.skip(f"no second Python of another patch level than {mine} at {OTHER_PYTHON}")
-    record = preflight_nodes([hosts.node_a(), venv_node_b(hosts, python=OTHER_PYTHON)], master_addr=hosts.addr_a)
+    record = preflight_nodes([hosts.node_a(), venv_node_b(hosts, python=OTHER_PYTHON)], master_addr=hosts.addr_a).model_dump(exclude_unset=True)
     checks = by_name(record["checks"])
     assert checks["node_reachable"]["status"] == "ok"
     assert checks["python_patch_level"]["status"] == "fail"
@@ -250,14 +262,14 @@ def test_a_stale_vllm_process_planted_on_host_b_is_found_with_its_pid_and_left_r
         for python in (sys.executable, OTHER_PYTHON):  # psutil, then /proc
             if not Path(python).is_file():
                 continue
-            facts = node_facts(venv_node_b(hosts, python=python), master_addr=hosts.addr_a)
+            facts = facts_of(venv_node_b(hosts, python=python), master_addr=hosts.addr_a)
             [found] = [p for p in facts["stale"]["processes"] if p["pid"] == planted.pid]
             assert found["marker"] == "vllm.entrypoints" and found["what"] == "vLLM server" and found["user"] == "root"
             assert found["cmdline"].endswith("import time; time.sleep(300) vllm.entrypoints.openai.api_server")
             # its age spans the 0.5 s slept since it was planted, and no more than the time since then
             # (plus 1 s: psutil dates a process from the boot time, which /proc/stat gives in whole seconds)
             assert 0.4 <= found["age_s"] <= time.monotonic() - before + 1.1
-            check = by_name(cross_checks({"b": facts}))["stale_processes"]
+            check = by_name(checks_of({"b": facts}))["stale_processes"]
             assert check["status"] == "fail" and f"b: pid {planted.pid} (vLLM server, " in check["detail"]
         assert planted.poll() is None  # found, never killed
     finally:
@@ -266,8 +278,8 @@ def test_a_stale_vllm_process_planted_on_host_b_is_found_with_its_pid_and_left_r
 
 
 def test_a_small_dev_shm_on_host_b_fails(hosts):
-    facts = node_facts(venv_node_b(hosts), master_addr=hosts.addr_a, shm_min_bytes=1 << 50)
-    check = by_name(cross_checks({"b": facts}))["node_dev_shm"]
+    facts = facts_of(venv_node_b(hosts), master_addr=hosts.addr_a, shm_min_bytes=1 << 50)
+    check = by_name(checks_of({"b": facts}))["node_dev_shm"]
     size = os.statvfs("/dev/shm")
     assert check["status"] == "fail"
     assert check["detail"].startswith(f"b: /dev/shm is {size.f_blocks * size.f_frsize / GiB:.2f} GiB, below the "
@@ -276,7 +288,7 @@ def test_a_small_dev_shm_on_host_b_fails(hosts):
 
 def test_a_node_that_cannot_be_reached_is_a_failed_check_naming_it(hosts):
     record = preflight_nodes([hosts.node_a(), hosts.node_b(identity_file=str(hosts.wrong_key))],
-                             master_addr=hosts.addr_a, timeout=30)
+                             master_addr=hosts.addr_a, timeout=30).model_dump(exclude_unset=True)
     check = record["checks"][0]
     assert check["name"] == "node_reachable" and check["status"] == "fail"
     assert "did not finish within" not in check["detail"]  # ssh's refusal, not the 30 s timeout
@@ -292,7 +304,7 @@ def test_a_node_that_does_not_answer_in_time_is_a_failed_check_naming_it(tmp_pat
     pid_file = tmp_path / "pid"
     hang.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 300\n")
     hang.chmod(0o755)
-    record = preflight_nodes([local_node("slow", python=str(hang))], master_addr="127.0.0.1", timeout=1)
+    record = preflight_nodes([local_node("slow", python=str(hang))], master_addr="127.0.0.1", timeout=1).model_dump(exclude_unset=True)
     check = record["checks"][0]
     assert check["status"] == "fail" and check["detail"].startswith("node slow (this host): ")
     assert "did not finish within 1 s" in check["detail"]  # the 1 s timeout fired, long before the program ended

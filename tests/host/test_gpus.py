@@ -19,8 +19,8 @@ import pytest
 from conftest import DATA, REPO, written
 from llmtrial.core.configuration_spec import ServingSpec
 from llmtrial.core.ledger import Action, Ledger, replay
-from llmtrial.core.preflight_model import Gpus
-from llmtrial.core.trial_config import HardwareBlock, HealthCheckBlock, PlanBlock
+from llmtrial.core.preflight_model import GpuDevice, Gpus, SelectedGpu
+from llmtrial.core.trial_config import DiskBlock, HardwareBlock, HealthCheckBlock, PlanBlock, SourceBlock
 from llmtrial.host import gpus
 from llmtrial.host.gpus import SelectionError, select
 
@@ -58,16 +58,20 @@ def inventory():
     return gpu_inventory()
 
 
+def inventory_devices() -> list[GpuDevice]:
+    return [GpuDevice.model_validate(d) for d in inventory()["devices"]]
+
+
 # --------------------------------------------------------------------------- selection
 
 
 def test_the_selection_takes_every_gpu_a_count_or_the_listed_indexes_and_uuids(double):
-    devices = inventory()["devices"]
+    devices = inventory_devices()
     assert inventory()["source"] == f"nvml double ({DOUBLE})"
-    assert [g["index"] for g in select(None, devices)] == [0, 1]
-    assert [g["index"] for g in select(1, devices)] == [0]
-    assert [g["index"] for g in select(["GPU-7f3e0c1a-0001", 0], devices)] == [1, 0]
-    assert select([1], devices)[0] == {"index": 1, "uuid": "GPU-7f3e0c1a-0001", "name": "NVIDIA H200",
+    assert [g.index for g in select(None, devices)] == [0, 1]
+    assert [g.index for g in select(1, devices)] == [0]
+    assert [g.index for g in select(["GPU-7f3e0c1a-0001", 0], devices)] == [1, 0]
+    assert select([1], devices)[0].model_dump() == {"index": 1, "uuid": "GPU-7f3e0c1a-0001", "name": "NVIDIA H200",
                                        "pci_bus_id": "0000:18:00.0"}
     assert select(4, []) == []  # a count on a host NVML shows no GPU: the planner's assumption only
 
@@ -81,7 +85,7 @@ def test_the_selection_takes_every_gpu_a_count_or_the_listed_indexes_and_uuids(d
 ])
 def test_a_gpu_the_host_lacks_is_named_with_its_key(double, setting, message):
     with pytest.raises(SelectionError, match=re.escape(message)):
-        select(setting, inventory()["devices"])
+        select(setting, inventory_devices())
 
 
 def test_preflight_records_the_selection_and_the_kernel_logs_baseline_and_stops_on_a_missing_gpu(double, tmp_path):
@@ -89,19 +93,19 @@ def test_preflight_records_the_selection_and_the_kernel_logs_baseline_and_stops_
 
     double["dmesg"] = [XID_79]
     write(double)
-    disk = {"reserve_fraction": 0, "reserve_min_gib": 0}
-    record = run_preflight(source={"kind": "tiny"}, staging_dir=tmp_path, disk=disk, hardware={"gpus": [1]})
+    disk, tiny = DiskBlock(reserve_fraction=0, reserve_min_gib=0), SourceBlock(kind="tiny")
+    record = run_preflight(source=tiny, staging_dir=tmp_path, disk=disk, hardware=HardwareBlock(gpus=[1]))
     assert record.environment.gpus.selected == [1]
     assert record.environment.gpus.selected_gpus[0].uuid == "GPU-7f3e0c1a-0001"
     assert written(record.kernel_log) == {"available": True, "reason": None, "lines": [XID_79], "source": "double"}
     with pytest.raises(PreflightError, match=r"gpu_selection: hardware.gpus\[0\]: no GPU 'GPU-gone'"):
-        run_preflight(source={"kind": "tiny"}, staging_dir=tmp_path, disk=disk, hardware={"gpus": ["GPU-gone"]})
+        run_preflight(source=tiny, staging_dir=tmp_path, disk=disk, hardware=HardwareBlock(gpus=["GPU-gone"]))
 
 
 def test_the_planner_sizes_the_selected_gpus_only(double):
     from llmtrial.plan.planner import plan_record
 
-    selection = Gpus.model_validate({**inventory(), "selected": [1], "selected_gpus": select([1], inventory()["devices"])})
+    selection = Gpus.model_validate({**inventory(), "selected": [1], "selected_gpus": select([1], inventory_devices())})
     config = json.loads((DATA / "configs" / "Meta-Llama-3.1-8B-Instruct.json").read_text())
     record = plan_record(spec=ServingSpec(name="tp1", args={}), model_config=config, weights=None,
                          gpus=selection, hardware=HardwareBlock(gpus=[1]), settings=PlanBlock())
@@ -111,7 +115,7 @@ def test_the_planner_sizes_the_selected_gpus_only(double):
 
 
 def test_servers_are_pinned_by_uuid_in_pci_order():
-    chosen = [{"index": 2, "uuid": "GPU-b"}, {"index": 0, "uuid": "GPU-a"}]
+    chosen = [SelectedGpu(index=2, uuid="GPU-b"), SelectedGpu(index=0, uuid="GPU-a")]
     assert gpus.visible_devices_env(chosen) == {"CUDA_VISIBLE_DEVICES": "GPU-b,GPU-a", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert gpus.visible_devices_env([]) == {}
 
@@ -144,8 +148,9 @@ def test_the_census_names_a_foreign_process_with_pid_user_command_and_memory(dou
                                   "command": "/opt/tritonserver/bin/tritonserver --model-repository /models"}],
                            "0": [{"pid": local_process.pid, "memory_gib": 1}]}
     write(double)
-    selected = select(None, inventory()["devices"])
+    selected = select(None, inventory_devices())
     found, why = gpus.launch_check(Ledger(tmp_path / "l.jsonl"), selected, allow=[])
+    found = found.model_dump()
     assert found["source"] == f"nvml double ({DOUBLE})"
     foreign = {p["pid"]: p for p in found["foreign"]}
     assert set(foreign) == {FOREIGN_PID, local_process.pid}
@@ -160,15 +165,16 @@ def test_the_census_names_a_foreign_process_with_pid_user_command_and_memory(dou
 
     found, why = gpus.launch_check(Ledger(tmp_path / "l.jsonl"), selected,
                                    allow=["tritonserver", os.path.basename(sys.executable)])
+    found = found.model_dump()
     assert why is None and found["foreign"] == []
     assert [p["allowed_by"] for p in found["processes"]] == [os.path.basename(sys.executable), "tritonserver"]
-    only_0, _ = gpus.launch_check(Ledger(tmp_path / "l.jsonl"), select([0], inventory()["devices"]), allow=[])
-    assert [p["pid"] for p in only_0["processes"]] == [local_process.pid]  # GPU 1's process is not the trial's business
+    only_0, _ = gpus.launch_check(Ledger(tmp_path / "l.jsonl"), select([0], inventory_devices()), allow=[])
+    assert [p.pid for p in only_0.processes] == [local_process.pid]  # GPU 1's process is not the trial's business
 
 
 def test_without_nvml_the_census_says_why_it_read_nothing(monkeypatch):
     monkeypatch.delenv(gpus.DOUBLE_ENV, raising=False)
-    found = gpus.census([{"index": 0, "uuid": None}])
+    found = gpus.census([SelectedGpu(index=0, uuid=None)]).model_dump()
     assert found["processes"] == [] and found["foreign"] == []
     assert found["reason"] in ("nvidia-ml-py (pynvml) is not installed",) or found["reason"].startswith("NVML unavailable")
 
@@ -178,9 +184,9 @@ def test_without_nvml_the_census_says_why_it_read_nothing(monkeypatch):
 
 def test_the_health_program_on_a_torch_without_cuda_is_skipped_with_the_reason(monkeypatch):
     monkeypatch.delenv(gpus.DOUBLE_ENV, raising=False)
-    result = gpus.allocation_check({"index": 0, "uuid": None}, nbytes=1024, timeout=120)
-    assert result["status"] == "skipped"
-    assert "torch.cuda.is_available() is False" in result["evidence"]
+    result = gpus.allocation_check(SelectedGpu(index=0, uuid=None), nbytes=1024, timeout=120)
+    assert result.status == "skipped"
+    assert "torch.cuda.is_available() is False" in result.evidence
 
 
 def test_a_failed_allocation_and_a_new_xid_on_its_pci_id_fail_the_gpu(double, tmp_path):
@@ -189,8 +195,8 @@ def test_a_failed_allocation_and_a_new_xid_on_its_pci_id_fail_the_gpu(double, tm
                                               "[ 9.0] NVRM: Xid (PCI:0000:99:00): 13, Graphics Exception"])
     write(double)
     ledger = Ledger(tmp_path / "l.jsonl")
-    selected = select(None, inventory()["devices"])
-    found = gpus.after_failure(ledger, selected, baseline, label="demo/tp1", settings=HealthCheckBlock(bytes=4096))
+    selected = select(None, inventory_devices())
+    found = gpus.after_failure(ledger, selected, baseline, label="demo/tp1", settings=HealthCheckBlock(bytes=4096)).model_dump()
     by = {g["index"]: g for g in found["gpus"]}
     assert found["source"] == "double"
     assert by[1]["healthy"] is False and by[1]["xid"] == [XID_79]
@@ -217,7 +223,7 @@ def test_a_held_gpu_keeps_its_service_stopped_until_a_later_check_passes(double,
     ledger.append(Action.SERVICE_QUIET, service=svc.to_json(), was_running=True, state_seen="running")
     double.update(allocation="failed")
     write(double)
-    gpus.after_failure(ledger, select([1], inventory()["devices"]), [], label="demo/tp1")
+    gpus.after_failure(ledger, select([1], inventory_devices()), [], label="demo/tp1")
     residues: list = []
     held = gpus.recheck_failed(ledger, residues)
     back = restore(ledger.entries(), ledger, held=held)

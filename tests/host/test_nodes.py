@@ -22,6 +22,7 @@ from llmtrial.core.fileio import sha256_file
 from llmtrial.host.nodes import (
     LOCAL_NAME,
     Node,
+    NodeDefaults,
     NodeError,
     configuration_nodes,
     last_json_object,
@@ -46,7 +47,7 @@ def config(**changes) -> dict:
 
 
 def ssh_node(**ssh) -> Node:
-    return Node.from_config("b", {"reach": "ssh", "ssh": {"user": "u", "address": "h", **ssh}}, {"staging_dir": "st"})
+    return Node.from_config("b", {"reach": "ssh", "ssh": {"user": "u", "address": "h", **ssh}}, NodeDefaults(staging_dir="st"))
 
 
 # --- the trial file ---------------------------------------------------------------------------
@@ -274,7 +275,7 @@ def test_a_stale_namespace_of_a_dead_run_is_removed():
 def test_a_rank_gets_the_nodes_interface_and_address_under_its_own_env():
     block = {"reach": "ssh", "ssh": {"address": "10.0.0.2"}, "interface": "ib0",
              "env": {"VLLM_CPU_OMP_THREADS_BIND": "1", "NCCL_SOCKET_IFNAME": "=ib0"}}
-    node = Node.from_config("b", block, {"staging_dir": "st"})
+    node = Node.from_config("b", block, NodeDefaults(staging_dir="st"))
     assert node.rank_env() == {"VLLM_HOST_IP": "10.0.0.2", "GLOO_SOCKET_IFNAME": "ib0", "NCCL_SOCKET_IFNAME": "=ib0",
                                "VLLM_CPU_OMP_THREADS_BIND": "1"}
     assert local_node().rank_env() == {"VLLM_HOST_IP": "127.0.0.1"}

@@ -19,6 +19,7 @@ from conftest import free_ports
 from hosts import WORKFLOW
 from llmtrial.core.ledger import RUN_ENV, Action, Ledger
 from llmtrial.core.paths import TrialPaths
+from llmtrial.core.trial_config import ServiceBlock, TrialConfig
 from llmtrial.host.services import (
     RUNNING,
     STOPPED,
@@ -378,6 +379,12 @@ CLEANUP_ON_A = ("import json, sys; from llmtrial.lifecycle.cleanup import run_cl
                 "print(run_cleanup(sys.argv[1], stop_timeout=5).model_dump_json(exclude_unset=True))")
 
 
+def trial(parts: dict) -> TrialConfig:
+    """A trial file of one configuration and one scenario, with ``parts``."""
+    return TrialConfig.model_validate({"trial": "t", "model": {"name": "m", "source": {"kind": "tiny"}},
+                                       "scenarios": {"s": {}}, "configurations": {"a": {}}, **parts})
+
+
 def demo_on_b(action: str, port: int, state: Path) -> list[str]:
     """The demo service's argv on host B, with its own Python ({python}: node b's)."""
     return ["env", f"PYTHONPATH={WORKFLOW}", "{python}", "-m", "llmtrial.host.demo_service", action, "--port", str(port),
@@ -392,7 +399,7 @@ def test_a_service_on_node_b_is_quieted_and_restored_there_from_the_ledger(hosts
         "kind": "command", "node": "b", "status": demo_on_b("status", port, state), "stop": demo_on_b("stop", port, state),
         "start": demo_on_b("start", port, state), "health": {"kind": "http", "url": f"http://127.0.0.1:{port}/health"},
         "timeouts": {"stop_s": WAIT_S, "start_s": WAIT_S, "health_s": WAIT_S}}}}
-    services = services_on_nodes(config)
+    services = services_on_nodes(trial(config))
     web = Service.from_config("web-b", services["web-b"])
     assert web.node.name == "b" and web.start_argv[2] == sys.executable
     node_b = hosts.node_b()
@@ -417,5 +424,5 @@ def test_a_service_on_node_b_is_quieted_and_restored_there_from_the_ledger(hosts
 
 def test_services_of_a_trial_without_nodes_stay_on_this_host():
     services = {"web": {"kind": "command", "status": ["true"]}}
-    assert services_on_nodes({"services": services}) == services
+    assert services_on_nodes(trial({"services": services})) == {"web": ServiceBlock.model_validate(services["web"]).model_dump()}
     assert Service.from_config("web", services["web"]).to_json().get("node") is None

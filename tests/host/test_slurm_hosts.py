@@ -45,8 +45,9 @@ def test_a_host_list_that_cannot_be_read_says_so(text):
 
 def test_the_two_node_trial_asks_two_hosts_and_node_b_is_the_second(monkeypatch):
     config = load_config(TRIAL)
-    assert config["nodes"]["b"]["slurm_index"] == 1 and allocation_nodes(config) == 2
-    assert rule_resources(config, "trial")["nodes"] == 2 and "nodes" not in rule_resources(config, "preflight")
+    assert config["nodes"]["b"]["slurm_index"] == 1 and allocation_nodes(check_config(config)) == 2
+    assert rule_resources(check_config(config), "trial")["nodes"] == 2
+    assert "nodes" not in rule_resources(check_config(config), "preflight")
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
     a, b = configuration_nodes(check_config(config), "tp2-two-nodes")  # the login node: no allocation yet

@@ -20,6 +20,7 @@ from llmtrial.core.paths import TrialPaths
 from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.core.records import check_record
 from llmtrial.core.redact import redact_env
+from llmtrial.core.trial_config import DiskBlock, SourceBlock
 from llmtrial.host.checks import check_allocator, check_open_files
 from llmtrial.host.disk import disk_headroom
 from llmtrial.host.nodes import spanned_nodes
@@ -33,7 +34,8 @@ from llmtrial.lifecycle.preflight import (
 )
 from workflow_helpers import default_config, snakemake, write_config
 
-DISK = {"reserve_fraction": 0.10, "reserve_min_gib": 5}
+DISK = DiskBlock(reserve_fraction=0.10, reserve_min_gib=5)
+TINY = SourceBlock(kind="tiny")
 
 
 class TestEnvironment:
@@ -101,22 +103,22 @@ class TestNuma:
 
     def test_the_hosts_numa_nodes_with_cpus_and_memory(self, tmp_path):
         numa = numa_nodes(fake_sysfs(tmp_path))
-        assert numa["reason"] is None and numa["source"] == str(tmp_path / "devices/system/node")
-        assert numa["nodes"] == [{"node": 0, "cpulist": "0-31,64-95", "mem_total_bytes": 263_808_000 * 1024},
-                                 {"node": 1, "cpulist": "32-63,96-127", "mem_total_bytes": 264_192_000 * 1024}]
+        assert numa.reason is None and numa.source == str(tmp_path / "devices/system/node")
+        assert written(numa)["nodes"] == [{"node": 0, "cpulist": "0-31,64-95", "mem_total_bytes": 263_808_000 * 1024},
+                                          {"node": 1, "cpulist": "32-63,96-127", "mem_total_bytes": 264_192_000 * 1024}]
 
     def test_no_node_folder_is_an_empty_list_with_the_reason(self, tmp_path):
         numa = numa_nodes(tmp_path)
-        assert numa["nodes"] == [] and "does not exist" in numa["reason"]
+        assert numa.nodes == [] and "does not exist" in numa.reason
 
     def test_this_hosts_real_sysfs(self):
         numa = numa_nodes()
-        assert numa["source"] == "/sys/devices/system/node" and numa["reason"] is None
-        node0 = numa["nodes"][0]
-        assert node0["node"] == 0 and node0["cpulist"] and node0["mem_total_bytes"] > 2**30
+        assert numa.source == "/sys/devices/system/node" and numa.reason is None
+        node0 = numa.nodes[0]
+        assert node0.node == 0 and node0.cpulist and node0.mem_total_bytes > 2**30
 
     def test_the_preflight_record_with_numa_matches_its_schema(self, tmp_path):
-        record = run_preflight(source={"kind": "tiny"}, staging_dir=tmp_path / "staging", disk=DISK, nvml=NvmlDouble(),
+        record = run_preflight(source=TINY, staging_dir=tmp_path / "staging", disk=DISK, nvml=NvmlDouble(),
                                sysfs=fake_sysfs(tmp_path / "sys"))
         assert record.environment.numa.nodes[1].node == 1
         check_record(record, "preflight")
@@ -129,34 +131,34 @@ class TestNuma:
 class TestHostChecks:
     def test_expandable_segments_is_a_warning_whichever_variable_sets_it(self):
         c = check_allocator({"tp4": {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}})
-        assert c["status"] == "warn" and "tp4" in c["detail"] and "PYTORCH_ALLOC_CONF" in c["detail"]
+        assert c.status == "warn" and "tp4" in c.detail and "PYTORCH_ALLOC_CONF" in c.detail
         # PYTORCH_CUDA_ALLOC_CONF wins over PYTORCH_ALLOC_CONF, as in PyTorch
         c = check_allocator({"a": {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512",
                                    "PYTORCH_ALLOC_CONF": "expandable_segments:True"}})
-        assert c["status"] == "ok"
+        assert c.status == "ok"
 
     def test_open_file_limit_below_what_vllm_wants_is_a_warning(self, monkeypatch):
         monkeypatch.setattr(resource, "getrlimit", lambda which: (20000, 20000))
         c = check_open_files()
-        assert c["status"] == "warn" and "20000" in c["detail"]
+        assert c.status == "warn" and "20000" in c.detail
         monkeypatch.setattr(resource, "getrlimit", lambda which: (1048576, 1048576))
-        assert check_open_files()["status"] == "ok"
+        assert check_open_files().status == "ok"
 
     def test_disk_headroom_counts_the_reserve(self, tmp_path):
         d = disk_headroom(tmp_path / "not" / "yet", 10 * 2**20, reserve_fraction=0.0, reserve_min_gib=0)
-        assert d["ok"] and d["path"] == str(tmp_path)
-        d = disk_headroom(tmp_path, d["free_bytes"] + 1, reserve_fraction=0.0, reserve_min_gib=0)
-        assert not d["ok"]
+        assert d.ok and d.path == str(tmp_path)
+        d = disk_headroom(tmp_path, d.free_bytes + 1, reserve_fraction=0.0, reserve_min_gib=0)
+        assert not d.ok
 
     def test_short_disk_stops_preflight_saying_needed_and_free(self, tmp_path):
         with pytest.raises(PreflightError) as err:
-            run_preflight(source={"kind": "tiny"}, staging_dir=tmp_path, disk={"reserve_fraction": 0, "reserve_min_gib": 10**7})
+            run_preflight(source=TINY, staging_dir=tmp_path, disk=DiskBlock(reserve_fraction=0, reserve_min_gib=10**7))
         msg = str(err.value)
         assert "not enough disk for the weights" in msg and "needs" in msg and "free" in msg
         assert err.value.record.disk.ok is False
 
     def test_preflight_record_lists_environment_and_checks(self, tmp_path):
-        record = run_preflight(source={"kind": "tiny"}, staging_dir=tmp_path, disk=DISK, nvml=NvmlDouble())
+        record = run_preflight(source=TINY, staging_dir=tmp_path, disk=DISK, nvml=NvmlDouble())
         names = [c.name for c in record.checks]
         assert names == ["allocator", "dev_shm", "open_files", "nccl_interfaces", "disk_headroom"]
         assert all(c.status in ("ok", "warn", "skip") for c in record.checks)
@@ -168,7 +170,7 @@ class TestHostChecks:
         sysfs = fake_sysfs(tmp_path / "sys")
         baseline = {"available": False, "reason": "dmesg: not permitted", "lines": []}
         monkeypatch.setattr(preflight, "kernel_log", lambda: dict(baseline))
-        record = run_preflight(source={"kind": "tiny"}, staging_dir=tmp_path / "staging", disk=DISK, nvml=NvmlDouble(),
+        record = run_preflight(source=TINY, staging_dir=tmp_path / "staging", disk=DISK, nvml=NvmlDouble(),
                                sysfs=sysfs)
         assert isinstance(record, PreflightRecord)
         out = written(record)
@@ -198,11 +200,15 @@ def test_redaction_keeps_ordinary_values():
 NODE_PREFLIGHT = """\
 import json, sys
 from llmtrial.host import crossnode
+from llmtrial.core.trial_config import DiskBlock, SourceBlock
 from llmtrial.lifecycle.preflight import PreflightError, run_preflight
 crossnode.STALE_MARKERS.clear()
 crossnode.STALE_MARKERS["llmtrial-test-" + "no-such-process"] = "nothing"
 try:
-    out = {"ok": True, "record": run_preflight(**json.loads(sys.argv[1])).model_dump(mode="json", exclude_unset=True)}
+    given = json.loads(sys.argv[1])
+    out = {"ok": True, "record": run_preflight(source=SourceBlock.model_validate(given["source"]), staging_dir=given["staging_dir"],
+                                               disk=DiskBlock.model_validate(given["disk"]), nodes=given["nodes"]
+                                               ).model_dump(mode="json", exclude_unset=True)}
 except PreflightError as err:
     out = {"ok": False, "error": str(err), "record": err.record.model_dump(mode="json", exclude_unset=True)}
 print(json.dumps(out, default=str))
@@ -248,8 +254,8 @@ def test_a_trial_without_nodes_has_no_nodes_in_its_preflight_record(tmp_path):
     spanned = spanned_nodes(check_config({"trial": "t", "model": {"name": "m", "source": {"kind": "tiny"}},
                                           "configurations": {"tp1": {}}, "scenarios": {"s": {}}}))
     assert spanned == {"nodes": {}, "staging_dir": "staging", "uses_ray": False}
-    record = run_preflight(source={"kind": "tiny", "seed": 0}, staging_dir=tmp_path, disk={"reserve_fraction": 0.0,
-                           "reserve_min_gib": 0}, nodes=spanned, nvml=NvmlDouble())
+    record = run_preflight(source=TINY, staging_dir=tmp_path, disk=DiskBlock(reserve_fraction=0.0, reserve_min_gib=0),
+                           nodes=spanned, nvml=NvmlDouble())
     assert "nodes" not in written(record) and record.nodes is None
 
 

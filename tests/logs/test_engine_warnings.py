@@ -85,26 +85,26 @@ def _log(*lines: str) -> str:
 )
 def test_each_warning_is_found_with_its_line_and_line_number(line, name, says):
     found = engine_warnings(_log("INFO 12-01 10:00:00 [x.py:1] something else", line), source="configs/tp2/server.log")
-    assert [w["name"] for w in found] == [name]
+    assert [w.name for w in found] == [name]
     w = found[0]
-    assert w["line"] == line and w["source"] == "configs/tp2/server.log:3"
-    assert says in w["summary"] and w["kind"] == "measured" and w["count"] == 1
-    assert w["advice"].endswith(".")
+    assert w.line == line and w.source == "configs/tp2/server.log:3"
+    assert says in w.summary and w.kind == "measured" and w.count == 1
+    assert w.advice.endswith(".")
 
 
 def test_the_advice_names_the_faster_kernel_and_the_seeds_measurement():
     (w,) = engine_warnings(GPTQ_LINE)
-    assert "quantization=gptq_marlin" in w["advice"] and "10.4 times" in w["advice"]
+    assert "quantization=gptq_marlin" in w.advice and "10.4 times" in w.advice
 
 
 def test_ranks_printing_the_same_warning_make_one_entry_with_a_count_and_the_first_line():
     text = _log(P2P_032.format(r=0), P2P_032.format(r=1), *NCCL_SOCKET, "\x1b[33m" + MOE_PATH + "\x1b[0m")
     found = engine_warnings(text)
-    assert [(w["name"], w["count"], w["source"]) for w in found] == [
+    assert [(w.name, w.count, w.source) for w in found] == [
         ("p2p_unsupported", 2, "server.log:2"), ("nccl_socket_transport", 2, "server.log:6"),
         ("untuned_moe_config", 1, "server.log:8")]
-    assert found[0]["process"] == "Worker_TP0" and found[0]["line"] == P2P_032.format(r=0)
-    assert found[2]["line"] == MOE_PATH  # colour codes stripped
+    assert found[0].process == "Worker_TP0" and found[0].line == P2P_032.format(r=0)
+    assert found[2].line == MOE_PATH  # colour codes stripped
 
 
 def test_lines_that_only_look_alike_are_not_warnings():

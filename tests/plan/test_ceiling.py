@@ -43,7 +43,7 @@ SEED_PROBES = {"results": [probe("host_to_device", 3.26, memory="pinned"), probe
 
 def test_the_seeds_offload_arithmetic_gives_047_tok_s_against_046_measured():
     """15 layers of 0.466 GB in RAM: 6.99 GB cross PCIe per token, at 3.26 GB/s pinned."""
-    bw = ceiling.bandwidths(SEED_PROBES, is_cpu=False)
+    bw = ceiling.bandwidths(as_probes(SEED_PROBES), is_cpu=False)
     assert bw["host_to_device"][0] == 3.26  # pinned, not pageable
     offload_only = ceiling.decode_ceiling(stage_layers=[28], tp=1, hidden_size=3584, dtype_bytes=2,
                                           weights_per_rank=[0.0], offload_per_rank=[6.99e9], bw=bw)
@@ -64,7 +64,7 @@ def test_the_seeds_tensor_parallel_example_392_kib_per_token_at_279_gb_s():
     assert per_token == 392 * 1024
     bound = ceiling.decode_ceiling(stage_layers=[28], tp=2, hidden_size=3584, dtype_bytes=2,
                                    weights_per_rank=[7.6e9], offload_per_rank=[0.0],
-                                   bw=ceiling.bandwidths(SEED_PROBES, is_cpu=False))
+                                   bw=ceiling.bandwidths(as_probes(SEED_PROBES), is_cpu=False))
     [stage] = bound["terms"]["stages"]
     assert stage["allreduce_bytes_per_token"] == per_token  # the ring factor 2(tp-1)/tp is 1 at TP 2
     assert stage["comm_s_per_token"] * 1e3 == pytest.approx(0.144, abs=0.001)
@@ -84,7 +84,7 @@ def test_bytes_per_token_follow_the_models_shape(name, layers, hidden):
 
 def test_an_all_reduce_measured_is_the_link_and_its_ring_factor_counts():
     probes = {"results": [*SEED_PROBES["results"], probe("all_reduce", 10.0, (0, 1, 2, 3))]}
-    bw = ceiling.bandwidths(probes, is_cpu=False)
+    bw = ceiling.bandwidths(as_probes(probes), is_cpu=False)
     assert bw["link"][0] == 10.0
     bound = ceiling.decode_ceiling(stage_layers=[16, 16], tp=4, hidden_size=4096, dtype_bytes=2,
                                    weights_per_rank=[1e9, 1e9], offload_per_rank=[0, 0], bw=bw)
@@ -96,11 +96,11 @@ def test_an_all_reduce_measured_is_the_link_and_its_ring_factor_counts():
 def test_terms_not_measured_are_named_and_no_memory_bandwidth_is_unknown():
     cpu = {"results": [probe("host_memory", 17.0, ())]}
     bound = ceiling.decode_ceiling(stage_layers=[2, 2], tp=2, hidden_size=64, dtype_bytes=2, weights_per_rank=[1e6, 1e6],
-                                   offload_per_rank=[0, 0], bw=ceiling.bandwidths(cpu, is_cpu=True))
+                                   offload_per_rank=[0, 0], bw=ceiling.bandwidths(as_probes(cpu), is_cpu=True))
     assert bound["kind"] == "estimated" and bound["value"] == pytest.approx(17e9 / 1e6)
     assert bound["not_counted"] and "all-reduces" in bound["not_counted"][0]
     unknown = ceiling.decode_ceiling(stage_layers=[4], tp=1, hidden_size=64, dtype_bytes=2, weights_per_rank=[1e6],
-                                     offload_per_rank=[0], bw=ceiling.bandwidths(cpu, is_cpu=False))
+                                     offload_per_rank=[0], bw=ceiling.bandwidths(as_probes(cpu), is_cpu=False))
     assert unknown["kind"] == "unknown" and unknown["value"] is None and "device_memory" in unknown["source"]
     assert ceiling.bound_at(unknown, 4) is None
 

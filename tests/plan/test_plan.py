@@ -15,7 +15,7 @@ from llmtrial.cli import main as cli_main
 from llmtrial.core.configuration_spec import ServingSpec
 from llmtrial.core.preflight_model import GpuDevice, Gpus
 from llmtrial.core.record_models import PlanRecord
-from llmtrial.core.trial_config import HardwareBlock, PlanBlock
+from llmtrial.core.trial_config import HardwareBlock, PlanBlock, SourceBlock
 from llmtrial.core.units import GiB
 from llmtrial.lifecycle.preflight import gpu_inventory
 from llmtrial.logs.lines import read_log
@@ -46,7 +46,7 @@ SEED_003 = {"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 94, "
             "num_key_value_heads": 4, "head_dim": 128, "hidden_size": 4096, "vocab_size": 151936,
             "torch_dtype": "bfloat16", "num_experts": 128, "moe_intermediate_size": 1536,
             "max_position_embeddings": 262144}
-TINY = model_config_for({"kind": "tiny"})
+TINY = model_config_for(SourceBlock(kind="tiny"))
 
 
 def staged(gib: float) -> WeightsSize:
@@ -386,37 +386,37 @@ class TestCommand:
 class TestConfigurationChecks:
     def test_cpu_tensor_parallel_needs_thread_binding(self):
         args = ServingArgs(tensor_parallel_size=2)
-        [_, _, bind, _] = configuration_checks(args=args, env={}, gpus={}, model_config={}, is_cpu=True)
-        assert bind["name"] == "cpu_thread_binding" and bind["status"] == "fail"
-        [_, _, bind, _] = configuration_checks(args=args, env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}, gpus={},
+        [_, _, bind, _] = configuration_checks(args=args, env={}, gpus=None, model_config={}, is_cpu=True)
+        assert bind.name == "cpu_thread_binding" and bind.status == "fail"
+        [_, _, bind, _] = configuration_checks(args=args, env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}, gpus=None,
                                                model_config={}, is_cpu=True)
-        assert bind["status"] == "ok"
+        assert bind.status == "ok"
         [_, _, bind, _] = configuration_checks(args=ServingArgs(pipeline_parallel_size=2, tensor_parallel_size=2),
-                                               env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}, gpus={}, model_config={}, is_cpu=True)
-        assert bind["status"] == "fail" and "4 workers" in bind["detail"]
+                                               env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}, gpus=None, model_config={}, is_cpu=True)
+        assert bind.status == "fail" and "4 workers" in bind.detail
 
     def test_across_nodes_each_node_binds_its_own_share_of_the_workers(self):
         # TP=2 over two hosts: one worker per host, each with its node's own core
         args = ServingArgs(tensor_parallel_size=2)
         nodes = {"a": {"VLLM_CPU_OMP_THREADS_BIND": "0"}, "b": {"VLLM_CPU_OMP_THREADS_BIND": "1"}}
-        [_, _, bind, _] = configuration_checks(args=args, env={}, gpus={}, model_config={}, is_cpu=True, nodes_env=nodes)
-        assert bind["status"] == "ok" and "0 on node a, 1 on node b" in bind["detail"]
+        [_, _, bind, _] = configuration_checks(args=args, env={}, gpus=None, model_config={}, is_cpu=True, nodes_env=nodes)
+        assert bind.status == "ok" and "0 on node a, 1 on node b" in bind.detail
         # four workers over two hosts: two per host, so node b's single core set is one short
         nodes["a"]["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
         [_, _, bind, _] = configuration_checks(args=ServingArgs(tensor_parallel_size=2, pipeline_parallel_size=2),
-                                               env={}, gpus={}, model_config={}, is_cpu=True, nodes_env=nodes)
-        assert bind["status"] == "fail" and bind["detail"] == "VLLM_CPU_OMP_THREADS_BIND=1 on node b lists 1 core sets for 2 workers"
+                                               env={}, gpus=None, model_config={}, is_cpu=True, nodes_env=nodes)
+        assert bind.status == "fail" and bind.detail == "VLLM_CPU_OMP_THREADS_BIND=1 on node b lists 1 core sets for 2 workers"
 
     def test_deepgemm_with_block_fp8_on_an_unsupported_gpu(self):
         cfg = {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
-        gpus = gpu_inventory(NvmlDouble(cc=(12, 0)))
+        gpus = Gpus.model_validate(gpu_inventory(NvmlDouble(cc=(12, 0))))
         deepgemm = configuration_checks(args=ServingArgs(), env={}, gpus=gpus, model_config=cfg, is_cpu=False)[-1]
-        assert deepgemm["status"] == "fail" and "VLLM_USE_DEEP_GEMM=0" in deepgemm["detail"]
+        assert deepgemm.status == "fail" and "VLLM_USE_DEEP_GEMM=0" in deepgemm.detail
         ok = configuration_checks(args=ServingArgs(), env={"VLLM_USE_DEEP_GEMM": "0"}, gpus=gpus, model_config=cfg,
                                   is_cpu=False)[-1]
-        assert ok["status"] == "ok"
-        hopper = gpu_inventory(NvmlDouble(cc=(9, 0)))
-        assert configuration_checks(args=ServingArgs(), env={}, gpus=hopper, model_config=cfg, is_cpu=False)[-1]["status"] == "ok"
+        assert ok.status == "ok"
+        hopper = Gpus.model_validate(gpu_inventory(NvmlDouble(cc=(9, 0))))
+        assert configuration_checks(args=ServingArgs(), env={}, gpus=hopper, model_config=cfg, is_cpu=False)[-1].status == "ok"
 
 
     def test_peer_access_off_between_the_gpus_a_configuration_splits_over_warns_in_its_plan(self):
@@ -426,20 +426,21 @@ class TestConfigurationChecks:
 
         gpus = gpu_inventory(NoPeer())
         assert gpus["peer_access"] == {"0-1": False}
-        [peer] = [c for c in configuration_checks(args=ServingArgs(tensor_parallel_size=2), env={}, gpus=gpus,
-                                                  model_config={}, is_cpu=False, name="tp2") if c["name"] == "peer_access"]
-        assert peer["status"] == "warn" and "between GPUs 0-1 that tp2 split over" in peer["detail"]
-        [one] = [c for c in configuration_checks(args=ServingArgs(), env={}, gpus=gpus, model_config={}, is_cpu=False,
-                                                 name="tp1") if c["name"] == "peer_access"]
-        assert one["status"] == "skip"
+        [peer] = [c for c in configuration_checks(args=ServingArgs(tensor_parallel_size=2), env={}, gpus=Gpus.model_validate(gpus),
+                                                  model_config={}, is_cpu=False, name="tp2") if c.name == "peer_access"]
+        assert peer.status == "warn" and "between GPUs 0-1 that tp2 split over" in peer.detail
+        [one] = [c for c in configuration_checks(args=ServingArgs(), env={}, gpus=Gpus.model_validate(gpus), model_config={}, is_cpu=False,
+                                                 name="tp1") if c.name == "peer_access"]
+        assert one.status == "skip"
         only_0 = {**gpus, "selected": [0]}  # the trial selected one GPU: no pair to split over
-        [alone] = [c for c in configuration_checks(args=ServingArgs(tensor_parallel_size=2), env={}, gpus=only_0,
-                                                   model_config={}, is_cpu=False, name="tp2") if c["name"] == "peer_access"]
-        assert alone["status"] == "skip"
+        [alone] = [c for c in configuration_checks(args=ServingArgs(tensor_parallel_size=2), env={}, gpus=Gpus.model_validate(only_0),
+                                                   model_config={}, is_cpu=False, name="tp2") if c.name == "peer_access"]
+        assert alone.status == "skip"
 
 
 def record_for(*, source, archive_dir=None, **kw):
     """What the plan rule does: the model's config and weights before staging, then the record."""
+    source = SourceBlock.model_validate(source)
     record = plan_record(model_config=model_config_for(source, archive_dir=archive_dir),
                          weights=planned_weights(source, archive_dir), **kw)
     assert isinstance(record, PlanRecord)
@@ -558,7 +559,7 @@ def test_qwen3_next_keeps_kv_per_token_only_in_its_full_attention_layers():
     p = plan(cfg, HardwareInputs(gpus=2, gpu_memory_gib=80), ServingArgs(tensor_parallel_size=2, max_model_len=32768))
     assert p.data["kv_cache_bytes_per_token"] == 12 * 2 * 2 * 256 * 2
     assert any("36 linear-attention/Mamba layers keep state per sequence" in r for r in p.reasons)
-    assert model_summary(cfg)["layer_kinds"] == {"state": 36, "full_attention": 12}
+    assert model_summary(cfg).layer_kinds == {"state": 36, "full_attention": 12}
 
 
 class TestRefusalsBeforeLaunch:

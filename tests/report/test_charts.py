@@ -9,6 +9,7 @@ import time
 import synthetic
 from conftest import DATA, NvmlTelemetryDouble, wait_until
 from llmtrial.core.records import read_record
+from llmtrial.core.scenario_model import ScenarioSpec
 from llmtrial.host.telemetry_sources import NvmlSource
 from llmtrial.report.charts import (
     latency_chart,
@@ -20,7 +21,7 @@ from llmtrial.report.charts import (
     windows_of,
 )
 from llmtrial.report.conclusions import Settings, scenario_tables
-from llmtrial.report.sweeps import sweep_tables
+from llmtrial.report.sweeps import SweepTable, sweep_tables
 from llmtrial.serve.telemetry import Sampler, read_samples
 from synthetic import demo, models
 
@@ -137,7 +138,7 @@ def test_the_latency_and_pareto_charts_leave_sweeps_out():
     t = scenario_tables(recs, synthetic.plans(), Settings())
     assert {r[1] for r in latency_chart(t, NAMES).rows} == {"c1", "slo4"}
     assert {r[1] for r in pareto_chart(t, NAMES, "CPU worker").rows} == {"c1", "slo4"}
-    assert sweep_chart({"name": "x", "cells": []}, NAMES) is None
+    assert sweep_chart(SweepTable("x", ScenarioSpec(), [], False, [], []), NAMES) is None
 
 
 def test_the_timeline_shades_the_warm_up_and_each_sweep_step_too():
@@ -146,7 +147,7 @@ def test_the_timeline_shades_the_warm_up_and_each_sweep_step_too():
         for label_run in [sc.get("warmup"), *sc["pass_results"], *sc.get("steps", [])]:
             if label_run:
                 label_run["window"] = {"start": label_run["start"], "end": label_run["end"]}
-    labels = [w["label"] for w in windows_of(models("configuration", [tp1])[0])]
+    labels = [w.label for w in windows_of(models("configuration", [tp1])[0])]
     assert "slo4 warm-up" in labels and "slo4 pass 3" in labels and "ramp warm-up" in labels
     assert [x for x in labels if x.startswith("ramp step")] == ["ramp step 1", "ramp step 2", "ramp step 3", "ramp step 4"]
 

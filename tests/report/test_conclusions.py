@@ -198,10 +198,10 @@ def test_cold_against_warm_gives_the_ratio_of_warm_c1_tok_s_to_the_first_request
     tp1["cold_start"]["first_output_tok_s"] = {"value": 20.0, "kind": "measured", "source": "first streamed completion"}
     cw = cold_warm(as_model("configuration", tp1))
     warm = statistics.median(tok_s(tp1, "c1"))
-    assert cw["warm_scenario"] == "c1" and cw["warm_tok_s"].median == warm
-    assert cw["tok_s_ratio"] == pytest.approx(warm / 20.0)
+    assert cw.warm_scenario == "c1" and cw.warm_tok_s.median == warm
+    assert cw.tok_s_ratio == pytest.approx(warm / 20.0)
     first_ttft_ms = tp1["cold_start"]["first_ttft_s"]["value"] * 1000
-    assert cw["ttft_ratio"] == pytest.approx(first_ttft_ms / cw["warm_ttft_ms"].median)
+    assert cw.ttft_ratio == pytest.approx(first_ttft_ms / cw.warm_ttft_ms.median)
 
 
 def test_per_request_throughput_comes_from_concurrent_passes_only():
@@ -210,8 +210,8 @@ def test_per_request_throughput_comes_from_concurrent_passes_only():
         for p in sc["pass_results"]:
             p["summary"]["request_output_tok_s"] = [4.40, 4.37, 4.37, 4.37]
     got = streams(as_model("configuration", tp1))
-    assert {(s["scenario"], s["pass"]) for s in got} == {("c4", 1), ("c4", 2)}
-    assert got[0]["requests"] == [4.40, 4.37, 4.37, 4.37] and got[0]["concurrency"] == 4
+    assert {(s.scenario, s.pass_) for s in got} == {("c4", 1), ("c4", 2)}
+    assert got[0].requests == [4.40, 4.37, 4.37, 4.37] and got[0].concurrency == 4
 
 
 def test_what_was_not_measured_is_read_from_the_records():
@@ -234,7 +234,7 @@ def test_seed_000s_cold_and_warm_single_stream_give_its_4_7x():
     tp1["cold_start"]["first_output_tok_s"] = {"value": 1.86, "kind": "measured", "source": "first streamed completion"}
     for p in tp1["scenarios"][0]["pass_results"]:
         p["summary"]["output_throughput"] = 8.80
-    assert f"{cold_warm(as_model('configuration', tp1))['tok_s_ratio']:.1f}" == "4.7"
+    assert f"{cold_warm(as_model('configuration', tp1)).tok_s_ratio:.1f}" == "4.7"
 
 
 # ---------------------------------------------------- sweeps left out, goodput, warm-up and repetition
@@ -248,8 +248,8 @@ def test_sweeps_are_left_out_of_the_rankings_cold_warm_and_streams():
     recs, pl = new_format()
     tables = scenario_tables(recs, pl, Settings())
     assert [t.name for t in tables] == ["c1", "slo4"]  # "ramp" is a sweep: its spec holds lists
-    assert cold_warm(recs[0])["warm_scenario"] == "c1"
-    assert all(s["scenario"] != "ramp" for r in recs for s in streams(r))
+    assert cold_warm(recs[0]).warm_scenario == "c1"
+    assert all(s.scenario != "ramp" for r in recs for s in streams(r))
     rec = synthetic.records()[0]
     bare = {**rec, "scenarios": [{k: v for k, v in rec["scenarios"][2].items() if k != "kind"}]}  # no kind: its steps tell
     assert scenario_tables(typed(bare), pl, Settings()) == []
@@ -319,6 +319,6 @@ def test_records_without_the_new_keys_read_as_fixed_passes_without_a_warm_up():
     assert c4.repetition.stopped == "fixed" and c4.repetition.passes_run == 2
     assert c4.repetition_note == "2 passes, a fixed count"
     tp1["scenarios"][1]["pass_results"][1]["status"] = "failed"
-    assert repetition_of(tp1["scenarios"][1])["stopped"] == "failed"
+    assert repetition_of(typed(tp1)[0].scenarios[1]).stopped == "failed"
     assert repetition(typed(tp1)[0].scenarios[1]).stopped == "failed"
-    assert repetition_note(Repetition.model_validate(repetition_of(tp1["scenarios"][1]))) == "2 passes: stopped when pass 2 failed"
+    assert repetition_note(repetition_of(typed(tp1)[0].scenarios[1])) == "2 passes: stopped when pass 2 failed"

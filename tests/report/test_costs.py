@@ -61,7 +61,7 @@ def test_a_cpu_trial_ranks_cost_in_its_currency_and_says_no_energy_was_measured(
     c4 = ranking(html, "c4")
     assert "cost per million output tokens" in c4 and "USD, lower is better" in c4
     assert "energy per output token" not in c4  # no GPU: no energy figure to rank
-    [tp2] = [c for c in ctx["tables"][1].cells if c.configuration == "tp2"]
+    [tp2] = [c for c in ctx.tables[1].cells if c.configuration == "tp2"]
     verdict = tp2.figures["cost_per_mtok"].vs_baseline  # against tp1, said of money, not of speed
     assert verdict.word in ("better", "worse", NO_DIFFERENCE, UNSTABLE) and verdict.as_text() in row_of(c4, "tp2")
     by_hand = {}
@@ -99,7 +99,7 @@ def gpu_trial(tmp_path, scale: float):
     times = [base + i * 0.05 for i in range(4 * len(passes) + 1)]
     df = read_samples(sampled_at(tmp_path / "telemetry.csv", NvmlSource(NvmlPowerDouble(counter_scale=scale)), times))
     for i, p in enumerate(passes):  # each pass a window of its own: 5 samples, 0.2 s
-        p["telemetry"] = window_figures(df, times[4 * i], times[4 * i + 4])
+        p["telemetry"] = window_figures(df, times[4 * i], times[4 * i + 4]).model_dump(exclude_unset=True)
     preflight = as_model("preflight", {**read_record(DEMO / "preflight.json"), "environment": environment_record(nvml=NvmlDouble())})
     ctx = build_context(trial="demo", preflight=preflight, manifest=demo("manifest", "manifest"),
                         plans=[demo("plan-tp1", "plan")], configurations=[as_model("configuration", tp1)],

@@ -70,7 +70,7 @@ def test_a_failed_sanity_check_is_shown_with_its_phase_and_diagnosis():
 def test_single_host_records_have_no_nodes_section():
     ctx = context([read_record(DEMO / "tp1.json"), read_record(DEMO / "tp2.json")])
     html = render_report(ctx)
-    assert ctx["nodes"] is None and 'id="nodes"' not in html and "#nodes" not in html and " spans nodes " not in html
+    assert ctx.nodes is None and 'id="nodes"' not in html and "#nodes" not in html and " spans nodes " not in html
 
 
 def test_what_a_record_lacks_is_said_not_invented():
@@ -79,8 +79,8 @@ def test_what_a_record_lacks_is_said_not_invented():
     typed = ConfigurationRecord.model_validate(rec)
     assert span_sentence(typed) == "tp2 spans nodes a and b; no sanity-check collective is recorded."
     ctx = nodes_context([typed], demo("preflight", "preflight"), demo("manifest", "manifest"))
-    assert [r["python"] for r in ctx["rows"]] == [None, None] and [r["weights"] for r in ctx["rows"]] == [None, None]
-    assert ctx["configurations"][0]["nodes"][1]["telemetry"] == NodeSample()  # nothing sampled: every figure None
+    assert [r.python for r in ctx.rows] == [None, None] and [r.weights for r in ctx.rows] == [None, None]
+    assert ctx.configurations[0].nodes[1].telemetry == NodeSample()  # nothing sampled: every figure None
     failed_fetch = {"samples": 0, "error": "node b: samples could not be fetched: ssh could not run cat"}
     rec["telemetry"]["nodes"] = {"file": "nodes.csv", "interval_s": 1.0, "nodes": {"b": failed_fetch}}
     html = render_report(context([rec], synthetic.two_node_preflight(), synthetic.two_node_manifest()))

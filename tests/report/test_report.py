@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import statistics
@@ -10,7 +11,10 @@ import synthetic
 from browser import chromium_available, visit
 from conftest import DATA, NvmlDouble, NvmlTelemetryDouble, wait_until
 from llmtrial.core.fileio import atomic_write_text
+from llmtrial.core.preflight_model import Probes
+from llmtrial.core.record_models import ModelShape
 from llmtrial.core.records import as_written, read_record, write_record
+from llmtrial.core.trial_config import ReportBlock
 from llmtrial.host.services import gpu_snapshot
 from llmtrial.host.telemetry_sources import NvmlSource
 from llmtrial.lifecycle.preflight import environment_record
@@ -55,8 +59,8 @@ def test_numbers_are_shown_with_their_source_line():
 
 def test_one_table_per_scenario_with_a_row_per_configuration_and_pass():
     ctx = context()
-    assert [s["name"] for s in ctx["scenarios"]] == ["c1", "c4"]
-    assert [(r["configuration"], r["pass"].pass_) for r in ctx["scenarios"][0]["rows"]] == [
+    assert [s.name for s in ctx.scenarios] == ["c1", "c4"]
+    assert [(r.configuration, r.run.pass_) for r in ctx.scenarios[0].rows] == [
         ("tp1", 1), ("tp1", 2), ("tp2", 1), ("tp2", 2)]
 
 
@@ -74,7 +78,7 @@ def test_a_failed_configuration_shows_its_phase_line_and_diagnosis():
     }
     ctx = context(tp2={"status": "failed", "failure": failure, "scenarios": [], "startup": {}, "cold_start": {}})
     html = render_report(ctx)
-    assert ctx["n_ok"] == 1 and [r.configuration for r in ctx["failures"]] == ["tp2"]
+    assert ctx.n_ok == 1 and [r.configuration for r in ctx.failures] == ["tp2"]
     assert "tp2: failed in startup (exited)" in html
     assert "server.log:307" in html and "vLLM rejected a command-line argument." in html
 
@@ -126,7 +130,7 @@ def test_a_skipped_configuration_lists_the_planner_reasons():
     ctx = context(tp2={"status": "skipped", "scenarios": [], "startup": {}, "cold_start": {}, "prediction": [],
                        "plan": {"verdict": "does_not_fit", "reasons": [reason], "forced": False}})
     html = render_report(ctx)
-    assert [r.configuration for r in ctx["skipped"]] == ["tp2"] and ctx["n_ok"] == 1
+    assert [r.configuration for r in ctx.skipped] == ["tp2"] and ctx.n_ok == 1
     assert "tp2: the planner said does_not_fit" in html and reason in html
 
 
@@ -206,7 +210,7 @@ def test_a_gpu_plan_shows_where_its_weights_came_from_and_each_memory_term():
     p = plan(config, HardwareInputs(gpus=4, gpu_memory_gib=95.01), ServingArgs(tensor_parallel_size=4, max_model_len=32768))
     record = {"configuration": "tp4", "verdict": p.verdict, "reasons": p.reasons, "checks": [], "plan": p.data,
               "facts": p.facts, "hardware": {"gpus": 4, "gpu_memory_gib": 95.01}, "force": False}
-    html = render_report({**context(), "plans": [as_model("plan", record)]}).replace("&#39;", "'")
+    html = render_report(dataclasses.replace(context(), plans=[as_model("plan", record)])).replace("&#39;", "'")
     assert "estimated: estimate from parameters and quantization (235,093,634,560 parameters; FP8" in html
     assert "budget 85.51 GiB (95.01 GiB x gpu_memory_utilization 0.9)" in html
     assert "less non-torch 1.70 GiB (estimated)" in html and "CUDA graphs 327.68 MiB (estimated)" in html
@@ -254,7 +258,7 @@ def test_the_first_screen_ranks_each_scenario_and_marks_an_unstable_one_with_its
 
 
 def test_a_stricter_or_looser_threshold_and_another_baseline_come_from_the_trial_file():
-    ctx = demo_context(settings={"baseline": "tp2", "max_disagreement": 0.5})
+    ctx = demo_context(settings=ReportBlock(baseline="tp2", max_disagreement=0.5))
     top = first_screen(render_report(ctx))
     assert "unstable</span>: passes disagree" not in top and "passes agree within" in top
     assert "baseline configuration <b>tp2</b>" in top and " vs baseline</div>" in top
@@ -274,8 +278,8 @@ def test_charts_are_inline_with_their_numbers_and_the_page_fetches_nothing():
     ctx = context()
     html = render_report(ctx)
     charts = html.split('<h2 id="charts">', 1)[1].split('<h2 id="cold-warm">', 1)[0]
-    assert charts.count("<svg") == len(ctx["charts"]) >= 3
-    assert charts.count("The numbers in this chart") == len(ctx["charts"])
+    assert charts.count("<svg") == len(ctx.charts) >= 3
+    assert charts.count("The numbers in this chart") == len(ctx.charts)
     assert "<script" not in html and not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
 
 
@@ -317,7 +321,8 @@ def test_cold_against_warm_and_each_requests_tok_s_are_shown():
 
 def test_the_operators_notes_render_as_markdown_without_raw_html_or_images():
     ctx = context()
-    ctx["notes"] = notes_html("TP=3 was **never** benchmarked.\n\n<script>alert(1)</script>\n\n![x](http://203.0.113.1/x.png)")
+    ctx = dataclasses.replace(ctx, notes=notes_html(
+        "TP=3 was **never** benchmarked.\n\n<script>alert(1)</script>\n\n![x](http://203.0.113.1/x.png)"))
     html = render_report(ctx)
     notes = html.split("The operator's notes", 1)[1].split("<h2", 1)[0]
     assert "<strong>never</strong>" in notes and "&lt;script&gt;" in notes and "<img" not in html
@@ -334,7 +339,7 @@ class NarrowLink(NvmlDouble):
 def test_gpu_records_made_with_the_nvml_double_show_the_host_and_each_pass(tmp_path):
     # NVML is a test double here (this machine has no GPU): the inventory and the sampled figures
     env = environment_record(nvml=NarrowLink())
-    preflight = as_model("preflight", {**read_record(DEMO / "preflight.json"), "environment": env})
+    preflight = as_model("preflight", {**read_record(DEMO / "preflight.json"), "environment": as_written(env)})
     csv = tmp_path / "telemetry.csv"
     with Sampler(csv, [NvmlSource(NvmlTelemetryDouble())], interval=0.05) as sampler:
         wait_until(lambda: sampler.stats()["nvml"]["samples"] >= 3, "three samples of both GPUs")
@@ -342,7 +347,7 @@ def test_gpu_records_made_with_the_nvml_double_show_the_host_and_each_pass(tmp_p
     tp1 = read_record(DEMO / "tp1.json")
     for sc in tp1["scenarios"]:
         for p in sc["pass_results"]:
-            p["telemetry"] = window_figures(df, float(df.t.min()), float(df.t.max()))
+            p["telemetry"] = window_figures(df, float(df.t.min()), float(df.t.max())).model_dump(exclude_unset=True)
     quiet = {"restored_first": None, "quieted_at": 1.0, "services": [], "residues": [], "gpu": {"before": gpu_snapshot(NvmlTelemetryDouble()),
                                                      "after": {"mem_used_bytes": 0, "compute_processes": {"gpu0": 0.0}},
                                                      "memory_freed_bytes": 20 * 2**30}}
@@ -440,10 +445,10 @@ def test_the_warm_up_pass_is_listed_apart_and_counted_in_no_figure():
     warm = [r for r in slo4.split("<tr")[1:] if 'class="warmup-row"' in r]
     assert len(warm) == 2 and "warm-up not counted" in cells_of(warm[0])[1]
     assert "5.0" in cells_of(warm[0])[9]  # the warm-up's 5.0 tok/s is shown here ...
-    cell = next(c for t in ctx["tables"] if t.name == "slo4" for c in t.cells if c.configuration == "tp1")
+    cell = next(c for t in ctx.tables if t.name == "slo4" for c in t.cells if c.configuration == "tp1")
     assert cell.figures["output_tok_s"].min == 400.0 and cell.passes == 3  # ... and in no figure
     assert "A warm-up pass, where one ran, is never counted in a figure." in first_screen(html)
-    assert "ramp" not in [s["name"] for s in ctx["scenarios"]]  # a sweep has steps, listed under Sweeps
+    assert "ramp" not in [s.name for s in ctx.scenarios]  # a sweep has steps, listed under Sweeps
 
 
 def test_records_without_the_new_keys_render_as_records_that_say_fixed_passes_and_no_warm_up():
@@ -454,8 +459,8 @@ def test_records_without_the_new_keys_render_as_records_that_say_fixed_passes_an
          "repetition": {"min": sc["spec"]["passes"], "max": sc["spec"]["passes"], "agreement": None,
                         "passes_run": len(sc["pass_results"]), "spread": sc["agreement"]["output_throughput"], "stopped": "fixed"}}
         for sc in read_record(DEMO / f"{n}.json")["scenarios"]]} for n in ("tp1", "tp2")})
-    assert render_report({**explicit, "generated": old["generated"]}) == html
-    assert old["sweeps"] == [] and "No sweep scenario in this trial." in html
+    assert render_report(dataclasses.replace(explicit, generated=old.generated)) == html
+    assert old.sweeps == [] and "No sweep scenario in this trial." in html
     assert "warm-up" not in html and "goodput" not in first_screen(html) and "SLO" not in html
     assert "2 pass(es)</span>" in first_screen(html)
 
@@ -485,8 +490,8 @@ def test_an_engine_warning_is_listed_with_its_line_and_source_and_stated_as_a_fi
             "awq_marlin, however you specified quantization=awq explicitly, so forcing awq. Use quantization=awq_marlin "
             "for faster inference")
     warnings = engine_warnings("INFO x\n" * 122 + line + "\n", source="server.log")
-    ctx = context(tp2={"engine_warnings": warnings})
-    assert ctx["warnings"] == ["tp2: vLLM warned awq could run as awq_marlin (server.log:123)."]
+    ctx = context(tp2={"engine_warnings": [w.model_dump() for w in warnings]})
+    assert ctx.warnings == ["tp2: vLLM warned awq could run as awq_marlin (server.log:123)."]
     html = render_report(ctx)
     assert "tp2: vLLM warned awq could run as awq_marlin (server.log:123)." in html
     assert "slower_quant_kernel" in html and line in html and "quantization=awq_marlin (or leave" in html
@@ -507,8 +512,8 @@ def test_the_probes_and_the_throughput_bound_are_shown_beside_the_measured_tok_s
     plans = [read_record(DEMO / "plan-tp1.json"), read_record(DEMO / "plan-tp2.json")]
     configs = [read_record(DEMO / "tp1.json"), read_record(DEMO / "tp2.json")]
     for plan, rec in zip(plans, configs, strict=True):
-        plan["facts"]["decode_tok_s_ceiling"] = ceiling.plan_ceiling(plan["plan"], plan["facts"], {"hidden_size": 64, "dtype_bytes": 2},
-                                                                     preflight["probes"], is_cpu=True)
+        plan["facts"]["decode_tok_s_ceiling"] = ceiling.plan_ceiling(plan["plan"], plan["facts"], ModelShape(hidden_size=64, dtype_bytes=2),
+                                                                     Probes.model_validate(preflight["probes"]), is_cpu=True)
         bounds = ceiling.compare_with_measured(as_model("plan", plan), as_model("configuration", rec).scenarios)
         rec["throughput_bound"] = [as_written(b) for b in bounds]
     html = render_report(demo_context(preflight=as_model("preflight", preflight), plans=models("plan", plans),

@@ -16,6 +16,7 @@ import pytest
 
 from conftest import DATA, CompletionsDouble, loopback, wait_until
 from llmtrial.core.records import check_record, read_record
+from llmtrial.core.trial_config import ScenarioBlock
 from llmtrial.host.process_groups import group_members
 from llmtrial.serve.bench import (
     BenchWorker,
@@ -28,16 +29,18 @@ from llmtrial.serve.bench import (
     stall_flag,
     summarize_result,
 )
+from llmtrial.serve.datasets import JobScenario, PassLoad
+from llmtrial.serve.scenarios import RequestDetail
 from llmtrial.weights.tiny import generate_tiny_model
 
 pytestmark = pytest.mark.hostwide  # starts vLLM's benchmark client, which a multi-node trial's stale-process check reports
 
-SCENARIO = {"input_len": 64, "output_len": 32, "num_prompts": 12, "concurrency": 4, "request_rate": "inf"}
+SCENARIO = JobScenario(ScenarioBlock(input_len=64, output_len=32, num_prompts=12, concurrency=4, request_rate="inf"))
 
 
 def argv(**kw):
     args = dict(host="127.0.0.1", port=8100, served_model_name="tiny", tokenizer="/staged/tiny",
-                scenario=SCENARIO, seed=1001, result_dir="/r", result_filename="c1-pass1.json",
+                scenario=SCENARIO, load=PassLoad.at(SCENARIO.block), seed=1001, result_dir="/r", result_filename="c1-pass1.json",
                 percentiles=[50, 99.9], python="py")
     args.update(kw)
     return bench_argv(**args)
@@ -78,11 +81,11 @@ def test_every_pass_of_every_scenario_has_its_own_seed():
 def test_summary_of_a_real_vllm_result_file():
     result = json.loads((DATA / "vllm-0.32.0-bench-result.json").read_text())
     s = summarize_result(result, [50, 90, 99])
-    assert s["completed"] == result["completed"] and s["failed"] == result["failed"] == 0
-    assert s["median_ttft_ms"] == result["median_ttft_ms"] and s["p99_itl_ms"] == result["p99_itl_ms"]
-    assert s["output_throughput"] == result["output_throughput"]
-    assert s["total_output_tokens"] == sum(result["output_lens"])
-    assert "ttfts" not in s  # per-request arrays stay in the result file
+    assert s.completed == result["completed"] and s.failed == result["failed"] == 0
+    assert s.median_ttft_ms == result["median_ttft_ms"] and s.p99_itl_ms == result["p99_itl_ms"]
+    assert s.output_throughput == result["output_throughput"]
+    assert s.total_output_tokens == sum(result["output_lens"])
+    assert "ttfts" not in s.model_dump()  # per-request arrays stay in the result file
 
 
 def test_a_mean_far_above_the_median_is_a_stall():
@@ -94,15 +97,15 @@ def test_a_mean_far_above_the_median_is_a_stall():
 def test_each_streams_own_output_throughput_from_a_real_vllm_result_file():
     result = json.loads((DATA / "vllm-0.32.0-bench-result.json").read_text())
     s = summarize_result(result, [50])
-    rates = s["request_output_tok_s"]
+    rates = s.request_output_tok_s
     assert len(rates) == result["completed"] == 32
     assert rates[0] == round(result["output_lens"][0] / result["latencies"][0], 3) == 264.226
     assert rates == [round(n / t, 3) for n, t in zip(result["output_lens"], result["latencies"], strict=True)]
-    summary = s["request_output_tok_s_summary"]
-    assert summary == {"n": 32, "min": min(rates), "median": summary["median"], "max": max(rates)}
-    assert summary["min"] <= summary["median"] <= summary["max"]
+    summary = s.request_output_tok_s_summary
+    assert summary.model_dump() == {"n": 32, "min": min(rates), "median": summary.median, "max": max(rates)}
+    assert summary.min <= summary.median <= summary.max
     record = read_record(DATA / "demo" / "tp1.json")
-    record["scenarios"][0]["pass_results"][0]["summary"] = s
+    record["scenarios"][0]["pass_results"][0]["summary"] = s.model_dump(mode="json", exclude_unset=True)
     check_record(record, "configuration")
     broken = json.loads(json.dumps(record))
     broken["scenarios"][0]["pass_results"][0]["summary"]["request_output_tok_s_summary"] = {"n": 1}
@@ -113,23 +116,24 @@ def test_each_streams_own_output_throughput_from_a_real_vllm_result_file():
 def test_failed_and_zero_latency_requests_have_no_throughput_of_their_own():
     result = {"output_lens": [128, 128, 0, 128], "latencies": [29.09, 29.29, 0.0, 29.3],
               "errors": ["", "", "timeout", "boom"]}
-    assert request_output_rates(result) == [4.4, 4.37]
-    assert rate_summary([4.4, 4.37, 4.37, 4.37]) == {"n": 4, "min": 4.37, "median": 4.37, "max": 4.4}
-    assert rate_summary([]) == {"n": 0, "min": None, "median": None, "max": None}
-    assert request_output_rates({"completed": 3}) == []  # a result file without per-request detail
+    assert request_output_rates(RequestDetail.model_validate(result)) == [4.4, 4.37]
+    assert rate_summary([4.4, 4.37, 4.37, 4.37]).model_dump() == {"n": 4, "min": 4.37, "median": 4.37, "max": 4.4}
+    assert rate_summary([]).model_dump() == {"n": 0, "min": None, "median": None, "max": None}
+    # a result file without per-request detail
+    assert request_output_rates(RequestDetail.model_validate({"completed": 3})) == []
 
 
 def test_the_first_request_counts_the_streamed_chunks_that_carry_text(completions_server):
     host, port = completions_server
     first = first_request(host, port, model="m", prompt="Hi", max_tokens=5, timeout=60)
-    assert first["chunks"] == 5 and 0 < first["ttft_s"] <= first["total_s"]
-    assert output_rate(first["chunks"], first["total_s"]) == round(5 / first["total_s"], 3)
+    assert first.chunks == 5 and 0 < first.ttft_s <= first.total_s
+    assert output_rate(first.chunks, first.total_s) == round(5 / first.total_s, 3)
     assert output_rate(5, 0.0) is None and output_rate(None, 1.0) is None
 
 
 # One benchmark worker, real vLLM benchmark code, against loopback doubles of the server.
 
-SMALL = {"input_len": 16, "output_len": 8, "num_prompts": 4, "concurrency": 2, "request_rate": "inf"}
+SMALL = JobScenario(ScenarioBlock(input_len=16, output_len=8, num_prompts=4, concurrency=2, request_rate="inf"))
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +157,7 @@ def worker(tmp_path_factory):
 
 def small_argv(address, tokenizer, out, name, **flags):
     host, port = address
-    a = bench_argv(host=host, port=port, served_model_name="tiny", tokenizer=str(tokenizer), scenario=SMALL,
+    a = bench_argv(host=host, port=port, served_model_name="tiny", tokenizer=str(tokenizer), scenario=SMALL, load=PassLoad.at(SMALL.block),
                    seed=7, result_dir=str(out), result_filename=f"{name}.json", percentiles=[50, 99])
     for flag, v in flags.items():
         a[a.index(f"--{flag.replace('_', '-')}") + 1] = v
@@ -168,13 +172,13 @@ def gone(pid):
 def test_two_passes_through_one_worker_write_their_own_results_and_logs(worker, double, tokenizer, tmp_path):
     runs = [worker.run(small_argv(double, tokenizer, tmp_path, name), log_path=tmp_path / f"{name}.log", timeout=120)
             for name in ("first", "second")]
-    assert [(r["returncode"], r["timed_out"]) for r in runs] == [(0, False), (0, False)]
-    assert runs[0]["start"] < runs[0]["end"] <= runs[1]["start"] < runs[1]["end"]
+    assert [(r.returncode, r.timed_out) for r in runs] == [(0, False), (0, False)]
+    assert runs[0].start < runs[0].end <= runs[1].start < runs[1].end
     assert worker.starts == 1 and worker.import_s > 0
     for name, other in (("first", "second"), ("second", "first")):
         result = json.loads((tmp_path / f"{name}.json").read_text())
-        assert result["completed"] == result["num_prompts"] == SMALL["num_prompts"]
-        assert result["output_throughput"] > 0 and len(result["ttfts"]) == SMALL["num_prompts"]
+        assert result["completed"] == result["num_prompts"] == SMALL.block.num_prompts
+        assert result["output_throughput"] > 0 and len(result["ttfts"]) == SMALL.block.num_prompts
         log = (tmp_path / f"{name}.log").read_text()
         assert log.count("Serving Benchmark Result") == 1
         assert f"result_filename='{name}.json'" in log and f"{other}.json" not in log
@@ -188,7 +192,7 @@ def test_a_pass_through_the_worker_does_not_depend_on_the_passes_before_it(worke
     lens = []
     for name, seed in (("a", "11"), ("b", "12"), ("again", "11")):
         argv = small_argv(double, tokenizer, tmp_path, name, seed=seed) + ["--random-range-ratio", "0.5"]
-        assert worker.run(argv, log_path=tmp_path / f"{name}.log", timeout=120)["returncode"] == 0
+        assert worker.run(argv, log_path=tmp_path / f"{name}.log", timeout=120).returncode == 0
         lens.append(json.loads((tmp_path / f"{name}.json").read_text())["input_lens"])
     assert lens[0] == lens[2] != lens[1]
 
@@ -201,31 +205,31 @@ def test_a_failed_pass_is_reported_in_its_log_and_the_worker_goes_on(worker, dou
                         log_path=tmp_path / "raised.log", timeout=120)
     starts = worker.starts
     ok = worker.run(small_argv(double, tokenizer, tmp_path, "ok"), log_path=tmp_path / "ok.log", timeout=120)
-    assert (bad_flag["returncode"], bad_flag["timed_out"]) == (2, False)  # argparse's exit code
+    assert (bad_flag.returncode, bad_flag.timed_out) == (2, False)  # argparse's exit code
     assert "invalid choice: 'nosuch'" in (tmp_path / "bad.log").read_text()
-    assert raised["returncode"] == 1
+    assert raised.returncode == 1
     log = (tmp_path / "raised.log").read_text()
     assert "Traceback" in log and "ValueError: --max-concurrency must be greater than 0" in log
-    assert ok["returncode"] == 0 and (tmp_path / "ok.json").exists() and worker.starts == starts
+    assert ok.returncode == 0 and (tmp_path / "ok.json").exists() and worker.starts == starts
     assert not (tmp_path / "bad.json").exists() and not (tmp_path / "raised.json").exists()
 
 
 @pytest.mark.slow
 def test_a_pass_past_its_timeout_kills_the_worker_and_the_next_starts_a_fresh_one(worker, double, tokenizer, tmp_path):
     warm = worker.run(small_argv(double, tokenizer, tmp_path, "warm"), log_path=tmp_path / "warm.log", timeout=120)
-    assert warm["returncode"] == 0  # the worker has imported: the timeout below is the pass's own
+    assert warm.returncode == 0  # the worker has imported: the timeout below is the pass's own
     pid, starts = worker.proc.pid, worker.starts
     with socket.socket() as silent:  # accepts connections (the kernel does) and never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
         hung = worker.run(small_argv(silent.getsockname(), tokenizer, tmp_path, "hung"),
                           log_path=tmp_path / "hung.log", timeout=5)
-    assert (hung["returncode"], hung["timed_out"]) == (None, True)
-    assert hung["end"] - hung["start"] >= 5  # killed at its timeout, not before: the silent server never answers
+    assert (hung.returncode, hung.timed_out) == (None, True)
+    assert hung.end - hung.start >= 5  # killed at its timeout, not before: the silent server never answers
     assert gone(pid) and worker.proc is None
     assert "timed out after 5 s" in (tmp_path / "hung.log").read_text()
     after = worker.run(small_argv(double, tokenizer, tmp_path, "after"), log_path=tmp_path / "after.log", timeout=120)
-    assert after["returncode"] == 0 and (tmp_path / "after.json").exists()
+    assert after.returncode == 0 and (tmp_path / "after.json").exists()
     assert worker.starts == starts + 1 and worker.proc.pid != pid
 
 
@@ -259,10 +263,10 @@ def test_a_worker_that_dies_mid_pass_gives_its_exit_code_and_is_replaced(tmp_pat
     argv = ["py", "-m", "llmtrial.serve.vllm_bench", "--num-prompts", "1"]
     with BenchWorker(log_path=tmp_path / "worker.log", python=fake_worker(tmp_path, DYING_WORKER)) as w:
         first = w.run(argv, log_path=tmp_path / "p1.log", timeout=30)
-        assert (first["returncode"], first["timed_out"]) == (5, False) and w.proc is None
+        assert (first.returncode, first.timed_out) == (5, False) and w.proc is None
         assert "exited with code 5" in (tmp_path / "p1.log").read_text()
         second = w.run(argv, log_path=tmp_path / "p2.log", timeout=30)
-    assert second["returncode"] == 5 and w.starts == 2 and w.import_s == 1.0
+    assert second.returncode == 5 and w.starts == 2 and w.import_s == 1.0
     with pytest.raises(ValueError, match="not a benchmark pass"):
         w.run(["py", "-m", "other"], log_path=tmp_path / "p3.log", timeout=30)
 

@@ -9,8 +9,14 @@ import json
 import pytest
 
 from llmtrial.config import ConfigError, validate_config
+from llmtrial.core.record_base import Fact
+from llmtrial.core.record_models import StagedPrompts
+from llmtrial.core.scenario_model import ScenarioSpec, Step
+from llmtrial.core.trial_config import ScenarioBlock
 from llmtrial.serve.bench import bench_argv
 from llmtrial.serve.datasets import (
+    JobScenario,
+    PassLoad,
     PromptFileError,
     dataset_flags,
     stage_prompts,
@@ -48,6 +54,18 @@ def refusal(**scenario) -> str:
 
 def flag(argv, name):
     return argv[argv.index(name) + 1]
+
+
+def blocks(scenarios: dict) -> dict[str, ScenarioBlock]:
+    return {name: ScenarioBlock.model_validate(spec) for name, spec in scenarios.items()}
+
+
+def flags(staged: str | None = None, **spec) -> list[str]:
+    """The dataset flags of one pass of the scenario ``spec``, its prompt file staged at ``staged``."""
+    block = ScenarioBlock.model_validate(spec)
+    copy = None if staged is None else StagedPrompts(dataset=block.dataset, source=str(block.prompts), staged=staged,
+                                                     sha256="0" * 64, bytes=1, prompts=8)
+    return dataset_flags(JobScenario(block, copy), PassLoad.at(block))
 
 
 # --------------------------------------------------------------------------- refused before anything runs
@@ -138,42 +156,43 @@ def test_a_configuration_across_nodes_that_would_need_a_relaunch_is_refused():
 
 
 def test_each_dataset_maps_onto_vllm_benchs_own_flags():
-    assert dataset_flags({"input_len": 64, "output_len": 32}) == [
+    assert flags(input_len=64, output_len=32) == [
         "--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "32"]  # as before the datasets
-    assert dataset_flags({"dataset": "random", "input_len": 64, "output_len": 32, "range_ratio": 0.25})[-2:] == [
+    assert flags(dataset="random", input_len=64, output_len=32, range_ratio=0.25)[-2:] == [
         "--random-range-ratio", "0.25"]
-    assert dataset_flags({"input_len": 64, "output_len": 32, "range_ratio": {"input": 0.5, "output": 0}})[-1] == \
+    assert flags(input_len=64, output_len=32, range_ratio={"input": 0.5, "output": 0})[-1] == \
         '{"input":0.5,"output":0.0}'
-    assert dataset_flags({"dataset": "prefix_repetition", "input_len": 96, "output_len": 8, "prefix_len": 64,
-                          "num_prefixes": 2}) == [
+    assert flags(dataset="prefix_repetition", input_len=96, output_len=8, prefix_len=64, num_prefixes=2) == [
         "--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", "64",
         "--prefix-repetition-suffix-len", "32", "--prefix-repetition-num-prefixes", "2",
         "--prefix-repetition-output-len", "8"]
-    custom = {"dataset": "custom", "output_len": 8, "prompts": "mine.jsonl", "prompts_staged": "results/t/prompts/s.jsonl"}
-    assert dataset_flags(custom) == ["--dataset-name", "custom", "--dataset-path", "results/t/prompts/s.jsonl",
-                                     "--custom-output-len", "8", "--no-oversample", "--skip-chat-template"]
-    assert "--skip-chat-template" not in dataset_flags({**custom, "chat_template": True})
-    assert dataset_flags({**custom, "dataset": "sharegpt"})[4:6] == ["--sharegpt-output-len", "8"]
+    custom = {"dataset": "custom", "output_len": 8, "prompts": "mine.jsonl", "staged": "results/t/prompts/s.jsonl"}
+    assert flags(**custom) == ["--dataset-name", "custom", "--dataset-path", "results/t/prompts/s.jsonl",
+                               "--custom-output-len", "8", "--no-oversample", "--skip-chat-template"]
+    assert "--skip-chat-template" not in flags(**custom, chat_template=True)
+    assert flags(**{**custom, "dataset": "sharegpt"})[4:6] == ["--sharegpt-output-len", "8"]
     with pytest.raises(PromptFileError, match="not staged"):
-        dataset_flags({"dataset": "custom", "output_len": 8, "prompts": "mine.jsonl"})
+        flags(dataset="custom", output_len=8, prompts="mine.jsonl")
 
 
 def test_the_planners_contexts_take_the_longest_lengths_and_leave_a_prompt_file_out():
-    assert contexts({"input_len": 100, "output_len": 20, "range_ratio": 0.5}) == {150 + 30}
-    assert contexts({"input_len": 100, "output_len": 20, "range_ratio": {"input": 0.25, "output": 0}}) == {125 + 20}
-    assert contexts({"dataset": "prefix_repetition", "input_len": 96, "output_len": 8, "prefix_len": 64}) == {104}
-    assert contexts({"dataset": "custom", "input_len": 32, "output_len": 8, "num_prompts": 8, "concurrency": [1, 2]}) == set()
+    assert contexts(ScenarioBlock(input_len=100, output_len=20, range_ratio=0.5)) == {150 + 30}
+    assert contexts(ScenarioBlock.model_validate({"input_len": 100, "output_len": 20,
+                                                  "range_ratio": {"input": 0.25, "output": 0}})) == {125 + 20}
+    assert contexts(ScenarioBlock(dataset="prefix_repetition", input_len=96, output_len=8, prefix_len=64)) == {104}
+    assert contexts(ScenarioBlock(dataset="custom", input_len=32, output_len=8, num_prompts=8, concurrency=[1, 2])) == set()
 
 
 def test_a_sweep_over_a_prompt_file_or_varied_lengths_predicts_no_onset_and_says_why():
-    steps = [{"step": n, "concurrency": n, "num_prompts": 4, "input_len": 32, "output_len": 8, "status": "ok",
-              "figures": {"preemptions": 0}} for n in (1, 2)]
-    kv = {"value": 64, "source": "server.log:1"}
-    assert [r["predicted_preempts"] for r in onset(steps, kv, 16, {"input_len": 32})["per_step"]] == [False, True]
-    for spec, why in (({"dataset": "custom"}, "the prompt file's, not known before they are tokenized"),
-                      ({"range_ratio": 0.3}, "the requests' lengths vary (range_ratio)")):
+    steps = [Step.model_validate({"pass": n, "seed": n, "start": 0.0, "end": 1.0, "argv": [], "log": "l", "step": n,
+                                  "concurrency": n, "num_prompts": 4, "input_len": 32, "output_len": 8, "status": "ok",
+                                  "figures": {"preemptions": 0}}) for n in (1, 2)]
+    kv = Fact(value=64, kind="measured", source="server.log:1")
+    assert [r.predicted_preempts for r in onset(steps, kv, 16, ScenarioSpec(input_len=32)).per_step] == [False, True]
+    for spec, why in ((ScenarioSpec(dataset="custom"), "the prompt file's, not known before they are tokenized"),
+                      (ScenarioSpec(range_ratio=0.3), "the requests' lengths vary (range_ratio)")):
         out = onset(steps, kv, 16, spec)
-        assert out["per_step"] == [] and out["unpredicted"].endswith(why) and out["preemption"]["predicted_step"] is None
+        assert out.per_step == [] and out.unpredicted.endswith(why) and out.preemption.predicted_step is None
 
 
 # --------------------------------------------------------------------------- staging
@@ -181,23 +200,23 @@ def test_a_sweep_over_a_prompt_file_or_varied_lengths_predicts_no_onset_and_says
 
 def test_a_prompt_file_is_staged_with_its_sha256_and_the_benchmark_reads_the_copy(tmp_path):
     path = custom_file(tmp_path / "mine.txt")  # any name: the copy is .jsonl, which vLLM's reader needs
-    scenarios = {"own": {"dataset": "custom", "prompts": str(path), "output_len": 8}, "rand": {"input_len": 4}}
+    scenarios = blocks({"own": {"dataset": "custom", "prompts": str(path), "output_len": 8}, "rand": {"input_len": 4}})
     record = stage_prompts(scenarios, tmp_path / "results" / "prompts")
     [(name, staged)] = record.scenarios.items()
     assert name == "own" and staged.staged == str(tmp_path / "results" / "prompts" / "own.jsonl")
     assert staged.sha256 == hashlib.sha256(path.read_bytes()).hexdigest() and staged.prompts == 8
     path.write_text('{"prompt": "edited after staging"}\n')  # the operator's file no longer matters
     run = with_staged(scenarios, record)
-    assert run["own"]["prompts_staged"] == staged.staged and run["own"]["prompts_sha256"] == staged.sha256
-    assert run["rand"] == scenarios["rand"]
+    spec = run["own"].spec()
+    assert spec.prompts_staged == staged.staged and spec.prompts_sha256 == staged.sha256 and spec.prompts_count == 8
+    assert run["rand"].block == scenarios["rand"] and run["rand"].staged is None
     argv = bench_argv(host="h", port=1, served_model_name="m", tokenizer="t", seed=1, result_dir="r",
-                      result_filename="f.json", percentiles=[50], scenario={**run["own"], "num_prompts": 8,
-                                                                             "concurrency": 1, "request_rate": "inf"})
+                      result_filename="f.json", percentiles=[50], scenario=run["own"], load=PassLoad(1, 8, 32, 8))
     assert flag(argv, "--dataset-path") == staged.staged
 
 
 def test_a_staged_copy_edited_or_gone_is_refused_and_so_is_one_never_staged(tmp_path):
-    scenarios = {"own": {"dataset": "custom", "prompts": str(custom_file(tmp_path / "p.jsonl"))}}
+    scenarios = blocks({"own": {"dataset": "custom", "prompts": str(custom_file(tmp_path / "p.jsonl"))}})
     record = stage_prompts(scenarios, tmp_path / "prompts")
     copy = tmp_path / "prompts" / "own.jsonl"
     copy.write_text(copy.read_text().replace("Question 1", "Question one"))
@@ -232,21 +251,23 @@ def samples(argv, tokenizer):
     return get_samples(parser.parse_args(argv[3:]), tokenizer)
 
 
-def scenario_argv(scenario, seed=1):
+def scenario_argv(scenario: JobScenario, seed=1, **load):
+    """One pass of ``scenario`` (its counts and lengths changed by ``load``), one request in flight at a time."""
     return bench_argv(host="127.0.0.1", port=1, served_model_name="m", tokenizer="t", seed=seed, result_dir="r",
-                      result_filename="f.json", percentiles=[50],
-                      scenario={"concurrency": 1, "request_rate": "inf", **scenario})
+                      result_filename="f.json", percentiles=[50], scenario=scenario,
+                      load=PassLoad(**{**vars(PassLoad.at(scenario.block)), "concurrency": 1, **load}))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("dataset", "write"), [("custom", custom_file), ("sharegpt", sharegpt_file)])
 def test_vllm_reads_each_staged_prompt_once_as_written_with_the_scenarios_output_len(tmp_path, tokenizer, dataset, write):
-    scenarios = {"own": {"dataset": dataset, "prompts": str(write(tmp_path / "p")), "output_len": 5, "num_prompts": 8}}
+    scenarios = blocks({"own": {"dataset": dataset, "prompts": str(write(tmp_path / "p")), "output_len": 5,
+                                "num_prompts": 8}})
     run = with_staged(scenarios, stage_prompts(scenarios, tmp_path / "prompts"))["own"]
     first, other = (samples(scenario_argv(run, seed), tokenizer) for seed in (1, 2))
     assert sorted(s.prompt for s in first) == sorted(PROMPTS) and {s.expected_output_len for s in first} == {5}
     assert [s.prompt for s in first] != [s.prompt for s in other]  # each pass's seed draws its own order
-    fewer = samples(scenario_argv({**run, "num_prompts": 3}), tokenizer)
+    fewer = samples(scenario_argv(run, num_prompts=3), tokenizer)
     assert len(fewer) == 3 and len({s.prompt for s in fewer}) == 3
 
 
@@ -254,11 +275,12 @@ def test_vllm_reads_each_staged_prompt_once_as_written_with_the_scenarios_output
 def test_vllm_builds_prompts_that_share_each_prefix_and_random_lengths_within_the_range(tokenizer):
     spec = {"dataset": "prefix_repetition", "input_len": 48, "output_len": 4, "prefix_len": 32, "num_prefixes": 2,
             "num_prompts": 6}
-    built = samples(scenario_argv(spec), tokenizer)
+    built = samples(scenario_argv(JobScenario(ScenarioBlock.model_validate(spec))), tokenizer)
     assert len(built) == 6 and {s.expected_output_len for s in built} == {4}
     assert all(abs(s.prompt_len - 48) <= 1 for s in built)  # vLLM's decode and re-encode may shift a token (it warns)
     prefixes = [tuple(tokenizer(s.prompt, add_special_tokens=False).input_ids[:24]) for s in built]
     assert sorted(prefixes.count(p) for p in set(prefixes)) == [3, 3]
-    varied = samples(scenario_argv({"input_len": 40, "output_len": 10, "num_prompts": 32, "range_ratio": 0.5}), tokenizer)
+    varied = samples(scenario_argv(JobScenario(ScenarioBlock(input_len=40, output_len=10, num_prompts=32,
+                                                             range_ratio=0.5))), tokenizer)
     outputs = {s.expected_output_len for s in varied}
     assert min(outputs) >= 5 and max(outputs) <= 15 and len(outputs) > 3

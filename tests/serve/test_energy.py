@@ -36,7 +36,8 @@ def ramp(counter_mj: list[float]) -> dict[str, list]:
 
 
 def test_a_counter_that_agrees_with_the_integral_is_not_marked():
-    fig = window_figures(ramp([5_000_000, 5_150_000, 5_420_000]), 10.0, 12.0)  # 420 J: 5 % above 400 J
+    # 420 J: 5 % above 400 J
+    fig = window_figures(ramp([5_000_000, 5_150_000, 5_420_000]), 10.0, 12.0).model_dump(exclude_unset=True)
     gpu = fig["energy_check"]["gpus"]["nvml.gpu0"]
     assert gpu["counter_j"] == 420.0 and gpu["integral_j"] == 400.0 and gpu["power_samples"] == 3
     assert gpu["difference"] == pytest.approx((400.0 - 420.0) / 420.0) and gpu["disagrees"] is False
@@ -45,14 +46,15 @@ def test_a_counter_that_agrees_with_the_integral_is_not_marked():
 
 
 def test_a_counter_more_than_10_percent_off_the_integral_is_marked():
-    fig = window_figures(ramp([5_000_000, 5_200_000, 5_500_000]), 10.0, 12.0)  # 500 J against 400 J: 20 %
+    # 500 J against 400 J: 20 %
+    fig = window_figures(ramp([5_000_000, 5_200_000, 5_500_000]), 10.0, 12.0).model_dump(exclude_unset=True)
     gpu = fig["energy_check"]["gpus"]["nvml.gpu0"]
     assert gpu["difference"] == pytest.approx(-0.2) and gpu["disagrees"] is True
     assert fig["energy_check"]["disagrees"] is True and fig["energy_j"] == 500.0
 
 
 def test_a_counter_that_stood_still_while_power_was_drawn_is_marked():
-    fig = window_figures(ramp([5_000_000] * 3), 10.0, 12.0)
+    fig = window_figures(ramp([5_000_000] * 3), 10.0, 12.0).model_dump(exclude_unset=True)
     gpu = fig["energy_check"]["gpus"]["nvml.gpu0"]
     assert gpu["counter_j"] == 0.0 and gpu["difference"] is None and gpu["disagrees"] is True
     assert "energy_j" not in fig  # no energy figure rests on a counter that did not move
@@ -64,7 +66,7 @@ def test_without_a_counter_the_integral_is_the_energy_named_an_estimate():
     rows["source"] += ["metrics", "metrics"]
     rows["metric"] += ["generation_tokens_total"] * 2
     rows["value"] += [0.0, 800.0]
-    fig = window_figures(rows, 10.0, 12.0)
+    fig = window_figures(rows, 10.0, 12.0).model_dump(exclude_unset=True)
     assert fig["energy_j"] == 400.0 and fig["energy_kind"] == "estimated"
     assert fig["energy_check"]["gpus"]["nvml.gpu0"]["disagrees"] is None  # nothing to check against
     assert fig["tokens_per_joule"] == 800.0 / 400.0
@@ -78,7 +80,7 @@ def test_the_nvml_doubles_counter_is_checked_against_its_sampled_power(tmp_path,
     base = float(int(time.time()) + 10)
     times = [base + i * 0.05 for i in range(11)]
     df = read_samples(sampled_at(tmp_path / "telemetry.csv", NvmlSource(NvmlPowerDouble(counter_scale=scale)), times))
-    fig = window_figures(df, times[0], times[-1])
+    fig = window_figures(df, times[0], times[-1]).model_dump(exclude_unset=True)
     check = fig["energy_check"]
     assert sorted(check["gpus"]) == ["nvml.gpu0", "nvml.gpu1"] and check["disagrees"] is flagged
     for name, gpu in check["gpus"].items():

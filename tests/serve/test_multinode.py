@@ -38,7 +38,7 @@ import yaml
 from conftest import REPO, SNAKEFILE, free_base_port
 from hosts import INTERFACE
 from llmtrial.core.ledger import Entry, Ledger
-from llmtrial.host.nodes import Node
+from llmtrial.host.nodes import Node, NodeDefaults
 from llmtrial.host.process_groups import group_alive, group_members, port_open
 from workflow_helpers import SNAKEMAKE, write_config
 
@@ -84,7 +84,7 @@ def record_of(results, name=CONFIGURATION) -> dict:
 def node_b(trial) -> Node:
     """Node b as the trial reaches it: over ssh from host A."""
     config = trial["config"]
-    node = Node.from_config("b", config["nodes"]["b"], {"staging_dir": config["staging_dir"]})
+    node = Node.from_config("b", config["nodes"]["b"], NodeDefaults(staging_dir=config["staging_dir"]))
     return dataclasses.replace(node, via=tuple(trial["hosts"].on_a([])))
 
 

@@ -23,6 +23,7 @@ from llmtrial.host.process_groups import group_alive
 from llmtrial.lifecycle.cleanup import outstanding
 from llmtrial.serve.nodetelemetry import (
     CSV_HEADER,
+    NodeSampleRow,
     NodeTelemetry,
     node_window_figures,
     parse_node_csv,
@@ -65,17 +66,17 @@ def samples_on(node: Node, label: str = "tp2") -> int:
 def test_rows_are_typed_a_torn_line_is_skipped_and_windows_are_per_node(tmp_path):
     text = ",".join(CSV_HEADER) + "\n1.000,b,10.00,100,0.5,1000,50\n1.500,b,30.00,300,0.7,5000,90\n1.7,b\n2.0,b,4,1,1,1,12"
     rows = parse_node_csv(text)
-    assert [r["time"] for r in rows] == [1.0, 1.5]
-    rows += [{"time": 1.2, "node": "a", "cpu_percent": 50.0, "mem_used_bytes": 200.0, "load1": 1.0,
-              "net_rx_bytes": None, "net_tx_bytes": None}]
+    assert [r.time for r in rows] == [1.0, 1.5]
+    rows += [NodeSampleRow(time=1.2, node="a", cpu_percent=50.0, mem_used_bytes=200.0, load1=1.0, net_rx_bytes=None,
+                     net_tx_bytes=None)]
     merged = read_node_samples(write_merged(tmp_path / "nodes.csv", rows))
     assert (tmp_path / "nodes.csv").read_text().splitlines()[0] == ",".join(CSV_HEADER)
-    assert [(r["time"], r["node"]) for r in merged] == [(1.0, "b"), (1.2, "a"), (1.5, "b")]
+    assert [(r.time, r.node) for r in merged] == [(1.0, "b"), (1.2, "a"), (1.5, "b")]
     figures = node_window_figures(tmp_path / "nodes.csv")
-    assert figures["b"] == {"samples": 2, "cpu_percent_peak": 30.0, "cpu_percent_mean": 20.0,
+    assert figures["b"].model_dump() == {"samples": 2, "cpu_percent_peak": 30.0, "cpu_percent_mean": 20.0,
                             "mem_used_peak_bytes": 300, "load1_peak": 0.7, "net_rx_bytes": 4000, "net_tx_bytes": 40,
                             "first": 1.0, "last": 1.5}
-    assert figures["a"]["net_rx_bytes"] is None and figures["a"]["samples"] == 1
+    assert figures["a"].net_rx_bytes is None and figures["a"].samples == 1
     assert set(node_window_figures(merged, 1.1, 1.3)) == {"a"}
 
 
@@ -95,10 +96,10 @@ def test_every_node_is_sampled_merged_and_sees_the_bytes_pushed_between_them(hos
         later = {node.name: samples_on(node) + 2 for node in (a, b)}
         wait_until(lambda: all(samples_on(node) >= later[node.name] for node in (a, b)), "samples after the copy",
                    poll=0.5)
-    summary = tele.summary
+    summary = tele.summary.model_dump(exclude_unset=True)
     rows = read_node_samples(tmp_path / "nodes.csv")
     assert (tmp_path / "nodes.csv").read_text().splitlines()[0] == ",".join(CSV_HEADER)
-    assert [r["time"] for r in rows] == sorted(r["time"] for r in rows) and {r["node"] for r in rows} == {"a", "b"}
+    assert [r.time for r in rows] == sorted(r.time for r in rows) and {r.node for r in rows} == {"a", "b"}
     assert summary["file"] == "nodes.csv" and summary["interval_s"] == 0.5 and set(summary["nodes"]) == {"a", "b"}
     for name, fig in summary["nodes"].items():
         assert fig["samples"] >= 4 and "error" not in fig, (name, fig)
@@ -107,9 +108,9 @@ def test_every_node_is_sampled_merged_and_sees_the_bytes_pushed_between_them(hos
     assert summary["nodes"]["b"]["net_rx_bytes"] >= 4 * MB and summary["nodes"]["a"]["net_tx_bytes"] >= 4 * MB
     assert summary["nodes"]["b"]["net_tx_bytes"] > 0  # the acknowledgements going back
     quiet = node_window_figures(rows, -1, before)
-    assert quiet["b"]["net_rx_bytes"] < MB
+    assert quiet["b"].net_rx_bytes < MB
     # the figures of the same rows as the summary's
-    assert node_window_figures(rows)["b"]["net_rx_bytes"] == summary["nodes"]["b"]["net_rx_bytes"]
+    assert node_window_figures(rows)["b"].net_rx_bytes == summary["nodes"]["b"]["net_rx_bytes"]
     # both samplers stopped through the ledger, their files removed on their node
     log = entries(tmp_path)
     assert sorted(e.node for e in log if e.action == Action.GROUP_STOPPED) == ["a", "b"]
@@ -126,10 +127,10 @@ def test_a_node_whose_sampler_cannot_start_is_listed_with_its_error(hosts, tmp_p
     with NodeTelemetry(Ledger(TrialPaths(tmp_path).ledger), [a, unreachable], label="tp2",
                        out_csv=tmp_path / "nodes.csv", interval=0.5) as tele:
         wait_until(lambda: samples_on(a), "a sample on node a", poll=0.5)
-    b = tele.summary["nodes"]["b"]
-    assert b["samples"] == 0 and b["error"].startswith("node b: sampler did not start") and "ssh" in b["error"]
-    assert tele.summary["nodes"]["a"]["samples"] >= 1 and "error" not in tele.summary["nodes"]["a"]
-    assert {r["node"] for r in read_node_samples(tmp_path / "nodes.csv")} == {"a"}
+    b = tele.summary.nodes["b"]
+    assert b.samples == 0 and b.error.startswith("node b: sampler did not start") and "ssh" in b.error
+    assert tele.summary.nodes["a"].samples >= 1 and tele.summary.nodes["a"].error is None
+    assert {r.node for r in read_node_samples(tmp_path / "nodes.csv")} == {"a"}
 
 
 def test_an_exception_inside_still_stops_and_merges(tmp_path):
@@ -142,7 +143,7 @@ def test_an_exception_inside_still_stops_and_merges(tmp_path):
             raise RuntimeError("the server died")
     except RuntimeError:
         pass
-    assert tele.summary["nodes"]["a"]["samples"] >= 1 and read_node_samples(tmp_path / "n.csv")
+    assert tele.summary.nodes["a"].samples >= 1 and read_node_samples(tmp_path / "n.csv")
     assert outstanding(entries(tmp_path))["groups"] == []
 
 

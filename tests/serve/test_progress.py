@@ -11,6 +11,7 @@ from conftest import DATA
 from llmtrial.core.configuration_model import Failure
 from llmtrial.core.joblog import PROGRESS
 from llmtrial.core.records import read_record
+from llmtrial.core.scenario_model import Pass, Repetition
 from llmtrial.logs.lines import read_log
 from llmtrial.logs.startup_log import parse_startup
 from llmtrial.serve.progress import StartupWatch, outcome_line, pass_line, ready_line, stopped_line
@@ -51,18 +52,18 @@ def test_a_pass_says_its_output_rate_ttft_and_the_spread_so_far():
     one, two = tp1["scenarios"][0]["pass_results"][:2]
     rates = [one["summary"]["output_throughput"], two["summary"]["output_throughput"]]
     spread = (max(rates) - min(rates)) / (sum(rates) / 2)
-    assert pass_line("tp1", "c1 pass 1", one) == (
+    assert pass_line("tp1", "c1 pass 1", Pass.model_validate(one)) == (
         f"tp1: c1 pass 1: {rates[0]:,.1f} output tok/s, median TTFT {one['summary']['median_ttft_ms']:,.1f} ms")
-    assert pass_line("tp1", "c1 pass 2", two, spread, 2).endswith(
+    assert pass_line("tp1", "c1 pass 2", Pass.model_validate(two), spread, 2).endswith(
         f"; spread over 2 passes so far {100 * spread:.1f} %")
-    failed = {**two, "status": "failed", "returncode": 1, "timed_out": False}
+    failed = Pass.model_validate({**two, "status": "failed", "returncode": 1, "timed_out": False})
     assert pass_line("tp1", "c1 pass 2", failed) == f"tp1: c1 pass 2 FAILED (exit 1; its log: {two['log']})"
 
 
 def test_why_the_passes_stopped_is_said_in_words():
-    rep = {"passes_run": 3, "stopped": "agreed", "spread": 0.021}
+    rep = Repetition(passes_run=3, stopped="agreed", spread=0.021)
     assert stopped_line("tp1", "c4", rep) == "tp1: c4: 3 pass(es), stopped because they agreed (spread 2.1 %)"
-    assert stopped_line("tp1", "c4", {**rep, "stopped": "max_reached", "spread": None}) == (
+    assert stopped_line("tp1", "c4", rep.model_copy(update={"stopped": "max_reached", "spread": None})) == (
         "tp1: c4: 3 pass(es), stopped because the maximum was reached")
 
 

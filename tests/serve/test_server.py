@@ -62,7 +62,7 @@ class TestLifecycle:
             child = child_pid(server.log_path)
             assert os.getpgid(child) == server.pgid
         stop = server.stop_result
-        assert stop["port_closed"] and stop["survivors"] == [] and stop["signals"] == ["SIGTERM"]
+        assert stop.port_closed and stop.survivors == [] and stop.signals == ["SIGTERM"]
         assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
         actions = [e.action for e in ledger.entries()]
         assert actions == ["server_launch", "server_started", "server_stopped"]
@@ -72,8 +72,8 @@ class TestLifecycle:
         server = fake_server(tmp_path, free_port, stubborn=True, stop_timeout=1.0)
         with server:
             server.wait_ready(timeout=60, poll=0.1)
-        assert server.stop_result["signals"] == ["SIGTERM", "SIGKILL"]
-        assert server.stop_result["survivors"] == [] and not port_open("127.0.0.1", free_port)
+        assert server.stop_result.signals == ["SIGTERM", "SIGKILL"]
+        assert server.stop_result.survivors == [] and not port_open("127.0.0.1", free_port)
 
     def test_orphaned_children_are_stopped_after_the_leader_died(self, tmp_path, free_port):
         server = fake_server(tmp_path, free_port)
@@ -84,7 +84,7 @@ class TestLifecycle:
         server.proc.wait()
         assert [p.pid for p in group_members(server.pgid)] == [child]
         result = server.stop()
-        assert result["survivors"] == [] and group_members(server.pgid) == []
+        assert result.survivors == [] and group_members(server.pgid) == []
 
     def test_exit_before_ready_is_a_start_error_with_the_code(self, tmp_path, free_port):
         server = ServerProcess([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"],
@@ -99,7 +99,7 @@ class TestLifecycle:
         with server, pytest.raises(ServerStartError) as err:
             server.wait_ready(timeout=1.0, poll=0.1)
         assert err.value.reason == "timeout"
-        assert server.stop_result["survivors"] == []
+        assert server.stop_result.survivors == []
 
     def test_a_port_already_in_use_is_refused_before_launch(self, tmp_path, free_port):
         first = fake_server(tmp_path, free_port)

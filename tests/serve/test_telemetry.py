@@ -319,6 +319,6 @@ def test_a_sample_taken_at_a_windows_edges_counts_inside_it(tmp_path: Path, monk
         end = window_edge(time.time(), end=True)
         monkeypatch.undo()
     df = read_samples(out)
-    figures = window_figures(df, start, end)
+    figures = window_figures(df, start, end).model_dump(exclude_unset=True)
     assert figures["deltas"]["metrics.x_total"] == 2.0  # first and last sample both inside
     assert start <= 1796084658.8053486 <= 1796084665.5385 <= end

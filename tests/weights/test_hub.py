@@ -21,6 +21,8 @@ from conftest import written
 from hub_server import HubServer, model_files
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.record_models import ManifestRecord
+from llmtrial.core.records import load_record
+from llmtrial.core.trial_config import DiskBlock, SourceBlock, WeightsBlock
 from llmtrial.host.disk import HeadroomError, disk_headroom
 from llmtrial.weights import hub as hubmod
 from llmtrial.weights.hub import HubError, VerificationError
@@ -49,16 +51,16 @@ def hub(monkeypatch):
 
 
 def source(**kw):
-    return {"kind": "hub", "repo_id": REPO_ID, "revision": "main", "retry_backoff_s": 0.05,
-            "progress_interval_s": 0.05, **kw}
+    return SourceBlock.model_validate({"kind": "hub", "repo_id": REPO_ID, "revision": "main", "retry_backoff_s": 0.05,
+                                       "progress_interval_s": 0.05, **kw})
 
 
 def stage(tmp_path, src=None, *, after="keep", disk=None, trial="t1"):
     ledger = Ledger(tmp_path / "results" / trial / "ledger.jsonl")
     folder = tmp_path / "staging" / trial / "m"
     manifest = stage_model(src or source(), folder, ledger=ledger, root=tmp_path / "staging" / trial,
-                           weights={"after": after, "archive_dir": str(tmp_path / "archive")},
-                           disk=disk or {"reserve_fraction": 0.0, "reserve_min_gib": 0.0})
+                           weights=WeightsBlock(after=after, archive_dir=str(tmp_path / "archive")),
+                           disk=DiskBlock.model_validate(disk or {"reserve_fraction": 0.0, "reserve_min_gib": 0.0}))
     assert isinstance(manifest, ManifestRecord)
     return written(manifest), folder, ledger
 
@@ -76,7 +78,7 @@ def test_a_fresh_download_is_verified_and_manifested_with_its_commit(hub, tmp_pa
         assert by_path[path]["size"] == len(data)
         assert by_path[path]["sha256"] == hashlib.sha256(data).hexdigest()
         assert (folder / path).read_bytes() == data
-    assert verify_manifest(manifest) == []
+    assert verify_manifest(ManifestRecord.model_validate(manifest)) == []
     assert manifest["fetch"]["bytes_downloaded"] == sum(len(d) for d in files.values())
     progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("staging org/tiny-model@")]
     # the last line states the whole: all bytes and files, a rate in some unit (its figure is the machine's)
@@ -112,7 +114,7 @@ def test_faults_are_retried_per_file(hub, tmp_path):
     hub.fault(SHARD, "drop", "error", "truncate")
     hub.fault(SHARD2, "error")
     manifest, folder, _ = stage(tmp_path)
-    assert verify_manifest(manifest) == []
+    assert verify_manifest(ManifestRecord.model_validate(manifest)) == []
     retried = manifest["fetch"]["retries"]
     assert {r["file"] for r in retried} == {SHARD, SHARD2}
     assert len([r for r in retried if r["file"] == SHARD]) >= 2  # the reset and the 503 at least
@@ -130,12 +132,12 @@ def test_a_corrupted_file_fails_the_stage_naming_it_and_is_not_left_to_load(hub,
     hub.corrupt.clear()  # the Hub fixed; a rerun fetches only the bad file
     gets = len(hub.gets(SHARD))
     manifest, _, _ = stage(tmp_path)
-    assert verify_manifest(manifest) == [] and len(hub.gets(SHARD)) == gets
+    assert verify_manifest(ManifestRecord.model_validate(manifest)) == [] and len(hub.gets(SHARD)) == gets
 
 
 def test_short_headroom_refuses_before_any_byte_naming_needed_and_free(hub, tmp_path):
     hub.add_commit(REPO_ID, model_files(5))
-    free = disk_headroom(tmp_path, 0, reserve_fraction=0, reserve_min_gib=0)["free_bytes"]
+    free = disk_headroom(tmp_path, 0, reserve_fraction=0, reserve_min_gib=0).free_bytes
     with pytest.raises(HeadroomError) as err:
         stage(tmp_path, disk={"reserve_fraction": 0.0, "reserve_min_gib": (free + (1 << 30)) / 2**30})
     message = str(err.value)
@@ -155,7 +157,7 @@ def test_a_branch_resolves_to_its_commit_and_a_moved_branch_restages(hub, tmp_pa
     moved, _, _ = stage(tmp_path)
     assert moved["hub"]["commit"] == new != old
     assert sorted(p.name for p in folder.glob("*.safetensors")) == sorted(p for p in new_files if p.endswith(".safetensors"))
-    assert verify_manifest(moved) == []
+    assert verify_manifest(ManifestRecord.model_validate(moved)) == []
     with pytest.raises(HubError, match="revision 'nope' not found"):
         stage(tmp_path, source(revision="nope"))
 
@@ -178,14 +180,14 @@ def test_archive_then_restage_from_the_archive_without_the_hub(hub, tmp_path):
     assert not folder.exists()
     archive = Path(item.archive)
     assert archive == tmp_path / "archive" / "hub" / "org--tiny-model" / sha
-    assert verify_manifest(json.loads((archive / MANIFEST_NAME).read_text())) == []
+    assert verify_manifest(load_record(archive / MANIFEST_NAME, "manifest")) == []
     # idempotent: a second cleanup changes nothing
     assert apply_policy(ledger.entries(), ledger).folders == []  # the staging's policy is applied once
     hub.stop()  # no Hub at all: a later trial of the same branch restages from the archive
     again, folder2, _ = stage(tmp_path, trial="t2")
     assert again["fetch"]["restaged_from"] == str(archive) and again["hub"]["commit"] == sha
     assert again["hub"]["resolved_by"] == "archive"
-    assert verify_manifest(again) == [] and folder2 != folder
+    assert verify_manifest(ManifestRecord.model_validate(again)) == [] and folder2 != folder
     assert {f["sha256"] for f in again["files"]} == {hashlib.sha256(d).hexdigest() for d in files.values()}
 
 
@@ -201,9 +203,9 @@ def test_delete_removes_only_the_staged_folder_and_never_follows_a_link(hub, tmp
     assert result.freed_bytes >= manifest["total_bytes"] and result.residues == []
     (tmp_path / "elsewhere").mkdir()
     refused = delete_staged(tmp_path / "elsewhere", tmp_path / "staging")
-    assert refused["action"] == "refused" and (tmp_path / "elsewhere").exists()
+    assert refused.action == "refused" and (tmp_path / "elsewhere").exists()
     escape = tmp_path / "staging" / "t1" / ".." / ".." / "elsewhere"
-    assert delete_staged(escape, tmp_path / "staging")["action"] == "refused"
+    assert delete_staged(escape, tmp_path / "staging").action == "refused"
 
 
 def test_a_file_that_cannot_be_removed_is_a_residue_not_forced(hub, tmp_path):
@@ -233,11 +235,12 @@ def test_kill_9_mid_download_then_a_rerun_fetches_only_what_is_missing(hub, tmp_
     hub.add_commit(REPO_ID, model_files(12, shards=2, shard_bytes=24 << 20))  # over 10 MiB: the client writes in 10 MiB chunks
     release = hub.hold(SHARD2)
     folder = tmp_path / "staging" / "t1" / "m"
-    code = ("import json, sys; from pathlib import Path; from llmtrial.weights.staging import stage_model; "
-            "stage_model(json.loads(sys.argv[1]), Path(sys.argv[2]), "
-            "disk={'reserve_fraction': 0, 'reserve_min_gib': 0})")
+    code = ("import sys; from pathlib import Path; from llmtrial.core.trial_config import DiskBlock, SourceBlock; "
+            "from llmtrial.weights.staging import stage_model; "
+            "stage_model(SourceBlock.model_validate_json(sys.argv[1]), Path(sys.argv[2]), "
+            "disk=DiskBlock(reserve_fraction=0, reserve_min_gib=0))")
     env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_TOKEN": TOKEN, "HF_HUB_DISABLE_XET": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(source(max_workers=2)), str(folder)],
+    proc = subprocess.Popen([sys.executable, "-c", code, source(max_workers=2).model_dump_json(), str(folder)],
                             env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
@@ -262,7 +265,7 @@ def test_kill_9_mid_download_then_a_rerun_fetches_only_what_is_missing(hub, tmp_
     assert len(hub.gets(SHARD)) == shard1_gets  # the completed shard was not fetched again
     assert manifest["fetch"]["orphans_removed"] >= 1 and manifest["fetch"]["files_reused"] >= 1
     assert not list((folder / hubmod.DOWNLOAD_META).rglob("*.incomplete"))
-    assert verify_manifest(manifest) == []
+    assert verify_manifest(ManifestRecord.model_validate(manifest)) == []
 
 
 def test_the_token_reaches_no_log_and_no_record(hub, tmp_path, caplog):
@@ -296,4 +299,4 @@ def test_the_planner_reads_config_json_alone_from_the_hub_then_from_the_archive(
     apply_policy(ledger.entries(), ledger)
     hub.stop()
     assert model_config_for(source(), archive_dir=tmp_path / "archive") == expected
-    assert model_config_for({**source(), "kind": "archive"}, archive_dir=tmp_path / "archive") == expected
+    assert model_config_for(source(kind="archive"), archive_dir=tmp_path / "archive") == expected

@@ -15,6 +15,7 @@ import pytest
 from conftest import DATA, SNAKEFILE
 from hub_server import HubServer, model_files
 from llmtrial.core.ledger import Ledger
+from llmtrial.core.record_models import ManifestRecord
 from llmtrial.host.disk import disk_headroom
 from llmtrial.weights.hub import DOWNLOAD_META
 from llmtrial.weights.manifest import verify_manifest
@@ -56,7 +57,7 @@ def manifest(tmp_path) -> dict:
 @pytest.mark.hostwide  # 8 MiB of free disk between passing preflight and failing staging: the e2e trials write more
 def test_short_headroom_stops_the_workflow_before_any_weight_byte(hub, tmp_path):
     hub.add_commit(REPO_ID, model_files(0, shards=2, shard_bytes=16 << 20))
-    free = disk_headroom(tmp_path, 0, reserve_fraction=0, reserve_min_gib=0)["free_bytes"]
+    free = disk_headroom(tmp_path, 0, reserve_fraction=0, reserve_min_gib=0).free_bytes
     # leave 8 MiB above the reserve: preflight passes, the 32 MiB of weights do not fit
     hub_trial(tmp_path, disk={"reserve_fraction": 0.0, "reserve_min_gib": (free - (8 << 20)) / 2**30})
     done = stage(tmp_path)
@@ -102,7 +103,7 @@ def test_kill_9_mid_download_then_a_rerun_finishes_without_refetching(hub, tmp_p
     refetched = [n for n in files if len(hub.gets(n)) > before[n]]
     assert refetched == [SHARD2]
     m = manifest(tmp_path)
-    assert verify_manifest(m) == [] and m["fetch"]["orphans_removed"] >= 1
+    assert verify_manifest(ManifestRecord.model_validate(m)) == [] and m["fetch"]["orphans_removed"] >= 1
     assert m["fetch"]["files_reused"] == len(files) - 1
     assert not list((folder / DOWNLOAD_META).rglob("*.incomplete"))
     log = (tmp_path / "results" / "demo" / "logs" / "stage_model.log").read_text()
@@ -138,7 +139,7 @@ def test_archive_at_cleanup_then_a_rerun_restages_from_the_archive_without_the_h
     assert done.returncode == 0, done.stderr[-3000:]
     again = manifest(tmp_path)
     assert again["fetch"]["restaged_from"] == item["archive"] and again["hub"]["commit"] == sha
-    assert verify_manifest(again) == []
+    assert verify_manifest(ManifestRecord.model_validate(again)) == []
     assert [f["sha256"] for f in again["files"]] == [f["sha256"] for f in first["files"]]
 
 

@@ -18,6 +18,7 @@ from llmtrial.core.ledger import Action, Ledger, current_run
 from llmtrial.core.paths import TrialPaths
 from llmtrial.core.record_models import ManifestRecord
 from llmtrial.core.records import check_record
+from llmtrial.core.trial_config import SourceBlock, WeightsBlock
 from llmtrial.host.nodes import NodeError
 from llmtrial.weights.manifest import MANIFEST_NAME, build_manifest
 from llmtrial.weights.node_weights import copy_to_nodes, stage_on_nodes
@@ -37,7 +38,7 @@ def staged_here(hosts, trial: str) -> dict:
     for rel, data in FILES.items():
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / rel).write_bytes(data)
-    manifest = build_manifest(folder, source={"kind": "local", "path": str(folder)})
+    manifest = build_manifest(folder, source=SourceBlock(kind="local", path=str(folder)))
     (folder / MANIFEST_NAME).write_text(manifest.model_dump_json(exclude_unset=True))
     return manifest
 
@@ -52,7 +53,7 @@ def nodes(hosts, **b):
 
 def stage(hosts, tmp_path, trial: str, after: str, **b) -> dict:
     manifest = copy_to_nodes(staged_here(hosts, trial), nodes(hosts, **b), ledger=Ledger(TrialPaths(tmp_path).ledger),
-                             trial=trial, model_name="tiny", weights={"after": after})
+                             trial=trial, model_name="tiny", weights=WeightsBlock(after=after))
     assert isinstance(manifest, ManifestRecord)
     return written(manifest)
 
@@ -172,7 +173,7 @@ def test_the_manifest_copied_to_a_node_is_its_model_with_nodes_and_same_files(tm
     for rel, data in FILES.items():
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / rel).write_bytes(data)
-    manifest = build_manifest(folder, source={"kind": "local", "path": str(folder)})
+    manifest = build_manifest(folder, source=SourceBlock(kind="local", path=str(folder)))
 
     class NodeB:
         name, staging_dir = "b", "/b/staging"
@@ -186,7 +187,7 @@ def test_the_manifest_copied_to_a_node_is_its_model_with_nodes_and_same_files(tm
         def label(self):
             return "node b"
 
-    monkeypatch.setattr(node_weights, "_folder", lambda node, op, path, root=None: {"path": path})
+    monkeypatch.setattr(node_weights, "_folder", lambda node, op, path, root=None: node_weights.FolderAnswer(path=path))
     monkeypatch.setattr(node_weights, "send_files", lambda node, src, rels, dest: {r: sha256_file(src / r) for r in rels})
     out = copy_to_nodes(manifest, [SimpleNamespace(name="a"), NodeB()], ledger=Ledger(tmp_path / "ledger.jsonl"),
                         trial="t", model_name="tiny")

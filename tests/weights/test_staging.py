@@ -13,6 +13,7 @@ import pytest
 
 from conftest import written
 from llmtrial.core.record_models import ManifestRecord
+from llmtrial.core.trial_config import SourceBlock
 from llmtrial.weights import tiny
 from llmtrial.weights.manifest import MANIFEST_NAME, build_manifest, verify_manifest
 from llmtrial.weights.model_source import check_local_model
@@ -28,6 +29,11 @@ def sha256(path: Path) -> str:
 
 def file_hashes(folder: Path) -> dict[str, str]:
     return {p.name: sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def recorded(source: SourceBlock) -> dict:
+    """``model.source`` as a manifest holds it: the block with its defaults, keys sorted."""
+    return json.loads(json.dumps(source.model_dump(mode="json"), sort_keys=True))
 
 
 @pytest.fixture(scope="module")
@@ -190,10 +196,11 @@ def test_manifest_lists_every_file(model_copy: Path) -> None:
     (model_copy / "sub" / "extra.txt").write_text("extra")
     (model_copy / ".git").mkdir()
     (model_copy / ".git" / "HEAD").write_text("ref")
-    manifest = written(build_manifest(model_copy, source={"kind": "local", "path": str(model_copy)}))
+    source = SourceBlock(kind="local", path=str(model_copy))
+    manifest = written(build_manifest(model_copy, source=source))
 
     assert manifest["model_dir"] == str(model_copy.resolve())
-    assert manifest["source"] == {"kind": "local", "path": str(model_copy)}
+    assert manifest["source"] == recorded(source) and list(manifest["source"]) == sorted(manifest["source"])
     paths = [f["path"] for f in manifest["files"]]
     expected = sorted(
         p.relative_to(model_copy).as_posix()
@@ -210,11 +217,11 @@ def test_manifest_lists_every_file(model_copy: Path) -> None:
     assert manifest["total_bytes"] == sum(f["size"] for f in manifest["files"])
     created = datetime.fromisoformat(manifest["created"])
     assert created.utcoffset() == UTC.utcoffset(None)
-    assert verify_manifest(manifest) == []
+    assert verify_manifest(ManifestRecord.model_validate(manifest)) == []
 
 
 def test_verify_manifest_reports_problems(model_copy: Path) -> None:
-    manifest = build_manifest(model_copy, source={"kind": "local"})
+    manifest = build_manifest(model_copy, source=SourceBlock(kind="local"))
     # Same size, different bytes: a sha256 mismatch.
     data = bytearray((model_copy / "tokenizer.json").read_bytes())
     data[-2] = ord(" ") if data[-2] != ord(" ") else ord("\t")
@@ -237,20 +244,20 @@ def test_verify_manifest_reports_problems(model_copy: Path) -> None:
 
 def test_stage_tiny_reuses_then_regenerates(tmp_path: Path) -> None:
     staging_dir = tmp_path / "staged"
-    source = {"kind": "tiny", "seed": 0, "tiny": {"num_layers": 1}}
+    source = SourceBlock.model_validate({"kind": "tiny", "seed": 0, "tiny": {"num_layers": 1}})
     first = stage_model(source, staging_dir)
     assert (staging_dir / MANIFEST_NAME).is_file()
     assert MANIFEST_NAME not in [f.path for f in first.files]
-    assert first.source == source
+    assert first.source == recorded(source)
     assert json.loads((staging_dir / "config.json").read_text())["num_hidden_layers"] == 1
     mtimes = {p.name: p.stat().st_mtime_ns for p in staging_dir.iterdir()}
 
-    second = stage_model(dict(source), staging_dir)
+    second = stage_model(source.model_copy(), staging_dir)
     assert {p.name: p.stat().st_mtime_ns for p in staging_dir.iterdir()} == mtimes
     assert written(second) == written(first)
 
     weights = sha256(staging_dir / "model.safetensors")
-    third = stage_model({**source, "seed": 1}, staging_dir)
+    third = stage_model(source.model_copy(update={"seed": 1}), staging_dir)
     assert third.source["seed"] == 1
     assert sha256(staging_dir / "model.safetensors") != weights
     assert verify_manifest(third) == []
@@ -259,23 +266,24 @@ def test_stage_tiny_reuses_then_regenerates(tmp_path: Path) -> None:
 
 def test_the_tiny_manifest_is_its_model_written_as_the_dict_was(tmp_path: Path) -> None:
     staging_dir = tmp_path / "staged"
-    source = {"kind": "tiny", "seed": 2, "tiny": {"num_layers": 1}}
+    source = SourceBlock.model_validate({"kind": "tiny", "seed": 2, "tiny": {"num_layers": 1}})
     manifest = stage_model(source, staging_dir)
     assert isinstance(manifest, ManifestRecord)
     names = sorted(p.name for p in staging_dir.iterdir() if p.is_file() and not p.name.startswith("."))
     files = [{"path": n, "size": (staging_dir / n).stat().st_size, "sha256": sha256(staging_dir / n)} for n in names]
-    expected = {"model_dir": str(staging_dir.resolve()), "source": source, "files": files,
+    expected = {"model_dir": str(staging_dir.resolve()), "source": recorded(source), "files": files,
                 "total_bytes": sum(f["size"] for f in files), "created": manifest.created,
-                "generator": {**tiny.tiny_parameters(source, 0)}}
+                "generator": {"seed": 2, **source.tiny.model_dump()}}
+    assert expected["generator"] == tiny.tiny_parameters(source) and expected["generator"]["num_layers"] == 1
     assert written(manifest) == json.loads(json.dumps(expected))
     stored = json.loads((staging_dir / MANIFEST_NAME).read_text())
     assert stored == written(manifest) and list(stored) == list(expected)  # the order the dict had
-    assert written(stage_model(dict(source), staging_dir)) == stored  # reused: the stored manifest
+    assert written(stage_model(source.model_copy(), staging_dir)) == stored  # reused: the stored manifest
 
 
 def test_stage_tiny_regenerates_tampered(tmp_path: Path) -> None:
     staging_dir = tmp_path / "staged"
-    source = {"kind": "tiny", "seed": 3, "tiny": {"num_layers": 1}}
+    source = SourceBlock.model_validate({"kind": "tiny", "seed": 3, "tiny": {"num_layers": 1}})
     stage_model(source, staging_dir)
     good = sha256(staging_dir / "config.json")
     (staging_dir / "config.json").write_text("{}")
@@ -286,14 +294,14 @@ def test_stage_tiny_regenerates_tampered(tmp_path: Path) -> None:
 
 def test_stage_tiny_rejects_unknown_override(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="num_experts"):
-        stage_model({"kind": "tiny", "tiny": {"num_experts": 8}}, tmp_path / "s")
+        stage_model(SourceBlock.model_validate({"kind": "tiny", "tiny": {"num_experts": 8}}), tmp_path / "s")
 
 
 def test_stage_local_in_place(model_copy: Path, tmp_path: Path) -> None:
-    source = {"kind": "local", "path": str(model_copy)}
+    source = SourceBlock(kind="local", path=str(model_copy))
     manifest = stage_model(source, tmp_path / "unused")
     assert manifest.model_dir == str(model_copy.resolve())
-    assert manifest.source == source
+    assert manifest.source == recorded(source)
     assert {f.path for f in manifest.files} == {p.name for p in model_copy.iterdir()}
     assert not (tmp_path / "unused").exists()
     assert not (model_copy / MANIFEST_NAME).exists()
@@ -302,15 +310,15 @@ def test_stage_local_in_place(model_copy: Path, tmp_path: Path) -> None:
 def test_stage_local_missing_config(model_copy: Path, tmp_path: Path) -> None:
     (model_copy / "config.json").unlink()
     with pytest.raises(FileNotFoundError, match="config.json"):
-        stage_model({"kind": "local", "path": str(model_copy)}, tmp_path / "s")
+        stage_model(SourceBlock(kind="local", path=str(model_copy)), tmp_path / "s")
 
 
 def test_stage_hub_without_a_repository_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="source kind 'hub' needs 'repo_id'"):
-        stage_model({"kind": "hub", "revision": "main"}, tmp_path / "s")
+        stage_model(SourceBlock(kind="hub", revision="main"), tmp_path / "s")
     assert not (tmp_path / "s").exists()
 
 
 def test_stage_unknown_kind(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="ftp"):
-        stage_model({"kind": "ftp"}, tmp_path / "s")
+        SourceBlock.model_validate({"kind": "ftp"})

@@ -12,6 +12,7 @@ from conftest import REPO
 from llmtrial.config import (
     SCHEMA_PATH,
     ConfigError,
+    check_config,
     configuration_port,
     configuration_spec,
     load_config,
@@ -124,19 +125,18 @@ def test_load_config_names_the_file(tmp_path):
 def test_configuration_spec_merges_common_and_own_settings():
     config = minimal()
     config["serving"] = {"args": {"max_model_len": 512, "tensor_parallel_size": 1}, "env": {"A": "x", "X": "0"}}
-    validate_config(config)
-    spec = configuration_spec(config, "b")
+    trial = check_config(config)
+    spec = configuration_spec(trial, "b")
     assert spec.args == {"max_model_len": 512, "tensor_parallel_size": 2}
     assert spec.env == {"A": "x", "X": "1"}
-    assert spec.port == 8101 == configuration_port(config, "b")
+    assert spec.port == 8101 == configuration_port(trial, "b")
 
 
 def test_args_are_read_once_under_vllms_own_names_for_the_planner_and_the_server():
     config = minimal()
     config["serving"] = {"args": {"--max-model-len": 512, "tp": 1}}
     config["configurations"]["b"]["args"] = {"tp": 2, "enforce-eager": True}
-    validate_config(config)
-    spec = configuration_spec(config, "b")
+    spec = configuration_spec(check_config(config), "b")
     # an alias is translated once: the configuration's tp overrides the common one, and no --tp reaches vLLM
     assert spec.args == {"max_model_len": 512, "tensor_parallel_size": 2, "enforce_eager": True}
     args = ServingArgs.from_config(spec.args)  # the one reading, for the planner and the argv alike
@@ -178,8 +178,9 @@ def test_editing_one_configuration_leaves_the_others_spec_unchanged():
     config = validate_config(minimal())
     edited = copy.deepcopy(config)
     edited["configurations"]["b"]["args"]["max_num_seqs"] = 4
-    assert configuration_spec(edited, "a") == configuration_spec(config, "a")
-    assert configuration_spec(edited, "b") != configuration_spec(config, "b")
+    before, after = check_config(config), check_config(edited)
+    assert configuration_spec(after, "a") == configuration_spec(before, "a")
+    assert configuration_spec(after, "b") != configuration_spec(before, "b")
 
 
 def test_schema_path_points_at_the_workflow_schema():

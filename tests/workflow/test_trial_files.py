@@ -16,9 +16,9 @@ import yaml
 
 from conftest import DATA, REPO, free_ports, written
 from hub_server import HubServer
-from llmtrial.config import configuration_spec, load_config, scenario_contexts
+from llmtrial.config import check_config, configuration_spec, load_config, scenario_contexts
 from llmtrial.core.preflight_model import Gpus
-from llmtrial.core.trial_config import HardwareBlock, PlanBlock
+from llmtrial.core.trial_config import HardwareBlock, PlanBlock, SourceBlock
 from llmtrial.plan.checkpoint import WeightsSize
 from llmtrial.plan.planner import plan_record
 from llmtrial.weights.model_source import model_config_for, planned_weights
@@ -68,11 +68,11 @@ def hub(tmp_path, monkeypatch):
 def plans(trial: Path) -> dict[str, dict]:
     """Every configuration's plan record, as the plan stage makes it (config.json from the Hub)."""
     config = load_config(trial)
-    source, archive = config["model"]["source"], config["model"]["weights"]["archive_dir"]
+    source, archive = SourceBlock.model_validate(config["model"]["source"]), config["model"]["weights"]["archive_dir"]
     model_config, weights = model_config_for(source, archive_dir=archive), planned_weights(source, archive)
-    return {name: written(plan_record(spec=configuration_spec(config, name), model_config=model_config, weights=weights,
+    return {name: written(plan_record(spec=configuration_spec(check_config(config), name), model_config=model_config, weights=weights,
                                       gpus=NO_GPUS_HERE, hardware=HardwareBlock.model_validate(config["hardware"]), settings=PlanBlock.model_validate(config["plan"]),
-                                      contexts=scenario_contexts(config)))
+                                      contexts=scenario_contexts(check_config(config))))
             for name in config["configurations"]}
 
 
@@ -138,9 +138,9 @@ def test_seed_001_awq_fits_one_3060_with_either_kernel(hub):
 
 def seed_002_plans() -> dict[str, dict]:
     config = load_config(SEED_002)
-    return {name: written(plan_record(spec=configuration_spec(config, name), model_config=SEED_002_CONFIG,
+    return {name: written(plan_record(spec=configuration_spec(check_config(config), name), model_config=SEED_002_CONFIG,
                                       weights=SEED_002_WEIGHTS, gpus=NO_GPUS_HERE, hardware=HardwareBlock.model_validate(config["hardware"]),
-                                      settings=PlanBlock.model_validate(config["plan"]), contexts=scenario_contexts(config)))
+                                      settings=PlanBlock.model_validate(config["plan"]), contexts=scenario_contexts(check_config(config))))
             for name in config["configurations"]}
 
 
@@ -165,11 +165,11 @@ def test_seed_002_pp3_with_the_recommended_split_fits_and_vllms_even_split_does_
 def test_seed_002_three_cards_do_not_start_at_utilization_0_85():
     """The seed's own arithmetic: 63.5 x 0.85 leaves about 1 GiB for the KV cache on the heaviest stage."""
     config = load_config(SEED_002)
-    spec = configuration_spec(config, "pp3")
+    spec = configuration_spec(check_config(config), "pp3")
     spec.args["gpu_memory_utilization"] = 0.85
     record = plan_record(spec=spec, model_config=SEED_002_CONFIG, weights=SEED_002_WEIGHTS,
                          gpus=NO_GPUS_HERE, hardware=HardwareBlock.model_validate(config["hardware"]), settings=PlanBlock.model_validate(config["plan"]),
-                         contexts=scenario_contexts(config))
+                         contexts=scenario_contexts(check_config(config)))
     assert record.verdict == "does_not_fit"
     assert any("No memory left for the KV cache" in r for r in record.reasons), record.reasons
 

@@ -36,7 +36,8 @@ from llmtrial.weights.model_source import weights_size
 
 def _parse_log(args: argparse.Namespace) -> int:
     text = read_log(args.log)
-    out = {"startup": parse_startup(text, source=args.log), "engine_warnings": engine_warnings(text, source=args.log),
+    warnings = engine_warnings(text, source=args.log)
+    out = {"startup": parse_startup(text, source=args.log), "engine_warnings": [w.model_dump() for w in warnings],
            "failure": diagnose_failure(text, source=args.log)}
     if args.json:
         print(json.dumps(out, indent=2))
@@ -44,8 +45,8 @@ def _parse_log(args: argparse.Namespace) -> int:
     for name, f in out["startup"].items():
         unit = f" {f['unit']}" if f.get("unit") else ""
         print(f"{name:38} {f['value']}{unit}    ({f['source']})")
-    for w in out["engine_warnings"]:
-        print(f"\nwarning ({w['name']}) at {w['source']}: {w['summary']}\n  {w['advice']}")
+    for w in warnings:
+        print(f"\nwarning ({w.name}) at {w.source}: {w.summary}\n  {w.advice}")
     if out["failure"]:
         e = out["failure"]
         print(f"\nfailure ({e['pattern']}) at {e['source']}:\n  {e['line']}\n  {e['diagnosis']}")
@@ -57,13 +58,13 @@ def _cleanup(args: argparse.Namespace) -> int:
                                  stop_timeout=args.stop_timeout, weights=not args.keep_weights,
                                  submit=srun_options(args.partition, args.account))
     for s in record.servers:
-        print(f"server {s['label']} (pgid {s['pgid']}, port {s['port']}): {s['action']}")
+        print(f"server {s.label} (pgid {s.pgid}, port {s.port}): {s.action}")
     for g in record.groups:
         print(f"group {g['label']} on node {g['node']} (pgid {g.get('pgid')}): {g['action']}")
     if not record.weights.applied:
         print(f"weights: {record.weights.reason}")
     for w in record.weights.folders:
-        print(f"weights {w.path}: {w.action} ({w.policy}), {getattr(w, 'freed_bytes', 0):,} bytes freed")
+        print(f"weights {w.path}: {w.action} ({w.policy}), {w.freed_bytes or 0:,} bytes freed")
     for r in record.residues:
         print(f"RESIDUE {r.kind}: {r.what}: {r.seen}")
     print("host restored" if record.restored else "host NOT fully restored")

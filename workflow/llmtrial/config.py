@@ -103,7 +103,7 @@ def check_config(config: dict[str, Any], *, source: str = "config") -> TrialConf
     config.update(trial.model_dump())
     # what the model cannot say alone: the files a scenario's dataset and the task set read
     problems = [f"{source} key '{line.split(': ', 1)[0]}': {line.split(': ', 1)[1]}"
-                for name, spec in config["scenarios"].items() for line in check_dataset(f"scenarios.{name}", spec)]
+                for name, spec in trial.scenarios.items() for line in check_dataset(f"scenarios.{name}", spec)]
     if trial.outputs is not None:
         try:
             task_set(trial.outputs)
@@ -143,44 +143,28 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return validate_config(data, source=str(p))
 
 
-def scenario_contexts(config: dict[str, Any]) -> list[int]:
+def scenario_contexts(trial: TrialConfig) -> list[int]:
     """The context lengths the scenarios reach (input + output), for the preemption boundary."""
-    return sorted(set().union(*(contexts(s) for s in config["scenarios"].values())))
+    return sorted(set().union(*(contexts(s) for s in trial.scenarios.values())))
 
 
-def configuration_port(config: dict[str, Any], name: str) -> int:
+def configuration_port(trial: TrialConfig, name: str) -> int:
     """The port of configuration ``name``: base_port plus its position in the file."""
-    names = list(config["configurations"])
-    return int(config["serving"]["base_port"]) + names.index(name)
+    return trial.serving.base_port + list(trial.configurations).index(name)
 
 
-def configuration_spec(config: dict[str, Any], name: str) -> ConfigurationSpec:
+def configuration_spec(trial: TrialConfig, name: str) -> ConfigurationSpec:
     """Everything one configuration's job needs, and nothing another configuration changes.
 
     The plan and trial rules pass it as a param (as its JSON data), so editing one configuration's
     args reruns only that configuration.
     """
-    serving = config["serving"]
-    entry = config["configurations"][name]
-    return ConfigurationSpec.model_validate({
-        "name": name,
-        "description": entry.get("description", ""),
-        "force": bool(entry.get("force", False)),
-        "host": serving["host"],
-        "port": configuration_port(config, name),
-        "args": {**canonical_args(serving["args"]), **canonical_args(entry["args"])},
-        "env": {**serving["env"], **entry["env"]},
-        "startup_timeout_s": serving["startup_timeout_s"],
-        "stop_timeout_s": serving["stop_timeout_s"],
-        **_spread(config, entry),
-    })
-
-
-def _spread(config: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
-    """The nodes a configuration spans (their blocks, in its order), when it spans several:
-    a single-host configuration's spec stays as it was."""
-    names = entry.get("nodes") or []
-    if len(names) < 2:
-        return {}
-    return {"nodes": {name: config["nodes"][name] for name in names}, "staging_dir": config["staging_dir"],
-            "launch": entry["launch"]}
+    serving, entry = trial.serving, trial.configurations[name]
+    spread = len(entry.nodes) >= 2  # a single-host configuration's spec names no nodes
+    return ConfigurationSpec(
+        name=name, description=entry.description, force=entry.force, host=serving.host,
+        port=configuration_port(trial, name), args={**canonical_args(serving.args), **canonical_args(entry.args)},
+        env={**serving.env, **entry.env}, startup_timeout_s=serving.startup_timeout_s,
+        stop_timeout_s=serving.stop_timeout_s,
+        nodes={n: trial.nodes[n] for n in entry.nodes} if spread else {},
+        staging_dir=trial.staging_dir if spread else None, launch=entry.launch if spread else None)

@@ -76,10 +76,11 @@ def collect(config: Mapping[str, Any], *, configfiles: list[str | os.PathLike[st
     can be checked against the record itself. The ``cost`` block, when given, is also held as its model
     (:class:`llmtrial.core.cost.Cost`), which the report's and an exporter's cost figures read.
     """
+    git = git_state(Path(repo))
     resolved = validate_config(copy.deepcopy(json.loads(json.dumps(dict(config), default=str))))
     recorded = redact_config(resolved)
     return ProvenanceRecord(
-        **git_state(Path(repo)),
+        commit=git.commit, dirty=git.dirty, git_reason=git.reason,
         repo=str(repo),
         command_line=redact_argv(command) if command is not None else None,
         config=recorded,

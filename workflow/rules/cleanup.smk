@@ -20,7 +20,7 @@ rule cleanup_trial:
         results=str(TRIAL_PATHS.root),
         ports=trial_ports(),
         host=config["serving"]["host"],
-        submit=cleanup_submit(config),
+        submit=cleanup_submit(TRIAL_CONFIG),
     script:
         "../scripts/cleanup.py"
 
@@ -36,6 +36,6 @@ rule cleanup:
         results=str(TRIAL_PATHS.root),
         ports=trial_ports(),
         host=config["serving"]["host"],
-        submit=cleanup_submit(config),
+        submit=cleanup_submit(TRIAL_CONFIG),
     script:
         "../scripts/cleanup.py"

@@ -104,8 +104,8 @@ def patch_files(wildcards):
 def prompt_scenarios():
     """The scenarios that read the operator's prompt file, with their dataset and file only (the
     stage_prompts rule's params: editing another scenario does not stage the files again)."""
-    return {name: {"dataset": spec["dataset"], "prompts": spec["prompts"]}
-            for name, spec in file_scenarios(config["scenarios"]).items()}
+    return {name: {"dataset": spec.dataset, "prompts": spec.prompts}
+            for name, spec in file_scenarios(TRIAL_CONFIG.scenarios).items()}
 
 
 def prompt_files():
@@ -135,17 +135,17 @@ def configuration_plans(wildcards):
 
 def configuration_params(wildcards):
     """Only this configuration's settings: editing another one does not rerun this."""
-    return configuration_spec(config, wildcards.configuration).model_dump(mode="json", exclude_none=True)
+    return configuration_spec(TRIAL_CONFIG, wildcards.configuration).model_dump(mode="json", exclude_none=True)
 
 
 def host_resources(rule_name):
     """What a host stage asks of SLURM under profiles/slurm, from the trial file's `slurm` key
     (llmtrial.plan.allocation); nothing that limits a local run."""
-    return rule_resources(config, rule_name)
+    return rule_resources(TRIAL_CONFIG, rule_name)
 
 
 def trial_ports():
-    return [configuration_port(config, name) for name in CONFIGURATIONS]
+    return [configuration_port(TRIAL_CONFIG, name) for name in CONFIGURATIONS]
 
 
 def cleanup_on_error():
@@ -154,7 +154,7 @@ def cleanup_on_error():
         TRIAL_PATHS.cleanup_on_error,
         ports=trial_ports(),
         host=config["serving"]["host"],
-        submit=cleanup_submit(config),
+        submit=cleanup_submit(TRIAL_CONFIG),
     )
     for line in host_lines(TRIAL_PATHS.root, record):
         print(f"llmtrial cleanup after error: {line}")
@@ -166,7 +166,7 @@ def cleanup_if_unfinished():
     record = None
     try:
         record = restore_after_run(TRIAL_PATHS.root, ports=trial_ports(), host=config["serving"]["host"],
-                                   submit=cleanup_submit(config))
+                                   submit=cleanup_submit(TRIAL_CONFIG))
     finally:
         for line in run_summary(TRIAL_PATHS.root, since=RUN_STARTED, cleanup=record):
             print(f"llmtrial: {line}")

@@ -22,7 +22,7 @@ rule plan:
         source=config["model"]["source"],
         hardware=config["hardware"],
         settings=config["plan"],
-        contexts=scenario_contexts(config),
+        contexts=scenario_contexts(TRIAL_CONFIG),
         archive_dir=config["model"]["weights"]["archive_dir"],
     script:
         "../scripts/plan_configuration.py"

@@ -20,7 +20,7 @@ rule quiet:
     conda:
         "../../envs/workflow.yaml"
     params:
-        services=services_on_nodes(config),
+        services=services_on_nodes(TRIAL_CONFIG),
         results=str(TRIAL_PATHS.root),
         ports=trial_ports(),
         host=config["serving"]["host"],

@@ -44,7 +44,7 @@ rule trial:
         statistics=config["statistics"],
         outputs=config["outputs"],
         tasks=task_params(config),
-        services=services_on_nodes(config),
+        services=services_on_nodes(TRIAL_CONFIG),
         results=str(TRIAL_PATHS.root),
         patches=config["patches"],
         hardware=config["hardware"],

@@ -7,6 +7,7 @@ from llmtrial.core.joblog import open_job_log
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.paths import TrialPaths
 from llmtrial.core.records import write_record
+from llmtrial.core.trial_config import PatchBlock
 from llmtrial.patch.patching import apply_patches
 
 if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
@@ -14,5 +15,6 @@ if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
 
 open_job_log(snakemake.log[0])
 paths = TrialPaths(Path(snakemake.params.results))
-record = apply_patches(dict(snakemake.params.patches), ledger=Ledger(paths.ledger), work_dir=paths.patches)
+patches = {name: PatchBlock.model_validate(block) for name, block in snakemake.params.patches.items()}
+record = apply_patches(patches, ledger=Ledger(paths.ledger), work_dir=paths.patches)
 write_record(snakemake.output.record, record, schema="patches")

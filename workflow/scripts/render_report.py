@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 from llmtrial import provenance
 from llmtrial.core.joblog import open_job_log
 from llmtrial.core.records import load_record, write_record
+from llmtrial.core.trial_config import ReportBlock, StatisticsBlock
 from llmtrial.report.render import write_report
 
 if TYPE_CHECKING:  # Snakemake injects `snakemake` when it runs the script
@@ -29,8 +30,8 @@ write_report(
     cleanup=Path(snakemake.input.cleanup),
     patches=Path(snakemake.input.patches),
     quiet=Path(snakemake.input.quiet),
-    settings=snakemake.params.settings,
-    statistics=snakemake.params.statistics,
+    settings=ReportBlock.model_validate(snakemake.params.settings),
+    statistics=StatisticsBlock.model_validate(snakemake.params.statistics),
     provenance=Path(snakemake.output.provenance),
     charts_dir=Path(snakemake.output.charts),
     findings_file=Path(snakemake.output.findings),

@@ -9,7 +9,6 @@ the run goes on.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import time
 import urllib.error
@@ -18,55 +17,100 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from llmtrial.answers.grading import grade
 from llmtrial.core.answers_model import Accuracy, Answer, AnswerRun, Task
 from llmtrial.core.trial_config import OutputsBlock
 
 log = logging.getLogger(__name__)
 
-__all__ = ["request_body", "ask_one", "ask_all", "accuracy", "identical_repeats", "run_set"]
+__all__ = ["CompletionRequest", "Completion", "request_body", "ask_one", "ask_all", "accuracy", "identical_repeats", "run_set"]
 
 
-def request_body(task: Task, *, model: str, api: str, max_tokens: int, seed: int) -> dict[str, Any]:
+class ChatMessage(BaseModel):
+    """One message of a chat request or of its answer."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: str = "assistant"
+    content: str | None = None
+
+
+class CompletionRequest(BaseModel):
+    """The OpenAI-style request for one task: greedy, seeded, asking for the answer's token ids; ``messages``
+    for the chat API, ``prompt`` for the completions API."""
+
+    model: str
+    max_tokens: int
+    temperature: float = 0.0
+    seed: int
+    return_token_ids: bool = True
+    messages: list[ChatMessage] | None = None
+    prompt: str | None = None
+
+
+class Choice(BaseModel):
+    """The fields of an answer's first choice that are read (the server's, not our record)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    text: str | None = None
+    message: ChatMessage | None = None
+    token_ids: list[int] | None = None
+    finish_reason: str | None = None
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    completion_tokens: int | None = None
+
+
+class Completion(BaseModel):
+    """The server's answer to a :class:`CompletionRequest`, as far as it is read."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    choices: list[Choice]
+    usage: Usage | None = None
+
+
+def request_body(task: Task, *, model: str, api: str, max_tokens: int, seed: int) -> CompletionRequest:
     """The request for ``task``: greedy, seeded, asking for the answer's token ids."""
-    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0.0, "seed": seed,
-                            "return_token_ids": True}
     if api == "chat":
-        body["messages"] = [{"role": "user", "content": task.prompt}]
-    else:
-        body["prompt"] = task.prompt
-    return body
+        return CompletionRequest(model=model, max_tokens=max_tokens, seed=seed,
+                                 messages=[ChatMessage(role="user", content=task.prompt)])
+    return CompletionRequest(model=model, max_tokens=max_tokens, seed=seed, prompt=task.prompt)
 
 
-def _choice_text(choice: Mapping[str, Any], api: str) -> str:
+def _choice_text(choice: Choice, api: str) -> str:
     if api == "chat":
-        return str((choice.get("message") or {}).get("content") or "")
-    return str(choice.get("text") or "")
+        return (choice.message.content if choice.message else None) or ""
+    return choice.text or ""
 
 
 def ask_one(base_url: str, task: Task, *, model: str, api: str, max_tokens: int, seed: int,
             timeout: float) -> Answer:
     """One task asked and graded."""
     path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
-    data = json.dumps(request_body(task, model=model, api=api, max_tokens=max_tokens, seed=seed)).encode()
-    req = urllib.request.Request(base_url + path, data=data, headers={"Content-Type": "application/json"},
-                                 method="POST")
+    body = request_body(task, model=model, api=api, max_tokens=max_tokens, seed=seed)
+    req = urllib.request.Request(base_url + path, data=body.model_dump_json(exclude_none=True).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
     start = time.monotonic()
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            payload = json.loads(resp.read())
-        choice = payload["choices"][0]
-    except (OSError, ValueError, KeyError, IndexError) as exc:
+            payload = Completion.model_validate_json(resp.read())
+        choice = payload.choices[0]
+    except (OSError, ValueError, IndexError) as exc:
         detail = exc.read().decode("utf-8", "replace")[:300] if isinstance(exc, urllib.error.HTTPError) else ""
         return Answer(task=task.id, category=task.category, text=None, sha256=None, finish_reason=None,
                       output_tokens=None, correct=False, seconds=round(time.monotonic() - start, 3),
                       error=f"{type(exc).__name__}: {exc}{' ' + detail if detail else ''}")
     text = _choice_text(choice, api)
-    ids = choice.get("token_ids")
-    return Answer(task=task.id, category=task.category, text=text,
-                  token_ids=[int(i) for i in ids] if isinstance(ids, list) else None,
-                  sha256=hashlib.sha256(text.encode()).hexdigest(), finish_reason=choice.get("finish_reason"),
-                  output_tokens=(payload.get("usage") or {}).get("completion_tokens"),
+    return Answer(task=task.id, category=task.category, text=text, token_ids=choice.token_ids,
+                  sha256=hashlib.sha256(text.encode()).hexdigest(), finish_reason=choice.finish_reason,
+                  output_tokens=payload.usage.completion_tokens if payload.usage else None,
                   correct=grade(text, task.expected, task.grader), seconds=round(time.monotonic() - start, 3))
 
 

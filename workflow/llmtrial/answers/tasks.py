@@ -13,11 +13,12 @@ import json
 import random
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llmtrial.answers.grading import GRADERS
-from llmtrial.core.answers_model import Task
+from llmtrial.core.answers_model import Grader, Task
 from llmtrial.core.trial_config import OutputsBlock
 
 __all__ = ["TaskSetError", "CHECKOUT", "generate_tasks", "read_tasks", "task_file", "task_set", "tasks_digest"]
@@ -29,23 +30,38 @@ class TaskSetError(ValueError):
     """A task set that cannot be used; the message names the key, file or line at fault."""
 
 
-def generate_tasks(seed: int, *, additions: int = 0, multiplications: int = 0) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class TaskFields:
+    """A task before it is numbered in its set: its prompt, answer, grader, category and where it came from."""
+
+    prompt: str
+    expected: str
+    grader: Grader
+    category: str
+    source: str
+
+    def numbered(self, id: int) -> Task:
+        return Task(id=id, prompt=self.prompt, expected=self.expected, grader=self.grader, category=self.category,
+                    source=self.source)
+
+
+def generate_tasks(seed: int, *, additions: int = 0, multiplications: int = 0) -> list[TaskFields]:
     """``additions`` three-digit additions then ``multiplications`` two-digit multiplications, drawn
     from ``random.Random(seed)``: the same seed gives the same tasks."""
     rng = random.Random(seed)
-    out: list[dict[str, Any]] = []
+    out = []
     for _ in range(additions):
         a, b = rng.randint(100, 999), rng.randint(100, 999)
-        out.append({"prompt": f"What is {a} + {b}? Answer with the number only.", "expected": str(a + b),
-                    "grader": "number", "category": "addition", "source": f"generated (seed {seed})"})
+        out.append(TaskFields(f"What is {a} + {b}? Answer with the number only.", str(a + b), "number", "addition",
+                              f"generated (seed {seed})"))
     for _ in range(multiplications):
         a, b = rng.randint(10, 99), rng.randint(10, 99)
-        out.append({"prompt": f"What is {a} * {b}? Answer with the number only.", "expected": str(a * b),
-                    "grader": "number", "category": "multiplication", "source": f"generated (seed {seed})"})
+        out.append(TaskFields(f"What is {a} * {b}? Answer with the number only.", str(a * b), "number",
+                              "multiplication", f"generated (seed {seed})"))
     return out
 
 
-def _task_line(raw: Any, where: str) -> dict[str, Any]:
+def _task_line(raw: Any, where: str) -> TaskFields:
     """One JSONL line as a task's fields, or TaskSetError naming ``where``."""
     if not isinstance(raw, dict):
         raise TaskSetError(f"{where}: a task is a JSON object, got {type(raw).__name__}")
@@ -66,16 +82,15 @@ def _task_line(raw: Any, where: str) -> dict[str, Any]:
     category = raw.get("category", "fact")
     if not isinstance(category, str) or not category:
         raise TaskSetError(f"{where}: 'category' must be a non-empty string")
-    return {"prompt": str(raw["prompt"]), "expected": str(raw["expected"]), "grader": grader, "category": category,
-            "source": where}
+    return TaskFields(str(raw["prompt"]), str(raw["expected"]), grader, category, where)
 
 
-def read_tasks(path: str | Path) -> list[dict[str, Any]]:
+def read_tasks(path: str | Path) -> list[TaskFields]:
     """The tasks of a JSONL file (blank lines and lines starting with # skipped)."""
     p = Path(path)
     if not p.is_file():
         raise TaskSetError(f"task file not found: {p}")
-    out: list[dict[str, Any]] = []
+    out = []
     for number, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -110,7 +125,7 @@ def task_file(name: str | Path, base: Path | None = None) -> Path:
 def task_set(outputs: OutputsBlock, base: Path | None = None) -> list[Task]:
     """The trial's task set from its ``outputs`` settings: the generated tasks, then each file's
     (found by :func:`task_file`), numbered from 1."""
-    items: list[dict[str, Any]] = []
+    items: list[TaskFields] = []
     generate = outputs.generate
     if generate is not None:
         items += generate_tasks(generate.seed, additions=generate.additions, multiplications=generate.multiplications)
@@ -118,7 +133,7 @@ def task_set(outputs: OutputsBlock, base: Path | None = None) -> list[Task]:
         items += read_tasks(task_file(name, base))
     if not items:
         raise TaskSetError("outputs asks no task: give outputs.generate counts or outputs.files")
-    return [Task(id=i, **item) for i, item in enumerate(items, start=1)]
+    return [item.numbered(i) for i, item in enumerate(items, start=1)]
 
 
 def tasks_digest(tasks: Sequence[Task]) -> str:

@@ -55,7 +55,7 @@ def model_differences(a: TrialResults, b: TrialResults) -> list[Difference]:
     return out + _diff("model", "model.commit", ca, cb, "under test")
 
 
-def bench_flags(trial: TrialResults) -> dict[str, Any]:
+def bench_flags(trial: TrialResults) -> dict[str, str | bool | None]:
     """The work-defining flags of the first recorded pass's benchmark argv (empty without a pass)."""
     for rec in trial.configurations.values():
         for sc in fixed_scenarios(rec):
@@ -123,11 +123,11 @@ def _patches(trial: TrialResults) -> list[str]:
     return sorted(f"{p.name} ({p.mode})" for p in (trial.patches.patches if trial.patches else []))
 
 
-def _hardware(trial: TrialResults) -> dict[str, Any]:
+def _hardware(trial: TrialResults) -> dict[str, str | int | list[str] | None]:
     env = trial.preflight.environment
-    cpu = env.cpu or {}
-    return {"host": env.host, "cpu": cpu.get("model"), "cpu_cores": cpu.get("cores_logical"),
-            "numa_nodes": len(env.numa.nodes) if env.numa else len(cpu.get("numa_nodes") or {}) or None,
+    cpu = env.cpu
+    return {"host": env.host, "cpu": cpu.model if cpu else None, "cpu_cores": cpu.cores_logical if cpu else None,
+            "numa_nodes": len(env.numa.nodes) if env.numa else len(cpu.numa_nodes if cpu else {}) or None,
             "gpu_count": env.gpus.count, "gpus": sorted(d.name or "unnamed" for d in env.gpus.devices or []),
             "driver": env.gpus.driver_version}
 

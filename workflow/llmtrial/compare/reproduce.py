@@ -48,9 +48,9 @@ def mismatches(original: TrialResults, repo: Path = REPO) -> list[Mismatch]:
     """The project's commit, its changed files, vLLM's version and the host, where they differ from the run's."""
     state, prov = git_state(repo), original.provenance
     out = []
-    if state["commit"] != prov.commit:
-        out.append(Mismatch("the project's commit", prov.commit, state["commit"]))
-    if state["dirty"] and not prov.dirty:
+    if state.commit != prov.commit:
+        out.append(Mismatch("the project's commit", prov.commit, state.commit))
+    if state.dirty and not prov.dirty:
         out.append(Mismatch("the project's tracked files", "unchanged", "changed"))
     here = vllm.version if (vllm := find_vllm()) else None
     if here != original.vllm_version():

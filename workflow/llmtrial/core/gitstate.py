@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 GIT_TIMEOUT_S = 30
 
@@ -26,11 +26,19 @@ def _git(repo: Path, *args: str) -> tuple[str | None, str | None]:
     return proc.stdout, None
 
 
-def git_state(repo: Path) -> dict[str, Any]:
-    """``commit`` (HEAD), ``dirty`` (tracked files changed) and ``git_reason`` (why either is
-    None: not a git checkout, git missing, no commit yet)."""
+@dataclass(frozen=True)
+class GitState:
+    """``commit`` (HEAD), ``dirty`` (tracked files changed) and ``reason`` (why either is None: not a git
+    checkout, git missing, no commit yet)."""
+
+    commit: str | None
+    dirty: bool | None
+    reason: str | None
+
+
+def git_state(repo: Path) -> GitState:
+    """The checkout's commit and whether its tracked files are changed (:class:`GitState`)."""
     head, head_why = _git(repo, "rev-parse", "HEAD")
     status, status_why = _git(repo, "status", "--porcelain", "--untracked-files=no")
-    return {"commit": head.strip() if head else None,
-            "dirty": None if status is None else bool(status.strip()),
-            "git_reason": head_why or status_why}
+    return GitState(commit=head.strip() if head else None, dirty=None if status is None else bool(status.strip()),
+                    reason=head_why or status_why)

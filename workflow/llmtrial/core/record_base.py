@@ -72,7 +72,8 @@ class Check(RecordModel):
                                      "a measured bandwidth warns.")
     off: Maybe[list[Any]] = Field(None, description="peer_access: the GPU pairs without peer access.")
     configurations: Maybe[list[str]] = Field(None, description="peer_access: the configurations that split over GPUs.")
-    versions: Maybe[dict[str, Any]] = Field(None, description="A version check across nodes: each node's version, by node.")
+    versions: Maybe[dict[str, str | None]] = Field(None, description=(
+        "A version check across nodes: each node's version (null: not installed), by node."))
     differing: Maybe[list[Any]] = Field(None, description="model_files: the staged files whose hashes differ across nodes.")
     errors: Maybe[dict[str, str]] = Field(None, description="node_reachable: why each node that did not answer failed.")
     nodes: Maybe[Any] = Field(None, description="A check across nodes: what each node showed, by node name.")

@@ -26,7 +26,8 @@ class RequestSpread(RecordModel):
 class Goodput(RecordModel):
     """How many requests met every latency target given, and whether the share reaches the target's percentile."""
 
-    targets: Maybe[dict[str, Any]] = Field(None, description="The targets given: ttft_ms, tpot_ms, e2el_ms.")
+    targets: Maybe[dict[Literal["ttft_ms", "tpot_ms", "e2el_ms"], Number]] = Field(None, description=(
+        "The targets given: ttft_ms, tpot_ms, e2el_ms."))
     percentile: Maybe[float] = Field(None, description="Share of requests (%) that must meet the targets.")
     request_goodput: Number | None = Field(None, description="Requests per second meeting every target (vLLM's figure).")
     requests_meeting: Maybe[int] = Field(None, description="Requests that met every target.")
@@ -386,8 +387,7 @@ class Scenario(RecordModel):
         return [p for p in self.pass_results if p.status == "ok" and p.summary]
 
     def runs(self) -> list[tuple[str, Pass]]:
-        """Every benchmark run with its label, in the order they ran: the warm-up, each pass, each sweep step
-        (the model's form of :func:`llmtrial.serve.scenarios.runs_of`)."""
+        """Every benchmark run with its label, in the order they ran: the warm-up, each pass, each sweep step."""
         out: list[tuple[str, Pass]] = [(f"{self.name} warm-up", self.warmup)] if self.warmup else []
         out += [(f"{self.name} pass {p.pass_}", p) for p in self.pass_results]
         return out + [(f"{self.name} step {s.step}", s) for s in self.steps or []]

@@ -10,7 +10,7 @@ under ``config/`` by ``tests/core/test_trial_config.py``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -576,10 +576,13 @@ def placement_problems(trial: TrialConfig) -> list[Problem]:
 
 
 
-def known_keys(block_model: type[ConfigModel], block: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The keys of ``block`` that ``block_model`` has: an earlier trial's block (read back from its provenance
-    record) read by this version, keys it no longer knows set aside."""
-    return {k: v for k, v in (block or {}).items() if k in block_model.model_fields}
+B = TypeVar("B", bound=ConfigModel)
+
+
+def earlier_block(block_model: type[B], block: Mapping[str, Any] | None) -> B:
+    """An earlier trial's block (read back from its provenance record) as this version's model, the keys it
+    no longer knows set aside; the block's defaults where the record has none."""
+    return block_model.model_validate({k: v for k, v in (block or {}).items() if k in block_model.model_fields})
 
 #: Every key name any block of the trial file has (for a misspelled key's "did you mean").
 TRIAL_KEYS = sorted({name for model in ConfigModel.__subclasses__() for name in model.model_fields})

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from pydantic import Field, ValidationError
+from pydantic_core import ErrorDetails
 
 from llmtrial.export.br_schema import (
     SCHEMA_VERSION,
@@ -314,7 +315,7 @@ class BenchmarkReport(Strict):
     results: Results
 
 
-def _where(error: dict[str, Any]) -> str:
+def _where(error: ErrorDetails) -> str:
     # pydantic names a union member or a validator in the path ("inference_engine", "function-after[...]"): drop them
     return ".".join(str(p) for p in error["loc"] if not str(p).startswith(("function-", "inference_engine", "generic"))
                     or isinstance(p, int)) or "(top level)"

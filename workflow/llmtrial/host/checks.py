@@ -15,6 +15,7 @@ from typing import Any
 
 import psutil
 
+from llmtrial.core.record_base import Check
 from llmtrial.core.units import GiB
 
 __all__ = ["MIN_SHM_BYTES", "MIN_OPEN_FILES", "check", "check_allocator", "check_shm", "check_open_files",
@@ -24,9 +25,9 @@ __all__ = ["MIN_SHM_BYTES", "MIN_OPEN_FILES", "check", "check_allocator", "check
 MIN_SHM_BYTES = 1 * GiB
 
 
-def check(name: str, status: str, detail: str, **data: Any) -> dict[str, Any]:
+def check(name: str, status: str, detail: str, **data: Any) -> Check:
     """One check's outcome: ``ok``, ``warn``, ``fail`` or ``skip``, with what was seen."""
-    return {"name": name, "status": status, "detail": detail, **data}
+    return Check(name=name, status=status, detail=detail, **data)
 
 
 #: Allocator settings in the order PyTorch reads them.
@@ -45,7 +46,7 @@ def effective_alloc_conf(env: Mapping[str, str]) -> tuple[str | None, str | None
     return None, None
 
 
-def check_allocator(envs: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+def check_allocator(envs: Mapping[str, Mapping[str, str]]) -> Check:
     """``expandable_segments:True`` for any server: warn (seed 002's scrubber wedge; sleep mode)."""
     hits = {}
     for who, env in envs.items():
@@ -61,7 +62,7 @@ def check_allocator(envs: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
     return check("allocator", "ok", "no server sets expandable_segments:True")
 
 
-def check_shm(min_bytes: int = MIN_SHM_BYTES) -> dict[str, Any]:
+def check_shm(min_bytes: int = MIN_SHM_BYTES) -> Check:
     try:
         st = os.statvfs("/dev/shm")
     except OSError as exc:
@@ -73,7 +74,7 @@ def check_shm(min_bytes: int = MIN_SHM_BYTES) -> dict[str, Any]:
                  size_bytes=size, free_bytes=free)
 
 
-def check_open_files(minimum: int = MIN_OPEN_FILES) -> dict[str, Any]:
+def check_open_files(minimum: int = MIN_OPEN_FILES) -> Check:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     status = "ok" if soft >= minimum or soft == resource.RLIM_INFINITY else "warn"
     return check("open_files", status, f"open-file limit {soft} (hard {hard})"
@@ -81,7 +82,7 @@ def check_open_files(minimum: int = MIN_OPEN_FILES) -> dict[str, Any]:
                  soft=soft, hard=hard)
 
 
-def check_nccl_interfaces(envs: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+def check_nccl_interfaces(envs: Mapping[str, Mapping[str, str]]) -> Check:
     """NCCL/GLOO interface variables, where set, must name interfaces this host has."""
     interfaces = set(psutil.net_if_addrs())
     named: dict[str, str] = {}

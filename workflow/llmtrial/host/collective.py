@@ -43,6 +43,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +207,14 @@ def run_rank(rank: int, world_size: int, *, backend: str, master_addr: str, mast
         timer.cancel()
 
 
+@dataclass
+class _Failed(Exception):
+    """A rank's run failed in ``phase`` with ``error``."""
+
+    phase: str
+    error: str
+
+
 class _Rank:
     """One rank's run: its result is written once, by the run or by the watchdog at the deadline."""
 
@@ -214,7 +223,7 @@ class _Rank:
         self.rank, self.world_size, self.backend, self.interface = rank, world_size, backend, interface
         self.master_addr, self.master_port, self.timeout_s, self.out = master_addr, master_port, timeout_s, out
         self.started, self.deadline = started, started + timeout_s
-        self.state: dict[str, Any] = {"phase": "init", "step": "starting"}
+        self.phase, self.step = "init", "starting"  # where the run is, for the watchdog's result
         self.base: dict[str, Any] = {
             "rank": rank, "world_size": world_size, "backend": backend, "interface": interface,
             "master_addr": master_addr, "master_port": master_port, "size_bytes": 0, "iters": 0,
@@ -245,7 +254,7 @@ class _Rank:
     def watchdog(self) -> None:
         if self.written.is_set():  # the run finished first
             return
-        self.fail(self.state["phase"], f"deadline of {self.timeout_s:g} s reached while {self.state['step']}")
+        self.fail(self.phase, f"deadline of {self.timeout_s:g} s reached while {self.step}")
         os._exit(1)
 
     def run(self, size_mib: float, iters: int) -> dict[str, Any]:
@@ -258,23 +267,21 @@ class _Rank:
             except OSError:
                 return self.fail("init", f"{_ifname_var(self.backend)}={self.interface}: no such interface")
             os.environ[_ifname_var(self.backend)] = self.interface
-        self.state["step"] = "importing torch"
+        self.step = "importing torch"
         import torch
         import torch.distributed as dist
 
         self.base["torch"] = torch.__version__
         torch.set_num_threads(1)  # a link check, not a compute test; the host is shared
-        joined = self._join(torch, dist)
-        if isinstance(joined, dict):
-            return joined
-        device, init_s = joined
-        result = self._all_reduce(torch, dist, device, size_mib, iters)
-        if not result.get("ok", True):
-            return result
-        median = statistics.median(result["times"]) if result["times"] else None
+        try:
+            device, init_s = self._join(torch, dist)
+            times = self._all_reduce(torch, dist, device, size_mib, iters)
+        except _Failed as failed:
+            return self.fail(failed.phase, failed.error)
+        median = statistics.median(times) if times else None
         # one rank moves nothing between ranks (NCCL returns at once): no bandwidth to speak of
         algbw = self.base["size_bytes"] / median if median and self.world_size > 1 else None
-        done = {**self.base, "ok": True, "phase": "done", "init_s": round(init_s, 4), "times_s": result["times"],
+        done = {**self.base, "ok": True, "phase": "done", "init_s": round(init_s, 4), "times_s": times,
                 "median_s": median, "algbw_bytes_per_s": algbw,
                 "busbw_bytes_per_s": algbw * busbw_factor(self.world_size) if algbw else None,
                 "elapsed_s": round(time.monotonic() - self.started, 3), "error": None, "diagnosis": None}
@@ -282,14 +289,14 @@ class _Rank:
             dist.destroy_process_group()
         return self.finish(done)
 
-    def _join(self, torch: Any, dist: Any) -> tuple[Any, float] | dict[str, Any]:
-        """The rendezvous: (device, seconds it took), or the failure result."""
+    def _join(self, torch: Any, dist: Any) -> tuple[Any, float]:
+        """The rendezvous: (device, seconds it took); :class:`_Failed` when it fails."""
         import datetime
 
-        self.state["step"] = "waiting for the rendezvous"
+        self.step = "waiting for the rendezvous"
         left = self.deadline - _MARGIN_S - time.monotonic()
         if left < 3:
-            return self.fail("init", f"deadline of {self.timeout_s:g} s reached while importing torch")
+            raise _Failed("init", f"deadline of {self.timeout_s:g} s reached while importing torch")
         if self.backend == "nccl":
             local = int(os.environ.get("LOCAL_RANK", self.rank % max(1, torch.cuda.device_count())))
             torch.cuda.set_device(local)
@@ -305,12 +312,12 @@ class _Rank:
                                     timeout=datetime.timedelta(seconds=left - 2),
                                     **({"device_id": device} if device.type == "cuda" else {}))
         except Exception as e:  # torch raises DistStoreError, DistNetworkError, RuntimeError
-            return self.fail("init", f"{type(e).__name__}: {e}")
+            raise _Failed("init", f"{type(e).__name__}: {e}") from e
         return device, time.monotonic() - t0
 
-    def _all_reduce(self, torch: Any, dist: Any, device: Any, size_mib: float, iters: int) -> dict[str, Any]:
-        """A checked warm-up, then ``iters`` timed all_reduces and a barrier: ``{"times"}``, or the failure result."""
-        self.state["phase"], self.state["step"] = "all_reduce", "in all_reduce"
+    def _all_reduce(self, torch: Any, dist: Any, device: Any, size_mib: float, iters: int) -> list[float]:
+        """A checked warm-up, then ``iters`` timed all_reduces (their seconds) and a barrier; :class:`_Failed`."""
+        self.phase, self.step = "all_reduce", "in all_reduce"
         numel = max(1, int(size_mib * MiB) // 4)
         self.base["size_bytes"] = numel * 4
 
@@ -325,18 +332,20 @@ class _Rank:
             want = self.world_size * (self.world_size + 1) / 2
             got = (float(x[0]), float(x[-1]))
             if got != (want, want):
-                return self.fail("all_reduce", f"wrong sum: got {got}, want {want}")
+                raise _Failed("all_reduce", f"wrong sum: got {got}, want {want}")
             times = []
             for _ in range(iters):
                 t = time.perf_counter()
                 dist.all_reduce(x)
                 sync()
                 times.append(time.perf_counter() - t)
-            self.state["phase"], self.state["step"] = "barrier", "in the final barrier"
+            self.phase, self.step = "barrier", "in the final barrier"
             dist.barrier()
+        except _Failed:
+            raise
         except Exception as e:
-            return self.fail(self.state["phase"], f"{type(e).__name__}: {e}")
-        return {"times": times}
+            raise _Failed(self.phase, f"{type(e).__name__}: {e}") from e
+        return times
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -384,9 +393,29 @@ def rank_argv(rank: int, world_size: int, *, backend: str, master_addr: str, por
 # ------------------------------------------------------------------------- the group
 
 
-def _versions_differ(ranks: list[dict[str, Any]], key: str) -> dict[int, str] | None:
-    seen = {r["rank"]: r[key] for r in ranks if r.get(key)}
-    return seen if len(set(seen.values())) > 1 else None
+@dataclass(frozen=True)
+class RankView:
+    """The fields of a rank's result the group's summary reads (a rank writes more; one may lack some)."""
+
+    rank: int | None = None
+    world_size: int | None = None
+    backend: str | None = None
+    ok: bool = False
+    phase: str | None = None
+    error: str | None = None
+    diagnosis: str | None = None
+    median_s: float | None = None
+    size_bytes: int | None = None
+    torch: str | None = None
+    python: str | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+
+
+def _versions_differ(seen: Mapping[int | None, str | None]) -> dict[int | None, str] | None:
+    """The versions by rank (ranks that name none left out) when two ranks name different ones."""
+    named = {rank: v for rank, v in seen.items() if v}
+    return named if len(set(named.values())) > 1 else None
 
 
 def summarize(results: Sequence[dict[str, Any]], *, world_size: int | None = None) -> dict[str, Any]:
@@ -402,63 +431,65 @@ def summarize(results: Sequence[dict[str, Any]], *, world_size: int | None = Non
     a missing interface, a master that refuses or drops connections, ranks that never
     joined, an all_reduce timeout, and else the first failing rank's own diagnosis.
     """
-    ranks = sorted((dict(r) for r in results), key=lambda r: r.get("rank", -1))
-    n = world_size or max((int(r.get("world_size") or 0) for r in ranks), default=0)
-    reported = [r["rank"] for r in ranks if "rank" in r]
+    read = [f.name for f in fields(RankView)]
+    pairs = sorted(((RankView(**{k: r[k] for k in read if k in r}), dict(r)) for r in results),
+                   key=lambda p: -1 if p[0].rank is None else p[0].rank)
+    views, ranks = [v for v, _ in pairs], [r for _, r in pairs]
+    n = world_size or max((int(v.world_size or 0) for v in views), default=0)
+    reported = [v.rank for v in views if v.rank is not None]
     missing = [i for i in range(n) if i not in reported]
-    backend = next((r.get("backend") for r in ranks if r.get("backend")), None)
+    backend = next((v.backend for v in views if v.backend), None)
     record: dict[str, Any] = {
         "ok": False, "world_size": n, "backend": backend, "ranks": ranks, "reported": reported, "missing": missing,
-        "size_bytes": next((r.get("size_bytes") for r in ranks if r.get("size_bytes")), None),
+        "size_bytes": next((v.size_bytes for v in views if v.size_bytes), None),
         "wall_s": None, "median_s": None, "algbw_gbps": None, "busbw_gbps": None, "phase": None, "diagnosis": None,
     }
-    medians = [r["median_s"] for r in ranks if r.get("ok") and r.get("median_s")]
+    medians = [v.median_s for v in views if v.ok and v.median_s]
     if medians:
         record["median_s"] = max(medians)
     if medians and record["size_bytes"] and n > 1:
         algbw = record["size_bytes"] / record["median_s"]
         record["algbw_gbps"] = algbw / 1e9
         record["busbw_gbps"] = algbw * busbw_factor(n) / 1e9
-    found = _group_diagnosis(ranks, n=n, reported=reported, missing=missing)
+    found = _group_diagnosis(views, n=n, reported=reported, missing=missing)
     if found is not None:
         return {**record, "ok": False, "phase": found[0], "diagnosis": found[1]}
     return {**record, "ok": True, "phase": "done"}
 
 
-def _group_diagnosis(ranks: list[dict[str, Any]], *, n: int, reported: list[int],
+def _group_diagnosis(ranks: list[RankView], *, n: int, reported: list[int],
                      missing: list[int]) -> tuple[str, str] | None:
     """(phase, diagnosis) of a group that failed, in :func:`summarize`'s order; None when it did not."""
-    failed = [r for r in ranks if not r.get("ok")]
-    for key, name in (("torch", "torch"), ("python", "Python")):
-        differ = _versions_differ(ranks, key)
+    failed = [r for r in ranks if not r.ok]
+    for name, differ in (("torch", _versions_differ({r.rank: r.torch for r in ranks})),
+                         ("Python", _versions_differ({r.rank: r.python for r in ranks}))):
         if differ:
             listed = ", ".join(f"rank {k} {v}" for k, v in sorted(differ.items()))
             return "versions", (f"{name} versions differ between ranks ({listed}); install the same build "
                                 "on every node before serving across them.")
     for r in failed:
-        if "no such interface" in (r.get("diagnosis") or ""):
-            return "init", f"rank {r['rank']}: {r['diagnosis']}"
+        if "no such interface" in (r.diagnosis or ""):
+            return "init", f"rank {r.rank}: {r.diagnosis}"
     for r in failed:
-        d = r.get("diagnosis") or ""
-        if d.startswith(("Connection refused", f"{r.get('master_addr')}:{r.get('master_port')} does not answer",
-                         "Cannot reach")):
-            return "init", f"rank {r['rank']}: {d}"
+        d = r.diagnosis or ""
+        if d.startswith(("Connection refused", f"{r.master_addr}:{r.master_port} does not answer", "Cannot reach")):
+            return "init", f"rank {r.rank}: {d}"
     if not n:
         return "init", "No rank reported a result."
-    store_wait = next((r for r in failed if _STORE_WAIT.search(r.get("error") or "")), None)
+    store_wait = next((r for r in failed if _STORE_WAIT.search(r.error or "")), None)
     if missing or store_wait:
-        absent = missing or [r["rank"] for r in failed if r.get("phase") in ("init", "process") and r is not store_wait]
-        what = f" (rank {store_wait['rank']}: {_STORE_WAIT.search(store_wait['error'])[0]})" if store_wait else ""
+        absent = missing or [r.rank for r in failed if r.phase in ("init", "process") and r is not store_wait]
+        what = f" (rank {store_wait.rank}: {_STORE_WAIT.search(store_wait.error or '')[0]})" if store_wait else ""
         return "init", (f"A peer never joined: rank(s) {', '.join(map(str, absent)) or 'unknown'} of {n} did "
                         f"not reach the rendezvous{what}; ranks that reported: "
                         f"{', '.join(map(str, reported)) or 'none'}. Start the missing ranks, or check that "
                         "they reach the master address and port.")
     for r in failed:
-        if r.get("phase") in ("all_reduce", "barrier"):
-            return r["phase"], f"rank {r['rank']}: {r.get('diagnosis')}"
+        if r.phase in ("all_reduce", "barrier"):
+            return r.phase, f"rank {r.rank}: {r.diagnosis}"
     if failed:
         r = failed[0]
-        return r.get("phase") or "unknown", f"rank {r['rank']}: {r.get('diagnosis') or r.get('error')}"
+        return r.phase or "unknown", f"rank {r.rank}: {r.diagnosis or r.error}"
     return None
 
 

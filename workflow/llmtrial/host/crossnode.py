@@ -11,7 +11,7 @@ memory or GPUs. Nothing is killed here.
 :func:`cross_checks` is a pure function of those facts, with checks shaped as the
 single-host preflight's (:func:`llmtrial.host.checks.check`); :func:`same_files` compares the
 staged model files' hashes across nodes; :func:`preflight_nodes` gathers the facts of every
-node in parallel and returns the record: ``{"nodes": {name: facts}, "checks": [...]}``.
+node in parallel and returns the record (:class:`llmtrial.core.preflight_model.CrossNode`).
 
 Seed 000 is why each check exists: Ray refused a worker on Python 3.12.13 next to a head on
 3.12.3, NCCL had to be pinned to the 200G interface, ``/dev/shm`` had to be remounted larger
@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from llmtrial.core.preflight_model import CrossNode, Master, NodeReport
+from llmtrial.core.record_base import Check, RecordModel
 from llmtrial.core.units import GiB
 from llmtrial.host.checks import MIN_SHM_BYTES, check
 from llmtrial.host.nodes import Node, NodeError
@@ -51,8 +53,55 @@ FACTS_TIMEOUT_S = 60.0
 #: How much of a stale process's command line is kept.
 CMDLINE_CHARS = 240
 
+class InterfaceFacts(RecordModel):
+    """The interface named in a node's config, as :mod:`llmtrial.onnode.node_facts` found it."""
+
+    name: str | None = None
+    exists: bool = False
+    addresses: list[str] = []
+
+
+class MasterFacts(RecordModel):
+    """Whether the master address is reached from the node's interface, and how."""
+
+    address: str
+    port: int | None = None
+    ip: str | None = None
+    method: str = "subnet"
+    route_dev: str | None = None
+    ok: bool = False
+    error: str | None = None
+
+
+class ShmFacts(RecordModel):
+    """``/dev/shm`` on a node, and the least this trial wants there."""
+
+    size_bytes: int | None = None
+    free_bytes: int | None = None
+    error: str | None = None
+    min_bytes: int = MIN_SHM_BYTES
+
+
+class StaleProcess(RecordModel):
+    """A process of an earlier trial on a node."""
+
+    pid: int
+    marker: str
+    what: str
+    cmdline: str
+    age_s: float
+    user: str | None = None
+
+
+class StaleFacts(RecordModel):
+    """The processes of an earlier trial on a node, and where the list came from."""
+
+    source: str | None = None
+    processes: list[StaleProcess] = []
+
+
 def node_facts(node: Node, *, master_addr: str, master_port: int | None = None, shm_min_bytes: int = MIN_SHM_BYTES,
-               markers: Mapping[str, str] = STALE_MARKERS, timeout: float = FACTS_TIMEOUT_S) -> dict[str, Any]:
+               markers: Mapping[str, str] = STALE_MARKERS, timeout: float = FACTS_TIMEOUT_S) -> NodeReport:
     """What ``node`` has, from one run of :mod:`llmtrial.onnode.node_facts` with ``node.python``.
 
     The master address is reachable from the node's interface when, with ``master_port``, a
@@ -66,10 +115,9 @@ def node_facts(node: Node, *, master_addr: str, master_port: int | None = None, 
     """
     inputs = {"interface": node.interface, "master_addr": master_addr, "master_port": master_port,
               "connect_timeout": CONNECT_TIMEOUT_S, "markers": dict(markers), "cmdline_chars": CMDLINE_CHARS}
-    facts = node.program(onnode_facts, inputs, timeout)
-    facts["dev_shm"]["min_bytes"] = shm_min_bytes
-    facts["node"] = node.describe()
-    return facts
+    report = NodeReport.model_validate({**node.program(onnode_facts, inputs, timeout), "node": node.describe()})
+    report.dev_shm = {**(report.dev_shm or {}), "min_bytes": shm_min_bytes}
+    return report
 
 
 # --------------------------------------------------------------------------- checks
@@ -81,17 +129,17 @@ def _worst(statuses: Sequence[str], default: str = "ok") -> str:
     return max(statuses, key=_SEVERITY.__getitem__, default=default)
 
 
-def _answered(facts: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+def _answered(facts: Mapping[str, NodeReport]) -> dict[str, NodeReport]:
     """The nodes that answered (a node that did not carries only ``node`` and ``error``)."""
-    return {name: f for name, f in facts.items() if not f.get("error")}
+    return {name: f for name, f in facts.items() if not f.error}
 
 
-def _listing(values: Mapping[str, Any]) -> str:
+def _listing(values: Mapping[str, str | None]) -> str:
     return ", ".join(f"{name} {'not installed' if v is None else v}" for name, v in values.items())
 
 
 def _same_version(name: str, label: str, values: Mapping[str, str | None], *, why: str, required: bool = True,
-                  mismatch: str = "fail", none_detail: str | None = None) -> dict[str, Any]:
+                  mismatch: str = "fail", none_detail: str | None = None) -> Check:
     """``values`` (node -> version, None where absent) must be one version on every node.
 
     None everywhere fails when ``required``, else is a skip (``none_detail``); a node without
@@ -107,74 +155,72 @@ def _same_version(name: str, label: str, values: Mapping[str, str | None], *, wh
     return check(name, "ok", f"{label} {version} on every node ({', '.join(values)})", versions=dict(values))
 
 
-def check_python(facts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    values = {n: f.get("python_version") for n, f in facts.items()}
+def check_python(facts: Mapping[str, NodeReport]) -> Check:
+    values = {n: f.python_version for n, f in facts.items()}
     return _same_version("python_patch_level", "Python", values, why=(
         "Ray refuses to join nodes whose Python patch levels differ (seed 000: a 3.12.13 worker could not join "
         "a 3.12.3 head) and pickled objects may not load across versions; build every node's serving "
         "environment on the same Python"))
 
 
-def check_versions(facts: Mapping[str, Mapping[str, Any]], *, uses_ray: bool = False) -> list[dict[str, Any]]:
+def check_versions(facts: Mapping[str, NodeReport], *, uses_ray: bool = False) -> list[Check]:
     """vLLM, torch, NCCL and Ray versions equal on every node."""
-    def values(key: str) -> dict[str, Any]:
-        return {n: f.get(key) for n, f in facts.items()}
-
-    vllm = {n: f.get("vllm") and f"{f['vllm']} ({f.get('vllm_distribution')})" for n, f in facts.items()}
+    vllm = {n: f.vllm and f"{f.vllm} ({f.vllm_distribution})" for n, f in facts.items()}
     ray_why = ("the configuration uses Ray, and Ray refuses nodes of another version" if uses_ray else
                "the configuration does not use Ray, so this only says the environments differ")
     return [
         _same_version("vllm_version", "vLLM", vllm, why="every node must run the same engine code"),
-        _same_version("torch_version", "torch", values("torch"),
+        _same_version("torch_version", "torch", {n: f.torch for n, f in facts.items()},
                       why="workers of different torch builds do not agree on tensors and collectives"),
-        _same_version("nccl_version", "NCCL", values("nccl"), required=False,
+        _same_version("nccl_version", "NCCL", {n: f.nccl for n, f in facts.items()}, required=False,
                       none_detail="no node's torch is built with CUDA: no NCCL (gloo carries the collectives)",
                       why="NCCL ranks of different versions hang or fail at the first collective; a node "
                           "without NCCL has a CPU build of torch"),
-        _same_version("ray_version", "Ray", values("ray"), required=uses_ray, mismatch="fail" if uses_ray else "warn",
+        _same_version("ray_version", "Ray", {n: f.ray for n, f in facts.items()}, required=uses_ray,
+                      mismatch="fail" if uses_ray else "warn",
                       none_detail="no node has Ray installed and the configuration does not use it", why=ray_why),
     ]
 
 
-def _interface_problem(name: str, f: Mapping[str, Any]) -> tuple[str, str]:
+def _interface_problem(name: str, f: NodeReport) -> tuple[str, str]:
     """(status, sentence) for one node's interface and its way to the master."""
-    iface, master = f["interface"], f["master"]
-    label = iface.get("name")
-    target = f"{master['address']}" + (f":{master['port']}" if master.get("port") else "")
-    if label and not iface.get("exists"):
+    iface, master = InterfaceFacts.model_validate(f.interface), MasterFacts.model_validate(f.master)
+    label = iface.name
+    target = f"{master.address}" + (f":{master.port}" if master.port else "")
+    if label and not iface.exists:
         return "fail", f"{name}: interface {label} does not exist"
-    if not master.get("ok"):
+    if not master.ok:
         via = f" from {label}" if label else ""
-        return "fail", f"{name}: the master {target} is not reachable{via} ({master.get('error')})"
-    route = master.get("route_dev")
-    own = master.get("ip") in {a.split("/")[0] for a in iface.get("addresses") or []}
+        return "fail", f"{name}: the master {target} is not reachable{via} ({master.error})"
+    route = master.route_dev
+    own = master.ip in {a.split("/")[0] for a in iface.addresses}
     if label and route and route != label and not own:
         return "fail", f"{name}: traffic to the master {target} leaves by {route}, not by {label}"
     if not label:
         return "warn", (f"{name}: no interface named, the master {target} is reachable; NCCL and gloo pick an "
                         "interface themselves (seed 000 had to pin NCCL to the 200G interface)")
-    how = "TCP connect" if master.get("method") == "tcp" else "on its subnet"
-    return "ok", f"{name}: {label} ({', '.join(iface.get('addresses') or [])}) reaches the master {target} ({how})"
+    how = "TCP connect" if master.method == "tcp" else "on its subnet"
+    return "ok", f"{name}: {label} ({', '.join(iface.addresses)}) reaches the master {target} ({how})"
 
 
-def check_interfaces(facts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def check_interfaces(facts: Mapping[str, NodeReport]) -> Check:
     found = {name: _interface_problem(name, f) for name, f in facts.items()}
     status = _worst([s for s, _ in found.values()])
     shown = [text for s, text in found.values() if s == status] if status != "ok" else [t for _, t in found.values()]
     return check("node_interface", status, "; ".join(shown),
-                 nodes={n: {"status": s, "interface": facts[n]["interface"], "master": facts[n]["master"]}
+                 nodes={n: {"status": s, "interface": facts[n].interface, "master": facts[n].master}
                         for n, (s, _) in found.items()})
 
 
-def check_dev_shm(facts: Mapping[str, Mapping[str, Any]], min_bytes: int | None = None) -> dict[str, Any]:
+def check_dev_shm(facts: Mapping[str, NodeReport], min_bytes: int | None = None) -> Check:
     """``/dev/shm`` of every node at least the minimum (its facts' ``min_bytes`` unless given)."""
     problems, sizes = [], {}
     for name, f in facts.items():
-        shm = f["dev_shm"]
-        minimum = min_bytes if min_bytes is not None else shm.get("min_bytes", MIN_SHM_BYTES)
-        size = sizes[name] = shm.get("size_bytes")
+        shm = ShmFacts.model_validate(f.dev_shm)
+        minimum = min_bytes if min_bytes is not None else shm.min_bytes
+        size = sizes[name] = shm.size_bytes
         if size is None:
-            problems.append(f"{name}: /dev/shm cannot be read ({shm.get('error')})")
+            problems.append(f"{name}: /dev/shm cannot be read ({shm.error})")
         elif size < minimum:
             problems.append(f"{name}: /dev/shm is {size / GiB:.2f} GiB, below the {minimum / GiB:.2f} GiB minimum")
     if problems:
@@ -184,20 +230,21 @@ def check_dev_shm(facts: Mapping[str, Mapping[str, Any]], min_bytes: int | None 
     return check("node_dev_shm", "ok", f"/dev/shm: {listing}", size_bytes=sizes)
 
 
-def check_stale(facts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def check_stale(facts: Mapping[str, NodeReport]) -> Check:
     """No vLLM, Ray or llmtrial serving process of an earlier trial on any node (none is killed here)."""
-    found = {name: list(f["stale"]["processes"]) for name, f in facts.items() if f["stale"]["processes"]}
+    found = {name: StaleFacts.model_validate(f.stale).processes for name, f in facts.items()}
+    found = {name: procs for name, procs in found.items() if procs}
     if not found:
         return check("stale_processes", "ok", f"no vLLM, Ray or llmtrial serving process on {', '.join(facts)}",
                      processes={})
-    shown = [f"{name}: pid {p['pid']} ({p['what']}, {p['age_s']:.0f} s old, {p['user']}): {p['cmdline']}"
+    shown = [f"{name}: pid {p.pid} ({p.what}, {p.age_s:.0f} s old, {p.user}): {p.cmdline}"
              for name, procs in found.items() for p in procs]
     return check("stale_processes", "fail", "; ".join(shown) + "; a stale vLLM or Ray holds ports, shared memory and "
                  "GPUs (seed 000 force-stopped stale Ray nodes before a clean launch): stop them first, nothing "
-                 "here kills them", processes=found)
+                 "here kills them", processes={name: [p.model_dump() for p in procs] for name, procs in found.items()})
 
 
-def cross_checks(facts: Mapping[str, Mapping[str, Any]], *, uses_ray: bool = False) -> list[dict[str, Any]]:
+def cross_checks(facts: Mapping[str, NodeReport], *, uses_ray: bool = False) -> list[Check]:
     """The checks over the nodes' facts (those of :func:`node_facts`, by node name); a node
     that did not answer (``error`` in its facts) is left out here: :func:`preflight_nodes`
     fails it on its own."""
@@ -208,7 +255,7 @@ def cross_checks(facts: Mapping[str, Mapping[str, Any]], *, uses_ray: bool = Fal
             check_dev_shm(answered), check_stale(answered)]
 
 
-def same_files(manifests: Mapping[str, Mapping[str, str | None]], *, show: int = 5) -> dict[str, Any]:
+def same_files(manifests: Mapping[str, Mapping[str, str | None]], *, show: int = 5) -> Check:
     """The staged model files hash the same on every node.
 
     ``manifests``: node name -> {path relative to the model folder: sha256, or None where
@@ -236,27 +283,27 @@ def same_files(manifests: Mapping[str, Mapping[str, str | None]], *, show: int =
 # --------------------------------------------------------------------------- all nodes
 
 
-def _facts_or_error(node: Node, **kwargs: Any) -> dict[str, Any]:
+def _facts_or_error(node: Node, **kwargs: Any) -> NodeReport:
     started = time.monotonic()
     try:
         facts = node_facts(node, **kwargs)
     except NodeError as err:
-        facts = {"node": node.describe(), "error": str(err)}
-    facts["elapsed_s"] = round(time.monotonic() - started, 3)
+        facts = NodeReport(node=node.describe(), error=str(err))
+    facts.elapsed_s = round(time.monotonic() - started, 3)
     return facts
 
 
-def check_answered(facts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    failed = {name: f["error"] for name, f in facts.items() if f.get("error")}
+def check_answered(facts: Mapping[str, NodeReport]) -> Check:
+    failed = {name: f.error for name, f in facts.items() if f.error}
     if failed:
         return check("node_reachable", "fail", "; ".join(failed.values()), errors=failed)
-    took = ", ".join(f"{n} {f['elapsed_s']:.1f} s" for n, f in facts.items())
+    took = ", ".join(f"{n} {f.elapsed_s:.1f} s" for n, f in facts.items())
     return check("node_reachable", "ok", f"every node answered ({took})", errors={})
 
 
 def preflight_nodes(nodes: Sequence[Node], *, master_addr: str | None = None, master_port: int | None = None,
                     shm_min_bytes: int = MIN_SHM_BYTES, uses_ray: bool = False, timeout: float = FACTS_TIMEOUT_S,
-                    markers: Mapping[str, str] = STALE_MARKERS) -> dict[str, Any]:
+                    markers: Mapping[str, str] = STALE_MARKERS) -> CrossNode:
     """The cross-node preflight record of ``nodes`` (the first one the master unless
     ``master_addr`` is given): every node's facts, gathered in parallel with ``timeout``
     seconds each, and the checks. A node that does not answer is a failed
@@ -270,4 +317,4 @@ def preflight_nodes(nodes: Sequence[Node], *, master_addr: str | None = None, ma
         futures = {node.name: pool.submit(_facts_or_error, node, **kwargs) for node in nodes}
         facts = {name: future.result() for name, future in futures.items()}
     checks = [check_answered(facts), *cross_checks(facts, uses_ray=uses_ray)]
-    return {"master": {"address": master, "port": master_port}, "nodes": facts, "checks": checks}
+    return CrossNode(master=Master(address=master, port=master_port), nodes=facts, checks=checks)

@@ -32,20 +32,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from llmtrial.core.configuration_spec import ConfigurationSpec
 from llmtrial.core.fileio import sha256_file
 from llmtrial.core.record_base import error_lines
 from llmtrial.core.trial_checks import option_key
-from llmtrial.core.trial_config import NodeBlock, TrialConfig
+from llmtrial.core.trial_config import NodeBlock, SshBlock, TrialConfig
 from llmtrial.host.slurm_hosts import JOB_ENV, allocation_hosts, srun_argv
 from llmtrial.onnode import file_hashes, node_probe
 
 __all__ = [
-    "LOCAL_NAME", "NodeError", "Node", "local_node", "this_node_name", "trial_nodes", "configuration_nodes", "spec_nodes",
+    "LOCAL_NAME", "NodeError", "Node", "NodeDefaults", "NodeReach", "local_node", "this_node_name", "trial_nodes", "all_nodes", "configuration_nodes", "spec_nodes",
     "spanned_nodes", "number_slurm_nodes", "program_argv", "last_json_object",
 ]
 
@@ -62,6 +62,40 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 class NodeError(RuntimeError):
     """A command on a node could not run, timed out, or failed; the message names the node."""
+
+
+@dataclass(frozen=True)
+class NodeDefaults:
+    """What a node takes from its trial where its own block says nothing."""
+
+    staging_dir: str = "staging"
+    python: str | None = None  # a local node's interpreter (None: this one)
+    slurm_host: str | None = None  # the SLURM host a ledger entry recorded for the node
+    slurm_trial: bool = False  # a node of the trial is reached through SLURM
+
+
+class SlurmReach(BaseModel):
+    """A ``reach: slurm`` node's host in the allocation, and the allocation."""
+
+    host: str | None = None
+    job: str | None = None
+
+
+class NodeReach(BaseModel):
+    """A node as a record or a ledger entry keeps it (:meth:`Node.describe`): how to reach it again, no
+    secrets (the identity file's path only). Keys an older entry carried beside these are passed over."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = ""
+    reach: Literal["local", "ssh", "slurm"] = "local"
+    address: str | None = None
+    python: str | None = None
+    staging_dir: str | None = None
+    interface: str | None = None
+    env_keys: list[str] = []
+    ssh: SshBlock | None = None
+    slurm: SlurmReach | None = None
 
 
 @dataclass(frozen=True)
@@ -89,19 +123,20 @@ class Node:
     via: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
-    def from_config(cls, name: str, block: NodeBlock | Mapping[str, Any], defaults: Mapping[str, Any]) -> Node:
+    def from_config(cls, name: str, block: NodeBlock | Mapping[str, Any],
+                    defaults: NodeDefaults = NodeDefaults()) -> Node:
         """The node ``name`` of the trial file's ``nodes`` (``block`` its model, or its mapping, read as the model:
         ValueError naming the node and each problem); ``defaults`` gives the trial's ``staging_dir`` (and
         ``python``, the interpreter of a local node, default this one)."""
         block = node_block(name, block)
         reach, ssh = block.reach, block.ssh
-        local_python = defaults.get("python") or sys.executable
+        local_python = defaults.python or sys.executable
         host, job = _slurm_host(name, block, defaults)
         return cls(
             name=name,
             reach=reach,
             python=block.python or (local_python if reach != "ssh" else "python3"),
-            staging_dir=str(block.staging_dir or defaults.get("staging_dir") or "staging"),
+            staging_dir=str(block.staging_dir or defaults.staging_dir or "staging"),
             address=(block.address or (ssh.address if reach == "ssh" else None) or host
                      or _local_address(block, defaults) or "127.0.0.1"),
             interface=block.interface,
@@ -116,15 +151,15 @@ class Node:
         )
 
     @classmethod
-    def from_reach(cls, name: str, reach: Mapping[str, Any]) -> Node:
+    def from_reach(cls, name: str, reach: NodeReach | Mapping[str, Any]) -> Node:
         """The node a record or ledger entry describes (``reach`` as :meth:`describe` gives it):
         what cleanup rebuilds to undo a change on that node from the ledger alone. The same
         checks as the trial file's apply (a refused ssh option raises ValueError)."""
-        block = {k: reach.get(k) for k in ("reach", "python", "staging_dir", "address", "interface", "ssh")
-                 if reach.get(k) is not None}
-        slurm = reach.get("slurm") or {}
-        return cls.from_config(name, block, {"staging_dir": reach.get("staging_dir") or "staging",
-                                             "python": reach.get("python"), "slurm_host": slurm.get("host")})
+        given = NodeReach.model_validate(reach)
+        block = given.model_dump(include={"reach", "python", "staging_dir", "address", "interface", "ssh"},
+                                 exclude_none=True)
+        return cls.from_config(name, block, NodeDefaults(staging_dir=given.staging_dir or "staging", python=given.python,
+                                                         slurm_host=given.slurm.host if given.slurm else None))
 
     @property
     def is_local(self) -> bool:
@@ -229,9 +264,9 @@ class Node:
         that is not a readable file there."""
         return self.program(file_hashes, [str(p) for p in paths], timeout)
 
-    def probe(self, timeout: float = 60.0) -> dict[str, Any]:
+    def probe(self, timeout: float = 60.0) -> node_probe.NodeProbe:
         """Hostname, interpreter, Python version and machine of the node (for cross-node checks)."""
-        return self.program(node_probe, timeout=timeout)
+        return node_probe.NodeProbe(**self.program(node_probe, timeout=timeout))
 
     def copy_to(self, local_path: str | os.PathLike[str], remote_path: str, timeout: float = 3600.0) -> dict[str, str]:
         """Copy a file or a folder's files from this host to ``remote_path`` on the node and
@@ -286,16 +321,16 @@ class Node:
             raise NodeError(self.failure(cmd, returncode, stderr))
 
     def describe(self) -> dict[str, Any]:
-        """What a record says about the node (no secrets; the identity file's path only)."""
-        out: dict[str, Any] = {"name": self.name, "reach": self.reach, "address": self.address,
-                               "python": self.python, "staging_dir": self.staging_dir, "interface": self.interface,
-                               "env_keys": [k for k, _ in self.env]}
+        """What a record says about the node (:class:`NodeReach` as plain data)."""
+        parts = {}
         if self.reach == "ssh":
-            out["ssh"] = {"user": self.user, "address": self.ssh_address, "port": self.port,
-                          "identity_file": self.identity_file, "options": list(self.options)}
+            parts["ssh"] = SshBlock(user=self.user, address=self.ssh_address, port=self.port,
+                                    identity_file=self.identity_file, options=list(self.options))
         if self.reach == "slurm":
-            out["slurm"] = {"host": self.slurm_host, "job": self.slurm_job}
-        return out
+            parts["slurm"] = SlurmReach(host=self.slurm_host, job=self.slurm_job)
+        return NodeReach(name=self.name, reach=self.reach, address=self.address, python=self.python,
+                         staging_dir=self.staging_dir, interface=self.interface, env_keys=[k for k, _ in self.env],
+                         **parts).model_dump(exclude_unset=True)
 
 
 def node_block(name: str, block: NodeBlock | Mapping[str, Any]) -> NodeBlock:
@@ -308,9 +343,9 @@ def node_block(name: str, block: NodeBlock | Mapping[str, Any]) -> NodeBlock:
         raise ValueError(f"node {name}: " + "; ".join(error_lines(exc))) from None
 
 
-def _slurm_host(name: str, block: NodeBlock, defaults: Mapping[str, Any]) -> tuple[str | None, str | None]:
+def _slurm_host(name: str, block: NodeBlock, defaults: NodeDefaults) -> tuple[str | None, str | None]:
     """The allocation's host of a node with ``reach: slurm`` (its ``slurm_index`` in SLURM_JOB_NODELIST)
-    and the allocation's id, or what a ledger entry recorded (``defaults["slurm_host"]``: from outside
+    and the allocation's id, or what a ledger entry recorded (``defaults.slurm_host``: from outside
     the allocation, which may have ended); (None, None) where neither says."""
     if block.reach != "slurm":
         return None, None
@@ -321,14 +356,14 @@ def _slurm_host(name: str, block: NodeBlock, defaults: Mapping[str, Any]) -> tup
             raise NodeError(f"node {name}: slurm_index {index}, but the allocation has {len(hosts)} host(s) "
                             f"({', '.join(hosts)})")
         return hosts[index], job
-    recorded = defaults.get("slurm_host")
+    recorded = defaults.slurm_host
     return recorded, (job if recorded in hosts else None)
 
 
-def _local_address(block: NodeBlock, defaults: Mapping[str, Any]) -> str | None:
+def _local_address(block: NodeBlock, defaults: NodeDefaults) -> str | None:
     """A local node's address in a trial with slurm nodes: the allocation's first host (where the
     host group runs), so the other hosts reach it; None otherwise."""
-    if block.reach != "local" or not defaults.get("slurm_trial"):
+    if block.reach != "local" or not defaults.slurm_trial:
         return None
     return next(iter(allocation_hosts()), None)
 
@@ -340,8 +375,8 @@ def number_slurm_nodes(config: dict[str, Any]) -> None:
             block["slurm_index"] = i
 
 
-def _node_defaults(blocks: Mapping[str, NodeBlock], staging_dir: Any) -> dict[str, Any]:
-    return {"staging_dir": staging_dir, "slurm_trial": any(b.reach == "slurm" for b in blocks.values())}
+def _node_defaults(blocks: Mapping[str, NodeBlock], staging_dir: str) -> NodeDefaults:
+    return NodeDefaults(staging_dir=staging_dir, slurm_trial=any(b.reach == "slurm" for b in blocks.values()))
 
 
 def program_argv(python: str, module: ModuleType, *args: str) -> list[str]:
@@ -397,10 +432,15 @@ def _nodes(blocks: Mapping[str, NodeBlock], staging_dir: str) -> dict[str, Node]
     return {name: Node.from_config(name, block, defaults) for name, block in blocks.items()}
 
 
+def all_nodes(trial: TrialConfig) -> dict[str, Node]:
+    """Every node the trial file lists, by name (one local node when it lists none)."""
+    return _nodes(trial.nodes, trial.staging_dir)
+
+
 def configuration_nodes(trial: TrialConfig, name: str) -> list[Node]:
     """The nodes configuration ``name`` spans, the first serving the API (default: the
     trial's first node)."""
-    nodes = _nodes(trial.nodes, trial.staging_dir)
+    nodes = all_nodes(trial)
     return [nodes[n] for n in trial.configurations[name].nodes or [next(iter(nodes))]]
 
 

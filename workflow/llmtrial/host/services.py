@@ -45,9 +45,9 @@ from llmtrial.core.cleanup_model import CleanupRecord, HostService, QuietedServi
 from llmtrial.core.ledger import Action, Entry, Ledger, replay
 from llmtrial.core.paths import TrialPaths
 from llmtrial.core.record_base import HeldGpu, Residue
-from llmtrial.core.trial_config import ServiceBlock
+from llmtrial.core.trial_config import HealthBlock, ServiceBlock, TrialConfig
 from llmtrial.host.gpus import held_gpus
-from llmtrial.host.nodes import Node, NodeError, local_node, trial_nodes
+from llmtrial.host.nodes import Node, NodeError, all_nodes, local_node
 from llmtrial.host.telemetry_sources import NvmlSource
 from llmtrial.onnode import service_health
 
@@ -124,7 +124,7 @@ class Service:
     stop_argv: list[str]
     start_argv: list[str]
     stopped_exit_codes: list[int]
-    health: dict[str, Any]
+    health: HealthBlock  # its argv resolved
     stop_timeout_s: float
     start_timeout_s: float
     health_timeout_s: float
@@ -134,7 +134,7 @@ class Service:
 
     @property
     def has_health(self) -> bool:
-        return bool(self.health.get("kind"))
+        return self.health.kind is not None
 
     @classmethod
     def from_config(cls, name: str, entry: ServiceBlock | Mapping[str, Any]) -> Service:
@@ -146,8 +146,7 @@ class Service:
             {k: v for k, v in entry.items() if k not in ("name", "reach")})
         node = Node.from_reach(str(block.node), reach) if reach else None
         python = node.python if node is not None and not node.is_local else None
-        health = block.health.model_dump()
-        health["argv"] = resolve_argv(health["argv"], python)
+        health = block.health.model_copy(update={"argv": resolve_argv(block.health.argv, python)})
         return cls(
             name=name, kind=block.kind, target=block.target or name, supervisor_config=block.supervisor_config,
             status_argv=resolve_argv(block.status, python), stop_argv=resolve_argv(block.stop, python),
@@ -161,7 +160,7 @@ class Service:
         out = {
             "name": self.name, "kind": self.kind, "target": self.target, "supervisor_config": self.supervisor_config,
             "status": self.status_argv, "stop": self.stop_argv, "start": self.start_argv,
-            "stopped_exit_codes": self.stopped_exit_codes, "health": self.health,
+            "stopped_exit_codes": self.stopped_exit_codes, "health": self.health.model_dump(),
             "timeouts": {"stop_s": self.stop_timeout_s, "start_s": self.start_timeout_s, "health_s": self.health_timeout_s},
             "gpus": self.gpus, "start_on_failed_gpu": self.start_on_failed_gpu,
         }
@@ -253,19 +252,19 @@ def healthy(service: Service, timeout: float = 5.0) -> tuple[bool, str]:
     """One health probe, made from the service's node (this host without one): (answered
     as expected, what was seen)."""
     h = service.health
-    kind = h.get("kind")
-    if not kind:
+    if h.kind is None:
         return True, "no health check configured"
-    if kind == "command":
-        code, output, seen = call(service.runner(run_argv), list(h["argv"]), timeout=timeout)
+    if h.kind == "command":
+        code, output, seen = call(service.runner(run_argv), list(h.argv), timeout=timeout)
         return code == 0, f"exit {code}: {output[-200:]}" if code is not None else seen
     node = service.node or local_node()
     try:
-        within = max(timeout, float(h.get("timeout_s") or 0)) + HEALTH_ANSWER_S
-        answer = node.program(service_health, {"health": h, "timeout": timeout}, within)
-    except NodeError as exc:
+        within = max(timeout, float(h.timeout_s)) + HEALTH_ANSWER_S
+        answer = service_health.HealthAnswer(**node.program(service_health, {"health": h.model_dump(), "timeout": timeout},
+                                                      within))
+    except (NodeError, TypeError) as exc:
         return False, f"the health check could not run: {exc}"
-    return bool(answer.get("ok")), str(answer.get("seen"))
+    return answer.ok, answer.seen
 
 
 def _wait(predicate: Callable[[], tuple[bool, str]], timeout: float, poll: float = 0.5) -> tuple[bool, str, float]:
@@ -420,20 +419,19 @@ def check_running(quiet_ids: list[str], entries: list[Entry], runner: Runner = r
 # --------------------------------------------------------------------------- the quiet stage
 
 
-def services_on_nodes(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The trial's ``services``, each entry with the ``reach`` of its node (its ``node``
-    key, default the trial's first node), as the quiet and configuration rules pass them:
+def services_on_nodes(trial: TrialConfig) -> dict[str, Any]:
+    """The trial's ``services`` as the quiet and configuration rules pass them (plain data), each
+    entry with the ``reach`` of its node (its ``node`` key, default the trial's first node):
     :class:`Service` then runs its commands and health check there. A trial that lists no
     nodes gets its services as they are (on this host)."""
-    services = dict(config.get("services") or {})
-    if not config.get("nodes"):
-        return services
-    nodes = trial_nodes(config)
+    if not trial.nodes:
+        return {name: block.model_dump() for name, block in trial.services.items()}
+    nodes = all_nodes(trial)
     first = next(iter(nodes))
     out = {}
-    for name, entry in services.items():
-        node = nodes[entry.get("node") or first]
-        out[name] = {**entry, "node": node.name, "reach": node.describe()}
+    for name, block in trial.services.items():
+        node = nodes[block.node or first]
+        out[name] = {**block.model_dump(), "node": node.name, "reach": node.describe()}
     return out
 
 

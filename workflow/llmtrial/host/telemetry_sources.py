@@ -292,14 +292,14 @@ class KernelLogSource:
         self.command = command or kernel_log_command()
         self.events: list[str] = []
         first = kernel_log(self.command)
-        self.available, self.reason = first["available"], first["reason"]
-        self._baseline = set(first["lines"])
+        self.available, self.reason = first.available, first.reason
+        self._baseline = set(first.lines)
 
     def _read(self) -> list[str]:
         now = kernel_log(self.command)
-        if not now["available"]:
-            raise RuntimeError(now["reason"])
-        return now["lines"]
+        if not now.available:
+            raise RuntimeError(now.reason)
+        return now.lines
 
     def sample(self) -> dict[str, float]:
         for line in self._read():

@@ -20,14 +20,25 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import psutil
 
-from llmtrial.core.cleanup_model import CleanupRecord, HostAfter, LeftBehind, PortState, WeightsOutcome
+from llmtrial.core.cleanup_model import (
+    CleanupRecord,
+    HostAfter,
+    JobRow,
+    LeftBehind,
+    PatchRow,
+    PortState,
+    ServerRow,
+    ServiceRow,
+    Undo,
+    WeightsOutcome,
+)
 from llmtrial.core.hostlock import read_holder, this_host
 from llmtrial.core.hostlock import release as release_lock
 from llmtrial.core.ledger import Action, Entry, Ledger, replay
@@ -37,12 +48,18 @@ from llmtrial.core.records import as_written, load_record, write_record
 from llmtrial.host.gpus import recheck_failed
 from llmtrial.host.process_groups import group_members, port_open, stop_group, stop_recorded_groups
 from llmtrial.host.services import Restored, check_running, restore
-from llmtrial.lifecycle.ledger_tables import patches_table, services_table, undo_rows
+from llmtrial.lifecycle.ledger_tables import group_rows, job_rows, patches_table, server_rows, services_table
 from llmtrial.lifecycle.on_node import cleanup_there, hosts_to_reach
 from llmtrial.patch.patching import Reverted, group_patches, revert_patches
 from llmtrial.weights.policy import PolicyApplied, apply_policy
 
 log = logging.getLogger(__name__)
+
+#: A row of the cleanup record's tables: a quiet of a service, a patched file, a job, a server or group.
+Row = TypeVar("Row", ServiceRow, PatchRow, JobRow, ServerRow)
+#: A row of a change cleanup undoes itself: a job, a server or group.
+UndoRow = TypeVar("UndoRow", bound=Undo)
+
 
 class HostNotRestored(RuntimeError):
     """Cleanup left residues: the workflow must not report success."""
@@ -77,10 +94,10 @@ def release_host_locks(ledger: Ledger, *, release: bool) -> list[LockRow]:
     for e in replay(ledger.entries()).open("locks"):
         path, holder = Path(e.path), e.holder
         held = read_holder(path)
-        if not release and not (held is not None and held.results == holder["results"] and held.run != e.run):
+        if not release and not (held is not None and held.results == holder.results and held.run != e.run):
             rows.append(LockRow(path=str(path), run=e.run, outcome="kept"))
             continue
-        outcome = release_lock(path, holder["results"], e.run)
+        outcome = release_lock(path, holder.results, e.run)
         ledger.append(Action.HOST_UNLOCKED, path=str(path), undoes=e.id, outcome=outcome)
         rows.append(LockRow(path=str(path), run=e.run, outcome=outcome))
     return rows
@@ -97,13 +114,8 @@ def restore_first(results_dir: Path, *, ports: Iterable[int] = (), host: str = "
     record = run_cleanup(results_dir, ports=ports, host=host, release_host=False)  # the running trial keeps it
     if not record.restored:
         raise HostNotRestored("an earlier run of this trial left residues that cleanup could not undo: "
-                              f"{residue_rows(record)}; fix them, then run `snakemake cleanup`")
+                              f"{[as_written(r) for r in record.residues]}; fix them, then run `snakemake cleanup`")
     return record
-
-
-def residue_rows(record: CleanupRecord) -> list[dict[str, Any]]:
-    """The record's residues as its JSON lists them (what a message quotes)."""
-    return [as_written(r) for r in record.residues]
 
 
 def _listener_pids(port: int) -> list[int]:
@@ -116,20 +128,28 @@ def _listener_pids(port: int) -> list[int]:
 
 
 
-def _split(rows: list[dict[str, Any]], run: str, by: str,
-           done: list[dict[str, Any]] = ()) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """This run's rows, and the rows of earlier runs' changes this run undid or that are
-    still outstanding (an earlier run's change already undone before is in neither). A row
-    takes the fields of what this cleanup ``done`` to its change."""
-    by_change = {d["change"]: d for d in done}
-    rows = [{**r, **by_change.get(r.get("change"), {})} for r in rows]
-    mine = [r for r in rows if r["run"] == run]
-    left = [r for r in rows if r["run"] != run and r.get(by) in (run, None)]
+def _split(rows: list[Row], run: str, undone_by: Callable[[Row], str | None]) -> tuple[list[Row], list[Row]]:
+    """This run's rows, and the rows of earlier runs' changes this run undid (``undone_by``: the run
+    that undid a row's change) or that are still outstanding (an earlier run's change already undone
+    before is in neither)."""
+    mine = [r for r in rows if r.run == run]
+    left = [r for r in rows if r.run != run and undone_by(r) in (run, None)]
     return mine, left
 
 
+def _with_done(rows: list[UndoRow], done: list[UndoRow]) -> list[UndoRow]:
+    """``rows`` (from the ledger), each with the fields of what this cleanup ``done`` to its change."""
+    by_change = {d.change: d for d in done}
+    return [r.model_copy(update=by_change[r.change].model_dump(exclude_unset=True)) if r.change in by_change else r
+            for r in rows]
+
+
+def _undone_by(row: JobRow | ServerRow) -> str | None:
+    return row.undone_by_run
+
+
 def stop_orphaned_jobs(jobs: list[Entry], ledger: Ledger, timeout: float,
-                       residues: list[Residue]) -> list[dict[str, Any]]:
+                       residues: list[Residue]) -> list[JobRow]:
     """End each configuration job the ledger still has open: one that outlived its workflow
     (after ``kill -9`` of snakemake) gets SIGTERM first, which makes it stop its own server,
     then SIGKILL; one already gone is marked so. Each ``job_stopped`` names its ``job_started``."""
@@ -142,7 +162,7 @@ def stop_orphaned_jobs(jobs: list[Entry], ledger: Ledger, timeout: float,
             alive = abs(proc.create_time() - float(e.create_time)) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
         except (psutil.Error, TypeError, ValueError):
             alive = False
-        left: list[Any] = []
+        left: list[psutil.Process] = []
         if alive:
             log.warning("configuration job %s (pid %s) outlived its workflow: stopping it", e.label, e.pid)
             proc.terminate()
@@ -150,40 +170,39 @@ def stop_orphaned_jobs(jobs: list[Entry], ledger: Ledger, timeout: float,
             if left:
                 proc.kill()
                 gone, left = psutil.wait_procs([proc], timeout=10)
-        item = {"label": e.label, "pid": e.pid, "run": e.run, "change": e.id,
-                "action": "none (already gone)" if not alive else "stopped" if not left else "would not stop"}
+        item = JobRow(label=e.label, pid=e.pid, run=e.run, change=e.id,
+                      action="none (already gone)" if not alive else "stopped" if not left else "would not stop")
         if left:
             residues.append(Residue(kind="process", what=f"job {e.label} pid {e.pid}", tried="SIGTERM, SIGKILL",
                                     seen="still alive"))
         else:
-            ledger.append(Action.JOB_STOPPED, label=e.label, pid=e.pid, undoes=e.id, outcome=item["action"])
+            ledger.append(Action.JOB_STOPPED, label=e.label, pid=e.pid, undoes=e.id, outcome=item.action)
         out.append(item)
     return out
 
 
 def stop_servers(servers: list[Entry], ledger: Ledger, host: str, timeout: float,
-                 residues: list[Residue]) -> list[dict[str, Any]]:
+                 residues: list[Residue]) -> list[ServerRow]:
     """Stop, newest first, each server the ledger still has open (by process group, then
     confirm its port closed); each ``server_stopped`` names its ``server_started``."""
     out = []
     for entry in reversed(servers):
         pgid, port = int(entry.pgid), int(entry.port)
         alive = [p.pid for p in group_members(pgid, not_before=entry.launched_at)]
-        item: dict[str, Any] = {"label": entry.label, "pgid": pgid, "port": port, "run": entry.run,
-                                "change": entry.id, "alive_pids": alive, "action": "none (already stopped)"}
+        item = ServerRow(label=entry.label, pgid=pgid, port=port, run=entry.run, change=entry.id, alive_pids=alive,
+                         action="none (already stopped)")
         if alive:
             log.warning("server %s (pgid %d) still alive: stopping it", entry.label, pgid)
-            item["action"] = "stopped"
-            item["stop"] = stop_group(pgid, host=entry.host or host, port=port, timeout=timeout,
-                                      not_before=entry.launched_at)
-            if item["stop"]["survivors"]:
-                item["action"] = "would not stop"
+            item.action = "stopped"
+            item.stop = stop = stop_group(pgid, host=entry.host or host, port=port, timeout=timeout,
+                                          not_before=entry.launched_at)
+            if stop["survivors"]:
+                item.action = "would not stop"
                 residues.append(Residue(kind="process", what=f"server {entry.label} pgid {pgid}",
-                                        tried=", ".join(item["stop"]["signals"]),
-                                        seen=f"pids {item['stop']['survivors']} still alive"))
-        if item["action"] != "would not stop":
+                                        tried=", ".join(stop["signals"]), seen=f"pids {stop['survivors']} still alive"))
+        if item.action != "would not stop":
             ledger.append(Action.SERVER_STOPPED, label=entry.label, pgid=pgid, port=port, undoes=entry.id,
-                          outcome=item["action"])
+                          outcome=item.action)
         out.append(item)
     return out
 
@@ -206,9 +225,9 @@ def check_ports(ports: Iterable[int], host: str, residues: list[Residue]) -> lis
 class Undone:
     """What one cleanup did, step by step, in the order it undoes the stages."""
 
-    jobs: list[dict[str, Any]]
-    servers: list[dict[str, Any]]
-    groups: list[dict[str, Any]]
+    jobs: list[JobRow]
+    servers: list[ServerRow]
+    groups: list[ServerRow]
     ports: list[PortState]
     patches: Reverted
     gpus_held: list[HeldGpu]
@@ -222,7 +241,7 @@ def _undo_all(ledger: Ledger, *, ports: Iterable[int], host: str, stop_timeout: 
     todo = outstanding(ledger.entries())
     jobs = stop_orphaned_jobs(todo["jobs"], ledger, stop_timeout, residues)
     servers = stop_servers(todo["servers"], ledger, host, stop_timeout, residues)
-    groups = stop_recorded_groups(todo["groups"], ledger, stop_timeout, residues)
+    groups = [ServerRow.model_validate(g) for g in stop_recorded_groups(todo["groups"], ledger, stop_timeout, residues)]
     port_checks = check_ports({*ports, *(int(e.port) for e in todo["servers"])}, host, residues)
     patched = revert_patches(ledger)
     residues.extend(patched.residues)
@@ -263,14 +282,12 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
     residues: list[Residue] = []
     did = _undo_all(ledger, ports=ports, host=host, stop_timeout=stop_timeout, weights=weights, residues=residues)
     after = ledger.entries()
-    services, left_services = _split(services_table(after), ledger.run, "restored_by_run")
-    patches, left_patches = _split(patches_table(after), ledger.run, "reverted_by_run")
-    servers, left_servers = _split(undo_rows(after, "servers", ("label", "pgid", "port"), Action.SERVER_STARTED),
-                                   ledger.run, "undone_by_run", did.servers)
-    groups, left_groups = _split(undo_rows(after, "servers", ("label", "node"), Action.GROUP_LAUNCH),
-                                 ledger.run, "undone_by_run", did.groups)
-    jobs, left_jobs = _split(undo_rows(after, "jobs", ("label", "pid")), ledger.run, "undone_by_run", did.jobs)
-    host_check = check_running([r["quiet"] for r in [*services, *left_services] if r["was_running"]], after)
+    services, left_services = _split(services_table(after), ledger.run, lambda r: r.restored_by_run)
+    patches, left_patches = _split(patches_table(after), ledger.run, lambda r: r.reverted_by_run)
+    servers, left_servers = _split(_with_done(server_rows(after), did.servers), ledger.run, _undone_by)
+    groups, left_groups = _split(_with_done(group_rows(after), did.groups), ledger.run, _undone_by)
+    jobs, left_jobs = _split(_with_done(job_rows(after), did.jobs), ledger.run, _undone_by)
+    host_check = check_running([r.quiet for r in [*services, *left_services] if r.was_running], after)
     for c in host_check:
         if not c.running_and_healthy and not any(r.what == c.name for r in residues):
             residues.append(Residue(kind="service", what=c.name, tried="read its state after cleanup", seen=c.seen or ""))
@@ -282,7 +299,7 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
                              weights=[w for w in (staged.folders if staged else []) if w.run != ledger.run])
     record = CleanupRecord(
         run=ledger.run, started=started, finished=time.time(), ledger=str(ledger.path), ledger_entries=n_entries,
-        jobs=jobs, servers=servers, groups=groups, ports=did.ports,
+        jobs=jobs, servers=servers, groups=[as_written(g) for g in groups], ports=did.ports,
         services_restored=[s for s in did.services.services if s.run == ledger.run], services=services,
         patches_reverted=[p for p in did.patches.items if p.run == ledger.run], patches=patches,
         weights=weights_outcome(staged, ledger.run), left_behind=left_behind, host=HostAfter(services=host_check),

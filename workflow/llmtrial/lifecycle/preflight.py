@@ -25,21 +25,23 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from llmtrial.core.preflight_model import PreflightRecord
+from llmtrial.core.preflight_model import Cpu, CrossNode, Disk, GpuDevice, Gpus, Numa, NumaNode, PreflightRecord, Probes
+from llmtrial.core.record_base import Check
+from llmtrial.core.records import as_written
 from llmtrial.core.redact import redact_env
-from llmtrial.core.trial_config import DiskBlock
+from llmtrial.core.trial_config import DiskBlock, HardwareBlock, ProbesBlock, SourceBlock
 from llmtrial.host.checks import check, check_allocator, check_nccl_interfaces, check_open_files, check_shm
 from llmtrial.host.crossnode import preflight_nodes
 from llmtrial.host.disk import headroom_by_filesystem, headroom_message
 from llmtrial.host.gpus import SelectionError, kernel_log, nvml_module, select
-from llmtrial.host.nodes import trial_nodes
-from llmtrial.host.probes import link_checks, run_probes, selected_gpus, settings_with_defaults
+from llmtrial.host.nodes import Node, trial_nodes
+from llmtrial.host.probes import link_checks, run_probes, selected_gpus
 from llmtrial.weights.model_source import staged_size_estimate
 
 #: Distributions the report lists first.
@@ -57,7 +59,7 @@ class PreflightError(RuntimeError):
 # --------------------------------------------------------------------------- environment
 
 
-def cpu_info() -> dict[str, Any]:
+def cpu_info() -> Cpu:
     """CPU model, the flags that matter to vLLM's CPU build, and the NUMA layout."""
     model, flags = platform.processor() or "", set()
     try:
@@ -69,25 +71,23 @@ def cpu_info() -> dict[str, Any]:
                 flags = set(value.split())
     except OSError:
         pass
-    numa = {f"node{n['node']}": n["cpulist"] for n in numa_nodes()["nodes"] if n["cpulist"] is not None}
+    numa = {f"node{n.node}": n.cpulist for n in numa_nodes().nodes if n.cpulist is not None}
     wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "fma")
-    return {"model": model, "cores_logical": os.cpu_count(), "cores_physical": psutil.cpu_count(logical=False),
-            "flags": {f: f in flags for f in wanted}, "numa_nodes": numa}
+    return Cpu(model=model, cores_logical=os.cpu_count(), cores_physical=psutil.cpu_count(logical=False),
+               flags={f: f in flags for f in wanted}, numa_nodes=numa)
 
 
-def numa_nodes(sysfs: Path = SYSFS) -> dict[str, Any]:
+def numa_nodes(sysfs: Path = SYSFS) -> Numa:
     """The host's NUMA nodes from ``<sysfs>/devices/system/node``: each node's number, CPU list
     and memory (``nodeN/meminfo``'s MemTotal, in bytes); an empty list with the reason when
     the folder is missing (a kernel without NUMA support, a container that hides it)."""
     root = sysfs / "devices" / "system" / "node"
-    out: dict[str, Any] = {"source": str(root), "reason": None, "nodes": []}
     if not root.is_dir():
-        out["reason"] = f"{root} does not exist"
-        return out
-    for node in sorted(root.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
-        out["nodes"].append({"node": int(node.name[4:]), "cpulist": _read_text(node / "cpulist"),
-                             "mem_total_bytes": _node_mem_total(node / "meminfo")})
-    return out
+        return Numa(source=str(root), reason=f"{root} does not exist", nodes=[])
+    nodes = [NumaNode(node=int(node.name[4:]), cpulist=_read_text(node / "cpulist"),
+                      mem_total_bytes=_node_mem_total(node / "meminfo"))
+             for node in sorted(root.glob("node[0-9]*"), key=lambda p: int(p.name[4:]))]
+    return Numa(source=str(root), reason=None, nodes=nodes)
 
 
 def _read_text(path: Path) -> str | None:
@@ -231,9 +231,9 @@ def environment_record(nvml: Any | None = None, sysfs: Path = SYSFS) -> dict[str
         "python": sys.version.split()[0],
         "python_executable": sys.executable,
         "cpu_count": os.cpu_count(),
-        "cpu": cpu_info(),
+        "cpu": as_written(cpu_info()),
         "memory_total_bytes": mem.total,
-        "numa": numa_nodes(sysfs),
+        "numa": as_written(numa_nodes(sysfs)),
         "gpus": gpu_inventory(nvml, sysfs),
         "key_packages": {k: v for k, v in key.items() if v is not None},
         "packages": packages,
@@ -241,49 +241,46 @@ def environment_record(nvml: Any | None = None, sysfs: Path = SYSFS) -> dict[str
     }
 
 
-def disk_check(disk: Mapping[str, Any]) -> dict[str, Any]:
+def disk_check(disk: Disk) -> Check:
     detail = headroom_message(disk)
-    if disk["ok"]:
+    if disk.ok:
         return check("disk_headroom", "ok", detail)
     return check("disk_headroom", "fail", f"not enough disk for the weights: {detail}; free space "
                  "or lower disk.reserve_* (the default keeps the kubelet's 10 % eviction threshold)")
 
 
-def nodes_preflight(spanned: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def nodes_preflight(nodes: Sequence[Node], *, uses_ray: bool) -> CrossNode | None:
     """The cross-node preflight (:func:`llmtrial.host.crossnode.preflight_nodes`) of the nodes any
-    configuration spans, the first node's address the master; None when the trial lists no
-    nodes. ``spanned`` is :func:`llmtrial.host.nodes.spanned_nodes` of the trial file."""
-    if not spanned or not spanned.get("nodes"):
+    configuration spans, the first node's address the master (``uses_ray``: the Ray versions must
+    agree too); None when the trial lists no nodes."""
+    if not nodes:
         return None
-    nodes = list(trial_nodes(spanned).values())
-    return preflight_nodes(nodes, master_addr=nodes[0].address, uses_ray=bool(spanned.get("uses_ray")))
+    return preflight_nodes(list(nodes), master_addr=nodes[0].address, uses_ray=uses_ray)
 
 
-def select_gpus(environment: dict[str, Any], hardware: Mapping[str, Any]) -> str | None:
+def select_gpus(environment: dict[str, Any], hardware: HardwareBlock) -> str | None:
     """Resolve ``hardware.gpus`` against the inventory into ``environment.gpus.selected`` (NVML
     indexes) and ``selected_gpus`` (index, UUID, name, PCI bus id); the reason it cannot be,
     or None."""
     gpus = environment["gpus"]
     try:
-        chosen = select(hardware.get("gpus"), gpus.get("devices") or [])
+        chosen = select(hardware.gpus, [GpuDevice.model_validate(d) for d in gpus.get("devices") or []])
     except SelectionError as exc:
         gpus.update(selected=[], selected_gpus=[])
         return str(exc)
-    gpus.update(selected=[g["index"] for g in chosen], selected_gpus=chosen)
+    gpus.update(selected=[g.index for g in chosen], selected_gpus=chosen)
     return None
 
 
-def probes_part(settings: Mapping[str, Any], gpus: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def probes_part(settings: ProbesBlock, inventory: Gpus) -> tuple[Probes, list[Check]]:
     """The probes (:mod:`llmtrial.host.probes`) on the selected GPUs, and their link checks."""
-    s = settings_with_defaults(settings)
-    probes = run_probes(s, selected_gpus(gpus))
-    return probes, link_checks(probes, gpus, float(s["far_below"]))
+    probes = run_probes(settings, selected_gpus(inventory))
+    return probes, link_checks(probes, inventory, float(settings.far_below))
 
 
-def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: Mapping[str, Any],
-                  nodes: Mapping[str, Any] | None = None, nvml: Any | None = None,
-                  sysfs: Path = SYSFS, hardware: Mapping[str, Any] | None = None,
-                  probes: Mapping[str, Any] | None = None) -> PreflightRecord:
+def run_preflight(*, source: SourceBlock, staging_dir: str | Path, disk: DiskBlock,
+                  nodes: Mapping[str, Any] | None = None, nvml: Any | None = None, sysfs: Path = SYSFS,
+                  hardware: HardwareBlock | None = None, probes: ProbesBlock | None = None) -> PreflightRecord:
     """The trial's preflight record. Raises PreflightError naming what failed, with the
     record attached as ``exc.record``, when a check must stop the trial before staging.
 
@@ -300,17 +297,18 @@ def run_preflight(*, source: Mapping[str, Any], staging_dir: str | Path, disk: M
     """
     host = {"host": dict(os.environ)}
     needed, files = staged_size_estimate(source)
-    headroom = headroom_by_filesystem([("staging", staging_dir, needed, files)], DiskBlock.model_validate(dict(disk)))[0]
+    headroom = headroom_by_filesystem([("staging", staging_dir, needed, files)], disk)[0]
     checks = [check_allocator(host), check_shm(), check_open_files(), check_nccl_interfaces(host), disk_check(headroom)]
     environment = environment_record(nvml, sysfs)
-    unselectable = select_gpus(environment, hardware or {})
+    unselectable = select_gpus(environment, hardware or HardwareBlock())
     if unselectable:
         checks.append(check("gpu_selection", "fail", unselectable))
     gpus = environment["gpus"]
     # the kernel log on a GPU host: the baseline a health check after a failure compares with
     baseline = kernel_log() if gpus["present"] else None
-    probed, link = probes_part(probes, gpus) if probes is not None else (None, [])
-    across = nodes_preflight(nodes)
+    probed, link = probes_part(probes, Gpus.model_validate(gpus)) if probes is not None else (None, [])
+    spanned = list(trial_nodes(nodes).values()) if nodes and nodes["nodes"] else []
+    across = nodes_preflight(spanned, uses_ray=bool(nodes and nodes["uses_ray"]))
     parts = {"kernel_log": baseline, "probes": probed, "nodes": across}
     record = PreflightRecord(environment=environment, checks=[*checks, *link], disk=headroom,
                              **{name: part for name, part in parts.items() if part is not None})

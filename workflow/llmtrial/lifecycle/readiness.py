@@ -15,6 +15,8 @@ from typing import Any
 from llmtrial.core.cleanup_model import QuietedService, QuietRecord
 from llmtrial.core.configuration_model import GpuCensus
 from llmtrial.core.ledger import Ledger
+from llmtrial.core.preflight_model import SelectedGpu
+from llmtrial.core.trial_config import PatchBlock
 from llmtrial.host.gpus import launch_check, visible_devices_env
 from llmtrial.host.services import quiet_host, quiet_needed
 from llmtrial.lifecycle.cleanup import restore_first
@@ -44,7 +46,7 @@ class Readiness:
 
 
 def ready_host(*, results: Path, services: Mapping[str, Any], ports: Sequence[int], host: str,
-               patches: Mapping[str, Any], ledger: Ledger, patches_dir: Path, gpus: Sequence[Mapping[str, Any]],
+               patches: Mapping[str, PatchBlock], ledger: Ledger, patches_dir: Path, gpus: Sequence[SelectedGpu],
                allow_processes: Sequence[str]) -> Readiness:
     """Quiet the host again when a cleanup restored it, re-apply the patches a cleanup reverted,
     and take the census of the selected GPUs."""
@@ -53,12 +55,12 @@ def ready_host(*, results: Path, services: Mapping[str, Any], ports: Sequence[in
     if why is not None:
         log.info("quieting the host first (%s)", why)
         requieted = quiet(results, services, ports=ports, host=host).services
-    patched = ensure_patched(dict(patches), ledger=ledger, work_dir=patches_dir)
+    patched = ensure_patched(patches, ledger=ledger, work_dir=patches_dir)
     census, busy = launch_check(ledger, list(gpus), list(allow_processes))
     return Readiness(requieted, patched, GpuCensus.model_validate(census), busy)
 
 
-def host_env(gpus: Sequence[Mapping[str, Any]], env: Mapping[str, str], patched: Patched) -> dict[str, str]:
+def host_env(gpus: Sequence[SelectedGpu], env: Mapping[str, str], patched: Patched) -> dict[str, str]:
     """A single host's serving environment: the selected GPUs made visible, the configuration's
     ``env``, and the patches' plugin folder."""
     return server_env({**visible_devices_env(list(gpus)), **env}, patched.plugin_dir, patched.patches)

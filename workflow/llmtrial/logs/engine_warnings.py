@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from llmtrial.core.configuration_model import EngineWarning
 from llmtrial.logs.lines import find_lines
 
 __all__ = ["WARNINGS", "WarningPattern", "engine_warnings"]
@@ -106,13 +107,13 @@ WARNINGS: tuple[WarningPattern, ...] = (
 _ANY = re.compile("|".join(f"(?:{w.regex.pattern})" for w in WARNINGS))
 
 
-def _entry(warning: WarningPattern, m: re.Match[str], found: dict[str, Any]) -> dict[str, Any]:
+def _entry(warning: WarningPattern, m: re.Match[str], found: dict[str, Any]) -> EngineWarning:
     says, advice = warning.describe(m)
-    return {"name": warning.name, "line": found["line"], "source": found["source"], "process": found["process"],
-            "count": 1, "summary": says, "advice": advice, "kind": "measured"}
+    return EngineWarning(name=warning.name, line=found["line"], source=found["source"], process=found["process"],
+                         count=1, summary=says, advice=advice, kind="measured")
 
 
-def engine_warnings(text: str, source: str = "server.log") -> list[dict[str, Any]]:
+def engine_warnings(text: str, source: str = "server.log") -> list[EngineWarning]:
     """The known warnings in a server log, in the order first seen, one entry per name.
 
     Each entry: ``name``, ``line`` (ANSI-stripped), ``source`` (``"<source>:<lineno>"``, 1-based),
@@ -120,14 +121,14 @@ def engine_warnings(text: str, source: str = "server.log") -> list[dict[str, Any
     every tensor-parallel rank prints its own), ``summary``, ``advice`` and ``kind`` (``measured``),
     all from the first line that said it.
     """
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, EngineWarning] = {}
     for found in find_lines(text, _ANY, source):
         for warning in WARNINGS:
             m = warning.regex.search(found["line"])
             if m is None:
                 continue
             if warning.name in out:
-                out[warning.name]["count"] += 1
+                out[warning.name].count += 1
             else:
                 out[warning.name] = _entry(warning, m, found)
             break

@@ -7,15 +7,26 @@ import json
 import platform
 import socket
 import sys
+from dataclasses import asdict, dataclass
 
 
-def probe() -> dict:
-    return {"hostname": socket.gethostname(), "python": sys.executable,
-            "python_version": platform.python_version(), "machine": platform.machine()}
+@dataclass(frozen=True)
+class NodeProbe:
+    """What the node answers."""
+
+    hostname: str
+    python: str
+    python_version: str
+    machine: str
+
+
+def probe() -> NodeProbe:
+    return NodeProbe(hostname=socket.gethostname(), python=sys.executable, python_version=platform.python_version(),
+                     machine=platform.machine())
 
 
 def main() -> None:
-    print(json.dumps(probe()))
+    print(json.dumps(asdict(probe())))
 
 
 if __name__ == "__main__":

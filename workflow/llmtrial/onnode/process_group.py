@@ -14,11 +14,29 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 
 #: A process group member may have started this long before ``not_before`` (clock ticks round).
 START_SLACK_S = 1.0
 #: How often a stop looks whether the group is gone.
 POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class Given:
+    """What the program is asked: the operation, the variable that carries a group's token, and that
+    operation's inputs."""
+
+    op: str
+    env_name: str
+    pgid: int | None = None
+    not_before: float | None = None
+    token: str | None = None
+    argv: list = field(default_factory=list)
+    log_path: str = ""
+    env: dict = field(default_factory=dict)
+    term_grace: float = 0.0
+    kill_grace: float = 0.0
 
 
 def boot_time() -> float:
@@ -44,9 +62,9 @@ def carries(pid: int, env_name: str, token: str) -> bool:
         return False
 
 
-def members(given: dict) -> list[int]:
+def members(given: Given) -> list[int]:
     """The live members of the group ``given`` names (``pgid``, ``not_before``, ``token``)."""
-    pgid, not_before, token = given.get("pgid"), given.get("not_before"), given.get("token")
+    pgid, not_before, token = given.pgid, given.not_before, given.token
     boot, out = boot_time(), []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
@@ -55,22 +73,22 @@ def members(given: dict) -> list[int]:
         if st is None or st[0] in ("Z", "X"):
             continue
         in_group = pgid is not None and st[1] == pgid and (not_before is None or st[2] + START_SLACK_S >= not_before)
-        if in_group or (token and carries(int(name), given["env_name"], token)):
+        if in_group or (token and carries(int(name), given.env_name, token)):
             out.append(int(name))
     return sorted(out)
 
 
-def spawn(given: dict) -> dict:
+def spawn(given: Given) -> dict:
     """Start ``argv`` in a new session (its own process group), its output appended to ``log_path``."""
-    env = dict(os.environ, **given["env"])
-    if given.get("token"):
-        env[given["env_name"]] = given["token"]
-    folder = os.path.dirname(given["log_path"])
+    env = dict(os.environ, **given.env)
+    if given.token:
+        env[given.env_name] = given.token
+    folder = os.path.dirname(given.log_path)
     try:
         if folder:
             os.makedirs(folder, exist_ok=True)
-        with open(given["log_path"], "ab") as log:
-            proc = subprocess.Popen(given["argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        with open(given.log_path, "ab") as log:
+            proc = subprocess.Popen(given.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     env=env, start_new_session=True)
     except (OSError, ValueError) as e:
         return {"error": f"{type(e).__name__}: {e}"}
@@ -78,11 +96,11 @@ def spawn(given: dict) -> dict:
     return {"pid": proc.pid, "pgid": st[1] if st else proc.pid, "create_time": st[2] if st else None}
 
 
-def stop(given: dict) -> dict:
+def stop(given: Given) -> dict:
     """SIGTERM to every member, ``term_grace`` seconds, then SIGKILL to those left, ``kill_grace`` seconds."""
     t0, sent = time.monotonic(), []
     alive = members(given)
-    for sig, grace in ((signal.SIGTERM, given["term_grace"]), (signal.SIGKILL, given["kill_grace"])):
+    for sig, grace in ((signal.SIGTERM, given.term_grace), (signal.SIGKILL, given.kill_grace)):
         left = members(given)
         if not left:
             break
@@ -97,16 +115,16 @@ def stop(given: dict) -> dict:
             "survivors": members(given)}
 
 
-def answer(given: dict) -> dict:
-    if given["op"] == "spawn":
+def answer(given: Given) -> dict:
+    if given.op == "spawn":
         return spawn(given)
-    if given["op"] == "alive":
+    if given.op == "alive":
         return {"pids": members(given)}
     return stop(given)
 
 
 def main() -> None:
-    print(json.dumps(answer(json.load(sys.stdin))), flush=True)
+    print(json.dumps(answer(Given(**json.load(sys.stdin)))), flush=True)
     os._exit(0)  # leave the started group alone: no wait for it at exit
 
 

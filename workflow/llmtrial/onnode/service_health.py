@@ -9,50 +9,72 @@ import socket
 import sys
 import urllib.error
 import urllib.request
+from dataclasses import asdict, dataclass, field
 
 
-def http(health: dict, timeout: float) -> dict:
+@dataclass(frozen=True)
+class Health:
+    """A service's health check as the trial file's ``services.<name>.health`` gives it."""
+
+    kind: str | None = None
+    url: str | None = None
+    expect_status: int = 200
+    host: str = "127.0.0.1"
+    port: int | None = None
+    argv: list = field(default_factory=list)
+    model: str | None = None
+    prompt: str = "Hello"
+    max_tokens: int = 4
+    timeout_s: float = 60
+
+
+@dataclass(frozen=True)
+class HealthAnswer:
+    """What the check saw: whether the service answered as expected, and what it said."""
+
+    ok: bool
+    seen: str
+
+
+def http(health: Health, timeout: float) -> HealthAnswer:
     try:
-        with urllib.request.urlopen(health["url"], timeout=timeout) as resp:
+        with urllib.request.urlopen(health.url, timeout=timeout) as resp:
             status = resp.status
     except urllib.error.HTTPError as exc:
         status = exc.code
-    want = int(health.get("expect_status", 200))
-    return {"ok": status == want, "seen": f"HTTP {status} from {health['url']} (want {want})"}
+    want = int(health.expect_status)
+    return HealthAnswer(status == want, f"HTTP {status} from {health.url} (want {want})")
 
 
-def tcp(health: dict, timeout: float) -> dict:
-    host = health.get("host", "127.0.0.1")
-    with socket.create_connection((host, int(health["port"])), timeout=timeout):
-        return {"ok": True, "seen": f"{host}:{health['port']} accepts connections"}
+def tcp(health: Health, timeout: float) -> HealthAnswer:
+    with socket.create_connection((health.host, int(health.port)), timeout=timeout):
+        return HealthAnswer(True, f"{health.host}:{health.port} accepts connections")
 
 
-def completion(health: dict, timeout: float) -> dict:
-    body = json.dumps({"model": health["model"], "prompt": health.get("prompt", "Hello"),
-                       "max_tokens": int(health.get("max_tokens", 4))}).encode()
-    req = urllib.request.Request(health["url"].rstrip("/") + "/v1/completions", data=body,
+def completion(health: Health, timeout: float) -> HealthAnswer:
+    body = json.dumps({"model": health.model, "prompt": health.prompt, "max_tokens": int(health.max_tokens)}).encode()
+    req = urllib.request.Request(health.url.rstrip("/") + "/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(req, timeout=float(health.get("timeout_s", timeout))) as resp:
+    with urllib.request.urlopen(req, timeout=float(health.timeout_s)) as resp:
         text = json.loads(resp.read())["choices"][0].get("text", "")
-    return {"ok": True, "seen": f"completion answered ({len(text)} characters)"}
+    return HealthAnswer(True, f"completion answered ({len(text)} characters)")
 
 
 CHECKS = {"http": http, "tcp": tcp, "completion": completion}
 
 
-def check(health: dict, timeout: float) -> dict:
-    kind = health.get("kind")
-    if kind not in CHECKS:
-        return {"ok": False, "seen": f"unknown health check kind {kind!r}"}
+def check(health: Health, timeout: float) -> HealthAnswer:
+    if health.kind not in CHECKS:
+        return HealthAnswer(False, f"unknown health check kind {health.kind!r}")
     try:
-        return CHECKS[kind](health, timeout)
-    except (OSError, KeyError, ValueError) as exc:
-        return {"ok": False, "seen": f"{type(exc).__name__}: {exc}"}
+        return CHECKS[health.kind](health, timeout)
+    except (OSError, KeyError, ValueError, TypeError, AttributeError) as exc:
+        return HealthAnswer(False, f"{type(exc).__name__}: {exc}")
 
 
 def main() -> None:
     given = json.load(sys.stdin)
-    print(json.dumps(check(given["health"], given["timeout"])))
+    print(json.dumps(asdict(check(Health(**given["health"]), given["timeout"]))))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ import logging
 import posixpath
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+
+from pydantic import BaseModel
 
 from llmtrial.core.cleanup_model import PatchRevert
 from llmtrial.core.fileio import sha256_file
@@ -50,9 +51,19 @@ PLUGIN_FOLDER = ".llmtrial-plugin"
 #: Seconds a node may take to inspect or remove a plugin folder.
 FOLDER_TIMEOUT_S = 60.0
 
-def _inspect(node: Node, directory: str, *, remove: bool = False) -> dict[str, Any]:
-    return node.program(plugin_folder, {"dir": directory, "mark": PLUGIN_MARK, "remove": remove},
-                        FOLDER_TIMEOUT_S)
+class PluginFolderState(BaseModel):
+    """What :mod:`llmtrial.onnode.plugin_folder` prints: the folder's absolute path on the node, whether it
+    exists, whether it is an llmtrial plugin folder and whether it was removed."""
+
+    path: str
+    exists: bool
+    plugin: bool
+    removed: bool
+
+
+def _inspect(node: Node, directory: str, *, remove: bool = False) -> PluginFolderState:
+    return PluginFolderState.model_validate(node.program(
+        plugin_folder, {"dir": directory, "mark": PLUGIN_MARK, "remove": remove}, FOLDER_TIMEOUT_S))
 
 
 def plugin_files(plugin_dir: Path) -> dict[str, str]:
@@ -87,16 +98,16 @@ def carry_plugin(ledger: Ledger, node: Node, plugin_dir: Path, *, trial: str) ->
     plugin_dir = Path(plugin_dir).resolve()
     files = plugin_files(plugin_dir)
     found = _inspect(node, posixpath.join(node.staging_dir, PLUGIN_FOLDER, trial))
-    dest = found["path"]
+    dest = found.path
     entries = ledger.entries()
     if _verified_copy(entries, node, dest, files):
         log.info("plugin folder on %s verified at %s: reused", node.label(), dest)
         return dest
-    if found["exists"] and not found["plugin"]:
+    if found.exists and not found.plugin:
         raise PatchError(f"{node.label()}: {dest} exists and is not a plugin folder of llmtrial: not replaced")
     entry = ledger.append(Action.PATCH_PLUGIN_COPY, node=node.name, reach=node.describe(), dir=dest,
                           patches=_plugin_patches(entries, plugin_dir), source=str(plugin_dir))
-    if found["exists"]:
+    if found.exists:
         _inspect(node, dest, remove=True)  # an older copy's files never mix with these
     copied = send_files(node, plugin_dir, list(files), dest)
     ledger.append(Action.PATCH_PLUGIN_COPIED, node=node.name, copy=entry.id, dir=dest, files=copied)
@@ -114,11 +125,11 @@ def _remove_one(change: OpenChange, ledger: Ledger, residues: list[Residue]) -> 
         residues.append(Residue(kind="file", what=directory, node=name,
                                 tried=f"remove the plugin folder on node {name} from the ledger", seen=str(err)))
         return PatchRevert(**head, action="not reached")
-    if found["exists"] and not found["removed"]:
+    if found.exists and not found.removed:
         residues.append(Residue(kind="file", what=directory, node=name, tried="remove the plugin folder",
                                 seen="it holds no llmtrial plugin dist-info; left as found"))
         return PatchRevert(**head, action="not removed: not a plugin folder of llmtrial")
-    item = PatchRevert(**head, action="removed" if found["removed"] else "none (already gone)")
+    item = PatchRevert(**head, action="removed" if found.removed else "none (already gone)")
     ledger.append(Action.PATCH_PLUGIN_COPY_REMOVED, node=name, patches=e.patches, dir=directory,
                   undoes=change.undo_ids, outcome=item.action)
     return item

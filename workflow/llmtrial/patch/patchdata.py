@@ -15,14 +15,14 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from llmtrial.core.fileio import file_digest
 from llmtrial.core.patch_model import PatchFile
-from llmtrial.core.record_base import error_lines
+from llmtrial.core.record_base import Maybe, RecordModel, error_lines
 from llmtrial.core.resources import PATCHES
 from llmtrial.core.trial_config import PatchBlock
 from llmtrial.core.vllm_install import VllmInstall, VllmNotInstalled, installed_vllm
@@ -69,10 +69,23 @@ class Patch:
     def files(self) -> list[Path]:
         return [self.folder / "patch.yaml", *(p for p in (self.diff, self.hook) if p is not None)]
 
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description, "vllm_range": self.vllm, "flag": self.flag,
-                "evidence": self.evidence, "diff": str(self.diff) if self.diff else None,
-                "hook": str(self.hook) if self.hook else None}
+    def enabled(self, mode: PatchMode) -> EnabledPatch:
+        """The patch as a trial enables it, in ``mode``."""
+        return EnabledPatch(name=self.name, mode=mode, flag=self.flag, evidence=self.evidence)
+
+
+#: How a patch is applied: its diff to the installed files, or its hook as a vLLM plugin.
+PatchMode = Literal["file", "plugin"]
+
+
+@dataclass(frozen=True)
+class EnabledPatch:
+    """A patch the trial enables, with its mode: what a server's environment and the review of its log need."""
+
+    name: str
+    mode: PatchMode
+    flag: str
+    evidence: str
 
 
 def entry_point_name(name: str) -> str:
@@ -109,16 +122,15 @@ def load_patch(name: str, patches_dir: Path = PATCHES_DIR) -> Patch:
                  flag=meta.flag, evidence=meta.evidence, diff=parts["diff"], hook=parts["hook"])
 
 
-def patch_modes(patches_cfg: Mapping[str, Any]) -> dict[str, str]:
-    """Each patch the trial enables, by name, with its mode (file or plugin), its block read as the trial
-    file's model (``PatchBlock``, whose default mode is file)."""
-    return {name: PatchBlock.model_validate(dict(entry or {})).mode for name, entry in patches_cfg.items()}
+def patch_modes(patches_cfg: Mapping[str, PatchBlock]) -> dict[str, PatchMode]:
+    """Each patch the trial enables (``patches`` of the trial file), by name, with its mode (file or plugin)."""
+    return {name: block.mode for name, block in patches_cfg.items()}
 
 
-def patch_inputs(patches_cfg: Mapping[str, Any], patches_dir: Path = PATCHES_DIR) -> list[str]:
-    """The files of every patch the trial enables (the patch stage's inputs: editing a diff
+def patch_inputs(names: Iterable[str], patches_dir: Path = PATCHES_DIR) -> list[str]:
+    """The files of every patch the trial enables, by name (the patch stage's inputs: editing a diff
     reruns the stage). Fails at DAG time on an unknown patch name."""
-    return [str(f) for name in patches_cfg for f in load_patch(name, patches_dir).files()]
+    return [str(f) for name in names for f in load_patch(name, patches_dir).files()]
 
 
 # ------------------------------------------------------------------ unified diffs
@@ -214,7 +226,17 @@ def _first_difference(bare: list[str], old: list[str], expected: int, lo: int) -
     return f"its lines are not found from line {at + 1} on"
 
 
-def apply_file_diff(fd: FileDiff, original: str, label: str) -> tuple[str, list[dict[str, Any]]]:
+class HunkPlace(RecordModel):
+    """Where one hunk of a diff applied (the ledger's and the patches record's ``hunks``)."""
+
+    patch: Maybe[str] = Field(None, description="The patch whose diff holds the hunk.")
+    hunk: int = Field(description="Its number within its file, from 1, as GNU patch numbers hunks.")
+    header: str = Field(description="Its @@ line.")
+    at_line: int = Field(description="The line of the file it applied at, from 1.")
+    offset: int = Field(description="Lines away from where the diff says it is.")
+
+
+def apply_file_diff(fd: FileDiff, original: str, label: str) -> tuple[str, list[HunkPlace]]:
     """Apply every hunk of ``fd`` to ``original`` in memory, strictly: context and removed
     lines must match exactly (no fuzz); a hunk may sit at an offset, the nearest exact match
     wins, and the offset is reported. Raises PatchError naming ``label`` and the hunk."""
@@ -222,7 +244,7 @@ def apply_file_diff(fd: FileDiff, original: str, label: str) -> tuple[str, list[
     bare = [line.rstrip("\r\n") for line in lines]
     eol = "\r\n" if lines and lines[0].endswith("\r\n") else "\n"
     out: list[str] = []
-    pos, offset, report = 0, 0, []
+    pos, offset, report = 0, 0, list[HunkPlace]()
     for h in fd.hunks:
         old = [text for tag, text in h.lines if tag != "+"]
         stated = h.old_start - 1 if h.old_len else h.old_start  # 0-based first old line
@@ -244,7 +266,7 @@ def apply_file_diff(fd: FileDiff, original: str, label: str) -> tuple[str, list[
                 out.append(text + eol)
         pos = k
         offset = at - stated
-        report.append({"hunk": h.index, "header": h.header, "at_line": at + 1, "offset": offset})
+        report.append(HunkPlace(hunk=h.index, header=h.header, at_line=at + 1, offset=offset))
     out.extend(lines[pos:])
     return "".join(out), report
 

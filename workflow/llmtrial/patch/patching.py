@@ -41,16 +41,19 @@ import re
 import shutil
 import stat
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llmtrial.core.cleanup_model import PatchRevert
+from llmtrial.core.configuration_model import PatchSeen
 from llmtrial.core.fileio import atomic_write_bytes
 from llmtrial.core.ledger import Action, Entry, Ledger, OpenChange, by_target, replay
 from llmtrial.core.record_base import Residue
 from llmtrial.core.record_models import PatchApplied, PatchedFile, PatchesRecord, Plugin, VllmDistribution
+from llmtrial.core.records import as_written
+from llmtrial.core.trial_config import PatchBlock
 from llmtrial.host.nodes import Node
 from llmtrial.logs.lines import find_lines
 from llmtrial.patch.node_patches import carry_plugin, remove_copies
@@ -60,7 +63,9 @@ from llmtrial.patch.patchdata import (
     PLUGIN_MARK,
     PLUGIN_PACKAGE,
     PLUGIN_VERSION,
+    EnabledPatch,
     FileDiff,
+    HunkPlace,
     Patch,
     PatchError,
     apply_file_diff,
@@ -95,7 +100,7 @@ class PreparedFile:
     before_hash: str
     after_hash: str
     after: bytes
-    hunks: list[dict[str, Any]]
+    hunks: list[HunkPlace]
 
 
 def prepare_file_patches(patches: list[Patch], dist: md.Distribution) -> list[PreparedFile]:
@@ -131,7 +136,7 @@ def prepare_file_patches(patches: list[Patch], dist: md.Distribution) -> list[Pr
         text, hunks = data.decode("utf-8"), []
         for p, fd in diffs:
             text, applied = apply_file_diff(fd, text, label=f"patch {p.name}: {rel}")
-            hunks.extend({"patch": p.name, **a} for a in applied)
+            hunks.extend(a.model_copy(update={"patch": p.name}) for a in applied)
         after = text.encode("utf-8")
         prepared.append(PreparedFile(rel, target, [p.name for p, _ in diffs], expected, before,
                                      record_hash(after), after, hunks))
@@ -167,14 +172,14 @@ def write_file_patches(prepared: list[PreparedFile], ledger: Ledger, backup_dir:
             _backup(f.target, backup, f.before_hash)
             ledger.append(Action.PATCH_FILE, patches=f.patches, dist=dist.metadata["Name"], version=dist.version,
                           path=f.path, file=str(f.target), backup=str(backup), record_hash=f.record_hash,
-                          before_hash=f.before_hash, after_hash=f.after_hash, hunks=f.hunks)
+                          before_hash=f.before_hash, after_hash=f.after_hash, hunks=[as_written(h) for h in f.hunks])
             _replace_contents(f.target, f.after, f.target.stat())
             now = file_hash(f.target)
             if now != f.after_hash:
                 raise PatchError(f"{f.target}: after writing it hashes to {now}, not the expected {f.after_hash}")
             written.append(PatchedFile(path=f.path, file=str(f.target), patches=f.patches, backup=str(backup),
                                        record_hash=f.record_hash, before_hash=f.before_hash, after_hash=f.after_hash,
-                                       hunks=f.hunks))
+                                       hunks=[as_written(h) for h in f.hunks]))
             log.info("patched %s (%s -> %s)", f.target, f.before_hash, f.after_hash)
     except BaseException:
         log.error("file patching failed part way: reverting what was written")
@@ -282,10 +287,10 @@ def check_patches(names: Iterable[str] | None = None, *, patches_dir: Path = PAT
 # ------------------------------------------------------------------ the stage
 
 
-def apply_patches(patches_cfg: Mapping[str, Mapping[str, Any]], *, ledger: Ledger, work_dir: Path,
+def apply_patches(patches_cfg: Mapping[str, PatchBlock], *, ledger: Ledger, work_dir: Path,
                   patches_dir: Path = PATCHES_DIR, dist: md.Distribution | None = None) -> PatchesRecord:
     """The patch stage: revert what an earlier run left patched, then apply every patch named
-    in ``patches_cfg`` (``{name: {"mode": "file" | "plugin"}}``). Returns the patches record;
+    in ``patches_cfg`` (the trial file's ``patches``: each block's mode, file or plugin). Returns the patches record;
     raises PatchError with nothing left changed when a patch cannot be applied."""
     started = time.time()
     leftover = revert_patches(ledger)
@@ -317,7 +322,9 @@ def _apply_chosen(chosen: list[tuple[Patch, str]], ledger: Ledger, work_dir: Pat
         revert_patches(ledger)  # all or none across both modes
         raise
     applied_at = time.time()
-    return vllm, [PatchApplied(**p.to_json(), mode=mode, applied_at=applied_at,
+    return vllm, [PatchApplied(name=p.name, description=p.description, vllm_range=p.vllm, flag=p.flag,
+                               evidence=p.evidence, diff=str(p.diff) if p.diff else None,
+                               hook=str(p.hook) if p.hook else None, mode=mode, applied_at=applied_at,
                                files=[f for f in files if p.name in f.patches],
                                plugin=plugin if mode == "plugin" else None) for p, mode in chosen]
 
@@ -341,11 +348,11 @@ class Patched:
     with its mode, the plugin folder (mode plugin) and whether they had to be applied again."""
 
     reapplied: bool
-    patches: list[dict[str, Any]]
+    patches: list[EnabledPatch]
     plugin_dir: str | None
 
 
-def ensure_patched(patches_cfg: Mapping[str, Mapping[str, Any]], *, ledger: Ledger, work_dir: Path,
+def ensure_patched(patches_cfg: Mapping[str, PatchBlock], *, ledger: Ledger, work_dir: Path,
                    patches_dir: Path = PATCHES_DIR) -> Patched:
     """Before a configuration's server starts: make the live patches what the config asks for
     (a configuration rerun on its own after cleanup reverted them applies them again)."""
@@ -358,7 +365,7 @@ def ensure_patched(patches_cfg: Mapping[str, Mapping[str, Any]], *, ledger: Ledg
         live = live_patches(ledger.entries())
         reapplied = True
     dirs = sorted({v.dir for v in live.values() if v.mode == "plugin" and v.dir})
-    patches = [{**load_patch(name, patches_dir).to_json(), "mode": mode} for name, mode in want.items()]
+    patches = [load_patch(name, patches_dir).enabled(mode) for name, mode in want.items()]
     return Patched(reapplied=reapplied, patches=patches, plugin_dir=dirs[0] if dirs else None)
 
 
@@ -369,7 +376,7 @@ def _outstanding_unapplied(entries: list[Entry]) -> bool:
     return any(not set(o.entry.patches or []) <= applied for o in [*state["files"].values(), *state["plugins"].values()])
 
 
-def server_env(env: Mapping[str, str], plugin_dir: str | None, patches: list[dict[str, Any]], *,
+def server_env(env: Mapping[str, str], plugin_dir: str | None, patches: Sequence[EnabledPatch], *,
                inherited: Mapping[str, str] | None = None) -> dict[str, str]:
     """The server's environment with the plugin folder first on PYTHONPATH (mode plugin) and
     the plugins added to a VLLM_PLUGINS allow-list when one is set. ``env`` is added to
@@ -384,12 +391,12 @@ def server_env(env: Mapping[str, str], plugin_dir: str | None, patches: list[dic
     allow = out.get("VLLM_PLUGINS", inherited.get("VLLM_PLUGINS"))
     if allow is not None:
         names = [n for n in allow.split(",") if n]
-        wanted = [entry_point_name(p["name"]) for p in patches if p["mode"] == "plugin"]
+        wanted = [entry_point_name(p.name) for p in patches if p.mode == "plugin"]
         out["VLLM_PLUGINS"] = ",".join(names + [n for n in wanted if n not in names])
     return out
 
 
-def node_plugin_env(ledger: Ledger, nodes: list[Node], plugin_dir: str | None, patches: list[dict[str, Any]],
+def node_plugin_env(ledger: Ledger, nodes: list[Node], plugin_dir: str | None, patches: Sequence[EnabledPatch],
                     spec_env: Mapping[str, str], *, trial: str) -> dict[str, dict[str, str]]:
     """Each node's serving environment, by node name, for a configuration spanning ``nodes``
     (the first one this host): the plugin folder ``plugin_dir`` (mode plugin; None for none)
@@ -408,8 +415,8 @@ def node_plugin_env(ledger: Ledger, nodes: list[Node], plugin_dir: str | None, p
 _PID = re.compile(r"\bin pid (\d+)")
 
 
-def evidence(patches: list[dict[str, Any]], log_text: str, env: Mapping[str, str],
-             source: str = "server.log") -> list[dict[str, Any]]:
+def evidence(patches: Sequence[EnabledPatch], log_text: str, env: Mapping[str, str],
+             source: str = "server.log") -> list[PatchSeen]:
     """Per patch: whether the configuration set its flag, the log lines that show the patched
     behaviour ran (with the process and pid that logged each), the hook lines (mode plugin),
     and whether what was seen is what the flag asked for."""
@@ -418,19 +425,19 @@ def evidence(patches: list[dict[str, Any]], log_text: str, env: Mapping[str, str
         names[x["pid"]] = x["process"]
     out = []
     for p in patches:
-        flag_on = env.get(p["flag"]) == "1"
-        lines = find_lines(log_text, re.compile(p["evidence"]), source)
-        hooks = find_lines(log_text, re.compile(hook_pattern(p["name"])), source)
+        flag_on = env.get(p.flag) == "1"
+        lines = find_lines(log_text, re.compile(p.evidence), source)
+        hooks = find_lines(log_text, re.compile(hook_pattern(p.name)), source)
         for x in [*lines, *hooks]:  # a hook prints before vLLM's prefix exists: its pid is in the text
             m = _PID.search(x["line"])
             if x["pid"] is None and m:
                 x["pid"] = int(m[1])
             if x["pid"] is not None:
                 x["process"] = names.get(x["pid"], x["process"])
-        out.append({"name": p["name"], "mode": p["mode"], "flag": p["flag"], "flag_on": flag_on,
-                    "observed": bool(lines), "as_expected": bool(lines) == flag_on,
-                    "processes": sorted({f"{x['process']} pid {x['pid']}" for x in lines if x["pid"] is not None}),
-                    "lines": lines, "hooks": hooks})
+        out.append(PatchSeen(name=p.name, mode=p.mode, flag=p.flag, flag_on=flag_on, observed=bool(lines),
+                             as_expected=bool(lines) == flag_on,
+                             processes=sorted({f"{x['process']} pid {x['pid']}" for x in lines if x["pid"] is not None}),
+                             lines=lines, hooks=hooks))
     return out
 
 

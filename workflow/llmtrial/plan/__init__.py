@@ -9,6 +9,7 @@ by version, the planner, the checks before launch, the throughput bound, what a 
   tok/s.
 - :mod:`llmtrial.plan.checkpoint`: What a checkpoint weighs before it is downloaded: parameters by
   part, bytes by quantization.
+- :mod:`llmtrial.plan.hf_config`: A Hugging Face model's ``config.json``, the fields the planner reads.
 - :mod:`llmtrial.plan.launch_checks`: Checks before launch: what vLLM would refuse a configuration
   for within seconds of starting, and the checks of its args and env against the host (allocator,
   NCCL interfaces, CPU thread binding, GPU peer access, DeepGEMM on this GPU). Each names the
@@ -25,4 +26,4 @@ by version, the planner, the checks before launch, the throughput bound, what a 
 Imports from: core, logs, host. (tests/test_structure.py holds the order.)
 """
 
-__all__ = ["allocation", "budget", "ceiling", "checkpoint", "launch_checks", "plan_inputs", "planner", "prediction", "shape"]
+__all__ = ["allocation", "budget", "ceiling", "checkpoint", "hf_config", "launch_checks", "plan_inputs", "planner", "prediction", "shape"]

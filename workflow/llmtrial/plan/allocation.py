@@ -17,10 +17,8 @@ one sbatch command line it runs through a shell.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from llmtrial.core.trial_checks import canonical_args
+from llmtrial.core.trial_config import TrialConfig
 from llmtrial.core.vllm_install import find_vllm
 from llmtrial.host.slurm_hosts import srun_options
 
@@ -38,11 +36,11 @@ def vllm_is_cpu_build() -> bool:
     return vllm is not None and vllm.build == "cpu"
 
 
-def allocation_gpus(config: Mapping[str, Any]) -> int:
+def allocation_gpus(config: TrialConfig) -> int:
     """GPUs the allocation asks: ``slurm.gpus``; else the GPUs the trial says it uses (``hardware.gpus``,
     a count or a list); else the largest tensor × pipeline × data parallel size among the
     configurations, none where this venv's vLLM is the CPU build."""
-    asked, used = config["slurm"]["gpus"], config["hardware"]["gpus"]
+    asked, used = config.slurm.gpus, config.hardware.gpus
     if asked is not None:
         return int(asked)
     if used is not None:
@@ -50,61 +48,62 @@ def allocation_gpus(config: Mapping[str, Any]) -> int:
     if vllm_is_cpu_build():
         return 0
     sizes = []
-    for entry in config["configurations"].values():
-        args = {**canonical_args(config["serving"]["args"]), **canonical_args(entry["args"])}
+    for entry in config.configurations.values():
+        args = {**canonical_args(config.serving.args), **canonical_args(entry.args)}
         sizes.append(int(args.get("tensor_parallel_size", 1)) * int(args.get("pipeline_parallel_size", 1))
                      * int(args.get("data_parallel_size", 1)))
     return max(sizes, default=0)
 
 
-def allocation_nodes(config: Mapping[str, Any]) -> int:
+def allocation_nodes(config: TrialConfig) -> int:
     """Hosts the allocation asks: one, or one past the largest ``slurm_index`` of the trial's ``reach:
-    slurm`` nodes (llmtrial.host.slurm_hosts: each node is that host of the allocation's node list)."""
-    indexes = [b["slurm_index"] for b in (config.get("nodes") or {}).values() if b.get("reach") == "slurm"]
+    slurm`` nodes (llmtrial.host.slurm_hosts: each node is that host of the allocation's node list; the
+    trial file's check numbers every such node)."""
+    indexes = [b.slurm_index for b in config.nodes.values() if b.reach == "slurm" and b.slurm_index is not None]
     return max(indexes, default=0) + 1
 
 
-def _group_strings(config: Mapping[str, Any]) -> dict[str, str]:
+def _group_strings(config: TrialConfig) -> dict[str, str]:
     """The string resources every rule of the group carries alike."""
-    slurm, out = config["slurm"], {}
-    if slurm["gpu_model"] and allocation_gpus(config):
-        out["gpu_model"] = slurm["gpu_model"]
-    if slurm["partition"]:
-        out["slurm_partition"] = slurm["partition"]
-    if slurm["account"]:
-        out["slurm_account"] = slurm["account"]
-    extra = [*(["--exclusive"] if slurm["exclusive"] else []), *slurm["extra"]]
+    slurm, out = config.slurm, {}
+    if slurm.gpu_model and allocation_gpus(config):
+        out["gpu_model"] = slurm.gpu_model
+    if slurm.partition:
+        out["slurm_partition"] = slurm.partition
+    if slurm.account:
+        out["slurm_account"] = slurm.account
+    extra = [*(["--exclusive"] if slurm.exclusive else []), *slurm.extra]
     if extra:
         out["slurm_extra"] = " ".join(extra)
     return out
 
 
-def rule_resources(config: Mapping[str, Any], rule: str) -> dict[str, Any]:
+def rule_resources(config: TrialConfig, rule: str) -> dict[str, str | int]:
     """The SLURM resources of ``rule`` (one of :data:`HOST_RULES`) for this trial. Without ``slurm.cpus``
     every rule asks ``cpus_per_task=-1``: no CPU flag (the group's would otherwise be the sum of the
     threads of the jobs that may run at once, three for two plans beside the staging: more than some
     nodes have), so SLURM's default, and with ``--exclusive`` every CPU of the node."""
-    slurm = config["slurm"]
-    out: dict[str, Any] = _group_strings(config)
-    if not slurm["cpus"]:
+    slurm = config.slurm
+    out: dict[str, str | int] = {**_group_strings(config)}
+    if not slurm.cpus:
         out["cpus_per_task"] = -1
     if rule == "stage_model":
-        out["runtime"] = slurm["setup_runtime_min"]
+        out["runtime"] = slurm.setup_runtime_min
     if rule != "trial":
         return out
-    out["runtime"] = slurm["runtime_min"]
+    out["runtime"] = slurm.runtime_min
     gpus = allocation_gpus(config)
     if gpus:
         out["gpu"] = gpus
-    if slurm["cpus"]:
-        out["cpus_per_gpu" if gpus else "cpus_per_task"] = slurm["cpus"]
-    if slurm["mem_mb"]:
-        out["mem_mb"] = slurm["mem_mb"]
+    if slurm.cpus:
+        out["cpus_per_gpu" if gpus else "cpus_per_task"] = slurm.cpus
+    if slurm.mem_mb:
+        out["mem_mb"] = slurm.mem_mb
     if (hosts := allocation_nodes(config)) > 1:
         out["nodes"] = hosts
     return out
 
 
-def cleanup_submit(config: Mapping[str, Any]) -> list[str]:
+def cleanup_submit(config: TrialConfig) -> list[str]:
     """srun's options for a cleanup sent to the node the ledger names: the trial's partition and account."""
-    return srun_options(config["slurm"]["partition"], config["slurm"]["account"])
+    return srun_options(config.slurm.partition, config.slurm.account)

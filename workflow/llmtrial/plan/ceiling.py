@@ -29,7 +29,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llmtrial.core.configuration_model import ThroughputBound
-from llmtrial.core.record_models import PlanRecord
+from llmtrial.core.preflight_model import Probes
+from llmtrial.core.record_models import ModelShape, PlanRecord
 from llmtrial.core.records import fact
 from llmtrial.core.scenario_model import Scenario
 from llmtrial.host.collective import busbw_factor
@@ -48,22 +49,23 @@ def allreduce_bytes_per_token(layers: int, hidden_size: int, dtype_bytes: int) -
     return layers * 2 * hidden_size * dtype_bytes
 
 
-def _slowest(probes: Mapping[str, Any], name: str, **match: Any) -> tuple[float, str] | None:
-    """The lowest GB/s of a measured probe (every rank waits for the slowest), with its source."""
-    got = [r for r in probes.get("results") or [] if r["name"] == name and r["status"] == "measured" and r.get("gbps")
-           and all(r.get(k) == v for k, v in match.items())]
+def _slowest(probes: Probes | None, name: str, *, memory: str | None = None,
+             peer: bool | None = None) -> tuple[float, str] | None:
+    """The lowest GB/s of a measured probe (every rank waits for the slowest), of the host memory's kind
+    ``memory`` or with peer access ``peer`` where given, with its source."""
+    got = [r for r in (probes.results if probes is not None else []) if r.name == name and r.status == "measured"
+           and r.gbps and (memory is None or r.memory == memory) and (peer is None or r.peer == peer)]
     if not got:
         return None
-    worst = min(got, key=lambda r: r["gbps"])
-    return worst["gbps"], f"preflight probe {name} on {worst['devices'] or 'the host'} ({worst['gbps']:.3g} GB/s)"
+    worst = min(got, key=lambda r: r.gbps or 0.0)
+    return worst.gbps, f"preflight probe {name} on {worst.devices or 'the host'} ({worst.gbps:.3g} GB/s)"
 
 
-def bandwidths(probes: Mapping[str, Any] | None, *, is_cpu: bool) -> dict[str, tuple[float, str] | None]:
+def bandwidths(probes: Probes | None, *, is_cpu: bool) -> dict[str, tuple[float, str] | None]:
     """The bandwidths the bound needs (GB/s and where each came from), None where not measured."""
-    p = probes or {}
-    return {"memory": _slowest(p, "host_memory" if is_cpu else "device_memory"),
-            "host_to_device": None if is_cpu else _slowest(p, "host_to_device", memory="pinned"),
-            "link": _slowest(p, "all_reduce") or _slowest(p, "device_to_device", peer=True)}
+    return {"memory": _slowest(probes, "host_memory" if is_cpu else "device_memory"),
+            "host_to_device": None if is_cpu else _slowest(probes, "host_to_device", memory="pinned"),
+            "link": _slowest(probes, "all_reduce") or _slowest(probes, "device_to_device", peer=True)}
 
 
 def decode_ceiling(*, stage_layers: Sequence[int], tp: int, hidden_size: int, dtype_bytes: int,
@@ -107,8 +109,8 @@ def bound_at(ceiling: Mapping[str, Any], concurrency: float) -> float | None:
     return min(per_stage) if per_stage else None
 
 
-def plan_ceiling(plan: Mapping[str, Any], facts: Mapping[str, Any], model: Mapping[str, Any],
-                 probes: Mapping[str, Any] | None, *, is_cpu: bool, hosts: int = 1) -> dict[str, Any]:
+def plan_ceiling(plan: Mapping[str, Any], facts: Mapping[str, Any], model: ModelShape, probes: Probes | None, *,
+                 is_cpu: bool, hosts: int = 1) -> dict[str, Any]:
     """:func:`decode_ceiling` of a planned configuration (the plan record's ``plan``, ``facts``
     and ``model``) against the preflight record's probes.
 
@@ -123,8 +125,8 @@ def plan_ceiling(plan: Mapping[str, Any], facts: Mapping[str, Any], model: Mappi
     tp, per_rank = int(plan["tensor_parallel_size"]), list(plan["weights_bytes_per_rank"])
     if is_cpu:  # the ranks on a host share its memory
         per_rank = [sum(per_rank) * tp / max(1, hosts)] * len(per_rank)
-    out = decode_ceiling(stage_layers=plan["stage_layers"], tp=tp, hidden_size=int(model["hidden_size"]),
-                         dtype_bytes=int(model["dtype_bytes"]), weights_per_rank=per_rank, offload_per_rank=offload,
+    out = decode_ceiling(stage_layers=plan["stage_layers"], tp=tp, hidden_size=int(model.hidden_size),
+                         dtype_bytes=int(model.dtype_bytes), weights_per_rank=per_rank, offload_per_rank=offload,
                          bw=bandwidths(probes, is_cpu=is_cpu))
     if is_cpu and out["terms"] is not None:
         out["method"] += f"; on CPU hosts ({hosts}) the ranks of a host share its memory: each stage reads the weights of every rank on its host"

@@ -25,7 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmtrial.plan.shape import DTYPE_BYTES, config_value, layer_kinds, text_config
+from llmtrial.plan.hf_config import HFConfig, QuantizationConfig, first_set, need
+from llmtrial.plan.shape import DTYPE_BYTES, layer_kinds
 
 #: Parts a quantization method converts (linear layers), unless the config lists them as not converted.
 #: The output head is not among them: FP8, AWQ, GPTQ, bitsandbytes and MXFP4 checkpoints keep it
@@ -59,9 +60,6 @@ class WeightsSize:
     source: str
     parts: dict[str, int] = field(default_factory=dict)  # bytes per part, for estimates
 
-    def fact(self) -> dict[str, Any]:
-        return {"value": self.bytes, "kind": self.kind, "source": self.source, "unit": "B"}
-
 
 # --------------------------------------------------------------------------- parameter counts
 
@@ -74,56 +72,59 @@ SANDWICH_NORM_TYPES = ("gemma2", "gemma3_text", "gemma3", "glm4")
 TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "gemma3", "granite", "granitemoe", "granitemoeshared")
 
 
-def _attention(cfg: Mapping[str, Any], h: int) -> tuple[int, int, int]:
+def _attention(cfg: HFConfig, h: int) -> tuple[int, int, int]:
     """(projection, bias and other, norm) parameters of one standard attention layer."""
-    heads = int(cfg["num_attention_heads"])
-    head_dim = int(config_value(cfg, "head_dim", default=h // heads))
-    kv = int(config_value(cfg, "num_key_value_heads", default=heads))
+    heads = int(need(cfg.num_attention_heads, "num_attention_heads"))
+    head_dim = int(first_set(cfg.head_dim, default=h // heads))
+    kv = int(first_set(cfg.num_key_value_heads, default=heads))
     q, k = heads * head_dim, kv * head_dim
-    kind = str(cfg.get("model_type", ""))
+    kind = cfg.kind
     # Qwen3-Next's gated attention doubles q_proj
-    gate = q if cfg.get("attn_output_gate", kind == "qwen3_next") else 0
+    gate = q if first_set(cfg.attn_output_gate, default=kind == "qwen3_next") else 0
     proj = h * (q + gate) + 2 * h * k + q * h
-    biased = config_value(cfg, "attention_bias", default=kind in ("qwen2", "glm"))
+    biased = first_set(cfg.attention_bias, default=kind in ("qwen2", "glm"))
     bias = (q + 2 * k + (h if kind in O_BIAS_TYPES else 0)) if biased else 0
     bias += heads if kind == "gpt_oss" else 0  # gpt-oss's attention sinks, one logit per head
     # q_norm and k_norm (Llama 4's QK norm is an L2 norm without weights)
-    qk_norm = kind.startswith(("qwen3", "gemma3")) or (cfg.get("use_qk_norm") and kind != "llama4_text")
+    qk_norm = kind.startswith(("qwen3", "gemma3")) or (cfg.use_qk_norm and kind != "llama4_text")
     return proj, bias, 2 * head_dim if qk_norm else 0
 
 
-def _mla(cfg: Mapping[str, Any], h: int) -> tuple[int, int]:
+def _mla(cfg: HFConfig, h: int) -> tuple[int, int]:
     """(projection, norm) parameters of one multi-head latent attention layer (DeepSeek V2/V3)."""
-    heads = int(cfg["num_attention_heads"])
-    nope, rope, v = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"]), int(cfg["v_head_dim"])
-    kv_rank, q_rank = int(cfg["kv_lora_rank"]), cfg.get("q_lora_rank")
+    heads = int(need(cfg.num_attention_heads, "num_attention_heads"))
+    nope, rope = int(need(cfg.qk_nope_head_dim, "qk_nope_head_dim")), int(need(cfg.qk_rope_head_dim, "qk_rope_head_dim"))
+    v = int(need(cfg.v_head_dim, "v_head_dim"))
+    kv_rank, q_rank = int(need(cfg.kv_lora_rank, "kv_lora_rank")), cfg.q_lora_rank
     q = h * int(q_rank) + int(q_rank) * heads * (nope + rope) if q_rank else h * heads * (nope + rope)
     proj = q + h * (kv_rank + rope) + kv_rank * heads * (nope + v) + heads * v * h
     return proj, kv_rank + (int(q_rank) if q_rank else 0)
 
 
-def _linear_attention(cfg: Mapping[str, Any], h: int) -> tuple[int, int, int]:
+def _linear_attention(cfg: HFConfig, h: int) -> tuple[int, int, int]:
     """(projection, other, norm) parameters of one gated DeltaNet layer (Qwen3-Next)."""
-    k_heads, v_heads = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
-    key, value = k_heads * int(cfg["linear_key_head_dim"]), v_heads * int(cfg["linear_value_head_dim"])
+    k_heads = int(need(cfg.linear_num_key_heads, "linear_num_key_heads"))
+    v_heads = int(need(cfg.linear_num_value_heads, "linear_num_value_heads"))
+    key = k_heads * int(need(cfg.linear_key_head_dim, "linear_key_head_dim"))
+    value = v_heads * int(need(cfg.linear_value_head_dim, "linear_value_head_dim"))
     proj = h * (2 * key + 2 * value) + h * 2 * v_heads + value * h  # in_proj_qkvz, in_proj_ba, out_proj
-    other = (2 * key + value) * int(config_value(cfg, "linear_conv_kernel_dim", default=4)) + 2 * v_heads  # conv1d, A_log, dt_bias
-    return proj, other, int(cfg["linear_value_head_dim"])
+    other = (2 * key + value) * int(first_set(cfg.linear_conv_kernel_dim, default=4)) + 2 * v_heads  # conv1d, A_log, dt_bias
+    return proj, other, int(need(cfg.linear_value_head_dim, "linear_value_head_dim"))
 
 
-def _is_moe_layer(cfg: Mapping[str, Any], i: int) -> bool:
-    if "first_k_dense_replace" in cfg:  # DeepSeek, GLM-4.5
-        step = int(config_value(cfg, "moe_layer_freq", default=1))
-        return i >= int(cfg["first_k_dense_replace"]) and i % step == 0
-    if isinstance(cfg.get("moe_layers"), list):  # Llama 4
-        return i in cfg["moe_layers"]
-    if i in (cfg.get("mlp_only_layers") or []):
+def _is_moe_layer(cfg: HFConfig, i: int) -> bool:
+    if cfg.first_k_dense_replace is not None:  # DeepSeek, GLM-4.5
+        step = int(first_set(cfg.moe_layer_freq, default=1))
+        return i >= int(cfg.first_k_dense_replace) and i % step == 0
+    if cfg.moe_layers is not None:  # Llama 4
+        return i in cfg.moe_layers
+    if i in (cfg.mlp_only_layers or []):
         return False
-    step = int(config_value(cfg, "decoder_sparse_step", "interleave_moe_layer_step", default=1))
+    step = int(first_set(cfg.decoder_sparse_step, cfg.interleave_moe_layer_step, default=1))
     return step > 0 and (i + 1) % step == 0
 
 
-def _layer_kinds(cfg: Mapping[str, Any], layers: int) -> list[str]:
+def _layer_kinds(cfg: HFConfig, layers: int) -> list[str]:
     return ["linear" if k == "state" else "attention" for k in layer_kinds(cfg, layers)]
 
 
@@ -132,31 +133,31 @@ def _add(parts: dict[str, int], **counts: int) -> None:
         parts[k] = parts.get(k, 0) + int(v)
 
 
-def _moe(cfg: Mapping[str, Any], h: int) -> dict[str, int]:
+def _moe(cfg: HFConfig, h: int) -> dict[str, int]:
     """Parameters per part of one MoE feed-forward block: routed experts, shared experts, router."""
-    kind = str(cfg.get("model_type", ""))
-    experts = int(config_value(cfg, "num_experts", "n_routed_experts", "num_local_experts"))
-    inter = int(config_value(cfg, "moe_intermediate_size", default=cfg.get("intermediate_size", 0)))
-    shared = int(config_value(cfg, "shared_expert_intermediate_size", "shared_intermediate_size", default=0)) or \
-        int(config_value(cfg, "n_shared_experts", default=1 if kind == "llama4_text" else 0)) * inter
+    kind = cfg.kind
+    experts = int(first_set(cfg.num_experts, cfg.n_routed_experts, cfg.num_local_experts))
+    inter = int(first_set(cfg.moe_intermediate_size, cfg.intermediate_size, default=0))
+    shared = int(first_set(cfg.shared_expert_intermediate_size, cfg.shared_intermediate_size, default=0)) or \
+        int(first_set(cfg.n_shared_experts, default=1 if kind == "llama4_text" else 0)) * inter
     out = {"experts": experts * 3 * h * inter, "router": h * experts, "shared_experts": 3 * h * shared, "other": 0}
-    if cfg.get("shared_expert_intermediate_size"):  # Qwen's sigmoid gate on the shared expert
+    if cfg.shared_expert_intermediate_size:  # Qwen's sigmoid gate on the shared expert
         out["router"] += h
-    if cfg.get("topk_method") == "noaux_tc" or kind == "glm4_moe":  # e_score_correction_bias
+    if cfg.topk_method == "noaux_tc" or kind == "glm4_moe":  # e_score_correction_bias
         out["other"] += experts
     if kind == "gpt_oss":  # biases on the router and on every expert's projections
         out["other"] += experts + experts * (2 * inter + h)
     return out
 
 
-def _decoder(cfg: Mapping[str, Any], attention: str) -> dict[str, int]:
+def _decoder(cfg: HFConfig, attention: str) -> dict[str, int]:
     """Parameters per part of a decoder-only transformer: dense, MoE, MLA or hybrid."""
-    h, layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
-    vocab, kind = int(cfg["vocab_size"]), str(cfg.get("model_type", ""))
-    tied = config_value(cfg, "tie_word_embeddings", default=kind in TIED_BY_DEFAULT)
+    h, layers = int(need(cfg.hidden_size, "hidden_size")), int(need(cfg.num_hidden_layers, "num_hidden_layers"))
+    vocab, kind = int(need(cfg.vocab_size, "vocab_size")), cfg.kind
+    tied = first_set(cfg.tie_word_embeddings, default=kind in TIED_BY_DEFAULT)
     parts = {"embed": vocab * h, "lm_head": 0 if tied else vocab * h, "norms": h}
-    experts = config_value(cfg, "num_experts", "n_routed_experts", "num_local_experts", default=0)
-    dense = int(config_value(cfg, "intermediate_size_mlp", "intermediate_size", default=0))  # Llama 4's dense width
+    experts = first_set(cfg.num_experts, cfg.n_routed_experts, cfg.num_local_experts, default=0)
+    dense = int(first_set(cfg.intermediate_size_mlp, cfg.intermediate_size, default=0))  # Llama 4's dense width
     norms = 4 if kind in SANDWICH_NORM_TYPES else 2
     kinds = _layer_kinds(cfg, layers)
     for i in range(layers):
@@ -173,62 +174,64 @@ def _decoder(cfg: Mapping[str, Any], attention: str) -> dict[str, int]:
         if experts and _is_moe_layer(cfg, i):
             _add(parts, **_moe(cfg, h))
         else:
-            _add(parts, mlp=3 * h * dense, other=(2 * dense + h) if cfg.get("mlp_bias") else 0)
+            _add(parts, mlp=3 * h * dense, other=(2 * dense + h) if cfg.mlp_bias else 0)
     return parts
 
 
-def _phi(cfg: Mapping[str, Any]) -> dict[str, int]:
+def _phi(cfg: HFConfig) -> dict[str, int]:
     """Phi-1/Phi-2: one LayerNorm a layer feeding attention and MLP in parallel, biases on every
     projection and on the head, a two-matrix GELU MLP."""
     try:  # transformers' keys, or the older phi-msft ones
-        h, layers = int(config_value(cfg, "hidden_size", "n_embd")), int(config_value(cfg, "num_hidden_layers", "n_layer"))
-        heads = int(config_value(cfg, "num_attention_heads", "n_head"))
+        h, layers = int(first_set(cfg.hidden_size, cfg.n_embd)), int(first_set(cfg.num_hidden_layers, cfg.n_layer))
+        heads = int(first_set(cfg.num_attention_heads, cfg.n_head))
     except TypeError:
         raise KeyError("hidden_size, num_hidden_layers or num_attention_heads") from None
-    vocab, inter = int(cfg["vocab_size"]), int(config_value(cfg, "intermediate_size", "n_inner", default=4 * h))
+    vocab, inter = int(need(cfg.vocab_size, "vocab_size")), int(first_set(cfg.intermediate_size, cfg.n_inner, default=4 * h))
     head_dim = h // heads
-    k = int(config_value(cfg, "num_key_value_heads", "n_head_kv", default=heads)) * head_dim
-    qk_norm = 4 * head_dim if cfg.get("qk_layernorm") else 0
+    k = int(first_set(cfg.num_key_value_heads, cfg.n_head_kv, default=heads)) * head_dim
+    qk_norm = 4 * head_dim if cfg.qk_layernorm else 0
     per = {"attention": h * h + 2 * h * k + h * h, "mlp": 2 * h * inter, "norms": 2 * h + qk_norm,
            "other": h + 2 * k + h + inter + h}  # q/k/v/dense, fc1 and fc2 biases
     parts = {p: n * layers for p, n in per.items()}
-    _add(parts, embed=vocab * h, lm_head=0 if cfg.get("tie_word_embeddings") else vocab * h, other=vocab, norms=2 * h)
+    _add(parts, embed=vocab * h, lm_head=0 if cfg.tie_word_embeddings else vocab * h, other=vocab, norms=2 * h)
     return parts
 
 
-def _vision(config: Mapping[str, Any], text_h: int) -> int:
+def _vision(config: HFConfig, text_h: int) -> int:
     """Parameters of the vision tower vLLM loads with the language model, and of its projector:
     Llama 4's (class token, patch linear, pixel-shuffle adapter into the text model's width) and Gemma 3's
     SigLIP (no pooling head)."""
-    vc = config["vision_config"]
-    vh, inter, layers = int(vc["hidden_size"]), int(vc["intermediate_size"]), int(vc["num_hidden_layers"])
-    patch, image, channels = int(vc["patch_size"]), int(vc["image_size"]), int(vc.get("num_channels", 3))
+    vc = need(config.vision_config, "vision_config")
+    vh, inter = int(need(vc.hidden_size, "hidden_size")), int(need(vc.intermediate_size, "intermediate_size"))
+    layers, patch = int(need(vc.num_hidden_layers, "num_hidden_layers")), int(need(vc.patch_size, "patch_size"))
+    image, channels = int(need(vc.image_size, "image_size")), int(vc.num_channels)
     patches = (image // patch) ** 2
     body = layers * (4 * (vh * vh + vh) + vh * inter + inter + inter * vh + vh + 4 * vh)  # attention, MLP, 2 LayerNorms
-    if vc.get("model_type") == "llama4_vision_model":  # vision_model.* and multi_modal_projector
-        shuffled = int(vh / float(vc["pixel_shuffle_ratio"]) ** 2)
-        adapter = shuffled * int(vc["projector_input_dim"]) + int(vc["projector_input_dim"]) * int(vc["projector_output_dim"])
+    if vc.model_type == "llama4_vision_model":  # vision_model.* and multi_modal_projector
+        shuffled = int(vh / float(need(vc.pixel_shuffle_ratio, "pixel_shuffle_ratio")) ** 2)
+        projector_in = int(need(vc.projector_input_dim, "projector_input_dim"))
+        adapter = shuffled * projector_in + projector_in * int(need(vc.projector_output_dim, "projector_output_dim"))
         embed = vh + (patches + 1) * vh + channels * patch * patch * vh + 4 * vh  # class, positions, patches, norms
-        return body + embed + adapter + int(vc["vision_output_dim"]) * text_h
-    if vc.get("model_type") == "siglip_vision_model" and not vc.get("vision_use_head"):
+        return body + embed + adapter + int(need(vc.vision_output_dim, "vision_output_dim")) * text_h
+    if vc.model_type == "siglip_vision_model" and not vc.vision_use_head:
         # Gemma 3: patch convolution with bias, positions, post-LayerNorm; the projector's matrix and RMSNorm
         embed = channels * patch * patch * vh + vh + patches * vh + 2 * vh
         return body + embed + vh * text_h + vh
-    raise UnknownCheckpoint(f"vision tower {vc.get('model_type')!r} is not one the planner can count")
+    raise UnknownCheckpoint(f"vision tower {vc.model_type!r} is not one the planner can count")
 
 
-def _multimodal(config: Mapping[str, Any]) -> dict[str, int]:
+def _multimodal(config: HFConfig) -> dict[str, int]:
     """The language model of a multimodal config.json, and the vision tower vLLM loads with it."""
-    cfg = dict(text_config(config))
-    if "tie_word_embeddings" not in cfg and "tie_word_embeddings" in config:
-        cfg["tie_word_embeddings"] = config["tie_word_embeddings"]
+    cfg = config.text()
+    if cfg.tie_word_embeddings is None and config.tie_word_embeddings is not None:
+        cfg = cfg.model_copy(update={"tie_word_embeddings": config.tie_word_embeddings})
     parts = _decoder(cfg, "standard")
-    parts["vision"] = _vision(config, int(cfg["hidden_size"]))
+    parts["vision"] = _vision(config, int(need(cfg.hidden_size, "hidden_size")))
     return parts
 
 
 #: Architectures whose parameters :func:`parameter_parts` counts, by ``architectures[0]``.
-ARCHITECTURES: dict[str, Callable[[Mapping[str, Any]], dict[str, int]]] = {
+ARCHITECTURES: dict[str, Callable[[HFConfig], dict[str, int]]] = {
     **{a: (lambda c: _decoder(c, "standard")) for a in (
         "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
         "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen3NextForCausalLM",
@@ -239,22 +242,23 @@ ARCHITECTURES: dict[str, Callable[[Mapping[str, Any]], dict[str, int]]] = {
     "PhiForCausalLM": _phi,
 }
 #: Multimodal architectures, counted from the whole config.json: language model and vision tower.
-MULTIMODAL: dict[str, Callable[[Mapping[str, Any]], dict[str, int]]] = {
+MULTIMODAL: dict[str, Callable[[HFConfig], dict[str, int]]] = {
     a: _multimodal for a in ("Llama4ForConditionalGeneration", "Gemma3ForConditionalGeneration")}
 
 
-def parameter_parts(config: Mapping[str, Any]) -> dict[str, int]:
+def parameter_parts(config: HFConfig | Mapping[str, Any]) -> dict[str, int]:
     """Parameters per part of the model vLLM loads (a DeepSeek or GLM-4.5 checkpoint's MTP layers
     are not counted: vLLM skips them unless they serve speculative decoding). A multimodal model's
     vision tower and projector, which vLLM loads too, are the part ``vision``."""
-    archs = config.get("architectures") or []
+    config = HFConfig.of(config)
+    archs = config.architectures or []
     arch = archs[0] if archs else None
     if arch not in ARCHITECTURES and arch not in MULTIMODAL:
         raise UnknownCheckpoint(f"architecture {arch or '(none in config.json)'} is not one the planner can count "
                                 f"parameters for (known: {', '.join(sorted({*ARCHITECTURES, *MULTIMODAL}))}); give "
                                 "the weight size (--weights-gib, or stage the weights first)")
     try:
-        return MULTIMODAL[arch](config) if arch in MULTIMODAL else ARCHITECTURES[arch](text_config(config))
+        return MULTIMODAL[arch](config) if arch in MULTIMODAL else ARCHITECTURES[arch](config.text())
     except UnknownCheckpoint as exc:
         raise UnknownCheckpoint(f"{arch}: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:
@@ -274,59 +278,59 @@ def _scale_bytes(bits: float, group: int, *, scale: int = 2, zero: bool = False)
     return per
 
 
-def _fp8(q: Mapping[str, Any]) -> tuple[float, list[str], str]:
-    block = q.get("weight_block_size")
+def _fp8(q: QuantizationConfig) -> tuple[float, list[str], str]:
+    block = q.weight_block_size
     per = 1.0 + (4 / (int(block[0]) * int(block[1])) if block else 0.0)  # one fp32 scale per block
     what = f"FP8 ({'block ' + 'x'.join(map(str, block)) + ' scales' if block else 'per-tensor scales'})"
-    return per, list(q.get("modules_to_not_convert") or q.get("ignored_layers") or []), what
+    return per, list(q.modules_to_not_convert or q.ignored_layers or []), what
 
 
-def _awq(q: Mapping[str, Any]) -> tuple[float, list[str], str]:
-    bits, group = int(q.get("bits", q.get("w_bit", 4))), int(q.get("group_size", q.get("q_group_size", 128)))
-    zero = bool(q.get("zero_point", True))
-    return (_scale_bytes(bits, group, zero=zero), list(q.get("modules_to_not_convert") or []),
+def _awq(q: QuantizationConfig) -> tuple[float, list[str], str]:
+    bits, group = int(first_set(q.bits, q.w_bit, default=4)), int(first_set(q.group_size, q.q_group_size, default=128))
+    zero = bool(q.zero_point)
+    return (_scale_bytes(bits, group, zero=zero), list(q.modules_to_not_convert or []),
             f"AWQ {bits}-bit, group {group}{', zero points' if zero else ''}")
 
 
-def _gptq(q: Mapping[str, Any]) -> tuple[float, list[str], str]:
-    bits, group = int(q.get("bits", 4)), int(q.get("group_size", 128))
+def _gptq(q: QuantizationConfig) -> tuple[float, list[str], str]:
+    bits, group = int(first_set(q.bits, default=4)), int(first_set(q.group_size, default=128))
     # GPTQ checkpoints store packed zero points even when symmetric
-    return (_scale_bytes(bits, group, zero=True), list(q.get("modules_to_not_convert") or []),
-            f"GPTQ {bits}-bit, group {group}{', act-order' if q.get('desc_act') else ''}")
+    return (_scale_bytes(bits, group, zero=True), list(q.modules_to_not_convert or []),
+            f"GPTQ {bits}-bit, group {group}{', act-order' if q.desc_act else ''}")
 
 
-def _compressed_tensors(q: Mapping[str, Any]) -> tuple[float, list[str], str]:
-    groups = [g for g in (q.get("config_groups") or {}).values() if g.get("weights")]
+def _compressed_tensors(q: QuantizationConfig) -> tuple[float, list[str], str]:
+    groups = [g.weights for g in (q.config_groups or {}).values() if g.weights is not None]
     if not groups:
         raise UnknownCheckpoint("compressed-tensors config without weight quantization groups")
-    w = groups[0]["weights"]
-    bits, strategy = int(w.get("num_bits", 8)), str(w.get("strategy", "tensor"))
-    group = int(w.get("group_size") or 0)
-    if strategy == "block" and w.get("block_structure"):
-        group = int(w["block_structure"][0]) * int(w["block_structure"][1])
-    fmt = str(q.get("format", ""))
+    w = groups[0]
+    bits, strategy = int(w.num_bits), str(w.strategy)
+    group = int(w.group_size or 0)
+    if strategy == "block" and w.block_structure:
+        group = int(w.block_structure[0]) * int(w.block_structure[1])
+    fmt = q.format or ""
     scale = 1 if "nvfp4" in fmt else 2  # NVFP4 keeps one FP8 scale per 16 values
     per = _scale_bytes(bits, group if strategy in ("group", "tensor_group", "block") else 0, scale=scale,
-                       zero=not w.get("symmetric", True))
-    return per, list(q.get("ignore") or []), f"compressed-tensors {fmt or w.get('type', '')} {bits}-bit {strategy}"
+                       zero=not w.symmetric)
+    return per, list(q.ignore or []), f"compressed-tensors {fmt or w.type or ''} {bits}-bit {strategy}"
 
 
-def _bitsandbytes(q: Mapping[str, Any]) -> tuple[float, list[str], str]:
-    skip = list(q.get("llm_int8_skip_modules") or [])
-    if q.get("load_in_4bit") or q.get("_load_in_4bit"):
-        double = bool(q.get("bnb_4bit_use_double_quant"))
+def _bitsandbytes(q: QuantizationConfig) -> tuple[float, list[str], str]:
+    skip = list(q.llm_int8_skip_modules or [])
+    if q.load_in_4bit or q.load_in_4bit_stored:
+        double = bool(q.bnb_4bit_use_double_quant)
         # blocks of 64: an fp32 absmax each, or with double quantization a byte each and an fp32 per 256 blocks
         per = 0.5 + (1 / 64 + 4 / (64 * 256) if double else 4 / 64)
-        return per, skip, f"bitsandbytes 4-bit {q.get('bnb_4bit_quant_type', 'fp4')}{' double-quant' if double else ''}"
+        return per, skip, f"bitsandbytes 4-bit {q.bnb_4bit_quant_type}{' double-quant' if double else ''}"
     return 1.0, skip, "bitsandbytes 8-bit"
 
 
-def _mxfp4(q: Mapping[str, Any]) -> tuple[float, list[str], str]:
-    return 0.5 + 1 / 32, list(q.get("modules_to_not_convert") or []), "MXFP4 (E8M0 scale per 32 values)"
+def _mxfp4(q: QuantizationConfig) -> tuple[float, list[str], str]:
+    return 0.5 + 1 / 32, list(q.modules_to_not_convert or []), "MXFP4 (E8M0 scale per 32 values)"
 
 
 #: Quantization methods by ``quant_method``: bytes per converted parameter, modules not converted, a label.
-METHODS: dict[str, Callable[[Mapping[str, Any]], tuple[float, list[str], str]]] = {
+METHODS: dict[str, Callable[[QuantizationConfig], tuple[float, list[str], str]]] = {
     "fp8": _fp8, "awq": _awq, "gptq": _gptq, "compressed-tensors": _compressed_tensors,
     "compressed_tensors": _compressed_tensors, "bitsandbytes": _bitsandbytes, "mxfp4": _mxfp4,
 }
@@ -346,13 +350,13 @@ def _not_converted(patterns: list[str]) -> set[str]:
     return out
 
 
-def quantization(config: Mapping[str, Any]) -> tuple[float | None, set[str], str]:
+def quantization(config: HFConfig | Mapping[str, Any]) -> tuple[float | None, set[str], str]:
     """(bytes per converted parameter, the parts converted, a label); None bytes and no parts
     when the checkpoint is not quantized."""
-    q = config.get("quantization_config") or text_config(config).get("quantization_config")
-    if not q:
+    q = HFConfig.of(config).quantization()
+    if q is None:
         return None, set(), "not quantized"
-    method = str(q.get("quant_method", "")).lower()
+    method = (q.quant_method or "").lower()
     if method not in METHODS:
         raise UnknownCheckpoint(f"quantization method {method or '(none)'!r} is not one the planner can size "
                                 f"(known: {', '.join(sorted(METHODS))}); give the weight size instead")
@@ -360,20 +364,21 @@ def quantization(config: Mapping[str, Any]) -> tuple[float | None, set[str], str
     converted = set(LINEAR_PARTS) - _not_converted(patterns)
     if method == "mxfp4":  # gpt-oss: only the experts are MXFP4
         converted &= {"experts"}
-    if q.get("lm_head") is True:
+    if q.lm_head is True:
         converted.add("lm_head")
     return per, converted, label
 
 
-def dtype_bytes(config: Mapping[str, Any]) -> int:
-    name = str(config_value(text_config(config), "torch_dtype", "dtype", default=config.get("torch_dtype", "bfloat16")))
+def dtype_bytes(config: HFConfig) -> int:
+    text = config.text()
+    name = str(first_set(text.torch_dtype, text.dtype, config.torch_dtype, default="bfloat16"))
     name = name.replace("torch.", "")
     if DTYPE_BYTES.get(name, 0) < 2:  # fp8 and int8 name quantized weights, not a model's dtype
         raise UnknownCheckpoint(f"config.json's dtype {name!r} is not a floating-point dtype the planner knows")
     return DTYPE_BYTES[name]
 
 
-def part_bytes(config: Mapping[str, Any]) -> tuple[dict[str, int], str]:
+def part_bytes(config: HFConfig) -> tuple[dict[str, int], str]:
     """Estimated bytes per part of the checkpoint, and how they were priced."""
     params = parameter_parts(config)
     base = dtype_bytes(config)
@@ -386,31 +391,31 @@ def part_bytes(config: Mapping[str, Any]) -> tuple[dict[str, int], str]:
     return out, how
 
 
-def estimate(config: Mapping[str, Any]) -> WeightsSize:
+def estimate(config: HFConfig | Mapping[str, Any]) -> WeightsSize:
     """The checkpoint's bytes from config.json alone (raises :class:`UnknownCheckpoint`)."""
-    parts, how = part_bytes(config)
+    parts, how = part_bytes(HFConfig.of(config))
     return WeightsSize(sum(parts.values()), "estimated", f"estimate from parameters and quantization ({how})",
                        parts=parts)
 
 
-def served(config: Mapping[str, Any], *, dtype: str | None = None, quantization: str | None = None
-           ) -> tuple[Mapping[str, Any] | None, str]:
+def served(config: HFConfig, *, dtype: str | None = None, quantization: str | None = None
+           ) -> tuple[HFConfig | None, str]:
     """config.json as vLLM holds the model on the GPU under ``--dtype`` and ``--quantization``: the
     model's dtype replaced, and an unquantized checkpoint quantized online to FP8 (vLLM's linear and
     MoE layers take FP8 weights with per-tensor scales; embeddings and the head stay at the dtype).
     (None, "") when the args change nothing; (None, why) when they change what the planner cannot size."""
-    quantized = bool(config.get("quantization_config") or text_config(config).get("quantization_config"))
-    out: dict[str, Any] = dict(config)
+    quantized = config.quantization() is not None
+    changed: dict[str, str | HFConfig | QuantizationConfig] = {}
     said = []
-    if dtype and dtype != "auto" and str(config.get("torch_dtype", "")).replace("torch.", "") != dtype:
-        out["torch_dtype"] = dtype
-        if "text_config" in out:
-            out["text_config"] = {**out["text_config"], "torch_dtype": dtype}
+    if dtype and dtype != "auto" and (config.torch_dtype or "").replace("torch.", "") != dtype:
+        changed["torch_dtype"] = dtype
+        if config.text_config is not None:
+            changed["text_config"] = config.text_config.model_copy(update={"torch_dtype": dtype})
         said.append(f"dtype {dtype}")
     if quantization and not quantized:
         if quantization != "fp8":
             return None, (f"quantization {quantization} of an unquantized checkpoint is not one the planner can size "
                           "(it knows online fp8)")
-        out["quantization_config"] = {"quant_method": "fp8"}
+        changed["quantization_config"] = QuantizationConfig(quant_method="fp8")
         said.append("quantization fp8 (online, per-tensor scales)")
-    return (out, ", ".join(said)) if said else (None, "")
+    return (config.model_copy(update=changed), ", ".join(said)) if said else (None, "")

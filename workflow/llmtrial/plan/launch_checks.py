@@ -8,8 +8,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from llmtrial.core.preflight_model import Gpus
+from llmtrial.core.record_base import Check
 from llmtrial.host.checks import check, check_allocator, check_nccl_interfaces
 from llmtrial.host.probes import peer_check, selected_gpus
+from llmtrial.plan.hf_config import HFConfig
 from llmtrial.plan.plan_inputs import HardwareInputs, ServingArgs
 from llmtrial.plan.shape import ConfigShape, derived_max_model_len
 
@@ -28,7 +31,7 @@ def _gpus_asked(args: ServingArgs, available: int) -> str:
     return f"{asked} = {args.gpus_asked} GPUs asked, {available} available (hardware.gpus)."
 
 
-def _max_len(config: Mapping[str, Any], args: ServingArgs) -> list[str]:
+def _max_len(config: HFConfig, args: ServingArgs) -> list[str]:
     """max_model_len above what vLLM derives from config.json, unless VLLM_ALLOW_LONG_MAX_MODEL_LEN is set."""
     derived, where = derived_max_model_len(config)
     if args.max_model_len is None or derived is None or args.max_model_len <= derived or args.allow_long_max_model_len:
@@ -38,7 +41,7 @@ def _max_len(config: Mapping[str, Any], args: ServingArgs) -> list[str]:
             "covers the length); lower max_model_len."]
 
 
-def refusals(shape: ConfigShape, config: Mapping[str, Any], hardware: HardwareInputs,
+def refusals(shape: ConfigShape, config: HFConfig, hardware: HardwareInputs,
              args: ServingArgs) -> tuple[list[str], list[str]]:
     """(reasons vLLM would refuse the configuration for in a second, other remarks), each naming the
     argument and the model's field."""
@@ -72,7 +75,7 @@ def refusals(shape: ConfigShape, config: Mapping[str, Any], hardware: HardwareIn
     return blocking, reasons
 
 
-def cpu_binding_check(workers: int, hosts: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+def cpu_binding_check(workers: int, hosts: Mapping[str, Mapping[str, str]]) -> Check:
     """VLLM_CPU_OMP_THREADS_BIND against the workers each host runs: ``hosts`` maps a host
     (a node of a multi-node configuration, each running its share of the workers) to the
     environment its workers see."""
@@ -94,14 +97,14 @@ def cpu_binding_check(workers: int, hosts: Mapping[str, Mapping[str, str]]) -> d
     return check("cpu_thread_binding", "ok", f"{workers} worker(s); binding {', '.join(seen)}")
 
 
-def configuration_checks(*, args: ServingArgs, env: Mapping[str, str], gpus: Mapping[str, Any],
-                         model_config: Mapping[str, Any], is_cpu: bool,
+def configuration_checks(*, args: ServingArgs, env: Mapping[str, str], gpus: Gpus | None,
+                         model_config: HFConfig | Mapping[str, Any], is_cpu: bool,
                          nodes_env: Mapping[str, Mapping[str, str]] | None = None,
-                         name: str = "this configuration") -> list[dict[str, Any]]:
+                         name: str = "this configuration") -> list[Check]:
     """Checks that depend on one configuration's args and env (merged over the host's);
-    ``nodes_env`` gives each node's own env when the configuration spans several. On a GPU host,
-    peer access between the GPUs it splits over (the first TP x PP selected GPUs, in the order
-    the servers see them)."""
+    ``nodes_env`` gives each node's own env when the configuration spans several; ``gpus`` is preflight's
+    GPU inventory (None where none was taken). On a GPU host, peer access between the GPUs it splits
+    over (the first TP x PP selected GPUs, in the order the servers see them)."""
     server_env = {"server": {**os.environ, **env}}
     out = [check_allocator(server_env), check_nccl_interfaces(server_env)]
     workers = args.tensor_parallel_size * args.pipeline_parallel_size
@@ -111,10 +114,11 @@ def configuration_checks(*, args: ServingArgs, env: Mapping[str, str], gpus: Map
         out.append(check("deepgemm", "skip", "CPU host"))
         return out
     out.append(check("cpu_thread_binding", "skip", "GPU host"))
-    out.append(peer_check(gpus.get("peer_access") or {}, selected_gpus(gpus)[:workers], {name: workers}))
-    quant = (model_config.get("quantization_config") or {})
-    block_fp8 = str(quant.get("quant_method", "")).lower() == "fp8" and quant.get("weight_block_size")
-    archs = {tuple(d["compute_capability"]) for d in gpus.get("devices", []) if d.get("compute_capability")}
+    gpus = gpus or Gpus(present=False, count=0)
+    out.append(peer_check(gpus.peer_access or {}, selected_gpus(gpus)[:workers], {name: workers}))
+    quant = HFConfig.of(model_config).quantization_config
+    block_fp8 = quant is not None and (quant.quant_method or "").lower() == "fp8" and quant.weight_block_size
+    archs = {tuple(d.compute_capability) for d in gpus.devices or [] if d.compute_capability}
     unsupported = sorted(a for a in archs if a not in DEEPGEMM_ARCHS)
     if not block_fp8:
         out.append(check("deepgemm", "skip", "not a block-FP8 checkpoint"))
@@ -122,7 +126,7 @@ def configuration_checks(*, args: ServingArgs, env: Mapping[str, str], gpus: Map
         out.append(check("deepgemm", "ok", "block-FP8 checkpoint with VLLM_USE_DEEP_GEMM=0"))
     elif unsupported:
         out.append(check("deepgemm", "fail",
-                         f"block-FP8 checkpoint (weight_block_size {quant.get('weight_block_size')}) on GPUs of compute "
+                         f"block-FP8 checkpoint (weight_block_size {quant.weight_block_size}) on GPUs of compute "
                          f"capability {', '.join(f'{a[0]}.{a[1]}' for a in unsupported)}, which DeepGEMM does not support "
                          "('Unknown SF transformation' at startup): set VLLM_USE_DEEP_GEMM=0 in the configuration's env"))
     else:

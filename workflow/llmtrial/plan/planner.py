@@ -29,14 +29,15 @@ from typing import Any
 from llmtrial.core.configuration_spec import ServingSpec
 from llmtrial.core.preflight_model import Gpus, Probes
 from llmtrial.core.record_models import Hardware as PlannedHardware
-from llmtrial.core.record_models import PlanRecord
-from llmtrial.core.records import as_written, fact
+from llmtrial.core.record_models import ModelShape, PlanRecord
+from llmtrial.core.records import fact
 from llmtrial.core.trial_config import HardwareBlock, PlanBlock
 from llmtrial.core.units import GiB
 from llmtrial.plan import budget, checkpoint
 from llmtrial.plan.budget import MemoryTerms
 from llmtrial.plan.ceiling import plan_ceiling
 from llmtrial.plan.checkpoint import WeightsSize
+from llmtrial.plan.hf_config import HFConfig, first_set
 from llmtrial.plan.launch_checks import configuration_checks, refusals
 from llmtrial.plan.plan_inputs import HardwareInputs, ServingArgs
 from llmtrial.plan.shape import (
@@ -46,7 +47,6 @@ from llmtrial.plan.shape import (
     DTYPE_BYTES,
     ConfigShape,
     PlanError,
-    config_value,
     kv_bytes_per_token_per_layer,
     kv_heads_per_rank,
     kv_layer_slots,
@@ -55,7 +55,6 @@ from llmtrial.plan.shape import (
     recommend_partition,
     rope_cache_bytes,
     split_layers,
-    text_config,
 )
 
 #: KV space per worker the plan assumes on a CPU host when none is configured.
@@ -105,7 +104,7 @@ class Layout:
         return out + (self.embed / tp if first else 0.0) + ((self.head + last_extra) / tp if last else 0.0)
 
 
-def layout(config: Mapping[str, Any], shape: ConfigShape, total: int, pp: int) -> Layout:
+def layout(config: HFConfig, shape: ConfigShape, total: int, pp: int) -> Layout:
     """Split ``total`` weight bytes into the parts that place them: in the proportions of the
     parts' estimated bytes when the architecture is known, else embeddings at the model's dtype
     and the rest evenly over the layers."""
@@ -150,7 +149,7 @@ def _offload(args: ServingArgs, lay: Layout, stages: list[int], stage_bytes: lis
     return out
 
 
-def _weights(config: Mapping[str, Any], weights: WeightsSize | None, args: ServingArgs,
+def _weights(config: HFConfig, weights: WeightsSize | None, args: ServingArgs,
              reasons: list[str]) -> WeightsSize:
     """The weights to plan on, as vLLM holds them: those given, else the estimate from config.json
     (raises :class:`checkpoint.UnknownCheckpoint` with the reason when there is none); where
@@ -200,10 +199,10 @@ def _kv_per_token(shape: ConfigShape, args: ServingArgs, stages: list[int], reas
     return per_token_whole, per_token_rank
 
 
-def _moe_bytes_per_token(config: Mapping[str, Any], shape: ConfigShape, tp: int) -> int:
+def _moe_bytes_per_token(config: HFConfig, shape: ConfigShape, tp: int) -> int:
     """Bytes of fused-MoE intermediates one token costs a rank: its top-k experts' gate and up outputs."""
-    cfg = text_config(config)
-    topk = config_value(cfg, "num_experts_per_tok", "moe_topk", "top_k_experts")
+    cfg = config.text()
+    topk = first_set(cfg.num_experts_per_tok, cfg.moe_topk, cfg.top_k_experts)
     inter = shape.moe_intermediate_size or (shape.intermediate_size if shape.num_experts else None)
     if not shape.num_experts or not topk or not inter:
         return 0
@@ -302,7 +301,7 @@ def _figures(size: WeightsSize, weights_per_rank: list[float], offload: list[flo
     }
 
 
-def _placement(config: Mapping[str, Any], shape: ConfigShape, size: WeightsSize, args: ServingArgs, stages: list[int],
+def _placement(config: HFConfig, shape: ConfigShape, size: WeightsSize, args: ServingArgs, stages: list[int],
                extras: Extras, reasons: list[str], rope: int = 0) -> tuple[Layout, list[float], list[float]]:
     """Where the weights sit: their layout, the bytes each rank offloads, and the bytes each rank holds
     (the routed experts over data x tensor parallel ranks with expert parallel, the rest over TP), with
@@ -353,11 +352,12 @@ def _verdict(blocking: list[str], hardware: HardwareInputs, offload: list[float]
     return "fits"
 
 
-def plan(config: Mapping[str, Any], hardware: HardwareInputs, args: ServingArgs, *, weights: WeightsSize | None = None,
-         available_kv_gib: float | None = None, contexts: list[int] | None = None, extras: Extras | None = None,
-         memory: MemoryTerms | None = None, vllm_version: str | None = None) -> Plan:
+def plan(config: HFConfig | Mapping[str, Any], hardware: HardwareInputs, args: ServingArgs, *,
+         weights: WeightsSize | None = None, available_kv_gib: float | None = None, contexts: list[int] | None = None,
+         extras: Extras | None = None, memory: MemoryTerms | None = None, vllm_version: str | None = None) -> Plan:
     """Plan one configuration; see the module docstring for what comes out. ``vllm_version``: the
     vLLM that will serve it, whose accounting the GPU budget follows (:mod:`llmtrial.plan.budget`)."""
+    config = HFConfig.of(config)
     extras = extras or Extras()
     shape = model_shape(config, dtype=args.dtype)
     tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
@@ -373,7 +373,7 @@ def plan(config: Mapping[str, Any], hardware: HardwareInputs, args: ServingArgs,
     rope, rope_source = rope_cache_bytes(config, shape)
     lay, offload, weights_per_rank = _placement(config, shape, size, args, stages, extras, reasons, rope)
     per_token_whole, per_token_rank = _kv_per_token(shape, args, stages, reasons)
-    facts: dict[str, dict[str, Any]] = {"weights_bytes": size.fact(),
+    facts: dict[str, dict[str, Any]] = {"weights_bytes": fact(size.bytes, size.source, kind=size.kind, unit="B"),
                                         "rope_cache_bytes": fact(rope, rope_source, kind="predicted", unit="B")}
     avail, avail_kind, avail_source = _kv_memory(hardware, args, shape, weights_per_rank, size.kind, available_kv_gib,
                                                  memory or MemoryTerms(), facts, vllm_version=vllm_version,
@@ -438,7 +438,7 @@ def _hardware(hardware: HardwareBlock, gpus: Gpus | None, env: Mapping[str, str]
                     cpu_kv_space_assumed=not kv_space)
 
 
-def plan_record(*, spec: ServingSpec, model_config: Mapping[str, Any] | None, weights: WeightsSize | None,
+def plan_record(*, spec: ServingSpec, model_config: HFConfig | Mapping[str, Any] | None, weights: WeightsSize | None,
                 gpus: Gpus | None, hardware: HardwareBlock, settings: PlanBlock,
                 contexts: list[int] | None = None, available_kv_gib: float | None = None,
                 no_config: str = "the model's config.json could not be had before staging",
@@ -453,55 +453,57 @@ def plan_record(*, spec: ServingSpec, model_config: Mapping[str, Any] | None, we
     preflight recorded. Without a readable config.json
     the verdict is ``unknown`` with the reason."""
     head = {"configuration": spec.name, "force": spec.force}
-    unreadable = None
+    unreadable, config = None, None
     if model_config is not None:
         try:
-            model_shape(model_config)
+            config = HFConfig.of(model_config)
+            model_shape(config)
         except PlanError as exc:  # vLLM may well serve a model the planner cannot read
             unreadable = f"the planner cannot read the model's config.json: {exc}"
     env = dict(spec.env)
     hw = _hardware(hardware, gpus, env)
     hardware_planned = PlannedHardware(gpus=hw.gpus, gpu_memory_gib=hw.gpu_memory_gib, cpu_kv_space_gib=hw.cpu_kv_space_gib,
                                        selected_gpus=list(gpus.selected_gpus or []) if gpus is not None else [])
-    if model_config is None or unreadable:
+    if config is None or unreadable:
         return PlanRecord(**head, verdict="unknown", reasons=[unreadable or no_config], checks=[],
                           hardware=hardware_planned, plan={}, facts={})
     args = ServingArgs.from_config(spec.args, env)
-    result = plan(model_config, hw, args, weights=weights, contexts=contexts, available_kv_gib=available_kv_gib,
+    result = plan(config, hw, args, weights=weights, contexts=contexts, available_kv_gib=available_kv_gib,
                   extras=Extras(last_stage_bytes=int(float(settings.last_stage_extra_gib) * GiB),
                                 pinned_last_layers=settings.pinned_last_layers),
                   memory=MemoryTerms(non_torch_gib=settings.non_torch_gib, peak_activation_gib=settings.peak_activation_gib,
                                      cuda_graph_gib=settings.cuda_graph_gib),
                   vllm_version=vllm_version)
     nodes_env = {name: dict(block.env) for name, block in spec.nodes.items()}
-    checks = configuration_checks(args=args, env=env, gpus=as_written(gpus) if gpus is not None else {}, model_config=model_config, is_cpu=hw.is_cpu,
+    checks = configuration_checks(args=args, env=env, gpus=gpus, model_config=config, is_cpu=hw.is_cpu,
                                   name=spec.name,
                                   nodes_env=nodes_env or None)
-    failed = [c["detail"] for c in checks if c["status"] == "fail"]
+    failed = [c.detail for c in checks if c.status == "fail"]
     reasons = failed + list(result.reasons)
     if hw.is_cpu and hw.cpu_kv_space_assumed and args.kv_cache_memory_bytes is None:
         reasons.append(f"VLLM_CPU_KVCACHE_SPACE is not set: vLLM sizes the KV cache from free memory at start-up; "
                        f"the plan assumes {ASSUMED_CPU_KV_GIB:g} GiB per worker (an estimate).")
-    model = model_summary(model_config)
+    model = model_summary(config)
     if result.data:
-        result.facts["decode_tok_s_ceiling"] = plan_ceiling(result.data, result.facts, model, as_written(probes), is_cpu=hw.is_cpu,
+        result.facts["decode_tok_s_ceiling"] = plan_ceiling(result.data, result.facts, model, probes, is_cpu=hw.is_cpu,
                                                             hosts=len(nodes_env) or 1)
     return PlanRecord(**head, verdict="does_not_fit" if failed else result.verdict, reasons=reasons, checks=checks,
                       hardware=hardware_planned, plan=result.data, facts=result.facts, model=model)
 
 
-def model_summary(model_config: Mapping[str, Any]) -> dict[str, Any]:
+def model_summary(model_config: HFConfig | Mapping[str, Any]) -> ModelShape:
     """The model's shape as the planner read it from config.json, for the report."""
-    s = model_shape(model_config)
+    config = HFConfig.of(model_config)
+    s = model_shape(config)
     try:
-        quant = checkpoint.quantization(model_config)[2]
+        quant = checkpoint.quantization(config)[2]
     except checkpoint.UnknownCheckpoint as exc:
         quant = f"unknown ({exc})"
     kinds: dict[str, int] = {}
     for kind in s.layer_kinds:
         kinds[kind] = kinds.get(kind, 0) + 1
-    return {"architecture": (model_config.get("architectures") or [None])[0], "layers": s.num_layers,
-            "attention_heads": s.num_heads, "kv_heads": s.num_kv_heads, "head_dim": s.head_dim,
-            "hidden_size": s.hidden_size, "vocab_size": s.vocab_size, "experts": s.num_experts,
-            "dtype_bytes": s.dtype_bytes, "quantization": quant, "layer_kinds": kinds,
-            "mla_kv_dim": s.mla_kv_dim, "sliding_window": s.sliding_window}
+    return ModelShape(architecture=(config.architectures or [None])[0], layers=s.num_layers,
+                      attention_heads=s.num_heads, kv_heads=s.num_kv_heads, head_dim=s.head_dim,
+                      hidden_size=s.hidden_size, vocab_size=s.vocab_size, experts=s.num_experts,
+                      dtype_bytes=s.dtype_bytes, quantization=quant, layer_kinds=kinds,
+                      mla_kv_dim=s.mla_kv_dim, sliding_window=s.sliding_window)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from llmtrial.core.records import read_record
+from llmtrial.plan.hf_config import HFConfig, PlanError, RopeScaling, first_set
 
 #: Bytes per element by dtype name (config.json ``torch_dtype``/``dtype``, or ``kv_cache_dtype``).
 DTYPE_BYTES = {
@@ -27,10 +28,6 @@ STATE_LAYER_KINDS = ("mamba", "mamba2", "linear_attention", "linear", "gated_del
 SLIDING_LAYER_KINDS = ("sliding_attention", "sliding_window", "local_attention", "chunked_attention")
 DEFAULT_GPU_BLOCK_SIZE = 16
 DEFAULT_CPU_BLOCK_SIZE = 128
-
-
-class PlanError(ValueError):
-    """The inputs cannot be planned (a missing config key, a bad argument)."""
 
 
 @dataclass(frozen=True)
@@ -55,36 +52,11 @@ class ConfigShape:
     max_position_embeddings: int = 2048
 
 
-#: What a model's config class sets where its config.json is silent (Gemma 3's multimodal files
-#: give a short text_config and leave the rest to transformers' ``Gemma3TextConfig``).
-CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gemma3_text": {"vocab_size": 262208, "max_position_embeddings": 131072, "head_dim": 256,
-                    "sliding_window": 4096, "sliding_window_pattern": 6, "tie_word_embeddings": True,
-                    "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0},
-}
-
-
-def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The language model's part of a (possibly multimodal) config.json, with its config class's
-    defaults (:data:`CONFIG_DEFAULTS`) where the file is silent."""
-    cfg = config.get("text_config") or config.get("llm_config") or config
-    defaults = CONFIG_DEFAULTS.get(str(cfg.get("model_type")))
-    return {**defaults, **cfg} if defaults else cfg
-
-
-def config_value(cfg: Mapping[str, Any], *names: str, default: Any = None) -> Any:
-    """The first of ``names`` that ``cfg`` sets (config.json spells one figure several ways)."""
-    for n in names:
-        if cfg.get(n) is not None:
-            return cfg[n]
-    return default
-
-
-def layer_kinds(cfg: Mapping[str, Any], num_layers: int, sliding_window: int | None = None) -> tuple[str, ...]:
+def layer_kinds(cfg: HFConfig, num_layers: int, sliding_window: int | None = None) -> tuple[str, ...]:
     """Each layer's cache kind: ``full_attention``, ``sliding_attention``, ``state`` (linear
     attention or SSM, per sequence) or ``none``, from ``layer_types``, a hybrid pattern or
     ``full_attention_interval`` (Qwen3-Next: full attention every n-th layer, linear between)."""
-    kinds = cfg.get("layer_types") or cfg.get("layers_block_type")
+    kinds = cfg.layer_types or cfg.layers_block_type
     if kinds:
         out = []
         for k in kinds[:num_layers]:
@@ -98,105 +70,103 @@ def layer_kinds(cfg: Mapping[str, Any], num_layers: int, sliding_window: int | N
             else:  # an MLP/MoE-only block keeps no cache
                 out.append("none")
         return tuple(out)
-    pattern = cfg.get("hybrid_override_pattern")
-    if isinstance(pattern, str) and len(pattern) >= num_layers:
+    pattern = cfg.hybrid_override_pattern
+    if pattern is not None and len(pattern) >= num_layers:
         return tuple("full_attention" if c == "*" else ("state" if c == "M" else "none") for c in pattern[:num_layers])
-    interval = cfg.get("full_attention_interval")
+    interval = cfg.full_attention_interval
     if interval:
         return tuple("full_attention" if (i + 1) % int(interval) == 0 else "state" for i in range(num_layers))
     interleaved = _interleaved_sliding(cfg, num_layers)
     if interleaved:
         return interleaved
-    if sliding_window and cfg.get("use_sliding_window", True) is not False:
-        window_from = cfg.get("max_window_layers")
-        if window_from is not None and cfg.get("use_sliding_window") is True:
+    if sliding_window and cfg.use_sliding_window is not False:
+        window_from = cfg.max_window_layers
+        if window_from is not None and cfg.use_sliding_window is True:
             return tuple("full_attention" if i < window_from else "sliding_attention" for i in range(num_layers))
-        if cfg.get("use_sliding_window") is None and "max_window_layers" not in cfg:
+        if cfg.use_sliding_window is None and window_from is None:
             return ("sliding_attention",) * num_layers
     return ("full_attention",) * num_layers
 
 
-def _interleaved_sliding(cfg: Mapping[str, Any], num_layers: int) -> tuple[str, ...] | None:
+def _interleaved_sliding(cfg: HFConfig, num_layers: int) -> tuple[str, ...] | None:
     """Sliding-window layers interleaved with global ones, where config.json gives no ``layer_types``:
     Gemma 2 (every other layer, layer 0 sliding), a ``sliding_window_pattern`` n (Gemma 3, Cohere 2:
     every n-th layer global, the others sliding), Llama 4's chunked attention (on the RoPE layers of
     ``no_rope_layers``; the NoPE layers, every fourth, attend globally)."""
-    pattern = cfg.get("sliding_window_pattern") or (2 if cfg.get("model_type") == "gemma2" else None)
-    if pattern and config_value(cfg, "sliding_window", "sliding_window_size"):
+    pattern = cfg.sliding_window_pattern or (2 if cfg.kind == "gemma2" else None)
+    if pattern and first_set(cfg.sliding_window, cfg.sliding_window_size):
         return tuple("sliding_attention" if (i + 1) % int(pattern) else "full_attention" for i in range(num_layers))
-    if cfg.get("attention_chunk_size"):
-        rope = cfg.get("no_rope_layers") or [
-            int((i + 1) % int(config_value(cfg, "no_rope_layer_interval", default=4)) != 0) for i in range(num_layers)]
+    if cfg.attention_chunk_size:
+        rope = cfg.no_rope_layers or [
+            int((i + 1) % int(first_set(cfg.no_rope_layer_interval, default=4)) != 0) for i in range(num_layers)]
         return tuple("sliding_attention" if rope[i] else "full_attention" for i in range(num_layers))
     return None
 
 
-def model_shape(config: Mapping[str, Any], *, dtype: str | None = None) -> ConfigShape:
+def model_shape(config: HFConfig | Mapping[str, Any], *, dtype: str | None = None) -> ConfigShape:
     """Read a Hugging Face ``config.json`` (text part of a multimodal one) into a ConfigShape."""
-    cfg = text_config(config)
+    config = HFConfig.of(config)
+    cfg = config.text()
     try:
-        num_layers = int(config_value(cfg, "num_hidden_layers", "n_layer", "num_layers"))
-        hidden = int(config_value(cfg, "hidden_size", "d_model", "n_embd"))
-        heads = int(config_value(cfg, "num_attention_heads", "n_head"))
+        num_layers = int(first_set(cfg.num_hidden_layers, cfg.n_layer, cfg.num_layers))
+        hidden = int(first_set(cfg.hidden_size, cfg.d_model, cfg.n_embd))
+        heads = int(first_set(cfg.num_attention_heads, cfg.n_head))
     except TypeError:
         raise PlanError("config.json lacks num_hidden_layers, hidden_size or num_attention_heads") from None
-    kv_heads = int(config_value(cfg, "num_key_value_heads", "num_kv_heads", "multi_query_group_num", default=heads))
-    head_dim = int(config_value(cfg, "head_dim", default=hidden // heads))
-    dtype_name = str(dtype or config_value(cfg, "torch_dtype", "dtype", default=config.get("torch_dtype", "bfloat16")))
+    kv_heads = int(first_set(cfg.num_key_value_heads, cfg.num_kv_heads, cfg.multi_query_group_num, default=heads))
+    head_dim = int(first_set(cfg.head_dim, default=hidden // heads))
+    dtype_name = str(dtype or first_set(cfg.torch_dtype, cfg.dtype, config.torch_dtype, default="bfloat16"))
     dtype_name = dtype_name.replace("torch.", "")
     if dtype_name not in DTYPE_BYTES:
         raise PlanError(f"unknown dtype {dtype_name!r} in config.json")
-    sliding = config_value(cfg, "sliding_window", "attention_window_size", "attention_chunk_size")
-    sliding = int(sliding) if isinstance(sliding, (int, float)) and sliding else None
+    sliding = first_set(cfg.sliding_window, cfg.attention_window_size, cfg.attention_chunk_size)
+    sliding = int(sliding) if sliding else None
     mla = None
-    if cfg.get("kv_lora_rank"):
-        mla = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim", 0))
-    experts = config_value(cfg, "num_experts", "n_routed_experts", "num_local_experts")
+    if cfg.kv_lora_rank:
+        mla = int(cfg.kv_lora_rank) + int(first_set(cfg.qk_rope_head_dim, default=0))
+    experts = first_set(cfg.num_experts, cfg.n_routed_experts, cfg.num_local_experts)
     state = None
-    if cfg.get("mamba_d_state") or cfg.get("ssm_state_size") or cfg.get("state_size"):
-        d_state = int(config_value(cfg, "mamba_d_state", "ssm_state_size", "state_size"))
-        expand = int(config_value(cfg, "mamba_expand", "expand", default=2))
-        d_conv = int(config_value(cfg, "mamba_d_conv", "conv_kernel", "d_conv", default=4))
+    if cfg.mamba_d_state or cfg.ssm_state_size or cfg.state_size:
+        d_state = int(first_set(cfg.mamba_d_state, cfg.ssm_state_size, cfg.state_size))
+        expand = int(first_set(cfg.mamba_expand, cfg.expand, default=2))
+        d_conv = int(first_set(cfg.mamba_d_conv, cfg.conv_kernel, cfg.d_conv, default=4))
         inner = expand * hidden
         state = (inner * d_state + inner * d_conv) * DTYPE_BYTES[dtype_name]
     return ConfigShape(
         num_layers=num_layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-        hidden_size=hidden, vocab_size=int(config_value(cfg, "vocab_size", default=config.get("vocab_size", 0))),
+        hidden_size=hidden, vocab_size=int(first_set(cfg.vocab_size, config.vocab_size, default=0)),
         dtype_bytes=DTYPE_BYTES[dtype_name],
-        tie_word_embeddings=bool(config_value(config, "tie_word_embeddings", default=cfg.get("tie_word_embeddings", False))),
+        tie_word_embeddings=bool(first_set(config.tie_word_embeddings, cfg.tie_word_embeddings, default=False)),
         layer_kinds=layer_kinds(cfg, num_layers, sliding), sliding_window=sliding, mla_kv_dim=mla,
         num_experts=int(experts) if experts else None,
-        intermediate_size=config_value(cfg, "intermediate_size", "ffn_hidden_size"),
-        moe_intermediate_size=cfg.get("moe_intermediate_size"),
+        intermediate_size=first_set(cfg.intermediate_size, cfg.ffn_hidden_size),
+        moe_intermediate_size=cfg.moe_intermediate_size,
         state_bytes_per_layer=state,
-        max_position_embeddings=int(config_value(cfg, "max_position_embeddings", default=2048)),
+        max_position_embeddings=int(first_set(cfg.max_position_embeddings, default=2048)),
     )
 
 
-#: The config.json keys vLLM takes the model's length from (the smallest of those set), in its order.
-MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
-                "max_sequence_length", "max_seq_length", "seq_len")
 #: RoPE types whose factor vLLM does not apply to the length (their max_position_embeddings already counts it).
 _UNSCALED_ROPE = ("su", "longrope", "llama3", "default", "mrope")
 
 
-def derived_max_model_len(config: Mapping[str, Any]) -> tuple[int | None, str]:
+def derived_max_model_len(config: HFConfig | Mapping[str, Any]) -> tuple[int | None, str]:
     """The longest max_model_len vLLM accepts for the model without VLLM_ALLOW_LONG_MAX_MODEL_LEN, as
-    its ``_get_and_verify_max_len`` derives it from config.json: the smallest of :data:`MAX_LEN_KEYS`,
-    times the RoPE scaling factor (from ``original_max_position_embeddings`` for yarn), and the
-    config fields it came from in words. None when config.json sets none of them."""
-    cfg = text_config(config)
-    found = {k: cfg[k] for k in MAX_LEN_KEYS if isinstance(cfg.get(k), (int, float)) and cfg[k] > 0}
+    its ``_get_and_verify_max_len`` derives it from config.json: the smallest of the lengths it gives
+    (:meth:`HFConfig.lengths`), times the RoPE scaling factor (from ``original_max_position_embeddings``
+    for yarn), and the config fields it came from in words. None when config.json sets none of them."""
+    cfg = HFConfig.of(config).text()
+    lengths = cfg.lengths()
+    found = {k: n for k, n in lengths.items() if n is not None and n > 0}
     if not found:
-        return None, "config.json sets none of " + ", ".join(MAX_LEN_KEYS)
+        return None, "config.json sets none of " + ", ".join(lengths)
     key = min(found, key=lambda k: found[k])
     length, where = float(found[key]), f"{key}={found[key]:g}"
-    rope = cfg.get("rope_scaling") or {}
-    kind = rope.get("rope_type") or rope.get("type")
-    factor = rope.get("factor")
-    if isinstance(rope, Mapping) and factor and kind not in _UNSCALED_ROPE and "gemma3" not in str(cfg.get("model_type")):
-        if kind == "yarn" and rope.get("original_max_position_embeddings"):
-            length = float(rope["original_max_position_embeddings"])
+    rope = cfg.rope_scaling or RopeScaling()
+    kind, factor = rope.kind, rope.factor
+    if factor and kind not in _UNSCALED_ROPE and "gemma3" not in cfg.kind:
+        if kind == "yarn" and rope.original_max_position_embeddings:
+            length = float(rope.original_max_position_embeddings)
         length *= float(factor)
         where += f", rope_scaling {kind} factor {factor:g}"
     return int(length), where
@@ -208,28 +178,29 @@ _ROPE_FROM_ORIGINAL = ("yarn", "deepseek_yarn")
 _ROPE_SCALED = ("linear", "dynamic")
 
 
-def rope_cache_bytes(config: Mapping[str, Any], shape: ConfigShape) -> tuple[int, str]:
+def rope_cache_bytes(config: HFConfig | Mapping[str, Any], shape: ConfigShape) -> tuple[int, str]:
     """The cos/sin cache vLLM's rotary embedding registers on every rank when it builds the model (part
     of the memory its "Model loading took" line reports): positions x rotary dimensions x dtype, one
     cache per distinct RoPE (Gemma 3 keeps a local and a global one), and how it was counted. 0 for a
     model without RoPE."""
-    cfg = text_config(config)
-    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    if "rope_theta" not in cfg and not rope and "qk_rope_head_dim" not in cfg:
+    cfg = HFConfig.of(config).text()
+    given = cfg.rope_scaling or cfg.rope_parameters
+    if cfg.rope_theta is None and given is None and cfg.qk_rope_head_dim is None:
         return 0, "no RoPE in config.json"
-    dim = int(cfg.get("qk_rope_head_dim") or cfg.get("rotary_dim")
-              or shape.head_dim * float(cfg.get("partial_rotary_factor") or cfg.get("rotary_pct") or 1.0))
-    positions = int(config_value(cfg, "max_position_embeddings", "n_positions", default=2048))
-    kind, factor = rope.get("rope_type") or rope.get("type"), float(rope.get("factor") or 1.0)
-    original = int(rope.get("original_max_position_embeddings") or positions)
+    rope = given or RopeScaling()
+    dim = int(cfg.qk_rope_head_dim or cfg.rotary_dim
+              or shape.head_dim * float(cfg.partial_rotary_factor or cfg.rotary_pct or 1.0))
+    positions = int(first_set(cfg.max_position_embeddings, cfg.n_positions, default=2048))
+    kind, factor = rope.kind, float(rope.factor or 1.0)
+    original = int(rope.original_max_position_embeddings or positions)
     if kind in _ROPE_FROM_ORIGINAL:
         positions = int(original * factor)
     elif kind in _ROPE_SCALED:
         positions = int(positions * factor)
     elif kind in ("longrope", "su"):
         positions += original  # the short and the long cache side by side
-    caches = 2 if str(cfg.get("model_type", "")).startswith("gemma3") else 1
-    width = 4 if str(cfg.get("model_type")) == "gpt_oss" else shape.dtype_bytes  # gpt-oss builds its RoPE in float32
+    caches = 2 if cfg.kind.startswith("gemma3") else 1
+    width = 4 if cfg.kind == "gpt_oss" else shape.dtype_bytes  # gpt-oss builds its RoPE in float32
     return caches * positions * dim * width, (f"{caches} x {positions:,} positions x rotary dim {dim} x {width} B "
                                               "(vLLM's rotary cos/sin cache on every rank)")
 
@@ -335,12 +306,12 @@ def predict_kv_tokens(available_bytes_per_rank: list[float], bytes_per_token_per
     return blocks, int(concurrency * max_model_len), concurrency
 
 
-def read_model_config(path: str | Path) -> dict[str, Any]:
+def read_model_config(path: str | Path) -> HFConfig:
     """A config.json, or a model folder holding one."""
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
     try:
-        return read_record(p)
+        return HFConfig.of(read_record(p))
     except (FileNotFoundError, ValueError) as exc:
         raise PlanError(f"model config: {exc}") from None

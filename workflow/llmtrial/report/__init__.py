@@ -18,6 +18,8 @@
   stage records only.
 - :mod:`llmtrial.report.run_summary`: The last lines of a workflow run on the terminal: where the
   report is, what its first screen found, and whether the host was given back.
+- :mod:`llmtrial.report.sections`: The parts of the trial report's context: the rows and sections the
+  template reads by attribute, and the context itself.
 - :mod:`llmtrial.report.sweeps`: What the trial's sweeps show, worked out from the configuration
   records alone.
 - :mod:`llmtrial.report.verdicts`: Verdicts between two sets of pass values, in the words the report
@@ -27,4 +29,5 @@ Imports from: core, answers, logs, host, plan, weights, patch, lifecycle, serve.
 the order.)
 """
 
-__all__ = ["answers", "cells", "charts", "conclusions", "costs", "multinode", "render", "run_summary", "sweeps", "verdicts"]
+__all__ = ["answers", "cells", "charts", "conclusions", "costs", "multinode", "render", "run_summary", "sections", "sweeps",
+           "verdicts"]

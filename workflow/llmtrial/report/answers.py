@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from llmtrial.answers.agreement import AnswerAgreement, accuracy_caution, agree, agreement_sentence, matrix
-from llmtrial.core.answers_model import AnswerRun, Answers
+from llmtrial.core.answers_model import Accuracy, AnswerRun, Answers, Task
 from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.record_models import ManifestRecord
 
@@ -58,22 +57,53 @@ def _flags_text(run: AnswerRun) -> str:
     return ", ".join(f"{name} {'on' if on else 'off'}" for name, on in run.flags.items()) or "no patch"
 
 
-def _accuracy_rows(runs: Sequence[LabelledRun], categories: list[str]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class AccuracyRow:
+    """One run of the set: its label and flags, right answers per category and over all, whether it answered
+    alike when asked again, how long it took and its server's log."""
+
+    label: str
+    flags: str
+    cells: list[Accuracy | None]
+    all: Accuracy
+    repeat: str
+    repeat_ok: bool
+    seconds: float
+    ready_s: float | None
+    server_log: str | None
+
+
+def _accuracy_rows(runs: Sequence[LabelledRun], categories: list[str]) -> list[AccuracyRow]:
     rows = []
     for lr in runs:
         by = {a.category: a for a in lr.run.accuracy}
         of = len(lr.run.answers)
         repeat = ("asked once" if lr.run.repeat_identical is None else
                   f"identical on {lr.run.repeat_identical} of {of} over {lr.run.repeat} asks")
-        rows.append({"label": lr.label, "flags": _flags_text(lr.run), "cells": [by.get(c) for c in categories],
-                     "all": by["all"], "repeat": repeat, "repeat_ok": lr.run.repeat_identical in (None, of),
-                     "seconds": lr.run.seconds, "ready_s": lr.run.ready_s, "server_log": lr.run.server_log})
+        rows.append(AccuracyRow(label=lr.label, flags=_flags_text(lr.run),
+                                cells=[by.get(c) for c in categories], all=by["all"], repeat=repeat,
+                                repeat_ok=lr.run.repeat_identical in (None, of), seconds=lr.run.seconds,
+                                ready_s=lr.run.ready_s, server_log=lr.run.server_log))
     return rows
 
 
-def _difference_rows(pair: str, ag: AnswerAgreement, prompts: dict[int, str]) -> list[dict[str, Any]]:
-    return [{"pair": pair, "task": d.task, "prompt": prompts[d.task], "a": d.a, "b": d.b, "a_correct": d.a_correct,
-             "b_correct": d.b_correct, "first": None if d.first is None else f"{d.unit} {d.first + 1}"}
+@dataclass(frozen=True)
+class DifferenceRow:
+    """One prompt two runs answered differently: each answer and grade, and where they first differ."""
+
+    pair: str
+    task: int
+    prompt: str
+    a: str | None
+    b: str | None
+    a_correct: bool
+    b_correct: bool
+    first: str | None
+
+
+def _difference_rows(pair: str, ag: AnswerAgreement, prompts: dict[int, str]) -> list[DifferenceRow]:
+    return [DifferenceRow(pair=pair, task=d.task, prompt=prompts[d.task], a=d.a, b=d.b, a_correct=d.a_correct,
+                          b_correct=d.b_correct, first=None if d.first is None else f"{d.unit} {d.first + 1}")
             for d in ag.differences]
 
 
@@ -87,8 +117,25 @@ def _pairs(runs: Sequence[LabelledRun], baseline: str) -> list[tuple[str, Labell
                            if lr.run.launch == "flags_off" and lr.configuration in passes]
 
 
+@dataclass(frozen=True)
+class AnswersSection:
+    """The report's Answers section: the set as asked, the runs' accuracy, the agreement matrix, every
+    prompt answered differently and the sentences of "What the trial found"."""
+
+    settings: Answers
+    categories: list[str]
+    baseline: str
+    rows: list[AccuracyRow]
+    labels: list[str]
+    matrix: list[list[AnswerAgreement]]
+    differences: list[DifferenceRow]
+    sentences: list[str]
+    tasks: list[Task]
+    flags_off: bool
+
+
 def answers_context(configurations: Sequence[ConfigurationRecord], baseline: str | None,
-                    manifest: ManifestRecord) -> dict[str, Any] | None:
+                    manifest: ManifestRecord) -> AnswersSection | None:
     """What the template's Answers section shows; None when no configuration was asked the set."""
     runs = labelled_runs(configurations)
     if not runs:
@@ -102,10 +149,10 @@ def answers_context(configurations: Sequence[ConfigurationRecord], baseline: str
         pair = f"{b.label} against {a.label}" if kind == "baseline" else f"{a.label} (flags on) against flags off"
         differences += _difference_rows(pair, agree(a.label, a.run.answers, b.label, b.run.answers), prompts)
     grid = matrix({lr.label: lr.run.answers for lr in runs})
-    return {"settings": first, "categories": categories, "baseline": base, "rows": _accuracy_rows(runs, categories),
-            "labels": [lr.label for lr in runs], "matrix": grid, "differences": differences,
-            "sentences": answers_sentences(runs, base, manifest), "tasks": first.tasks,
-            "flags_off": any(lr.run.launch == "flags_off" for lr in runs)}
+    return AnswersSection(settings=first, categories=categories, baseline=base, rows=_accuracy_rows(runs, categories),
+                          labels=[lr.label for lr in runs], matrix=grid, differences=differences,
+                          sentences=answers_sentences(runs, base, manifest), tasks=first.tasks,
+                          flags_off=any(lr.run.launch == "flags_off" for lr in runs))
 
 
 def _patch_sentence(on: LabelledRun, off: LabelledRun) -> str:

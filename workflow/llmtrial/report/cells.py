@@ -7,14 +7,13 @@ cell (its figures, its passes and why they stopped, its stability) and each scen
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal
 
 from llmtrial.core.cost import Cost
 from llmtrial.core.scenario_model import Repetition, ScenarioSpec
 from llmtrial.core.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, Interval
-from llmtrial.core.trial_config import ReportBlock, StatisticsBlock, known_keys
+from llmtrial.core.trial_config import ReportBlock, StatisticsBlock
 from llmtrial.report.verdicts import Verdict, method_line
 
 #: A ranked figure: key, label, unit, whether higher is better, digits shown.
@@ -34,11 +33,9 @@ class Settings:
     seed: int = DEFAULT_SEED
 
     @classmethod
-    def from_config(cls, block: Mapping[str, Any] | None, statistics_block: Mapping[str, Any] | None = None) -> Settings:
-        """The settings of the trial file's ``report`` and ``statistics`` blocks, read as their models (an earlier
-        trial's, from its provenance record, with the keys this version does not know set aside)."""
-        report = ReportBlock.model_validate(known_keys(ReportBlock, block))
-        st = StatisticsBlock.model_validate(known_keys(StatisticsBlock, statistics_block))
+    def from_config(cls, report: ReportBlock | None = None, statistics: StatisticsBlock | None = None) -> Settings:
+        """The settings of the trial file's ``report`` and ``statistics`` blocks (their defaults where not given)."""
+        report, st = report or ReportBlock(), statistics or StatisticsBlock()
         return cls(baseline=report.baseline, notes=report.notes or None, max_disagreement=float(report.max_disagreement),
                    level=float(st.level), resamples=st.bootstrap_resamples, seed=st.bootstrap_seed)
 
@@ -86,6 +83,23 @@ class Stall:
     median_ttft_ms: float | None
 
 
+@dataclass(frozen=True)
+class EnergyDisagreement:
+    """A pass whose GPUs' energy counter and power integral differ beyond the tolerance: the largest
+    difference, as a share of the counter."""
+
+    pass_: int
+    difference: float
+
+
+@dataclass(frozen=True)
+class CellEnergy:
+    """How a cell's energy was had (measured, estimated, None) and the passes whose energy check failed."""
+
+    kind: Literal["measured", "estimated"] | None = None
+    disagree: list[EnergyDisagreement] = field(default_factory=list)
+
+
 @dataclass
 class Cell:
     """One configuration in one scenario: its ``figures`` (None where it has none), how many passes ran and
@@ -94,7 +108,7 @@ class Cell:
 
     configuration: str
     figures: dict[str, FigureOverPasses | None]
-    energy: dict[str, Any]
+    energy: CellEnergy
     status: str = "ok"
     passes: int = 0
     stalls: list[Stall] = field(default_factory=list)

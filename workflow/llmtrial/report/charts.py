@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.units import GiB
 from llmtrial.report.cells import Cell, ScenarioTable
+from llmtrial.report.sweeps import StepRow, SweepCell, SweepTable
 
 COLOURS = ("#1f6feb", "#d1242f", "#1a7f37", "#9a6700", "#8250df", "#bf3989", "#0a7e8c", "#57606a")
 STYLE = {"font.size": 9, "axes.spines.top": False, "axes.spines.right": False, "svg.fonttype": "none",
@@ -182,16 +183,20 @@ SERIES = (
 )
 
 
-def series(frame: Any, t0: float) -> dict[str, tuple[list[float], list[float]]]:
+#: One sampled metric: (seconds since launch, values).
+Series = tuple[list[float], list[float]]
+
+
+def series(frame: Any, t0: float) -> dict[str, Series]:
     """Every sampled ``source.metric`` as (seconds since ``t0``, values), NaN and error rows left out."""
     df = frame[(frame["source"] != "window") & (frame["metric"] != "error") & frame["value"].notna()]
-    out: dict[str, tuple[list[float], list[float]]] = {}
+    out: dict[str, Series] = {}
     for (src, met), g in df.sort_values("t").groupby(["source", "metric"], sort=True):
         out[f"{src}.{met}"] = ((g["t"] - t0).round(3).tolist(), g["value"].tolist())
     return out
 
 
-def _expand(sampled: Mapping[str, Any], source: str, pattern: str) -> list[tuple[str, tuple[list[float], list[float]]]]:
+def _expand(sampled: Mapping[str, Series], source: str, pattern: str) -> list[tuple[str, Series]]:
     """The series a panel line names: one per GPU for ``gpu*``, a ratio for ``a/b``."""
     num, _, den = pattern.partition("/")
     gpus = sorted({k.split(".")[1] for k in sampled if k.startswith(f"{source}.gpu")}) if "gpu*" in num else [""]
@@ -212,7 +217,7 @@ def _expand(sampled: Mapping[str, Any], source: str, pattern: str) -> list[tuple
     return out
 
 
-def _panel_lines(sampled: Mapping[str, Any], lines: Sequence[tuple[str, str, str, float]]) -> list[tuple[str, str, Any]]:
+def _panel_lines(sampled: Mapping[str, Series], lines: Sequence[tuple[str, str, str, float]]) -> list[tuple[str, str, Series]]:
     """(label, GPU or "", (xs, scaled ys)) for each line of a panel that was sampled."""
     out = []
     for source, pattern, label, scale in lines:
@@ -221,22 +226,31 @@ def _panel_lines(sampled: Mapping[str, Any], lines: Sequence[tuple[str, str, str
     return out
 
 
-def _shade(ax: Any, windows: Sequence[Mapping[str, Any]], t0: float) -> None:
+@dataclass(frozen=True)
+class Shade:
+    """A shaded span of a timeline: the start-up, or a pass (its label), in seconds since the epoch."""
+
+    label: str
+    start: float
+    end: float
+
+
+def _shade(ax: Any, windows: Sequence[Shade], t0: float) -> None:
     for i, w in enumerate(windows):
-        colour = "#d0d7de" if w["label"] == "start-up" else ("#ddf4ff" if i % 2 else "#fff8c5")
-        ax.axvspan(w["start"] - t0, w["end"] - t0, color=colour, alpha=0.6, lw=0)
+        colour = "#d0d7de" if w.label == "start-up" else ("#ddf4ff" if i % 2 else "#fff8c5")
+        ax.axvspan(w.start - t0, w.end - t0, color=colour, alpha=0.6, lw=0)
 
 
-def windows_of(record: ConfigurationRecord) -> list[dict[str, Any]]:
+def windows_of(record: ConfigurationRecord) -> list[Shade]:
     """The cold start and each pass (warm-up and sweep steps too) window, as the configuration record gives them."""
     server = record.server
     out = []
     if server.launched_at and server.ready_at:
-        out.append({"label": "start-up", "start": server.launched_at, "end": server.ready_at})
+        out.append(Shade("start-up", server.launched_at, server.ready_at))
     for sc in record.scenarios:
         for label, p in sc.runs():
             if p.window and p.window.start and p.window.end:
-                out.append({"label": label, "start": p.window.start, "end": p.window.end})
+                out.append(Shade(label, p.window.start, p.window.end))
     return out
 
 
@@ -271,61 +285,68 @@ def timeseries_chart(record: ConfigurationRecord, frame: Any) -> Chart | None:
     rows = [[t, *vals] for t, vals in sorted(by_t.items())]
     return Chart(f"timeline-{name}", f"{name}: telemetry over time",
                  "Each sampled figure, one point per sample; shaded windows as the record gives them: "
-                 + "; ".join(f"{w['label']} {w['start'] - t0:.0f}-{w['end'] - t0:.0f} s" for w in windows) + ".",
+                 + "; ".join(f"{w.label} {w.start - t0:.0f}-{w.end - t0:.0f} s" for w in windows) + ".",
                  svg_of(fig, f"timeline-{name}"), columns, rows)
 
 
-#: A sweep chart's panels: step row key, axis label.
-SWEEP_PANELS = (("preemptions", "preemptions"), ("kv_peak_pct", "KV cache usage peak (%)"),
-                ("output_tok_s", "output tok/s"))
+#: The step figures a sweep's chart may be drawn against, in the order tried: name, the figure of a step row.
+SWEEP_AXES: dict[str, Callable[[StepRow], int | None]] = {
+    "concurrency": lambda r: r.concurrency, "input_len": lambda r: r.input_len,
+    "output_len": lambda r: r.output_len, "num_prompts": lambda r: r.num_prompts, "step": lambda r: r.step}
+#: A sweep chart's panels: step row figure, axis label.
+SWEEP_PANELS: tuple[tuple[str, str, Callable[[StepRow], float | None]], ...] = (
+    ("preemptions", "preemptions", lambda r: r.preemptions),
+    ("kv_peak_pct", "KV cache usage peak (%)", lambda r: r.kv_peak_pct),
+    ("output_tok_s", "output tok/s", lambda r: r.output_tok_s))
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-") or "x"
 
 
-def sweep_axis(cells: Sequence[Mapping[str, Any]]) -> str:
+def sweep_axis(cells: Sequence[SweepCell]) -> str:
     """The step figure a sweep's chart is drawn against: concurrency, or the first that varies
     when concurrency does not (a sweep over lengths), else the step number."""
     for key in ("concurrency", "input_len", "output_len", "num_prompts"):
-        if len({r[key] for c in cells for r in c["rows"]}) > 1:
+        if len({SWEEP_AXES[key](r) for c in cells for r in c.rows}) > 1:
             return key
     return "step"
 
 
-def _onset_marks(axes: Any, cell: Mapping[str, Any], colour: str, x: str) -> None:
+def _onset_marks(axes: Any, cell: SweepCell, colour: str, at: Callable[[StepRow], int | None]) -> None:
     """The predicted preemption onset as a dashed line on every panel; the observed one ringed."""
-    cmp = cell["preemption"]
-    name = cell["configuration"]
-    pred = next((r for r in cell["rows"] if r["step"] == cmp.predicted_step), None)
+    cmp = cell.preemption
+    name = cell.configuration
+    pred = next((r for r in cell.rows if r.step == cmp.predicted_step), None)
     if pred is not None:
         for i, row in enumerate(axes):
-            row[0].axvline(pred[x], color=colour, ls="--", lw=1.1, alpha=0.8,
+            row[0].axvline(at(pred), color=colour, ls="--", lw=1.1, alpha=0.8,
                            label=f"{name} predicted onset" if i == 0 else None)
-    obs = next((r for r in cell["rows"] if r["step"] == cmp.observed_step), None)
-    if obs is not None and obs["preemptions"] is not None:
-        axes[0][0].plot([obs[x]], [obs["preemptions"]], "o", ms=11, mfc="none", mec=colour, mew=1.6,
+    obs = next((r for r in cell.rows if r.step == cmp.observed_step), None)
+    if obs is not None and obs.preemptions is not None:
+        axes[0][0].plot([at(obs)], [obs.preemptions], "o", ms=11, mfc="none", mec=colour, mew=1.6,
                         label=f"{name} observed onset")
 
 
-def sweep_chart(table: Mapping[str, Any], names: Sequence[str]) -> Chart | None:
+def sweep_chart(table: SweepTable, names: Sequence[str]) -> Chart | None:
     """One sweep: preemptions, KV cache usage peak and output tok/s against concurrency (or the
     length the sweep varies), a line per configuration; the predicted onset of preemption dashed,
     the observed one ringed."""
-    cells = [c for c in table["cells"] if any(r["status"] == "ok" for r in c["rows"])]
+    cells = [c for c in table.cells if any(r.status == "ok" for r in c.rows)]
     if not cells:
         return None
     x = sweep_axis(cells)
-    xs_all = sorted({r[x] for c in cells for r in c["rows"] if r[x] is not None})
+    at = SWEEP_AXES[x]
+    xs_all = sorted({at(r) for c in cells for r in c.rows if at(r) is not None})
     with matplotlib.rc_context(STYLE):
         fig, axes = new_figure(9.5, 6.2, len(SWEEP_PANELS), 1)
         for cell in cells:
-            colour = _colour(names, cell["configuration"])
-            ok = [r for r in cell["rows"] if r["status"] == "ok"]
-            for (key, _label), row in zip(SWEEP_PANELS, axes, strict=True):
-                row[0].plot([r[x] for r in ok], [r[key] for r in ok], "o-", color=colour, label=cell["configuration"])
-            _onset_marks(axes, cell, colour, x)
-        for (key, label), row in zip(SWEEP_PANELS, axes, strict=True):
+            colour = _colour(names, cell.configuration)
+            ok = [r for r in cell.rows if r.status == "ok"]
+            for (_key, _label, figure), row in zip(SWEEP_PANELS, axes, strict=True):
+                row[0].plot([at(r) for r in ok], [figure(r) for r in ok], "o-", color=colour, label=cell.configuration)
+            _onset_marks(axes, cell, colour, at)
+        for (key, label, _figure), row in zip(SWEEP_PANELS, axes, strict=True):
             ax = row[0]
             if xs_all and xs_all[0] > 0 and xs_all[-1] / xs_all[0] >= 4:
                 ax.set_xscale("log", base=2)
@@ -338,12 +359,11 @@ def sweep_chart(table: Mapping[str, Any], names: Sequence[str]) -> Chart | None:
             ax.set_ylabel(label, fontsize=8)
         axes[0][0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         axes[-1][0].set_xlabel(f"{x.replace('_', ' ')} (one step each)")
-    name = f"sweep-{_slug(table['name'])}"
-    rows = [[c["configuration"], r["step"], r[x] if x != "step" else r["concurrency"], r["preemptions"],
-             r["kv_peak_pct"], r["output_tok_s"], _yes(r["predicted_preempts"]),
-             _yes(r["step"] == c["preemption"].observed_step)]
-            for c in cells for r in c["rows"]]
-    return Chart(name, f"Sweep {table['name']}",
+    name = f"sweep-{_slug(table.name)}"
+    rows = [[c.configuration, r.step, at(r) if x != "step" else r.concurrency, r.preemptions,
+             r.kv_peak_pct, r.output_tok_s, _yes(r.predicted_preempts), _yes(r.step == c.preemption.observed_step)]
+            for c in cells for r in c.rows]
+    return Chart(name, f"Sweep {table.name}",
                  f"Each step one pass at its {x.replace('_', ' ') if x != 'step' else 'settings'}; KV cache usage peak "
                  "and preemptions from the server's /metrics over the step's window; dashed: the planner's predicted "
                  "onset of preemption; ringed: the first step that preempted.", svg_of(fig, name),

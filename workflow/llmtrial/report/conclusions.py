@@ -22,14 +22,23 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import dataclass
 
-from llmtrial.core.configuration_model import ColdStart, ConfigurationRecord
+from llmtrial.core.configuration_model import ColdStart, ConfigurationRecord, RateFact
 from llmtrial.core.cost import Cost, hosts_of, pass_cost_figures, whole_energy
 from llmtrial.core.preflight_model import PreflightRecord
-from llmtrial.core.record_base import RecordModel
+from llmtrial.core.record_base import Fact
 from llmtrial.core.record_models import PlanRecord
-from llmtrial.core.scenario_model import Goodput, Pass, PassSummary, Repetition, Scenario, ScenarioSpec, Slo
+from llmtrial.core.scenario_model import (
+    Goodput,
+    Pass,
+    PassSummary,
+    Repetition,
+    RequestSpread,
+    Scenario,
+    ScenarioSpec,
+    Slo,
+)
 from llmtrial.core.stats import (
     DEFAULT_LEVEL,
     Interval,
@@ -64,25 +73,20 @@ GOODPUT_FIGURES: tuple[FigureSpec, ...] = (
 AGREEMENT_FIGURE = "output_tok_s"
 
 
-def as_mapping(part: RecordModel) -> dict[str, Any]:
-    """A record's part as the mapping the serve helpers read: the keys it was written with."""
-    return part.model_dump(by_alias=True, exclude_unset=True)
-
-
 def is_sweep_entry(entry: Scenario) -> bool:
     """Whether a scenario entry is a sweep: its spec lists per-step values (:func:`llmtrial.serve.scenarios.is_sweep`)."""
-    return is_sweep(as_mapping(entry.spec))
+    return is_sweep(entry.spec)
 
 
 def asked(spec: ScenarioSpec) -> str:
     """What the trial file asked for: a fixed count, or passes until they agree."""
-    return passes_asked(as_mapping(spec))
+    return passes_asked(spec)
 
 
 def repetition(entry: Scenario | None) -> Repetition:
     """How many passes a scenario ran and why they stopped (:func:`llmtrial.serve.scenarios.repetition_of`;
     a record written before ``repetition`` existed ran a fixed count)."""
-    return Repetition.model_validate(repetition_of(as_mapping(entry) if entry is not None else None))
+    return repetition_of(entry)
 
 
 def fixed_scenarios(record: ConfigurationRecord) -> list[Scenario]:
@@ -106,7 +110,7 @@ def ranks(plan: PlanRecord | None) -> int | None:
 
 def pass_figures(summary: PassSummary, concurrency: int, n_ranks: int | None) -> dict[str, float | None]:
     """The ranked figures of one pass, from vLLM's result summary as recorded."""
-    figures = headline(as_mapping(summary))
+    figures = headline(summary)
     tok_s = figures["output_tok_s"]
     return {
         **figures,
@@ -457,7 +461,23 @@ def warning_sentences(configurations: Iterable[ConfigurationRecord]) -> list[str
     return out
 
 
-def cold_warm(record: ConfigurationRecord) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class ColdWarm:
+    """A configuration's cold start against its warm passes at concurrency 1: launch to ready, the first request,
+    the warm figures over passes and the ratios (warm tok/s over the first request's, its TTFT over warm)."""
+
+    configuration: str
+    ready_s: Fact | None
+    first_ttft_s: Fact | None
+    first_output_tok_s: RateFact | None
+    warm_scenario: str | None
+    warm_tok_s: FigureOverPasses | None
+    warm_ttft_ms: FigureOverPasses | None
+    tok_s_ratio: float | None
+    ttft_ratio: float | None
+
+
+def cold_warm(record: ConfigurationRecord) -> ColdWarm | None:
     """Launch to ready, the cold first request, the warm median at concurrency 1 and their ratio."""
     if record.status != "ok":
         return None
@@ -468,17 +488,28 @@ def cold_warm(record: ConfigurationRecord) -> dict[str, Any] | None:
     warm_ttft = over_passes(s.median_ttft_ms for s in ok)
     cold_tok_s = cold.first_output_tok_s.value if cold.first_output_tok_s else None
     cold_ttft = cold.first_ttft_s.value if cold.first_ttft_s else None
-    return {
-        "configuration": record.configuration,
-        "ready_s": cold.ready_seconds, "first_ttft_s": cold.first_ttft_s, "first_output_tok_s": cold.first_output_tok_s,
-        "warm_scenario": warm_sc.name if warm_sc else None,
-        "warm_tok_s": warm_tok_s, "warm_ttft_ms": warm_ttft,
-        "tok_s_ratio": warm_tok_s.median / cold_tok_s if warm_tok_s and cold_tok_s else None,
-        "ttft_ratio": cold_ttft * 1000.0 / warm_ttft.median if warm_ttft and cold_ttft and warm_ttft.median else None,
-    }
+    return ColdWarm(
+        configuration=record.configuration, ready_s=cold.ready_seconds, first_ttft_s=cold.first_ttft_s,
+        first_output_tok_s=cold.first_output_tok_s, warm_scenario=warm_sc.name if warm_sc else None,
+        warm_tok_s=warm_tok_s, warm_ttft_ms=warm_ttft,
+        tok_s_ratio=warm_tok_s.median / cold_tok_s if warm_tok_s and cold_tok_s else None,
+        ttft_ratio=cold_ttft * 1000.0 / warm_ttft.median if warm_ttft and cold_ttft and warm_ttft.median else None)
 
 
-def streams(record: ConfigurationRecord) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Stream:
+    """One concurrent pass: its aggregate output tok/s and each request's own, with their spread."""
+
+    configuration: str
+    scenario: str
+    pass_: int
+    concurrency: int
+    aggregate: float | None
+    requests: list[float]
+    summary: RequestSpread | None
+
+
+def streams(record: ConfigurationRecord) -> list[Stream]:
     """Per concurrent pass: the output tok/s of each request, as vLLM's per-request detail gives it."""
     out = []
     for sc in fixed_scenarios(record):
@@ -487,9 +518,9 @@ def streams(record: ConfigurationRecord) -> list[dict[str, Any]]:
         for p in sc.pass_results:
             s = p.summary
             if p.status == "ok" and s and s.request_output_tok_s:
-                out.append({"configuration": record.configuration, "scenario": sc.name, "pass": p.pass_,
-                            "concurrency": sc.spec.concurrency, "aggregate": s.output_throughput,
-                            "requests": s.request_output_tok_s, "summary": s.request_output_tok_s_summary})
+                out.append(Stream(configuration=record.configuration, scenario=sc.name, pass_=p.pass_,
+                                  concurrency=int(sc.spec.concurrency), aggregate=s.output_throughput,
+                                  requests=s.request_output_tok_s, summary=s.request_output_tok_s_summary))
     return out
 
 

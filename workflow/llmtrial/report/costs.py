@@ -9,7 +9,7 @@ when a price is given, the energy figure where some configuration's passes have 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass
 
 from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.cost import (
@@ -22,9 +22,9 @@ from llmtrial.core.cost import (
     whole_energy,
 )
 from llmtrial.core.preflight_model import PreflightRecord
-from llmtrial.core.scenario_model import Pass
+from llmtrial.core.scenario_model import GpuEnergy, Pass, WindowFigures
 from llmtrial.host.telemetry_sources import RAPL_LABEL, RAPL_SOURCE
-from llmtrial.report.cells import ScenarioTable
+from llmtrial.report.cells import CellEnergy, EnergyDisagreement, ScenarioTable
 from llmtrial.serve.energy import ENERGY_TOLERANCE
 
 #: The energy figure (key, label, unit, higher is better, digits), ranked where GPU energy was measured.
@@ -47,10 +47,11 @@ def has_energy(configurations: Iterable[ConfigurationRecord], scenario: str) -> 
     return any(pass_energy_j(p, whole_energy(rec)) for rec, ok in ok_entries(configurations, scenario) for p in ok)
 
 
-def cell_energy(ok: list[Pass]) -> dict[str, Any]:
+def cell_energy(ok: list[Pass]) -> CellEnergy:
     """How a cell's energy was had (measured, estimated, None) and the passes whose energy check failed, with
     the largest difference of their GPUs' counter and power integral (a share of the counter)."""
-    return {"kind": energy_kind(ok), "disagree": [{"pass": n, "difference": d} for n, d in energy_disagreements(ok)]}
+    return CellEnergy(kind=energy_kind(ok),
+                      disagree=[EnergyDisagreement(pass_=n, difference=d) for n, d in energy_disagreements(ok)])
 
 
 def cost_sentence(table: ScenarioTable, cost: Cost | None) -> str | None:
@@ -102,7 +103,20 @@ def cost_gaps(*, preflight: PreflightRecord, configurations: Sequence[Configurat
     return out
 
 
-def energy_rows(configurations: Sequence[ConfigurationRecord]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class EnergyRow:
+    """One pass with GPU or CPU package energy: its window's figures, each GPU's energy check and the energy
+    per output token (GPU, CPU package)."""
+
+    configuration: str
+    window: str
+    figures: WindowFigures
+    checks: dict[str, GpuEnergy]
+    per_token_j: float | None
+    cpu_per_token_j: float | None
+
+
+def energy_rows(configurations: Sequence[ConfigurationRecord]) -> list[EnergyRow]:
     """Per pass with GPU or CPU package energy: its figures, its energy check and its energy per output token."""
     rows = []
     for r in configurations:
@@ -112,10 +126,11 @@ def energy_rows(configurations: Sequence[ConfigurationRecord]) -> list[dict[str,
                 if t is None or not (t.energy_j or t.energy_check or t.cpu_package_energy_j is not None):
                     continue
                 tokens = p.summary.total_output_tokens if p.summary else None
-                rows.append({"configuration": r.configuration, "window": f"{sc.name} pass {p.pass_}", "figures": t,
-                             "checks": t.energy_check.gpus if t.energy_check else {},
-                             "per_token_j": energy_per_output_token(pass_energy_j(p, whole_energy(r)), tokens),
-                             "cpu_per_token_j": energy_per_output_token(t.cpu_package_energy_j, tokens)})
+                rows.append(EnergyRow(
+                    configuration=r.configuration, window=f"{sc.name} pass {p.pass_}", figures=t,
+                    checks=t.energy_check.gpus if t.energy_check else {},
+                    per_token_j=energy_per_output_token(pass_energy_j(p, whole_energy(r)), tokens),
+                    cpu_per_token_j=energy_per_output_token(t.cpu_package_energy_j, tokens)))
     return rows
 
 

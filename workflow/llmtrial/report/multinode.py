@@ -12,11 +12,12 @@ single-host trial has none of these keys, and then nothing here shows.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
 
-from llmtrial.core.configuration_model import CollectiveSummary, ConfigurationRecord, NodeSample
-from llmtrial.core.preflight_model import NodeReport, PreflightRecord
-from llmtrial.core.record_models import ManifestRecord
+from llmtrial.core.configuration_model import CollectiveSummary, ConfigurationRecord, Launch, NodeSample
+from llmtrial.core.preflight_model import PreflightRecord
+from llmtrial.core.record_base import Check
+from llmtrial.core.record_models import ManifestRecord, NodeCopy
 
 __all__ = ["is_multinode", "node_rows", "span_rows", "span_sentence", "collective_sentence", "nodes_context"]
 
@@ -26,23 +27,42 @@ def is_multinode(record: ConfigurationRecord) -> bool:
     return bool(record.nodes)
 
 
+@dataclass
+class NodeRow:
+    """One node any configuration spans: how it is reached, its address and interface, the versions preflight
+    read there (``facts_error``: why they were not read) and its weights' copy."""
+
+    name: str
+    reach: str
+    address: str
+    interface: str | None
+    configurations: list[str] = field(default_factory=list)
+    weights: NodeCopy | None = None
+    python: str | None = None
+    vllm: str | None = None
+    torch: str | None = None
+    hostname: str | None = None
+    facts_error: str | None = None
+
+
 def node_rows(configurations: Sequence[ConfigurationRecord], preflight: PreflightRecord,
-              manifest: ManifestRecord) -> list[dict[str, Any]]:
+              manifest: ManifestRecord) -> list[NodeRow]:
     """One row per node any configuration spans (first seen first): how it is reached, its
     address and interface, the versions preflight read there, and its weights' copy."""
     facts = preflight.nodes.nodes if preflight.nodes else {}
-    seen: dict[str, dict[str, Any]] = {}
+    seen: dict[str, NodeRow] = {}
     for rec in configurations:
         for node in rec.nodes or []:
-            row = seen.setdefault(node.name, {"name": node.name, "configurations": [], "reach": node.reach,
-                                              "address": node.address, "interface": node.interface, "weights": None})
-            row["configurations"].append(rec.configuration)
+            row = seen.setdefault(node.name, NodeRow(node.name, node.reach, node.address, node.interface))
+            row.configurations.append(rec.configuration)
     for name, row in seen.items():
-        f = facts[name] if name in facts else NodeReport(node={})
-        row.update(python=f.python_version, vllm=f.vllm, torch=f.torch, hostname=f.hostname, facts_error=f.error)
+        if name in facts:
+            f = facts[name]
+            row.python, row.vllm, row.torch, row.hostname, row.facts_error = (
+                f.python_version, f.vllm, f.torch, f.hostname, f.error)
     for name, copy in (manifest.nodes or {}).items():
         if name in seen:
-            seen[name]["weights"] = copy
+            seen[name].weights = copy
     return list(seen.values())
 
 
@@ -77,25 +97,58 @@ def span_sentence(record: ConfigurationRecord) -> str:
     return f"{record.configuration} spans nodes {listed}{where}; {collective_sentence(record.collective)}."
 
 
-def span_rows(record: ConfigurationRecord) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class SpanRow:
+    """One node of a multi-node configuration: its rank and role, its log, what the sampler on it saw."""
+
+    name: str
+    rank: int
+    role: str
+    address: str
+    log: str | None
+    telemetry: NodeSample
+
+
+def span_rows(record: ConfigurationRecord) -> list[SpanRow]:
     """Per node of a multi-node configuration: its rank and role, its log, and what the
     sampler on it saw over the job (CPU peak and mean, bytes received and sent; nothing when none ran)."""
     sampled = record.telemetry.nodes.nodes if record.telemetry.nodes is not None else {}
-    return [{"name": node.name, "rank": node.rank, "role": node.role, "address": node.address, "log": node.log,
-             "telemetry": sampled[node.name] if node.name in sampled else NodeSample()} for node in record.nodes or []]
+    return [SpanRow(node.name, node.rank, node.role, node.address, node.log,
+                    sampled[node.name] if node.name in sampled else NodeSample()) for node in record.nodes or []]
+
+
+@dataclass(frozen=True)
+class Spanning:
+    """One configuration across nodes: its status, launch, sanity check, the sentence and its nodes' rows."""
+
+    configuration: str
+    status: str
+    launch: Launch | None
+    collective: CollectiveSummary | None
+    sentence: str
+    nodes: list[SpanRow]
+    telemetry_file: str | None
+
+
+@dataclass(frozen=True)
+class NodesSection:
+    """The report's Nodes section: each node's row, the cross-node preflight's checks, each spanning
+    configuration."""
+
+    rows: list[NodeRow]
+    checks: list[Check]
+    configurations: list[Spanning]
 
 
 def nodes_context(configurations: Sequence[ConfigurationRecord], preflight: PreflightRecord,
-                  manifest: ManifestRecord) -> dict[str, Any] | None:
+                  manifest: ManifestRecord) -> NodesSection | None:
     """What the report's Nodes section shows, or None when no configuration spans nodes."""
     spanning = [r for r in configurations if is_multinode(r)]
     if not spanning:
         return None
-    return {
-        "rows": node_rows(spanning, preflight, manifest),
-        "checks": list(preflight.nodes.checks) if preflight.nodes else [],
-        "configurations": [{"configuration": r.configuration, "status": r.status, "launch": r.launch,
-                            "collective": r.collective, "sentence": span_sentence(r), "nodes": span_rows(r),
-                            "telemetry_file": r.telemetry.nodes.file if r.telemetry.nodes is not None else None}
-                           for r in spanning],
-    }
+    return NodesSection(
+        rows=node_rows(spanning, preflight, manifest),
+        checks=list(preflight.nodes.checks) if preflight.nodes else [],
+        configurations=[Spanning(r.configuration, r.status, r.launch, r.collective, span_sentence(r), span_rows(r),
+                                 r.telemetry.nodes.file if r.telemetry.nodes is not None else None)
+                        for r in spanning])

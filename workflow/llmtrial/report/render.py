@@ -6,7 +6,7 @@ with what the trial concludes (:mod:`llmtrial.report.conclusions`), then the cha
 its source (log line, result file or sampler) so an auditor can trace it.
 
 Each record is read as its model (:func:`llmtrial.core.records.load_record`), and the templates
-read their fields as attributes; the rows worked out here carry every key the templates read.
+read their fields as attributes, as they read the context and its rows (:mod:`llmtrial.report.sections`).
 """
 
 from __future__ import annotations
@@ -15,14 +15,18 @@ import datetime as dt
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
 from llmtrial.core.cleanup_model import CleanupRecord, QuietRecord
-from llmtrial.core.configuration_model import ConfigurationRecord, SamplerStats
+from llmtrial.core.configuration_model import (
+    ConfigurationRecord,
+    GpuProcess,
+    SamplerStats,
+)
 from llmtrial.core.fileio import atomic_write_text
 from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.core.record_models import ManifestRecord, PatchesRecord, PlanRecord, ProvenanceRecord
@@ -37,6 +41,7 @@ from llmtrial.core.scenario_model import (
     WindowFigures,
     WindowStat,
 )
+from llmtrial.core.trial_config import ReportBlock, StatisticsBlock
 from llmtrial.core.units import human_bytes
 from llmtrial.host.gpus import describe_process, gpu_label
 from llmtrial.report import charts
@@ -44,7 +49,6 @@ from llmtrial.report.answers import answers_context, answers_gaps
 from llmtrial.report.cells import ScenarioTable, Settings
 from llmtrial.report.conclusions import (
     FIGURES,
-    as_mapping,
     asked,
     cold_warm,
     fixed_scenarios,
@@ -60,9 +64,26 @@ from llmtrial.report.conclusions import (
 )
 from llmtrial.report.costs import cost_gaps, energy_method, energy_rows
 from llmtrial.report.multinode import nodes_context
-from llmtrial.report.sweeps import sweep_gaps, sweep_tables
+from llmtrial.report.sections import (
+    BoundRows,
+    Finding,
+    GpuLook,
+    GpuSection,
+    GpuWindow,
+    HostWindow,
+    PassRow,
+    RepetitionNote,
+    ReportContext,
+    Sampling,
+    ScenarioPasses,
+    SourceRow,
+)
+from llmtrial.report.sweeps import SweepTable, sweep_gaps, sweep_tables
 from llmtrial.serve.energy import ENERGY_TOLERANCE
 from llmtrial.serve.telemetry import read_samples
+
+if TYPE_CHECKING:  # pandas is only needed by the telemetry samples
+    import pandas
 
 #: NVML's figures per GPU and window that the report shows: the row's key, the metric, its figure over the window.
 GPU_FIGURES = (("util", "util_percent", "mean"), ("mem_util", "mem_util_percent", "mean"), ("power", "power_w", "mean"),
@@ -104,19 +125,19 @@ def fmt_time(value: Any) -> str:
     return dt.datetime.fromtimestamp(float(value), tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _scenario_rows(configurations: list[ConfigurationRecord]) -> list[dict[str, Any]]:
+def _scenario_rows(configurations: list[ConfigurationRecord]) -> list[ScenarioPasses]:
     """Every pass of every configuration, regrouped by scenario (the detailed tables): a warm-up
     pass first, marked as such, and per configuration how many passes ran and why they stopped."""
     scenarios = []
     for name, spec in scenario_specs(configurations).items():
         entries = [(rec.configuration, sc) for rec in configurations for sc in fixed_scenarios(rec) if sc.name == name]
-        rows = [{"configuration": conf, "pass": one, "warmup": one is sc.warmup, "agreement": sc.agreement or Agreement(),
-                 "summary": one.summary or PassSummary(), "server_metrics": one.server_metrics or ServerMetrics()}
+        rows = [PassRow(conf, one, one is sc.warmup, sc.agreement or Agreement(), one.summary or PassSummary(),
+                        one.server_metrics or ServerMetrics())
                 for conf, sc in entries for one in ([sc.warmup] if sc.warmup else []) + sc.pass_results]
-        notes = [{"configuration": conf, "note": repetition_note(repetition(sc), sc.warmup)}
+        notes = [RepetitionNote(conf, repetition_note(repetition(sc), sc.warmup))
                  for conf, sc in entries if repetition_noteworthy(sc)]
-        scenarios.append({"name": name, "spec": spec, "rows": rows, "notes": notes, "passes_asked": asked(spec),
-                          "caching": caching_text(entries)})
+        scenarios.append(ScenarioPasses(name=name, spec=spec, rows=rows, notes=notes, passes_asked=asked(spec),
+                                        caching=caching_text(entries)))
     return scenarios
 
 
@@ -152,10 +173,10 @@ def caching_text(entries: Sequence[tuple[str, Scenario]]) -> str | None:
     return "; ".join(parts) or None
 
 
-def _sweeps(configurations: list[ConfigurationRecord]) -> list[dict[str, Any]]:
+def _sweeps(configurations: list[ConfigurationRecord]) -> list[tuple[SweepTable, charts.Chart | None]]:
     """Each sweep's tables and sentences (:func:`llmtrial.report.sweeps.sweep_tables`) with its chart."""
     names = [r.configuration for r in configurations]
-    return [{**t, "chart": charts.sweep_chart(t, names)} for t in sweep_tables(configurations)]
+    return [(t, charts.sweep_chart(t, names)) for t in sweep_tables(configurations)]
 
 
 def notes_html(notes: str | None) -> Markup:
@@ -168,7 +189,7 @@ def notes_html(notes: str | None) -> Markup:
 
 
 def _charts(tables: list[ScenarioTable], configurations: list[ConfigurationRecord],
-            telemetry: Mapping[str, Any], per: str) -> list[charts.Chart]:
+            telemetry: Mapping[str, pandas.DataFrame], per: str) -> list[charts.Chart]:
     names = [r.configuration for r in configurations]
     out = [charts.latency_chart(tables, names), charts.pareto_chart(tables, names, per),
            charts.prediction_chart(configurations, names)]
@@ -187,7 +208,7 @@ def _summary(window: WindowFigures | None) -> dict[str, WindowStat]:
     return (window.summary if window else None) or {}
 
 
-def gpu_rows(configurations: list[ConfigurationRecord]) -> list[dict[str, Any]]:
+def gpu_rows(configurations: list[ConfigurationRecord]) -> list[GpuWindow]:
     """Per pass (the warm-up and sweep steps too) and GPU: what NVML sampled in its window (mean
     utilisation, power against the limit, memory, PCIe traffic), from its telemetry summary."""
     rows = []
@@ -196,12 +217,12 @@ def gpu_rows(configurations: list[ConfigurationRecord]) -> list[dict[str, Any]]:
             for label, p in sc.runs():
                 summary = _summary(p.telemetry)
                 for g in sorted({k.split(".")[1] for k in summary if k.startswith("nvml.gpu")}):
-                    rows.append({"configuration": r.configuration, "window": label, "gpu": g,
-                                 **{key: _figure(summary, f"nvml.{g}.{metric}", stat) for key, metric, stat in GPU_FIGURES}})
+                    rows.append(GpuWindow(r.configuration, label, g, **{
+                        key: _figure(summary, f"nvml.{g}.{metric}", stat) for key, metric, stat in GPU_FIGURES}))
     return rows
 
 
-def host_rows(configurations: list[ConfigurationRecord]) -> list[dict[str, Any]]:
+def host_rows(configurations: list[ConfigurationRecord]) -> list[HostWindow]:
     """Per configuration and window (start-up, then each pass): what the host source sampled (system and
     server-tree CPU, RSS, memory used, samples)."""
     rows = []
@@ -211,39 +232,38 @@ def host_rows(configurations: list[ConfigurationRecord]) -> list[dict[str, Any]]
         windows += [(f"{sc.name} pass {p.pass_}", p.telemetry) for sc in r.scenarios for p in sc.pass_results]
         for label, window in windows:
             summary = _summary(window)
-            rows.append({"configuration": r.configuration, "window": label,
-                         **{key: _figure(summary, metric, stat) for key, metric, stat in HOST_FIGURES}})
+            rows.append(HostWindow(r.configuration, label,
+                                   **{key: _figure(summary, metric, stat) for key, metric, stat in HOST_FIGURES}))
     return rows
 
 
-def telemetry_rows(configurations: list[ConfigurationRecord]) -> dict[str, Any]:
+def telemetry_rows(configurations: list[ConfigurationRecord]) -> Sampling:
     """Each telemetry source of each configuration with the sampler's own figures for it, the GPU and CPU
     package energy per pass where measured (:func:`llmtrial.report.costs.energy_rows`), and how often the
     host source sampled (1 s when not recorded)."""
     sources = []
     for r in configurations:
         sampler = r.telemetry.sampler or {}
-        sources += [{"configuration": r.configuration, "name": name, "source": src,
-                     "stats": sampler[name] if name in sampler else SamplerStats()}
+        sources += [SourceRow(r.configuration, name, src, sampler[name] if name in sampler else SamplerStats())
                     for name, src in (r.telemetry.sources or {}).items()]
     energy = energy_rows(configurations)
     sampler = (configurations[0].telemetry.sampler or {}) if configurations else {}
-    return {"sources": sources, "energy": energy, "host_interval_s": sampler["host"].achieved_interval_s
-            if "host" in sampler else 1.0, "hosts": host_rows(configurations), "gpus": gpu_rows(configurations)}
+    return Sampling(sources=sources, energy=energy, host_interval_s=sampler["host"].achieved_interval_s
+                    if "host" in sampler else 1.0, hosts=host_rows(configurations), gpus=gpu_rows(configurations))
 
 
-def bound_rows(plans: list[PlanRecord], configurations: list[ConfigurationRecord]) -> list[dict[str, Any]]:
+def bound_rows(plans: list[PlanRecord], configurations: list[ConfigurationRecord]) -> list[BoundRows]:
     """Per plan with a decode throughput bound: the bound, and its configuration's passes measured beside it."""
-    return [{"configuration": p.configuration, "bound": p.facts["decode_tok_s_ceiling"],
-             "rows": next((r.throughput_bound for r in configurations if r.configuration == p.configuration), [])}
+    return [BoundRows(p.configuration, p.facts["decode_tok_s_ceiling"],
+                      next((r.throughput_bound for r in configurations if r.configuration == p.configuration), []))
             for p in plans if "decode_tok_s_ceiling" in p.facts]
 
 
 def build_context(*, trial: str, preflight: PreflightRecord, manifest: ManifestRecord, plans: list[PlanRecord],
                   configurations: list[ConfigurationRecord], cleanup: CleanupRecord, patches: PatchesRecord | None = None,
-                  quiet: QuietRecord | None = None, telemetry: Mapping[str, Any] | None = None,
-                  settings: Mapping[str, Any] | None = None, provenance: ProvenanceRecord | None = None,
-                  statistics: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  quiet: QuietRecord | None = None, telemetry: Mapping[str, pandas.DataFrame] | None = None,
+                  settings: ReportBlock | None = None, provenance: ProvenanceRecord | None = None,
+                  statistics: StatisticsBlock | None = None) -> ReportContext:
     """What the template sees: the records, the conclusions worked out of them, and the charts.
     ``telemetry`` maps a configuration to its samples (:func:`llmtrial.serve.telemetry.read_samples`);
     ``settings`` is the trial file's ``report`` block, ``statistics`` its ``statistics`` block; the price of
@@ -255,78 +275,78 @@ def build_context(*, trial: str, preflight: PreflightRecord, manifest: ManifestR
     unstable = {(t.name, c.configuration): c.spread for t in tables for c in t.cells if c.unstable}
     sweeps = _sweeps(configurations)
     baseline = tables[0].baseline if tables else cfg.baseline
-    return {
-        "trial": trial,
-        "generated": fmt_time(dt.datetime.now(tz=dt.UTC).timestamp()),
-        "environment": preflight.environment,
-        "preflight": preflight,
-        "plans": plans,
-        "bounds": bound_rows(plans, configurations),
-        "model": next((p.model for p in plans if p.model), None),
-        "skipped": [r for r in configurations if r.status == "skipped"],
-        "manifest": manifest,
-        "configurations": configurations,
-        "scenarios": _scenario_rows(configurations),
-        "failures": [r for r in configurations if r.status == "failed"],
-        "cleanup": cleanup,
-        "left_behind": sum(len(rows) for _kind, rows in cleanup.left_behind),
-        "patches": patches,
-        "quiet": quiet,
-        "n_ok": sum(1 for r in configurations if r.status == "ok"),
-        "settings": cfg,
-        "per": per,
-        "tables": tables,
-        "sweeps": sweeps,
-        "any_warmup": any(sc.warmup for r in configurations for sc in r.scenarios),
-        "outcomes": outcome_sentences(configurations),
-        "warnings": warning_sentences(configurations),
-        "warned": [r for r in configurations if r.engine_warnings],
-        "unstable": unstable,
-        "figures": FIGURES,
-        "charts": _charts(tables, configurations, telemetry or {}, per),
-        "cold_warm": [cw for cw in (cold_warm(r) for r in configurations) if cw],
-        "streams": [s for r in configurations for s in streams(r)],
-        "sampling": telemetry_rows(configurations),
-        "not_measured": not_measured(preflight=preflight, configurations=configurations, plans=plans, tables=tables)
+    return ReportContext(
+        trial=trial,
+        generated=fmt_time(dt.datetime.now(tz=dt.UTC).timestamp()),
+        environment=preflight.environment,
+        preflight=preflight,
+        plans=plans,
+        bounds=bound_rows(plans, configurations),
+        model=next((p.model for p in plans if p.model), None),
+        skipped=[r for r in configurations if r.status == "skipped"],
+        manifest=manifest,
+        configurations=configurations,
+        scenarios=_scenario_rows(configurations),
+        failures=[r for r in configurations if r.status == "failed"],
+        cleanup=cleanup,
+        left_behind=sum(len(rows) for _kind, rows in cleanup.left_behind),
+        patches=patches,
+        quiet=quiet,
+        n_ok=sum(1 for r in configurations if r.status == "ok"),
+        settings=cfg,
+        per=per,
+        tables=tables,
+        sweeps=sweeps,
+        any_warmup=any(sc.warmup for r in configurations for sc in r.scenarios),
+        outcomes=outcome_sentences(configurations),
+        warnings=warning_sentences(configurations),
+        warned=[r for r in configurations if r.engine_warnings],
+        unstable=unstable,
+        figures=FIGURES,
+        charts=_charts(tables, configurations, telemetry or {}, per),
+        cold_warm=[cw for cw in (cold_warm(r) for r in configurations) if cw],
+        streams=[s for r in configurations for s in streams(r)],
+        sampling=telemetry_rows(configurations),
+        not_measured=not_measured(preflight=preflight, configurations=configurations, plans=plans, tables=tables)
         + cost_gaps(preflight=preflight, configurations=configurations, cost=cost, tables=tables)
-        + sweep_gaps(sweeps) + answers_gaps(configurations),
-        "cost": cost,
-        "energy_method": energy_method(),
-        "energy_tolerance": ENERGY_TOLERANCE,
-        "answers": answers_context(configurations, baseline, manifest),
-        "notes": notes_html(cfg.notes),
-        "provenance": provenance,
-        "nodes": nodes_context(configurations, preflight, manifest),
-        "gpus": gpu_report(configurations, cleanup),
-    }
+        + sweep_gaps(t for t, _chart in sweeps) + answers_gaps(configurations),
+        cost=cost,
+        energy_method=energy_method(),
+        energy_tolerance=ENERGY_TOLERANCE,
+        answers=answers_context(configurations, baseline, manifest),
+        notes=notes_html(cfg.notes),
+        provenance=provenance,
+        nodes=nodes_context(configurations, preflight, manifest),
+        gpus=gpu_report(configurations, cleanup),
+    )
 
 
-def findings(context: Mapping[str, Any]) -> list[dict[str, Any]]:
+def findings(context: ReportContext) -> list[Finding]:
     """What the trial found, in the report's order (its first screen): each sentence, and whether it
     quotes a figure."""
-    lines = [(s, True) for t in context["tables"] for s in t.sentences]
-    lines += [(s, True) for sw in context["sweeps"] for s in sw["sentences"]]
-    lines += [(s, False) for s in [*context["outcomes"], *context["warnings"]]]
-    nodes, gpus, answers = context["nodes"], context["gpus"], context["answers"]
-    lines += [(c["sentence"], True) for c in (nodes["configurations"] if nodes else [])]
-    lines += [(s, True) for s in (gpus["sentences"] if gpus else [])]
-    lines += [(s, False) for s in (answers["sentences"] if answers else [])]
-    return [{"text": text, "figure": figure} for text, figure in lines]
+    lines = [(s, True) for t in context.tables for s in t.sentences]
+    lines += [(s, True) for sw, _chart in context.sweeps for s in sw.sentences]
+    lines += [(s, False) for s in [*context.outcomes, *context.warnings]]
+    nodes, gpus, answers = context.nodes, context.gpus, context.answers
+    lines += [(c.sentence, True) for c in (nodes.configurations if nodes else [])]
+    lines += [(s, True) for s in (gpus.sentences if gpus else [])]
+    lines += [(s, False) for s in (answers.sentences if answers else [])]
+    return [Finding(text, figure) for text, figure in lines]
 
 
-def outcome_summary(context: Mapping[str, Any]) -> str:
+def outcome_summary(context: ReportContext) -> str:
     """The report's opening sentence: how many configurations completed, failed, were not launched."""
-    return (f"{context['n_ok']} of {len(context['configurations'])} serving configurations completed; "
-            f"{len(context['failures'])} failed; {len(context['skipped'])} not launched (the planner said they "
+    return (f"{context.n_ok} of {len(context.configurations)} serving configurations completed; "
+            f"{len(context.failures)} failed; {len(context.skipped)} not launched (the planner said they "
             "cannot work).")
 
 
-def findings_text(context: Mapping[str, Any]) -> str:
+def findings_text(context: ReportContext) -> str:
     """The report's first screen as plain text (``findings.txt``): the outcome, then each finding."""
-    return "\n".join([outcome_summary(context), *(f"- {f['text']}" for f in findings(context))]) + "\n"
+    return "\n".join([outcome_summary(context), *(f"- {f.text}" for f in findings(context))]) + "\n"
 
 
-def render_report(context: Mapping[str, Any], template_dir: Path = TEMPLATES) -> str:
+def render_report(context: ReportContext, template_dir: Path = TEMPLATES) -> str:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir)),
         autoescape=jinja2.select_autoescape(["html", "j2"], default=True),
@@ -335,15 +355,15 @@ def render_report(context: Mapping[str, Any], template_dir: Path = TEMPLATES) ->
         lstrip_blocks=True,
     )
     env.filters.update(num=fmt_num, bytes=fmt_bytes, time=fmt_time, pct=fmt_pct, workload=workload_text)
-    return env.get_template("report.html.j2").render(**context, findings=findings(context),
+    return env.get_template("report.html.j2").render(**vars(context), findings=findings(context),
                                                      outcome_summary=outcome_summary(context))
 
 
 def write_report(out: Path, *, trial: str, preflight: Path, manifest: Path, plans: Iterable[Path],
                  configurations: Iterable[Path], cleanup: Path, patches: Path | None = None,
-                 quiet: Path | None = None, telemetry: Iterable[Path] = (), settings: Mapping[str, Any] | None = None,
+                 quiet: Path | None = None, telemetry: Iterable[Path] = (), settings: ReportBlock | None = None,
                  provenance: Path | None = None, charts_dir: Path | None = None,
-                 statistics: Mapping[str, Any] | None = None, findings_file: Path | None = None) -> Path:
+                 statistics: StatisticsBlock | None = None, findings_file: Path | None = None) -> Path:
     """Read the records named, each as its model, render, and write the report atomically.
     ``telemetry`` are the configurations' samples files, in the order of ``configurations``;
     ``charts_dir``, when given, also receives each chart as an SVG file (for Snakemake's own report);
@@ -365,7 +385,7 @@ def write_report(out: Path, *, trial: str, preflight: Path, manifest: Path, plan
         statistics=statistics,
     )
     if charts_dir is not None:
-        write_charts(Path(charts_dir), [*context["charts"], *(s["chart"] for s in context["sweeps"] if s["chart"])])
+        write_charts(Path(charts_dir), [*context.charts, *(chart for _sw, chart in context.sweeps if chart)])
     if findings_file is not None:
         atomic_write_text(Path(findings_file), findings_text(context))
     return atomic_write_text(out, render_report(context))
@@ -379,28 +399,28 @@ def write_charts(folder: Path, items: Iterable[charts.Chart]) -> list[Path]:
     return [atomic_write_text(folder / f"{c.name}.svg", c.svg) for c in items]
 
 
-def gpu_report(configurations: Sequence[ConfigurationRecord], cleanup: CleanupRecord) -> dict[str, Any] | None:
+def gpu_report(configurations: Sequence[ConfigurationRecord], cleanup: CleanupRecord) -> GpuSection | None:
     """The report's GPUs section: per configuration, what the census found before launch and
     each GPU's health after a failure; the GPUs cleanup still holds; one finding sentence per
     fact an auditor must see. None when no configuration had a GPU to look at."""
-    rows = [{"configuration": r.configuration, "census": r.gpu_census, "health": r.gpu_health}
+    rows = [GpuLook(r.configuration, r.gpu_census, r.gpu_health)
             for r in configurations if (r.gpu_census and r.gpu_census.gpus) or r.gpu_health]
     if not rows:
         return None
     sentences = []
     for row in rows:
-        census_, health = row["census"], row["health"]
+        census_, health = row.census, row.health
         if census_ and census_.foreign:
-            sentences.append(f"{row['configuration']} was not launched: " + "; ".join(
-                map(describe_process, census_.foreign)) + " computed on a selected GPU.")
+            sentences.append(f"{row.configuration} was not launched: " + "; ".join(
+                describe_process(GpuProcess.model_validate(p)) for p in census_.foreign) + " computed on a selected GPU.")
         allowed = [p for p in (census_.processes if census_ else []) if p.allowed_by]
         if allowed:
-            sentences.append(f"{row['configuration']} shared its GPUs with " + "; ".join(
-                f"{describe_process(as_mapping(p))}, allowed as {p.allowed_by}" for p in allowed) + ".")
+            sentences.append(f"{row.configuration} shared its GPUs with " + "; ".join(
+                f"{describe_process(p)}, allowed as {p.allowed_by}" for p in allowed) + ".")
         for gpu in (health.gpus if health else None) or []:
             if gpu.healthy is False:
-                sentences.append(f"After {row['configuration']} failed, {gpu_label(as_mapping(gpu))} failed its health "
+                sentences.append(f"After {row.configuration} failed, {gpu_label(gpu.index, gpu.uuid)} failed its health "
                                  f"check: {gpu.evidence}.")
     for held in cleanup.gpus_held:
         sentences.append(f"Cleanup still holds GPU {held.gpu} as failed, so the services on it were not started.")
-    return {"rows": rows, "sentences": sentences, "held": list(cleanup.gpus_held)}
+    return GpuSection(rows=rows, sentences=sentences, held=list(cleanup.gpus_held))

@@ -10,11 +10,12 @@ generated from these numbers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from llmtrial.core.configuration_model import ConfigurationRecord
-from llmtrial.core.scenario_model import Onset, OnsetComparison, OnsetStep, Scenario, Step, StepFigures
+from llmtrial.core.record_base import Number
+from llmtrial.core.scenario_model import Onset, OnsetComparison, OnsetStep, Scenario, ScenarioSpec, Step, StepFigures
 from llmtrial.report.conclusions import failure_summary, is_sweep_entry, warmup_note
 
 #: The two onsets compared: the field of the record's ``onset``, what was observed, what none observed reads.
@@ -32,29 +33,52 @@ def _pct(x: float | None) -> float | None:
     return 100.0 * x if x is not None else None
 
 
-def step_row(step: Step, predicted: OnsetStep | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StepRow:
+    """One step of one configuration: what it asked for, what /metrics and the benchmark saw, and what the
+    planner predicted of it (KV cache usage and the SLO share in per cent)."""
+
+    step: int | None
+    concurrency: int | None
+    input_len: int | None
+    output_len: int | None
+    num_prompts: int | None
+    status: str
+    log: str | None
+    seed: int | None
+    preemptions: Number | None
+    kv_peak_pct: float | None
+    kv_mean_pct: float | None
+    running_peak: Number | None
+    waiting_peak: Number | None
+    output_tok_s: Number | None
+    ttft_median_ms: Number | None
+    ttft_p99_ms: Number | None
+    tpot_median_ms: Number | None
+    tpot_p99_ms: Number | None
+    failed: int | None
+    slo_share_pct: float | None
+    slo_met: bool | None
+    predicted_preempts: bool | None
+    predicted_waits: bool | None
+    tokens_needed: int | None
+
+
+def step_row(step: Step, predicted: OnsetStep | None) -> StepRow:
     """One step of one configuration: what it asked for, what /metrics and the benchmark saw,
     and what the planner predicted of it."""
     f = step.figures or StepFigures()
     plan = predicted or OnsetStep()
     goodput = f.goodput or (step.summary.goodput if step.summary else None)
-    return {
-        "step": step.step, "concurrency": step.concurrency, "input_len": step.input_len,
-        "output_len": step.output_len, "num_prompts": step.num_prompts,
-        "status": step.status, "log": step.log, "seed": step.seed,
-        "preemptions": f.preemptions,
-        "kv_peak_pct": _pct(f.kv_cache_usage_peak), "kv_mean_pct": _pct(f.kv_cache_usage_mean),
-        "running_peak": f.running_peak, "waiting_peak": f.waiting_peak,
-        "output_tok_s": f.output_tok_s,
-        "ttft_median_ms": f.ttft_median_ms, "ttft_p99_ms": f.ttft_p99_ms,
-        "tpot_median_ms": f.tpot_median_ms, "tpot_p99_ms": f.tpot_p99_ms,
-        "failed": f.failed,
-        "slo_share_pct": _pct(goodput.share) if goodput else None,
-        "slo_met": goodput.met if goodput else None,
-        "predicted_preempts": plan.predicted_preempts,
-        "predicted_waits": plan.predicted_waits,
-        "tokens_needed": plan.tokens_needed,
-    }
+    return StepRow(
+        step=step.step, concurrency=step.concurrency, input_len=step.input_len, output_len=step.output_len,
+        num_prompts=step.num_prompts, status=step.status, log=step.log, seed=step.seed,
+        preemptions=f.preemptions, kv_peak_pct=_pct(f.kv_cache_usage_peak), kv_mean_pct=_pct(f.kv_cache_usage_mean),
+        running_peak=f.running_peak, waiting_peak=f.waiting_peak, output_tok_s=f.output_tok_s,
+        ttft_median_ms=f.ttft_median_ms, ttft_p99_ms=f.ttft_p99_ms, tpot_median_ms=f.tpot_median_ms,
+        tpot_p99_ms=f.tpot_p99_ms, failed=f.failed, slo_share_pct=_pct(goodput.share) if goodput else None,
+        slo_met=goodput.met if goodput else None, predicted_preempts=plan.predicted_preempts,
+        predicted_waits=plan.predicted_waits, tokens_needed=plan.tokens_needed)
 
 
 def _at(step: int | None, concurrency: int | None) -> str:
@@ -98,53 +122,91 @@ def onset_sentence(configuration: str, kind: str, cmp: OnsetComparison | None, l
 def compared(onset: Onset | None, key: str) -> OnsetComparison:
     """The onset of preemption (``key`` ``preemption``) or of waiting requests (``waiting``); empty
     (every step None) where the record has none."""
-    return (getattr(onset, key) if onset is not None else None) or OnsetComparison()
+    if onset is None:
+        return OnsetComparison()
+    return (onset.preemption if key == "preemption" else onset.waiting) or OnsetComparison()
 
 
-def onset_rows(onset: Onset) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class OnsetRow:
+    """Predicted against observed onset of preemption (``key`` preemption) or of waiting requests (waiting)."""
+
+    what: str
+    key: str
+    predicted_step: int | None
+    predicted_concurrency: int | None
+    observed_step: int | None
+    observed_concurrency: int | None
+    error_steps: int | None
+    error_requests: int | None
+
+
+def onset_rows(onset: Onset) -> list[OnsetRow]:
     """Predicted against observed onset of preemption and of waiting, one row each."""
-    return [{"what": "preemption" if key == "preemption" else "requests waiting", "key": key,
-             **{k: getattr(compared(onset, key), k) for k in COMPARED}}
+    return [OnsetRow(what="preemption" if key == "preemption" else "requests waiting", key=key,
+                     **compared(onset, key).model_dump(include=set(COMPARED)))
             for key, _seen, _none in ONSETS]
 
 
-def sweep_cell(record: ConfigurationRecord, entry: Scenario | None) -> dict[str, Any]:
+@dataclass
+class SweepCell:
+    """One configuration in one sweep: its step rows, its onset comparison and sentences; ``diagnosis`` where
+    it has no step to show."""
+
+    configuration: str
+    status: str
+    rows: list[StepRow] = field(default_factory=list)
+    onset: Onset | None = None
+    onset_rows: list[OnsetRow] = field(default_factory=list)
+    sentences: list[str] = field(default_factory=list)
+    warmup_note: str | None = None
+    diagnosis: str | None = None
+    preemption: OnsetComparison = field(default_factory=OnsetComparison)
+
+
+def sweep_cell(record: ConfigurationRecord, entry: Scenario | None) -> SweepCell:
     """One configuration in one sweep: its step rows, its onset comparison and sentences."""
     name = record.configuration
-    cell: dict[str, Any] = {"configuration": name, "rows": [], "onset": None, "onset_rows": [], "sentences": [],
-                            "warmup_note": None, "diagnosis": None, "preemption": OnsetComparison()}
     steps = (entry.steps if entry else None) or []
     if record.status != "ok" and not steps:
-        return {**cell, "status": record.status, "diagnosis": failure_summary(record)}
-    if not steps:
-        return {**cell, "status": "no steps", "diagnosis": "no step of this sweep ran"}
+        return SweepCell(name, record.status, diagnosis=failure_summary(record))
+    if not steps or entry is None:
+        return SweepCell(name, "no steps", diagnosis="no step of this sweep ran")
     onset = entry.onset
     predicted = (onset.per_step if onset else None) or []
-    cell["rows"] = [step_row(s, next((p for p in predicted if p.step == s.step), None)) for s in steps]
-    cell["status"] = "ok" if all(r["status"] == "ok" for r in cell["rows"]) else "failed"
-    cell["onset"] = onset
-    cell["onset_rows"] = onset_rows(onset) if onset else []
-    cell["preemption"] = compared(onset, "preemption")
-    last = max((r["concurrency"] for r in cell["rows"] if r["status"] == "ok" and r["concurrency"]), default=None)
-    if onset:
-        cell["sentences"] = [onset_sentence(name, key, getattr(onset, key), last, onset.unpredicted)
-                             for key, _seen, _none in ONSETS]
-    cell["sentences"] += _peak_sentence(name, cell["rows"])
-    cell["warmup_note"] = warmup_note(entry.warmup)
-    return cell
+    rows = [step_row(s, next((p for p in predicted if p.step == s.step), None)) for s in steps]
+    last = max((r.concurrency for r in rows if r.status == "ok" and r.concurrency), default=None)
+    sentences = [onset_sentence(name, key, compared(onset, key), last, onset.unpredicted)
+                 for key, _seen, _none in ONSETS] if onset else []
+    return SweepCell(name, "ok" if all(r.status == "ok" for r in rows) else "failed", rows=rows, onset=onset,
+                     onset_rows=onset_rows(onset) if onset else [], preemption=compared(onset, "preemption"),
+                     sentences=sentences + _peak_sentence(name, rows), warmup_note=warmup_note(entry.warmup))
 
 
-def _peak_sentence(name: str, rows: list[Mapping[str, Any]]) -> list[str]:
-    timed = [r for r in rows if r["status"] == "ok" and r["output_tok_s"] is not None]
+def _peak_sentence(name: str, rows: list[StepRow]) -> list[str]:
+    timed = [r for r in rows if r.status == "ok" and r.output_tok_s is not None]
     if not timed:
         return [f"{name}: no step of this sweep completed."]
-    best = max(timed, key=lambda r: r["output_tok_s"])
-    return [f"{name} delivers the most output tok/s at concurrency {best['concurrency']} "
-            f"({best['output_tok_s']:,.1f} tok/s, step {best['step']} of {len(rows)}; one pass per step, so no "
+    best = max(timed, key=lambda r: r.output_tok_s)
+    return [f"{name} delivers the most output tok/s at concurrency {best.concurrency} "
+            f"({best.output_tok_s:,.1f} tok/s, step {best.step} of {len(rows)}; one pass per step, so no "
             "interval and no verdict between steps)."]
 
 
-def sweep_tables(configurations: Iterable[ConfigurationRecord]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class SweepTable:
+    """One sweep scenario: its spec, each configuration's cell, whether any step had a goodput target, the
+    cells' sentences and the outcome of each cell without steps."""
+
+    name: str
+    spec: ScenarioSpec
+    cells: list[SweepCell]
+    has_goodput: bool
+    sentences: list[str]
+    outcomes: list[str]
+
+
+def sweep_tables(configurations: Iterable[ConfigurationRecord]) -> list[SweepTable]:
     """Per sweep scenario (in the trial's order): its spec and each configuration's cell."""
     configurations = list(configurations)
     specs = {}
@@ -156,24 +218,24 @@ def sweep_tables(configurations: Iterable[ConfigurationRecord]) -> list[dict[str
     for name, spec in specs.items():
         cells = [sweep_cell(rec, next((s for s in rec.scenarios if s.name == name and is_sweep_entry(s)), None))
                  for rec in configurations]
-        tables.append({"name": name, "spec": spec, "cells": cells,
-                       "has_goodput": any(r["slo_share_pct"] is not None for c in cells for r in c["rows"]),
-                       "sentences": [line for c in cells for line in c["sentences"]],
-                       "outcomes": [f"{c['configuration']}: {c['diagnosis']}." for c in cells if c["diagnosis"]]})
+        tables.append(SweepTable(name=name, spec=spec, cells=cells,
+                                 has_goodput=any(r.slo_share_pct is not None for c in cells for r in c.rows),
+                                 sentences=[line for c in cells for line in c.sentences],
+                                 outcomes=[f"{c.configuration}: {c.diagnosis}." for c in cells if c.diagnosis]))
     return tables
 
 
-def sweep_gaps(tables: Iterable[Mapping[str, Any]]) -> list[str]:
+def sweep_gaps(tables: Iterable[SweepTable]) -> list[str]:
     """What the sweeps did not give, one sentence each: an onset nothing predicted, a step with no
     /metrics figures (so neither preemptions nor KV cache usage are known there)."""
     out = []
     for t in tables:
-        for c in t["cells"]:
-            why = c["onset"].unpredicted if c["onset"] else None
+        for c in t.cells:
+            why = c.onset.unpredicted if c.onset else None
             if why:
-                out.append(f"Sweep {t['name']}: no onset predicted for {c['configuration']} ({why}).")
-            blind = [str(r["step"]) for r in c["rows"] if r["status"] == "ok" and r["kv_peak_pct"] is None]
+                out.append(f"Sweep {t.name}: no onset predicted for {c.configuration} ({why}).")
+            blind = [str(r.step) for r in c.rows if r.status == "ok" and r.kv_peak_pct is None]
             if blind:
-                out.append(f"Sweep {t['name']}: no KV cache usage sampled for {c['configuration']} in step(s) "
+                out.append(f"Sweep {t.name}: no KV cache usage sampled for {c.configuration} in step(s) "
                            f"{', '.join(blind)}.")
     return out

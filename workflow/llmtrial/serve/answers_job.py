@@ -16,6 +16,7 @@ from typing import Any
 
 from llmtrial.answers.tasks import tasks_digest
 from llmtrial.core.answers_model import AnswerRun, Answers
+from llmtrial.patch.patchdata import EnabledPatch
 from llmtrial.serve.measure import Served, Workload, sigterm_as_exit
 from llmtrial.serve.server import ServerProcess, ServerStartError
 
@@ -23,14 +24,14 @@ log = logging.getLogger(__name__)
 
 __all__ = ["job_answers", "patch_flags", "flags_off_env", "flags_off_run", "answers_part", "wants_flags_off"]
 
-def patch_flags(patches: Sequence[Mapping[str, Any]], env: Mapping[str, str]) -> dict[str, bool]:
+def patch_flags(patches: Sequence[EnabledPatch], env: Mapping[str, str]) -> dict[str, bool]:
     """Each applied patch by name: whether ``env`` (the server's) turns its flag on."""
-    return {str(p["name"]): env.get(str(p["flag"])) == "1" for p in patches}
+    return {p.name: env.get(p.flag) == "1" for p in patches}
 
 
-def flags_off_env(env: Mapping[str, str], patches: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+def flags_off_env(env: Mapping[str, str], patches: Sequence[EnabledPatch]) -> dict[str, str]:
     """``env`` with every patch's flag set to "0" (off whatever the host's own environment says)."""
-    return {**env, **{str(p["flag"]): "0" for p in patches}}
+    return {**env, **{p.flag: "0" for p in patches}}
 
 
 def flags_off_run(workload: Workload, server: ServerProcess, *, flags: Mapping[str, bool],
@@ -65,7 +66,7 @@ def answers_part(workload: Workload, runs: Sequence[AnswerRun]) -> Answers | Non
 
 
 def job_answers(workload: Workload, served: Served, *, flags: Mapping[str, bool], spread: bool, env: Mapping[str, str],
-                patches: Sequence[Mapping[str, Any]], server: Callable[[Mapping[str, str]], ServerProcess], log_rel: str,
+                patches: Sequence[EnabledPatch], server: Callable[[Mapping[str, str]], ServerProcess], log_rel: str,
                 startup_timeout_s: float) -> dict[str, Any]:
     """The record's answers: the passes' server's run, then, when a flag is on (``outputs.patch_off``), a
     launch with the flags off (``server`` builds it from its environment, its log at ``log_rel``)."""

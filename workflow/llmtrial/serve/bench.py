@@ -20,12 +20,15 @@ import sys
 import time
 import urllib.request
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmtrial.core.record_base import Number
+from llmtrial.core.scenario_model import PassSummary, RequestSpread
 from llmtrial.serve import vllm_bench
-from llmtrial.serve.datasets import dataset_flags
-from llmtrial.serve.scenarios import goodput_flags
+from llmtrial.serve.datasets import JobScenario, PassLoad, dataset_flags
+from llmtrial.serve.scenarios import RequestDetail, goodput_flags
 
 #: Summary fields copied from vLLM's result file into the record.
 SUMMARY_FIELDS = (
@@ -35,14 +38,12 @@ SUMMARY_FIELDS = (
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 
 
-#: The headline figures of a pass, by the name the records use, from the key of vLLM's result summary.
-HEADLINE = {"output_tok_s": "output_throughput", "ttft_median_ms": "median_ttft_ms", "ttft_p99_ms": "p99_ttft_ms",
-            "tpot_median_ms": "median_tpot_ms", "tpot_p99_ms": "p99_tpot_ms"}
-
-
-def headline(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """Output tok/s and TTFT/TPOT median and p99 of one pass, from its summary (None where absent)."""
-    return {name: summary.get(key) for name, key in HEADLINE.items()}
+def headline(summary: PassSummary | None) -> dict[str, Number | None]:
+    """Output tok/s and TTFT/TPOT median and p99 of one pass, by the names the records use, from its summary
+    (None where absent)."""
+    s = summary or PassSummary()
+    return {"output_tok_s": s.output_throughput, "ttft_median_ms": s.median_ttft_ms, "ttft_p99_ms": s.p99_ttft_ms,
+            "tpot_median_ms": s.median_tpot_ms, "tpot_p99_ms": s.p99_tpot_ms}
 
 
 def pass_seed(base: int, scenario_index: int, pass_index: int) -> int:
@@ -56,14 +57,16 @@ def bench_argv(
     port: int,
     served_model_name: str,
     tokenizer: str,
-    scenario: Mapping[str, Any],
+    scenario: JobScenario,
+    load: PassLoad,
     seed: int,
     result_dir: str,
     result_filename: str,
     percentiles: list[float],
     python: str = sys.executable,
 ) -> list[str]:
-    """The argv of one benchmark pass (vLLM serving benchmark flags, no shell)."""
+    """The argv of one benchmark pass (or sweep step) ``load`` of ``scenario`` (vLLM serving benchmark flags, no
+    shell)."""
     return [
         python, "-m", "llmtrial.serve.vllm_bench",
         "--backend", "vllm",
@@ -73,10 +76,10 @@ def bench_argv(
         "--model", served_model_name,
         "--served-model-name", served_model_name,
         "--tokenizer", tokenizer,
-        *dataset_flags(scenario),
-        "--num-prompts", str(scenario["num_prompts"]),
-        "--max-concurrency", str(scenario["concurrency"]),
-        "--request-rate", str(scenario["request_rate"]),
+        *dataset_flags(scenario, load),
+        "--num-prompts", str(load.num_prompts),
+        "--max-concurrency", str(load.concurrency),
+        "--request-rate", str(scenario.block.request_rate),
         "--ignore-eos",
         "--seed", str(seed),
         "--percentile-metrics", ",".join(LATENCY_METRICS),
@@ -86,7 +89,7 @@ def bench_argv(
         "--result-dir", result_dir,
         "--result-filename", result_filename,
         "--disable-tqdm",
-        *goodput_flags(scenario.get("slo")),
+        *goodput_flags(scenario.block.slo),
     ]
 
 
@@ -94,30 +97,31 @@ def _fmt_pct(p: float) -> str:
     return str(int(p)) if float(p).is_integer() else str(p)
 
 
-def summarize_result(result: Mapping[str, Any], percentiles: list[float]) -> dict[str, Any]:
-    """The figures the report shows, taken from vLLM's result file as they are."""
-    out: dict[str, Any] = {k: result.get(k) for k in SUMMARY_FIELDS}
-    if out["failed"] is None and result.get("num_prompts") is not None and out["completed"] is not None:
-        out["failed"] = result["num_prompts"] - out["completed"]
+def summarize_result(result: Mapping[str, Any], percentiles: list[float]) -> PassSummary:
+    """The figures the report shows, taken from vLLM's result file (other people's data, read by key) as they
+    are."""
+    out = {k: result.get(k) for k in SUMMARY_FIELDS}
+    detail = RequestDetail.model_validate(result)
+    if out["failed"] is None and detail.num_prompts is not None and out["completed"] is not None:
+        out["failed"] = detail.num_prompts - out["completed"]
     for metric in LATENCY_METRICS:
         for stat in ("mean", "median", "std"):
             out[f"{stat}_{metric}_ms"] = result.get(f"{stat}_{metric}_ms")
         for p in percentiles:
             key = f"p{_fmt_pct(p)}_{metric}_ms"
             out[key] = result.get(key)
-    out["request_output_tok_s"] = request_output_rates(result)
-    out["request_output_tok_s_summary"] = rate_summary(out["request_output_tok_s"])
-    out["request_ttft_ms"], out["request_tpot_ms"] = request_latencies(result)
-    return out
+    rates = request_output_rates(detail)
+    ttft_ms, tpot_ms = request_latencies(detail)
+    return PassSummary.model_validate({**out, "request_output_tok_s": rates,
+                                       "request_output_tok_s_summary": rate_summary(rates),
+                                       "request_ttft_ms": ttft_ms, "request_tpot_ms": tpot_ms})
 
 
-def request_latencies(result: Mapping[str, Any]) -> tuple[list[float], list[float]]:
+def request_latencies(detail: RequestDetail) -> tuple[list[float], list[float]]:
     """Each successful request's TTFT (ms) and, where it has more than one output token, its TPOT
     ((latency - TTFT) / (output tokens - 1), ms: vLLM's rule), from the per-request lists."""
-    ttfts, lats = result.get("ttfts") or [], result.get("latencies") or []
-    lens, errors = result.get("output_lens") or [], result.get("errors") or [""] * len(lats)
     ttft_ms, tpot_ms = [], []
-    for ttft, lat, n, err in zip(ttfts, lats, lens, errors, strict=False):
+    for ttft, lat, n, err in detail.requests():
         if err or not isinstance(ttft, (int, float)) or not n:
             continue
         ttft_ms.append(round(ttft * 1000, 3))
@@ -126,21 +130,21 @@ def request_latencies(result: Mapping[str, Any]) -> tuple[list[float], list[floa
     return ttft_ms, tpot_ms
 
 
-def request_output_rates(result: Mapping[str, Any]) -> list[float]:
+def request_output_rates(detail: RequestDetail) -> list[float]:
     """Each successful request's own output throughput (output tokens over its latency, tok/s),
     in the order of the result file's per-request lists (``--save-detailed``). A request
     that failed (a non-empty error) or has no positive latency is left out."""
-    lens, latencies = result.get("output_lens") or [], result.get("latencies") or []
-    errors = result.get("errors") or [""] * len(lens)
+    lens, latencies = detail.output_lens or [], detail.latencies or []
+    errors = detail.errors or [""] * len(lens)
     return [round(n / lat, 3) for n, lat, err in zip(lens, latencies, errors, strict=False)
             if not err and isinstance(lat, (int, float)) and lat > 0 and isinstance(n, (int, float))]
 
 
-def rate_summary(rates: list[float]) -> dict[str, Any]:
+def rate_summary(rates: list[float]) -> RequestSpread:
     """``{n, min, median, max}`` of per-request rates; the figures are None when there are none."""
     if not rates:
-        return {"n": 0, "min": None, "median": None, "max": None}
-    return {"n": len(rates), "min": min(rates), "median": round(statistics.median(rates), 3), "max": max(rates)}
+        return RequestSpread(n=0, min=None, median=None, max=None)
+    return RequestSpread(n=len(rates), min=min(rates), median=round(statistics.median(rates), 3), max=max(rates))
 
 
 def stall_flag(mean: float | None, median: float | None, ratio: float = 1.5) -> bool:
@@ -148,6 +152,17 @@ def stall_flag(mean: float | None, median: float | None, ratio: float = 1.5) -> 
     if mean is None or median is None or median <= 0 or math.isnan(mean):
         return False
     return mean > ratio * median
+
+
+@dataclass(frozen=True)
+class PassRun:
+    """How one benchmark pass ran: its start and end (Unix seconds), its exit code (None when it timed out) and
+    whether it ran past its timeout."""
+
+    start: float
+    end: float
+    returncode: int | None
+    timed_out: bool
 
 
 class BenchWorker:
@@ -194,8 +209,8 @@ class BenchWorker:
         self.starts += 1
         self._ready, self._busy, self._buf = False, False, b""
 
-    def run(self, argv: list[str], *, log_path: Path, timeout: float) -> dict[str, Any]:
-        """One pass: ``{"start", "end", "returncode", "timed_out"}``, times in Unix seconds.
+    def run(self, argv: list[str], *, log_path: Path, timeout: float) -> PassRun:
+        """One pass: when it started and ended (Unix seconds), its exit code and whether it timed out.
         The timeout covers the whole pass, including the start of a worker it needed."""
         if argv[1:3] != ["-m", vllm_bench.MODULE]:
             raise ValueError(f"not a benchmark pass argv: {argv[:3]}")
@@ -209,7 +224,7 @@ class BenchWorker:
             self._stop(grace=0.0)
             _note(log_path, f"benchmark pass timed out after {timeout:g} s: its worker (process group {pid}) was killed")
             rc, timed_out = None, True
-        return {"start": start, "end": time.time(), "returncode": rc, "timed_out": timed_out}
+        return PassRun(start=start, end=time.time(), returncode=rc, timed_out=timed_out)
 
     def _pass(self, flags: list[str], log_path: Path, deadline: float) -> int | None:
         self.start()
@@ -297,8 +312,19 @@ def _note(log_path: Path, text: str) -> None:
         log.write(f"llmtrial: {text}\n")
 
 
+@dataclass(frozen=True)
+class FirstRequest:
+    """The first request's timing: its start (Unix seconds), its time to first token and total time (s; TTFT
+    None when no chunk carried text) and the streamed chunks that carried text."""
+
+    start: float
+    ttft_s: float | None
+    total_s: float
+    chunks: int
+
+
 def first_request(host: str, port: int, *, model: str, prompt: str, max_tokens: int,
-                  timeout: float) -> dict[str, Any]:
+                  timeout: float) -> FirstRequest:
     """Send one streaming completion and time it: TTFT and total, in seconds, and ``chunks``,
     the streamed chunks that carried text (vLLM streams one token per chunk)."""
     body = json.dumps({
@@ -321,7 +347,7 @@ def first_request(host: str, port: int, *, model: str, prompt: str, max_tokens: 
                 chunks += 1
                 if ttft is None:
                     ttft = time.time() - start
-    return {"start": start, "ttft_s": ttft, "total_s": time.time() - start, "chunks": chunks}
+    return FirstRequest(start=start, ttft_s=ttft, total_s=time.time() - start, chunks=chunks)
 
 
 def output_rate(tokens: int | None, seconds: float | None) -> float | None:

@@ -28,13 +28,15 @@ import math
 import re
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llmtrial.core.fileio import atomic_write_bytes, sha256_file
 from llmtrial.core.record_models import PromptsRecord, StagedPrompts
+from llmtrial.core.scenario_model import ScenarioSpec
 from llmtrial.core.trial_checks import PREFIX_DATASET
-from llmtrial.core.trial_config import ScenarioBlock
+from llmtrial.core.trial_config import RangeRatioBlock, ScenarioBlock
 
 #: vLLM bench's --dataset-name values a scenario may name.
 DATASETS = ("random", "custom", "sharegpt", "prefix_repetition")
@@ -49,13 +51,48 @@ class PromptFileError(ValueError):
     """A prompt file that cannot be used; the message names the file and, where it can, the line."""
 
 
-def dataset_of(spec: Mapping[str, Any]) -> str:
-    return str(spec.get("dataset") or DEFAULTS["dataset"])
+@dataclass(frozen=True)
+class PassLoad:
+    """What one benchmark run sends: a fixed scenario's counts and lengths, or one step of a sweep's
+    (``step`` counts from 1; None for a fixed scenario's pass)."""
+
+    concurrency: int
+    num_prompts: int
+    input_len: int
+    output_len: int
+    step: int | None = None
+
+    @classmethod
+    def at(cls, spec: ScenarioBlock, index: int = 0, step: int | None = None) -> PassLoad:
+        """The values at position ``index`` of a sweep's lists (a scalar repeats on every step)."""
+        return cls(_at(spec.concurrency, index), _at(spec.num_prompts, index), _at(spec.input_len, index),
+                   _at(spec.output_len, index), step)
 
 
-def needs_prefix_caching(spec: Mapping[str, Any]) -> bool:
+def _at(value: int | list[int], index: int) -> int:
+    return int(value[index]) if isinstance(value, list) else int(value)
+
+
+@dataclass(frozen=True)
+class JobScenario:
+    """A scenario as a configuration's job runs it: the trial file's block and, for a prompt file's
+    scenario, its staged copy (the prompts record's entry, checked against its sha256)."""
+
+    block: ScenarioBlock
+    staged: StagedPrompts | None = None
+
+    def spec(self) -> ScenarioSpec:
+        """The scenario as the configuration record keeps it: the block, with the staged copy's path, sha256
+        and prompt count for a prompt file's scenario."""
+        copy = {} if self.staged is None else {"prompts_staged": self.staged.staged,
+                                               "prompts_sha256": self.staged.sha256,
+                                               "prompts_count": self.staged.prompts}
+        return ScenarioSpec.model_validate({**self.block.model_dump(), **copy})
+
+
+def needs_prefix_caching(spec: ScenarioBlock) -> bool:
     """Whether the scenario runs with prefix caching on (the prefix_repetition dataset)."""
-    return dataset_of(spec) == PREFIX_DATASET
+    return spec.dataset == PREFIX_DATASET
 
 
 # --------------------------------------------------------------------------- reading a prompt file
@@ -157,16 +194,15 @@ def _element_lines(text: str) -> list[int]:
 # --------------------------------------------------------------------------- checking a scenario
 
 
-def _values(spec: Mapping[str, Any], key: str) -> list[Any]:
-    value = spec.get(key)
+def _values(value: int | list[int]) -> list[int]:
     return list(value) if isinstance(value, list) else [value]
 
 
-def check_dataset(key: str, spec: Mapping[str, Any]) -> list[str]:
+def check_dataset(key: str, spec: ScenarioBlock) -> list[str]:
     """What is wrong with a scenario's dataset keys (``key``: ``scenarios.<name>``), each problem as
     ``<key>.<field>: <message>``; a prompt file is read here, so a missing or malformed one is named
     with its line before anything runs."""
-    dataset = dataset_of(spec)
+    dataset = spec.dataset
     errors = _misplaced(key, spec, dataset)
     if dataset == PREFIX_DATASET:
         errors += _check_prefix(key, spec)
@@ -175,53 +211,53 @@ def check_dataset(key: str, spec: Mapping[str, Any]) -> list[str]:
     return errors
 
 
-def _misplaced(key: str, spec: Mapping[str, Any], dataset: str) -> list[str]:
+def _misplaced(key: str, spec: ScenarioBlock, dataset: str) -> list[str]:
     """Keys given to a dataset that does not read them."""
     errors = []
-    if dataset in FILE_SUFFIX and not spec.get("prompts"):
+    if dataset in FILE_SUFFIX and not spec.prompts:
         errors.append(f"{key}.prompts: dataset {dataset} reads the operator's prompt file: name it")
-    if dataset not in FILE_SUFFIX and spec.get("prompts"):
+    if dataset not in FILE_SUFFIX and spec.prompts:
         errors.append(f"{key}.prompts: only datasets {' and '.join(FILE_SUFFIX)} read a prompt file "
                       f"(this scenario's dataset is {dataset})")
-    if spec.get("chat_template") and dataset != "custom":
+    if spec.chat_template and dataset != "custom":
         errors.append(f"{key}.chat_template: only dataset custom applies a chat template (this one is {dataset})")
-    if spec.get("range_ratio") is not None and dataset != "random":
+    if spec.range_ratio is not None and dataset != "random":
         errors.append(f"{key}.range_ratio: only dataset random varies its lengths (this one is {dataset})")
     if dataset != PREFIX_DATASET:
-        if spec.get("prefix_len") is not None:
+        if spec.prefix_len is not None:
             errors.append(f"{key}.prefix_len: only dataset {PREFIX_DATASET} repeats prefixes (this one is {dataset})")
-        if spec.get("num_prefixes", 1) != 1:
+        if spec.num_prefixes != 1:
             errors.append(f"{key}.num_prefixes: only dataset {PREFIX_DATASET} repeats prefixes (this one is {dataset})")
     return errors
 
 
-def _check_prefix(key: str, spec: Mapping[str, Any]) -> list[str]:
-    prefix, count = spec.get("prefix_len"), int(spec.get("num_prefixes", 1))
+def _check_prefix(key: str, spec: ScenarioBlock) -> list[str]:
+    prefix, count = spec.prefix_len, spec.num_prefixes
     errors = []
     if prefix is None:
         errors.append(f"{key}.prefix_len: dataset {PREFIX_DATASET} needs the shared prefix's length in tokens")
-    elif any(int(n) <= int(prefix) for n in _values(spec, "input_len")):
-        errors.append(f"{key}.input_len: the whole prompt ({spec.get('input_len')}) must be longer than its shared "
+    elif any(n <= prefix for n in _values(spec.input_len)):
+        errors.append(f"{key}.input_len: the whole prompt ({spec.input_len}) must be longer than its shared "
                       f"prefix (prefix_len {prefix}): the rest is each prompt's own suffix")
-    if any(int(n) % count for n in _values(spec, "num_prompts")):
-        errors.append(f"{key}.num_prompts: {spec.get('num_prompts')} is not a multiple of num_prefixes ({count}): "
+    if any(n % count for n in _values(spec.num_prompts)):
+        errors.append(f"{key}.num_prompts: {spec.num_prompts} is not a multiple of num_prefixes ({count}): "
                       "vLLM sends num_prompts // num_prefixes prompts per prefix")
     return errors
 
 
-def _check_file(key: str, spec: Mapping[str, Any], dataset: str) -> list[str]:
-    if not spec.get("prompts"):
+def _check_file(key: str, spec: ScenarioBlock, dataset: str) -> list[str]:
+    if not spec.prompts:
         return []
     errors = []
-    if isinstance(spec.get("input_len"), list):
+    if isinstance(spec.input_len, list):
         errors.append(f"{key}.input_len: a sweep cannot vary it: the prompts of a {dataset} file have their own lengths")
     try:
-        count = count_prompts(spec["prompts"], dataset)  # relative: to the working directory, as every trial path
+        count = count_prompts(spec.prompts, dataset)  # relative: to the working directory, as every trial path
     except PromptFileError as exc:
         return [*errors, f"{key}.prompts: {exc}"]
-    most = max(int(n) for n in _values(spec, "num_prompts"))
+    most = max(_values(spec.num_prompts))
     if most > count:
-        errors.append(f"{key}.num_prompts: {most} is more than the {count} prompts in {spec['prompts']}: a pass "
+        errors.append(f"{key}.num_prompts: {most} is more than the {count} prompts in {spec.prompts}: a pass "
                       "sends each prompt at most once")
     return errors
 
@@ -229,87 +265,88 @@ def _check_file(key: str, spec: Mapping[str, Any], dataset: str) -> list[str]:
 # --------------------------------------------------------------------------- the benchmark's flags
 
 
-def length_ratio(range_ratio: Any, part: str = "output") -> float:
+def length_ratio(range_ratio: float | RangeRatioBlock | Mapping[str, float] | None, part: str = "output") -> float:
     """The range ratio of the output (or ``part``) length in a ``range_ratio`` value: one ratio for both, or
-    ``{input, output}`` (0 when unset)."""
+    ``{input, output}`` (the trial file's block, or a record's mapping; 0 when unset)."""
+    if isinstance(range_ratio, RangeRatioBlock):
+        return float(range_ratio.input if part == "input" else range_ratio.output)
     if isinstance(range_ratio, Mapping):
         return float(range_ratio.get(part, 0.0))
     return float(range_ratio or 0.0)
 
 
-def _ratio_flag(range_ratio: Any) -> str:
-    if isinstance(range_ratio, Mapping):
-        return json.dumps({"input": float(range_ratio["input"]), "output": float(range_ratio["output"])},
+def _ratio_flag(range_ratio: float | RangeRatioBlock) -> str:
+    if isinstance(range_ratio, RangeRatioBlock):
+        return json.dumps({"input": float(range_ratio.input), "output": float(range_ratio.output)},
                           separators=(",", ":"))
     return str(float(range_ratio))
 
 
-def dataset_flags(spec: Mapping[str, Any]) -> list[str]:
-    """vLLM bench's dataset flags for one pass (or sweep step) of ``spec``; a file scenario's spec must
-    carry its staged copy (``prompts_staged``, :func:`with_staged`)."""
-    dataset = dataset_of(spec)
+def dataset_flags(scenario: JobScenario, load: PassLoad) -> list[str]:
+    """vLLM bench's dataset flags for one pass (or sweep step) ``load`` of ``scenario``; a file scenario must
+    carry its staged copy (:func:`with_staged`)."""
+    spec = scenario.block
+    dataset = spec.dataset
     out = ["--dataset-name", dataset]
     if dataset == "random":
-        out += ["--random-input-len", str(spec["input_len"]), "--random-output-len", str(spec["output_len"])]
-        if spec.get("range_ratio") is not None:
-            out += ["--random-range-ratio", _ratio_flag(spec["range_ratio"])]
+        out += ["--random-input-len", str(load.input_len), "--random-output-len", str(load.output_len)]
+        if spec.range_ratio is not None:
+            out += ["--random-range-ratio", _ratio_flag(spec.range_ratio)]
     elif dataset == PREFIX_DATASET:
-        prefix = int(spec["prefix_len"])
+        prefix = int(spec.prefix_len or 0)
         out += ["--prefix-repetition-prefix-len", str(prefix),
-                "--prefix-repetition-suffix-len", str(int(spec["input_len"]) - prefix),
-                "--prefix-repetition-num-prefixes", str(int(spec.get("num_prefixes", 1))),
-                "--prefix-repetition-output-len", str(spec["output_len"])]
+                "--prefix-repetition-suffix-len", str(load.input_len - prefix),
+                "--prefix-repetition-num-prefixes", str(spec.num_prefixes),
+                "--prefix-repetition-output-len", str(load.output_len)]
     else:
-        if not spec.get("prompts_staged"):
-            raise PromptFileError(f"the {dataset} prompt file {spec.get('prompts')} is not staged")
-        out += ["--dataset-path", str(spec["prompts_staged"]), f"--{dataset}-output-len", str(spec["output_len"]),
+        if scenario.staged is None:
+            raise PromptFileError(f"the {dataset} prompt file {spec.prompts} is not staged")
+        out += ["--dataset-path", scenario.staged.staged, f"--{dataset}-output-len", str(load.output_len),
                 "--no-oversample"]
-        if dataset == "custom" and not spec.get("chat_template"):
+        if dataset == "custom" and not spec.chat_template:
             out.append("--skip-chat-template")
     return out
 
 
-def context(spec: Mapping[str, Any]) -> int | None:
-    """The longest context (prompt plus output tokens) one pass of ``spec`` reaches, or None where the
+def context(spec: ScenarioBlock, load: PassLoad) -> int | None:
+    """The longest context (prompt plus output tokens) one pass ``load`` of ``spec`` reaches, or None where the
     trial cannot know it before the prompts are tokenized (a prompt file)."""
-    dataset = dataset_of(spec)
-    if dataset in FILE_SUFFIX:
+    if spec.dataset in FILE_SUFFIX:
         return None
-    if dataset == "random" and spec.get("range_ratio") is not None:
-        ratio = spec["range_ratio"]
-        return (math.ceil(int(spec["input_len"]) * (1 + length_ratio(ratio, "input")))
-                + math.ceil(int(spec["output_len"]) * (1 + length_ratio(ratio))))
-    return int(spec["input_len"]) + int(spec["output_len"])
+    if spec.dataset == "random" and spec.range_ratio is not None:
+        ratio = spec.range_ratio
+        return (math.ceil(load.input_len * (1 + length_ratio(ratio, "input")))
+                + math.ceil(load.output_len * (1 + length_ratio(ratio))))
+    return load.input_len + load.output_len
 
 
 # --------------------------------------------------------------------------- staging
 
 
-def file_scenarios(scenarios: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+def file_scenarios(scenarios: Mapping[str, ScenarioBlock]) -> dict[str, ScenarioBlock]:
     """The scenarios that read a prompt file, by name."""
-    return {name: spec for name, spec in scenarios.items() if dataset_of(spec) in FILE_SUFFIX}
+    return {name: spec for name, spec in scenarios.items() if spec.dataset in FILE_SUFFIX}
 
 
-def stage_prompts(scenarios: Mapping[str, Mapping[str, Any]], folder: Path) -> PromptsRecord:
+def stage_prompts(scenarios: Mapping[str, ScenarioBlock], folder: Path) -> PromptsRecord:
     """Copy each file scenario's prompt file into ``folder`` as ``<scenario>.jsonl`` (or ``.json``), read
     once: the bytes copied are the bytes checked and hashed."""
     staged: dict[str, StagedPrompts] = {}
     for name, spec in file_scenarios(scenarios).items():
-        dataset, source = dataset_of(spec), Path(spec["prompts"])
+        dataset, source = spec.dataset, Path(str(spec.prompts))
         data = source.read_bytes()
         count = read_count(data, dataset, str(source))
         target = Path(folder) / f"{name}{FILE_SUFFIX[dataset]}"
         atomic_write_bytes(target, data)
-        staged[name] = StagedPrompts(dataset=dataset, source=str(spec["prompts"]), staged=str(target),
+        staged[name] = StagedPrompts(dataset=dataset, source=str(spec.prompts), staged=str(target),
                                      sha256=hashlib.sha256(data).hexdigest(), bytes=len(data), prompts=count)
     return PromptsRecord(staged_at=time.time(), scenarios=staged)
 
 
-def with_staged(scenarios: Mapping[str, Mapping[str, Any]],
-                record: PromptsRecord | None = None) -> dict[str, dict[str, Any]]:
-    """The scenarios as a configuration's job runs them: each file scenario with its staged copy's path,
-    sha256 and prompt count, once the copy is checked to hold the bytes its record hashed."""
-    out = {name: dict(spec) for name, spec in scenarios.items()}
+def with_staged(scenarios: Mapping[str, ScenarioBlock], record: PromptsRecord | None = None) -> dict[str, JobScenario]:
+    """The scenarios as a configuration's job runs them: each file scenario with its staged copy (path,
+    sha256 and prompt count), once the copy is checked to hold the bytes its record hashed."""
+    out = {name: JobScenario(spec) for name, spec in scenarios.items()}
     for name in file_scenarios(scenarios):
         staged = record.scenarios.get(name) if record is not None else None
         if staged is None:
@@ -323,5 +360,5 @@ def with_staged(scenarios: Mapping[str, Mapping[str, Any]],
             raise PromptFileError(f"{staged.staged}: the staged prompts of scenario {name} changed since they were "
                                   f"staged (sha256 {now}, recorded {staged.sha256}); stage them again: "
                                   "snakemake --forcerun stage_prompts")
-        out[name].update(prompts_staged=staged.staged, prompts_sha256=staged.sha256, prompts_count=staged.prompts)
+        out[name] = JobScenario(scenarios[name], staged)
     return out

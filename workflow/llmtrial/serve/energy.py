@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from llmtrial.core.scenario_model import EnergyCheck, GpuEnergy, WindowFigures
 from llmtrial.host.telemetry_sources import RAPL_SOURCE
 
 __all__ = ["ENERGY_TOLERANCE", "GPU_METRIC", "gpu_energy", "trapezoid_j", "window_energy"]
@@ -37,7 +38,7 @@ def trapezoid_j(times: Any, watts: Any) -> float | None:
 
 
 def gpu_energy(counter_j: float | None, integral_j: float | None, samples: int,
-               tolerance: float = ENERGY_TOLERANCE) -> dict[str, Any]:
+               tolerance: float = ENERGY_TOLERANCE) -> GpuEnergy:
     """One GPU's two figures and whether they disagree: by more than ``tolerance`` of the counter, or a counter
     that did not move while power was drawn; None where one of them is missing."""
     difference = (integral_j - counter_j) / counter_j if counter_j and integral_j is not None else None
@@ -47,17 +48,18 @@ def gpu_energy(counter_j: float | None, integral_j: float | None, samples: int,
         disagrees = integral_j > 0
     else:
         disagrees = None
-    return {"counter_j": counter_j, "integral_j": integral_j, "power_samples": samples, "difference": difference,
-            "disagrees": disagrees}
+    return GpuEnergy(counter_j=counter_j, integral_j=integral_j, power_samples=samples, difference=difference,
+                     disagrees=disagrees)
 
 
 def window_energy(series: Series, keys: Iterable[tuple[str, str]], deltas: Mapping[str, float],
-                  tolerance: float = ENERGY_TOLERANCE) -> dict[str, Any]:
+                  tolerance: float = ENERGY_TOLERANCE) -> WindowFigures:
     """The energy figures of a window for :func:`llmtrial.serve.telemetry.window_figures`: ``energy_j`` (GPUs,
-    J) with ``energy_kind``, ``energy_check`` per GPU and ``cpu_package_energy_j``, each only where sampled.
+    J) with ``energy_kind``, ``energy_check`` per GPU and ``cpu_package_energy_j``, each only where sampled
+    (the window's other figures unset).
     ``keys`` are the ``(source, metric)`` pairs sampled in the window, ``deltas`` the counters' changes."""
     gpus = sorted({(source, m.group(1)) for source, metric in keys if (m := GPU_METRIC.match(metric))})
-    checks: dict[str, dict[str, Any]] = {}
+    checks: dict[str, GpuEnergy] = {}
     total, estimated = 0.0, False
     for source, gpu in gpus:
         counter_mj = deltas.get(f"{source}.{gpu}.energy_mj")
@@ -69,13 +71,13 @@ def window_energy(series: Series, keys: Iterable[tuple[str, str]], deltas: Mappi
             total += counter_j
         elif integral_j is not None:
             total, estimated = total + integral_j, True
-    out: dict[str, Any] = {}
+    out = WindowFigures()
     if total > 0:
-        out.update(energy_j=total, energy_kind="estimated" if estimated else "measured")
+        out.energy_j, out.energy_kind = total, "estimated" if estimated else "measured"
     if checks:
-        out["energy_check"] = {"tolerance": tolerance, "gpus": checks,
-                               "disagrees": any(c["disagrees"] for c in checks.values())}
+        out.energy_check = EnergyCheck(tolerance=tolerance, gpus=checks,
+                                       disagrees=any(c.disagrees for c in checks.values()))
     package = [d for k, d in deltas.items() if k.startswith(f"{RAPL_SOURCE}.") and k.endswith(".energy_uj")]
     if package:
-        out["cpu_package_energy_j"] = sum(package) / 1e6
+        out.cpu_package_energy_j = sum(package) / 1e6
     return out

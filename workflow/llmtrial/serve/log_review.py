@@ -12,6 +12,7 @@ from typing import Any
 
 from llmtrial.core.configuration_model import EngineWarning, Failure, GpuHealth, Prediction, ServerPatches, ThroughputBound
 from llmtrial.core.ledger import Ledger
+from llmtrial.core.preflight_model import SelectedGpu
 from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.scenario_model import Scenario
 from llmtrial.core.trial_config import HealthCheckBlock
@@ -46,7 +47,7 @@ class Reviewed:
 
 
 def review_failure(failure: Failure, text: str, *, source: str, ready: bool, ledger: Ledger,
-              gpus: Sequence[Mapping[str, Any]], kernel_baseline: Sequence[str], label: str,
+              gpus: Sequence[SelectedGpu], kernel_baseline: Sequence[str], label: str,
               health_check: HealthCheckBlock) -> Diagnosis:
     """A failed configuration's parts: the GPUs' health after it, and its ``failure`` with the line of
     the server's log (``text``, read from ``source``; ``ready``: the server had answered /health) that

@@ -10,6 +10,7 @@ keeps; only faults of the workflow itself raise past :meth:`Measurement.serve`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import signal
 import time
@@ -19,12 +20,13 @@ from typing import Any
 
 from llmtrial.answers.ask import run_set
 from llmtrial.core.answers_model import AnswerRun, Task
-from llmtrial.core.configuration_model import ColdStart
+from llmtrial.core.configuration_model import ColdStart, RateFact, Server, ServerStop, Telemetry, TokensFact
 from llmtrial.core.configuration_model import Failure as FailureRecord
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.paths import JobPaths
+from llmtrial.core.record_base import Fact
 from llmtrial.core.records import fact
-from llmtrial.core.scenario_model import Scenario
+from llmtrial.core.scenario_model import Scenario, ServerMetrics
 from llmtrial.core.stats import DEFAULT_LEVEL
 from llmtrial.core.trial_config import BenchBlock, ColdStartBlock, OutputsBlock
 from llmtrial.host.nodes import Node
@@ -32,11 +34,11 @@ from llmtrial.host.telemetry_sources import HostSource, MetricsSource, job_sourc
 from llmtrial.logs import startup_log
 from llmtrial.logs.lines import read_log
 from llmtrial.serve import bench
-from llmtrial.serve.datasets import needs_prefix_caching
+from llmtrial.serve.datasets import JobScenario, needs_prefix_caching
 from llmtrial.serve.multinode import MultiNodeServer
 from llmtrial.serve.nodetelemetry import NodeTelemetry, node_window_figures
 from llmtrial.serve.onset import onset, step_figures
-from llmtrial.serve.passes import Passes, PhaseFailure, Todo, Window
+from llmtrial.serve.passes import Passes, PhaseFailure, Timed, Todo
 from llmtrial.serve.progress import StartupWatch, ready_line, say
 from llmtrial.serve.server import ServerProcess, ServerStartError
 from llmtrial.serve.telemetry import Sampler, describe_sources, read_samples, window_figures
@@ -68,32 +70,58 @@ def sigterm_as_exit():
         signal.signal(signal.SIGTERM, previous)
 
 
+@dataclass(frozen=True)
+class ServerRun:
+    """What one server of the job did, for its part of the record: how it stopped and its pid, its launch and
+    ready times once it was launched (None: they are not recorded), a multi-node server's ranks, and a
+    relaunch's own argv and log."""
+
+    stop: ServerStop
+    pid: int | None
+    #: (launched_at, ready_at).
+    times: tuple[float | None, float | None] | None = None
+    ranks: dict[str, dict[str, Any]] | None = None
+    argv: list[str] | None = None
+    log: str | None = None
+
+    def onto(self, part: Server) -> Server:
+        """``part`` (how the server was, or would have been, started) with what it did."""
+        done = {"stop": self.stop, "pid": self.pid}
+        if self.times is not None:
+            done.update(launched_at=self.times[0], ready_at=self.times[1])
+        if self.ranks is not None:
+            done["ranks"] = self.ranks
+        if self.argv is not None:
+            done.update(argv=self.argv, log=self.log)
+        return part.model_copy(update=done)
+
+
 @dataclass
 class Served:
     """The measurement phase's parts of the configuration record."""
 
-    #: What the server did: launched_at, ready_at, stop, pid, and a multi-node server's ranks.
-    server: dict[str, Any]
+    #: What the server did.
+    server: ServerRun
     #: The start-up facts read from the server's log once it was ready.
     startup: dict[str, Any]
     cold_start: ColdStart
     scenarios: list[Scenario]
     #: The sampler's own figures, its sources, the start-up window and (across nodes) every node's telemetry.
-    telemetry: dict[str, Any]
-    #: The benchmark worker's import time and how many workers ran (the record's timing).
-    bench_worker: dict[str, Any]
+    telemetry: Telemetry
+    #: The benchmark worker's import time (None: none got that far) and how many workers ran (the record's timing).
+    bench_import_s: float | None
+    bench_workers: int
     #: The first phase that failed, or None.
     failure: FailureRecord | None
     #: The task set asked after the passes (``outputs``), or None when none was asked.
     answers: AnswerRun | None = None
-    #: The server launched again with prefix caching on, when a scenario needed it: argv, log, launched_at,
-    #: ready_at, stop, pid (empty when there was none).
-    relaunch: dict[str, Any] = field(default_factory=dict)
+    #: The server launched again with prefix caching on, when a scenario needed it (None when there was none).
+    relaunch: ServerRun | None = None
 
     @property
     def ready(self) -> bool:
         """The server answered /health: the cold start has its ready time."""
-        return getattr(self.cold_start, "ready_seconds", None) is not None
+        return self.cold_start.ready_seconds is not None
 
 
 @dataclass(frozen=True)
@@ -103,7 +131,8 @@ class Workload:
     request, the telemetry interval and the confidence level."""
 
     served_model_name: str
-    scenarios: Mapping[str, Mapping[str, Any]]
+    #: The scenarios by name, in the trial file's order, each with its staged prompt file where it reads one.
+    scenarios: Mapping[str, JobScenario]
     bench_settings: BenchBlock
     cold_start: ColdStartBlock
     telemetry_interval: float
@@ -152,7 +181,8 @@ class Measurement:
         todo = [(i, name, spec) for i, (name, spec) in enumerate(self.workload.scenarios.items())]
         if self.prefix_caching:
             return todo, []
-        return ([t for t in todo if not needs_prefix_caching(t[2])], [t for t in todo if needs_prefix_caching(t[2])])
+        return ([t for t in todo if not needs_prefix_caching(t[2].block)],
+                [t for t in todo if needs_prefix_caching(t[2].block)])
 
     def serve(self, ledger: Ledger, server: ServerProcess) -> Served:
         """Start ``server`` under the sampler, run the phases, stop it: the measurement's parts of the record
@@ -160,12 +190,12 @@ class Measurement:
         host_source, metrics = HostSource(), MetricsSource(self.host, self.port)
         sources, absent = job_sources(host_source, metrics, gpus=list(self.gpus) or None)
         first, cached = self._groups()
-        relaunch: dict[str, Any] = {}
-        started: dict[str, Any] = {}
+        relaunched: list[ServerRun] = []
+        times: tuple[float | None, float | None] | None = None
         startup: dict[str, Any] = {}
-        cold: dict[str, Any] = {}
-        scenarios: list[dict[str, Any]] = []
-        windows: list[Window] = []
+        cold = ColdStart()
+        scenarios: list[Scenario] = []
+        windows: list[Timed] = []
         failure: PhaseFailure | None = None
         answers: AnswerRun | None = None
         worker = bench.BenchWorker(log_path=self.paths.bench_dir / "worker.log")  # every pass of this job
@@ -175,8 +205,9 @@ class Measurement:
                 worker:
             try:
                 worker.start()  # vLLM's benchmark imports while vLLM starts: the passes need not wait for it
-                started, startup, cold = self._start(server, host_source)
-                cold.update(self.first_request())
+                times, startup, ready = self._start(server, host_source)
+                cold = ColdStart(ready_seconds=ready)  # kept when the first request fails
+                cold = self.first_request(cold)
                 run = Passes(name=self.name, host=self.host, port=self.port, model_dir=self.model_dir,
                              served_model_name=self.workload.served_model_name,
                              bench_settings=self.workload.bench_settings, level=self.workload.level, paths=self.paths,
@@ -188,33 +219,34 @@ class Measurement:
                 if cached:
                     server.stop()
                     metrics.seen = False  # the next server's start-up is not a failed scrape
-                    failure = self._relaunched(host_source, run, cached, relaunch) or failure
+                    failure = self._relaunched(host_source, run, cached, relaunched) or failure
             except PhaseFailure as raised:
                 failure = raised
             finally:
                 sampler.retire("metrics")  # the server is going away: its /metrics with it
                 stopped = self._stopped(server)  # first: the server holds the host's memory and ports
                 worker.close()
-            telemetry = {"sampler": sampler.stats(), "errors": dict(sampler.errors),
-                         "sources": describe_sources(sources, absent, sampler)}
-        telemetry.update(self._telemetry(server, windows))
+            telemetry = Telemetry(file=self.paths.rel(self.paths.telemetry), sampler=sampler.stats(),
+                                  errors=dict(sampler.errors), sources=describe_sources(sources, absent, sampler))
+        self._telemetry(server, windows, telemetry)
         if isinstance(per_node, NodeTelemetry):
-            telemetry["nodes"] = per_node.summary
+            telemetry.nodes = per_node.summary
             for one, start, end in windows:
-                one["node_telemetry"] = node_window_figures(self.paths.node_telemetry, start, end)
+                one.node_telemetry = node_window_figures(self.paths.node_telemetry, start, end)
         self._sweep_figures(scenarios, startup)
         if failure is not None:
             log.warning("configuration %s failed in %s: %s", self.name, failure.phase, failure.message)
         order = list(self.workload.scenarios)  # the record keeps the trial file's order
-        return Served(server={**started, **stopped}, startup=startup, cold_start=ColdStart.model_validate(cold),
-                      scenarios=[Scenario.model_validate(entry) for entry in sorted(scenarios, key=lambda e: order.index(e["name"]))],
-                      telemetry=telemetry, bench_worker={"bench_import_s": worker.import_s, "bench_workers": worker.starts},
-                      failure=failure.as_record() if failure is not None else None, answers=answers, relaunch=relaunch)
+        return Served(server=dataclasses.replace(stopped, times=times), startup=startup, cold_start=cold,
+                      scenarios=sorted(scenarios, key=lambda e: order.index(e.name)), telemetry=telemetry,
+                      bench_import_s=worker.import_s, bench_workers=worker.starts,
+                      failure=failure.as_record() if failure is not None else None, answers=answers,
+                      relaunch=relaunched[0] if relaunched else None)
 
     def _relaunched(self, host_source: HostSource, run: Callable[..., PhaseFailure | None], cached: list[Todo],
-                    part: dict[str, Any]) -> PhaseFailure | None:
+                    into: list[ServerRun]) -> PhaseFailure | None:
         """The scenarios that need prefix caching, on the configuration's server launched again with it on
-        (the first one stopped): their first failed pass, or None. ``part`` gets the launch and the stop."""
+        (the first one stopped): their first failed pass, or None. ``into`` gets what the server did."""
         assert self.relaunch is not None, "a scenario needs prefix caching on and the job gave no relaunch"
         server = self.relaunch()
         log.info("%s: relaunching with prefix caching on for %s", self.name, ", ".join(name for _, name, _ in cached))
@@ -226,26 +258,28 @@ class Measurement:
                               f"{exc}", exc.returncode) from None
             return run(server, cached, caching=True, relaunched=True)
         finally:
-            part.update(argv=server.argv, log=self.paths.rel(server.log_path), launched_at=server.launched_at,
-                        ready_at=server.ready_at, **self._stopped(server))
+            into.append(dataclasses.replace(self._stopped(server), times=(server.launched_at, server.ready_at),
+                                            argv=server.argv, log=self.paths.rel(server.log_path)))
 
-    def _stopped(self, server: ServerProcess) -> dict[str, Any]:
+    def _stopped(self, server: ServerProcess) -> ServerRun:
         """Stop ``server``: how it stopped, its pid, and a multi-node server's ranks."""
-        out: dict[str, Any] = {"stop": server.stop(), "pid": server.proc.pid if server.proc else None}
-        if isinstance(server, MultiNodeServer):
-            out["ranks"] = server.ranks.records(self.paths.out_dir)
-        return out
+        return ServerRun(stop=server.stop(), pid=server.proc.pid if server.proc else None,
+                         ranks=server.ranks.records(self.paths.out_dir) if isinstance(server, MultiNodeServer) else None)
 
-    def _sweep_figures(self, scenarios: list[dict[str, Any]], startup: Mapping[str, Any]) -> None:
-        """Each sweep step's figures, and each sweep's predicted against observed onset."""
+    def _sweep_figures(self, scenarios: list[Scenario], startup: Mapping[str, Any]) -> None:
+        """Each sweep step's figures, and each sweep's predicted against observed onset (from the KV cache
+        tokens the server logged, a start-up fact)."""
+        kv = startup.get("kv_cache_tokens")
+        kv_tokens = Fact.model_validate(kv) if kv else None
         for entry in scenarios:
-            if entry["kind"] == "sweep":
-                for step in entry["steps"]:
-                    step["figures"] = step_figures(step)
-                entry["onset"] = onset(entry["steps"], startup.get("kv_cache_tokens"), self.block_size, entry["spec"])
+            if entry.kind == "sweep":
+                for step in entry.steps or []:
+                    step.figures = step_figures(step)
+                entry.onset = onset(entry.steps or [], kv_tokens, self.block_size, entry.spec)
 
-    def _start(self, server: ServerProcess, host_source: HostSource) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-        """Launch and wait for /health: (server times, startup facts, cold start's ready time)."""
+    def _start(self, server: ServerProcess,
+               host_source: HostSource) -> tuple[tuple[float | None, float | None], dict[str, Any], Fact]:
+        """Launch and wait for /health: ((launched_at, ready_at), startup facts, cold start's ready time)."""
         source = self.paths.rel(self.paths.server_log)
         say("%s: launching vLLM on %s:%d (its log: %s)", self.name, self.host, self.port, server.log_path)
         try:
@@ -255,8 +289,8 @@ class Measurement:
             raise PhaseFailure("startup", exc.reason, str(exc), exc.returncode) from None
         startup = startup_log.parse_startup(read_log(server.log_path), source=source)
         say("%s", ready_line(self.name, ready_s, startup))
-        return ({"launched_at": server.launched_at, "ready_at": server.ready_at}, startup,
-                {"ready_seconds": fact(round(ready_s, 3), "launch to first /health 200", unit="s")})
+        return ((server.launched_at, server.ready_at), startup,
+                Fact.model_validate(fact(round(ready_s, 3), "launch to first /health 200", unit="s")))
 
     def _launch(self, server: ServerProcess, host_source: HostSource, progress: StartupWatch | None = None) -> float:
         """Start ``server``, sample its process tree, and wait for its /health: seconds from launch to ready
@@ -265,7 +299,8 @@ class Measurement:
         host_source.pid = server.proc.pid if server.proc else None
         return server.wait_ready(self.startup_timeout_s, progress=progress)
 
-    def first_request(self) -> dict[str, Any]:
+    def first_request(self, cold: ColdStart | None = None) -> ColdStart:
+        """The cold start ``cold`` (launch to ready) with the first streamed request after it."""
         cs = self.workload.cold_start
         try:
             first = bench.first_request(self.host, self.port, model=self.workload.served_model_name, prompt=cs.prompt,
@@ -273,24 +308,25 @@ class Measurement:
         except Exception as exc:  # the server answered /health but cannot serve: a result, not a fault
             raise PhaseFailure("cold_start", "request_failed", f"first request failed: {exc}") from None
         source = "first streamed completion after ready"
-        return {"first_ttft_s": fact(first["ttft_s"], source, unit="s"),
-                "first_total_s": fact(first["total_s"], source, unit="s"),
-                "first_output_tokens": fact(first["chunks"], source, unit="tokens"),
-                "first_output_tok_s": fact(bench.output_rate(first["chunks"], first["total_s"]), source, unit="tok/s")}
+        rate = bench.output_rate(first.chunks, first.total_s)
+        return (cold or ColdStart()).model_copy(update={
+            "first_ttft_s": Fact.model_validate(fact(first.ttft_s, source, unit="s")),
+            "first_total_s": Fact.model_validate(fact(first.total_s, source, unit="s")),
+            "first_output_tokens": TokensFact.model_validate(fact(first.chunks, source, unit="tokens")),
+            "first_output_tok_s": RateFact.model_validate(fact(rate, source, unit="tok/s"))})
 
-    def _telemetry(self, server: ServerProcess, windows: list[Window]) -> dict[str, Any]:
-        """The start-up window's figures; each pass gets its own window's figures and server counters."""
+    def _telemetry(self, server: ServerProcess, windows: list[Timed], telemetry: Telemetry) -> None:
+        """The start-up window's figures, into ``telemetry``; each pass gets its own window's figures and server
+        counters."""
         if not self.paths.telemetry.exists():
-            return {}
+            return
         df = read_samples(self.paths.telemetry)
-        out: dict[str, Any] = {}
         if server.launched_at is not None:
             end = server.ready_at or time.time()
-            out["startup_window"] = {"start": server.launched_at, "end": end,
-                                     **window_figures(df, server.launched_at, end)}
+            telemetry.startup_window = window_figures(df, server.launched_at, end)
+            telemetry.startup_window.start, telemetry.startup_window.end = server.launched_at, end
         for one, start, end in windows:
-            one["telemetry"] = window_figures(df, start, end)
-            deltas = one["telemetry"]["deltas"]
-            one["server_metrics"] = {name: deltas[f"metrics.{counter}"] for name, counter in SERVER_COUNTERS.items()
-                                     if f"metrics.{counter}" in deltas}
-        return out
+            one.telemetry = window_figures(df, start, end)
+            deltas = one.telemetry.deltas or {}
+            one.server_metrics = ServerMetrics(**{name: deltas[f"metrics.{counter}"] for name, counter
+                                                  in SERVER_COUNTERS.items() if f"metrics.{counter}" in deltas})

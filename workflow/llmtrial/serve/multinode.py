@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from llmtrial.core.configuration_model import ServerStop
 from llmtrial.core.ledger import Ledger
 from llmtrial.host import collective
 from llmtrial.host.nodes import Node, NodeError, last_json_object, program_argv
@@ -282,11 +283,12 @@ class MultiNodeServer(ServerProcess):
         parts = [] if super().alive() else [super().down_reason()]
         return "; ".join(parts + ([self.ranks_down()] if self.ranks_down() else []))
 
-    def stop(self) -> dict[str, Any]:
+    def stop(self) -> ServerStop:
         result = super().stop()
-        result["nodes"] = self.ranks.stop(self.stop_timeout)
-        result["survivors_on_nodes"] = {n: r.get("survivors") or r.get("error") for n, r in result["nodes"].items()
-                                        if r.get("survivors") or r.get("error")}
+        nodes = self.ranks.stop(self.stop_timeout)
+        result.nodes = nodes
+        result.survivors_on_nodes = {n: r.get("survivors") or r.get("error") for n, r in nodes.items()
+                                     if r.get("survivors") or r.get("error")}
         return result
 
 

@@ -18,6 +18,7 @@ from llmtrial.core.record_models import ManifestRecord
 from llmtrial.host.nodes import Node
 from llmtrial.logs import failures
 from llmtrial.logs.lines import read_log
+from llmtrial.patch.patchdata import EnabledPatch
 from llmtrial.patch.patching import Patched, evidence, node_plugin_env
 from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve.multinode import (
@@ -121,7 +122,7 @@ class Spread:
 
 
 def node_outcomes(nodes: Sequence[SpanNode], *, ranks: Mapping[str, Mapping[str, Any]], server_log: str,
-                  failed: bool, ready: bool, patches: list[dict[str, Any]], envs: Mapping[str, Mapping[str, str]],
+                  failed: bool, ready: bool, patches: Sequence[EnabledPatch], envs: Mapping[str, Mapping[str, str]],
                   out_dir: Path) -> list[SpanNode]:
     """Each node's entry with what ran there (``ranks``: the server's, by node) and its log and, from
     that log, the patches' evidence and (``failed``: the configuration failed; ``ready``: its server
@@ -130,7 +131,7 @@ def node_outcomes(nodes: Sequence[SpanNode], *, ranks: Mapping[str, Mapping[str,
                           patches=patches, env=envs[node.name], out_dir=out_dir) for node in nodes]
 
 
-def _node_outcome(node: SpanNode, ran: Mapping[str, Any], *, failed: bool, ready: bool, patches: list[dict[str, Any]],
+def _node_outcome(node: SpanNode, ran: Mapping[str, Any], *, failed: bool, ready: bool, patches: Sequence[EnabledPatch],
                   env: Mapping[str, str], out_dir: Path) -> SpanNode:
     """One node's entry with what ran there; node 0's log is the server's own, read for the whole record."""
     seen = dict(ran)

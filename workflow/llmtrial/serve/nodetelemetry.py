@@ -32,12 +32,15 @@ import math
 import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from llmtrial.core.configuration_model import NodeSample, NodesTelemetry
 from llmtrial.core.fileio import atomic_write_text
 from llmtrial.core.ledger import Ledger
+from llmtrial.core.scenario_model import NodeWindow
 from llmtrial.host.nodes import Node, NodeError, program_argv
 from llmtrial.host.process_groups import finish_group, start_group
 from llmtrial.onnode import telemetry_sampler
@@ -74,28 +77,46 @@ def sampler_argv(node: Node, out_path: str, interval: float, max_s: float = MAX_
                         node.interface or "", repr(float(max_s)))
 
 
-def _row(raw: Mapping[str, str]) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class NodeSampleRow:
+    """One sample of one node (a row of :data:`CSV_HEADER`), each figure None where its cell was empty."""
+
+    time: float
+    node: str
+    cpu_percent: float | None
+    mem_used_bytes: float | None
+    load1: float | None
+    net_rx_bytes: float | None
+    net_tx_bytes: float | None
+
+    def figures(self) -> tuple[float | None, ...]:
+        """The numeric cells after time and node, in the CSV's order."""
+        return self.cpu_percent, self.mem_used_bytes, self.load1, self.net_rx_bytes, self.net_tx_bytes
+
+
+def _row(raw: Mapping[str, str | None]) -> NodeSampleRow | None:
     """One CSV row typed (empty cells None), or None for a short or foreign line."""
     if any(raw.get(k) is None for k in CSV_HEADER):
         return None
     try:
-        t = float(raw["time"])
-        values = {k: (float(raw[k]) if raw.get(k) not in (None, "") else None) for k in _NUMERIC}
+        t = float(raw["time"] or "")
+        values = [float(cell) if cell else None for cell in (raw[k] for k in _NUMERIC)]
     except (KeyError, TypeError, ValueError):
         return None
-    if math.isnan(t) or not raw.get("node"):
+    node = raw["node"]
+    if math.isnan(t) or not node:
         return None
-    return {"time": t, "node": raw["node"], **values}
+    return NodeSampleRow(t, node, *values)
 
 
-def parse_node_csv(text: str) -> list[dict[str, Any]]:
+def parse_node_csv(text: str) -> list[NodeSampleRow]:
     """The rows of one node's (or the merged) CSV text; a last line without its newline (torn
     by a kill mid-write) is skipped, and so is any line short of a column."""
     whole = text if text.endswith("\n") else text[: text.rfind("\n") + 1]
     return [r for r in map(_row, csv.DictReader(io.StringIO(whole))) if r is not None]
 
 
-def read_node_samples(path: str | Path) -> list[dict[str, Any]]:
+def read_node_samples(path: str | Path) -> list[NodeSampleRow]:
     """The rows of a merged CSV file written by :class:`NodeTelemetry`."""
     return parse_node_csv(Path(path).read_text(encoding="utf-8"))
 
@@ -106,35 +127,37 @@ def _cell(value: float | None) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.3f}".rstrip("0")
 
 
-def write_merged(out_csv: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
+def write_merged(out_csv: Path, rows: Iterable[NodeSampleRow]) -> Path:
     """Write rows of every node as one CSV sorted by time (then node), header :data:`CSV_HEADER`."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(CSV_HEADER)
-    for r in sorted(rows, key=lambda r: (r["time"], r["node"])):
-        writer.writerow([f"{r['time']:.3f}", r["node"], *(_cell(r[k]) for k in _NUMERIC)])
+    for r in sorted(rows, key=lambda r: (r.time, r.node)):
+        writer.writerow([f"{r.time:.3f}", r.node, *(_cell(v) for v in r.figures())])
     return atomic_write_text(out_csv, buf.getvalue())
 
 
-def _figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _delta(readings: list[float | None]) -> int | None:
+    """A counter's change from its first reading to its last (None without one)."""
+    v = [x for x in readings if x is not None]
+    return int(v[-1] - v[0]) if v else None
+
+
+def _figures(rows: list[NodeSampleRow]) -> NodeWindow:
     """One node's figures over its rows (sorted by time)."""
-    cpu = [r["cpu_percent"] for r in rows if r["cpu_percent"] is not None]
-    mem = [r["mem_used_bytes"] for r in rows if r["mem_used_bytes"] is not None]
-    load = [r["load1"] for r in rows if r["load1"] is not None]
-
-    def delta(key: str) -> int | None:
-        v = [r[key] for r in rows if r[key] is not None]
-        return int(v[-1] - v[0]) if v else None
-
-    return {"samples": len(rows), "cpu_percent_peak": max(cpu, default=None),
-            "cpu_percent_mean": round(sum(cpu) / len(cpu), 2) if cpu else None,
-            "mem_used_peak_bytes": int(max(mem)) if mem else None, "load1_peak": max(load, default=None),
-            "net_rx_bytes": delta("net_rx_bytes"), "net_tx_bytes": delta("net_tx_bytes"),
-            "first": rows[0]["time"] if rows else None, "last": rows[-1]["time"] if rows else None}
+    cpu = [r.cpu_percent for r in rows if r.cpu_percent is not None]
+    mem = [r.mem_used_bytes for r in rows if r.mem_used_bytes is not None]
+    load = [r.load1 for r in rows if r.load1 is not None]
+    return NodeWindow(samples=len(rows), cpu_percent_peak=max(cpu, default=None),
+                      cpu_percent_mean=round(sum(cpu) / len(cpu), 2) if cpu else None,
+                      mem_used_peak_bytes=int(max(mem)) if mem else None, load1_peak=max(load, default=None),
+                      net_rx_bytes=_delta([r.net_rx_bytes for r in rows]),
+                      net_tx_bytes=_delta([r.net_tx_bytes for r in rows]),
+                      first=rows[0].time if rows else None, last=rows[-1].time if rows else None)
 
 
-def node_window_figures(samples: str | Path | Sequence[Mapping[str, Any]], start: float = -math.inf,
-                        end: float = math.inf) -> dict[str, dict[str, Any]]:
+def node_window_figures(samples: str | Path | Sequence[NodeSampleRow], start: float = -math.inf,
+                        end: float = math.inf) -> dict[str, NodeWindow]:
     """Per node, what its samples with ``start <= time <= end`` show: ``samples``, CPU peak and
     mean (%), memory used peak, load peak, bytes received and sent over the interface (the
     counters' change between the first and last sample in the window; None without two
@@ -142,10 +165,10 @@ def node_window_figures(samples: str | Path | Sequence[Mapping[str, Any]], start
     merged CSV's path or its rows (:func:`read_node_samples`); a node without a sample in the
     window is absent."""
     rows = read_node_samples(samples) if isinstance(samples, (str, Path)) else list(samples)
-    by_node: dict[str, list[dict[str, Any]]] = {}
-    for r in sorted(rows, key=lambda r: r["time"]):
-        if start <= r["time"] <= end:
-            by_node.setdefault(r["node"], []).append(dict(r))
+    by_node: dict[str, list[NodeSampleRow]] = {}
+    for r in sorted(rows, key=lambda r: r.time):
+        if start <= r.time <= end:
+            by_node.setdefault(r.node, []).append(r)
     return {name: _figures(node_rows) for name, node_rows in by_node.items()}
 
 
@@ -168,7 +191,7 @@ class NodeTelemetry:
         self.out_csv, self.interval, self.max_s = Path(out_csv), float(interval), float(max_s)
         self.groups: dict[str, dict[str, Any]] = {}
         self.errors: dict[str, str] = {}
-        self.summary: dict[str, Any] | None = None
+        self.summary: NodesTelemetry | None = None
 
     def __enter__(self) -> NodeTelemetry:
         for node in self.nodes:
@@ -186,26 +209,27 @@ class NodeTelemetry:
                  tb: TracebackType | None) -> None:
         self.close()
 
-    def close(self) -> dict[str, Any]:
+    def close(self) -> NodesTelemetry:
         """Stop every sampler, fetch and remove its file, write the merged CSV (idempotent)."""
         if self.summary is not None:
             return self.summary
-        rows: list[dict[str, Any]] = []
+        rows: list[NodeSampleRow] = []
         for node in self.nodes:
             if node.name in self.groups:
                 rows += self._collect(node)
         write_merged(self.out_csv, rows)
         figures = node_window_figures(rows)
-        nodes: dict[str, Any] = {}
+        nodes: dict[str, NodeSample] = {}
         for node in self.nodes:
-            entry = {"interface": node.interface or "all but lo", **figures.get(node.name, {"samples": 0})}
+            seen = figures.get(node.name, NodeWindow(samples=0))
+            entry = NodeSample(interface=node.interface or "all but lo", **seen.model_dump(exclude_unset=True))
             if node.name in self.errors:
-                entry["error"] = self.errors[node.name]
+                entry.error = self.errors[node.name]
             nodes[node.name] = entry
-        self.summary = {"file": self.out_csv.name, "interval_s": self.interval, "nodes": nodes}
+        self.summary = NodesTelemetry(file=self.out_csv.name, interval_s=self.interval, nodes=nodes)
         return self.summary
 
-    def _collect(self, node: Node) -> list[dict[str, Any]]:
+    def _collect(self, node: Node) -> list[NodeSampleRow]:
         """Stop ``node``'s sampler and read its rows; a failure is kept in :attr:`errors`."""
         csv_path, log_path = remote_paths(node, self.label)
         try:
@@ -225,4 +249,4 @@ class NodeTelemetry:
             node.run(["rmdir", posixpath.dirname(csv_path)], timeout=FETCH_TIMEOUT_S)
         except NodeError as err:
             log.warning("node %s: could not remove %s: %s", node.name, csv_path, err)
-        return [r for r in parse_node_csv(text) if r["node"] == node.name]
+        return [r for r in parse_node_csv(text) if r.node == node.name]

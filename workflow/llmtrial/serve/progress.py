@@ -16,6 +16,7 @@ from typing import Any
 
 from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.joblog import PROGRESS
+from llmtrial.core.scenario_model import Pass, Repetition
 from llmtrial.logs.lines import log_lines, read_log
 from llmtrial.logs.startup_log import parse_startup
 
@@ -54,13 +55,12 @@ def ready_line(name: str, ready_s: float, startup: Mapping[str, Any]) -> str:
     return f"{name}: ready after {ready_s:.1f} s; {said}"
 
 
-def pass_line(name: str, label: str, one: Mapping[str, Any], spread: float | None = None, ran: int = 1) -> str:
+def pass_line(name: str, label: str, one: Pass, spread: float | None = None, ran: int = 1) -> str:
     """One pass, warm-up or sweep step as it ended: its output tok/s, and a scenario's agreement so far."""
-    if one["status"] != "ok":
-        why = "timed out" if one.get("timed_out") else f"exit {one.get('returncode')}"
-        return f"{name}: {label} FAILED ({why}; its log: {one['log']})"
-    summary = one["summary"]
-    tok_s, ttft = summary.get("output_throughput"), summary.get("median_ttft_ms")
+    if one.status != "ok" or one.summary is None:
+        why = "timed out" if one.timed_out else f"exit {one.returncode}"
+        return f"{name}: {label} FAILED ({why}; its log: {one.log})"
+    tok_s, ttft = one.summary.output_throughput, one.summary.median_ttft_ms
     text = f"{name}: {label}: {tok_s:,.1f} output tok/s" if tok_s is not None else f"{name}: {label}: no output tok/s"
     if ttft is not None:
         text += f", median TTFT {ttft:,.1f} ms"
@@ -69,10 +69,10 @@ def pass_line(name: str, label: str, one: Mapping[str, Any], spread: float | Non
     return text
 
 
-def stopped_line(name: str, scenario: str, repetition: Mapping[str, Any]) -> str:
+def stopped_line(name: str, scenario: str, repetition: Repetition) -> str:
     """Why a scenario's passes stopped, with the spread they ended at."""
-    spread = repetition["spread"]
-    return (f"{name}: {scenario}: {repetition['passes_run']} pass(es), stopped because {STOPPED[repetition['stopped']]}"
+    spread = repetition.spread
+    return (f"{name}: {scenario}: {repetition.passes_run} pass(es), stopped because {STOPPED[str(repetition.stopped)]}"
             + (f" (spread {100 * spread:.1f} %)" if spread is not None else ""))
 
 

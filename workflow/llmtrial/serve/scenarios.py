@@ -9,40 +9,37 @@ server; scalar keys repeat on every step. ``passes`` is a count or ``{min, max, 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
+from llmtrial.core.record_base import Number
+from llmtrial.core.scenario_model import Goodput, Pass, Repetition, Scenario, ScenarioSpec
 from llmtrial.core.stats import DEFAULT_LEVEL, mean_interval
-from llmtrial.core.trial_checks import SWEEP_KEYS
-from llmtrial.serve.datasets import context
+from llmtrial.core.trial_config import PassesRuleBlock, ScenarioBlock, SloBlock
+from llmtrial.serve.datasets import PassLoad, context
 
-#: The keys a sweep may list, in the order a step names them.
 #: slo key -> vLLM's --goodput metric name.
 SLO_METRICS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "e2el_ms": "e2el"}
 DEFAULT_SLO_PERCENTILE = 90.0
 
 
-def is_sweep(spec: Mapping[str, Any]) -> bool:
-    return any(isinstance(spec.get(k), list) for k in SWEEP_KEYS)
+def is_sweep(spec: ScenarioBlock | ScenarioSpec) -> bool:
+    """Whether a scenario (the trial file's, or a record's) lists per-step values: a sweep."""
+    return any(isinstance(v, list) for v in (spec.concurrency, spec.input_len, spec.output_len, spec.num_prompts))
 
 
-def steps(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A sweep's steps, each a scenario with one value per key (``step`` counts from 1)."""
-    n = max(len(spec[k]) for k in SWEEP_KEYS if isinstance(spec.get(k), list))
-    out = []
-    for i in range(n):
-        one = {k: v for k, v in spec.items() if k not in SWEEP_KEYS}
-        one.update({k: int(spec[k][i]) if isinstance(spec[k], list) else int(spec[k]) for k in SWEEP_KEYS})
-        out.append({"step": i + 1, **one})
-    return out
+def steps(spec: ScenarioBlock) -> list[PassLoad]:
+    """A sweep's steps, each with one value per key (``step`` counts from 1)."""
+    lists = [v for v in (spec.concurrency, spec.input_len, spec.output_len, spec.num_prompts) if isinstance(v, list)]
+    return [PassLoad.at(spec, i, step=i + 1) for i in range(max(map(len, lists)))]
 
 
-def contexts(spec: Mapping[str, Any]) -> set[int]:
+def contexts(spec: ScenarioBlock) -> set[int]:
     """The longest context lengths (input + output) a scenario reaches, every step of a sweep included;
     none for a prompt file's scenario (its prompts' lengths are not known before they are tokenized)."""
-    runs = steps(spec) if is_sweep(spec) else [spec]
-    return {n for n in map(context, runs) if n is not None}
+    runs = steps(spec) if is_sweep(spec) else [PassLoad.at(spec)]
+    return {n for n in (context(spec, load) for load in runs) if n is not None}
 
 
 @dataclass(frozen=True)
@@ -59,11 +56,11 @@ class RepetitionRule:
     fixed: bool = False
 
     @classmethod
-    def of(cls, spec: Mapping[str, Any], level: float = DEFAULT_LEVEL) -> RepetitionRule:
-        passes = spec.get("passes", 1)
-        if isinstance(passes, Mapping):
-            agreement, interval = passes.get("agreement"), passes.get("interval")
-            return cls(int(passes["min"]), int(passes["max"]), None if agreement is None else float(agreement),
+    def of(cls, passes: int | PassesRuleBlock, level: float = DEFAULT_LEVEL) -> RepetitionRule:
+        """The rule of a scenario's ``passes``: a count, or ``{min, max, agreement, interval}``."""
+        if isinstance(passes, PassesRuleBlock):
+            agreement, interval = passes.agreement, passes.interval
+            return cls(passes.min, passes.max, None if agreement is None else float(agreement),
                        None if interval is None else float(interval), level)
         return cls(int(passes), int(passes), None, None, level, fixed=True)
 
@@ -106,9 +103,15 @@ def spread_of(values: list[float]) -> float | None:
     return (max(vals) - min(vals)) / statistics.fmean(vals)
 
 
-def goodput_flags(slo: Mapping[str, Any] | None) -> list[str]:
+def _targets(slo: SloBlock) -> dict[str, float]:
+    """The latency targets ``slo`` gives, by its key (ttft_ms, tpot_ms, e2el_ms)."""
+    given = {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2el_ms": slo.e2el_ms}
+    return {key: float(value) for key, value in given.items() if value is not None}
+
+
+def goodput_flags(slo: SloBlock | None) -> list[str]:
     """vLLM benchmark flags for a scenario's target (``--goodput ttft:500 tpot:50``), or none."""
-    pairs = [f"{metric}:{_num(slo[key])}" for key, metric in SLO_METRICS.items() if slo and slo.get(key) is not None]
+    pairs = [f"{SLO_METRICS[key]}:{_num(value)}" for key, value in _targets(slo).items()] if slo else []
     return ["--goodput", *pairs] if pairs else []
 
 
@@ -116,54 +119,64 @@ def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
-def goodput(result: Mapping[str, Any], slo: Mapping[str, Any]) -> dict[str, Any]:
-    """A pass's goodput under ``slo``, from vLLM's result file with per-request detail.
+class RequestDetail(BaseModel):
+    """The per-request lists of vLLM's result file (``--save-detailed``) that the trial reads, and its goodput;
+    each empty (None) where the file has none."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    ttfts: list[Number | None] | None = None
+    latencies: list[Number | None] | None = None
+    output_lens: list[int | None] | None = None
+    errors: list[str | None] | None = None
+    request_goodput: Number | None = None
+    num_prompts: int | None = None
+
+    def requests(self) -> list[tuple[Number | None, Number | None, int | None, str | None]]:
+        """(ttft, latency, output tokens, error) of each request, in the file's order."""
+        lats = self.latencies or []
+        errors = self.errors or [""] * len(lats)
+        return list(zip(self.ttfts or [], lats, self.output_lens or [], errors, strict=False))
+
+
+def goodput(detail: RequestDetail, slo: SloBlock) -> Goodput:
+    """A pass's goodput under ``slo``, from the per-request detail of vLLM's result file.
 
     A request meets the target when each latency given is at most its target (TPOT is
     (latency - TTFT) / (output tokens - 1), and 0 for one token: vLLM's own rule), so
     ``requests_meeting`` over the pass's duration is vLLM's ``request_goodput``."""
-    targets = {k: float(slo[k]) for k in SLO_METRICS if slo.get(k) is not None}
-    percentile = float(slo.get("percentile", DEFAULT_SLO_PERCENTILE))
-    ttfts, lats = result.get("ttfts") or [], result.get("latencies") or []
-    lens, errors = result.get("output_lens") or [], result.get("errors") or [""] * len(lats)
+    targets = _targets(slo)
     meeting = requests = 0
-    for ttft, lat, n, err in zip(ttfts, lats, lens, errors, strict=False):
-        if err or not n:
+    for ttft, lat, n, err in detail.requests():
+        if err or not n or ttft is None or lat is None:
             continue
         requests += 1
         got = {"ttft_ms": ttft * 1000, "e2el_ms": lat * 1000,
                "tpot_ms": (lat - ttft) * 1000 / (n - 1) if n > 1 else 0.0}
         meeting += all(got[k] <= v for k, v in targets.items())
     share = meeting / requests if requests else None
-    return {"targets": targets, "percentile": percentile, "request_goodput": result.get("request_goodput"),
-            "requests_meeting": meeting, "requests": requests, "share": share,
-            "met": share is not None and share >= percentile / 100}
+    percentile = float(slo.percentile)
+    return Goodput(targets=targets, percentile=percentile, request_goodput=detail.request_goodput,
+                   requests_meeting=meeting, requests=requests, share=share,
+                   met=share is not None and share >= percentile / 100)
 
 
-def runs_of(entry: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
-    """Every benchmark run of a record's scenario entry with its label, in the order they ran:
-    the warm-up, each pass, each sweep step."""
-    name = entry["name"]
-    out: list[tuple[str, Mapping[str, Any]]] = [(f"{name} warm-up", entry["warmup"])] if entry.get("warmup") else []
-    out += [(f"{name} pass {p['pass']}", p) for p in entry.get("pass_results", [])]
-    return out + [(f"{name} step {s.get('step')}", s) for s in entry.get("steps") or []]
-
-
-def repetition_of(entry: Mapping[str, Any] | None) -> dict[str, Any]:
+def repetition_of(entry: Scenario | None) -> Repetition:
     """How many passes a scenario entry of a configuration record ran and why it stopped; a record written before
     ``repetition`` existed ran a fixed count (stopped ``failed`` when a pass failed)."""
-    entry = entry or {}
-    passes = entry.get("pass_results", [])
-    rep = entry.get("repetition")
-    if rep:
-        return {"passes_run": len(passes), **rep}
-    spec = entry.get("spec") or {}
-    n = RepetitionRule.of(spec).max if isinstance(spec.get("passes"), int) else len(passes)
-    return {"min": n, "max": n, "agreement": None, "passes_run": len(passes),
-            "spread": (entry.get("agreement") or {}).get("output_throughput"),
-            "stopped": "failed" if any(p.get("status") == "failed" for p in passes) else "fixed"}
+    passes: list[Pass] = entry.pass_results if entry is not None else []
+    if entry is not None and entry.repetition is not None and entry.repetition.model_fields_set:
+        return Repetition.model_validate({"passes_run": len(passes), **entry.repetition.model_dump(exclude_unset=True)})
+    spec = entry.spec if entry is not None else None
+    n = RepetitionRule.of(spec.passes).max if spec is not None and isinstance(spec.passes, int) else len(passes)
+    return Repetition(min=n, max=n, agreement=None, passes_run=len(passes),
+                      spread=entry.agreement.output_throughput if entry is not None and entry.agreement else None,
+                      stopped="failed" if any(p.status == "failed" for p in passes) else "fixed")
 
 
-def passes_asked(spec: Mapping[str, Any]) -> str:
+def passes_asked(spec: ScenarioSpec) -> str:
     """What the trial file asked for: a fixed count, or passes until they agree."""
-    return RepetitionRule.of(spec).describe() if spec.get("passes") is not None else "passes not recorded"
+    if spec.passes is None:
+        return "passes not recorded"
+    passes = spec.passes if isinstance(spec.passes, int) else PassesRuleBlock.model_validate(spec.passes)
+    return RepetitionRule.of(passes).describe()

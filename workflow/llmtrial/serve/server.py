@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from llmtrial.core.configuration_model import ServerStop
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.host.process_groups import port_open, stop_group
 from llmtrial.plan.plan_inputs import ServingArgs
@@ -123,7 +124,7 @@ class ServerProcess:
         self.pgid: int | None = None
         self.launched_at: float | None = None
         self.ready_at: float | None = None
-        self.stop_result: dict[str, Any] | None = None
+        self.stop_result: ServerStop | None = None
         self.started_id: str | None = None  # the ledger entry of the launch, which the stop undoes
 
     # lifecycle -----------------------------------------------------------------------
@@ -202,21 +203,22 @@ class ServerProcess:
                 last_note = time.monotonic()
             time.sleep(poll)
 
-    def stop(self) -> dict[str, Any]:
+    def stop(self) -> ServerStop:
         """Stop the whole process group (idempotent) and confirm the port is closed."""
         if self.stop_result is not None:
             return self.stop_result
         if self.proc is None or self.pgid is None:
-            self.stop_result = {"signals": [], "stop_seconds": 0.0, "survivors": [], "port_closed": True}
+            self.stop_result = ServerStop(signals=[], stop_seconds=0.0, survivors=[], port_closed=True)
             return self.stop_result
-        self.stop_result = stop_group(self.pgid, host=self.host, port=self.port, timeout=self.stop_timeout,
-                                      not_before=self.launched_at, leader=self.proc)
-        self.stop_result["returncode"] = self.proc.poll()
+        stopped = stop_group(self.pgid, host=self.host, port=self.port, timeout=self.stop_timeout,
+                             not_before=self.launched_at, leader=self.proc)
+        stopped["returncode"] = self.proc.poll()
         if self.ledger:
             self.ledger.append(Action.SERVER_STOPPED, label=self.label, pgid=self.pgid, port=self.port,
-                               **({"undoes": self.started_id} if self.started_id and not self.stop_result["survivors"] else {}),
-                               **self.stop_result)
-        log.info("stopped %s: %s", self.label, self.stop_result)
+                               **({"undoes": self.started_id} if self.started_id and not stopped["survivors"] else {}),
+                               **stopped)
+        log.info("stopped %s: %s", self.label, stopped)
+        self.stop_result = ServerStop.model_validate(stopped)
         return self.stop_result
 
     def __enter__(self) -> ServerProcess:

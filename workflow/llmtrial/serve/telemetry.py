@@ -32,6 +32,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
+from llmtrial.core.configuration_model import TelemetrySource
+from llmtrial.core.scenario_model import WindowFigures, WindowStat
 from llmtrial.host.telemetry_sources import KernelLogSource, NvmlSource, Source
 from llmtrial.serve.energy import window_energy
 
@@ -328,19 +330,19 @@ class Sampler:
                 k = now_k
 
 
-def describe_sources(sampled: list[Any], absent: list[Any], sampler: Sampler) -> dict[str, dict[str, Any]]:
+def describe_sources(sampled: list[Any], absent: list[Any], sampler: Sampler) -> dict[str, TelemetrySource]:
     """Each source's status for the record: sampled, failed at times (with the sampler's
     errors), or absent with the reason; the kernel log's events and NVML's refusals."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, TelemetrySource] = {}
     for src in sampled:
-        item: dict[str, Any] = {"status": "failed at times" if sampler.errors.get(src.name) else "sampled"}
+        item = TelemetrySource(status="failed at times" if sampler.errors.get(src.name) else "sampled")
         if isinstance(src, KernelLogSource):
-            item["events"] = src.events
+            item.events = list(src.events)
         if isinstance(src, NvmlSource):
-            item.update(field_errors=src.field_errors, lost_gpus=src.lost)
+            item.field_errors, item.lost_gpus = src.field_errors, src.lost
         out[src.name] = item
     for src in absent:
-        out[src.name] = {"status": "absent", "reason": src.reason}
+        out[src.name] = TelemetrySource(status="absent", reason=src.reason)
     return out
 
 
@@ -404,7 +406,7 @@ def summarize_window(
     return out
 
 
-def window_figures(df: pandas.DataFrame | Mapping[str, Any], start: float, end: float) -> dict[str, Any]:
+def window_figures(df: pandas.DataFrame | Mapping[str, Any], start: float, end: float) -> WindowFigures:
     """What one window (a scenario pass, or start-up) shows: :func:`summarize_window`
     plus, for counters, the change over the window (``<source>.<metric>`` ending in
     ``_total``, a GPU's ``energy_mj`` or a CPU package's ``energy_uj``, under ``"deltas"``),
@@ -413,7 +415,7 @@ def window_figures(df: pandas.DataFrame | Mapping[str, Any], start: float, end: 
     GPU energy and generated tokens are both known."""
     import numpy as np
 
-    figures: dict[str, Any] = {"summary": summarize_window(df, start, end), "deltas": {}}
+    deltas: dict[str, float] = {}
     t = np.asarray(df["t"], dtype=float)
     src = np.asarray(df["source"], dtype=object).astype(str)
     met = np.asarray(df["metric"], dtype=object).astype(str)
@@ -429,9 +431,11 @@ def window_figures(df: pandas.DataFrame | Mapping[str, Any], start: float, end: 
     for source, metric in keys:
         if metric.endswith(("_total", "energy_mj", "energy_uj")):
             v = series(source, metric)[1]
-            figures["deltas"][f"{source}.{metric}"] = float(v[-1] - v[0])
-    figures.update(window_energy(series, keys, figures["deltas"]))
-    tokens = figures["deltas"].get("metrics.generation_tokens_total")
-    if figures.get("energy_j") and tokens:
-        figures["tokens_per_joule"] = tokens / figures["energy_j"]
+            deltas[f"{source}.{metric}"] = float(v[-1] - v[0])
+    figures = window_energy(series, keys, deltas)
+    figures.summary = {key: WindowStat(**stat) for key, stat in summarize_window(df, start, end).items()}
+    figures.deltas = deltas
+    tokens = deltas.get("metrics.generation_tokens_total")
+    if figures.energy_j and tokens:
+        figures.tokens_per_joule = tokens / figures.energy_j
     return figures

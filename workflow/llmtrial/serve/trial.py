@@ -28,10 +28,11 @@ from llmtrial.core.configuration_model import ConfigurationRecord, PlanVerdict, 
 from llmtrial.core.configuration_spec import ConfigurationSpec
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.core.paths import JobPaths
+from llmtrial.core.preflight_model import SelectedGpu
 from llmtrial.core.record_models import ManifestRecord, PlanRecord
 from llmtrial.core.records import write_record
 from llmtrial.core.redact import redact_env
-from llmtrial.core.trial_config import HardwareBlock
+from llmtrial.core.trial_config import HardwareBlock, PatchBlock
 from llmtrial.host.nodes import Node
 from llmtrial.lifecycle.readiness import Readiness, host_env, ready_host
 from llmtrial.logs.lines import read_log
@@ -60,7 +61,7 @@ class TrialJob:
     services: Mapping[str, Any]
     workload: Workload
     paths: JobPaths
-    patches: Mapping[str, Any] = field(default_factory=dict)
+    patches: Mapping[str, PatchBlock] = field(default_factory=dict)
     #: The nodes the configuration spans, the first serving the API (none or one: this host).
     nodes: Sequence[Node] = ()
     #: The trial file's ``hardware`` (allow_processes, health_check) and preflight's kernel-log baseline.
@@ -68,9 +69,9 @@ class TrialJob:
     kernel_baseline: Sequence[str] = ()
 
     @property
-    def gpus(self) -> list[dict[str, Any]]:
+    def gpus(self) -> list[SelectedGpu]:
         """The GPUs the trial selected (preflight's resolution of ``hardware.gpus``, via the plan)."""
-        return [g.model_dump(mode="json") for g in self.plan.hardware.selected_gpus or []]
+        return list(self.plan.hardware.selected_gpus or [])
 
     @property
     def label(self) -> str:
@@ -107,7 +108,7 @@ class TrialJob:
             name=self.spec.name, label=self.label, host=self.spec.host, port=self.spec.port,
             model_dir=self.manifest.model_dir, workload=self.workload,
             startup_timeout_s=self.spec.startup_timeout_s, paths=self.paths,
-            gpus=[g["index"] for g in self.gpus], block_size=self.plan.figures.block_size,
+            gpus=[g.index for g in self.gpus], block_size=self.plan.figures.block_size,
             nodes=self.nodes, flags=dict(flags or {}), prefix_caching=self.prefix_caching, relaunch=relaunch)
 
     def _flags_off_server(self, ledger: Ledger, env: Mapping[str, str]) -> ServerProcess:
@@ -168,8 +169,9 @@ class TrialJob:
         """The record of a configuration whose server was launched: the measurement's parts, what the log
         explains (the failure's line, the GPUs' health, each node's outcome) and the figures beside the plan."""
         job_end = time.time()
-        ready_seconds = getattr(served.cold_start, "ready_seconds", None)
-        timing = Timing(job_start=job_start, **served.bench_worker, job_end=job_end, wall_s=job_end - job_start,
+        ready_seconds = served.cold_start.ready_seconds
+        timing = Timing(job_start=job_start, bench_import_s=served.bench_import_s, bench_workers=served.bench_workers,
+                        job_end=job_end, wall_s=job_end - job_start,
                         startup_s=ready_seconds.value if ready_seconds else None,
                         bench_s=sum(p.end - p.start for s in served.scenarios for _, p in s.runs()))
         source = self.paths.rel(self.paths.server_log)
@@ -181,34 +183,31 @@ class TrialJob:
                                          health_check=self.hardware.health_check)
             failure, health = found.failure, {"gpu_health": found.gpu_health}
         if "nodes" in parts:
-            parts["nodes"] = node_outcomes(parts["nodes"], ranks=served.server.get("ranks", {}), server_log=source,
+            parts["nodes"] = node_outcomes(parts["nodes"], ranks=served.server.ranks or {}, server_log=source,
                                            failed=failure is not None, ready=served.ready,
                                            patches=ready.patched.patches, envs=envs, out_dir=self.paths.out_dir)
         reviewed = log_review.review(text, source=source, startup=served.startup, scenarios=served.scenarios,
                                       plan=self.plan, patched=ready.patched, env=env)
         return self._record(
             status="failed" if failure else "ok", failure=failure,
-            server=self._server_part(argv, env, **served.server), startup=reviewed.startup,
-            **({"prefix_caching_server": self._server_part(env=env, **served.relaunch)} if served.relaunch else {}),
+            server=served.server.onto(self._server_part(argv, env)), startup=reviewed.startup,
+            **({"prefix_caching_server": served.relaunch.onto(self._server_part(argv, env))} if served.relaunch else {}),
             engine_warnings=reviewed.engine_warnings, cold_start=served.cold_start, scenarios=served.scenarios,
-            telemetry=Telemetry(file=self.paths.rel(self.paths.telemetry), **served.telemetry), timing=timing,
+            telemetry=served.telemetry, timing=timing,
             prediction=reviewed.prediction, **parts, **health, patches=reviewed.patches,
             throughput_bound=reviewed.throughput_bound)
 
-    def _server_part(self, argv: list[str], env: Mapping[str, str], **ran: Any) -> Server:
-        """How the server was (or would have been) started, and what it did (``ran``: its log, where not
-        server.log)."""
+    def _server_part(self, argv: list[str], env: Mapping[str, str]) -> Server:
+        """How the server was (or would have been) started."""
         return Server(argv=argv, env=redact_env(env), host=self.spec.host, port=self.spec.port,
-                      **{"log": self.paths.rel(self.paths.server_log), **ran})
+                      log=self.paths.rel(self.paths.server_log))
 
     def _record(self, **parts: Any) -> ConfigurationRecord:
         """The configuration record of ``parts``, beside what every record says: the trial, the
         configuration, the plan's verdict, and empty parts where nothing was measured."""
-        empty: dict[str, Any] = {"startup": {}, "engine_warnings": [], "cold_start": {}, "scenarios": [],
-                                 "prediction": []}
         return ConfigurationRecord(**{
             "trial": self.trial, "configuration": self.spec.name, "description": self.spec.description,
-            "failure": None, **empty,
+            "failure": None, "startup": {}, "engine_warnings": [], "cold_start": {}, "scenarios": [], "prediction": [],
             "plan": PlanVerdict(verdict=self.plan.verdict, reasons=self.plan.reasons,
                                 forced=self.spec.force),
             **parts})
@@ -217,14 +216,14 @@ class TrialJob:
                 prefix_caching: bool = False) -> ServerProcess:
         """The configuration's server: on this host, or node 0's with the other nodes' ranks;
         ``prefix_caching``: launched again with it on, logging to its own file."""
-        kwargs: dict[str, Any] = {"host": self.spec.host, "port": self.spec.port, "env": dict(env),
-                                  "log_path": self.paths.prefix_caching_log if prefix_caching else self.paths.server_log,
-                                  "stop_timeout": self.spec.stop_timeout_s,
-                                  "label": f"{self.label} (prefix caching on)" if prefix_caching else self.label}
-        if self.spread:
-            return self.spread.server(self.argv(prefix_caching), ledger, envs, self.serving_args(prefix_caching),
-                                      **kwargs)
-        return ServerProcess(self.argv(prefix_caching), ledger=ledger, **kwargs)
+        argv = self.argv(prefix_caching)
+        make: Callable[..., ServerProcess] = functools.partial(
+            self.spread.server, argv, ledger, envs, self.serving_args(prefix_caching)) if self.spread else \
+            functools.partial(ServerProcess, argv, ledger=ledger)
+        return make(host=self.spec.host, port=self.spec.port, env=dict(env),
+                    log_path=self.paths.prefix_caching_log if prefix_caching else self.paths.server_log,
+                    stop_timeout=self.spec.stop_timeout_s,
+                    label=f"{self.label} (prefix caching on)" if prefix_caching else self.label)
 
     def _skip(self, job_start: float, argv: list[str]) -> ConfigurationRecord:
         log.warning("%s not launched: the planner says it cannot work: %s", self.spec.name,

@@ -18,12 +18,14 @@ import importlib.metadata as md
 import logging
 import struct
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from llmtrial.core.record_models import Conversion
+from llmtrial.core.trial_config import SourceBlock
 from llmtrial.core.units import MiB
+from llmtrial.weights.tiny import ConfigValue
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +61,10 @@ class ArrayLength:
     length: int
 
 
+#: A value of a GGUF header's metadata: a scalar, a string, an array (a long one as its length).
+MetadataValue = int | float | bool | str | ArrayLength | list["MetadataValue"]
+
+
 @dataclass(frozen=True)
 class GgufHeader:
     """What a GGUF file's header says: its metadata (long arrays as their length) and its tensors'
@@ -66,7 +72,7 @@ class GgufHeader:
 
     path: Path
     version: int
-    metadata: dict[str, Any]
+    metadata: dict[str, MetadataValue]
     tensors: dict[str, tuple[tuple[int, ...], int]]
 
     @property
@@ -76,7 +82,7 @@ class GgufHeader:
             raise GgufError(f"{self.path}: its header has no general.architecture")
         return arch
 
-    def value(self, key: str, default: Any = None) -> Any:
+    def value(self, key: str, default: MetadataValue | None = None) -> MetadataValue | None:
         """``<architecture>.<key>`` from the metadata."""
         return self.metadata.get(f"{self.architecture}.{key}", default)
 
@@ -92,10 +98,10 @@ class GgufHeader:
         return total
 
 
-def find_gguf(source: Mapping[str, Any]) -> Path:
+def find_gguf(source: SourceBlock) -> Path:
     """The GGUF file of a ``gguf`` source: ``path``, or ``file`` inside the installed distribution
     ``package``. Raises :class:`GgufError` naming what is missing."""
-    package, file, path = source.get("package"), source.get("file"), source.get("path")
+    package, file, path = source.package, source.file, source.path
     if package:
         if not file:
             raise GgufError(f"model.source.package {package!r} needs model.source.file: the .gguf file's path "
@@ -120,9 +126,9 @@ def find_gguf(source: Mapping[str, Any]) -> Path:
     return found.resolve()
 
 
-def package_version(source: Mapping[str, Any]) -> str | None:
+def package_version(source: SourceBlock) -> str | None:
     """The installed version of a ``gguf`` source's distribution, or None without one."""
-    return md.version(str(source["package"])) if source.get("package") else None
+    return md.version(source.package) if source.package else None
 
 
 def _read(f: BinaryIO, fmt: str) -> Any:
@@ -141,7 +147,7 @@ def _string(f: BinaryIO) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def _value(f: BinaryIO, kind: int) -> Any:
+def _value(f: BinaryIO, kind: int) -> MetadataValue:
     if kind in _SCALARS:
         return _read(f, _SCALARS[kind])
     if kind == _STRING:
@@ -169,7 +175,7 @@ def read_header(path: str | Path) -> GgufHeader:
             if version not in (2, 3):
                 raise GgufError(f"{p}: GGUF version {version} is not supported (2 or 3)")
             n_tensors, n_kv = _read(f, "<Q"), _read(f, "<Q")
-            metadata: dict[str, Any] = {}
+            metadata: dict[str, MetadataValue] = {}
             for _ in range(n_kv):
                 key = _string(f)
                 metadata[key] = _value(f, _read(f, "<I"))
@@ -189,13 +195,20 @@ def read_header(path: str | Path) -> GgufHeader:
     return GgufHeader(path=p, version=version, metadata=metadata, tensors=tensors)
 
 
-def _length(value: Any) -> int | None:
+def _int(value: MetadataValue | None) -> int:
+    """A header figure as an integer (GGUF stores sizes as unsigned integers)."""
+    if not isinstance(value, (int, float)):
+        raise GgufError(f"a GGUF size is not a number: {value!r}")
+    return int(value)
+
+
+def _length(value: MetadataValue | None) -> int | None:
     if isinstance(value, ArrayLength):
         return value.length
     return len(value) if isinstance(value, list) else None
 
 
-def gguf_config(header: GgufHeader) -> dict[str, Any]:
+def gguf_config(header: GgufHeader) -> dict[str, ConfigValue]:
     """config.json's figures as the planner reads them, from the header: the architecture, layers,
     hidden and MLP sizes, attention and KV heads, head size, vocabulary, context length, tied
     embeddings (no ``output.weight`` tensor) and the dtype the file is dequantized to."""
@@ -205,16 +218,16 @@ def gguf_config(header: GgufHeader) -> dict[str, Any]:
     missing = [f"{arch}.{key}" for key in needed if header.value(key) is None]
     if missing:
         raise GgufError(f"{header.path}: its header lacks {', '.join(missing)}")
-    config: dict[str, Any] = {"model_type": arch, **{name: int(header.value(key)) for key, name in needed.items()}}
+    config: dict[str, ConfigValue] = {"model_type": arch, **{name: _int(header.value(key)) for key, name in needed.items()}}
     if arch in ARCHITECTURES:
         config["architectures"] = [ARCHITECTURES[arch]]
-    heads = config["num_attention_heads"]
-    config["num_key_value_heads"] = int(header.value("attention.head_count_kv", heads))
-    config["head_dim"] = int(header.value("attention.key_length", config["hidden_size"] // heads))
+    heads, hidden = _int(header.value("attention.head_count")), _int(header.value("embedding_length"))
+    config["num_key_value_heads"] = _int(header.value("attention.head_count_kv", heads))
+    config["head_dim"] = _int(header.value("attention.key_length", hidden // heads))
     for key, name in (("feed_forward_length", "intermediate_size"), ("context_length", "max_position_embeddings"),
                       ("expert_count", "num_experts"), ("expert_used_count", "num_experts_per_tok")):
         if header.value(key) is not None:
-            config[name] = int(header.value(key))
+            config[name] = _int(header.value(key))
     vocab = _length(header.metadata.get("tokenizer.ggml.tokens"))
     if vocab is None and "token_embd.weight" in header.tensors:
         vocab = header.tensors["token_embd.weight"][0][-1]
@@ -235,7 +248,7 @@ def staged_size(header: GgufHeader, dtype: str) -> tuple[int, int]:
     return dequantized_bytes(header, dtype) + (8 << 20), 6
 
 
-def convert(gguf_file: Path, out: Path, *, dtype: str) -> dict[str, Any]:
+def convert(gguf_file: Path, out: Path, *, dtype: str) -> Conversion:
     """Dequantize ``gguf_file`` into the Hugging Face folder ``out`` (weights in ``dtype``, its
     tokenizer and chat template from the file's metadata): the conversion's figures.
 
@@ -263,5 +276,5 @@ def convert(gguf_file: Path, out: Path, *, dtype: str) -> dict[str, Any]:
     seconds = round(time.monotonic() - started, 3)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     logger.info("dequantized %s in %.1f s (peak resident %.0f MiB)", gguf_file.name, seconds, peak / MiB)
-    return {"seconds": seconds, "peak_rss_bytes": peak, "transformers": transformers.__version__,
-            "chat_template": (out / "chat_template.jinja").is_file() or bool(getattr(tokenizer, "chat_template", None))}
+    return Conversion(seconds=seconds, peak_rss_bytes=peak, transformers=transformers.__version__,
+                      chat_template=(out / "chat_template.jinja").is_file() or bool(getattr(tokenizer, "chat_template", None)))

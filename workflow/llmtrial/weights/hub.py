@@ -32,7 +32,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -40,8 +40,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+
 from llmtrial.core.fileio import atomic_write_text, file_digest
-from llmtrial.core.trial_config import SourceBlock
+from llmtrial.core.record_base import Maybe, RecordModel
+from llmtrial.core.record_models import ManifestFile
 from llmtrial.core.units import human_bytes
 from llmtrial.weights.manifest import visible_files
 
@@ -63,6 +66,53 @@ class HubError(RuntimeError):
 
 class VerificationError(RuntimeError):
     """A fetched or copied file does not match its expected size or hash."""
+
+
+class FetchRetry(RecordModel):
+    """One failed try of a file that was tried again (the manifest's ``fetch.retries``)."""
+
+    file: str
+    attempt: int
+    error: str = Field(description="The exception's type.")
+    detail: str = Field(description="Its first line, at most 200 characters.")
+    wait_s: float
+
+
+class FetchFigures(RecordModel):
+    """What staging fetched, copied or reused (the manifest's ``fetch``): each path sets the figures it has."""
+
+    files_copied: Maybe[int] = Field(None, description="Restaged from an archive: files copied.")
+    bytes_copied: Maybe[int] = None
+    files_downloaded: int = 0
+    bytes_downloaded: int = 0
+    reused: Maybe[bool] = Field(None, description="A staged copy verified: nothing was fetched.")
+    seconds: Maybe[float] = None
+    bytes_per_s: float | None = None
+    retries: Maybe[list[FetchRetry]] = None
+    files_reused: Maybe[int] = Field(None, description="Files already staged and verified.")
+    corrupt_removed: Maybe[int] = Field(None, description="Staged files removed because they failed verification.")
+    restaged_from: Maybe[str] = Field(None, description="The archive the files were copied from.")
+    orphans_removed: Maybe[int] = Field(None, description="Partial files an interrupted run had left.")
+
+
+class FileStamp(BaseModel):
+    """What identifies a file unchanged since it verified."""
+
+    size: int
+    mtime_ns: int
+    ino: int
+
+
+class VerifiedEntry(BaseModel):
+    """A staged file that verified: its stamp then, its sha256 and the Hub's blob id."""
+
+    stamp: FileStamp
+    sha256: str
+    blob_id: str | None = None
+
+
+#: The folder's :data:`VERIFIED_NAME` file: path relative to the folder -> its entry.
+_VERIFIED = TypeAdapter(dict[str, VerifiedEntry])
 
 
 @dataclass(frozen=True)
@@ -255,29 +305,29 @@ class VerifiedFiles:
         self.path = folder / VERIFIED_NAME
         self.lock = threading.Lock()
         try:
-            self.entries: dict[str, dict[str, Any]] = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            self.entries = _VERIFIED.validate_json(self.path.read_bytes())
+        except (OSError, ValidationError):
             self.entries = {}
 
     @staticmethod
-    def _stamp(file: Path) -> dict[str, int]:
+    def _stamp(file: Path) -> FileStamp:
         st = file.stat()
-        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
+        return FileStamp(size=st.st_size, mtime_ns=st.st_mtime_ns, ino=st.st_ino)
 
     def sha256(self, rel: str, file: Path, *, blob_id: str | None = None, sha256: str | None = None) -> str | None:
         """The remembered sha256 if ``file`` is unchanged since it verified (and matches the
         expected hash or blob id when given), else None."""
         entry = self.entries.get(rel)
-        if entry is None or not file.is_file() or self._stamp(file) != entry["stamp"]:
+        if entry is None or not file.is_file() or self._stamp(file) != entry.stamp:
             return None
-        if (sha256 and entry["sha256"] != sha256) or (blob_id and entry.get("blob_id") not in (None, blob_id)):
+        if (sha256 and entry.sha256 != sha256) or (blob_id and entry.blob_id not in (None, blob_id)):
             return None
-        return str(entry["sha256"])
+        return entry.sha256
 
     def add(self, rel: str, file: Path, sha256: str, blob_id: str | None = None) -> None:
         with self.lock:
-            self.entries[rel] = {"stamp": self._stamp(file), "sha256": sha256, "blob_id": blob_id}
-            atomic_write_text(self.path, json.dumps(self.entries, sort_keys=True))
+            self.entries[rel] = VerifiedEntry(stamp=self._stamp(file), sha256=sha256, blob_id=blob_id)
+            atomic_write_text(self.path, json.dumps(_VERIFIED.dump_python(self.entries), sort_keys=True))
 
     def forget(self, rel: str) -> None:
         with self.lock:
@@ -387,7 +437,7 @@ class Progress:
 
 
 def fetch_file(repo_id: str, commit: str, remote: RemoteFile, folder: Path, *, retries: int,
-               backoff_s: float, attempts_log: list[dict[str, Any]]) -> str:
+               backoff_s: float, attempts_log: list[FetchRetry]) -> str:
     """Download one file into ``folder`` (retrying what is worth retrying) and verify it;
     returns its sha256. A file that fails verification is removed and raises."""
     from huggingface_hub import hf_hub_download
@@ -400,8 +450,8 @@ def fetch_file(repo_id: str, commit: str, remote: RemoteFile, folder: Path, *, r
             if attempt > retries or not retryable(exc):
                 raise HubError(f"cannot fetch {remote.path}: {_describe(exc, repo_id, commit)}") from None
             wait = min(backoff_s * 2 ** (attempt - 1), 30.0)
-            attempts_log.append({"file": remote.path, "attempt": attempt, "error": type(exc).__name__,
-                                 "detail": str(exc).splitlines()[0][:200] if str(exc) else "", "wait_s": wait})
+            attempts_log.append(FetchRetry(file=remote.path, attempt=attempt, error=type(exc).__name__,
+                                           detail=str(exc).splitlines()[0][:200] if str(exc) else "", wait_s=wait))
             log.warning("fetching %s failed (%s, attempt %d of %d); retrying in %.1f s",
                         remote.path, type(exc).__name__, attempt, retries + 1, wait)
             time.sleep(wait)
@@ -413,14 +463,14 @@ def fetch_file(repo_id: str, commit: str, remote: RemoteFile, folder: Path, *, r
 
 
 def download(repo_id: str, commit: str, files: Sequence[RemoteFile], folder: Path, verified: VerifiedFiles, *,
-             max_workers: int, retries: int, backoff_s: float, progress_interval: float) -> dict[str, Any]:
+             max_workers: int, retries: int, backoff_s: float, progress_interval: float) -> FetchFigures:
     """Fetch ``files`` in parallel, verifying each as it lands; returns the fetch statistics.
     Raises the first failure after the other downloads have finished (completed files stay)."""
     from huggingface_hub.utils import disable_progress_bars
 
     disable_progress_bars()  # our own progress lines read better in a job log
     total = sum(f.size for f in files)
-    attempts: list[dict[str, Any]] = []
+    attempts: list[FetchRetry] = []
     failures: list[Exception] = []
     started = time.monotonic()
     label = f"{repo_id}@{commit[:12]}"
@@ -446,8 +496,8 @@ def download(repo_id: str, commit: str, files: Sequence[RemoteFile], folder: Pat
         kind = VerificationError if all(isinstance(e, VerificationError) for e in failures) else HubError
         raise kind("; ".join(sorted(str(e) for e in failures)))
     log.info("%s: done in %.1f s", final_line, seconds)
-    return {"files_downloaded": len(files), "bytes_downloaded": total, "seconds": round(seconds, 3),
-            "bytes_per_s": round(total / seconds, 1) if seconds > 0 else None, "retries": attempts}
+    return FetchFigures(files_downloaded=len(files), bytes_downloaded=total, seconds=round(seconds, 3),
+                        bytes_per_s=round(total / seconds, 1) if seconds > 0 else None, retries=attempts)
 
 
 def plan_fetch(folder: Path, files: Sequence[RemoteFile], verified: VerifiedFiles) -> tuple[list[RemoteFile], int]:
@@ -480,19 +530,13 @@ def stale_files(folder: Path, keep: set[str]) -> list[str]:
     return sorted(rel for rel in (f.relative_to(folder).as_posix() for f in visible_files(folder)) if rel not in keep)
 
 
-def manifest_files(folder: Path, files: Sequence[RemoteFile], verified: VerifiedFiles) -> list[dict[str, Any]]:
+def manifest_files(folder: Path, files: Sequence[RemoteFile], verified: VerifiedFiles) -> list[ManifestFile]:
+    """The manifest's entries of ``files``, each verified in ``folder``."""
     out = []
     for remote in files:
         sha256 = verified.sha256(remote.path, folder / remote.path)
         if sha256 is None:
             raise VerificationError(f"{remote.path}: not verified in {folder}")
-        entry: dict[str, Any] = {"path": remote.path, "size": remote.size, "sha256": sha256, "blob_id": remote.blob_id}
-        out.append(entry)
+        out.append(ManifestFile(path=remote.path, size=remote.size, sha256=sha256, blob_id=remote.blob_id))
     return out
 
-
-def settings(source: Mapping[str, Any]) -> dict[str, Any]:
-    """The download settings of a hub source, its block read as the trial file's model (its defaults filled)."""
-    src = SourceBlock.model_validate(dict(source))
-    return {"max_workers": src.max_workers, "retries": src.retries, "backoff_s": float(src.retry_backoff_s),
-            "progress_interval": float(src.progress_interval_s)}

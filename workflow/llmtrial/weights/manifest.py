@@ -7,22 +7,28 @@ checks it before serving, and the weights policy checks an archive against it.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from llmtrial.core.fileio import sha256_file
 from llmtrial.core.record_models import ManifestFile, ManifestRecord
 from llmtrial.core.records import load_record
+from llmtrial.core.trial_config import SourceBlock
 from llmtrial.core.units import MiB
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MANIFEST_NAME", "visible_files", "build_manifest", "read_manifest", "require_staged", "verify_manifest"]
+__all__ = ["MANIFEST_NAME", "visible_files", "build_manifest", "new_manifest", "read_manifest", "recorded_source", "require_staged",
+           "same_source",
+           "verify_files", "verify_manifest"]
 
 #: Name of the manifest that :func:`stage_model` writes inside a staged folder. Hidden,
 #: so :func:`build_manifest` does not list it.
@@ -39,6 +45,20 @@ def read_manifest(path: Path) -> ManifestRecord | None:
         return None
 
 
+def recorded_source(manifest: ManifestRecord) -> SourceBlock | None:
+    """The source ``manifest`` records, as the trial file's block (its defaults filled); None when it is not one."""
+    try:
+        return SourceBlock.model_validate(manifest.source)
+    except ValidationError:
+        return None
+
+
+def same_source(manifest: ManifestRecord, source: SourceBlock) -> bool:
+    """Whether ``manifest`` records the source ``source`` (with the trial file's defaults filled on both sides)."""
+    recorded = recorded_source(manifest)
+    return recorded is not None and recorded.model_dump() == source.model_dump()
+
+
 def visible_files(root: Path) -> Iterator[Path]:
     """Regular files under ``root``, sorted, skipping hidden files and folders."""
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
@@ -51,7 +71,7 @@ def visible_files(root: Path) -> Iterator[Path]:
                 yield file
 
 
-def build_manifest(model_dir: Path, *, source: Mapping[str, Any], **parts: Any) -> ManifestRecord:
+def build_manifest(model_dir: Path, *, source: SourceBlock, **parts: Any) -> ManifestRecord:
     """Describe every file of ``model_dir``: relative POSIX path, size and sha256.
 
     Files are listed sorted by path; hidden files and folders are skipped. Returns the
@@ -72,42 +92,46 @@ def build_manifest(model_dir: Path, *, source: Mapping[str, Any], **parts: Any) 
         "hashed %d files (%.1f MiB) in %s: done in %.1f s",
         len(files), total / MiB, root, time.monotonic() - started,
     )
-    return ManifestRecord(model_dir=str(root), source=dict(source), files=files, total_bytes=total,
+    return new_manifest(root, source, files, **parts)
+
+
+def new_manifest(model_dir: Path, source: SourceBlock, files: list[ManifestFile], **parts: Any) -> ManifestRecord:
+    """The manifest of ``files`` in ``model_dir`` staged from ``source`` (its keys sorted, as the record holds
+    it), made now, with ``parts`` (a tiny model's ``generator``, a Hub source's ``hub`` and ``fetch``, ...)."""
+    recorded = json.loads(json.dumps(source.model_dump(mode="json"), sort_keys=True))
+    return ManifestRecord(model_dir=str(model_dir), source=recorded, files=files, total_bytes=sum(f.size for f in files),
                           created=datetime.now(UTC).isoformat(timespec="seconds"), **parts)
 
 
-def verify_manifest(manifest: ManifestRecord | Mapping[str, Any], *, hashes: bool = True) -> list[str]:
-    """Check the files a manifest (the model, or its JSON) lists; return the problems found, empty if none.
+def verify_files(root: Path, files: Sequence[ManifestFile], *, hashes: bool = True) -> list[str]:
+    """Check ``files`` (a manifest's entries) in the folder ``root``; return the problems found, empty if none.
 
     Each problem is one readable line naming the file: missing, size mismatch or
     sha256 mismatch (hashes are only compared when sizes agree, and with ``hashes``).
     """
-    if isinstance(manifest, ManifestRecord):
-        manifest = manifest.model_dump(mode="json")
-    problems: list[str] = []
-    try:
-        root = Path(manifest["model_dir"])
-        entries = list(manifest["files"])
-    except (KeyError, TypeError):
-        return ["manifest lacks 'model_dir' or 'files'"]
     if not root.is_dir():
         return [f"model folder {root} is missing"]
-    for entry in entries:
-        rel = entry.get("path", "?")
-        file = root / rel
+    problems: list[str] = []
+    for entry in files:
+        file = root / entry.path
         if not file.is_file():
-            problems.append(f"{rel}: missing (expected at {file})")
+            problems.append(f"{entry.path}: missing (expected at {file})")
             continue
         size = file.stat().st_size
-        if size != entry.get("size"):
-            problems.append(f"{rel}: size {size} bytes, manifest says {entry.get('size')}")
+        if size != entry.size:
+            problems.append(f"{entry.path}: size {size} bytes, manifest says {entry.size}")
             continue
         if not hashes:
             continue
         digest = sha256_file(file)
-        if digest != entry.get("sha256"):
-            problems.append(f"{rel}: sha256 {digest}, manifest says {entry.get('sha256')}")
+        if digest != entry.sha256:
+            problems.append(f"{entry.path}: sha256 {digest}, manifest says {entry.sha256}")
     return problems
+
+
+def verify_manifest(manifest: ManifestRecord, *, hashes: bool = True) -> list[str]:
+    """Check the files a manifest lists in its folder (:func:`verify_files`); the problems found, empty if none."""
+    return verify_files(Path(manifest.model_dir), manifest.files, hashes=hashes)
 
 
 def require_staged(manifest: ManifestRecord) -> None:

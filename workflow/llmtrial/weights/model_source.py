@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from llmtrial.core.units import MiB
 from llmtrial.plan.checkpoint import WeightsSize
 from llmtrial.weights import gguf, hub
 from llmtrial.weights.policy import find_archive
-from llmtrial.weights.tiny import tiny_config, tiny_sizes
+from llmtrial.weights.tiny import tiny_config
 
 logger = logging.getLogger(__name__)
 
@@ -69,21 +68,15 @@ def check_local_model(path: Path) -> Path:
     return p.resolve()
 
 
-def source_block(source: SourceBlock | Mapping[str, Any]) -> SourceBlock:
-    """``model.source`` as the trial file's model (its defaults filled: the revision, the dtype)."""
-    return source if isinstance(source, SourceBlock) else SourceBlock.model_validate(dict(source))
-
-
-def model_config_for(source: Mapping[str, Any], *, archive_dir: str | Path | None = None) -> dict[str, Any] | None:
+def model_config_for(src: SourceBlock, *, archive_dir: str | Path | None = None) -> dict[str, Any] | None:
     """The model's config.json before the weights are staged: computed for ``tiny``, read for
     ``local``, read from the archive of the same repository and revision for ``archive`` and
     ``hub``, else for ``hub`` fetched alone (a few KiB, into the Hugging Face cache). None
     when it cannot be had (offline, the Hub unreachable), with the reason logged."""
-    src = source_block(source)
     if src.kind == "tiny":
-        return tiny_config(source)
+        return tiny_config(src)
     if src.kind == "gguf":  # with the dtype staging dequantizes to, as the staged config.json says
-        return {**gguf.gguf_config(gguf.read_header(gguf.find_gguf(source))), "torch_dtype": src.dtype}
+        return {**gguf.gguf_config(gguf.read_header(gguf.find_gguf(src))), "torch_dtype": src.dtype}
     if src.kind == "local":
         path = check_local_model(Path(str(src.path)))
         return json.loads((path / "config.json").read_text(encoding="utf-8"))
@@ -97,22 +90,21 @@ def model_config_for(source: Mapping[str, Any], *, archive_dir: str | Path | Non
     return hub.fetch_config(src.repo_id, src.revision)
 
 
-def staged_size_estimate(source: Mapping[str, Any]) -> tuple[int, int]:
+def staged_size_estimate(src: SourceBlock) -> tuple[int, int]:
     """(bytes, files) staging will write, for the disk-headroom check before staging.
 
     ``tiny``: its bf16 weights plus 1 MiB for the tokenizer and configs; ``gguf``: its
     dequantized weights plus 8 MiB; ``local``: nothing (served in place); ``hub``: not
     known yet (0).
     """
-    src = source_block(source)
     if src.kind == "gguf":
-        return gguf.staged_size(gguf.read_header(gguf.find_gguf(source)), src.dtype)
+        return gguf.staged_size(gguf.read_header(gguf.find_gguf(src)), src.dtype)
     if src.kind != "tiny":
         return 0, 0
-    s = tiny_sizes(source)
-    h, layers, inter, vocab = s["hidden_size"], s["num_layers"], s["intermediate_size"], s["vocab_size"]
-    head_dim = h // s["num_heads"]
-    per_layer = h * h * 2 + 2 * h * s["num_kv_heads"] * head_dim + 3 * h * inter + 2 * h
+    s = src.tiny
+    h, layers, inter, vocab = s.hidden_size, s.num_layers, s.intermediate_size, s.vocab_size
+    head_dim = h // s.num_heads
+    per_layer = h * h * 2 + 2 * h * s.num_kv_heads * head_dim + 3 * h * inter + 2 * h
     params = layers * per_layer + 2 * vocab * h + h
     return params * 2 + MiB, 8
 
@@ -132,16 +124,15 @@ def weights_size(model_dir: str | Path) -> WeightsSize | None:
     return WeightsSize(size, "measured", f"staged files ({len(files)} weight files in {d})") if size else None
 
 
-def planned_weights(source: Mapping[str, Any], archive_dir: str | Path | None = None) -> WeightsSize | None:
+def planned_weights(src: SourceBlock, archive_dir: str | Path | None = None) -> WeightsSize | None:
     """The weight bytes to plan on before staging: the folder's files for ``local``, the header's
     weight count in the staged dtype for ``gguf``, an archive's files for ``hub``/``archive`` when
     one holds the revision, else the Hub's file sizes for ``hub``. None (the planner estimates from config.json) for ``tiny`` or when the
     Hub cannot say."""
-    src = source_block(source)
     if src.kind == "local":
         return weights_size(str(src.path))
     if src.kind == "gguf":
-        file = gguf.find_gguf(source)
+        file = gguf.find_gguf(src)
         header = gguf.read_header(file)
         return WeightsSize(gguf.dequantized_bytes(header, src.dtype), "measured",
                            f"{file.name}: {header.parameters:,} weights in its header, dequantized to {src.dtype}")

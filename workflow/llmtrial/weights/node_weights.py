@@ -33,13 +33,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
+from llmtrial.core.cleanup_model import WeightsFolder
 from llmtrial.core.fileio import sha256_file
 from llmtrial.core.ledger import Action, Entry, Ledger
+from llmtrial.core.record_base import Residue
 from llmtrial.core.record_models import ManifestRecord, NodeCopy, SameFiles
+from llmtrial.core.trial_config import WeightsBlock
 from llmtrial.host.crossnode import same_files
 from llmtrial.host.nodes import Node, NodeError, trial_nodes
 from llmtrial.onnode import weights_folder
-from llmtrial.weights.manifest import MANIFEST_NAME
+from llmtrial.weights.manifest import MANIFEST_NAME, recorded_source
 
 __all__ = ["stage_on_nodes", "copy_to_nodes", "undo_on_node", "send_files"]
 
@@ -48,8 +53,22 @@ log = logging.getLogger(__name__)
 #: Seconds a node may take to resolve, size or remove a folder.
 FOLDER_TIMEOUT_S = 600.0
 
-def _folder(node: Node, op: str, path: str, root: str | None = None) -> dict[str, Any]:
-    return node.program(weights_folder, {"op": op, "path": path, "root": root}, FOLDER_TIMEOUT_S)
+class FolderAnswer(BaseModel):
+    """What :mod:`llmtrial.onnode.weights_folder` prints: a folder resolved (``path``), sized (``exists``,
+    ``bytes``) or deleted (``path``, ``action``, the bytes freed, files removed and residues)."""
+
+    path: str | None = None
+    exists: bool = False
+    bytes: int = 0
+    action: str | None = None
+    freed_bytes: int = 0
+    files_removed: int = 0
+    residues: list[Residue] = []
+
+
+def _folder(node: Node, op: str, path: str, root: str | None = None) -> FolderAnswer:
+    return FolderAnswer.model_validate(node.program(weights_folder, {"op": op, "path": path, "root": root},
+                                                    FOLDER_TIMEOUT_S))
 
 
 def _expected(manifest: ManifestRecord) -> dict[str, str]:
@@ -75,13 +94,16 @@ def send_files(node: Node, folder: Path, rels: Sequence[str], dest: str) -> dict
 
 
 def _copy_one(node: Node, manifest: ManifestRecord, expected: Mapping[str, str], *, ledger: Ledger,
-              trial: str, model_name: str, weights: Mapping[str, Any] | None, first: str) -> tuple[NodeCopy, dict]:
+              trial: str, model_name: str, weights: WeightsBlock | None, first: str) -> tuple[NodeCopy, dict]:
     """Stage the model on one node: (its entry of the manifest's ``nodes``, its hashes)."""
-    root = _folder(node, "resolve", posixpath.join(node.staging_dir, trial))["path"]
+    root = _folder(node, "resolve", posixpath.join(node.staging_dir, trial)).path
+    if root is None:
+        raise NodeError(f"{node.label()}: the staging folder did not resolve")
     dest = posixpath.join(root, model_name)
+    source = recorded_source(manifest)
     ledger.append(Action.WEIGHTS_STAGED, node=node.name, reach=node.describe(), path=dest, root=root,
-                  after=(weights or {}).get("after", "keep"), archive_dir=None,
-                  kind=(manifest.source or {}).get("kind"), copied_from=first)
+                  after=weights.after if weights else "keep", archive_dir=None,
+                  kind=source.kind if source else None, copied_from=first)
     started = time.monotonic()
     there = node.sha256([posixpath.join(dest, rel) for rel in expected])
     hashes = {rel: there.get(posixpath.join(dest, rel)) for rel in expected}
@@ -97,7 +119,7 @@ def _copy_one(node: Node, manifest: ManifestRecord, expected: Mapping[str, str],
 
 
 def copy_to_nodes(manifest: ManifestRecord, nodes: Sequence[Node], *, ledger: Ledger, trial: str, model_name: str,
-                  weights: Mapping[str, Any] | None = None) -> ManifestRecord:
+                  weights: WeightsBlock | None = None) -> ManifestRecord:
     """The first node's ``manifest`` with the model copied to every other of ``nodes`` (see
     the module's docstring); ``nodes`` and ``same_files`` added. Raises :class:`NodeError`
     naming the node when a copy fails or does not verify there."""
@@ -113,13 +135,13 @@ def copy_to_nodes(manifest: ManifestRecord, nodes: Sequence[Node], *, ledger: Le
                                              model_name=model_name, weights=weights, first=first.name)
         hashes[node.name] = {rel: there.get(rel) for rel in model_files}
     check = same_files(hashes)
-    if check["status"] == "fail":
-        raise NodeError(f"the staged model differs across nodes: {check['detail']}")
-    return manifest.model_copy(update={"nodes": placed, "same_files": SameFiles(**check)})
+    if check.status == "fail":
+        raise NodeError(f"the staged model differs across nodes: {check.detail}")
+    return manifest.model_copy(update={"nodes": placed, "same_files": SameFiles(**check.model_dump(exclude_unset=True))})
 
 
 def stage_on_nodes(manifest: ManifestRecord, spanned: Mapping[str, Any] | None, *, ledger: Ledger, trial: str,
-                   model_name: str, weights: Mapping[str, Any] | None = None) -> ManifestRecord:
+                   model_name: str, weights: WeightsBlock | None = None) -> ManifestRecord:
     """:func:`copy_to_nodes` over the nodes any configuration spans (``spanned``:
     :func:`llmtrial.host.nodes.spanned_nodes`); the manifest unchanged when the trial lists none."""
     if not spanned or not spanned.get("nodes"):
@@ -128,25 +150,22 @@ def stage_on_nodes(manifest: ManifestRecord, spanned: Mapping[str, Any] | None, 
                          model_name=model_name, weights=weights)
 
 
-def undo_on_node(entry: Entry, ledger: Ledger) -> dict[str, Any]:
+def undo_on_node(entry: Entry, ledger: Ledger) -> WeightsFolder:
     """Apply the policy of a ``weights_staged`` entry of another node, on that node: the
     cleanup record's item for the folder (its residues name the node)."""
     name, path, policy = entry.node, str(entry.path), entry.after or "keep"
-    item: dict[str, Any] = {"path": path, "node": name, "policy": policy, "freed_bytes": 0, "residues": []}
     try:
         node = Node.from_reach(name, entry.reach)
         if policy == "keep":
             found = _folder(node, "size", path)
-            item.update(action="kept" if found["exists"] else "none (already gone)", kept_bytes=found["bytes"])
-            return item
+            return WeightsFolder(path=path, node=name, policy=policy, freed_bytes=0, residues=[],
+                                 action="kept" if found.exists else "none (already gone)", kept_bytes=found.bytes)
         ledger.append(Action.WEIGHTS_DELETE_START, node=name, path=path)
         done = _folder(node, "delete", path, str(entry.root))
     except (NodeError, ValueError, KeyError, TypeError) as err:
-        item["action"] = "not reached"
-        item["residues"].append({"kind": "weights", "what": path, "node": name, "size": None,
-                                 "tried": f"{policy} on node {name} from the ledger", "seen": str(err)})
-        return item
-    residues = [{**r, "node": name} for r in done["residues"]]
-    item.update(action=done["action"], freed_bytes=done["freed_bytes"], files_removed=done["files_removed"],
-                residues=residues)
-    return item
+        residue = Residue(kind="weights", what=path, node=name, size=None, tried=f"{policy} on node {name} from the ledger",
+                          seen=str(err))
+        return WeightsFolder(path=path, node=name, policy=policy, freed_bytes=0, residues=[residue], action="not reached")
+    return WeightsFolder(path=path, node=name, policy=policy, action=done.action, freed_bytes=done.freed_bytes,
+                         files_removed=done.files_removed,
+                         residues=[r.model_copy(update={"node": name}) for r in done.residues])

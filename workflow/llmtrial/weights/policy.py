@@ -29,22 +29,21 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from llmtrial.core.cleanup_model import WeightsFolder
 from llmtrial.core.fileio import file_digest
 from llmtrial.core.ledger import Action, Entry, Ledger, by_target, replay
 from llmtrial.core.record_base import Residue
-from llmtrial.core.record_models import ManifestRecord
-from llmtrial.core.records import as_written, load_record, write_record
+from llmtrial.core.record_models import ManifestFile, ManifestRecord
+from llmtrial.core.records import load_record, write_record
 from llmtrial.core.trial_config import DiskBlock
 from llmtrial.core.units import human_bytes
 from llmtrial.host.disk import headroom_by_filesystem, headroom_message
 from llmtrial.weights.hub import PARTIAL_PREFIX, VerificationError
-from llmtrial.weights.manifest import MANIFEST_NAME, read_manifest, verify_manifest
+from llmtrial.weights.manifest import MANIFEST_NAME, read_manifest, verify_files
 from llmtrial.weights.node_weights import undo_on_node
 
 log = logging.getLogger(__name__)
@@ -81,14 +80,14 @@ def find_archive(archive_dir: str | Path | None, repo_id: str, revision: str) ->
     return folder, manifest
 
 
-def copy_verified(src: Path, dest: Path, files: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def copy_verified(src: Path, dest: Path, files: Sequence[ManifestFile]) -> list[ManifestFile]:
     """Copy ``files`` (manifest entries) from ``src`` to ``dest``, hashing while copying. Each
     file is written under a hidden partial name and renamed into place once it matches, so a
     killed copy never leaves a short file where a server would load it. Raises
     VerificationError naming the first file whose size or sha256 differs from its entry."""
     copied = []
     for entry in files:
-        rel = str(entry["path"])
+        rel = entry.path
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f"{PARTIAL_PREFIX}{target.name}")
@@ -98,13 +97,13 @@ def copy_verified(src: Path, dest: Path, files: Sequence[Mapping[str, Any]]) -> 
                 fout.flush()
                 os.fsync(fout.fileno())
                 size = fout.tell()
-            if size != entry["size"] or sha256 != entry["sha256"]:
+            if size != entry.size or sha256 != entry.sha256:
                 raise VerificationError(f"{rel}: copied {size:,} bytes with sha256 {sha256}, the "
-                                        f"manifest says {entry['size']:,} bytes and {entry['sha256']}")
+                                        f"manifest says {entry.size:,} bytes and {entry.sha256}")
             os.replace(partial, target)
         finally:
             partial.unlink(missing_ok=True)
-        copied.append({"path": rel, "size": size, "sha256": entry["sha256"]})
+        copied.append(ManifestFile(path=rel, size=size, sha256=entry.sha256))
     return copied
 
 
@@ -119,41 +118,57 @@ def _inside(path: Path, root: Path) -> bool:
     return True
 
 
-def delete_staged(folder: str | Path, root: str | Path) -> dict[str, Any]:
-    """Remove the staged ``folder``, which must lie inside ``root``; returns freed bytes,
-    files removed and residues. Never follows a symlink; never forces."""
+@dataclass
+class Removal:
+    """What removing a staged folder has freed so far, and what it could not remove."""
+
+    freed_bytes: int = 0
+    files_removed: int = 0
+    residues: list[Residue] = field(default_factory=list)
+
+    def folder(self, path: str, action: str) -> WeightsFolder:
+        """The cleanup record's item of the folder ``path`` deleted by the policy."""
+        return WeightsFolder(path=path, policy="delete", action=action, freed_bytes=self.freed_bytes,
+                             files_removed=self.files_removed, residues=self.residues)
+
+
+def _weights_residue(what: str | Path, size: int | None, tried: str, seen: str) -> Residue:
+    return Residue(kind="weights", what=str(what), size=size, tried=tried, seen=seen)
+
+
+def delete_staged(folder: str | Path, root: str | Path) -> WeightsFolder:
+    """Remove the staged ``folder``, which must lie inside ``root``: the cleanup record's item, with
+    freed bytes, files removed and residues. Never follows a symlink; never forces."""
     root_r = Path(root).resolve()
     given = Path(folder)
-    residues: list[dict[str, Any]] = []
-    out: dict[str, Any] = {"path": str(given), "freed_bytes": 0, "files_removed": 0, "residues": residues}
+    done = Removal()
     if not os.path.lexists(given):
-        out["action"] = "none (already gone)"
-        return out
+        return done.folder(str(given), "none (already gone)")
     # resolve the parent only: a staged folder that is itself a symlink is unlinked, not followed
     target = given.parent.resolve() / given.name
     if not _inside(target, root_r) or target == root_r or root_r == Path(root_r.anchor):
-        residues.append({"kind": "weights", "what": str(target), "size": None,
-                         "tried": "delete", "seen": f"refused: not inside the staging root {root_r}"})
-        out["action"] = "refused"
-        return out
+        done.residues.append(_weights_residue(target, None, "delete", f"refused: not inside the staging root {root_r}"))
+        return done.folder(str(given), "refused")
     if target.is_symlink() or not target.is_dir():
-        _remove(target, out)
-        out["action"] = "deleted" if not residues else "partly deleted"
-        return out
+        _remove(target, done)
+        return done.folder(str(given), "deleted" if not done.residues else "partly deleted")
     for dirpath, dirnames, filenames in os.walk(target, topdown=False, followlinks=False):
         here = Path(dirpath)
         for name in filenames + [d for d in dirnames if (here / d).is_symlink()]:
-            _remove(here / name, out)
+            _remove(here / name, done)
         for name in dirnames:
             sub = here / name
             if not sub.is_symlink() and sub.exists():
-                _rmdir(sub, out)
-    _rmdir(target, out)
-    out["action"] = "deleted" if not residues else "partly deleted"
-    return out
+                _rmdir(sub, done)
+    _rmdir(target, done)
+    return done.folder(str(given), "deleted" if not done.residues else "partly deleted")
 
 
-def _remove(path: Path, out: dict[str, Any]) -> None:
+def _not_forced(exc: OSError) -> str:
+    return f"{errno.errorcode.get(exc.errno or 0, 'error')}: {exc.strerror}; not forced"
+
+
+def _remove(path: Path, done: Removal) -> None:
     try:
         st = path.lstat()
     except FileNotFoundError:
@@ -161,88 +176,87 @@ def _remove(path: Path, out: dict[str, Any]) -> None:
     try:
         path.unlink()
     except OSError as exc:
-        out["residues"].append({"kind": "weights", "what": str(path), "size": st.st_size,
-                                "tried": "remove without force",
-                                "seen": f"{errno.errorcode.get(exc.errno or 0, 'error')}: {exc.strerror}; not forced"})
+        done.residues.append(_weights_residue(path, st.st_size, "remove without force", _not_forced(exc)))
         return
-    out["files_removed"] += 1
+    done.files_removed += 1
     if not path.is_symlink():
-        out["freed_bytes"] += st.st_size
+        done.freed_bytes += st.st_size
 
 
-def _rmdir(path: Path, out: dict[str, Any]) -> None:
+def _rmdir(path: Path, done: Removal) -> None:
     try:
         path.rmdir()
     except FileNotFoundError:
         pass
     except OSError as exc:
-        if any(r["what"].startswith(str(path) + os.sep) for r in out["residues"]):
+        if any(r.what.startswith(str(path) + os.sep) for r in done.residues):
             return  # not empty because of a residue already listed
-        out["residues"].append({"kind": "weights", "what": str(path), "size": None,
-                                "tried": "remove without force",
-                                "seen": f"{errno.errorcode.get(exc.errno or 0, 'error')}: {exc.strerror}; not forced"})
+        done.residues.append(_weights_residue(path, None, "remove without force", _not_forced(exc)))
 
 
 # --------------------------------------------------------------------------- archive
 
 
-def archive_staged(entry: Entry, ledger: Ledger, disk: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def _kept(folder: Path, size: int | None, seen: str, **found: str) -> WeightsFolder:
+    """The item of a staged copy the archive policy kept (``seen`` says why), a residue."""
+    return WeightsFolder(path=str(folder), policy="archive", residues=[_weights_residue(folder, size, "archive", seen)],
+                         **found, action="kept", freed_bytes=0)
+
+
+def archive_staged(entry: Entry, ledger: Ledger, disk: DiskBlock | None = None) -> WeightsFolder:
     """Archive the staged folder of a ``weights_staged`` entry, verify, then delete it."""
     folder = Path(entry.path)
-    out: dict[str, Any] = {"path": str(folder), "policy": "archive", "residues": []}
     manifest_path = folder / MANIFEST_NAME
     if not manifest_path.is_file():
         if not folder.exists():
-            out.update(action="none (already gone)", freed_bytes=0)
-            return out
-        out["residues"].append({"kind": "weights", "what": str(folder), "size": None,
-                                "tried": "archive", "seen": f"no manifest at {manifest_path}; the staged copy is kept"})
-        out.update(action="kept", freed_bytes=0)
-        return out
+            return WeightsFolder(path=str(folder), policy="archive", residues=[], action="none (already gone)",
+                                 freed_bytes=0)
+        return _kept(folder, None, f"no manifest at {manifest_path}; the staged copy is kept")
     manifest = load_record(manifest_path, "manifest")
     dest = archive_path(entry.archive_dir, manifest)
-    out["archive"] = str(dest)
-    files = [as_written(f) for f in manifest.files]
     started = time.monotonic()
-    if (dest / MANIFEST_NAME).is_file() and not verify_manifest({"model_dir": str(dest), "files": files}):
-        out["copy"] = "archive already present and verified"
+    if (dest / MANIFEST_NAME).is_file() and not verify_files(dest, manifest.files):
+        copy = "archive already present and verified"
     else:
-        space = headroom_by_filesystem([("archive", dest.parent, manifest.total_bytes, len(files))],
-                                       DiskBlock.model_validate(disk) if disk else DiskBlock(reserve_fraction=0.0,
-                                                                                             reserve_min_gib=0.0))[0]
-        if not space["ok"]:
-            out["residues"].append({"kind": "weights", "what": str(folder), "size": manifest.total_bytes,
-                                    "tried": "archive", "seen": f"staged copy kept: {headroom_message(space, 'archive')}"})
-            out.update(action="kept", freed_bytes=0)
-            return out
-        ledger.append(Action.WEIGHTS_ARCHIVE_START, path=str(folder), archive=str(dest))
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
-        try:
-            copy_verified(folder, tmp, files)
-            problems = verify_manifest({"model_dir": str(tmp), "files": files})
-            if problems:
-                raise VerificationError("; ".join(problems))
-            archived = ManifestRecord.model_validate({**as_written(manifest), "model_dir": str(dest), "archived_at": time.time(),
-                                                      "archived_from": str(folder)})
-            write_record(tmp / MANIFEST_NAME, archived, schema="manifest")
-            if dest.exists():
-                shutil.rmtree(dest)  # an archive that failed verification above
-            os.replace(tmp, dest)
-        except (OSError, VerificationError) as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            out["residues"].append({"kind": "weights", "what": str(folder), "size": manifest.total_bytes,
-                                    "tried": "archive", "seen": f"staged copy kept: {exc}"})
-            out.update(action="kept", freed_bytes=0)
-            return out
-        out["copy"] = f"copied and verified {len(files)} files, {human_bytes(manifest.total_bytes)}"
-    out["archive_seconds"] = round(time.monotonic() - started, 3)
+        space = headroom_by_filesystem([("archive", dest.parent, manifest.total_bytes, len(manifest.files))],
+                                       disk or DiskBlock(reserve_fraction=0.0, reserve_min_gib=0.0))[0]
+        if not space.ok:
+            return _kept(folder, manifest.total_bytes, f"staged copy kept: {headroom_message(space, 'archive')}",
+                         archive=str(dest))
+        problem = _copy_to_archive(folder, dest, manifest, ledger)
+        if problem is not None:
+            return _kept(folder, manifest.total_bytes, f"staged copy kept: {problem}", archive=str(dest))
+        copy = f"copied and verified {len(manifest.files)} files, {human_bytes(manifest.total_bytes)}"
+    seconds = round(time.monotonic() - started, 3)
     ledger.append(Action.WEIGHTS_ARCHIVED, path=str(folder), archive=str(dest), bytes=manifest.total_bytes)
     removed = delete_staged(folder, entry.root)
-    out.update(action="archived" if not removed["residues"] else "archived, staged copy partly removed",
-               freed_bytes=removed["freed_bytes"], files_removed=removed["files_removed"])
-    out["residues"].extend(removed["residues"])
-    return out
+    return WeightsFolder(path=str(folder), policy="archive", residues=list(removed.residues or []), archive=str(dest),
+                         archive_copy=copy, archive_seconds=seconds,
+                         action="archived" if not removed.residues else "archived, staged copy partly removed",
+                         freed_bytes=removed.freed_bytes, files_removed=removed.files_removed)
+
+
+def _copy_to_archive(folder: Path, dest: Path, manifest: ManifestRecord, ledger: Ledger) -> OSError | VerificationError | None:
+    """Copy the staged ``folder`` to the archive ``dest`` through a partial folder, verified before it is renamed
+    into place with its manifest; the failure, or None."""
+    ledger.append(Action.WEIGHTS_ARCHIVE_START, path=str(folder), archive=str(dest))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
+    try:
+        copy_verified(folder, tmp, manifest.files)
+        problems = verify_files(tmp, manifest.files)
+        if problems:
+            raise VerificationError("; ".join(problems))
+        archived = manifest.model_copy(update={"model_dir": str(dest), "archived_at": time.time(),
+                                               "archived_from": str(folder)})
+        write_record(tmp / MANIFEST_NAME, archived, schema="manifest")
+        if dest.exists():
+            shutil.rmtree(dest)  # an archive that failed verification above
+        os.replace(tmp, dest)
+    except (OSError, VerificationError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return exc
+    return None
 
 
 def outstanding_weights(entries: Sequence[Entry]) -> dict[str, Entry]:
@@ -251,17 +265,17 @@ def outstanding_weights(entries: Sequence[Entry]) -> dict[str, Entry]:
     return replay(entries).outstanding["weights"]
 
 
-def _apply_here(path: str, entry: Entry, ledger: Ledger) -> dict[str, Any]:
+def _apply_here(path: str, entry: Entry, ledger: Ledger) -> WeightsFolder:
     """The policy of one folder staged on this host: the cleanup record's item for it."""
     policy = entry.after or "keep"
     if policy == "keep":
         size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file() and not f.is_symlink()) \
             if Path(path).is_dir() else 0
-        return {"path": path, "policy": "keep", "action": "kept", "freed_bytes": 0, "kept_bytes": size, "residues": []}
+        return WeightsFolder(path=path, policy="keep", action="kept", freed_bytes=0, kept_bytes=size, residues=[])
     if policy == "archive":
-        return archive_staged(entry, ledger, entry.disk)
+        return archive_staged(entry, ledger, DiskBlock.model_validate(entry.disk) if entry.disk else None)
     ledger.append(Action.WEIGHTS_DELETE_START, path=path)
-    return {"policy": "delete", **delete_staged(path, entry.root)}
+    return delete_staged(path, entry.root)
 
 
 @dataclass
@@ -288,8 +302,8 @@ def apply_policy(entries: Sequence[Entry], ledger: Ledger) -> PolicyApplied:
     for (node, path), staged in by_target(outstanding_weights(entries), lambda e: (e.node, str(e.path)), latest=True).items():
         entry = staged.entry
         policy = entry.after or "keep"
-        item = WeightsFolder.model_validate({**(undo_on_node(entry, ledger) if entry.reach else
-                                                _apply_here(path, entry, ledger)), "run": entry.run})
+        item = (undo_on_node(entry, ledger) if entry.reach else _apply_here(path, entry, ledger)).model_copy(
+            update={"run": entry.run})
         residues = list(item.residues or [])
         if item.freed_bytes:
             log.info("weights %s on node %s: %s, freed %s", path, node, item.action, human_bytes(item.freed_bytes))

@@ -20,23 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from llmtrial.core.fileio import replace_dir, sibling_dir
-from llmtrial.core.trial_config import TinyBlock
+from llmtrial.core.trial_config import SourceBlock, TinyBlock
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TINY_PARAMETERS", "REQUIRED_HEAD_DIM", "generate_tiny_model", "tiny_sizes", "tiny_config",
+__all__ = ["REQUIRED_HEAD_DIM", "ConfigValue", "generate_tiny_model", "tiny_config",
            "tiny_parameters"]
 
-#: Size parameters of :func:`generate_tiny_model` that a ``tiny`` source may override.
-TINY_PARAMETERS: tuple[str, ...] = (
-    "hidden_size",
-    "num_layers",
-    "num_heads",
-    "num_kv_heads",
-    "intermediate_size",
-    "vocab_size",
-    "max_position_embeddings",
-)
+#: A value of a config.json this project computes (a name, a size, a flag, the architectures).
+ConfigValue = int | str | bool | list[str]
 
 #: The generator's default sizes: the trial file's (a ``tiny`` source's block with nothing given).
 _SIZES = TinyBlock()
@@ -148,7 +140,7 @@ def _init_weights(model: Any, seed: int, std: float) -> None:
                 param.copy_(values)
 
 
-def _save_kwargs(method: Any) -> dict[str, Any]:
+def _save_kwargs(method: Any) -> dict[str, bool]:
     """``safe_serialization=True`` where the installed transformers still takes it."""
     try:
         parameters = inspect.signature(method).parameters
@@ -157,7 +149,7 @@ def _save_kwargs(method: Any) -> dict[str, Any]:
     return {"safe_serialization": True} if "safe_serialization" in parameters else {}
 
 
-def llama_config_values(sizes: Mapping[str, int]) -> dict[str, Any]:
+def llama_config_values(sizes: Mapping[str, int]) -> dict[str, ConfigValue]:
     """The config.json values of a tiny model with these sizes (what the planner reads)."""
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -174,15 +166,10 @@ def llama_config_values(sizes: Mapping[str, int]) -> dict[str, Any]:
     }
 
 
-def tiny_sizes(source: Mapping[str, Any]) -> dict[str, int]:
-    """The tiny generator's sizes: the trial file's defaults (``TinyBlock``), overridden by ``source["tiny"]``."""
-    return TinyBlock.model_validate(dict(source.get("tiny") or {})).model_dump()
-
-
-def tiny_config(source: Mapping[str, Any]) -> dict[str, Any]:
+def tiny_config(source: SourceBlock) -> dict[str, ConfigValue]:
     """The config.json a ``tiny`` source's model will have (what the planner reads before
     the model is generated)."""
-    return {**llama_config_values(tiny_sizes(source)), "torch_dtype": "bfloat16"}
+    return {**llama_config_values(source.tiny.model_dump()), "torch_dtype": "bfloat16"}
 
 
 def _write_tiny_model(out: Path, *, seed: int, sizes: Mapping[str, int]) -> None:
@@ -278,17 +265,7 @@ def generate_tiny_model(
     return dest
 
 
-def tiny_parameters(source: Mapping[str, Any], seed_default: int) -> dict[str, Any]:
+def tiny_parameters(source: SourceBlock) -> dict[str, int]:
     """The keyword arguments of :func:`generate_tiny_model` a ``tiny`` source asks for: its
-    ``seed`` (``seed_default`` when absent) and its size overrides, checked by name."""
-    overrides = source.get("tiny") or {}
-    if not isinstance(overrides, Mapping):
-        raise ValueError(f"source 'tiny' must be a mapping of size parameters, got {overrides!r}")
-    unknown = sorted(set(overrides) - set(TINY_PARAMETERS))
-    if unknown:
-        raise ValueError(
-            f"unknown tiny model parameter(s) {', '.join(map(str, unknown))}; "
-            f"accepted: {', '.join(TINY_PARAMETERS)}"
-        )
-    seed = source.get("seed", seed_default)
-    return {"seed": seed, **dict(overrides)}
+    ``seed`` and its sizes (the manifest's ``generator``)."""
+    return {"seed": source.seed, **source.tiny.model_dump()}
