@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 from jsonschema import Draft202012Validator
+from pydantic import ValidationError
 
 from conftest import DATA, REPO, written
 from llmtrial.core.configuration_model import ConfigurationRecord
@@ -28,7 +29,7 @@ from llmtrial.core.record_models import (
 )
 from llmtrial.core.records import check_record, load_record, read_record, write_record
 from llmtrial.core.resources import SCHEMAS
-from llmtrial.core.scenario_model import Pass, Step
+from llmtrial.core.scenario_model import Pass, PassSummary, Step
 
 DEMO = {"preflight": ["preflight"], "plan": ["plan-tp1", "plan-tp2"], "manifest": ["manifest"],
         "configuration": ["tp1", "tp2"], "cleanup": ["cleanup"]}
@@ -114,6 +115,18 @@ def test_the_demo_configuration_record_reads_as_passes_with_their_summaries():
     first = model.scenarios[0].pass_results[0]
     assert type(first) is Pass and first.pass_ == demo("tp1")["scenarios"][0]["pass_results"][0]["pass"]
     assert first.status in ("ok", "failed") and model.plan.verdict == demo("tp1")["plan"]["verdict"]
+
+
+def test_a_pass_summary_holds_the_percentiles_the_trial_named_and_refuses_any_other_key():
+    summary = demo("tp1")["scenarios"][0]["pass_results"][0]["summary"]
+    model = PassSummary.model_validate(summary)
+    # p50 and p90 are the trial's (bench.percentiles), not fields: held by name, written where they were read
+    assert model.percentiles["p50_ttft_ms"] == summary["p50_ttft_ms"] and "p90_itl_ms" in model.percentiles
+    assert "p50_ttft_ms" not in PassSummary.model_fields and written(model) == summary
+    with pytest.raises(ValidationError, match="nor a latency percentile .*: p90_ttft, tpot_p50"):
+        PassSummary.model_validate({**summary, "p90_ttft": 1.0, "tpot_p50": 2.0})
+    with pytest.raises(ValidationError, match="p95_ttft_ms"):
+        PassSummary.model_validate({**summary, "p95_ttft_ms": "fast"})
 
 
 def quiet_record() -> dict:

@@ -5,9 +5,11 @@ outcome and the passes' agreement."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from llmtrial.core.record_base import Maybe, NonNegInt, Number, RecordModel, Sha256
 
@@ -44,19 +46,30 @@ PERCENTILE_KEY = re.compile(r"p\d+(\.\d+)?_(ttft|tpot|itl|e2el)_ms")
 class PassSummary(RecordModel):
     """Figures copied from vLLM's result file (null where it has none), and each request's own output throughput.
     Besides its fields it holds one latency percentile for each name :data:`PERCENTILE_KEY` matches, and no
-    other key."""
+    other key: read and written beside the fields, as vLLM's result file has them, and held in
+    :attr:`percentiles`."""
 
-    model_config = ConfigDict(extra="allow", json_schema_extra={
-        "patternProperties": {PERCENTILE_KEY.pattern: {"type": ["number", "null"]}}, "additionalProperties": False})
+    model_config = ConfigDict(json_schema_extra={
+        "patternProperties": {PERCENTILE_KEY.pattern: {"type": ["number", "null"]}}})
 
-    __pydantic_extra__: dict[str, Number | None]
+    percentiles: SkipJsonSchema[dict[str, Number | None]] = Field(default_factory=dict, exclude=True, description=(
+        "The latency percentiles the trial asked for (bench.percentiles) that no field names, by vLLM's name."))
 
-    @model_validator(mode="after")
-    def _percentiles_only(self) -> PassSummary:
-        odd = sorted(k for k in self.__pydantic_extra__ or {} if not PERCENTILE_KEY.fullmatch(k))
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_percentiles(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        unknown = [k for k in data if k not in cls.model_fields and k != "percentiles"]
+        odd = sorted(k for k in unknown if not PERCENTILE_KEY.fullmatch(k))
         if odd:
             raise ValueError(f"not a field of a pass summary nor a latency percentile (p90_ttft_ms): {', '.join(odd)}")
-        return self
+        named = {**data.get("percentiles", {}), **{k: data[k] for k in unknown}}
+        return {**{k: v for k, v in data.items() if k not in unknown}, "percentiles": named}
+
+    @model_serializer(mode="wrap")
+    def _percentiles_beside_the_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {**handler(self), **self.percentiles}
 
     completed: int | None = None
     failed: int | None = None
