@@ -14,10 +14,9 @@ wall time runs from the preflight record to the last record or the report.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from llmtrial.serve.scenarios import runs_of
+from llmtrial.core.records import load_record
 
 
 def main() -> None:
@@ -28,12 +27,12 @@ def main() -> None:
     records = sorted(root.glob("configs/*/record.json"))
     if not records:
         raise SystemExit(f"no configuration records under {root}/configs/")
-    env = json.loads((root / "preflight" / "record.json").read_text())["environment"]
-    trial_start = env["recorded_at"]
-    ends = [json.loads(p.read_text())["timing"]["job_end"] for p in records]
+    trial_start = load_record(root / "preflight" / "record.json", "preflight").environment.recorded_at
+    configurations = [load_record(p, "configuration") for p in records]
+    ends = [rec.timing.job_end for rec in configurations]
     cleanup = root / "cleanup" / "record.json"
     if cleanup.exists():
-        ends.append(json.loads(cleanup.read_text())["finished"])
+        ends.append(load_record(cleanup, "cleanup").finished)
     report = root / "report.html"
     if report.exists() and report.stat().st_mtime >= trial_start:
         ends.append(report.stat().st_mtime)
@@ -43,21 +42,20 @@ def main() -> None:
     tot_startup = tot_bench = tot_load = tot_jobs = 0.0
     imports: list[float] = []
     unknown: list[str] = []  # configurations that ran passes and do not say what importing cost
-    for path in records:
-        rec = json.loads(path.read_text())
-        t = rec["timing"]
-        startup = t.get("startup_s") or 0.0
-        bench = t.get("bench_s") or 0.0
-        load = sum(p["summary"]["duration"] for s in rec["scenarios"] for _, p in runs_of(s) if p.get("summary"))
-        wall = t["wall_s"]
+    for rec in configurations:
+        t = rec.timing
+        startup = t.startup_s or 0.0
+        bench = t.bench_s or 0.0
+        load = sum(p.summary.duration or 0.0 for s in rec.scenarios for _, p in s.runs() if p.summary)
+        wall = t.wall_s
         over = wall - startup - bench
         tot_startup, tot_bench, tot_load, tot_jobs = tot_startup + startup, tot_bench + bench, tot_load + load, tot_jobs + wall
-        imported, workers = t.get("bench_import_s"), t.get("bench_workers")
+        imported, workers = t.bench_import_s, t.bench_workers
         if imported is not None:
             imports.append(imported)
-        elif any(runs_of(s) for s in rec["scenarios"]):
-            unknown.append(rec["configuration"])
-        print(f"{rec['configuration']:14} {wall:8.1f} {startup:10.1f} {bench:9.1f} {_fig(imported, '9.1f'):>9} "
+        elif any(s.runs() for s in rec.scenarios):
+            unknown.append(rec.configuration)
+        print(f"{rec.configuration:14} {wall:8.1f} {startup:10.1f} {bench:9.1f} {_fig(imported, '9.1f'):>9} "
               f"{_fig(workers, '8d'):>8} {load:8.1f} {over:11.1f} {100 * over / wall if wall else 0.0:8.1f}%")
     trial_wall = trial_end - trial_start
     useful = tot_startup + tot_bench

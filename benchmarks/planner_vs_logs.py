@@ -37,8 +37,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from llmtrial.core.units import GiB
 from llmtrial.plan.budget import MemoryTerms
-from llmtrial.plan.planner import GiB, Hardware, Plan, ServingArgs, plan
+from llmtrial.plan.plan_inputs import HardwareInputs, ServingArgs
+from llmtrial.plan.planner import Plan, plan
 from llmtrial.plan.shape import PlanError
 
 
@@ -65,7 +67,7 @@ def _headroom(p: Plan) -> float | None:
     return p.facts["headroom_bytes"]["value"] / GiB if "headroom_bytes" in p.facts else None
 
 
-def _one(case: dict[str, Any], config: dict[str, Any], hw: Hardware) -> dict[str, Any]:
+def _one(case: dict[str, Any], config: dict[str, Any], hw: HardwareInputs) -> dict[str, Any]:
     logged = case["logged"]
     args = _args(case)
     try:
@@ -92,7 +94,7 @@ def _one(case: dict[str, Any], config: dict[str, Any], hw: Hardware) -> dict[str
     }
 
 
-def _failed(case: dict[str, Any], config: dict[str, Any], hw: Hardware) -> tuple[str, str, str | None]:
+def _failed(case: dict[str, Any], config: dict[str, Any], hw: HardwareInputs) -> tuple[str, str, str | None]:
     """The verdict and first blocking reason (else the first reason), and the headroom warning given the
     case's logged terms (None without one)."""
     version = case["logged"].get("vllm_version")
@@ -107,13 +109,13 @@ def _failed(case: dict[str, Any], config: dict[str, Any], hw: Hardware) -> tuple
     return p.verdict, first or (p.reasons or [""])[0], warning
 
 
-def _hardware(case: dict[str, Any], opts: argparse.Namespace) -> Hardware:
+def _hardware(case: dict[str, Any], opts: argparse.Namespace) -> HardwareInputs:
     args = case["args"]
     gpus = case["gpus"] if opts.gpus == "case" else \
         args.get("tensor_parallel_size", 1) * args.get("pipeline_parallel_size", 1)
     # llm-d's H100s reach each other over NVLink: vLLM's custom all-reduce runs at TP > 1;
     # a run that died before logging the GPU's memory ran on the same GPUs as the others (--gpu-memory-gib)
-    return Hardware(gpus=gpus, gpu_memory_gib=case["logged"].get("total_memory_gib") or opts.gpu_memory_gib,
+    return HardwareInputs(gpus=gpus, gpu_memory_gib=case["logged"].get("total_memory_gib") or opts.gpu_memory_gib,
                     peer_access=True)
 
 

@@ -9,6 +9,8 @@ cannot hide a cycle.
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -310,3 +312,16 @@ def test_schemas_templates_and_patches_ship_in_the_package(tmp_path):
     assert "llmtrial/templates/report.html.j2" in names and "llmtrial/templates/comparison.html.j2" in names
     assert {"llmtrial/patches/demo-worker-log/patch.yaml", "llmtrial/patches/demo-worker-log/patch.diff",
             "llmtrial/patches/demo-worker-log/hook.py"} <= names
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (REPO / "benchmarks").glob("*.py")))
+def test_each_benchmark_script_imports_only_what_the_library_has(script: str) -> None:
+    """The benchmark scripts run outside the suite; a name the library renamed or removed breaks them
+    silently, so each ``from llmtrial... import`` of theirs is checked against the library as it is."""
+    tree = ast.parse((REPO / "benchmarks" / script).read_text(encoding="utf-8"))
+    wanted = [(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+              and n.module.split(".")[0] == PACKAGE for a in n.names]
+    missing = [f"{module}.{name}" for module, name in wanted
+               if not hasattr(importlib.import_module(module), name)
+               and importlib.util.find_spec(f"{module}.{name}") is None]
+    assert not missing, f"benchmarks/{script} imports what the library does not have: {', '.join(missing)}"
