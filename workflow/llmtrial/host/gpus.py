@@ -327,7 +327,7 @@ def recheck_failed(ledger: Ledger, residues: list[Residue]) -> list[HeldGpu]:
     held = []
     for entry in replay(ledger.entries()).open("gpus"):
         gpu = SelectedGpu(index=entry.gpu, uuid=entry.uuid, pci_bus_id=entry.pci_bus_id)
-        settings = HealthCheckBlock.model_validate(entry.health or {})  # the check the failure had
+        settings = entry.health or HealthCheckBlock()  # the check the failure had
         [now] = health([gpu], entry.kernel_lines or [], settings).gpus or []
         if now.healthy:
             ledger.append(Action.GPU_CLEARED, gpu=gpu.index, uuid=gpu.uuid, undoes=entry.id, evidence=now.evidence)

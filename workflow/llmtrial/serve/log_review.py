@@ -67,7 +67,7 @@ def review(text: str, *, source: str, startup: Mapping[str, Any], scenarios: Seq
     facts = dict(startup) or (startup_log.parse_startup(text, source=source) if text else {})
     return Reviewed(
         startup=facts,
-        engine_warnings=[EngineWarning.model_validate(w) for w in engine_warnings(text, source=source)],
+        engine_warnings=engine_warnings(text, source=source),
         patches=ServerPatches(reapplied=patched.reapplied, plugin_dir=patched.plugin_dir,
                               patches=evidence(patched.patches, text, env, source)),
         prediction=compare_with_plan(plan, facts),
