@@ -44,7 +44,24 @@ def snakemake(workdir: Path, *args: str, timeout: float = 300, configfile: Path 
     cmd = [*via, SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(workdir)]
     if configfile is not None:
         cmd += ["--configfile", str(configfile)]
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout, check=False)
+    run = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout, check=False)
+    if run.returncode != 0:  # the failed jobs' logs, read now: a later run of the same rule empties them
+        run.stderr += failed_job_logs(workdir, run.stdout + run.stderr)
+    return run
+
+
+#: Snakemake's line naming the log of a job that failed.
+_FAILED_LOG = re.compile(r"^\s*log: (\S+) \(check log file\(s\) for error details\)", re.M)
+
+
+def failed_job_logs(workdir: Path, output: str, chars: int = 4000) -> str:
+    """The end of the log of every job a run's ``output`` says failed, each under its path."""
+    parts = []
+    for name in dict.fromkeys(_FAILED_LOG.findall(output)):
+        path = workdir / name
+        text = path.read_text(errors="replace")[-chars:] if path.is_file() else "(no such file)"
+        parts.append(f"\n--- {name} (the failed job's log) ---\n{text}")
+    return "".join(parts)
 
 
 def job_counts(output: str) -> dict[str, int]:

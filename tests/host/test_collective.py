@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from hosts import INTERFACE
+from llmtrial.host import collective
 from llmtrial.host.collective import (
     busbw_factor,
     diagnose_rank,
@@ -29,7 +30,7 @@ from llmtrial.host.collective import (
     run_local_group,
     summarize,
 )
-from llmtrial.host.nodes import last_json_object
+from llmtrial.host.nodes import last_json_object, program_argv
 from llmtrial.logs.failures import diagnose_failure
 from llmtrial.logs.lines import read_log
 from llmtrial.serve.multinode import sanity_check
@@ -118,7 +119,7 @@ def test_a_standalone_rank_runs_where_llmtrial_cannot_be_imported():
     """The rank a node without llmtrial runs (its module's source as ``python -c``, ``--out -``): here with
     every llmtrial import refused, it still answers, its result the last line it prints."""
     argv = rank_argv(0, 2, backend="gloo", master_addr="127.0.0.1", port=29999, out="-", interface="nosuch0",
-                     standalone=True)
+                     program=program_argv(sys.executable, collective))
     assert argv[1] == "-c" and "llmtrial.host.collective" not in argv[:2]
     refusing = ("import sys; sys.modules['llmtrial'] = None; "
                 "exec(compile(sys.argv.pop(1), 'collective', 'exec'), {'__name__': '__main__'})")

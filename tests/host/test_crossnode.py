@@ -20,7 +20,10 @@ from pathlib import Path
 import pytest
 
 from llmtrial.core.preflight_model import NodeReport
+from llmtrial.core.trial_config import ProbesBlock
 from llmtrial.core.units import GiB
+from llmtrial.host import collective
+from llmtrial.host.collective import rank_argv
 from llmtrial.host.crossnode import (
     STALE_MARKERS,
     cross_checks,
@@ -29,7 +32,10 @@ from llmtrial.host.crossnode import (
     same_files,
 )
 from llmtrial.host.nodes import local_node, program_argv
+from llmtrial.host.probes import probe_argv
+from llmtrial.onnode import headless_serve
 from llmtrial.onnode import node_facts as node_facts_program
+from llmtrial.onnode.node_facts import command_line
 
 # --- the checks over facts --------------------------------------------------------------------
 
@@ -170,6 +176,22 @@ def test_same_files_detects_a_differing_hash_and_a_missing_file():
 def test_the_fact_program_carries_no_marker_so_it_never_finds_itself():
     [source] = [arg for arg in program_argv("python", node_facts_program) if "def stale(" in arg]
     assert not [m for m in STALE_MARKERS if m in source]
+
+
+def test_a_program_is_known_by_the_module_it_runs_not_by_what_its_docstring_mentions():
+    """The probe program's docstring names the sanity-check ranks; a trial's probes running beside a
+    multi-node trial's preflight are no stale rank. A standalone rank and a headless vLLM rank are."""
+    def stale(argv: list[str]) -> list[str]:
+        return [m for m in STALE_MARKERS if m in command_line(argv)]
+
+    probe = probe_argv(ProbesBlock(), [0])
+    assert "llmtrial.host.collective" in probe[2]
+    assert stale(probe) == []
+    rank = rank_argv(1, 2, backend="gloo", master_addr="10.200.0.1", port=29500, out="-",
+                     program=program_argv("python3", collective))
+    assert stale(rank) == ["llmtrial.host.collective"]
+    assert stale(program_argv("python3", headless_serve, "{}")) == ["llmtrial.onnode.headless_serve"]
+    assert stale(["bash", "-c", "sleep 1\nvllm serve /models/x"]) == ["vllm serve"]  # only Python's -c is cut
 
 
 # --- two hosts on this machine ----------------------------------------------------------------

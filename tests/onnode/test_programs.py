@@ -69,10 +69,12 @@ def test_a_program_imports_the_standard_library_and_what_its_node_has_only(modul
     assert imported(module) - allowed == set()
 
 
-def test_program_argv_sends_the_modules_own_source_with_its_arguments():
+def test_program_argv_sends_the_modules_own_source_named_on_its_first_line_with_its_arguments():
     argv = program_argv("/opt/py/bin/python", node_probe, "a b", "--x")
     assert argv[:2] == ["/opt/py/bin/python", "-c"] and argv[3:] == ["a b", "--x"]
-    assert argv[2] == Path(str(node_probe.__file__)).read_text(encoding="utf-8")
+    first, source = argv[2].split("\n", 1)
+    assert first == "# llmtrial.onnode.node_probe"
+    assert source == Path(str(node_probe.__file__)).read_text(encoding="utf-8")
 
 
 def test_hashes_and_probe_run_without_site_packages(tmp_path):
@@ -138,15 +140,20 @@ def test_node_facts_read_processes_from_proc_where_psutil_is_missing():
     carries a marker, never the program's own ancestors."""
     marker = "llmtrial-onnode-test-marker"
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
+    # a Python -c program is known by its first line: one that names the marker there is found, one
+    # whose text below mentions it (a docstring) is not
+    named = subprocess.Popen([sys.executable, "-c", f"# {marker}\nimport time; time.sleep(60)"])
+    mentions = subprocess.Popen([sys.executable, "-c", f"# other\n'Mentions {marker}.'\nimport time; time.sleep(60)"])
     try:
         facts = run_bare(node_facts, inputs={"interface": None, "master_addr": "127.0.0.1", "master_port": None,
                                              "connect_timeout": 3, "markers": {marker: "a test marker"},
                                              "cmdline_chars": 240})
     finally:
-        holder.kill()
-        holder.wait()
+        for proc in (holder, named, mentions):
+            proc.kill()
+            proc.wait()
     assert facts["stale"]["source"] == "/proc"
-    assert [p["pid"] for p in facts["stale"]["processes"]] == [holder.pid]
+    assert sorted(p["pid"] for p in facts["stale"]["processes"]) == sorted([holder.pid, named.pid])
     assert facts["python_version"] == ".".join(map(str, sys.version_info[:3]))
     assert facts["vllm"] is None and facts["torch"] is None  # -S: the packages are not there to find
 

@@ -40,7 +40,7 @@ from hosts import INTERFACE
 from llmtrial.core.ledger import Entry, Ledger
 from llmtrial.host.nodes import Node, NodeDefaults
 from llmtrial.host.process_groups import group_alive, group_members, port_open
-from workflow_helpers import SNAKEMAKE, write_config
+from workflow_helpers import SNAKEMAKE, snakemake, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
 
@@ -69,8 +69,7 @@ def trial_config(h, work) -> dict:
 
 def on_a(h, work, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     """snakemake run on host A (in its namespace)."""
-    cmd = h.on_a([SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(work), *args])
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    return snakemake(work, *args, timeout=timeout, via=h.on_a([]))
 
 
 def ledger(results) -> list[Entry]:

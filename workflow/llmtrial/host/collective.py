@@ -377,12 +377,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def rank_argv(rank: int, world_size: int, *, backend: str, master_addr: str, port: int, out: str | os.PathLike[str],
               size_mib: float = 16, iters: int = 5, timeout_s: float = 30, interface: str | None = None,
-              python: str = sys.executable, standalone: bool = False) -> list[str]:
-    """The argv of one rank (run it on the rank's host, with ``llmtrial`` importable); with
-    ``standalone``, this module's own source as ``python -c``, for a host that has torch but
-    not llmtrial (give ``out="-"``: the result is the rank's last line of output)."""
-    program = ["-c", Path(__file__).read_text(encoding="utf-8")] if standalone else ["-m", "llmtrial.host.collective"]
-    argv = [python, *program, "--rank", str(rank), "--world-size", str(world_size),
+              python: str = sys.executable, program: Sequence[str] | None = None) -> list[str]:
+    """The argv of one rank (run it on the rank's host): ``python -m llmtrial.host.collective``, or
+    ``program`` where given: :func:`llmtrial.host.nodes.program_argv` of this module, its own source
+    as ``python -c``, for a host that has torch but not llmtrial (give ``out="-"``: the result is the
+    rank's last line of output)."""
+    program = list(program) if program is not None else [python, "-m", "llmtrial.host.collective"]
+    argv = [*program, "--rank", str(rank), "--world-size", str(world_size),
             "--master-addr", master_addr, "--master-port", str(port), "--backend", backend,
             "--size-mib", f"{size_mib:g}", "--iters", str(iters), "--timeout-s", f"{timeout_s:g}", "--out", str(out)]
     if interface:

@@ -40,6 +40,7 @@ __all__ = ["STALE_MARKERS", "node_facts", "cross_checks", "same_files", "preflig
 STALE_MARKERS: dict[str, str] = {
     "vllm.entrypoints": "vLLM server",
     "vllm serve": "vLLM server",
+    "llmtrial.onnode.headless_serve": "vLLM headless rank",
     "ray::": "Ray worker",
     "raylet": "Ray node daemon",
     "gcs_server": "Ray head (GCS)",

@@ -380,9 +380,13 @@ def _node_defaults(blocks: Mapping[str, NodeBlock], staging_dir: str) -> NodeDef
 
 
 def program_argv(python: str, module: ModuleType, *args: str) -> list[str]:
-    """``python -c <the source of module> args...``: one of :mod:`llmtrial.onnode` run by an
-    interpreter that need not have this project (its file is self-contained)."""
-    return [python, "-c", Path(str(module.__file__)).read_text(encoding="utf-8"), *args]
+    """``python -c <the source of module> args...``: a self-contained module of this project (one of
+    :mod:`llmtrial.onnode`, the probe program, a standalone collective rank) run by an interpreter
+    that need not have this project. The program's first line is a comment naming the module: what
+    a process list shows of it, and what a stale-process check matches
+    (:func:`llmtrial.onnode.node_facts.command_line`), never its docstring's mention of another."""
+    source = Path(str(module.__file__)).read_text(encoding="utf-8")
+    return [python, "-c", f"# {module.__name__}\n{source}", *args]
 
 
 def last_json_object(stdout: str) -> dict[str, Any]:

@@ -22,7 +22,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
 from llmtrial.core.preflight_model import GpuDevice, Gpus, ProbeResult, Probes
@@ -30,7 +29,7 @@ from llmtrial.core.record_base import Check, RecordModel
 from llmtrial.core.trial_config import ProbesBlock
 from llmtrial.host import collective, probe_program
 from llmtrial.host.checks import check
-from llmtrial.host.nodes import last_json_object
+from llmtrial.host.nodes import last_json_object, program_argv
 
 __all__ = ["GPU_PROBES", "PCIE_LANE_GBPS", "PROBES", "link_checks", "probe_argv", "run_probes", "selected_gpus"]
 
@@ -87,7 +86,7 @@ def probe_argv(settings: ProbesBlock, devices: Sequence[int], python: str = sys.
     wanted = {"probes": {name: {"enabled": blocks[name].enabled, "bytes": blocks[name].bytes,
                                 "repeats": blocks[name].repeats} for name in PROGRAM_PROBES},
               "devices": list(devices)}
-    return [python, "-c", Path(probe_program.__file__).read_text(encoding="utf-8"), json.dumps(wanted)]
+    return program_argv(python, probe_program, json.dumps(wanted))
 
 
 def _gpu_env(devices: Sequence[int]) -> dict[str, str]:

@@ -132,10 +132,21 @@ def own_ancestors() -> set:
     return pids
 
 
+def command_line(argv: list) -> str:
+    """A process's argv as one line, a Python ``-c`` program shown by its first line only: the
+    line :func:`llmtrial.host.nodes.program_argv` makes name the program. The text below it (a
+    docstring that mentions another program) says nothing of what the process is."""
+    shown = list(argv)
+    if shown and os.path.basename(shown[0]).startswith("python") and "-c" in shown[1:-1]:
+        at = shown.index("-c", 1) + 1
+        shown[at] = shown[at].split("\n", 1)[0]
+    return " ".join(shown).strip()
+
+
 def from_proc(entry: str, tick: int, uptime: float) -> tuple:
     """(pid, command line, age in seconds, user, source) of one /proc entry."""
     with open(f"/proc/{entry}/cmdline", "rb") as f:
-        cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        cmd = command_line(f.read().decode(errors="replace").split("\0"))
     with open(f"/proc/{entry}/stat") as f:
         start = int(f.read().rsplit(")", 1)[1].split()[19]) / tick
     uid = os.stat(f"/proc/{entry}").st_uid
@@ -156,7 +167,7 @@ def processes():
         now = time.time()
         for p in psutil.process_iter(["pid", "cmdline", "create_time", "username"]):
             i = p.info
-            yield i["pid"], " ".join(i["cmdline"] or []), now - (i["create_time"] or now), i["username"], "psutil"
+            yield i["pid"], command_line(i["cmdline"] or []), now - (i["create_time"] or now), i["username"], "psutil"
         return
     tick = os.sysconf("SC_CLK_TCK")
     with open("/proc/uptime") as f:

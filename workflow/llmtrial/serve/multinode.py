@@ -317,7 +317,7 @@ def sanity_check(nodes: Sequence[Node], *, port: int, backend: str = "gloo", siz
         for rank, node in enumerate(nodes):
             argv = collective.rank_argv(rank, world, backend=backend, master_addr=nodes[0].address, port=port,
                                         out="-", size_mib=size_mib, iters=iters, timeout_s=timeout_s,
-                                        interface=node.interface, python=node.python, standalone=True)
+                                        interface=node.interface, program=program_argv(node.python, collective))
             futures.append(pool.submit(_rank_on, node, argv, rank, world, timeout_s + 30))
         results = [f.result() for f in futures]
     summary = collective.summarize(results, world_size=world)
