@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import http.server
 import json
 import os
@@ -32,9 +33,44 @@ DATA = Path(__file__).resolve().parent / "data"
 
 #: The marks of tests that run on one pytest-xdist worker, one after another (``make test`` runs two
 #: workers): the real-vLLM trials (e2e) and the tests that change or watch what those trials share
-#: with everything on this machine (hostwide: the installed vLLM's files, processes a stale-process
-#: check reports, the free disk). The other tests spread over the workers.
+#: with everything on this machine (hostwide: the installed vLLM's files, the free disk). The other
+#: tests spread over the workers.
 SERIAL_MARKS = ("e2e", "hostwide")
+
+#: The lock between the tests that start what a multi-node trial's stale-process check reports
+#: (``stale_sources``: sanity-check ranks, the benchmark client, a planted vLLM; they hold it shared,
+#: with their module's fixtures) and the tests that run that check on both hosts and want it to find
+#: nothing (:func:`alone_with_the_stale_check`, held exclusively around the run). The two hosts share
+#: this machine's processes; the lock keeps the sources off the serial worker without letting the
+#: check see them.
+STALE_LOCK = Path(tempfile.gettempdir()) / "llmtrial-tests-stale-sources.lock"
+
+
+@contextlib.contextmanager
+def _stale_lock(mode: int) -> Iterator[None]:
+    with open(STALE_LOCK, "a") as handle:
+        fcntl.flock(handle, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def alone_with_the_stale_check() -> contextlib.AbstractContextManager[None]:
+    """While no ``stale_sources`` test runs: around a run whose cross-node preflight must find no
+    stale process on this machine's two hosts."""
+    return _stale_lock(fcntl.LOCK_EX)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stale_sources(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A module marked ``stale_sources`` holds the lock shared from its first test to its fixtures'
+    end (a module fixture may keep such a process, the benchmark worker, for all its tests)."""
+    if not any(m.name == "stale_sources" for m in request.node.iter_markers()):
+        yield
+        return
+    with _stale_lock(fcntl.LOCK_SH):
+        yield
 
 
 def is_serial(item: pytest.Item) -> bool:

@@ -35,7 +35,7 @@ from llmtrial.logs.failures import diagnose_failure
 from llmtrial.logs.lines import read_log
 from llmtrial.serve.multinode import sanity_check
 
-pytestmark = pytest.mark.hostwide  # starts sanity-check ranks, which a multi-node trial's stale-process check reports
+pytestmark = pytest.mark.stale_sources  # starts sanity-check ranks, which a multi-node trial's stale-process check reports
 
 
 def rendezvous_port() -> int:

@@ -33,7 +33,7 @@ from llmtrial.serve.datasets import JobScenario, PassLoad
 from llmtrial.serve.scenarios import RequestDetail
 from llmtrial.weights.tiny import generate_tiny_model
 
-pytestmark = pytest.mark.hostwide  # starts vLLM's benchmark client, which a multi-node trial's stale-process check reports
+pytestmark = pytest.mark.stale_sources  # starts vLLM's benchmark client, which a multi-node trial's stale-process check reports
 
 SCENARIO = JobScenario(ScenarioBlock(input_len=64, output_len=32, num_prompts=12, concurrency=4, request_rate="inf"))
 

@@ -35,7 +35,7 @@ import time
 import pytest
 import yaml
 
-from conftest import REPO, SNAKEFILE, free_base_port
+from conftest import REPO, SNAKEFILE, alone_with_the_stale_check, free_base_port
 from hosts import INTERFACE
 from llmtrial.core.ledger import Entry, Ledger
 from llmtrial.host.nodes import Node, NodeDefaults
@@ -137,7 +137,8 @@ def two_host_trial(hosts, tmp_path_factory):
     killer = threading.Thread(target=kill_b_rank_mid_benchmark, args=(results, done, out["killed"]), daemon=True)
     killer.start()
     try:
-        out["first"] = on_a(hosts, work, "--cores", "all", timeout=1200)
+        with alone_with_the_stale_check():  # its preflight checks both hosts for stale vLLM, Ray and rank processes
+            out["first"] = on_a(hosts, work, "--cores", "all", timeout=1200)
     finally:
         done.set()
     out["first_s"] = time.time() - t0

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import written
+from conftest import alone_with_the_stale_check, written
 from llmtrial.core.ledger import Action, Ledger, current_run
 from llmtrial.core.paths import TrialPaths
 from llmtrial.core.record_models import ManifestRecord
@@ -149,7 +149,8 @@ def test_snakemake_stages_on_both_hosts_and_its_cleanup_deletes_node_bs_copy(hos
     config["model"]["weights"] = {"after": "delete"}
     write_config(tmp_path, config)
     paths = TrialPaths.of("mn")
-    out = snakemake(tmp_path, "--cores", "1", str(paths.manifest), via=hosts.on_a([]), timeout=300)
+    with alone_with_the_stale_check():
+        out = snakemake(tmp_path, "--cores", "1", str(paths.manifest), via=hosts.on_a([]), timeout=300)
     log = (tmp_path / paths.log("preflight")).read_text()
     if out.returncode != 0 and "nodes: stale_processes:" in log and "python_patch_level" not in log:
         pytest.skip("a vLLM of another trial runs on this machine, and both hosts share its processes")
