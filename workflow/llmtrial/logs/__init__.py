@@ -1,5 +1,5 @@
-"""vLLM's logs read: a server's log as lines, the start-up figures, why a server failed, the engine's
-own warnings.
+"""vLLM's logs read: a server's log as lines, the start-up figures, why a server failed and its crash's
+signature, the engine's own warnings.
 
 - :mod:`llmtrial.logs.engine_warnings`: The engine's own warnings: start-up lines of vLLM (and of
   NCCL under it) that the seeds acted on.
@@ -7,10 +7,12 @@ own warnings.
   what to change.
 - :mod:`llmtrial.logs.lines`: A vLLM server's log as lines: read, cleaned, their prefixes told apart
   from their message.
+- :mod:`llmtrial.logs.signature`: A crash's signature: what was raised, where in vLLM, and in which
+  start-up phase.
 - :mod:`llmtrial.logs.startup_log`: Start-up figures from a vLLM server's log, in the wordings of
   every engine generation.
 
 Imports from: core. (tests/test_structure.py holds the order.)
 """
 
-__all__ = ["engine_warnings", "failures", "lines", "startup_log"]
+__all__ = ["engine_warnings", "failures", "lines", "signature", "startup_log"]

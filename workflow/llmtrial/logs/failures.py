@@ -96,8 +96,8 @@ _LOAD_MESSAGE = re.compile(r"Failed to load model - not enough GPU memory|Failed
 #: V0's worker processes name the method they ran: "Exception in worker VllmWorkerProcess while processing
 #: method load_model: CUDA out of memory ...".
 _METHOD = re.compile(r"while processing method (?P<func>\w+)")
-#: A traceback frame: ``File "...", line N, in <function>``.
-_FRAME = re.compile(r'File "[^"]+", line \d+, in (?P<func>[\w<>]+)')
+#: A traceback frame: ``File "<file>", line <line>, in <func>``.
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[\w<>]+)')
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 #: vLLM functions that run once the weights are in: profiling and warm-up (V1 gpu_model_runner.py and
 #: gpu_worker.py, V0 worker.py and model_runner.py), the KV cache's allocation, CUDA-graph capture,
@@ -499,7 +499,8 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
 #: A line logged at ERROR level (the exception lines are :data:`llmtrial.logs.lines.EXCEPTION`).
 _ERROR_LEVEL = re.compile(r"(?:^|\s)ERROR(?:\s|:|$)")
 #: Exceptions that only point elsewhere; used only when no other exception line exists.
-_WRAPPER = re.compile(r"See root cause above|Engine core initialization failed|See stack trace above")
+_WRAPPER = re.compile(r"See root cause above|Engine core initialization failed|See stack trace|"
+                      r"WorkerProc initialization failed|Engine loop is not running|Background loop has errored")
 
 _UNKNOWN = ("No known failure explains this log; this is the last error line it shows. Read the traceback and "
             "the lines above it for the cause.")
