@@ -90,6 +90,8 @@ def test_a_log_without_a_traceback_or_an_exception_line_has_no_signature(case):
 @pytest.mark.parametrize(("name", "phase"), [
     ("mem-vllm-6746-capture-cuda-error-oom", "graph_capture_compile"),  # CUDA-graph capture at warm-up
     ("more-club3090-60-cuda-driver-oom-marlin", "post_load_processing"),  # the Marlin repack after loading
+    ("more-axolotl-1971-v0-worker-load-model-oom", "weight_loading"),  # V0 prints no type, names load_model
+    ("mem-vllm-28143-create-weights-oom", "weight_loading"),  # vLLM's own error line before the traceback
     ("mem-vllm-12529-v1-oom-no-frames", None),  # the excerpt does not show it
 ])
 def test_an_out_of_memory_error_is_named_by_the_phase_the_log_shows(name, phase):
@@ -214,9 +216,21 @@ def test_a_frame_in_a_virtual_environment_under_a_folder_named_vllm_is_not_vllm(
     assert sig.frame == Frame("vllm/model_executor/layers/linear.py", "create_weights", 202)
 
 
+def test_a_crash_that_is_no_out_of_memory_error_is_not_called_one():
+    for name in ("dist-vllm-6574-nccl-shm", "mem-vllm-23278-gptoss120b-negative-kv", "mem-vllm-10439-v0-no-cache-blocks"):
+        assert not failure_signature(_case(name).text).out_of_memory, name
+
+
 def test_a_wrapper_is_not_the_crash_and_nccl_s_own_error_names_are_not_exceptions():
     text = _case("dist-vllm-6574-nccl-shm").text
     sig = failure_signature(text.rstrip("\n") + "\nRuntimeError: Engine core initialization failed. See root cause above.\n")
     assert (sig.exception, sig.crash_line, sig.phase) == (None, 4, "memory_profiling")
     only_wrapper = failure_signature("RuntimeError: Engine core initialization failed. See root cause above.\n")
     assert only_wrapper.exception == "RuntimeError" and only_wrapper.frame is None
+
+
+def test_every_out_of_memory_crash_of_the_corpus_is_called_one_and_no_other():
+    ooms = {"oom", "weights_oom", "runtime_oom"}
+    for case in SIGNED:
+        sig = failure_signature(case.text)
+        assert sig.out_of_memory == (case.meta["failure"]["kind"] in ooms), case.name

@@ -64,8 +64,10 @@ class FailureSignature:
     none; ``frame`` is the innermost vLLM frame of its traceback; ``phase`` the start-up phase the
     log shows. The evidence is kept as 0-based indices of :func:`llmtrial.logs.lines.log_lines`:
     ``crash_index`` (the exception line, else the traceback's first line), ``frame_index`` and
-    ``phase_index`` (the line that shows the phase). ``log`` is the position of the log in the list
-    it was read from (0 for a single log).
+    ``phase_index`` (the line that shows the phase). ``out_of_memory``: the crash is a device
+    out-of-memory error, in any wording the failure catalogue knows (on the exception line, or, without
+    one, on the lines vLLM prints just before the traceback). ``log`` is the position of the log in the
+    list it was read from (0 for a single log).
     """
 
     exception: str | None
@@ -75,6 +77,7 @@ class FailureSignature:
     crash_index: int
     frame_index: int | None = None
     phase_index: int | None = None
+    out_of_memory: bool = False
     log: int = 0
 
     @property
@@ -91,11 +94,6 @@ class FailureSignature:
     def key(self) -> tuple[str | None, str | None, Frame | None, Phase | None]:
         """What two crashes share when they are the same failure (no line numbers of the log)."""
         return self.exception, self.message, self.frame, self.phase
-
-    @property
-    def out_of_memory(self) -> bool:
-        """The exception is a device out-of-memory error (in any wording the failure catalogue knows)."""
-        return self.message is not None and _OOM_LINE.search(f"{self.exception}: {self.message}") is not None
 
 
 # ------------------------------------------------------------------ the phase a function tells
@@ -360,10 +358,12 @@ def signature_of_lines(lines: list[LogLine]) -> FailureSignature | None:
     frames = _exception_frames(lines, i) if m is not None else _frames_after(lines, i)
     frame, frame_index = _innermost(frames)
     phase, phase_index = _frame_phase(lines, frames) or _lines_phase(lines, i) or (None, None)
+    said = [lines[i]] if m is not None else lines[max(0, i - 3):i + 1]
     return FailureSignature(
         exception=m["type"] if m is not None else None,
         message=mask(m["message"] or "") if m is not None else None,
         frame=frame, phase=phase, crash_index=i, frame_index=frame_index, phase_index=phase_index,
+        out_of_memory=any(_OOM_LINE.search(line.text) for line in said),
     )
 
 
