@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from llmtrial.logs.lines import EXCEPTION, LogLine, continued, log_lines, spaced
 
-__all__ = ["FAILURE_PATTERNS", "FailurePattern", "diagnose_failure", "oom_phase"]
+__all__ = ["FAILURE_PATTERNS", "FRAME", "METHOD", "OOM_LINE", "TRACEBACK", "WRAPPER", "FailurePattern", "diagnose_failure",
+           "oom_phase"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class FailurePattern:
 def _quotes_source(lines: list[LogLine], i: int) -> bool:
     """Line ``i`` is the source code a traceback quotes under a frame (``raise ValueError("No available
     memory ...``), not the error it raises."""
-    return i > 0 and _FRAME.search(lines[i - 1].text) is not None and not EXCEPTION.search(lines[i].message)
+    return i > 0 and FRAME.search(lines[i - 1].text) is not None and not EXCEPTION.search(lines[i].message)
 
 
 def _any(*alternatives: str) -> re.Pattern[str]:
@@ -84,7 +85,7 @@ def _spaced(*alternatives: str) -> re.Pattern[str]:
 
 #: Every wording of a device out of memory: torch's (CUDA, HIP, XPU), the CUDA runtime's and driver's
 #: error strings, Level Zero's, and vLLM's own at load time.
-_OOM_LINE = _any(
+OOM_LINE = _any(
     r"\b(?:CUDA|HIP|XPU|NPU|MPS) out of memory",
     r"\bOutOfMemoryError: ",
     r"\bCUDA (?:driver )?error: out of memory",
@@ -95,10 +96,11 @@ _OOM_LINE = _any(
 _LOAD_MESSAGE = re.compile(r"Failed to load model - not enough GPU memory|Failed to create \w+ (?:\w+ )?weights")
 #: V0's worker processes name the method they ran: "Exception in worker VllmWorkerProcess while processing
 #: method load_model: CUDA out of memory ...".
-_METHOD = re.compile(r"while processing method (?P<func>\w+)")
+METHOD = re.compile(r"while processing method (?P<func>\w+)")
 #: A traceback frame: ``File "<file>", line <line>, in <func>``.
-_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[\w<>]+)')
-_TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
+FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[\w<>]+)')
+#: The line that opens a Python traceback.
+TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 #: vLLM functions that run once the weights are in: profiling and warm-up (V1 gpu_model_runner.py and
 #: gpu_worker.py, V0 worker.py and model_runner.py), the KV cache's allocation, CUDA-graph capture,
 #: and each step while serving.
@@ -129,18 +131,18 @@ def _innermost_frame(lines: list[LogLine], i: int) -> str | None:
     back to its ``Traceback`` line, at most 400 lines), else of the traceback that follows it
     (vLLM logs the error, then ``EngineCore failed to start.`` and the traceback), or None."""
     for line in reversed(lines[max(0, i - 400):i]):
-        if _TRACEBACK.search(line.text):
+        if TRACEBACK.search(line.text):
             break
-        m = _FRAME.search(line.text)
+        m = FRAME.search(line.text)
         if m is not None and _known(m["func"]):
             return m["func"]
     after = lines[i + 1:i + 400]
-    start = next((k for k, line in enumerate(after[:5]) if _TRACEBACK.search(line.text)), None)
+    start = next((k for k, line in enumerate(after[:5]) if TRACEBACK.search(line.text)), None)
     if start is None:
         return None
     innermost = None
     for line in after[start + 1:]:
-        m = _FRAME.search(line.text)
+        m = FRAME.search(line.text)
         if m is not None:
             innermost = m["func"] if _known(m["func"]) else innermost
         elif EXCEPTION.search(line.message):
@@ -163,7 +165,7 @@ def oom_phase(lines: list[LogLine], i: int, ready: bool = False) -> str:
         return "load"
     if ready:
         return "runtime"
-    method = _METHOD.search(lines[i].text)
+    method = METHOD.search(lines[i].text)
     if method is not None and _known(method["func"]):
         return "runtime" if method["func"] in _RUNTIME_FRAMES else "load"
     func = _innermost_frame(lines, i)
@@ -179,7 +181,7 @@ def oom_phase(lines: list[LogLine], i: int, ready: bool = False) -> str:
 
 def _first_oom_phase(lines: list[LogLine], ready: bool) -> str | None:
     """The phase of the log's first out-of-memory line (what later ranks print follows from it)."""
-    i = next((i for i, line in enumerate(lines) if line.text and _OOM_LINE.search(line.text)), None)
+    i = next((i for i, line in enumerate(lines) if line.text and OOM_LINE.search(line.text)), None)
     return None if i is None else oom_phase(lines, i, ready)
 
 
@@ -231,11 +233,11 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
         "Another process on the GPU released memory while vLLM profiled its own use, so vLLM could not tell its "
         "budget; run the server on GPUs no other process uses (or after they settle), or give --kv-cache-memory.",
     ),
-    FailurePattern("runtime_oom", _OOM_LINE, _OOM_AFTER, accept=_oom_in("runtime")),
-    FailurePattern("weights_oom", _OOM_LINE, _OOM_LOAD, accept=_oom_in("load")),
+    FailurePattern("runtime_oom", OOM_LINE, _OOM_AFTER, accept=_oom_in("runtime")),
+    FailurePattern("weights_oom", OOM_LINE, _OOM_LOAD, accept=_oom_in("load")),
     FailurePattern(
         "oom",
-        _OOM_LINE,
+        OOM_LINE,
         "The GPUs ran out of memory, and the log does not show whether while the weights loaded or after; look "
         "for the last start-up line before it: without 'Model loading took', use more GPUs or a smaller model; "
         "after it, lower max_num_batched_tokens, max_num_seqs or gpu_memory_utilization.",
@@ -499,7 +501,7 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
 #: A line logged at ERROR level (the exception lines are :data:`llmtrial.logs.lines.EXCEPTION`).
 _ERROR_LEVEL = re.compile(r"(?:^|\s)ERROR(?:\s|:|$)")
 #: Exceptions that only point elsewhere; used only when no other exception line exists.
-_WRAPPER = re.compile(r"See root cause above|Engine core initialization failed|See stack trace|"
+WRAPPER = re.compile(r"See root cause above|Engine core initialization failed|See stack trace|"
                       r"WorkerProc initialization failed|Engine loop is not running|Background loop has errored")
 
 _UNKNOWN = ("No known failure explains this log; this is the last error line it shows. Read the traceback and "
@@ -511,7 +513,7 @@ def _last_error(lines: list[LogLine]) -> int | None:
     line, as an index of ``lines``."""
     exceptions = [i for i, line in enumerate(lines) if line.text and EXCEPTION.search(line.message)]
     if exceptions:
-        causes = [i for i in exceptions if not _WRAPPER.search(lines[i].text)]
+        causes = [i for i in exceptions if not WRAPPER.search(lines[i].text)]
         return (causes or exceptions)[-1]
     errors = [i for i, line in enumerate(lines) if _ERROR_LEVEL.search(line.text)]
     return errors[-1] if errors else None

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from llmtrial.logs.failures import _FRAME, _METHOD, _OOM_LINE, _TRACEBACK, _WRAPPER
+from llmtrial.logs.failures import FRAME, METHOD, OOM_LINE, TRACEBACK, WRAPPER
 from llmtrial.logs.lines import LogLine, log_lines
 
 __all__ = ["PHASES", "FailureSignature", "Frame", "Phase", "failure_signature", "mask", "phase_of_function",
@@ -172,7 +172,7 @@ def _line_phase(line: LogLine) -> Phase | None:
     """The phase line ``line`` shows: one of :data:`_PHASE_LINES`, or the method a V0 worker names."""
     if not line.text:
         return None
-    method = _METHOD.search(line.text)
+    method = METHOD.search(line.text)
     if method is not None and phase_of_function(method["func"]) is not None:
         return phase_of_function(method["func"])
     return next((phase for regex, phase in _PHASE_LINES if regex.search(line.text)), None)
@@ -215,7 +215,7 @@ def _other_process(line: LogLine, of: LogLine) -> bool:
 
 def _frame_at(lines: list[LogLine], i: int) -> tuple[re.Match[str] | None, int]:
     """The frame on line ``i`` (rejoined where a terminal wrapped it) and the index of its last line."""
-    m = _FRAME.search(lines[i].text)
+    m = FRAME.search(lines[i].text)
     if m is not None or 'File "' not in lines[i].text:
         return m, i
     joined = lines[i].message
@@ -223,7 +223,7 @@ def _frame_at(lines: list[LogLine], i: int) -> tuple[re.Match[str] | None, int]:
         if lines[j].prefixed or not lines[j].text:
             break
         joined += lines[j].text
-        m = _FRAME.search(joined)
+        m = FRAME.search(joined)
         if m is not None:
             return m, j
     return None, i
@@ -235,7 +235,7 @@ def _code_line(lines: list[LogLine], j: int, stop: int, of: LogLine) -> int | No
         line = lines[k]
         if not line.text or _other_process(line, of):
             continue
-        if 'File "' in line.text or _exception(line) is not None or _TRACEBACK.search(line.text):
+        if 'File "' in line.text or _exception(line) is not None or TRACEBACK.search(line.text):
             return None
         return k
     return None
@@ -258,7 +258,7 @@ def _frames_after(lines: list[LogLine], t: int) -> list[_Shown]:
     """The frames of the traceback whose ``Traceback`` line is ``t``, up to its exception line."""
     stop = min(len(lines), t + 400)
     end = next((k for k in range(t + 1, stop) if not _other_process(lines[k], lines[t])
-                and (_exception(lines[k]) is not None or _TRACEBACK.search(lines[k].text))), stop)
+                and (_exception(lines[k]) is not None or TRACEBACK.search(lines[k].text))), stop)
     return _frames_in(lines, t + 1, end, lines[t])
 
 
@@ -270,7 +270,7 @@ def _exception_frames(lines: list[LogLine], e: int) -> list[_Shown]:
         line = lines[k]
         if _other_process(line, lines[e]):
             continue
-        if _TRACEBACK.search(line.text) or _CHAIN.search(line.text) or _exception(line) is not None:
+        if TRACEBACK.search(line.text) or _CHAIN.search(line.text) or _exception(line) is not None:
             top = k + 1
             break
     frames = _frames_in(lines, top, e, lines[e])
@@ -279,7 +279,7 @@ def _exception_frames(lines: list[LogLine], e: int) -> list[_Shown]:
     for t in range(e + 1, min(len(lines), e + 11)):
         line = lines[t]
         if (line.process, line.pid) == (lines[e].process, lines[e].pid):
-            if _TRACEBACK.search(line.text):
+            if TRACEBACK.search(line.text):
                 return _frames_after(lines, t)
             if _exception(line) is not None or 'File "' in line.text:
                 break
@@ -340,11 +340,11 @@ def _crash(lines: list[LogLine]) -> tuple[int, re.Match[str] | None] | None:
     wrapper = None
     for i, line in enumerate(lines):
         m = _exception(line)
-        if m is not None and not _WRAPPER.search(line.text):
+        if m is not None and not WRAPPER.search(line.text):
             return i, m
         if m is not None and wrapper is None:
             wrapper = (i, m)
-    first = next((i for i, line in enumerate(lines) if line.text and _TRACEBACK.search(line.text)), None)
+    first = next((i for i, line in enumerate(lines) if line.text and TRACEBACK.search(line.text)), None)
     return (first, None) if first is not None else wrapper
 
 
@@ -363,7 +363,7 @@ def signature_of_lines(lines: list[LogLine]) -> FailureSignature | None:
         exception=m["type"] if m is not None else None,
         message=mask(m["message"] or "") if m is not None else None,
         frame=frame, phase=phase, crash_index=i, frame_index=frame_index, phase_index=phase_index,
-        out_of_memory=any(_OOM_LINE.search(line.text) for line in said),
+        out_of_memory=any(OOM_LINE.search(line.text) for line in said),
     )
 
 
