@@ -16,8 +16,9 @@ import pytest
 import yaml
 
 from conftest import DATA
+from llmtrial.core.configuration_model import CrashFrame
 from llmtrial.logs.lines import read_log
-from llmtrial.logs.signature import PHASES, FailureSignature, Frame, failure_signature, mask, phase_of_function
+from llmtrial.logs.signature import PHASES, FailureSignature, failure_signature, mask, phase_of_function
 
 CORPUS = DATA / "vllm-logs"
 
@@ -125,7 +126,7 @@ def test_an_out_of_memory_error_in_the_serving_loop_is_a_serving_one():
     sig = failure_signature(SERVING_OOM)
     assert sig is not None and sig.out_of_memory
     assert sig.exception == "torch.OutOfMemoryError"
-    assert sig.frame == Frame("vllm/v1/executor/uniproc_executor.py", "execute_model", 114)
+    assert sig.frame == CrashFrame(file="vllm/v1/executor/uniproc_executor.py", function="execute_model", line=114)
     assert (sig.phase, sig.phase_line) == ("serving", 9)
     assert sig.crash_line == 13  # the engine's error, not the API server's EngineDeadError after it
 
@@ -213,7 +214,7 @@ def test_a_frame_in_a_virtual_environment_under_a_folder_named_vllm_is_not_vllm(
     torch_frame = ('(EngineCore_DP0 pid=12473) ERROR 11-05 12:19:32 [core.py:708]   File '
                    '"/home/x/vllm/.venv/lib/python3.10/site-packages/torch/utils/_device.py", line 104, in __torch_function__')
     sig = failure_signature(f"{text.rstrip()}\n{torch_frame}\n")
-    assert sig.frame == Frame("vllm/model_executor/layers/linear.py", "create_weights", 202)
+    assert sig.frame == CrashFrame(file="vllm/model_executor/layers/linear.py", function="create_weights", line=202)
 
 
 def test_a_crash_that_is_no_out_of_memory_error_is_not_called_one():

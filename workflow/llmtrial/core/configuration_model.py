@@ -25,6 +25,45 @@ class ErrorLine(RecordModel):
     diagnosis: Any
 
 
+#: A start-up phase of vLLM, in start-up order, serving last: where a crash happened
+#: (:mod:`llmtrial.logs.signature`) and where a knob acts (:mod:`llmtrial.logs.knob_phases`).
+Phase = Literal["device_init", "weight_loading", "post_load_processing", "memory_profiling", "kv_allocation",
+                "graph_capture_compile", "serving"]
+
+
+class CrashFrame(RecordModel):
+    """A traceback frame in the vLLM package."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    file: str = Field(description="The file from vllm/ on.")
+    function: str = Field(description="The function.")
+    line: int = Field(description="The line of the source file.")
+
+
+class Signature(RecordModel):
+    """How the server crashed, read from its log (llmtrial.logs.signature): two failed configurations fail the
+    same way when exception, message, frame and phase are equal."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    exception: str | None = Field(description="The exception type as the log prints it; null where it prints none.")
+    message: str | None = Field(description="Its message with every number masked (<N>, <HEX>).")
+    frame: CrashFrame | None = Field(description="The innermost vLLM frame of its traceback.")
+    phase: Phase | None = Field(description=(
+        "The start-up phase the log shows it happened in (vLLM's frames, else its own lines before the crash); "
+        "null where the log does not show one."))
+    out_of_memory: bool = Field(description="A device out-of-memory error, in any wording vLLM or torch uses.")
+    source: str = Field(description="The log it was read from (of every rank's: the rank that crashed first).")
+    crash_line: int = Field(description="The 1-based line of the crash in that log.")
+    phase_line: int | None = Field(None, description="The 1-based line that shows the phase.")
+
+    @property
+    def key(self) -> tuple[str | None, str | None, CrashFrame | None, Phase | None]:
+        """What two crashes share when they are the same failure (no line of a log)."""
+        return self.exception, self.message, self.frame, self.phase
+
+
 class Failure(RecordModel):
     """Why the configuration failed."""
 
@@ -37,6 +76,9 @@ class Failure(RecordModel):
     error_line: ErrorLine | None = Field(None, description=(
         "The log line that explains the failure, or null when none matched."))
     log_tail: Maybe[list[str]] = Field(None, description="Last lines of the server log.")
+    signature: Maybe[Signature] = Field(None, description=(
+        "The crash's signature, from every rank's log; absent where no log shows an exception or a traceback "
+        "(a timeout, a refused launch)."))
 
 
 class ServerStop(RecordModel):
@@ -405,6 +447,10 @@ class ConfigurationRecord(RecordModel):
     trial: str = Field(description="Trial name.")
     configuration: str = Field(description="Configuration name.")
     description: Maybe[str] = Field(None, description="What the configuration tests.")
+    knobs: Maybe[dict[str, str]] = Field(None, description=(
+        "What the trial's configurations are held against each other by when one fails: each vLLM arg (its name "
+        "in the trial file), each environment variable set for the server (a patch's flag among them; secrets "
+        "redacted), its nodes and its GPUs; values as text (JSON for what is not a string)."))
     status: Literal["ok", "failed", "skipped"] = Field(description=(
         "ok when the server started and every pass succeeded; skipped when the planner rejected it and it was "
         "not forced."))

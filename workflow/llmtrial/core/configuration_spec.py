@@ -3,10 +3,12 @@ builds it; the plan and trial rules pass it as a param)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from llmtrial.core.redact import redact_env
 from llmtrial.core.trial_config import NodeBlock
 
 
@@ -23,6 +25,14 @@ class ServingSpec(BaseModel):
     force: bool = Field(default=False, description="Launch even when the planner rejects it.")
     nodes: dict[str, NodeBlock] = Field(default={}, description=(
         "The nodes it spans, in its order, when it spans several (empty: this host alone)."))
+
+    def knobs(self) -> dict[str, str]:
+        """What a failed configuration is held against the others by: each vLLM arg, each environment
+        variable (secrets redacted) and the nodes it spans, as text (JSON for what is not a string)."""
+        args = {name: value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+                for name, value in self.args.items()}
+        nodes = {"nodes": ",".join(self.nodes)} if self.nodes else {}
+        return {**args, **redact_env(self.env), **nodes}
 
 
 class ConfigurationSpec(ServingSpec):

@@ -23,19 +23,17 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import get_args
 
+from llmtrial.core.configuration_model import CrashFrame, Phase, Signature
 from llmtrial.logs.failures import FRAME, METHOD, OOM_LINE, TRACEBACK, WRAPPER
 from llmtrial.logs.lines import LogLine, log_lines
 
-__all__ = ["PHASES", "FailureSignature", "Frame", "Phase", "failure_signature", "mask", "phase_of_function",
-           "signature_of_lines"]
+__all__ = ["PHASES", "FailureSignature", "Phase", "failure_signature", "mask", "phase_of_function",
+           "signature_of_lines", "signature_record"]
 
-Phase = Literal["device_init", "weight_loading", "post_load_processing", "memory_profiling", "kv_allocation",
-                "graph_capture_compile", "serving"]
 #: The phases in start-up order (serving last).
-PHASES: tuple[Phase, ...] = ("device_init", "weight_loading", "post_load_processing", "memory_profiling",
-                             "kv_allocation", "graph_capture_compile", "serving")
+PHASES: tuple[Phase, ...] = get_args(Phase)
 
 _HEX = re.compile(r"0x[0-9A-Fa-f]+")
 _NUMBER = re.compile(r"\d+(?:\.\d+)*")
@@ -45,15 +43,6 @@ def mask(message: str) -> str:
     """``message`` with every ``0x`` hexadecimal as ``<HEX>`` and every run of digits (decimals and
     dotted versions included) as ``<N>``; the rest verbatim."""
     return _NUMBER.sub("<N>", _HEX.sub("<HEX>", message))
-
-
-@dataclass(frozen=True)
-class Frame:
-    """A traceback frame in the vLLM package: the file from ``vllm/`` on, the function, the source line."""
-
-    file: str
-    function: str
-    line: int
 
 
 @dataclass(frozen=True)
@@ -72,7 +61,7 @@ class FailureSignature:
 
     exception: str | None
     message: str | None
-    frame: Frame | None
+    frame: CrashFrame | None
     phase: Phase | None
     crash_index: int
     frame_index: int | None = None
@@ -91,7 +80,7 @@ class FailureSignature:
         return None if self.phase_index is None else self.phase_index + 1
 
     @property
-    def key(self) -> tuple[str | None, str | None, Frame | None, Phase | None]:
+    def key(self) -> tuple[str | None, str | None, CrashFrame | None, Phase | None]:
         """What two crashes share when they are the same failure (no line numbers of the log)."""
         return self.exception, self.message, self.frame, self.phase
 
@@ -296,11 +285,11 @@ def _vllm_path(file: str) -> str | None:
     return None if "-packages/" in path or "/." in path else path
 
 
-def _innermost(frames: list[_Shown]) -> tuple[Frame | None, int | None]:
+def _innermost(frames: list[_Shown]) -> tuple[CrashFrame | None, int | None]:
     for shown in reversed(frames):
         path = _vllm_path(shown.file)
         if path is not None:
-            return Frame(path, shown.function, shown.line), shown.index
+            return CrashFrame(file=path, function=shown.function, line=shown.line), shown.index
     return None, None
 
 
@@ -403,3 +392,14 @@ def failure_signature(log: str | Sequence[str]) -> FailureSignature | None:
     if len(times) == len(found):
         return min(found, key=lambda f: f[1] or ())[0]
     return found[0][0]
+
+
+def signature_record(logs: Sequence[tuple[str, str]]) -> Signature | None:
+    """The record's signature of the crash that every rank's log shows (``logs``: (source, text) pairs,
+    the server's first), or ``None`` when none shows one."""
+    sig = failure_signature([text for _, text in logs])
+    if sig is None:
+        return None
+    return Signature(exception=sig.exception, message=sig.message, frame=sig.frame, phase=sig.phase,
+                     out_of_memory=sig.out_of_memory, source=logs[sig.log][0], crash_line=sig.crash_line,
+                     phase_line=sig.phase_line)

@@ -36,6 +36,7 @@ from llmtrial.core.trial_config import HardwareBlock, PatchBlock
 from llmtrial.host.nodes import Node
 from llmtrial.lifecycle.readiness import Readiness, host_env, ready_host
 from llmtrial.logs.lines import read_log
+from llmtrial.logs.signature import signature_record
 from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve import log_review
 from llmtrial.serve.answers_job import job_answers, patch_flags
@@ -186,6 +187,10 @@ class TrialJob:
             parts["nodes"] = node_outcomes(parts["nodes"], ranks=served.server.ranks or {}, server_log=source,
                                            failed=failure is not None, ready=served.ready,
                                            patches=ready.patched.patches, envs=envs, out_dir=self.paths.out_dir)
+        if failure is not None:
+            ranks = [n.log for n in parts.get("nodes") or [] if n.rank and n.log]
+            logs = [(source, text), *((name, read_log(self.paths.out_dir / name)) for name in ranks)]
+            failure = failure.model_copy(update={"signature": signature_record(logs)})
         reviewed = log_review.review(text, source=source, startup=served.startup, scenarios=served.scenarios,
                                       plan=self.plan, patched=ready.patched, env=env)
         return self._record(
@@ -205,8 +210,10 @@ class TrialJob:
     def _record(self, **parts: Any) -> ConfigurationRecord:
         """The configuration record of ``parts``, beside what every record says: the trial, the
         configuration, the plan's verdict, and empty parts where nothing was measured."""
+        gpus = {"gpus": ",".join(str(g.index) for g in self.gpus)} if self.gpus else {}
         return ConfigurationRecord(**{
             "trial": self.trial, "configuration": self.spec.name, "description": self.spec.description,
+            "knobs": {**self.spec.knobs(), **gpus},
             "failure": None, "startup": {}, "engine_warnings": [], "cold_start": {}, "scenarios": [], "prediction": [],
             "plan": PlanVerdict(verdict=self.plan.verdict, reasons=self.plan.reasons,
                                 forced=self.spec.force),
