@@ -24,10 +24,12 @@
   records alone.
 - :mod:`llmtrial.report.verdicts`: Verdicts between two sets of pass values, in the words the report
   and the comparison page use.
+- :mod:`llmtrial.report.why_failed`: The report's "Why it failed" section: the failed configurations
+  read together in sentences, and the one sentence of the first screen.
 
 Imports from: core, answers, logs, host, plan, weights, patch, lifecycle, serve. (tests/test_structure.py holds
 the order.)
 """
 
 __all__ = ["answers", "cells", "charts", "conclusions", "costs", "multinode", "render", "run_summary", "sections", "sweeps",
-           "verdicts"]
+           "verdicts", "why_failed"]

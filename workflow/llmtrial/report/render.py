@@ -79,6 +79,7 @@ from llmtrial.report.sections import (
     SourceRow,
 )
 from llmtrial.report.sweeps import SweepTable, sweep_gaps, sweep_tables
+from llmtrial.report.why_failed import why_failed
 from llmtrial.serve.energy import ENERGY_TOLERANCE
 from llmtrial.serve.telemetry import read_samples
 
@@ -318,6 +319,7 @@ def build_context(*, trial: str, preflight: PreflightRecord, manifest: ManifestR
         provenance=provenance,
         nodes=nodes_context(configurations, preflight, manifest),
         gpus=gpu_report(configurations, cleanup),
+        why_failed=why_failed(configurations),
     )
 
 
@@ -327,6 +329,7 @@ def findings(context: ReportContext) -> list[Finding]:
     lines = [(s, True) for t in context.tables for s in t.sentences]
     lines += [(s, True) for sw, _chart in context.sweeps for s in sw.sentences]
     lines += [(s, False) for s in [*context.outcomes, *context.warnings]]
+    lines += [(context.why_failed.headline, False)] if context.why_failed else []
     nodes, gpus, answers = context.nodes, context.gpus, context.answers
     lines += [(c.sentence, True) for c in (nodes.configurations if nodes else [])]
     lines += [(s, True) for s in (gpus.sentences if gpus else [])]

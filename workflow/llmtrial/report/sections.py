@@ -28,6 +28,7 @@ from llmtrial.report.conclusions import ColdWarm, Stream
 from llmtrial.report.costs import EnergyRow
 from llmtrial.report.multinode import NodesSection
 from llmtrial.report.sweeps import SweepTable
+from llmtrial.report.why_failed import WhyFailed
 
 
 @dataclass(frozen=True)
@@ -195,3 +196,4 @@ class ReportContext:
     provenance: ProvenanceRecord | None
     nodes: NodesSection | None
     gpus: GpuSection | None
+    why_failed: WhyFailed | None

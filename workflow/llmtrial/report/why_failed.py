@@ -1,0 +1,115 @@
+"""The report's "Why it failed" section: the failed configurations read together
+(:func:`llmtrial.logs.across.compare_failures`) in sentences, and the one sentence of the first screen."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llmtrial.core.configuration_model import ConfigurationRecord, Signature
+from llmtrial.logs.across import PHASE_NAMES, FailureComparison, Implicated, SignatureGroup, compare_failures
+from llmtrial.logs.knob_phases import KnobPhases, knob_phases
+
+__all__ = ["GroupText", "WhyFailed", "signature_text", "why_failed"]
+
+
+@dataclass(frozen=True)
+class GroupText:
+    """One signature group as the section shows it."""
+
+    configurations: tuple[str, ...]
+    signature: Signature
+    heading: str
+    phase: str
+    sentences: tuple[str, ...]
+    next_step: str | None
+
+
+@dataclass(frozen=True)
+class WhyFailed:
+    """The section: each signature group, the implicated knobs, the failed configurations without a
+    signature, and the first screen's sentence."""
+
+    groups: tuple[GroupText, ...]
+    implicated: tuple[str, ...]
+    unsigned: str | None
+    headline: str
+
+
+def _names(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]}"
+
+
+def signature_text(sig: Signature) -> str:
+    """``RuntimeError: <message> at vllm/x.py:fn:12, in post-load weight processing``: what the log shows."""
+    what = f"{sig.exception}: {sig.message}" if sig.exception else "a traceback without an exception line"
+    where = f" at {sig.frame.file}:{sig.frame.function}:{sig.frame.line}" if sig.frame else ""
+    phase = f", in {PHASE_NAMES[sig.phase]}" if sig.phase else ", in a phase the log does not show"
+    return what + where + phase
+
+
+def _next_step(group: SignatureGroup, implicated: Sequence[Implicated], table: KnobPhases,
+               records: Sequence[ConfigurationRecord]) -> str | None:
+    """What to change: the implicated knob where one tells a member from a configuration that ran, else
+    the knobs vLLM reads in the crash's phase, beside the failure catalogue's step."""
+    mine = [i for i in implicated if i.failed in group.configurations]
+    if mine:
+        knobs, ran = list(dict.fromkeys(i.knob for i in mine)), list(dict.fromkeys(i.passed for i in mine))
+        return (f"Take {_names(knobs)} away: {_names(ran)} ran without it. A relaunch without it and then with it "
+                "again shows both that removing it fixes the crash and that adding it back breaks it.")
+    first = next(r for r in records if r.configuration == group.configurations[0])
+    line = first.failure.error_line if first.failure is not None else None
+    diagnosis = str(line.diagnosis) if line is not None and line.pattern != "unknown" else None
+    phase = group.signature.phase
+    acting = table.acting_in(phase) if phase else []
+    change = f"Change a knob vLLM reads in {PHASE_NAMES[phase]}: {', '.join(acting)}." if phase and acting else None
+    return " ".join(s for s in (diagnosis, change) if s) or (str(line.diagnosis) if line is not None else None)
+
+
+def _group_text(group: SignatureGroup, next_step: str | None) -> GroupText:
+    """The group's heading and sentences."""
+    names = group.configurations
+    heading = f"{_names(names)} fail with one signature" if len(names) > 1 else f"{names[0]} fails with its signature"
+    sentences = [f"{d.text()} and the crash did not move: not that knob." for d in group.ruled_out]
+    sentences += [f"{o.text()}." for o in group.out_of_phase]
+    phase = PHASE_NAMES[group.signature.phase] if group.signature.phase else "not shown in the log"
+    return GroupText(names, group.signature, heading, phase, tuple(sentences), next_step)
+
+
+def _implicated_text(i: Implicated) -> str:
+    shown = [v if v is not None else "unset" for v in (i.failed_value, i.passed_value)]
+    return (f"{i.knob} is implicated: {i.failed} ({i.knob} {shown[0]}) fails and {i.passed} ({i.knob} {shown[1]}) "
+            "ran, and the two differ in nothing else.")
+
+
+def _headline(comparison: FailureComparison) -> str:
+    """One sentence: the largest group, what it rules out, and the knob implicated."""
+    parts = []
+    if comparison.groups:
+        group = comparison.groups[0]
+        n = len(group.configurations)
+        parts.append(f"{_names(group.configurations)} {'fail' if n > 1 else 'fails'} with one signature "
+                     f"({signature_text(group.signature)})")
+        ruled = list(dict.fromkeys([d.knob for d in group.ruled_out] + [o.knob for o in group.out_of_phase]))
+        if ruled:
+            parts.append(f"{_names(ruled)} {'is' if len(ruled) == 1 else 'are'} not the cause")
+    knobs = list(dict.fromkeys(i.knob for i in comparison.implicated))
+    if knobs:
+        parts.append(f"{_names(knobs)} {'is' if len(knobs) == 1 else 'are'} implicated")
+    if not parts:
+        return f"{_names(comparison.unsigned)}: no log shows a crash to compare."
+    return "; ".join(parts) + "."
+
+
+def why_failed(configurations: Sequence[ConfigurationRecord], table: KnobPhases | None = None) -> WhyFailed | None:
+    """The section for the trial's ``configurations``, or None when none failed."""
+    table = table or knob_phases()
+    comparison = compare_failures(configurations, table)
+    if not comparison.any:
+        return None
+    unsigned = (f"{_names(comparison.unsigned)}: no log shows an exception or a traceback to compare "
+                "(a timeout, or a launch refused before vLLM ran)") if comparison.unsigned else None
+    return WhyFailed(groups=tuple(_group_text(g, _next_step(g, comparison.implicated, table, configurations))
+                                 for g in comparison.groups),
+                     implicated=tuple(_implicated_text(i) for i in comparison.implicated),
+                     unsigned=unsigned, headline=_headline(comparison))
