@@ -190,7 +190,8 @@ class TrialJob:
         if failure is not None:
             ranks = [n.log for n in parts.get("nodes") or [] if n.rank and n.log]
             logs = [(source, text), *((name, read_log(self.paths.out_dir / name)) for name in ranks)]
-            failure = failure.model_copy(update={"signature": signature_record(logs)})
+            signature = signature_record(logs)
+            failure = failure.model_copy(update={"signature": signature}) if signature is not None else failure
         reviewed = log_review.review(text, source=source, startup=served.startup, scenarios=served.scenarios,
                                       plan=self.plan, patched=ready.patched, env=env)
         return self._record(
@@ -211,9 +212,10 @@ class TrialJob:
         """The configuration record of ``parts``, beside what every record says: the trial, the
         configuration, the plan's verdict, and empty parts where nothing was measured."""
         gpus = {"gpus": ",".join(str(g.index) for g in self.gpus)} if self.gpus else {}
+        knobs = {**self.spec.knobs(), **gpus}
         return ConfigurationRecord(**{
             "trial": self.trial, "configuration": self.spec.name, "description": self.spec.description,
-            "knobs": {**self.spec.knobs(), **gpus},
+            **({"knobs": knobs} if knobs else {}),
             "failure": None, "startup": {}, "engine_warnings": [], "cold_start": {}, "scenarios": [], "prediction": [],
             "plan": PlanVerdict(verdict=self.plan.verdict, reasons=self.plan.reasons,
                                 forced=self.spec.force),
