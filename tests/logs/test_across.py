@@ -18,6 +18,7 @@ from llmtrial.core.records import load_record
 from llmtrial.logs.across import compare_failures, differing_knobs
 from llmtrial.logs.lines import read_log
 from llmtrial.logs.signature import signature_record
+from llmtrial.report.conclusions import outcome_sentences
 from llmtrial.report.why_failed import why_failed
 
 CORPUS = DATA / "vllm-logs"
@@ -143,3 +144,10 @@ def test_the_next_step_takes_the_implicated_knob_away_or_names_the_knobs_that_ac
     named = step.split("graph capture or compilation: ")[1].rstrip(".").split(", ")
     assert {"enforce_eager", "compilation_config", "max_num_seqs"} <= set(named)
     assert "quantization" not in named  # vLLM 0.32 reads it while loading and processing the weights only
+
+
+def test_a_crash_no_known_failure_explains_is_summed_up_by_its_signature(seed_002):
+    [sentence] = [s for s in outcome_sentences(seed_002) if s.startswith("util90 ")]
+    assert sentence == ("util90 failed in startup: RuntimeError: CUDA driver error: out of memory at "
+                        "vllm/_custom_ops.py:gptq_marlin_repack:1279, in post-load weight processing "
+                        f"(line 7 of logs/{MARLIN}.log; no known failure explains it).")

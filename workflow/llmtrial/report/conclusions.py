@@ -51,6 +51,7 @@ from llmtrial.host.telemetry_sources import RAPL_SOURCE
 from llmtrial.report.cells import Cell, FigureOverPasses, FigureSpec, ScenarioTable, Settings, SloPasses, Stall
 from llmtrial.report.costs import ENERGY_FIGURE, cell_energy, cost_figure, cost_sentence, has_energy
 from llmtrial.report.verdicts import NO_DIFFERENCE, Verdict, judge
+from llmtrial.report.why_failed import signature_text
 from llmtrial.serve.bench import headline
 from llmtrial.serve.scenarios import DEFAULT_SLO_PERCENTILE, is_sweep, passes_asked, repetition_of, spread_of
 
@@ -163,6 +164,11 @@ def failure_summary(record: ConfigurationRecord) -> str:
     failure = record.failure
     if failure is None:
         return "failed in an unknown phase: no diagnosis recorded"
+    sig = failure.signature
+    if sig is not None and (failure.error_line is None or failure.error_line.pattern == "unknown"):
+        # no known failure explains it: what the log shows of the crash says more than that
+        return (f"failed in {failure.phase}: {signature_text(sig)} (line {sig.crash_line} of {sig.source}; "
+                "no known failure explains it)")
     line = (failure.error_line.diagnosis if failure.error_line else None) or failure.message or "no diagnosis recorded"
     return f"failed in {failure.phase}: {line.rstrip('.')}"
 
