@@ -55,8 +55,9 @@ def _next_step(group: SignatureGroup, implicated: Sequence[Implicated], table: K
     mine = [i for i in implicated if i.failed in group.configurations]
     if mine:
         knobs, ran = list(dict.fromkeys(i.knob for i in mine)), list(dict.fromkeys(i.passed for i in mine))
-        return (f"Take {_names(knobs)} away: {_names(ran)} ran without it. A relaunch without it and then with it "
-                "again shows both that removing it fixes the crash and that adding it back breaks it.")
+        return (f"Take {_names(knobs)} away: {_names(ran)} ran without it. Relaunching without it, then with it "
+                "again, would show both that removing it fixes the crash and that adding it back breaks it; "
+                "this trial has shown neither.")
     first = next(r for r in records if r.configuration == group.configurations[0])
     line = first.failure.error_line if first.failure is not None else None
     diagnosis = str(line.diagnosis) if line is not None and line.pattern != "unknown" else None

@@ -188,8 +188,9 @@ class TrialJob:
                                            failed=failure is not None, ready=served.ready,
                                            patches=ready.patched.patches, envs=envs, out_dir=self.paths.out_dir)
         if failure is not None:
-            ranks = [n.log for n in parts.get("nodes") or [] if n.rank and n.log]
-            logs = [(source, text), *((name, read_log(self.paths.out_dir / name)) for name in ranks)]
+            ranks = [n.log for n in parts.get("nodes") or [] if n.rank and n.log]  # each fetched from its node
+            logs = [(source, text), *((name, read_log(self.paths.out_dir / name)) for name in ranks
+                                      if (self.paths.out_dir / name).is_file())]
             signature = signature_record(logs)
             failure = failure.model_copy(update={"signature": signature}) if signature is not None else failure
         reviewed = log_review.review(text, source=source, startup=served.startup, scenarios=served.scenarios,
