@@ -57,12 +57,18 @@ def by_old_schema(data: dict) -> tuple[dict, list[str]]:
     return data, [old_key(e) for e in BEFORE.iter_errors(data)]
 
 
+#: Trial file keys added after the model replaced the schema: the old schema knows none of them.
+ADDED_SINCE = ("failures",)
+
+
 @pytest.mark.parametrize("path", TRIAL_FILES, ids=lambda p: p.name)
 def test_the_model_fills_every_default_the_schema_fills(path):
-    by_schema, errors = by_old_schema(copy.deepcopy(raw(path)))
+    by_schema, errors = by_old_schema({k: v for k, v in copy.deepcopy(raw(path)).items() if k not in ADDED_SINCE})
     number_slurm_nodes(by_schema)  # the loader's numbering after validation, then as now
     assert errors == []
     by_model = validate_config(copy.deepcopy(raw(path)), source=str(path))
+    assert set(ADDED_SINCE) <= set(by_model)  # the model fills the added keys too
+    by_model = {k: v for k, v in by_model.items() if k not in ADDED_SINCE}
     assert json.dumps(by_model, sort_keys=True) == json.dumps(by_schema, sort_keys=True)  # 60 stays 60, not 60.0
 
 

@@ -4,7 +4,8 @@ trial reads the failures across configurations.
 
 One run serves every test: both flagged configurations fail with one signature, the knobs that differ
 between them (the KV space, max_num_seqs) are ruled out and the KV space is out of that phase, the flag
-is implicated by the configuration without it, the report says so, and cleanup leaves nothing.
+is implicated by the configuration without it, the confirming relaunches (failures.confirm) show that
+removing it fixes kv1-seqs4 and adding it back breaks it, the report says so, and cleanup leaves nothing.
 """
 
 from __future__ import annotations
@@ -81,6 +82,26 @@ def test_both_flagged_configurations_crash_with_one_signature_at_the_patched_lin
     assert "RuntimeError: llmtrial demo-postload-raise" in log[sig.crash_line - 1]
 
 
+def test_the_relaunches_show_that_removing_the_flag_fixes_it_and_adding_it_back_breaks_it(trial):
+    record = trial["records"]["kv1-seqs4"]
+    c = record.confirmation
+    assert (c.knob, c.against, c.value, c.instead) == (FLAG, "no-flag", "1", None)
+    assert [(launch.knob_set, launch.started) for launch in c.launches] == [(False, True), (True, False)]
+    assert c.launches[1].signature.key == record.failure.signature.key
+    assert c.removing_fixes is True and c.adding_back_breaks is True
+    # each relaunch wrote its own log beside the record: the first ran vLLM without the flag, the second with it
+    first, second = (trial["results"] / "configs" / "kv1-seqs4" / launch.log for launch in c.launches)
+    assert "llmtrial patch demo-postload-raise active" not in first.read_text()
+    assert "llmtrial patch demo-postload-raise active" in second.read_text()
+    # kv2-seqs8 differs from every other configuration in more than one knob: never relaunched
+    assert trial["records"]["kv2-seqs8"].confirmation is None
+    # each relaunch is a launch of its own in the ledger, started and stopped
+    entries = Ledger(trial["results"] / "ledger.jsonl").entries()
+    started = [e for e in entries if e.action == "server_started" and e.label.startswith("why-it-failed/kv1-seqs4")]
+    stopped = {e.undoes for e in entries if e.action == "server_stopped" and isinstance(e.undoes, str)}
+    assert len(started) == 3 and all(e.id in stopped for e in started)
+
+
 def test_each_record_holds_the_knobs_it_was_compared_by(trial):
     knobs = {n: r.knobs for n, r in trial["records"].items()}
     assert knobs["kv1-seqs4"]["VLLM_CPU_KVCACHE_SPACE"] == "1" and knobs["kv2-seqs8"]["max_num_seqs"] == "8"
@@ -92,7 +113,8 @@ def test_the_report_rules_out_the_kv_space_and_max_num_seqs_and_implicates_the_f
     assert ("kv1-seqs4 and kv2-seqs8 fail with one signature (RuntimeError: llmtrial demo-postload-raise: the weights "
             "could not be processed after loading (raised on purpose) at vllm/model_executor/model_loader/utils.py:"
             f"process_weights_after_loading:{raise_line()}, in post-load weight processing); max_num_seqs and "
-            f"VLLM_CPU_KVCACHE_SPACE are not the cause; {FLAG} is implicated.") in findings
+            f"VLLM_CPU_KVCACHE_SPACE are not the cause; {FLAG} is implicated; relaunches of kv1-seqs4 show that "
+            f"removing {FLAG} fixes it and adding it back breaks it.") in findings
     html = (trial["results"] / "report.html").read_text()
     assert "Why it failed" in html
     for sentence in ("VLLM_CPU_KVCACHE_SPACE 1 against 2 and the crash did not move: not that knob.",
@@ -100,7 +122,9 @@ def test_the_report_rules_out_the_kv_space_and_max_num_seqs_and_implicates_the_f
                      "VLLM_CPU_KVCACHE_SPACE cannot act in post-load weight processing",
                      "max_num_seqs cannot act in post-load weight processing",
                      f"{FLAG} is implicated: kv1-seqs4 ({FLAG} 1) fails and no-flag ({FLAG} unset) ran, and the two "
-                     "differ in nothing else."):
+                     "differ in nothing else.",
+                     f"kv1-seqs4 relaunched with {FLAG} as no-flag has it (unset): it started, so removing it fixes the "
+                     f"crash. Relaunched with {FLAG} again: it failed with the same signature, so adding it back breaks it."):
         assert sentence in html, sentence
 
 

@@ -138,6 +138,15 @@ def configuration_params(wildcards):
     return configuration_spec(TRIAL_CONFIG, wildcards.configuration).model_dump(mode="json", exclude_none=True)
 
 
+def confirm_params(wildcards):
+    """With failures.confirm, every other configuration's spec, which a failed one may be relaunched
+    against (editing one then reruns the others); without it, nothing."""
+    if not TRIAL_CONFIG.failures.confirm:
+        return {}
+    return {name: configuration_spec(TRIAL_CONFIG, name).model_dump(mode="json", exclude_none=True)
+            for name in CONFIGURATIONS if name != wildcards.configuration}
+
+
 def host_resources(rule_name):
     """What a host stage asks of SLURM under profiles/slurm, from the trial file's `slurm` key
     (llmtrial.plan.allocation); nothing that limits a local run."""

@@ -36,6 +36,7 @@ rule trial:
         **host_resources("trial"),
     params:
         spec=configuration_params,
+        confirm_against=confirm_params,
         served_model_name=config["model"]["name"],
         scenarios=config["scenarios"],
         bench=config["bench"],

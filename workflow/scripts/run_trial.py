@@ -40,4 +40,6 @@ TrialJob(
     nodes=spec_nodes(spec),
     hardware=HardwareBlock.model_validate(snakemake.params.hardware),
     kernel_baseline=kernel_log.lines if kernel_log is not None else [],
+    confirm_against={name: ConfigurationSpec.model_validate(other)
+                     for name, other in snakemake.params.confirm_against.items()},
 ).run()

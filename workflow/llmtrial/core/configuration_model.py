@@ -64,6 +64,34 @@ class Signature(RecordModel):
         return self.exception, self.message, self.frame, self.phase
 
 
+class ConfirmLaunch(RecordModel):
+    """One relaunch of a failed configuration for its confirmation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    knob_set: bool = Field(description="The knob as the configuration has it (true), or as the other configuration has it (false).")
+    log: str = Field(description="Its server log, relative to the configuration's folder.")
+    started: bool = Field(description="The server answered /health.")
+    signature: Signature | None = Field(None, description="Its crash's signature, when it did not start and its log shows one.")
+
+
+class Confirmation(RecordModel):
+    """The relaunches that confirm (or not) the one knob between a failed configuration and another
+    (failures.confirm): without it, then with it again."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    knob: str = Field(description="The knob (a vLLM arg or an environment variable).")
+    against: str = Field(description="The configuration that differs from this one in that knob alone.")
+    value: str | None = Field(description="Its value here (null: not set).")
+    instead: str | None = Field(description="Its value in the other configuration, the one the first relaunch takes.")
+    launches: list[ConfirmLaunch] = Field(description="The relaunches in order: without the knob, then with it.")
+    removing_fixes: bool = Field(description="The relaunch without the knob started.")
+    adding_back_breaks: bool | None = Field(description=(
+        "The relaunch with the knob put back failed with the crash's signature; null: it was not run (the "
+        "relaunch without the knob did not start)."))
+
+
 class Failure(RecordModel):
     """Why the configuration failed."""
 
@@ -447,6 +475,9 @@ class ConfigurationRecord(RecordModel):
     trial: str = Field(description="Trial name.")
     configuration: str = Field(description="Configuration name.")
     description: Maybe[str] = Field(None, description="What the configuration tests.")
+    confirmation: Maybe[Confirmation] = Field(None, description=(
+        "Only with failures.confirm, for a failed configuration that differs from another in one knob: the "
+        "relaunches without that knob and with it again."))
     knobs: Maybe[dict[str, str]] = Field(None, description=(
         "What the trial's configurations are held against each other by when one fails: each vLLM arg (its name "
         "in the trial file), each environment variable set for the server (a patch's flag among them; secrets "

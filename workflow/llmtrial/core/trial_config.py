@@ -407,6 +407,12 @@ class ReportBlock(ConfigModel):
     notes: str = Field(default='', description='The operator\'s notes for the report\'s "What was not measured" section, plain text or Markdown (raw HTML is shown as text; images are not shown).')
 
 
+class FailuresBlock(ConfigModel):
+    """What the trial does about a configuration that fails."""
+
+    confirm: bool = Field(default=False, description="Relaunch a failed configuration whose crash has a signature and that differs from another configuration in one vLLM arg or environment variable: once with that knob as the other has it (does removing it fix the crash?), and, when that launch starts, once more as it was (does adding it back break it again, with the same signature?). Each relaunch starts, waits for /health and stops; its log and outcome are in the configuration's record. Off: no relaunch.")
+
+
 class StatisticsBlock(ConfigModel):
     """How the trial states its uncertainty: every figure's interval over passes (Student t), the latency
     figures' bootstrap intervals over requests, and every verdict between two configurations or two trials
@@ -482,6 +488,7 @@ class TrialConfig(ConfigModel):
     slurm: SlurmBlock = Field(default=SlurmBlock(), description="What a trial asks of SLURM when it runs with `--profile profiles/slurm` (read nowhere else). The stages that change or measure a host (preflight, plan, staging, quiet, patch, every configuration, the trial's cleanup) are one job group, one allocation on one node; the report runs where snakemake runs. The plugin runs sbatch through a shell: each value here is quoted by it or held to a pattern that keeps shell syntax out.")
     telemetry: TelemetryBlock = Field(default=TelemetryBlock(), description="Per-second sampling during each configuration's job.")
     report: ReportBlock = Field(default=ReportBlock(), description='How the report judges and ranks what the trial measured.')
+    failures: FailuresBlock = Field(default=FailuresBlock(), description='What the trial does about a configuration that fails.')
     statistics: StatisticsBlock = Field(default=StatisticsBlock(), description="How the trial states its uncertainty: every figure's interval over passes (Student t), the latency figures' bootstrap intervals over requests, and every verdict between two configurations or two trials (Welch's t on the logarithms of pass values).")
     cost: CostBlock | None = Field(default=None, description="What the hardware costs, for the report's cost per million output tokens of each configuration in each scenario: price x units / (output tok/s x 3600) x 10^6, in currency, where the units are the configuration's accelerators (DP x TP x PP) for a price per accelerator-hour, or the hosts it spans for a price per host-hour, and tok/s each pass's output throughput (the figure is the median over passes). The provenance record carries it, so exports read it from the records. null: no cost figure.")
     compare_with: str | None = Field(default=None, description="An earlier trial's results folder (results/<trial>, relative to the working directory, or absolute) to compare this trial with after its report: the comparison record and page are written under this trial's folder, comparison/<earlier trial>/. null: no comparison.")

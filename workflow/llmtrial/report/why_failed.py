@@ -10,7 +10,7 @@ from llmtrial.core.configuration_model import ConfigurationRecord, Signature
 from llmtrial.logs.across import PHASE_NAMES, FailureComparison, Implicated, SignatureGroup, compare_failures
 from llmtrial.logs.knob_phases import KnobPhases, knob_phases
 
-__all__ = ["GroupText", "WhyFailed", "signature_text", "why_failed"]
+__all__ = ["GroupText", "WhyFailed", "confirmation_text", "signature_text", "why_failed"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class WhyFailed:
 
     groups: tuple[GroupText, ...]
     implicated: tuple[str, ...]
+    confirmations: tuple[str, ...]
     unsigned: str | None
     headline: str
 
@@ -53,6 +54,10 @@ def _next_step(group: SignatureGroup, implicated: Sequence[Implicated], table: K
     """What to change: the implicated knob where one tells a member from a configuration that ran, else
     the knobs vLLM reads in the crash's phase, beside the failure catalogue's step."""
     mine = [i for i in implicated if i.failed in group.configurations]
+    confirmed = [r.confirmation for r in records if r.configuration in group.configurations and r.confirmation]
+    if any(c.removing_fixes for c in confirmed):
+        knobs = list(dict.fromkeys(c.knob for c in confirmed if c.removing_fixes))
+        return f"Take {_names(knobs)} away: the relaunches below show what that does."
     if mine:
         knobs, ran = list(dict.fromkeys(i.knob for i in mine)), list(dict.fromkeys(i.passed for i in mine))
         return (f"Take {_names(knobs)} away: {_names(ran)} ran without it. Relaunching without it, then with it "
@@ -83,7 +88,36 @@ def _implicated_text(i: Implicated) -> str:
             "ran, and the two differ in nothing else.")
 
 
-def _headline(comparison: FailureComparison) -> str:
+def confirmation_text(record: ConfigurationRecord) -> str | None:
+    """What the relaunches of a failed configuration showed (failures.confirm), never more than ran."""
+    c = record.confirmation
+    if c is None:
+        return None
+    name, instead = record.configuration, c.instead if c.instead is not None else "unset"
+    first = (f"{name} relaunched with {c.knob} as {c.against} has it ({instead}): "
+             + ("it started, so removing it fixes the crash." if c.removing_fixes else
+                "it did not start, so removing it does not fix the crash."))
+    if c.adding_back_breaks is None:
+        return first + f" Adding {c.knob} back was not tried."
+    again = (f" Relaunched with {c.knob} again: it failed with the same signature, so adding it back breaks it."
+             if c.adding_back_breaks else
+             f" Relaunched with {c.knob} again: it did not fail with the same signature, so adding it back was not "
+             "shown to break it.")
+    return first + again
+
+
+def _shown(records: Sequence[ConfigurationRecord]) -> str | None:
+    """The headline's clause on what the relaunches showed."""
+    for r in records:
+        c = r.confirmation
+        if c is not None and c.removing_fixes:
+            if c.adding_back_breaks:
+                return f"relaunches of {r.configuration} show that removing {c.knob} fixes it and adding it back breaks it"
+            return f"a relaunch of {r.configuration} shows that removing {c.knob} fixes it (adding it back was not shown)"
+    return None
+
+
+def _headline(comparison: FailureComparison, records: Sequence[ConfigurationRecord]) -> str:
     """One sentence: the largest group, what it rules out, and the knob implicated."""
     parts = []
     if comparison.groups:
@@ -97,6 +131,9 @@ def _headline(comparison: FailureComparison) -> str:
     knobs = list(dict.fromkeys(i.knob for i in comparison.implicated))
     if knobs:
         parts.append(f"{_names(knobs)} {'is' if len(knobs) == 1 else 'are'} implicated")
+    shown = _shown(records)
+    if shown:
+        parts.append(shown)
     if not parts:
         return f"{_names(comparison.unsigned)}: no log shows a crash to compare."
     return "; ".join(parts) + "."
@@ -113,4 +150,5 @@ def why_failed(configurations: Sequence[ConfigurationRecord], table: KnobPhases 
     return WhyFailed(groups=tuple(_group_text(g, _next_step(g, comparison.implicated, table, configurations))
                                  for g in comparison.groups),
                      implicated=tuple(_implicated_text(i) for i in comparison.implicated),
-                     unsigned=unsigned, headline=_headline(comparison))
+                     confirmations=tuple(t for t in map(confirmation_text, configurations) if t),
+                     unsigned=unsigned, headline=_headline(comparison, configurations))

@@ -3,6 +3,8 @@ sweeps and their datasets, telemetry, multi-node serving, and the trial job in i
 
 - :mod:`llmtrial.serve.answers_job`: A configuration's answers: the set asked of the passes'
   server and of a launch with the patch flags off.
+- :mod:`llmtrial.serve.confirm`: A relaunch that confirms the cause of a crash (the trial file's
+  ``failures.confirm``).
 - :mod:`llmtrial.serve.bench`: Benchmark scenarios: vLLM's serving benchmark per pass, and the cold
   first request.
 - :mod:`llmtrial.serve.datasets`: What a scenario's benchmark sends, mapped onto vLLM bench's own
@@ -47,4 +49,4 @@ Imports from: core, logs, host, plan, weights, patch, lifecycle. (tests/test_str
 order.)
 """
 
-__all__ = ["answers_job", "bench", "datasets", "energy", "log_review", "measure", "multinode", "multinode_job", "nodetelemetry", "onset", "passes", "progress", "scenarios", "server", "telemetry", "trial", "vllm_bench"]
+__all__ = ["answers_job", "bench", "confirm", "datasets", "energy", "log_review", "measure", "multinode", "multinode_job", "nodetelemetry", "onset", "passes", "progress", "scenarios", "server", "telemetry", "trial", "vllm_bench"]

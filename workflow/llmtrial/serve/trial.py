@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -40,6 +41,7 @@ from llmtrial.logs.signature import signature_record
 from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve import log_review
 from llmtrial.serve.answers_job import job_answers, patch_flags
+from llmtrial.serve.confirm import candidate, confirm
 from llmtrial.serve.measure import Measurement, Served, Workload
 from llmtrial.serve.multinode_job import Spread, node_outcomes
 from llmtrial.serve.passes import PhaseFailure
@@ -68,6 +70,8 @@ class TrialJob:
     #: The trial file's ``hardware`` (allow_processes, health_check) and preflight's kernel-log baseline.
     hardware: HardwareBlock = field(default_factory=HardwareBlock)
     kernel_baseline: Sequence[str] = ()
+    #: With failures.confirm: every other configuration's spec, which a failed one may be relaunched against.
+    confirm_against: Mapping[str, ConfigurationSpec] = field(default_factory=dict)
 
     @property
     def gpus(self) -> list[SelectedGpu]:
@@ -160,7 +164,8 @@ class TrialJob:
                                  patches=ready.patched.patches, server=functools.partial(self._flags_off_server, ledger),
                                  log_rel=self.paths.rel(self.paths.flags_off_log),
                                  startup_timeout_s=self.spec.startup_timeout_s))
-        record = self._served(job_start, argv, served, ledger=ledger, ready=ready, env=env, envs=envs, parts=parts)
+        record = self._confirmed(self._served(job_start, argv, served, ledger=ledger, ready=ready, env=env, envs=envs,
+                                              parts=parts), ledger, ready)
         write_record(self.paths.record, record, schema="configuration")
         ledger.append(Action.JOB_FINISHED, label=self.label, pid=os.getpid(), undoes=job.id)
         return record
@@ -203,6 +208,27 @@ class TrialJob:
             telemetry=served.telemetry, timing=timing,
             prediction=reviewed.prediction, **parts, **health, patches=reviewed.patches,
             throughput_bound=reviewed.throughput_bound)
+
+    def _confirmed(self, record: ConfigurationRecord, ledger: Ledger, ready: Readiness) -> ConfigurationRecord:
+        """``record`` with the relaunches that confirm its crash's cause (:mod:`llmtrial.serve.confirm`),
+        where failures.confirm is on and another configuration differs from this one in one knob."""
+        failure = record.failure
+        if not self.confirm_against or failure is None or failure.signature is None or self.spread:
+            return record
+        found = candidate(self.spec, self.confirm_against)
+        if found is None:
+            return record
+
+        def server_for(spec: ConfigurationSpec, log_path: Path) -> ServerProcess:
+            argv = build_server_argv(model_dir=self.manifest.model_dir, served_model_name=self.workload.served_model_name,
+                                     host=spec.host, port=spec.port, args=ServingArgs.from_config(spec.args, spec.env))
+            return ServerProcess(argv, ledger=ledger, host=spec.host, port=spec.port, log_path=log_path,
+                                 env=host_env(self.gpus, spec.env, ready.patched), stop_timeout=spec.stop_timeout_s,
+                                 label=f"{self.label} (confirming {found.knob})")
+
+        confirmation = confirm(self.spec, failure.signature, found, server_for=server_for, out_dir=self.paths.out_dir,
+                               timeout=self.spec.startup_timeout_s, rel=self.paths.rel)
+        return record.model_copy(update={"confirmation": confirmation})
 
     def _server_part(self, argv: list[str], env: Mapping[str, str]) -> Server:
         """How the server was (or would have been) started."""
