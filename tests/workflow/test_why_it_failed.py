@@ -10,8 +10,6 @@ removing it fixes kv1-seqs4 and adding it back breaks it, the report says so, an
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import yaml
 
@@ -19,8 +17,8 @@ from conftest import REPO, free_base_port
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.records import load_record
 from llmtrial.host.process_groups import port_open
-from llmtrial.patch.patchdata import load_patch
-from llmtrial.patch.patching import revert_patches, verify_files
+from llmtrial.patch.patchdata import load_patch, vllm_distribution
+from llmtrial.patch.patching import prepare_file_patches, revert_patches, verify_files
 from workflow_helpers import snakemake, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
@@ -30,18 +28,10 @@ FLAG = "LLMTRIAL_DEMO_POSTLOAD_RAISE"
 
 
 def raise_line() -> int:
-    """The line of ``raise RuntimeError(`` in the patched file, read from the patch's diff."""
-    diff = load_patch("demo-postload-raise").diff.read_text().splitlines()
-    line = 0
-    for text in diff:
-        hunk = re.match(r"@@ -\d+(?:,\d+)? \+(\d+)", text)
-        if hunk:
-            line = int(hunk[1]) - 1
-        elif line and not text.startswith("-"):
-            line += 1
-            if text[1:].strip().startswith("raise RuntimeError("):
-                return line
-    raise AssertionError("no raise in the diff")
+    """The line of ``raise RuntimeError(`` in the installed file as the patch makes it (its dry run)."""
+    [patched] = prepare_file_patches([load_patch("demo-postload-raise")], vllm_distribution())
+    lines = patched.after.decode().split("\n")
+    return next(n for n, text in enumerate(lines, start=1) if text.strip().startswith("raise RuntimeError("))
 
 
 @pytest.fixture(scope="module")

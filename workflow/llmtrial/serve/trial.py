@@ -95,16 +95,17 @@ class TrialJob:
         """The configuration's own args turn prefix caching on (the trial's servers otherwise have it off)."""
         return bool({**DEFAULT_ARGS, **self.spec.args}.get("enable_prefix_caching"))
 
-    def serving_args(self, prefix_caching: bool = False) -> ServingArgs:
+    def serving_args(self, prefix_caching: bool = False, spec: ConfigurationSpec | None = None) -> ServingArgs:
         """The configuration's vLLM args, every rank's; ``prefix_caching``: the relaunch for the scenarios that
-        need it on."""
-        args = {**self.spec.args, **({"enable_prefix_caching": True} if prefix_caching else {})}
-        return ServingArgs.from_config(args, self.spec.env)
+        need it on; ``spec``: another spec's args and env in place of the configuration's (a confirming relaunch)."""
+        spec = spec or self.spec
+        args = {**spec.args, **({"enable_prefix_caching": True} if prefix_caching else {})}
+        return ServingArgs.from_config(args, spec.env)
 
-    def argv(self, prefix_caching: bool = False) -> list[str]:
+    def argv(self, prefix_caching: bool = False, spec: ConfigurationSpec | None = None) -> list[str]:
         """The API server's argv (node 0's, with its launch arguments where the configuration spans nodes)."""
         return build_server_argv(model_dir=self.manifest.model_dir, served_model_name=self.workload.served_model_name,
-                                 host=self.spec.host, port=self.spec.port, args=self.serving_args(prefix_caching),
+                                 host=self.spec.host, port=self.spec.port, args=self.serving_args(prefix_caching, spec),
                                  launch=self.spread.server_args() if self.spread else None)
 
     def measurement(self, flags: Mapping[str, bool] | None = None,
@@ -220,9 +221,7 @@ class TrialJob:
             return record
 
         def server_for(spec: ConfigurationSpec, log_path: Path) -> ServerProcess:
-            argv = build_server_argv(model_dir=self.manifest.model_dir, served_model_name=self.workload.served_model_name,
-                                     host=spec.host, port=spec.port, args=ServingArgs.from_config(spec.args, spec.env))
-            return ServerProcess(argv, ledger=ledger, host=spec.host, port=spec.port, log_path=log_path,
+            return ServerProcess(self.argv(spec=spec), ledger=ledger, host=spec.host, port=spec.port, log_path=log_path,
                                  env=host_env(self.gpus, spec.env, ready.patched), stop_timeout=spec.stop_timeout_s,
                                  label=f"{self.label} (confirming {found.knob})")
 
