@@ -8,17 +8,24 @@ Three runs in one results folder:
 1. NVML lists a tritonserver on the selected GPU that the trial file does not allow: the
    configuration is not launched (no server starts), its record and the report name the
    process, and the demo service is restored.
-2. The process is allowed by name; the server fails at start-up; the health check then finds
-   the GPU failing (an allocation error, and a new Xid line on its PCI id): the GPU is held
-   in the ledger, cleanup leaves the demo service that runs on it stopped (residues naming
-   the GPU), and snakemake's exit status says the host was not restored.
+2. The process is allowed by name; the server serves its pass, then dies while the trial holds
+   it idle (serving.idle_watch_s; the test kills it once a /metrics sample in the idle window
+   shows no request, and the kernel log gains an Xid on the GPU's PCI id): the record calls it
+   an idle crash with that Xid, the health check finds the GPU failing (an allocation error,
+   the Xid), the GPU is held in the ledger, cleanup leaves the demo service that runs on it
+   stopped (residues naming the GPU), and snakemake's exit status says the host was not
+   restored.
 3. The GPU is sound again; ``snakemake cleanup`` checks it, clears it and restores the service.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +35,7 @@ from llmtrial.core.ledger import Ledger
 from llmtrial.core.records import read_record
 from workflow_helpers import default_config, demo_service, snakemake, write_config
 
-pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
+pytestmark = [pytest.mark.e2e, pytest.mark.workflow, pytest.mark.aside]  # no patch, ports and service of its own
 
 DOUBLE = REPO / "tests" / "gpu_double.py"
 UUID = "GPU-5d1e0f3a-7c2b-4e11-9a0d-000000000000"
@@ -53,6 +60,9 @@ def gpu_trial(tmp_path_factory):
     config["configurations"] = {"tp1": config["configurations"]["tp1"]}
     config["scenarios"] = {"c1": {"concurrency": 1, "num_prompts": 4, "input_len": 32, "output_len": 8, "passes": 1}}
     config["patches"] = {}
+    del config["outputs"]  # no task set: the second run is about the server dying idle after its pass
+    config["serving"]["args"]["enforce_eager"] = True
+    config["telemetry"]["interval_s"] = 0.5
     config["serving"]["base_port"] = server_port
     config["hardware"] = {"gpus": [UUID]}
     config["services"] = {"demo-web": {**demo_service(work / "demo", demo_port), "gpus": [0]}}
@@ -67,16 +77,22 @@ def gpu_trial(tmp_path_factory):
         runs["foreign"] = _run(work, results, config)
 
         config["hardware"]["allow_processes"] = ["tritonserver"]
-        config["configurations"]["tp1"]["args"]["no_such_flag"] = 1  # vLLM refuses it at start-up
+        config["serving"]["idle_watch_s"] = 600  # held idle until the test kills it (the run never waits it out)
         write_config(work, config)
-        scenario.update(allocation="failed",  # and the Xid once the server ran
-                        dmesg_once={"path": str(results / "configs" / "tp1" / "server.log"), "text": "no-such-flag",
-                                    "lines": [XID]})
-        scenario_path.write_text(json.dumps(scenario))
-        runs["crash"] = _run(work, results, config)
+        crash = IdleCrash(results, scenario, scenario_path)
+        crash.start()
+        try:
+            runs["crash"] = _run(work, results, config)
+        finally:
+            crash.done.set()
+            crash.join(timeout=60)
+        assert crash.error is None and crash.killed, crash.error or "the server was never seen idle"
+
+        config["serving"]["idle_watch_s"] = 0
+        write_config(work, config)
 
         scenario.update(allocation="ok")  # the GPU was reset
-        scenario_path.write_text(json.dumps(scenario))
+        write_scenario(scenario_path, scenario)
         proc = snakemake(work, "--cores", "all", "cleanup", timeout=300)
         runs["cleanup"] = {"proc": proc, "ledger": Ledger(results / "ledger.jsonl").entries(),
                            "record": read_record(results / "cleanup" / "on-demand.json"),
@@ -85,6 +101,59 @@ def gpu_trial(tmp_path_factory):
     finally:
         mp.undo()
         subprocess.run(config["services"]["demo-web"]["stop"], timeout=60)
+
+
+def write_scenario(path: Path, scenario: dict) -> None:
+    """The double's host, replaced whole (the double reads it at every call, from other processes)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(scenario))
+    os.replace(tmp, path)
+
+
+class IdleCrash(threading.Thread):
+    """While the second run holds tp1's server idle: once a /metrics sample after the idle window's
+    start shows no request running or waiting, the GPU fails (an Xid in the kernel log, allocations
+    fail) and the server's process group is killed."""
+
+    def __init__(self, results: Path, scenario: dict, scenario_path: Path) -> None:
+        super().__init__(daemon=True)
+        self.telemetry = results / "configs" / "tp1" / "telemetry.csv"
+        self.ledger = Ledger(results / "ledger.jsonl")
+        self.scenario, self.scenario_path = scenario, scenario_path
+        self.done = threading.Event()
+        self.killed = False
+        self.error: str | None = None
+
+    def idle_sampled(self) -> bool:
+        """A /metrics sample after the idle window's start with no request running or waiting (a line the
+        sampler is still writing is skipped)."""
+        rows = []
+        for line in self.telemetry.read_text().splitlines() if self.telemetry.exists() else []:
+            t, source, metric, value = (line.split(",") + ["", "", "", ""])[:4]
+            try:
+                rows.append((float(t), source, metric, float(value) if source == "metrics" else value))
+            except ValueError:
+                continue
+        starts = [t for t, source, metric, _ in rows if (source, metric) == ("window", "idle:start")]
+        if not starts:
+            return False
+        after = {(t, metric): v for t, source, metric, v in rows if source == "metrics" and t > starts[-1]}
+        return any(metric == "running" and v == 0 and after.get((t, "waiting")) == 0 for (t, metric), v in after.items())
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 900
+        try:
+            while not self.done.is_set() and time.monotonic() < deadline:
+                if self.idle_sampled():
+                    self.scenario.update(allocation="failed", dmesg=[XID])
+                    write_scenario(self.scenario_path, self.scenario)
+                    server = next(e for e in self.ledger.entries() if e.action == "server_started")
+                    os.killpg(server.pgid, signal.SIGKILL)
+                    self.killed = True
+                    return
+                time.sleep(0.5)
+        except Exception as exc:  # reported by the fixture
+            self.error = repr(exc)
 
 
 def _run(work: Path, results: Path, config: dict) -> dict:
@@ -118,7 +187,8 @@ def test_a_foreign_process_on_the_selected_gpu_keeps_the_configuration_from_laun
 def test_an_allowed_process_is_shared_and_a_failed_gpu_after_a_crash_holds_its_service(gpu_trial):
     run = gpu_trial["crash"]
     record = run["record"]
-    assert record["status"] == "failed" and record["failure"]["phase"] == "startup", record["failure"]
+    assert record["status"] == "failed" and record["failure"]["phase"] == "idle", record["failure"]
+    assert [p["status"] for p in record["scenarios"][0]["pass_results"]] == ["ok"]  # served, then died idle
     assert record["server"]["env"]["CUDA_VISIBLE_DEVICES"] == UUID
     assert record["server"]["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert [p["allowed_by"] for p in record["gpu_census"]["processes"]] == ["tritonserver"]
@@ -134,6 +204,24 @@ def test_an_allowed_process_is_shared_and_a_failed_gpu_after_a_crash_holds_its_s
     assert run["proc"].returncode != 0 and "was not fully restored" in run["proc"].stderr
     assert "After tp1 failed, GPU 0 (" in run["report"] and "GPU has fallen off the bus" in run["report"]
     assert "shared its GPUs with pid 4194303" in run["report"]
+
+
+def test_a_server_that_dies_while_held_idle_is_an_idle_crash_with_the_xid_of_that_window(gpu_trial):
+    run = gpu_trial["crash"]
+    failure = run["record"]["failure"]
+    assert (failure["reason"], failure["returncode"]) == ("exited", -9)
+    assert "while held idle after the passes (no request sent)" in failure["message"]
+    down = failure["down"]
+    assert (down["idle"], down["running"], down["waiting"]) == (True, 0.0, 0.0)
+    assert down["last_sample_at"] < down["found_down_at"]
+    assert down["kernel_lines"] == [XID] and down["kernel_log"] is None  # the Xid of that window, once
+    assert down["window"]["start"] == down["last_sample_at"] and down["window"]["end"] == down["found_down_at"]
+    top = run["report"].split('<h2 id="charts">', 1)[0]
+    assert "tp1&#39;s server crashed while idle, no request running or waiting" in top
+    why = run["report"].split('<h2 id="why-it-failed">', 1)[1].split("<h2", 1)[0]
+    assert ("tp1&#39;s server crashed while idle (its last /metrics sample showed no request running or waiting)"
+            in why)
+    assert f"The kernel log in that window: {XID}" in why and "The GPU check after it: GPU 0 failed" in why
 
 
 def test_cleanup_clears_a_gpu_that_passes_again_and_restores_its_service(gpu_trial):

@@ -98,19 +98,29 @@ def assert_host_given_back(trial) -> None:
         assert not alive, f"configuration job {job.pid} survived"
 
 
-def pass_in_flight(trial, stem: str) -> bool:
-    """Whether the pass ``stem``'s telemetry window is open: its start mark written, its end mark not yet."""
+def request_running(trial, stem: str) -> bool:
+    """Whether a /metrics sample after the pass ``stem``'s start mark shows a request running."""
     telemetry = trial["results"] / "configs" / "tp1" / "telemetry.csv"
-    marks = {line.split(",")[2] for line in (telemetry.read_text().splitlines() if telemetry.exists() else [])
-             if line.count(",") == 3 and line.split(",")[1] == "window"}
-    return f"{stem}:start" in marks and f"{stem}:end" not in marks
+    start = None
+    for line in telemetry.read_text().splitlines() if telemetry.exists() else []:
+        t, source, metric, value = (line.split(",") + ["", "", "", ""])[:4]
+        if (source, metric) == ("window", f"{stem}:start"):
+            start = t
+        elif start is not None and (source, metric) == ("metrics", "running"):
+            try:
+                if float(value) >= 1:
+                    return True
+            except ValueError:  # a line the sampler is still writing
+                continue
+    return False
 
 
 def test_a_server_crash_mid_benchmark_is_a_result_and_the_host_is_restored(small_trial):
     wf = start_workflow(small_trial)
     try:
-        # 200 requests of 64 tokens one at a time: the pass cannot end before the kill, whatever the speed
-        wait_for(lambda: pass_in_flight(small_trial, "c1-pass1"), 600, "the first benchmark pass", wf)
+        # 200 requests of 64 tokens one at a time: the pass cannot end before the kill, whatever the speed; the
+        # kill waits for a /metrics sample that shows a request running (the server dies under load, not idle)
+        wait_for(lambda: request_running(small_trial, "c1-pass1"), 600, "a request of the first benchmark pass", wf)
         server = started(small_trial, "server_started")
         os.killpg(server.pgid, signal.SIGKILL)  # the server dies mid-benchmark
         assert wf.wait(timeout=600) == 0  # a failed configuration is a result: the workflow finishes
@@ -120,6 +130,9 @@ def test_a_server_crash_mid_benchmark_is_a_result_and_the_host_is_restored(small
     record = json.loads((small_trial["results"] / "configs" / "tp1" / "record.json").read_text())
     assert record["status"] == "failed" and record["failure"]["phase"] == "benchmark"
     assert "during scenario c1 (c1-pass1)" in record["failure"]["message"]  # the pass it was killed in
+    down = record["failure"]["down"]
+    assert down["idle"] is False and down["running"] >= 1  # its last /metrics sample: a request running
+    assert "died under load (its last /metrics sample showed" in (small_trial["results"] / "report.html").read_text()
     assert (small_trial["results"] / "report.html").exists()
     assert json.loads((small_trial["results"] / "cleanup" / "record.json").read_text())["restored"]
     assert_host_given_back(small_trial)

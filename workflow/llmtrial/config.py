@@ -166,5 +166,6 @@ def configuration_spec(trial: TrialConfig, name: str) -> ConfigurationSpec:
         port=configuration_port(trial, name), args={**canonical_args(serving.args), **canonical_args(entry.args)},
         env={**serving.env, **entry.env}, startup_timeout_s=serving.startup_timeout_s,
         stop_timeout_s=serving.stop_timeout_s,
+        idle_watch_s=serving.idle_watch_s,
         nodes={n: trial.nodes[n] for n in entry.nodes} if spread else {},
         staging_dir=trial.staging_dir if spread else None, launch=entry.launch if spread else None)

@@ -92,12 +92,36 @@ class Confirmation(RecordModel):
         "relaunch without the knob did not start)."))
 
 
+class DownState(RecordModel):
+    """What a server that exited after it was ready was doing, from the telemetry its job sampled
+    (:mod:`llmtrial.serve.idle`): an idle crash (seed 002) when its last /metrics sample showed no request
+    running or waiting."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    idle: bool | None = Field(description=(
+        "True: the last /metrics sample before the server was found down showed no request running or waiting "
+        "(an idle crash); false: it showed some; null: no /metrics sample was taken after start-up."))
+    found_down_at: float = Field(description="When the job found the server down (Unix time).")
+    last_sample_at: float | None = Field(description="That /metrics sample's time (Unix time), or null.")
+    running: float | None = Field(description="vllm:num_requests_running in that sample, or null.")
+    waiting: float | None = Field(description="vllm:num_requests_waiting in that sample, or null.")
+    kernel_lines: list[str] = Field(description=(
+        "The kernel log's NVRM and Xid lines that appeared from that sample to the health check after the failure "
+        "(the telemetry's kernel-log source, then the check): the driver's word on the window."))
+    kernel_log: str | None = Field(description="Why the kernel log could not be read, or null when it was.")
+    window: WindowFigures | None = Field(description=(
+        "What telemetry sampled from that sample to the server found down (the GPUs' and the host's figures), or "
+        "null without a sample."))
+
+
 class Failure(RecordModel):
     """Why the configuration failed."""
 
-    phase: Literal["gpu_check", "sanity_check", "startup", "cold_start", "benchmark"] = Field(description=(
+    phase: Literal["gpu_check", "sanity_check", "startup", "cold_start", "benchmark", "idle"] = Field(description=(
         "Where it failed: gpu_check (a foreign process or a failed GPU: not launched), sanity_check (the "
-        "collective across nodes), or a serving phase."))
+        "collective across nodes), a serving phase, or idle (the server died while serving.idle_watch_s held it "
+        "idle after the passes)."))
     reason: str = Field(description="exited, timeout, port_in_use, request_failed or pass_failed.")
     message: str = Field(description="One sentence.")
     returncode: int | None = Field(None, description="The server's exit code when it exited.")
@@ -107,6 +131,9 @@ class Failure(RecordModel):
     signature: Maybe[Signature] = Field(None, description=(
         "The crash's signature, from every rank's log; absent where no log shows an exception or a traceback "
         "(a timeout, a refused launch)."))
+    down: Maybe[DownState] = Field(None, description=(
+        "Only for a server that exited after it was ready: what its last /metrics sample showed (idle or not), "
+        "the kernel log's lines and the telemetry of the window up to when it was found down."))
 
 
 class ServerStop(RecordModel):

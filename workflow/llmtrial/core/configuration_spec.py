@@ -45,6 +45,7 @@ class ConfigurationSpec(ServingSpec):
     port: int = Field(description="serving.base_port plus the configuration's position in the file.")
     startup_timeout_s: float = Field(description="serving.startup_timeout_s.")
     stop_timeout_s: float = Field(description="serving.stop_timeout_s.")
+    idle_watch_s: float = Field(default=0.0, description="serving.idle_watch_s.")
     staging_dir: str | None = Field(default=None, description="Across nodes only: the trial's staging_dir.")
     launch: Literal["native", "ray"] | None = Field(default=None, description=(
         "Across nodes only: configurations.<name>.launch."))

@@ -121,6 +121,7 @@ class ServingBlock(ConfigModel):
     base_port: Annotated[int, Field(ge=1024, le=65000)] = Field(default=8100, description='Port of the first configuration; the n-th configuration (in file order) serves on base_port + n.')
     startup_timeout_s: Annotated[Number, Field(gt=0)] = Field(default=900, description='Longest wait from launch until /health answers 200 before the configuration is a startup failure.')
     stop_timeout_s: Annotated[Number, Field(gt=0)] = Field(default=30, description="Grace after SIGTERM to the server's process group before SIGKILL.")
+    idle_watch_s: Annotated[Number, Field(ge=0)] = Field(default=0, description="After each configuration's passes and task set, hold its server this long with no request sent, under telemetry, and check it is still up: a server that dies meanwhile (or whenever its last /metrics sample showed no request running or waiting) is recorded as an idle crash, with the kernel log's lines and the GPUs' health of that window. 0: not held.")
     args: dict[str, Any] = Field(default={}, description="vLLM server arguments shared by every configuration, as a mapping of flag name (dashes or underscores) to value: true gives --flag, false gives --no-flag, a list repeats values, a mapping is passed as JSON. A configuration's args override these.")
     env: dict[str, str] = Field(default={}, description="Environment variables for every server (values are strings). A configuration's env overrides these.")
 

@@ -51,7 +51,7 @@ from llmtrial.host.telemetry_sources import RAPL_SOURCE
 from llmtrial.report.cells import Cell, FigureOverPasses, FigureSpec, ScenarioTable, Settings, SloPasses, Stall
 from llmtrial.report.costs import ENERGY_FIGURE, cell_energy, cost_figure, cost_sentence, has_energy
 from llmtrial.report.verdicts import NO_DIFFERENCE, Verdict, judge
-from llmtrial.report.why_failed import signature_text
+from llmtrial.report.why_failed import idle_clause, signature_text
 from llmtrial.serve.bench import headline
 from llmtrial.serve.scenarios import DEFAULT_SLO_PERCENTILE, is_sweep, passes_asked, repetition_of, spread_of
 
@@ -170,7 +170,8 @@ def failure_summary(record: ConfigurationRecord) -> str:
         return (f"failed in {failure.phase}: {signature_text(sig)} (line {sig.crash_line} of {sig.source}; "
                 "no known failure explains it)")
     line = (failure.error_line.diagnosis if failure.error_line else None) or failure.message or "no diagnosis recorded"
-    return f"failed in {failure.phase}: {line.rstrip('.')}"
+    clause = idle_clause(record)
+    return f"failed in {failure.phase}: {line.rstrip('.')}" + (f"; the server {clause}" if clause else "")
 
 
 def _pct(x: float | None) -> str:

@@ -10,7 +10,7 @@ from llmtrial.core.configuration_model import ConfigurationRecord, Signature
 from llmtrial.logs.across import PHASE_NAMES, FailureComparison, Implicated, SignatureGroup, compare_failures
 from llmtrial.logs.knob_phases import KnobPhases, knob_phases
 
-__all__ = ["GroupText", "WhyFailed", "confirmation_text", "signature_text", "why_failed"]
+__all__ = ["GroupText", "WhyFailed", "confirmation_text", "down_text", "idle_clause", "signature_text", "why_failed"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,8 @@ class WhyFailed:
     groups: tuple[GroupText, ...]
     implicated: tuple[str, ...]
     confirmations: tuple[str, ...]
+    #: Each server that died after it was ready: idle or not, the kernel log and the GPUs' health of that window.
+    crashes: tuple[str, ...]
     unsigned: str | None
     headline: str
 
@@ -106,6 +108,46 @@ def confirmation_text(record: ConfigurationRecord) -> str | None:
     return first + again
 
 
+def idle_clause(record: ConfigurationRecord) -> str | None:
+    """``crashed while idle (...)`` or ``crashed with 2 requests running and 0 waiting``, for a server that
+    died after it was ready; None otherwise."""
+    down = record.failure.down if record.failure is not None else None
+    if down is None:
+        return None
+    if down.idle is None:
+        return "died with no /metrics sample taken after start-up (idle or not is unknown)"
+    counts = f"{down.running or 0:g} request(s) running and {down.waiting or 0:g} waiting"
+    return ("crashed while idle (its last /metrics sample showed no request running or waiting)" if down.idle
+            else f"died under load (its last /metrics sample showed {counts})")
+
+
+def down_text(record: ConfigurationRecord) -> str | None:
+    """The server that died after it was ready: idle or not, the kernel log's lines and the GPUs' health of
+    that window (seed 002: nvidia-smi saw nothing, the kernel log had the Xid)."""
+    clause = idle_clause(record)
+    down = record.failure.down if record.failure is not None else None
+    if clause is None or down is None:
+        return None
+    when = (f" {down.found_down_at - down.last_sample_at:.1f} s before it was found down"
+            if down.last_sample_at is not None else "")
+    text = f"{record.configuration}'s server {clause}{',' if when else ''}{when}."
+    if down.kernel_log is not None:
+        text += f" The kernel log could not be read: {down.kernel_log}."
+    elif down.kernel_lines:
+        said = " | ".join(line.strip() for line in down.kernel_lines).rstrip(".")
+        text += f" The kernel log in that window: {said}."
+    else:
+        text += " The kernel log gained no NVRM or Xid line in that window."
+    health = record.gpu_health
+    if health is not None and health.gpus:
+        said = [f"GPU {g.index} {'failed' if g.healthy is False else 'passed' if g.healthy else 'was not checked'}"
+                f" ({g.evidence})" for g in health.gpus]
+        text += f" The GPU check after it: {'; '.join(said)}."
+    else:
+        text += " No GPU was selected, so none was checked after it."
+    return text
+
+
 def _shown(records: Sequence[ConfigurationRecord]) -> str | None:
     """The headline's clause on what the relaunches showed."""
     for r in records:
@@ -134,6 +176,8 @@ def _headline(comparison: FailureComparison, records: Sequence[ConfigurationReco
     shown = _shown(records)
     if shown:
         parts.append(shown)
+    parts += [f"{r.configuration}'s server crashed while idle, no request running or waiting" for r in records
+              if r.failure is not None and r.failure.down is not None and r.failure.down.idle]
     if not parts:
         return f"{_names(comparison.unsigned)}: no log shows a crash to compare."
     return "; ".join(parts) + "."
@@ -146,9 +190,10 @@ def why_failed(configurations: Sequence[ConfigurationRecord], table: KnobPhases 
     if not comparison.any:
         return None
     unsigned = (f"{_names(comparison.unsigned)}: no log shows an exception or a traceback to compare "
-                "(a timeout, or a launch refused before vLLM ran)") if comparison.unsigned else None
+                "(a timeout, a launch refused before vLLM ran, or a server killed without one)") if comparison.unsigned else None
     return WhyFailed(groups=tuple(_group_text(g, _next_step(g, comparison.implicated, table, configurations))
                                  for g in comparison.groups),
                      implicated=tuple(_implicated_text(i) for i in comparison.implicated),
                      confirmations=tuple(t for t in map(confirmation_text, configurations) if t),
+                     crashes=tuple(t for t in map(down_text, configurations) if t),
                      unsigned=unsigned, headline=_headline(comparison, configurations))

@@ -12,6 +12,9 @@ sweeps and their datasets, telemetry, multi-node serving, and the trial job in i
   ``custom`` JSONL file or a ShareGPT JSON file), or vLLM's ``prefix_repetition`` dataset.
 - :mod:`llmtrial.serve.energy`: A window's energy: each GPU's NVML counter checked against the
   integral of its sampled power, and the CPU packages' RAPL energy, named apart.
+- :mod:`llmtrial.serve.idle`: A server held idle after its passes (``serving.idle_watch_s``), and what
+  a server found down was doing: an idle crash when its last /metrics sample showed no request, with
+  the kernel log's lines and the telemetry of that window.
 - :mod:`llmtrial.serve.log_review`: The review phase of one configuration's job, after its
   server stopped: what the log explains (the failure's line and the GPUs' health after it, the
   start-up facts, the engine's warnings, each patch's evidence) and the measured figures beside the
@@ -49,4 +52,4 @@ Imports from: core, logs, host, plan, weights, patch, lifecycle. (tests/test_str
 order.)
 """
 
-__all__ = ["answers_job", "bench", "confirm", "datasets", "energy", "log_review", "measure", "multinode", "multinode_job", "nodetelemetry", "onset", "passes", "progress", "scenarios", "server", "telemetry", "trial", "vllm_bench"]
+__all__ = ["answers_job", "bench", "confirm", "datasets", "energy", "idle", "log_review", "measure", "multinode", "multinode_job", "nodetelemetry", "onset", "passes", "progress", "scenarios", "server", "telemetry", "trial", "vllm_bench"]

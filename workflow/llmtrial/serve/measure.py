@@ -35,6 +35,7 @@ from llmtrial.logs import startup_log
 from llmtrial.logs.lines import read_log
 from llmtrial.serve import bench
 from llmtrial.serve.datasets import JobScenario, needs_prefix_caching
+from llmtrial.serve.idle import watch_idle
 from llmtrial.serve.multinode import MultiNodeServer
 from llmtrial.serve.nodetelemetry import NodeTelemetry, node_window_figures
 from llmtrial.serve.onset import onset, step_figures
@@ -117,6 +118,8 @@ class Served:
     answers: AnswerRun | None = None
     #: The server launched again with prefix caching on, when a scenario needed it (None when there was none).
     relaunch: ServerRun | None = None
+    #: When the server was found down, where it exited after it was ready (Unix time), else None.
+    found_down_at: float | None = None
 
     @property
     def ready(self) -> bool:
@@ -172,6 +175,8 @@ class Measurement:
     flags: Mapping[str, bool] = field(default_factory=dict)
     #: The configuration's own args turn prefix caching on: every scenario runs on the one server.
     prefix_caching: bool = False
+    #: How long the server is held idle after its passes and task set (``serving.idle_watch_s``; 0: not held).
+    idle_watch_s: float = 0.0
     #: The configuration's server with prefix caching on, not yet started: it runs the scenarios that need
     #: prefix caching (:func:`llmtrial.serve.datasets.needs_prefix_caching`) once the others are done.
     relaunch: Callable[[], ServerProcess] | None = None
@@ -216,6 +221,8 @@ class Measurement:
                 if self.workload.outputs and failure is None:
                     say("%s: asking the task set (%d task(s))", self.name, len(self.workload.tasks))
                     answers = self.workload.ask(self.host, self.port, launch="passes", flags=self.flags)
+                if self.idle_watch_s and failure is None:
+                    watch_idle(server, self.idle_watch_s, sampler, self.name)
                 if cached:
                     server.stop()
                     metrics.seen = False  # the next server's start-up is not a failed scrape
@@ -241,7 +248,8 @@ class Measurement:
                       scenarios=sorted(scenarios, key=lambda e: order.index(e.name)), telemetry=telemetry,
                       bench_import_s=worker.import_s, bench_workers=worker.starts,
                       failure=failure.as_record() if failure is not None else None, answers=answers,
-                      relaunch=relaunched[0] if relaunched else None)
+                      relaunch=relaunched[0] if relaunched else None,
+                      found_down_at=failure.found_down_at if failure is not None else None)
 
     def _relaunched(self, host_source: HostSource, run: Callable[..., PhaseFailure | None], cached: list[Todo],
                     into: list[ServerRun]) -> PhaseFailure | None:

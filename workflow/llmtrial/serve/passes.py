@@ -46,6 +46,8 @@ class PhaseFailure(Exception):
     reason: str
     message: str
     returncode: int | None = None
+    #: When the server was found down (Unix time), where it exited after it was ready.
+    found_down_at: float | None = None
 
     def as_record(self) -> FailureRecord:
         return FailureRecord(phase=self.phase, reason=self.reason, message=self.message, returncode=self.returncode)
@@ -139,7 +141,7 @@ class Passes:
         self.windows.append((one, one.window.start, one.window.end))
         if not server.alive():
             raise PhaseFailure("benchmark", "exited", f"{server.down_reason()} during scenario {name} ({stem})",
-                          server.exit_code())
+                               server.exit_code(), found_down_at=time.time())
         return one
 
     def _pass(self, scenario: JobScenario, load: PassLoad, p: int, seed: int, stem: str) -> Pass:

@@ -42,6 +42,7 @@ from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve import log_review
 from llmtrial.serve.answers_job import job_answers, patch_flags
 from llmtrial.serve.confirm import candidate, confirm
+from llmtrial.serve.idle import down_state
 from llmtrial.serve.measure import Measurement, Served, Workload
 from llmtrial.serve.multinode_job import Spread, node_outcomes
 from llmtrial.serve.passes import PhaseFailure
@@ -115,7 +116,8 @@ class TrialJob:
             model_dir=self.manifest.model_dir, workload=self.workload,
             startup_timeout_s=self.spec.startup_timeout_s, paths=self.paths,
             gpus=[g.index for g in self.gpus], block_size=self.plan.figures.block_size,
-            nodes=self.nodes, flags=dict(flags or {}), prefix_caching=self.prefix_caching, relaunch=relaunch)
+            nodes=self.nodes, flags=dict(flags or {}), prefix_caching=self.prefix_caching, relaunch=relaunch,
+            idle_watch_s=self.spec.idle_watch_s)
 
     def _flags_off_server(self, ledger: Ledger, env: Mapping[str, str]) -> ServerProcess:
         """The configuration's server with the patch flags off (``env``), for the answers alone."""
@@ -199,6 +201,9 @@ class TrialJob:
                                       if (self.paths.out_dir / name).is_file())]
             signature = signature_record(logs)
             failure = failure.model_copy(update={"signature": signature}) if signature is not None else failure
+        if failure is not None and served.found_down_at is not None:  # exited after it was ready: idle or not
+            failure.down = down_state(self.paths.telemetry, served.found_down_at, served.telemetry.sources,
+                                      health.get("gpu_health"))
         reviewed = log_review.review(text, source=source, startup=served.startup, scenarios=served.scenarios,
                                       plan=self.plan, patched=ready.patched, env=env)
         return self._record(
