@@ -18,7 +18,7 @@ import yaml
 from conftest import DATA
 from llmtrial.core.configuration_model import CrashFrame
 from llmtrial.logs.lines import read_log
-from llmtrial.logs.signature import PHASES, FailureSignature, failure_signature, mask, phase_of_function
+from llmtrial.logs.signature import PHASES, FailureSignature, failure_signature, mask, phase_of_function, signature_record
 
 CORPUS = DATA / "vllm-logs"
 
@@ -174,11 +174,15 @@ def test_ranks_without_times_are_taken_in_the_order_given():
 
 
 def test_the_same_failure_with_other_numbers_has_the_same_key():
+    """The record's key, which the comparison across configurations groups by."""
+
+    def key(text: str):
+        return signature_record([("server.log", text)]).key
+
     text = _case("mem-vllm-12529-v1-oom-no-frames").text
-    other = failure_signature(text.replace("1.16 GiB", "2.31 GiB").replace("GPU 0", "GPU 3"))
-    assert other.key == failure_signature(text).key
-    first = failure_signature(RANK1_FIRST.replace("2.00 GiB", "3.50 GiB"))
-    assert first.key == failure_signature(RANK1_FIRST).key
+    assert key(text.replace("1.16 GiB", "2.31 GiB").replace("GPU 0", "GPU 3")) == key(text)
+    assert key(RANK1_FIRST.replace("2.00 GiB", "3.50 GiB")) == key(RANK1_FIRST)
+    assert key(RANK1_FIRST) != key(text)
 
 
 # ------------------------------------------------------------------ the parts

@@ -79,11 +79,6 @@ class FailureSignature:
         """The 1-based line that shows the phase, or ``None`` without a phase."""
         return None if self.phase_index is None else self.phase_index + 1
 
-    @property
-    def key(self) -> tuple[str | None, str | None, CrashFrame | None, Phase | None]:
-        """What two crashes share when they are the same failure (no line numbers of the log)."""
-        return self.exception, self.message, self.frame, self.phase
-
 
 # ------------------------------------------------------------------ the phase a function tells
 
