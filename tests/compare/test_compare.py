@@ -81,6 +81,14 @@ def row(record, conf, scenario, figure="output_tok_s"):
     return next(r for r in record.rows if (r.configuration, r.scenario, r.figure) == (conf, scenario, figure))
 
 
+def assert_no_verdict(rows) -> None:
+    """The same passes on both sides: no difference is detected, and a figure whose ratio's interval spans more
+    than a factor of 100 (a latency p99 over two or three passes) is unresolved rather than a tie."""
+    assert {r.verdict for r in rows} <= {"no detectable difference", "unresolved"}
+    assert all(r.high / r.low > 100 for r in rows if r.verdict == "unresolved")
+    assert {r.verdict for r in rows if r.figure == "output_tok_s"} == {"no detectable difference"}
+
+
 def test_the_same_trial_twice_matches_and_finds_no_detectable_difference(tmp_path):
     a = trial_folder(tmp_path, "a", recorded_at=1.0)
     b = trial_folder(tmp_path, "b", recorded_at=2.0)
@@ -88,7 +96,7 @@ def test_the_same_trial_twice_matches_and_finds_no_detectable_difference(tmp_pat
     assert (record.a.trial, record.b.trial) == ("a", "b")
     assert record.workloads_match and record.changes == [] and record.only_in_a == record.only_in_b == []
     assert [d.key for d in record.differences] == []
-    assert {r.verdict for r in record.rows} == {"no detectable difference"}
+    assert_no_verdict(record.rows)
     assert len(record.rows) == 2 * 2 * 7  # tp1 and tp2, c1 and c4, seven figures
     assert record.sentences[-1] == "0 of 28 figures compared differ at 95 % confidence."
 
@@ -143,7 +151,7 @@ def test_a_different_output_len_makes_that_scenario_not_comparable_naming_it_and
     c1 = [r for r in record.rows if r.scenario == "c1"]
     assert {r.verdict for r in c1} == {"not comparable"} and all(r.ratio is None for r in c1)
     assert c1[0].reason == "not comparable: output_len (32 against 16) differ"
-    assert {r.verdict for r in record.rows if r.scenario == "c4"} == {"no detectable difference"}
+    assert_no_verdict([r for r in record.rows if r.scenario == "c4"])
     assert "tp1 in c1: not comparable: output_len (32 against 16) differ; no verdict." in record.sentences
 
 
@@ -163,7 +171,7 @@ def test_other_prompt_bytes_make_that_scenario_not_comparable_and_the_same_bytes
     assert (d.key, d.scope) == ("scenarios.c1.prompts_sha256", "c1") and d.a != d.b
     assert d.a == hashlib.sha256((tmp_path / "p.jsonl").read_bytes()).hexdigest()
     assert {r.verdict for r in record.rows if r.scenario == "c1"} == {"not comparable"}
-    assert {r.verdict for r in record.rows if r.scenario == "c4"} == {"no detectable difference"}
+    assert_no_verdict([r for r in record.rows if r.scenario == "c4"])
     again = trial_file(TrialResults.load(a), "a-reproduced")  # a rerun reads the prompts the trial staged
     assert again["scenarios"]["c1"]["prompts"] == str((a / "prompts" / "c1.jsonl").resolve())
     assert validate_config(copy.deepcopy(again)) == again

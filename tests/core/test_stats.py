@@ -10,7 +10,16 @@ import statistics
 
 import pytest
 
-from llmtrial.core.stats import bootstrap_interval, cv, mean_interval, percentile, ratio_test, t_cdf, t_quantile
+from llmtrial.core.stats import (
+    bootstrap_interval,
+    cv,
+    mean_interval,
+    pass_interval,
+    percentile,
+    ratio_test,
+    t_cdf,
+    t_quantile,
+)
 from llmtrial.report.verdicts import judge, method_line
 
 #: Student t's 97.5th and 95th percentiles by degrees of freedom, from a printed table.
@@ -113,5 +122,52 @@ def test_a_zero_figure_is_compared_on_the_difference_without_a_ratio_interval():
 
 def test_the_method_line_names_the_level_and_every_test():
     line = method_line(0.9, 2000, 0)
-    assert line.startswith("Confidence level 90 %.") and "Student t on pass values" in line
+    assert line.startswith("Confidence level 90 %.") and "Student t on the logarithms of pass values" in line
+    assert "unresolved where the ratio's interval spans more than a factor of 100" in line
+    assert "a latency whose median is at or below 0.01 ms is at the timer's resolution" in line
     assert "Welch's t on the logarithms of pass values" in line and "2000 resamples, seed 0" in line
+
+
+# ------------------------------------------------------------------ intervals that stay where the figure can be
+
+#: Six skewed TTFT pass medians (ms) of the kind whose mean interval crossed zero ("CI -12.4-54.1" for a
+#: median of 8.2 ms): one slow pass among fast ones.
+SKEWED_TTFT = [6.9, 7.4, 8.0, 8.4, 9.1, 88.3]
+
+
+def test_an_interval_over_positive_passes_is_the_logarithms_t_interval_and_never_below_zero():
+    plain = mean_interval(SKEWED_TTFT)
+    assert plain.low < 0  # the Student t interval of the mean leaves what a latency can be
+    ci = pass_interval(SKEWED_TTFT)
+    logs = [math.log(v) for v in SKEWED_TTFT]
+    half = 2.571 * statistics.stdev(logs) / math.sqrt(6)  # t 97.5 % at 5 degrees of freedom
+    assert (ci.low, ci.high) == pytest.approx((math.exp(statistics.fmean(logs) - half),
+                                               math.exp(statistics.fmean(logs) + half)), rel=1e-3)
+    assert 0 < ci.low < statistics.median(SKEWED_TTFT) < ci.high
+    assert pass_interval([8.2]) is None
+
+
+def test_an_interval_over_passes_with_a_zero_is_a_bootstrap_within_the_values_and_a_negative_one_the_plain_t():
+    counts = [0.0, 0.0, 3.0, 1.0]  # preemptions per pass
+    ci = pass_interval(counts)
+    assert ci.method == "percentile bootstrap of the mean over pass values (a value is 0)"
+    assert 0 <= ci.low <= statistics.fmean(counts) <= ci.high <= 3.0
+    assert pass_interval(counts) == ci  # seeded: the same report twice
+    deltas = [-1.0, 2.0, 0.5]
+    assert pass_interval(deltas) == mean_interval(deltas)
+
+
+def test_a_latency_at_the_timers_resolution_gets_no_ratio_and_no_verdict():
+    v = judge([0.004, 0.006, 0.005], [2.40, 2.42, 2.45], higher=False, level=0.95, key="tpot_median_ms")
+    assert v.word == "at resolution" and not v.decided
+    assert v.ratio_text() == "no ratio (a median is at or below the timer's resolution, 0.01 ms)"
+    assert judge([0.004, 0.006, 0.005], [2.40, 2.42, 2.45], higher=True, level=0.95, key="output_tok_s").decided
+
+
+def test_a_ratio_whose_interval_spans_more_than_a_factor_of_100_is_unresolved():
+    wide = judge([0.5, 40.0], [1.0, 1.2], higher=False, level=0.95, key="tpot_p99_ms")
+    assert wide.test.high / wide.test.low > 100
+    assert wide.word == "unresolved" and not wide.decided
+    assert wide.as_text().startswith("unresolved (its interval spans more than a factor of 100), ")
+    narrow = judge([10.0, 11.0, 10.5], [20.0, 21.0, 20.5], higher=False, level=0.95, key="tpot_p99_ms")
+    assert narrow.word == "faster" and narrow.test.high / narrow.test.low < 100

@@ -419,10 +419,11 @@ def test_a_scenario_with_a_target_shows_goodput_columns_and_ranks_on_them():
     assert head[:5] == ["#", "configuration", "goodput", "SLO share", "output tok/s"]
     rows = slo4.split("<tr")[2:]
     tp1, tp2 = cells_of(rows[0]), cells_of(rows[1])
-    # each median with its passes' range, the mean's t interval and CV (worked by hand for tp1's goodput 1.10, 1.23,
-    # 1.18: mean 1.17, sd 0.0656, half-width 4.303 x 0.0656 / sqrt 3 = 0.163; its tok/s 400, 410, 417: sd 8.54, 21.2)
-    assert tp1[:5] == ["1", "tp1 baseline", "★ 1.18 1.10–1.23 CI 1.01–1.33 · CV 5.6 %", "★ 93.0 92.0–95.0 CI 89.5–97.1 · CV 1.6 %",
-                       "410.0 400.0–417.0 CI 387.8–430.2 · CV 2.1 %"]
+    # each median with its passes' range, the t interval of the passes' logarithms and CV (worked by hand for tp1's
+    # goodput 1.10, 1.23, 1.18: logarithms' mean 0.1559, sd 0.0565, half-width 4.303 x 0.0565 / sqrt 3 = 0.1403,
+    # exp(0.0157) = 1.02 to exp(0.2962) = 1.34; its SLO share 92, 93, 95: 89.6-97.2; its tok/s 400, 410, 417: 388.2-430.8)
+    assert tp1[:5] == ["1", "tp1 baseline", "★ 1.18 1.10–1.23 CI 1.02–1.34 · CV 5.6 %", "★ 93.0 92.0–95.0 CI 89.6–97.2 · CV 1.6 %",
+                       "410.0 400.0–417.0 CI 388.2–430.8 · CV 2.1 %"]
     assert tp2[2].startswith("0.83 0.78–0.90 CI 0.79–0.88 · CV 5.1 % worse, 0.71x (95 % CI ") and tp2[2].endswith("x) vs baseline")
     assert tp2[4].startswith("★ 480.0") and " faster, 1.18x (95 % CI " in tp2[4]
     assert "SLO met in 3 of 3 pass(es)" in tp1[-1] and "SLO met in 0 of 6 pass(es)" in tp2[-1]

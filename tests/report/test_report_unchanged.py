@@ -4,7 +4,9 @@ before the trial file and the records were typed end to end.
 ``tests/data/records/demo-default/report-fields.json`` holds the report's fields as the project rendered
 them from these records at commit 051c320, before that work (``python tests/report_fields.py
 tests/data/records/demo-default tests/data/demo/cleanup.json OUT.json`` with that revision's library),
-the render time aside.
+the render time aside. It was written again when the intervals over passes became the t interval of
+the pass values' logarithms (never below zero) and the method line said so: 29 of its 2,129 fields
+changed, that line and 28 intervals, each only in its numbers; every other field as before.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ def comparison_folder(record: ComparisonRecord) -> Path:
 
 
 def figure_chart(rows: Sequence[Row], key: str, label: str, unit: str) -> Chart | None:
-    """A against B on one figure: per configuration x scenario, each trial's median with the mean's interval."""
+    """A against B on one figure: per configuration x scenario, each trial's median with its interval over passes."""
     drawn = [r for r in rows if r.figure == key and r.a.median is not None and r.b.median is not None]
     if not drawn:
         return None
@@ -46,7 +46,7 @@ def figure_chart(rows: Sequence[Row], key: str, label: str, unit: str) -> Chart 
     ax.legend(loc="best")
     name = f"compare-{key.replace('_', '-')}"
     return Chart(name=name, title=f"{label}: A against B", caption=(
-        "Each trial's median over passes, the bar its mean's interval over passes (none below two passes)."),
+        "Each trial's median over passes, the bar its interval over passes (none below two passes; never below 0)."),
         svg=svg_of(fig, name), columns=["configuration", "scenario", "A median", "A low", "A high", "B median", "B low",
                                         "B high", "ratio B/A", "verdict"],
         rows=[[r.configuration, r.scenario, r.a.median, r.a.low, r.a.high, r.b.median, r.b.low, r.b.high, r.ratio,

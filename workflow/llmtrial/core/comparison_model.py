@@ -9,7 +9,8 @@ from pydantic import ConfigDict, Field
 
 from llmtrial.core.record_base import RecordModel
 
-Verdict = Literal["faster", "slower", "better", "worse", "no detectable difference", "unstable", "not comparable"]
+Verdict = Literal["faster", "slower", "better", "worse", "no detectable difference", "unstable", "unresolved",
+                  "at resolution", "not comparable"]
 
 
 class TrialRef(RecordModel):
@@ -39,10 +40,10 @@ class Difference(RecordModel):
 
 
 class Side(RecordModel):
-    """One trial's figure: median over passes, the mean's interval, the pass values."""
+    """One trial's figure: median over passes, its interval over passes, the pass values."""
 
     median: float | None = Field(description="Median over passes; null without a completed pass.")
-    low: float | None = Field(description="Low end of the mean's Student t interval; null below two passes.")
+    low: float | None = Field(description="Low end of the interval over passes (llmtrial.core.stats.pass_interval); null below two passes.")
     high: float | None = Field(description="High end of that interval.")
     values: list[float] = Field(description="The figure of each completed pass.")
 

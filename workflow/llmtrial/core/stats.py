@@ -1,8 +1,11 @@
 """The statistics behind every verdict: intervals over passes, over requests, and of a ratio.
 
-- :func:`mean_interval`: the Student t interval of a figure's mean over passes, at a level
-  (95 % unless the trial file's ``statistics.level`` says otherwise); with :func:`cv`, the
-  coefficient of variation (sample standard deviation over mean).
+- :func:`pass_interval`: a figure's interval over passes, at a level (95 % unless the trial file's
+  ``statistics.level`` says otherwise), by a method that never leaves what the figure can be: the
+  Student t interval on the logarithms of positive pass values (the geometric mean's), a percentile
+  bootstrap over pass values where one is 0, the plain Student t interval only where a value is
+  negative; with :func:`cv`, the coefficient of variation (sample standard deviation over mean).
+  :func:`mean_interval`, the plain Student t interval of the mean, is the passes' stopping rule's.
 - :func:`bootstrap_interval`: a percentile bootstrap interval of a statistic (the median, the
   p99) over per-request samples, with a fixed seed so a report renders the same twice.
 - :func:`ratio_test`: Welch's t test on the logarithms of two configurations' pass values. The
@@ -26,6 +29,15 @@ DEFAULT_LEVEL = 0.95
 DEFAULT_RESAMPLES = 2000
 DEFAULT_SEED = 0
 T_METHOD = "Student t on pass values"
+LOG_T_METHOD = "Student t on the logarithms of pass values (the geometric mean's interval)"
+PASS_BOOTSTRAP_METHOD = "percentile bootstrap of the mean over pass values (a value is 0)"
+#: The rules every verdict follows (the report's method line states them, :func:`llmtrial.report.verdicts.method_line`):
+#: a latency median at or below this many milliseconds is at the timer's resolution (tokens that arrived in one read
+#: of the stream), and gets no ratio and no verdict.
+RESOLUTION_MS = 0.01
+#: A ratio whose interval spans more than this factor (high over low: two orders of magnitude) is unresolved, neither
+#: faster nor slower: it says nothing about the size of the difference.
+WIDEST_RATIO = 100.0
 BOOTSTRAP_METHOD = "percentile bootstrap over per-request samples"
 RATIO_METHOD = "Welch's t on the logarithms of pass values (ratio of geometric means)"
 DIFFERENCE_METHOD = "Welch's t on pass values (a value is 0: ratio of means, no interval)"
@@ -123,6 +135,22 @@ def mean_interval(values: Sequence[float], level: float = DEFAULT_LEVEL) -> Inte
     mean, sd = statistics.fmean(values), statistics.stdev(values)
     half = t_quantile(two_sided(level), n - 1) * sd / math.sqrt(n)
     return Interval(mean - half, mean + half, level, T_METHOD, n)
+
+
+def pass_interval(values: Sequence[float], level: float = DEFAULT_LEVEL, seed: int = DEFAULT_SEED) -> Interval | None:
+    """A figure's interval over passes that stays where the figure can be (module docstring); None below two."""
+    n = len(values)
+    if n < 2:
+        return None
+    if min(values) > 0:
+        logs = [math.log(v) for v in values]
+        centre, half = statistics.fmean(logs), t_quantile(two_sided(level), n - 1) * statistics.stdev(logs) / math.sqrt(n)
+        return Interval(math.exp(centre - half), math.exp(centre + half), level, LOG_T_METHOD, n)
+    if min(values) == 0:
+        boot = bootstrap_interval(values, statistics.fmean, level, seed=seed)
+        assert boot is not None
+        return Interval(boot.low, boot.high, level, PASS_BOOTSTRAP_METHOD, n)
+    return mean_interval(values, level)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

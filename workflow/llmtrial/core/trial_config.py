@@ -415,7 +415,7 @@ class FailuresBlock(ConfigModel):
 
 
 class StatisticsBlock(ConfigModel):
-    """How the trial states its uncertainty: every figure's interval over passes (Student t), the latency
+    """How the trial states its uncertainty: every figure's interval over passes (Student t on the logarithms), the latency
     figures' bootstrap intervals over requests, and every verdict between two configurations or two trials
     (Welch's t on the logarithms of pass values)."""
 

@@ -47,7 +47,7 @@ class Settings:
 @dataclass
 class FigureOverPasses:
     """One figure over a scenario's passes: the pass ``values``, their median, min, max and count, the spread
-    ((max - min) / mean), the mean's Student t interval ``ci`` and the coefficient of variation ``cv`` (None
+    ((max - min) / mean), the interval over passes ``ci`` (:func:`llmtrial.core.stats.pass_interval`) and the coefficient of variation ``cv`` (None
     below two passes); ``bootstrap``, a latency figure's interval over requests; ``best``, ``tied`` and
     ``vs_baseline`` (the verdict against the baseline) once the configurations are compared."""
 

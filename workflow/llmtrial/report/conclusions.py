@@ -44,7 +44,7 @@ from llmtrial.core.stats import (
     Interval,
     bootstrap_interval,
     cv,
-    mean_interval,
+    pass_interval,
     percentile,
 )
 from llmtrial.host.telemetry_sources import RAPL_SOURCE
@@ -136,7 +136,7 @@ def over_passes(values: Iterable[float | None], level: float = DEFAULT_LEVEL) ->
     if not vals:
         return None
     return FigureOverPasses(values=vals, median=statistics.median(vals), min=min(vals), max=max(vals), n=len(vals),
-                  spread=spread_of(vals), ci=mean_interval(vals, level), cv=cv(vals))
+                  spread=spread_of(vals), ci=pass_interval(vals, level), cv=cv(vals))
 
 
 #: The latency figures with a bootstrap interval over requests: the per-request samples and the statistic.
@@ -359,7 +359,7 @@ def _ratio_sentence(lead: Cell, other: Cell, settings: Settings) -> str:
     if v.word == NO_DIFFERENCE:
         return (f"{names[0]} and {names[1]} show no detectable difference in output tok/s {_at(settings)} "
                 f"(ratio {v.ratio_text()}; {medians}): a tie")
-    return f"{names[0]} against {names[1]} on output tok/s is unstable, {v.reason} (ratio {v.ratio_text()}; {medians})"
+    return f"{names[0]} against {names[1]} on output tok/s is {v.word}, {v.reason} (ratio {v.ratio_text()}; {medians})"
 
 
 def _ttft_sentence(cells: list[Cell], settings: Settings) -> str | None:
@@ -376,7 +376,7 @@ def _ttft_sentence(cells: list[Cell], settings: Settings) -> str | None:
     if v.word == NO_DIFFERENCE:
         return (f"{fast.configuration} and {slow.configuration} show no detectable difference in time to first "
                 f"token {_at(settings)} {ms}")
-    return f"{fast.configuration} against {slow.configuration} on time to first token is unstable, {v.reason} {ms}"
+    return f"{fast.configuration} against {slow.configuration} on time to first token is {v.word}, {v.reason} {ms}"
 
 
 def _unstable_note(cells: Iterable[Cell]) -> str:
