@@ -59,6 +59,20 @@ def test_a_server_whose_last_sample_showed_no_request_is_an_idle_crash_with_the_
     assert down.window.summary["host.cpu_percent"].max == 3.0  # the window's own samples only
 
 
+def test_a_sample_between_two_requests_of_a_pass_in_flight_is_not_idle(tmp_path):
+    # at concurrency 1 the gauge reads 0 between one request's end and the next one's arrival
+    csv = samples(tmp_path / "telemetry.csv", [
+        (100.0, "window", "c1-pass1:start", 1.0), *metrics(100.0, 0, 0), *metrics(101.0, 1, 0),
+        *metrics(102.0, 0, 0), (102.6, "window", "c1-pass1:end", 1.0)])
+    down = down_state(csv, 102.5, KERNEL)
+    assert (down.idle, down.pass_in_flight, down.running, down.last_sample_at) == (False, "c1-pass1", 0.0, 102.0)
+    after = samples(tmp_path / "after.csv", [
+        (100.0, "window", "c1-pass1:start", 1.0), *metrics(101.0, 1, 0), (102.0, "window", "c1-pass1:end", 1.0),
+        (102.5, "window", "idle:start", 1.0), *metrics(103.0, 0, 0)])
+    down = down_state(after, 104.0, KERNEL)  # the pass had ended: held idle, nothing sent
+    assert (down.idle, down.pass_in_flight) == (True, None)
+
+
 def test_a_server_that_died_with_requests_running_is_not_idle(tmp_path):
     csv = samples(tmp_path / "telemetry.csv", [*metrics(100.0, 0, 0), *metrics(101.0, 1, 3)])
     down = down_state(csv, 101.4, {"kernel_log": TelemetrySource(status="absent", reason="dmesg: not permitted")})

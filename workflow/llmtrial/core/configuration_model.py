@@ -101,7 +101,10 @@ class DownState(RecordModel):
 
     idle: bool | None = Field(description=(
         "True: the last /metrics sample before the server was found down showed no request running or waiting "
-        "(an idle crash); false: it showed some; null: no /metrics sample was taken after start-up."))
+        "and no benchmark pass was sending (an idle crash); false: it showed some, or a pass was in flight (at "
+        "concurrency 1 a sample can fall between two requests); null: no /metrics sample was taken after start-up."))
+    pass_in_flight: str | None = Field(description=(
+        "The benchmark pass whose telemetry window was open at that sample (its file stem), or null."))
     found_down_at: float = Field(description="When the job found the server down (Unix time).")
     last_sample_at: float | None = Field(description="That /metrics sample's time (Unix time), or null.")
     running: float | None = Field(description="vllm:num_requests_running in that sample, or null.")

@@ -117,8 +117,11 @@ def idle_clause(record: ConfigurationRecord) -> str | None:
     if down.idle is None:
         return "died with no /metrics sample taken after start-up (idle or not is unknown)"
     counts = f"{down.running or 0:g} request(s) running and {down.waiting or 0:g} waiting"
-    return ("crashed while idle (its last /metrics sample showed no request running or waiting)" if down.idle
-            else f"died under load (its last /metrics sample showed {counts})")
+    if down.idle:
+        return "crashed while idle (its last /metrics sample showed no request running or waiting)"
+    if down.pass_in_flight:
+        return f"died under load, while pass {down.pass_in_flight} was sending requests (its last /metrics sample showed {counts})"
+    return f"died under load (its last /metrics sample showed {counts})"
 
 
 def down_text(record: ConfigurationRecord) -> str | None:

@@ -5,8 +5,10 @@ only the kernel log (an Xid, which nvidia-smi did not show) said anything. ``ser
 each configuration's server idle after its passes (and its task set) for that long, under the job's
 telemetry, and checks every :data:`IDLE_POLL_S` that it is still up (:func:`watch_idle`). For any server
 found down after it was ready, :func:`down_state` reads the job's samples: idle when its last /metrics
-sample showed no request running or waiting, the kernel log's lines from that sample on (the telemetry's
-kernel-log source, then the health check after the failure), and what telemetry sampled in that window.
+sample showed no request running or waiting and no benchmark pass was sending (its telemetry window open:
+at concurrency 1 a sample can fall between two of its requests), the kernel log's lines from that sample on
+(the telemetry's kernel-log source, then the health check after the failure), and what telemetry sampled
+in that window.
 """
 
 from __future__ import annotations
@@ -66,15 +68,30 @@ def down_state(samples: Path, found_down_at: float, sources: dict[str, Telemetry
     reason = None if kernel is not None and kernel.status != "absent" else (
         kernel.reason if kernel is not None else "the kernel log was not sampled")
     if last is None:
-        return DownState(idle=None, found_down_at=found_down_at, last_sample_at=None, running=None, waiting=None,
-                         kernel_lines=lines, kernel_log=reason, window=None)
+        return DownState(idle=None, pass_in_flight=None, found_down_at=found_down_at, last_sample_at=None, running=None,
+                         waiting=None, kernel_lines=lines, kernel_log=reason, window=None)
     at, running, waiting = last
-    idle = running == 0 and (waiting or 0) == 0 if running is not None else None
     assert df is not None
+    sending = _open_window(df, at)
+    idle = running == 0 and (waiting or 0) == 0 and sending is None if running is not None else None
     window = window_figures(df, at, found_down_at)
     window.start, window.end = at, found_down_at
-    return DownState(idle=idle, found_down_at=found_down_at, last_sample_at=at, running=running, waiting=waiting,
-                     kernel_lines=lines, kernel_log=reason, window=window)
+    return DownState(idle=idle, pass_in_flight=sending, found_down_at=found_down_at, last_sample_at=at, running=running,
+                     waiting=waiting, kernel_lines=lines, kernel_log=reason, window=window)
+
+
+def _open_window(df, at: float) -> str | None:
+    """The pass whose telemetry window (``<stem>:start`` to ``<stem>:end`` marks) was open at ``at``, or None
+    (the idle watch's own window is no pass)."""
+    marks = df[(df["source"] == "window") & (df["t"] <= at)].sort_values("t", kind="stable")
+    open_: list[str] = []
+    for metric in marks["metric"]:
+        stem, _, edge = str(metric).rpartition(":")
+        if edge == "start" and stem != IDLE_WINDOW:
+            open_.append(stem)
+        elif edge == "end" and stem in open_:
+            open_.remove(stem)
+    return open_[0] if open_ else None
 
 
 def _last_metrics(df, before: float) -> tuple[float, float | None, float | None] | None:
