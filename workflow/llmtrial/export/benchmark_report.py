@@ -40,6 +40,42 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+from llmd_benchmark_report.base import Units
+from llmd_benchmark_report.schema_v0_2 import (
+    AggregateLatency,
+    AggregateRequestPerformance,
+    AggregateRequests,
+    AggregateThroughput,
+    BenchmarkReportV02,
+    Component,
+    ComponentHealth,
+    ComponentMetadata,
+    ComponentNative,
+    ComponentObservability,
+    Distribution,
+    Load,
+    LoadMetadata,
+    LoadNative,
+    LoadSource,
+    LoadStandardized,
+    Observability,
+    ReplicaHealth,
+    RequestPerformance,
+    ResourceMetrics,
+    Results,
+    Run,
+    RunTime,
+    SequenceLength,
+    Statistics,
+)
+from llmd_benchmark_report.schema_v0_2 import Scenario as BrScenario
+from llmd_benchmark_report.schema_v0_2_components import (
+    HostType,
+    InferenceEngine,
+    InferenceEngineAccelerator,
+    InferenceEngineModel,
+    InferenceEngineParallelism,
+)
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmtrial.compare.trials import TrialResults
@@ -48,44 +84,7 @@ from llmtrial.core.cost import energy_disagreements, energy_kind, hosts_of, pass
 from llmtrial.core.redact import redact_argv, redact_env
 from llmtrial.core.scenario_model import Pass, PassSummary, Scenario, Step, WindowStat
 from llmtrial.core.stats import percentile
-from llmtrial.export.br_results import (
-    AggregateLatency,
-    AggregateRequestPerformance,
-    AggregateRequests,
-    AggregateThroughput,
-    BenchmarkReport,
-    BrScenario,
-    ComponentHealth,
-    ComponentObservability,
-    Observability,
-    ReplicaHealth,
-    RequestPerformance,
-    ResourceMetrics,
-    Results,
-    Run,
-    RunTime,
-    validate_report,
-)
-from llmtrial.export.br_schema import (
-    SCHEMA_VERSION,
-    Component,
-    ComponentMetadata,
-    ComponentNative,
-    Distribution,
-    HostType,
-    InferenceEngine,
-    InferenceEngineAccelerator,
-    InferenceEngineModel,
-    InferenceEngineParallelism,
-    Load,
-    LoadMetadata,
-    LoadNative,
-    LoadSource,
-    LoadStandardized,
-    SequenceLength,
-    Statistics,
-    Units,
-)
+from llmtrial.export.br_validate import SCHEMA_VERSION, validate_report
 from llmtrial.serve.datasets import length_ratio
 
 #: The Statistics percentile fields and the percentile each stands for.
@@ -452,11 +451,11 @@ def run(trial: TrialResults, w: ReportUnit, model: str) -> Run:
         description=f"{model} [{trial.trial}/{record.configuration}/{w.label.replace(' ', '-')}]")
 
 
-def benchmark_report(trial: TrialResults, w: ReportUnit) -> BenchmarkReport:
-    """The report of ``w``, validated against the schema (:class:`~llmtrial.export.br_schema.ReportInvalid`
-    naming the field at fault): its parts are assembled as the schema's models, then checked as a whole."""
+def benchmark_report(trial: TrialResults, w: ReportUnit) -> BenchmarkReportV02:
+    """The report of ``w``, validated against the package's schema (:class:`~llmtrial.export.br_validate.ReportInvalid`
+    naming the field at fault): its parts are assembled as the package's models, then checked as a whole."""
     components = stack(trial, w.record)
-    report = BenchmarkReport.model_construct(
+    report = BenchmarkReportV02.model_construct(
         version=SCHEMA_VERSION, run=run(trial, w, components[0].standardized.model.name),
         scenario=BrScenario.model_construct(stack=components, load=load(trial, w)),
         results=part(Results, request_performance=request_performance(w), observability=observability(trial, w),
