@@ -101,7 +101,9 @@ def test_throughputs_are_one_value_per_pass_and_request_latency_is_pooled_exactl
 
 def test_what_the_trial_did_not_measure_is_absent(trial):
     report = report_of(trial, "tp1", "c1")
-    assert "inter_token_latency" not in report["results"]["request_performance"]["aggregate"]["latency"]
+    # these records predate the requests' own gaps and latencies: no ITL, request latency's mean and spread only
+    latency = report["results"]["request_performance"]["aggregate"]["latency"]
+    assert "inter_token_latency" not in latency and set(latency["request_latency"]) == {"units", "mean", "stddev"}
     assert set(report["run"]) == {"uid", "eid", "cid", "time", "description"}  # no user, no pod
     aggregate = report["results"]["observability"]["components"][0]["aggregate"]
     # a CPU host: no NVML, so no GPU figures, no power and no energy; prefix caching off: no hit rate
@@ -308,7 +310,8 @@ def test_the_pooled_figures_agree_with_the_packages_conversion_of_each_pass(tria
 
 def test_a_real_pass_file_gives_the_export_the_packages_own_figures(trial, convert):
     """One pass of the default trial's c4 as vLLM wrote it (per-request lists included), read by the project
-    (its summary, the record, the export) and converted by the package: the same requests, the same figures."""
+    (its summary, the record, the export) and converted by the package: the same requests, the same figures,
+    inter-token latency and every percentile of request latency among them."""
     result = json.loads(REAL_PASS.read_text())
     data = raw("tp1")
     [c4] = [s for s in data["scenarios"] if s["name"] == "c4"]
@@ -318,13 +321,25 @@ def test_a_real_pass_file_gives_the_export_the_packages_own_figures(trial, conve
     ours = benchmark_report(trial, w).model_dump(mode="json", exclude_unset=True)["results"]["request_performance"]
     theirs = convert(REAL_PASS)["results"]["request_performance"]["aggregate"]
     assert ours["aggregate"]["requests"] == theirs["requests"]
-    for field in SAMPLED:
+    # ITL from each request's gaps and request latency from each request's, as the package reads vLLM's figures
+    for field in (*SAMPLED, "inter_token_latency", "request_latency"):
         mine = ours["aggregate"]["latency"][field]
         assert mine["units"] == theirs["latency"][field]["units"]
         for stat in ("mean", "stddev", "p50", "p90", "p99"):
             assert mine[stat] == pytest.approx(theirs["latency"][field][stat], abs=1e-3), (field, stat)
-    e2el = ours["aggregate"]["latency"]["request_latency"]
-    assert (e2el["mean"], e2el["stddev"]) == (pytest.approx(theirs["latency"]["request_latency"]["mean"]),
-                                              pytest.approx(theirs["latency"]["request_latency"]["stddev"]))
     for rate in ("output_token_rate", "total_token_rate", "request_rate"):
         assert ours["aggregate"]["throughput"][rate]["mean"] == pytest.approx(theirs["throughput"][rate]["mean"])
+
+
+def test_a_pass_without_the_requests_own_gaps_leaves_itl_out_rather_than_stand_for_all(trial):
+    result = json.loads(REAL_PASS.read_text())
+    data = raw("tp1")
+    [c4] = [s for s in data["scenarios"] if s["name"] == "c4"]
+    detailed = summarize_result(result, [50, 90, 99]).model_dump(mode="json", exclude_unset=True)
+    assert len(detailed["request_itl_ms"]) == sum(len(gaps) for gaps in result["itls"])
+    c4["pass_results"] = [c4["pass_results"][0] | {"summary": detailed}, c4["pass_results"][1]]
+    [w] = [w for w in workloads(ConfigurationRecord.model_validate(data)) if w.scenario.name == "c4"]
+    latency = benchmark_report(trial, w).model_dump(mode="json", exclude_unset=True)[
+        "results"]["request_performance"]["aggregate"]["latency"]
+    assert "inter_token_latency" not in latency
+    assert set(latency["request_latency"]) == {"units", "mean", "stddev"}  # pooled from each pass's own
