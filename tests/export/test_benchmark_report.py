@@ -7,16 +7,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from llmd_benchmark_report.native_to_br0_2 import import_vllm_benchmark
 
 from llmtrial.compare.trials import TrialResults
 from llmtrial.core.configuration_model import ConfigurationRecord
 from llmtrial.core.cost import Cost
 from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.export.benchmark_report import benchmark_report, workloads
+from llmtrial.serve.bench import summarize_result
 
 DEMO = Path(__file__).parents[1] / "data" / "records" / "demo-default"
 
@@ -97,7 +101,9 @@ def test_throughputs_are_one_value_per_pass_and_request_latency_is_pooled_exactl
 
 def test_what_the_trial_did_not_measure_is_absent(trial):
     report = report_of(trial, "tp1", "c1")
-    assert "inter_token_latency" not in report["results"]["request_performance"]["aggregate"]["latency"]
+    # these records predate the requests' own gaps and latencies: no ITL, request latency's mean and spread only
+    latency = report["results"]["request_performance"]["aggregate"]["latency"]
+    assert "inter_token_latency" not in latency and set(latency["request_latency"]) == {"units", "mean", "stddev"}
     assert set(report["run"]) == {"uid", "eid", "cid", "time", "description"}  # no user, no pod
     aggregate = report["results"]["observability"]["components"][0]["aggregate"]
     # a CPU host: no NVML, so no GPU figures, no power and no energy; prefix caching off: no hit rate
@@ -239,3 +245,101 @@ def test_a_record_that_cannot_make_a_valid_report_is_refused_naming_the_field(tr
     with pytest.raises(ValueError, match=r"of tp1 x c1 does not match the v0.2 schema:\n  "
                                          r"scenario.load.standardized.concurrency: Input should be greater than or equal to 1"):
         benchmark_report(trial, w)
+
+
+# --------------------------------------------------------------------------- against llm-d's own conversion
+
+REAL_PASS = Path(__file__).parents[1] / "data" / "vllm-0.32.0-bench-result.json"
+#: What each pass gives the package and the export alike: (the package's statistic, the project's samples).
+SAMPLED = {"time_to_first_token": "request_ttft_ms", "time_per_output_token": "request_tpot_ms"}
+
+
+@pytest.fixture
+def convert(monkeypatch) -> Callable[[Path], dict]:
+    """llm-d's own conversion of a vLLM result file (``import_vllm_benchmark``) as JSON data, outside any
+    llm-d-benchmark harness (none of its environment: the report is the file's alone)."""
+    for name in ("LLMDBENCH_MAGIC_ENVAR", "LLMDBENCH_RUN_EXPERIMENT_ID", "LLMDBENCH_RUN_EXPERIMENT_RESULTS_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    return lambda path: import_vllm_benchmark(str(path)).dump()
+
+
+def result_file(p: dict, folder: Path) -> Path:
+    """One pass's result file as vLLM wrote it, from what the record keeps of it: the records hold no result
+    file, but the pass summary keeps every figure of the file under vLLM's own key (``mean_ttft_ms``,
+    ``p99_e2el_ms``, ``request_throughput``, ...), which is what the package reads (it reads nothing else, so the
+    project's own keys beside them are left in); the request count it was asked for and the date (vLLM's
+    ``YYYYMMDD-HHMMSS``) are the pass's."""
+    summary = p["summary"]
+    path = folder / f"pass{p['pass']}.json"
+    path.write_text(json.dumps(summary | {"num_prompts": summary["completed"] + summary["failed"],
+                                          "date": time.strftime("%Y%m%d-%H%M%S", time.gmtime(p["start"]))}))
+    return path
+
+
+def pooled(stats: list[dict], n: list[int]) -> tuple[float, float]:
+    """The mean and (population) standard deviation of the requests of several passes, from each pass's own."""
+    mean = np.average([s["mean"] for s in stats], weights=n)
+    second = np.average([s["stddev"] ** 2 + s["mean"] ** 2 for s in stats], weights=n)
+    return float(mean), float(np.sqrt(second - mean * mean))
+
+
+@pytest.mark.parametrize("name", ["tp1", "tp2"])
+@pytest.mark.parametrize("scenario", ["c1", "c4"])
+def test_the_pooled_figures_agree_with_the_packages_conversion_of_each_pass(trial, convert, tmp_path, name, scenario):
+    passes = raw_passes(name, scenario)
+    theirs = [convert(result_file(p, tmp_path))["results"]["request_performance"]["aggregate"] for p in passes]
+    ours = report_of(trial, name, scenario)["results"]["request_performance"]["aggregate"]
+    # counts: the passes' requests and failures, summed
+    assert ours["requests"]["total"] == sum(t["requests"]["total"] for t in theirs)
+    assert ours["requests"]["failures"] == sum(t["requests"]["failures"] for t in theirs)
+    n = [t["requests"]["total"] - t["requests"]["failures"] for t in theirs]
+    # means and spreads: each pass's, pooled over its requests (the samples are kept to 0.001 ms)
+    for field in (*SAMPLED, "request_latency"):
+        mean, std = pooled([t["latency"][field] for t in theirs], n)
+        assert ours["latency"][field]["mean"] == pytest.approx(mean, abs=1e-3)
+        assert ours["latency"][field]["stddev"] == pytest.approx(std, abs=1e-3)
+    # percentiles: the samples the export pools are each pass's requests, giving the package's per-pass figures
+    for field, samples in SAMPLED.items():
+        for p, t in zip(passes, theirs, strict=True):
+            for q in ("p50", "p90", "p99"):
+                assert np.percentile(p["summary"][samples], int(q[1:])) == pytest.approx(t["latency"][field][q], abs=1e-3)
+        every = [v for p in passes for v in p["summary"][samples]]
+        assert ours["latency"][field]["p99"] == pytest.approx(float(np.percentile(every, 99)))
+        assert len(every) == sum(n)
+
+
+def test_a_real_pass_file_gives_the_export_the_packages_own_figures(trial, convert):
+    """One pass of the default trial's c4 as vLLM wrote it (per-request lists included), read by the project
+    (its summary, the record, the export) and converted by the package: the same requests, the same figures,
+    inter-token latency and every percentile of request latency among them."""
+    result = json.loads(REAL_PASS.read_text())
+    data = raw("tp1")
+    [c4] = [s for s in data["scenarios"] if s["name"] == "c4"]
+    c4["pass_results"] = [c4["pass_results"][0] | {
+        "summary": summarize_result(result, [50, 90, 99]).model_dump(mode="json", exclude_unset=True)}]
+    [w] = [w for w in workloads(ConfigurationRecord.model_validate(data)) if w.scenario.name == "c4"]
+    ours = benchmark_report(trial, w).model_dump(mode="json", exclude_unset=True)["results"]["request_performance"]
+    theirs = convert(REAL_PASS)["results"]["request_performance"]["aggregate"]
+    assert ours["aggregate"]["requests"] == theirs["requests"]
+    # ITL from each request's gaps and request latency from each request's, as the package reads vLLM's figures
+    for field in (*SAMPLED, "inter_token_latency", "request_latency"):
+        mine = ours["aggregate"]["latency"][field]
+        assert mine["units"] == theirs["latency"][field]["units"]
+        for stat in ("mean", "stddev", "p50", "p90", "p99"):
+            assert mine[stat] == pytest.approx(theirs["latency"][field][stat], abs=1e-3), (field, stat)
+    for rate in ("output_token_rate", "total_token_rate", "request_rate"):
+        assert ours["aggregate"]["throughput"][rate]["mean"] == pytest.approx(theirs["throughput"][rate]["mean"])
+
+
+def test_a_pass_without_the_requests_own_gaps_leaves_itl_out_rather_than_stand_for_all(trial):
+    result = json.loads(REAL_PASS.read_text())
+    data = raw("tp1")
+    [c4] = [s for s in data["scenarios"] if s["name"] == "c4"]
+    detailed = summarize_result(result, [50, 90, 99]).model_dump(mode="json", exclude_unset=True)
+    assert len(detailed["request_itl_ms"]) == sum(len(gaps) for gaps in result["itls"])
+    c4["pass_results"] = [c4["pass_results"][0] | {"summary": detailed}, c4["pass_results"][1]]
+    [w] = [w for w in workloads(ConfigurationRecord.model_validate(data)) if w.scenario.name == "c4"]
+    latency = benchmark_report(trial, w).model_dump(mode="json", exclude_unset=True)[
+        "results"]["request_performance"]["aggregate"]["latency"]
+    assert "inter_token_latency" not in latency
+    assert set(latency["request_latency"]) == {"units", "mean", "stddev"}  # pooled from each pass's own

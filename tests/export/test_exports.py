@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from llmtrial.cli import main
-from llmtrial.export.br_results import validate_report
+from llmtrial.export.br_validate import validate_report
 from llmtrial.export.exports import FORMAT_DIR, export_trial
 
 DEMO = Path(__file__).parents[1] / "data" / "records" / "demo-default"

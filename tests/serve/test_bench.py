@@ -25,6 +25,7 @@ from llmtrial.serve.bench import (
     output_rate,
     pass_seed,
     rate_summary,
+    request_gaps,
     request_output_rates,
     stall_flag,
     summarize_result,
@@ -86,6 +87,15 @@ def test_summary_of_a_real_vllm_result_file():
     assert s.output_throughput == result["output_throughput"]
     assert s.total_output_tokens == sum(result["output_lens"])
     assert "ttfts" not in s.model_dump()  # per-request arrays stay in the result file
+    # but each request's latency and inter-token gaps are kept, in ms: the samples of E2EL and ITL
+    assert s.request_e2el_ms == [round(v * 1000, 3) for v in result["latencies"]]
+    assert s.request_itl_ms == [round(g * 1000, 3) for gaps in result["itls"] for g in gaps]
+
+
+def test_a_failed_request_has_no_gaps_nor_latency_of_its_own():
+    detail = RequestDetail.model_validate({"ttfts": [0.01, 0.0], "latencies": [0.05, 0.0], "output_lens": [3, 0],
+                                           "itls": [[0.02, 0.02], []], "errors": ["", "timeout"]})
+    assert request_gaps(detail) == ([20.0, 20.0], [50.0])
 
 
 def test_a_mean_far_above_the_median_is_a_stall():

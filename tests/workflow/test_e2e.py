@@ -21,7 +21,7 @@ from browser import PNG_MAGIC, chromium_available, visit
 from conftest import REPO, free_base_port
 from llmtrial.cli import main
 from llmtrial.core.ledger import Ledger
-from llmtrial.export.br_results import validate_report
+from llmtrial.export.br_validate import validate_report
 from llmtrial.export.exports import FORMAT_DIR
 from llmtrial.host.process_groups import group_members, port_open
 from llmtrial.logs.lines import read_log

@@ -19,7 +19,7 @@ from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.records import as_written
 from llmtrial.core.trial_config import HardwareBlock, PlanBlock
 from llmtrial.core.units import GiB
-from llmtrial.export.br_schema import ReportInvalid
+from llmtrial.export.br_validate import ReportInvalid
 from llmtrial.export.exports import export_trial
 from llmtrial.host.slurm_hosts import srun_options
 from llmtrial.lifecycle.cleanup import cleanup_with_record

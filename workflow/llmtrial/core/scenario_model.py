@@ -107,6 +107,11 @@ class PassSummary(RecordModel):
     request_tpot_ms: Maybe[list[float]] = Field(None, description=(
         "Per successful request with more than one output token: (latency - TTFT) / (output tokens - 1), ms, "
         "3 decimals (vLLM's TPOT; the samples of the TPOT figures' bootstrap intervals)."))
+    request_itl_ms: Maybe[list[float]] = Field(None, description=(
+        "Each successful request's inter-token gaps (vLLM's itls: between successive output tokens), ms, 3 "
+        "decimals, the requests one after another in the result file's order (the samples of vLLM's ITL)."))
+    request_e2el_ms: Maybe[list[float]] = Field(None, description=(
+        "Per successful request: its end-to-end latency, ms, 3 decimals, in the result file's order."))
     goodput: Maybe[Goodput] = Field(None, description=(
         "Only when the scenario has a latency target (slo): how many requests met every target given (vLLM's "
         "--goodput rule) and whether the share reaches the target's percentile."))

@@ -1,9 +1,8 @@
 """A trial's records in other tools' formats, from the records alone: llm-d's Benchmark Report v0.2
 (the format llm-d-benchmark and kubernetes-sigs inference-perf write), one per configuration x scenario.
 
-- :mod:`llmtrial.export.br_schema`: The Benchmark Report v0.2 schema as pydantic models (units, statistics,
-  the stack and the load); its docstring names the published schema and the commit it follows.
-- :mod:`llmtrial.export.br_results`: The schema's results, run and root, and validate_report.
+- :mod:`llmtrial.export.br_validate`: A report checked against llm-d's published package
+  (``llmd-benchmark-report``, its v0.2 models): ReportInvalid naming the report and each field at fault.
 - :mod:`llmtrial.export.benchmark_report`: One configuration x scenario (or sweep step) of a trial as a
   report: what fills each field, and what is left out.
 - :mod:`llmtrial.export.exports`: A results folder's reports written under exports/ (the workflow's rule
@@ -12,4 +11,4 @@
 Imports from: core, compare (its results folder reader). (tests/test_structure.py holds the order.)
 """
 
-__all__ = ["benchmark_report", "br_results", "br_schema", "exports"]
+__all__ = ["benchmark_report", "br_validate", "exports"]

@@ -16,8 +16,11 @@ What fills what (nothing is invented: a figure the records do not hold is left o
   its ``stage`` the step's number.
 - ``results.request_performance.aggregate``: a scenario's measured (ok) passes together, the warm-up left out.
   TTFT and TPOT: every request of those passes (``request_ttft_ms``, ``request_tpot_ms``), in ms and ms/token;
-  NTPOT (latency / output tokens): 1000 / each request's output tok/s; request latency: the mean and
-  standard deviation over every request, pooled exactly from each pass's; throughputs (output, input, total,
+  NTPOT (latency / output tokens): 1000 / each request's output tok/s; ITL: every gap between successive
+  output tokens of those requests (``request_itl_ms``, vLLM's ``itls``), in ms/token; request latency: every
+  request's (``request_e2el_ms``) with every percentile, or where a pass's record has no per-request latencies
+  (its result file had no per-request detail, or the record predates them) the mean and standard deviation
+  over every request, pooled exactly from each pass's, and no ITL; throughputs (output, input, total,
   requests): one value per pass (vLLM's figure over that pass), their mean, spread, min, median and max. Input
   and output length: the mean per request. Standard deviations are over the population (numpy's, as vLLM's).
 - ``results.observability``: per-pass telemetry pooled over the same passes (sample-weighted mean, min, max):
@@ -40,6 +43,42 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+from llmd_benchmark_report.base import Units
+from llmd_benchmark_report.schema_v0_2 import (
+    AggregateLatency,
+    AggregateRequestPerformance,
+    AggregateRequests,
+    AggregateThroughput,
+    BenchmarkReportV02,
+    Component,
+    ComponentHealth,
+    ComponentMetadata,
+    ComponentNative,
+    ComponentObservability,
+    Distribution,
+    Load,
+    LoadMetadata,
+    LoadNative,
+    LoadSource,
+    LoadStandardized,
+    Observability,
+    ReplicaHealth,
+    RequestPerformance,
+    ResourceMetrics,
+    Results,
+    Run,
+    RunTime,
+    SequenceLength,
+    Statistics,
+)
+from llmd_benchmark_report.schema_v0_2 import Scenario as BrScenario
+from llmd_benchmark_report.schema_v0_2_components import (
+    HostType,
+    InferenceEngine,
+    InferenceEngineAccelerator,
+    InferenceEngineModel,
+    InferenceEngineParallelism,
+)
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmtrial.compare.trials import TrialResults
@@ -48,44 +87,7 @@ from llmtrial.core.cost import energy_disagreements, energy_kind, hosts_of, pass
 from llmtrial.core.redact import redact_argv, redact_env
 from llmtrial.core.scenario_model import Pass, PassSummary, Scenario, Step, WindowStat
 from llmtrial.core.stats import percentile
-from llmtrial.export.br_results import (
-    AggregateLatency,
-    AggregateRequestPerformance,
-    AggregateRequests,
-    AggregateThroughput,
-    BenchmarkReport,
-    BrScenario,
-    ComponentHealth,
-    ComponentObservability,
-    Observability,
-    ReplicaHealth,
-    RequestPerformance,
-    ResourceMetrics,
-    Results,
-    Run,
-    RunTime,
-    validate_report,
-)
-from llmtrial.export.br_schema import (
-    SCHEMA_VERSION,
-    Component,
-    ComponentMetadata,
-    ComponentNative,
-    Distribution,
-    HostType,
-    InferenceEngine,
-    InferenceEngineAccelerator,
-    InferenceEngineModel,
-    InferenceEngineParallelism,
-    Load,
-    LoadMetadata,
-    LoadNative,
-    LoadSource,
-    LoadStandardized,
-    SequenceLength,
-    Statistics,
-    Units,
-)
+from llmtrial.export.br_validate import SCHEMA_VERSION, validate_report
 from llmtrial.serve.datasets import length_ratio
 
 #: The Statistics percentile fields and the percentile each stands for.
@@ -311,6 +313,13 @@ def _pooled_e2el(passes: list[Pass]) -> Statistics | None:
     return Statistics.model_construct(units=Units.MS, mean=mean, stddev=math.sqrt(max(var, 0.0)))
 
 
+def _samples(passes: list[Pass], figure: Callable[[PassSummary], list[float] | None]) -> list[float]:
+    """Every pass's per-request samples of one figure together; none when a pass lacks them (its result file
+    had no per-request detail, or its record predates them): a figure of some passes would pass for all."""
+    lists = [figure(p.summary) for p in passes]
+    return [] if any(v is None for v in lists) else [v for values in lists for v in values]
+
+
 def _per_pass(passes: list[Pass], figure: Callable[[PassSummary], float | None], units: Units) -> Statistics | None:
     values = [v for v in (figure(p.summary) for p in passes) if v is not None]
     return stats(values, units, percentiles=False, median=True)
@@ -345,7 +354,9 @@ def request_performance(w: ReportUnit) -> RequestPerformance | None:
         latency=part(AggregateLatency, time_to_first_token=stats(ttft, Units.MS),
                      time_per_output_token=stats(tpot, Units.MS_PER_TOKEN),
                      normalized_time_per_output_token=stats(ntpot, Units.MS_PER_TOKEN),
-                     request_latency=_pooled_e2el(passes)),
+                     inter_token_latency=stats(_samples(passes, lambda x: x.request_itl_ms), Units.MS_PER_TOKEN),
+                     request_latency=stats(_samples(passes, lambda x: x.request_e2el_ms), Units.MS)
+                     or _pooled_e2el(passes)),
         throughput=part(
             AggregateThroughput,
             output_token_rate=_per_pass(passes, lambda x: x.output_throughput, Units.TOKEN_PER_S),
@@ -452,11 +463,11 @@ def run(trial: TrialResults, w: ReportUnit, model: str) -> Run:
         description=f"{model} [{trial.trial}/{record.configuration}/{w.label.replace(' ', '-')}]")
 
 
-def benchmark_report(trial: TrialResults, w: ReportUnit) -> BenchmarkReport:
-    """The report of ``w``, validated against the schema (:class:`~llmtrial.export.br_schema.ReportInvalid`
-    naming the field at fault): its parts are assembled as the schema's models, then checked as a whole."""
+def benchmark_report(trial: TrialResults, w: ReportUnit) -> BenchmarkReportV02:
+    """The report of ``w``, validated against the package's schema (:class:`~llmtrial.export.br_validate.ReportInvalid`
+    naming the field at fault): its parts are assembled as the package's models, then checked as a whole."""
     components = stack(trial, w.record)
-    report = BenchmarkReport.model_construct(
+    report = BenchmarkReportV02.model_construct(
         version=SCHEMA_VERSION, run=run(trial, w, components[0].standardized.model.name),
         scenario=BrScenario.model_construct(stack=components, load=load(trial, w)),
         results=part(Results, request_performance=request_performance(w), observability=observability(trial, w),

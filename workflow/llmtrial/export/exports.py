@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from llmd_benchmark_report.schema_v0_2 import BenchmarkReportV02
+
 from llmtrial.compare.trials import TrialResults
 from llmtrial.core.fileio import atomic_write_text
 from llmtrial.core.paths import TrialPaths
 from llmtrial.export.benchmark_report import ReportUnit, benchmark_report, workloads
-from llmtrial.export.br_results import BenchmarkReport
 
 FORMAT_DIR = "benchmark-report-v0.2"
 
@@ -28,14 +29,14 @@ def report_name(w: ReportUnit) -> str:
     return f"{w.scenario.name}" + (f"-step{w.step}" if w.step is not None else "") + ".json"
 
 
-def report_json(report: BenchmarkReport) -> str:
+def report_json(report: BenchmarkReportV02) -> str:
     """The report as written: the fields the export set (none of them null but a flag's value under ``native``)."""
     return json.dumps(report.model_dump(mode="json", exclude_unset=True), indent=2) + "\n"
 
 
-def trial_reports(trial: TrialResults) -> tuple[dict[str, BenchmarkReport], list[str]]:
+def trial_reports(trial: TrialResults) -> tuple[dict[str, BenchmarkReportV02], list[str]]:
     """Each report by its path under the format's folder, and a line for each configuration left out."""
-    reports: dict[str, BenchmarkReport] = {}
+    reports: dict[str, BenchmarkReportV02] = {}
     left_out: list[str] = []
     for name, record in trial.configurations.items():
         found = workloads(record)
@@ -52,7 +53,7 @@ def trial_reports(trial: TrialResults) -> tuple[dict[str, BenchmarkReport], list
 def export_trial(results: str | Path, out: str | Path | None = None) -> list[str]:
     """Write ``results``' reports under ``out`` (default ``results/exports``); one line per file written and
     per configuration left out. :class:`~llmtrial.compare.trials.TrialFolderError` names a missing or
-    invalid record, :class:`~llmtrial.export.br_schema.ReportInvalid` a field that breaks the schema."""
+    invalid record, :class:`~llmtrial.export.br_validate.ReportInvalid` a field that breaks the schema."""
     trial = TrialResults.load(results)
     folder = Path(out if out is not None else TrialPaths(Path(results)).exports) / FORMAT_DIR
     reports, left_out = trial_reports(trial)

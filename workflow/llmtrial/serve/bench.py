@@ -112,9 +112,12 @@ def summarize_result(result: Mapping[str, Any], percentiles: list[float]) -> Pas
             out[key] = result.get(key)
     rates = request_output_rates(detail)
     ttft_ms, tpot_ms = request_latencies(detail)
+    itl_ms, e2el_ms = request_gaps(detail)
     return PassSummary.model_validate({**out, "request_output_tok_s": rates,
                                        "request_output_tok_s_summary": rate_summary(rates),
-                                       "request_ttft_ms": ttft_ms, "request_tpot_ms": tpot_ms})
+                                       "request_ttft_ms": ttft_ms, "request_tpot_ms": tpot_ms,
+                                       **({"request_itl_ms": itl_ms} if detail.itls is not None else {}),
+                                       **({"request_e2el_ms": e2el_ms} if detail.latencies is not None else {})})
 
 
 def request_latencies(detail: RequestDetail) -> tuple[list[float], list[float]]:
@@ -128,6 +131,20 @@ def request_latencies(detail: RequestDetail) -> tuple[list[float], list[float]]:
         if n > 1 and isinstance(lat, (int, float)):
             tpot_ms.append(round((lat - ttft) * 1000 / (n - 1), 3))
     return ttft_ms, tpot_ms
+
+
+def request_gaps(detail: RequestDetail) -> tuple[list[float], list[float]]:
+    """Each successful request's inter-token gaps (its ``itls``, one after another, ms) and its end-to-end
+    latency (ms), 3 decimals, from the per-request lists: the samples vLLM's ITL and E2EL figures are of."""
+    itl_ms, e2el_ms = [], []
+    gaps = detail.itls or []
+    for i, (ttft, lat, n, err) in enumerate(detail.requests()):
+        if err or not isinstance(ttft, (int, float)) or not n:
+            continue
+        if isinstance(lat, (int, float)):
+            e2el_ms.append(round(lat * 1000, 3))
+        itl_ms += [round(g * 1000, 3) for g in (gaps[i] if i < len(gaps) else None) or []]
+    return itl_ms, e2el_ms
 
 
 def request_output_rates(detail: RequestDetail) -> list[float]:

@@ -126,6 +126,7 @@ class RequestDetail(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     ttfts: list[Number | None] | None = None
+    itls: list[list[Number] | None] | None = None
     latencies: list[Number | None] | None = None
     output_lens: list[int | None] | None = None
     errors: list[str | None] | None = None

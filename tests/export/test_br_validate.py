@@ -1,6 +1,7 @@
-"""The Benchmark Report v0.2 validator against the published example: the example validates, and copies of
-it broken the ways a writer breaks a report (a required field missing, a unit the field does not allow, the
-old layout's keys, a key the schema does not name) are refused, naming the field."""
+"""The Benchmark Report v0.2 check (llm-d's package's models) against the published example: the example
+validates, and copies of it broken the ways a writer breaks a report (a required field missing, a unit the field
+does not allow, the old layout's keys, a key the schema does not name) are refused, naming the report and the
+field."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmtrial.export.br_results import validate_report
-from llmtrial.export.br_schema import ReportInvalid
+from llmtrial.export.br_validate import ReportInvalid, validate_report
 
 #: llm-d's own example report (its header names the release and the file's sha256).
 EXAMPLE = Path(__file__).parents[1] / "data" / "benchmark-report" / "br_v0_2_example.yaml"
@@ -66,8 +66,20 @@ def test_a_missing_required_field_is_refused_by_name(example, path, field):
 def test_a_unit_the_field_does_not_allow_is_refused_by_name(example, section, field, unit):
     example["results"]["request_performance"]["aggregate"][section][field]["units"] = unit
     message = refusal(example)
-    assert f"results.request_performance.aggregate.{section}.{field}: Value error, units \"{unit}\"" in message
-    assert "broken.yaml" in message
+    assert f"results.request_performance.aggregate.{section}.{field}: Value error, Invalid units \"{unit}\"" in message
+    assert "Benchmark Report broken.yaml does not match the v0.2 schema" in message
+    # the package names the unit in the holding object; of the statistics in that unit only the one at fault is named
+    assert message.count("Invalid units") == 1
+
+
+def test_two_statistics_in_a_unit_their_fields_do_not_allow_are_each_named(example):
+    latency = example["results"]["request_performance"]["aggregate"]["latency"]
+    assert latency["inter_token_latency"]["units"] == "s/token"  # allowed there, refused for the two below
+    latency["time_to_first_token"]["units"] = latency["request_latency"]["units"] = "s/token"
+    lines = refusal(example).splitlines()[1:]
+    assert [line.split(":")[0].strip() for line in lines] == [
+        "results.request_performance.aggregate.latency.time_to_first_token",
+        "results.request_performance.aggregate.latency.request_latency"]
 
 
 def test_a_unit_the_schema_does_not_know_is_refused(example):
@@ -91,7 +103,7 @@ def test_an_inference_engine_refuses_keys_it_does_not_name_and_a_bad_concurrency
     example["scenario"]["load"]["standardized"]["concurrency"] = 2.5
     message = refusal(example)
     assert "scenario.stack.0.standardized.gpu_count: Extra inputs are not permitted" in message
-    assert "scenario.load.standardized: Value error, concurrency must be an integer or .inf" in message
+    assert "scenario.load.standardized: Value error, concurrency must be integer or .inf" in message
 
 
 def test_a_version_outside_the_0_2_line_is_refused(example):
