@@ -452,10 +452,13 @@ def hub_plugin_trial(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def sweep(tmp_path_factory) -> dict:
-    """One trial read by the sweep and the workloads tests (tests/served_trials.py says what it serves)."""
+    """One trial read by the sweep and the workloads tests (tests/served_trials.py says what it serves). Its
+    servers run beside the serial chain (mark ``aside``): the trial holds the stale-sources lock shared itself, a
+    session fixture being set up before its first test's module fixtures take it."""
     from served_trials import sweep_with_workloads
 
-    return sweep_with_workloads(tmp_path_factory)
+    with _stale_lock(fcntl.LOCK_SH):
+        return sweep_with_workloads(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
