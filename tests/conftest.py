@@ -68,14 +68,28 @@ def alone_with_the_stale_check() -> contextlib.AbstractContextManager[None]:
     return _stale_lock(fcntl.LOCK_EX)
 
 
+@contextlib.contextmanager
+def beside_the_chain() -> Iterator[None]:
+    """What real vLLM servers running beside the serial chain hold (mark ``aside``): the stale-sources lock,
+    shared, and no bytecode written (``PYTHONDONTWRITEBYTECODE``): a file patch of the chain's leaves the
+    patched module's cached bytecode stale, and a server of theirs importing it would write a new one into
+    the site-packages that a chain's test holds unchanged."""
+    with _stale_lock(fcntl.LOCK_SH), pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONDONTWRITEBYTECODE", "1")
+        yield
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _stale_sources(request: pytest.FixtureRequest) -> Iterator[None]:
     """A module marked ``stale_sources`` holds the lock shared from its first test to its fixtures'
-    end (a module fixture may keep such a process, the benchmark worker, for all its tests)."""
-    if not any(m.name in ("stale_sources", ASIDE) for m in request.node.iter_markers()):
+    end (a module fixture may keep such a process, the benchmark worker, for all its tests); one marked
+    ``aside`` is :func:`beside_the_chain` as long."""
+    marks = {m.name for m in request.node.iter_markers()}
+    context = beside_the_chain() if ASIDE in marks else _stale_lock(fcntl.LOCK_SH) if "stale_sources" in marks else None
+    if context is None:
         yield
         return
-    with _stale_lock(fcntl.LOCK_SH):
+    with context:
         yield
 
 
@@ -453,11 +467,11 @@ def hub_plugin_trial(tmp_path_factory):
 @pytest.fixture(scope="session")
 def sweep(tmp_path_factory) -> dict:
     """One trial read by the sweep and the workloads tests (tests/served_trials.py says what it serves). Its
-    servers run beside the serial chain (mark ``aside``): the trial holds the stale-sources lock shared itself, a
-    session fixture being set up before its first test's module fixtures take it."""
+    servers run beside the serial chain (mark ``aside``): the trial is :func:`beside_the_chain` itself, a session
+    fixture being set up before its first test's module fixtures."""
     from served_trials import sweep_with_workloads
 
-    with _stale_lock(fcntl.LOCK_SH):
+    with beside_the_chain():
         return sweep_with_workloads(tmp_path_factory)
 
 

@@ -54,6 +54,7 @@ def _fault(root: Path, loc: Location) -> str | None:
 # ------------------------------------------------------------------ the table against the installed vLLM
 
 
+@pytest.mark.hostwide  # reads the installed vLLM's files, which the e2e trials' file patches change (lines move)
 def test_every_location_is_a_line_of_its_function_in_the_installed_vllm():
     root = _vllm_root()
     table = knob_phases()

@@ -164,9 +164,11 @@ def test_the_gpu_is_scheduled_once(slurm: SlurmCluster):
 
 #: A batch shell and its background child that each wait on a ``sleep 300`` and note a SIGTERM in a file of
 #: their own; SIGKILL (KillWait after SIGTERM) would leave no file. The child only gets SIGTERM if scancel
-#: signals every process of the job: the batch shell does not pass it on.
+#: signals every process of the job: the batch shell does not pass it on. The batch shell's trap waits for the
+#: child before it exits: once the batch shell is gone the step's processes are SIGKILLed at once, and under
+#: load the child's own trap may not have run yet.
 TRAPPED = ("sh -c 'trap \"touch child.term; exit 0\" TERM; sleep 300 & wait' & "
-           "trap 'touch shell.term; exit 0' TERM; sleep 300 & wait")
+           "trap 'touch shell.term; wait; exit 0' TERM; sleep 300 & wait")
 TERMS = ["child.term", "shell.term"]
 
 
