@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -177,6 +178,8 @@ def test_the_default_trials_report_concludes_and_opens_offline(work):
     assert "at 95 % confidence" in c4 or "is unstable" in c4 or "is unresolved" in c4
     assert "(95 % CI " in c4 or "no interval" in c4
     assert top.count("CI ") >= 2 * 2 * 7  # two configurations, two scenarios, seven figures
+    lows = [float(low.replace(",", "")) for low in re.findall(r"CI (-?[\d,]+(?:\.\d+)?)–", top)]
+    assert len(lows) >= 2 * 2 * 7 and min(lows) >= 0  # no interval of a latency, a rate or a count below zero
     assert "requests CI " in top  # TTFT and TPOT from every request of the passes
     lock = html.split('<h2 id="cleanup">', 1)[1].split("<h3>", 1)[0]  # the host's lock, taken and given back
     assert "Host lock (one trial at a time on this host): <code>" in lock and ": released</p>" in lock, lock
