@@ -33,6 +33,7 @@ import pytest
 from conftest import REPO, free_ports
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.records import read_record
+from llmtrial.serve.telemetry import read_samples
 from workflow_helpers import default_config, demo_service, snakemake, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.workflow, pytest.mark.aside]  # no patch, ports and service of its own
@@ -126,19 +127,15 @@ class IdleCrash(threading.Thread):
 
     def idle_sampled(self) -> bool:
         """A /metrics sample after the idle window's start with no request running or waiting (a line the
-        sampler is still writing is skipped)."""
-        rows = []
-        for line in self.telemetry.read_text().splitlines() if self.telemetry.exists() else []:
-            t, source, metric, value = (line.split(",") + ["", "", "", ""])[:4]
-            try:
-                rows.append((float(t), source, metric, float(value) if source == "metrics" else value))
-            except ValueError:
-                continue
-        starts = [t for t, source, metric, _ in rows if (source, metric) == ("window", "idle:start")]
-        if not starts:
+        sampler is still writing reads as NaN)."""
+        if not self.telemetry.exists():
             return False
-        after = {(t, metric): v for t, source, metric, v in rows if source == "metrics" and t > starts[-1]}
-        return any(metric == "running" and v == 0 and after.get((t, "waiting")) == 0 for (t, metric), v in after.items())
+        df = read_samples(self.telemetry)
+        starts = df[(df["source"] == "window") & (df["metric"] == "idle:start")]
+        if starts.empty:
+            return False
+        after = df[(df["source"] == "metrics") & (df["t"] > starts["t"].max()) & (df["value"] == 0)]
+        return bool(set(after[after["metric"] == "running"]["t"]) & set(after[after["metric"] == "waiting"]["t"]))
 
     def run(self) -> None:
         deadline = time.monotonic() + 900

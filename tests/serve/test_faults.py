@@ -20,6 +20,7 @@ from conftest import SNAKEFILE, free_ports, wait_until
 from llmtrial.core.ledger import Entry, Ledger
 from llmtrial.host.process_groups import group_members, port_open
 from llmtrial.patch.patching import revert_patches, verify_files
+from llmtrial.serve.telemetry import read_samples
 from workflow_helpers import SNAKEMAKE, default_config, demo_service, snakemake, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
@@ -99,20 +100,18 @@ def assert_host_given_back(trial) -> None:
 
 
 def request_running(trial, stem: str) -> bool:
-    """Whether the pass ``stem`` is in flight and the latest /metrics sample shows a request running (at
-    concurrency 1 a sample can fall between two requests: only the latest counts)."""
+    """Whether the pass ``stem`` is in flight and the latest /metrics sample since its start shows a request
+    running (at concurrency 1 a sample can fall between two requests: only the latest counts)."""
     telemetry = trial["results"] / "configs" / "tp1" / "telemetry.csv"
-    started, running = False, None
-    for line in telemetry.read_text().splitlines() if telemetry.exists() else []:
-        t, source, metric, value = (line.split(",") + ["", "", "", ""])[:4]
-        if (source, metric) == ("window", f"{stem}:start"):
-            started = True
-        elif started and (source, metric) == ("metrics", "running"):
-            try:
-                running = float(value)
-            except ValueError:  # a line the sampler is still writing
-                continue
-    return running is not None and running >= 1
+    if not telemetry.exists():
+        return False
+    df = read_samples(telemetry)  # a line the sampler is still writing reads as NaN
+    starts = df[(df["source"] == "window") & (df["metric"] == f"{stem}:start")]
+    if starts.empty:
+        return False
+    running = df[(df["source"] == "metrics") & (df["metric"] == "running") & (df["t"] >= starts["t"].max())
+                 & df["value"].notna()].sort_values("t", kind="stable")
+    return not running.empty and running["value"].iloc[-1] >= 1
 
 
 def test_a_server_crash_mid_benchmark_is_a_result_and_the_host_is_restored(small_trial):
