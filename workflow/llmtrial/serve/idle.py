@@ -14,7 +14,7 @@ in that window.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from llmtrial.core.configuration_model import DownState, GpuHealth, TelemetrySource
@@ -31,22 +31,21 @@ IDLE_WINDOW = "idle"
 METRICS, KERNEL_LOG = "metrics", "kernel_log"
 
 
-def watch_idle(server: ServerProcess, seconds: float, sampler: Sampler, name: str,
-               clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+def watch_idle(server: ServerProcess, seconds: float, sampler: Sampler, name: str) -> None:
     """Hold ``server`` idle for ``seconds`` (no request sent) in the telemetry window :data:`IDLE_WINDOW`;
     raise :class:`PhaseFailure` (phase idle, reason exited) when it is found down."""
     say("%s: holding the server idle for %g s (serving.idle_watch_s)", name, seconds)
     sampler.mark(f"{IDLE_WINDOW}:start")
-    end = clock() + seconds
+    end = time.monotonic() + seconds
     try:
         while True:
             if not server.alive():
                 raise PhaseFailure("idle", "exited", f"{server.down_reason()} while held idle after the passes "
                                    "(no request sent)", server.exit_code(), found_down_at=time.time())
-            left = end - clock()
+            left = end - time.monotonic()
             if left <= 0:
                 return
-            sleep(min(IDLE_POLL_S, left))
+            time.sleep(min(IDLE_POLL_S, left))
     finally:
         sampler.mark(f"{IDLE_WINDOW}:end")
 
