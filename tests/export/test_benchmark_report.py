@@ -5,6 +5,7 @@ record JSON, the units converted, and what the trial did not measure absent."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import statistics
 import time
@@ -343,3 +344,33 @@ def test_a_pass_without_the_requests_own_gaps_leaves_itl_out_rather_than_stand_f
         "results"]["request_performance"]["aggregate"]["latency"]
     assert "inter_token_latency" not in latency
     assert set(latency["request_latency"]) == {"units", "mean", "stddev"}  # pooled from each pass's own
+
+
+def test_each_request_is_in_the_time_series_when_it_was_sent_its_last_one_ending_at_the_passs_end(trial):
+    """The real pass file's start times: every request once, in the order sent, on the wall clock; a pass of
+    the stored records (written before start times were kept) adds nothing, rather than a guess."""
+    result = json.loads(REAL_PASS.read_text())
+    data = raw("tp1")
+    [c4] = [s for s in data["scenarios"] if s["name"] == "c4"]
+    c4["pass_results"] = [c4["pass_results"][0] | {
+        "summary": summarize_result(result, [50, 90, 99]).model_dump(mode="json", exclude_unset=True)},
+        c4["pass_results"][1]]
+    end = c4["pass_results"][0]["end"]
+    [w] = [w for w in workloads(ConfigurationRecord.model_validate(data)) if w.scenario.name == "c4"]
+    series = benchmark_report(trial, w).model_dump(mode="json", exclude_unset=True)[
+        "results"]["request_performance"]["time_series"]["latency"]
+    ttft, latency = series["time_to_first_token"], series["request_latency"]
+    assert ttft["units"] == latency["units"] == "ms" and len(ttft["series"]) == len(latency["series"]) == 32
+    sent = sorted(result["start_times"])
+    # in the order sent (to the ms the record keeps; requests sent within one ms by their TTFT)
+    order = sorted((round(result["start_times"][i] - sent[0], 3), round(result["ttfts"][i] * 1000, 3)) for i in range(32))
+    assert [pt["value"] for pt in ttft["series"]] == [t for _, t in order]
+    stamps = [datetime.datetime.fromisoformat(pt["ts"]).timestamp() for pt in latency["series"]]
+    assert stamps == sorted(stamps)
+    # gaps between sends as vLLM's clock measured them; the last request to end ends at the pass's end
+    assert stamps[-1] - stamps[0] == pytest.approx(sent[-1] - sent[0], abs=2e-3)
+    ends = [t + pt["value"] / 1000 for t, pt in zip(stamps, latency["series"], strict=True)]
+    assert max(ends) == pytest.approx(end, abs=2e-3)
+    [stored] = [u for u in workloads(trial.configurations["tp1"]) if u.scenario.name == "c4"]
+    assert "time_series" not in benchmark_report(trial, stored).model_dump(mode="json", exclude_unset=True)[
+        "results"]["request_performance"]

@@ -278,6 +278,10 @@ def test_the_exports_hold_a_valid_benchmark_report_per_configuration_and_scenari
         ttft = [v for p in passes for v in p["summary"]["request_ttft_ms"]]
         got = report.results.request_performance.aggregate.latency.time_to_first_token
         assert (got.units, got.p50) == ("ms", pytest.approx(statistics.median(ttft)))
+        perf = report.results.request_performance  # every request's gaps, latency and send time, as vLLM kept them
+        assert perf.aggregate.latency.inter_token_latency.p99 is not None
+        assert perf.aggregate.latency.request_latency.p99 is not None
+        assert len(perf.time_series.latency.request_latency.series) == len(ttft)
         assert report.scenario.stack[0].standardized.accelerator.parallelism.pp == 2
         assert report.results.component_health[0].replica_health[0].healthy is True
     log = (trial["results"] / "logs" / "export.log").read_text()

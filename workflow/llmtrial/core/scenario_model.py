@@ -71,6 +71,10 @@ class PassSummary(RecordModel):
     def _percentiles_beside_the_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         return {**handler(self), **self.percentiles}
 
+    def percentile_ms(self, name: str) -> Number | None:
+        """One latency percentile by vLLM's name (``p99_e2el_ms``); None where the trial did not ask for it."""
+        return self.percentiles.get(name)
+
     completed: int | None = None
     failed: int | None = None
     total_input_tokens: Maybe[int | None] = Field(None, description="Prompt tokens the pass sent (vLLM's figure).")
@@ -112,6 +116,9 @@ class PassSummary(RecordModel):
         "decimals, the requests one after another in the result file's order (the samples of vLLM's ITL)."))
     request_e2el_ms: Maybe[list[float]] = Field(None, description=(
         "Per successful request: its end-to-end latency, ms, 3 decimals, in the result file's order."))
+    request_start_s: Maybe[list[float]] = Field(None, description=(
+        "Per successful request, beside request_ttft_ms and request_e2el_ms: when it was sent, s after the pass's "
+        "first request was sent, 3 decimals (vLLM's start_times, on the benchmark's own monotonic clock)."))
     goodput: Maybe[Goodput] = Field(None, description=(
         "Only when the scenario has a latency target (slo): how many requests met every target given (vLLM's "
         "--goodput rule) and whether the share reaches the target's percentile."))

@@ -20,7 +20,11 @@ What fills what (nothing is invented: a figure the records do not hold is left o
   output tokens of those requests (``request_itl_ms``, vLLM's ``itls``), in ms/token; request latency: every
   request's (``request_e2el_ms``) with every percentile, or where a pass's record has no per-request latencies
   (its result file had no per-request detail, or the record predates them) the mean and standard deviation
-  over every request, pooled exactly from each pass's, and no ITL; throughputs (output, input, total,
+  over every request, pooled exactly from each pass's, and no ITL; ``time_series``: each request's TTFT and
+  latency at the time it was sent (``request_start_s``, vLLM's start times on its own monotonic clock),
+  placed on the wall clock by taking the pass's last request to end at the pass's recorded end (so each time
+  is early by at most what the benchmark did after its last request: computing and saving its figures), left
+  out for a pass without start times; throughputs (output, input, total,
   requests): one value per pass (vLLM's figure over that pass), their mean, spread, min, median and max. Input
   and output length: the mean per request. Standard deviations are over the population (numpy's, as vLLM's).
 - ``results.observability``: per-pass telemetry pooled over the same passes (sample-weighted mean, min, max):
@@ -70,6 +74,10 @@ from llmd_benchmark_report.schema_v0_2 import (
     RunTime,
     SequenceLength,
     Statistics,
+    TimeSeriesData,
+    TimeSeriesLatency,
+    TimeSeriesPoint,
+    TimeSeriesRequestPerformance,
 )
 from llmd_benchmark_report.schema_v0_2 import Scenario as BrScenario
 from llmd_benchmark_report.schema_v0_2_components import (
@@ -335,6 +343,31 @@ def _mean_per_request(total: int | None, done: int) -> Statistics | None:
     return Statistics.model_construct(units=Units.COUNT, mean=total / done) if done and total is not None else None
 
 
+def _request_times(p: Pass) -> list[tuple[datetime.datetime, float, float]] | None:
+    """(when it was sent, TTFT ms, latency ms) of each successful request of a pass, on the wall clock (module
+    docstring); None without start times."""
+    s = p.summary
+    starts, ttft, e2el = s.request_start_s, s.request_ttft_ms, s.request_e2el_ms
+    if not starts or ttft is None or e2el is None or not len(starts) == len(ttft) == len(e2el):
+        return None
+    last_end = max(t + lat / 1000.0 for t, lat in zip(starts, e2el, strict=True))
+    return [(_time(p.end - (last_end - t)), f, lat) for t, f, lat in zip(starts, ttft, e2el, strict=True)]
+
+
+def time_series(passes: list[Pass]) -> TimeSeriesRequestPerformance | None:
+    """Each request's TTFT and latency at the time it was sent, over the measured passes that have start times."""
+    points = sorted(x for p in passes if (times := _request_times(p)) for x in times)
+    if not points:
+        return None
+
+    def series(i: int) -> TimeSeriesData:
+        return TimeSeriesData.model_construct(units=Units.MS, series=[
+            TimeSeriesPoint.model_construct(ts=pt[0], value=pt[i]) for pt in points])
+
+    return TimeSeriesRequestPerformance.model_construct(latency=TimeSeriesLatency.model_construct(
+        time_to_first_token=series(1), request_latency=series(2)))
+
+
 def request_performance(w: ReportUnit) -> RequestPerformance | None:
     """The measured passes' requests, latencies and throughputs (module docstring)."""
     passes = w.measured
@@ -362,7 +395,8 @@ def request_performance(w: ReportUnit) -> RequestPerformance | None:
             output_token_rate=_per_pass(passes, lambda x: x.output_throughput, Units.TOKEN_PER_S),
             input_token_rate=_per_pass(passes, _input_rate, Units.TOKEN_PER_S),
             total_token_rate=_per_pass(passes, lambda x: x.total_token_throughput, Units.TOKEN_PER_S),
-            request_rate=_per_pass(passes, lambda x: x.request_throughput, Units.QUERY_PER_S))))
+            request_rate=_per_pass(passes, lambda x: x.request_throughput, Units.QUERY_PER_S))),
+        **({"time_series": ts} if (ts := time_series(passes)) is not None else {}))
 
 
 #: Resource metrics from the per-pass telemetry windows: field -> (the summary's key, units).

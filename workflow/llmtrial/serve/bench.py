@@ -113,11 +113,13 @@ def summarize_result(result: Mapping[str, Any], percentiles: list[float]) -> Pas
     rates = request_output_rates(detail)
     ttft_ms, tpot_ms = request_latencies(detail)
     itl_ms, e2el_ms = request_gaps(detail)
+    starts = request_starts(detail)
     return PassSummary.model_validate({**out, "request_output_tok_s": rates,
                                        "request_output_tok_s_summary": rate_summary(rates),
                                        "request_ttft_ms": ttft_ms, "request_tpot_ms": tpot_ms,
                                        **({"request_itl_ms": itl_ms} if detail.itls is not None else {}),
-                                       **({"request_e2el_ms": e2el_ms} if detail.latencies is not None else {})})
+                                       **({"request_e2el_ms": e2el_ms} if detail.latencies is not None else {}),
+                                       **({"request_start_s": starts} if starts is not None else {})})
 
 
 def request_latencies(detail: RequestDetail) -> tuple[list[float], list[float]]:
@@ -131,6 +133,19 @@ def request_latencies(detail: RequestDetail) -> tuple[list[float], list[float]]:
         if n > 1 and isinstance(lat, (int, float)):
             tpot_ms.append(round((lat - ttft) * 1000 / (n - 1), 3))
     return ttft_ms, tpot_ms
+
+
+def request_starts(detail: RequestDetail) -> list[float] | None:
+    """Each successful request's send time, s after the first successful request's, 3 decimals, beside
+    :func:`request_latencies`' TTFT and :func:`request_gaps`' latency (the same requests); None where the file
+    has no start times, or a successful request lacks its start or its latency."""
+    starts = detail.start_times or []
+    kept = [(starts[i] if i < len(starts) else None, lat) for i, (ttft, lat, n, err) in enumerate(detail.requests())
+            if not err and isinstance(ttft, (int, float)) and n]
+    if not kept or any(not isinstance(t, (int, float)) or not isinstance(lat, (int, float)) for t, lat in kept):
+        return None
+    first = min(t for t, _ in kept)
+    return [round(t - first, 3) for t, _ in kept]
 
 
 def request_gaps(detail: RequestDetail) -> tuple[list[float], list[float]]:

@@ -128,6 +128,7 @@ class RequestDetail(BaseModel):
     ttfts: list[Number | None] | None = None
     itls: list[list[Number] | None] | None = None
     latencies: list[Number | None] | None = None
+    start_times: list[Number | None] | None = None
     output_lens: list[int | None] | None = None
     errors: list[str | None] | None = None
     request_goodput: Number | None = None
