@@ -19,8 +19,10 @@ from llmtrial.core.record_models import PlanRecord
 from llmtrial.core.records import as_written
 from llmtrial.core.trial_config import HardwareBlock, PlanBlock
 from llmtrial.core.units import GiB
+from llmtrial.export.against import compare_against, is_trial
 from llmtrial.export.br_validate import ReportInvalid
 from llmtrial.export.exports import export_trial
+from llmtrial.export.reports import CONVERTERS, ReportsError
 from llmtrial.host.slurm_hosts import srun_options
 from llmtrial.lifecycle.cleanup import cleanup_with_record
 from llmtrial.logs.engine_warnings import engine_warnings
@@ -200,11 +202,15 @@ def _print_comparison(record: ComparisonRecord, paths: tuple[Path, Path] | None,
 
 def _compare(args: argparse.Namespace) -> int:
     try:
-        record = compare_trials(args.a, args.b, level=args.level)
-    except TrialFolderError as exc:
+        if is_trial(args.a) and is_trial(args.b) and not (args.configuration or args.scenario):
+            record = compare_trials(args.a, args.b, level=args.level)
+        else:
+            record = compare_against(args.a, args.b, level=args.level, tool=args.tool,
+                                     configuration=args.configuration, scenario=args.scenario)
+        paths = None if args.no_write else write_comparison(record, Path(args.out) if args.out else None)
+    except (TrialFolderError, ReportsError, ValueError) as exc:
         print(f"llmtrial compare: {exc}", file=sys.stderr)
         return 2
-    paths = None if args.no_write else write_comparison(record)
     _print_comparison(record, paths, args.json)
     return 0
 
@@ -242,10 +248,19 @@ def _export(args: argparse.Namespace) -> int:
 
 def add_comparison_commands(sub: argparse._SubParsersAction) -> None:
     """``compare`` and ``reproduce``: trial against trial."""
-    p = sub.add_parser("compare", help="two trials' results folders: what differs, and each figure's verdict")
-    p.add_argument("a", help="a results folder (results/<trial>); the earlier of the two is A")
-    p.add_argument("b", help="the other results folder; the comparison is written under the later one's")
+    p = sub.add_parser("compare", help=(
+        "two trials' results folders, or a trial against another tool's runs (Benchmark Reports v0.2, or result "
+        "files of vllm bench, GuideLLM, AIPerf or inference-perf): what differs, and each figure's verdict"))
+    p.add_argument("a", help=("a results folder (results/<trial>), or a report file or folder of them; of two "
+                              "trials the earlier is A, otherwise A is this one"))
+    p.add_argument("b", help=("the other side; the comparison is written under the later trial's folder, or "
+                              "under the trial's where the other side is reports"))
     p.add_argument("--level", type=float, help="confidence level (default: the later trial's statistics.level)")
+    p.add_argument("--tool", choices=sorted(CONVERTERS),
+                   help="the tool of a result file that is not recognised by its keys")
+    p.add_argument("--configuration", help="compare only the workloads of this configuration (a side's label)")
+    p.add_argument("--scenario", help="compare only the workloads of this scenario (c1, or a report's load: c4)")
+    p.add_argument("--out", help="the folder the record and page go to (needed where neither side is a trial)")
     p.add_argument("--json", action="store_true", help="print the comparison record")
     p.add_argument("--no-write", action="store_true", help="print only; write no record or page")
     p.set_defaults(func=_compare)

@@ -22,9 +22,15 @@ A_COLOUR, B_COLOUR = "#57606a", "#1f6feb"
 
 def comparison_folder(record: ComparisonRecord) -> Path:
     """Where the record and page go: ``<B's folder>/comparison/<A's folder name>`` (``-earlier`` added when
-    both folders have one name)."""
+    both folders have one name); against reports, under the trial's folder, named after the reports (their
+    file's name without its suffix). ValueError where neither side is a trial."""
     a, b = Path(record.a.folder), Path(record.b.folder)
-    return b / "comparison" / (a.name if a.name != b.name else f"{a.name}-earlier")
+    if record.a.kind == record.b.kind == "trial":
+        return b / "comparison" / (a.name if a.name != b.name else f"{a.name}-earlier")
+    if "trial" not in (record.a.kind, record.b.kind):
+        raise ValueError("neither side is a trial's results folder: say where the comparison goes (--out)")
+    home, other = (b, a) if record.b.kind == "trial" else (a, b)
+    return home / "comparison" / (other.stem if other.suffix else other.name)
 
 
 def figure_chart(rows: Sequence[Row], key: str, label: str, unit: str) -> Chart | None:

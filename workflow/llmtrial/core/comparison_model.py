@@ -14,13 +14,19 @@ Verdict = Literal["faster", "slower", "better", "worse", "no detectable differen
 
 
 class TrialRef(RecordModel):
-    """One of the two trials: its results folder and what produced it."""
+    """One side: a trial's results folder and what produced it, or another tool's Benchmark Reports."""
 
-    folder: str = Field(description="The results folder as given.")
-    trial: str = Field(description="The trial's name.")
+    folder: str = Field(description="The results folder, or the report file or folder, as given.")
+    trial: str = Field(description="The trial's name; for reports, the file's or folder's name.")
     commit: str | None = Field(description="The project's commit that rendered its report (provenance); null unknown.")
     dirty: bool | None = Field(description="Whether the project's tracked files were changed then; null unknown.")
-    recorded_at: float = Field(description="Unix time its preflight read the host.")
+    recorded_at: float | None = Field(description="Unix time its preflight read the host; null for reports.")
+    kind: Literal["trial", "benchmark report"] = Field("trial", description=(
+        "A trial's results folder, or Benchmark Reports v0.2 (files of that format, or another tool's result "
+        "files converted by llm-d's package)."))
+    tool: str | None = Field(None, description=(
+        "For reports: the tool that measured them, as they state it (scenario.load.standardized.tool and version), "
+        "and the converter where llmtrial converted a result file; null for a trial."))
 
 
 class Difference(RecordModel):
@@ -64,6 +70,13 @@ class Row(RecordModel):
     high: float | None = Field(description="High end of the ratio's interval.")
     verdict: Verdict = Field(description="B against A.")
     reason: str | None = Field(description="Why it is unstable or not comparable; null otherwise.")
+    against: str | None = Field(None, description=(
+        "Where the sides are not matched by name (a trial against reports): B's runs this row compares A's "
+        "configuration and scenario with, as its reports state them; null otherwise."))
+    test: str | None = Field(None, description=(
+        "Where the sides are a trial and reports: which test gave the verdict and how far to trust it (over runs "
+        "on both sides; one run against the other side's runs; none with one run a side); null for two trials "
+        "(the method line says)."))
 
 
 class AnswersRow(RecordModel):

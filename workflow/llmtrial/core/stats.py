@@ -12,6 +12,9 @@
   ratio it quotes is the ratio of their geometric means, and its interval is the exponentiated
   Welch interval of the difference of mean logarithms, so "higher" or "lower" is said exactly
   when that interval excludes 1. Fewer than two passes on either side gives "unstable".
+- :func:`one_run_test`: one run on a side (another tool's report holds one run's aggregates) against
+  the other side's two or more: the run's logarithm against the others' mean with their spread (a
+  t prediction interval), assuming the lone side's runs would vary as the other side's do.
 
 No third-party dependency: the t distribution comes from the regularized incomplete beta
 function (Numerical Recipes' continued fraction), the quantile from bisection on it.
@@ -41,6 +44,8 @@ WIDEST_RATIO = 100.0
 BOOTSTRAP_METHOD = "percentile bootstrap over per-request samples"
 RATIO_METHOD = "Welch's t on the logarithms of pass values (ratio of geometric means)"
 DIFFERENCE_METHOD = "Welch's t on pass values (a value is 0: ratio of means, no interval)"
+ONE_RUN_METHOD = ("t on logarithms, the lone run against the other side's runs with their spread (a prediction "
+                  "interval: assumes the lone side's runs vary as the other side's do)")
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -230,6 +235,24 @@ def ratio_test(a: Sequence[float], b: Sequence[float], level: float = DEFAULT_LE
     half = t_quantile(two_sided(level), df) * se
     return RatioTest(math.exp(diff), math.exp(diff - half), math.exp(diff + half), level, _outcome(diff, half),
                      RATIO_METHOD, n_a, n_b, df, _p_value(diff, se, df))
+
+
+def one_run_test(a: Sequence[float], b: Sequence[float], level: float = DEFAULT_LEVEL) -> RatioTest:
+    """A against B where one side holds one positive value and the other two or more (module docstring): the
+    ratio A / B of the lone value over the others' geometric mean, its interval from the others' spread
+    (standard error ``s * sqrt(1 + 1/n)`` on logarithms, ``n - 1`` degrees of freedom). Any other shape, or a
+    value that is not positive, is :func:`ratio_test`'s."""
+    a, b = [float(v) for v in a], [float(v) for v in b]
+    if sorted((len(a), len(b)))[0] != 1 or max(len(a), len(b)) < 2 or min(a + b) <= 0:
+        return ratio_test(a, b, level)
+    lone, many = (a, b) if len(a) == 1 else (b, a)
+    logs = [math.log(v) for v in many]
+    sign = 1.0 if lone is a else -1.0
+    diff = sign * (math.log(lone[0]) - statistics.fmean(logs))
+    se, df = statistics.stdev(logs) * math.sqrt(1.0 + 1.0 / len(logs)), float(len(logs) - 1)
+    half = t_quantile(two_sided(level), df) * se
+    return RatioTest(math.exp(diff), math.exp(diff - half), math.exp(diff + half), level, _outcome(diff, half),
+                     ONE_RUN_METHOD, len(a), len(b), df, _p_value(diff, se, df))
 
 
 def _geo(values: Sequence[float]) -> float:

@@ -24,6 +24,7 @@ from llmtrial.core.stats import (
     RESOLUTION_MS,
     WIDEST_RATIO,
     RatioTest,
+    one_run_test,
     ratio_test,
 )
 
@@ -68,10 +69,11 @@ class Verdict:
 
 
 def judge(a: Sequence[float], b: Sequence[float], *, higher: bool, level: float, key: str = "",
-          wide: bool = False) -> Verdict:
+          wide: bool = False, one_run: bool = False) -> Verdict:
     """A's pass values against B's on a figure where ``higher`` is better; ``wide``: a side's passes
-    disagree by more than the trial's threshold."""
-    test = ratio_test(a, b, level)
+    disagree by more than the trial's threshold; ``one_run``: a side of one run is tested against the
+    other side's runs (:func:`llmtrial.core.stats.one_run_test`) rather than called unstable."""
+    test = one_run_test(a, b, level) if one_run else ratio_test(a, b, level)
     better, worse = ("better", "worse") if key in RATE_FIGURES else ("faster", "slower")
     if key.endswith("_ms") and a and b and min(statistics.median(a), statistics.median(b)) <= RESOLUTION_MS:
         return Verdict(AT_RESOLUTION, test, f"a median is at or below the timer's resolution, {RESOLUTION_MS:g} ms")
