@@ -113,11 +113,23 @@ def test_lines_that_only_look_alike_are_not_warnings():
     assert engine_warnings("") == []
 
 
-@pytest.mark.parametrize("log", sorted(p.name for p in DATA.glob("vllm-0.32.0-cpu-*.log")))
-def test_the_real_cpu_logs_have_none(log):
+@pytest.mark.parametrize("log", sorted(p.name for p in DATA.glob("vllm-0.32.0-cpu-*.log")
+                                       if p.name != "vllm-0.32.0-cpu-tp2-server.log"))
+def test_the_real_cpu_logs_that_compiled_nothing_have_none(log):
     assert engine_warnings(read_log(DATA / log)) == []
+
+
+def test_a_compile_cache_that_could_not_be_loaded_is_a_warning_with_its_reason_once_per_start_up():
+    """The real CPU tp2 start-up on this project's machine (tests/data): both workers found the AOT-compiled model
+    in vLLM's cache, could not load it, and compiled again (lines 63 and 64)."""
+    [w] = engine_warnings(read_log(DATA / "vllm-0.32.0-cpu-tp2-server.log"), source="configs/tp2/server.log")
+    assert (w.name, w.count, w.source, w.process) == ("compile_cache_load_failure", 2, "configs/tp2/server.log:63",
+                                                       "Worker_TP1")
+    assert w.summary == ("vLLM could not load the compiled model from its compile cache and compiled it again "
+                         "('function' object has no attribute 'finalize_loading')")
+    assert "compile phase" in w.advice
 
 
 def test_the_warnings_are_named_once():
     names = [w.name for w in WARNINGS]
-    assert len(names) == len(set(names)) == 5
+    assert len(names) == len(set(names)) == 6

@@ -94,6 +94,16 @@ WARNINGS: tuple[WarningPattern, ...] = (
         "from more GPUs on this topology than on NVLink-connected ones.",
     ),
     WarningPattern(
+        "compile_cache_load_failure",
+        # vllm/compilation/decorators.py (0.32.0: line 333): the AOT-compiled model in vLLM's compile cache
+        # could not be loaded, so the start-up compiles it again (and saves it again)
+        re.compile(r"Compiling model again due to a load failure from (?P<path>\S+), reason: (?P<why>.+)$"),
+        "vLLM could not load the compiled model from its compile cache and compiled it again ({why})",
+        "Every start-up pays the compile again, cache or not (its cost is the start-up's compile phase): the "
+        "cache is written but not read back by this build. Serve eager (enforce_eager) where compile time is "
+        "not what is measured, or count the compile in each start-up, as the report's phases do.",
+    ),
+    WarningPattern(
         "nccl_socket_transport",
         # NCCL's own INFO line under NCCL_DEBUG=INFO: src/init.cc INFO(NCCL_INIT, "Using network %s", ...)
         re.compile(r"NCCL INFO Using network Socket\b"),
