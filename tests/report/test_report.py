@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import html as html_lib
 import json
 import re
 import statistics
@@ -19,6 +20,8 @@ from llmtrial.host.services import gpu_snapshot
 from llmtrial.host.telemetry_sources import NvmlSource
 from llmtrial.lifecycle.preflight import environment_record
 from llmtrial.logs.engine_warnings import engine_warnings
+from llmtrial.logs.lines import read_log
+from llmtrial.logs.startup_phases import compile_cache, startup_phases
 from llmtrial.report.render import build_context, fmt_bytes, fmt_num, notes_html, render_report, write_report
 from llmtrial.serve.telemetry import Sampler, read_samples, window_figures
 from synthetic import as_model, demo, models
@@ -523,3 +526,25 @@ def test_the_probes_and_the_throughput_bound_are_shown_beside_the_measured_tok_s
     assert "no CUDA here" in html
     row = configs[0]["throughput_bound"][0]
     assert "Decode throughput bound against measurement" in html and f"{row['bound_tok_s']:,.2f}" in html
+
+
+def test_each_configurations_start_up_phases_are_shown_with_their_lines_and_vllms_own_figures(tmp_path):
+    """The real CPU tp2 start-up's log (tests/data) as tp2's: a row of phases, each with the line that ends it; tp1's
+    record (written before phases were read) has no row."""
+    log = read_log(DATA / "vllm-0.32.0-cpu-tp2-server.log")
+    phases = startup_phases(log, "configs/tp2/server.log", ready_seconds=40.0)
+    ctx = context(tp2={"startup_phases": [p.model_dump() for p in phases], "compile_cache": compile_cache(log)})
+    html = render_report(ctx)
+    table = section(html, '<h3 id="startup-phases">', "</table>")
+    assert re.findall(r"<th>([^<]+)</th>", table)[1:] == [
+        "before the log", "process start", "weights", "compile", "profiling and KV allocation", "engine warm-up",
+        "API server start", "total", "compile cache"]
+    [row] = [html_lib.unescape(r) for r in table.split("<tr")[2:]]
+    assert cells_of(row) == ["tp2", "8 s", "15 s line 51", "0 s line 59 vLLM: 0.01 s", "12 s line 66", "1 s line 73",
+                             "3 s line 74", "1 s line 82", "40 s",
+                             "compiled again: the cache could not be loaded ('function' object has no attribute "
+                             "'finalize_loading')"]
+    assert "Start-up phases" not in render_report(context())  # records without phases: no section
+    if chromium_available():
+        page = visit(atomic_write_text(tmp_path / "report.html", html), tmp_path / "first-screen.png")
+        assert page.too_wide == [], page.too_wide

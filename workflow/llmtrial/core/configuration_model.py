@@ -323,6 +323,20 @@ class Startup(RecordModel):
     kv_cache_in_use_gib: Maybe[Fact] = None
 
 
+class StartupPhase(RecordModel):
+    """One phase of the server's start-up as its log gives it (:mod:`llmtrial.logs.startup_phases`)."""
+
+    name: str = Field(description=(
+        "before the log, process start, weights, compile, profiling and KV allocation, graph capture, engine "
+        "warm-up, or API server start: the phase ending at the milestone of that name."))
+    seconds: float | None = Field(description=(
+        "From the line of the milestone before to this one's, by the lines' stamps (whole seconds); before the "
+        "log: the launch-to-ready time less the log's span; null where the log begins at this milestone."))
+    source: str = Field(description="The line that ends it (file:line).")
+    logged_seconds: float | None = Field(description="The phase's own duration where vLLM prints it; null otherwise.")
+    logged_source: str | None = Field(description="The line that prints it (file:line); null without one.")
+
+
 class ColdStart(RecordModel):
     """The cold start: launch to ready, and the first streamed request after it."""
 
@@ -537,6 +551,12 @@ class ConfigurationRecord(RecordModel):
     engine_warnings: list[EngineWarning] = Field([], description=(
         "Warnings vLLM (or NCCL under it) printed that the seeds acted on (llmtrial.logs.engine_warnings), one "
         "entry per name in the order first seen; absent from records written before they were collected."))
+    startup_phases: list[StartupPhase] = Field([], description=(
+        "The start-up split into its phases as the server's log gives them (llmtrial.logs.startup_phases), in "
+        "order; absent from records written before they were read."))
+    compile_cache: Maybe[str | None] = Field(None, description=(
+        "What the start-up did with vLLM's compile cache, in words: loaded from it, compiled and saved to it, "
+        "compiled again because it could not be loaded (with vLLM's reason), or nothing compiled."))
     cold_start: ColdStart = Field(description=(
         "The cold start: ready_seconds (launch to first /health 200), then the first streamed completion after "
         "ready: first_ttft_s, first_total_s, first_output_tokens (streamed chunks that carried text; vLLM streams "

@@ -16,8 +16,9 @@ which start-up phase.
   start-up phase.
 - :mod:`llmtrial.logs.startup_log`: Start-up figures from a vLLM server's log, in the wordings of
   every engine generation.
+- :mod:`llmtrial.logs.startup_phases`: A server's start-up split into its phases, as its log gives them.
 
 Imports from: core. (tests/test_structure.py holds the order.)
 """
 
-__all__ = ["across", "engine_warnings", "failures", "knob_phases", "lines", "signature", "startup_log"]
+__all__ = ["across", "engine_warnings", "failures", "knob_phases", "lines", "signature", "startup_log", "startup_phases"]

@@ -44,6 +44,7 @@ from llmtrial.core.scenario_model import (
 from llmtrial.core.trial_config import ReportBlock, StatisticsBlock
 from llmtrial.core.units import human_bytes
 from llmtrial.host.gpus import describe_process, gpu_label
+from llmtrial.logs.startup_phases import PHASES
 from llmtrial.report import charts
 from llmtrial.report.answers import answers_context, answers_gaps
 from llmtrial.report.cells import ScenarioTable, Settings
@@ -72,6 +73,7 @@ from llmtrial.report.sections import (
     GpuWindow,
     HostWindow,
     PassRow,
+    PhaseRow,
     RepetitionNote,
     ReportContext,
     Sampling,
@@ -260,6 +262,18 @@ def bound_rows(plans: list[PlanRecord], configurations: list[ConfigurationRecord
             for p in plans if "decode_tok_s_ceiling" in p.facts]
 
 
+def phase_rows(configurations: list[ConfigurationRecord]) -> tuple[list[str], list[PhaseRow]]:
+    """The start-up phases any configuration's log showed, in start-up order, and each configuration's row."""
+    names = [n for n in PHASES if any(p.name == n for r in configurations for p in r.startup_phases)]
+    rows = []
+    for r in (r for r in configurations if r.startup_phases):
+        by_name = {p.name: p for p in r.startup_phases}
+        seconds = [p.seconds for p in r.startup_phases]
+        rows.append(PhaseRow(configuration=r.configuration, phases=[by_name.get(n) for n in names],
+                             total=None if None in seconds else sum(seconds), compile_cache=r.compile_cache))
+    return names, rows
+
+
 def build_context(*, trial: str, preflight: PreflightRecord, manifest: ManifestRecord, plans: list[PlanRecord],
                   configurations: list[ConfigurationRecord], cleanup: CleanupRecord, patches: PatchesRecord | None = None,
                   quiet: QuietRecord | None = None, telemetry: Mapping[str, pandas.DataFrame] | None = None,
@@ -276,6 +290,7 @@ def build_context(*, trial: str, preflight: PreflightRecord, manifest: ManifestR
     unstable = {(t.name, c.configuration): c.spread for t in tables for c in t.cells if c.unstable}
     sweeps = _sweeps(configurations)
     baseline = tables[0].baseline if tables else cfg.baseline
+    phases = phase_rows(configurations)
     return ReportContext(
         trial=trial,
         generated=fmt_time(dt.datetime.now(tz=dt.UTC).timestamp()),
@@ -302,6 +317,7 @@ def build_context(*, trial: str, preflight: PreflightRecord, manifest: ManifestR
         outcomes=outcome_sentences(configurations),
         warnings=warning_sentences(configurations),
         warned=[r for r in configurations if r.engine_warnings],
+        phase_names=phases[0], phase_rows=phases[1],
         unstable=unstable,
         figures=FIGURES,
         charts=_charts(tables, configurations, telemetry or {}, per),

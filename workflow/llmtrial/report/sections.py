@@ -13,6 +13,7 @@ from llmtrial.core.configuration_model import (
     GpuCensus,
     GpuHealth,
     SamplerStats,
+    StartupPhase,
     TelemetrySource,
     ThroughputBound,
 )
@@ -152,6 +153,17 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class PhaseRow:
+    """One configuration's start-up phases, one cell per phase name the report shows (None where its log has
+    no such phase), their total, and what the start-up did with vLLM's compile cache."""
+
+    configuration: str
+    phases: list[StartupPhase | None]
+    total: float | None
+    compile_cache: str | None
+
+
+@dataclass(frozen=True)
 class ReportContext:
     """What the template sees: the records, the conclusions worked out of them, the charts and every
     section's rows (its fields are the template's names)."""
@@ -181,6 +193,8 @@ class ReportContext:
     outcomes: list[str]
     warnings: list[str]
     warned: list[ConfigurationRecord]
+    phase_names: list[str]
+    phase_rows: list[PhaseRow]
     unstable: dict[tuple[str, str], float | None]
     figures: tuple[FigureSpec, ...]
     charts: list[Chart]

@@ -10,7 +10,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llmtrial.core.configuration_model import EngineWarning, Failure, GpuHealth, Prediction, ServerPatches, ThroughputBound
+from llmtrial.core.configuration_model import (
+    EngineWarning,
+    Failure,
+    GpuHealth,
+    Prediction,
+    ServerPatches,
+    StartupPhase,
+    ThroughputBound,
+)
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.preflight_model import SelectedGpu
 from llmtrial.core.record_models import PlanRecord
@@ -20,6 +28,7 @@ from llmtrial.host.gpus import after_failure
 from llmtrial.logs import failures, startup_log
 from llmtrial.logs.engine_warnings import engine_warnings
 from llmtrial.logs.lines import tail
+from llmtrial.logs.startup_phases import compile_cache, startup_phases
 from llmtrial.patch.patching import Patched, evidence
 from llmtrial.plan.ceiling import compare_with_measured
 from llmtrial.plan.prediction import compare_with_plan
@@ -40,6 +49,8 @@ class Reviewed:
     """The record's parts read from the server's log and set beside the plan."""
 
     startup: dict[str, Any]
+    startup_phases: list[StartupPhase]
+    compile_cache: str | None
     engine_warnings: list[EngineWarning]
     patches: ServerPatches
     prediction: list[Prediction]
@@ -60,13 +71,15 @@ def review_failure(failure: Failure, text: str, *, source: str, ready: bool, led
 
 
 def review(text: str, *, source: str, startup: Mapping[str, Any], scenarios: Sequence[Scenario],
-            plan: PlanRecord, patched: Patched, env: Mapping[str, str]) -> Reviewed:
+            plan: PlanRecord, patched: Patched, env: Mapping[str, str], ready_seconds: float | None = None) -> Reviewed:
     """The record's parts read from the server's log (``text``, read from ``source``) and set beside the
-    plan: the start-up facts (``startup`` as the measurement read them, else from the log), the engine's
+    plan: the start-up facts (``startup`` as the measurement read them, else from the log), its phases (with
+    ``ready_seconds``, the launch-to-ready time) and what it did with the compile cache, the engine's
     warnings, each patch's evidence, the predictions, and the ``scenarios``' throughput bound."""
     facts = dict(startup) or (startup_log.parse_startup(text, source=source) if text else {})
     return Reviewed(
-        startup=facts,
+        startup=facts, startup_phases=startup_phases(text, source, ready_seconds) if text else [],
+        compile_cache=compile_cache(text) if text else None,
         engine_warnings=engine_warnings(text, source=source),
         patches=ServerPatches(reapplied=patched.reapplied, plugin_dir=patched.plugin_dir,
                               patches=evidence(patched.patches, text, env, source)),

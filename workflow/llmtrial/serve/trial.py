@@ -205,12 +205,14 @@ class TrialJob:
             failure.down = down_state(self.paths.telemetry, served.found_down_at, served.telemetry.sources,
                                       health.get("gpu_health"))
         reviewed = log_review.review(text, source=source, startup=served.startup, scenarios=served.scenarios,
-                                      plan=self.plan, patched=ready.patched, env=env)
+                                      plan=self.plan, patched=ready.patched, env=env, ready_seconds=timing.startup_s)
         return self._record(
             status="failed" if failure else "ok", failure=failure,
             server=served.server.onto(self._server_part(argv, env)), startup=reviewed.startup,
             **({"prefix_caching_server": served.relaunch.onto(self._server_part(argv, env))} if served.relaunch else {}),
             engine_warnings=reviewed.engine_warnings, cold_start=served.cold_start, scenarios=served.scenarios,
+            **({"startup_phases": reviewed.startup_phases, "compile_cache": reviewed.compile_cache}
+               if reviewed.startup_phases else {}),
             telemetry=served.telemetry, timing=timing,
             prediction=reviewed.prediction, **parts, **health, patches=reviewed.patches,
             throughput_bound=reviewed.throughput_bound)
