@@ -5,7 +5,8 @@
   Student t interval on the logarithms of positive pass values (the geometric mean's), a percentile
   bootstrap over pass values where one is 0, the plain Student t interval only where a value is
   negative; with :func:`cv`, the coefficient of variation (sample standard deviation over mean).
-  :func:`mean_interval`, the plain Student t interval of the mean, is the passes' stopping rule's.
+  :func:`mean_interval` is the plain Student t interval of the mean. The passes' interval rule
+  (:class:`llmtrial.serve.scenarios.RepetitionRule`) stops on the width of :func:`pass_interval`.
 - :func:`bootstrap_interval`: a percentile bootstrap interval of a statistic (the median, the
   p99) over per-request samples, with a fixed seed so a report renders the same twice.
 - :func:`ratio_test`: Welch's t test on the logarithms of two configurations' pass values. The

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from llmtrial.core.record_base import Number
 from llmtrial.core.scenario_model import Goodput, Pass, Repetition, Scenario, ScenarioSpec
-from llmtrial.core.stats import DEFAULT_LEVEL, mean_interval
+from llmtrial.core.stats import DEFAULT_LEVEL, pass_interval
 from llmtrial.core.trial_config import PassesRuleBlock, ScenarioBlock, SloBlock
 from llmtrial.serve.datasets import PassLoad, context
 
@@ -45,8 +45,9 @@ def contexts(spec: ScenarioBlock) -> set[int]:
 @dataclass(frozen=True)
 class RepetitionRule:
     """How many passes a scenario runs: at least ``min``, at most ``max``, stopping early once every
-    rule given holds: the output tok/s spread is within ``agreement``, the width of its Student t
-    interval at ``level`` over the median is within ``interval``. ``fixed``: a count was asked."""
+    rule given holds: the output tok/s spread is within ``agreement``, the width of its interval over
+    passes at ``level`` (the one the report quotes and the verdicts rest on) over the median is within
+    ``interval``. ``fixed``: a count was asked."""
 
     min: int
     max: int
@@ -74,8 +75,9 @@ class RepetitionRule:
         return f"{self.min}–{self.max} passes, stopping once they " + " and ".join(rules or ["reach the maximum"])
 
     def interval_width(self, values: list[float]) -> float | None:
-        """The width of the values' Student t interval at ``level`` over their median (None below two)."""
-        ci = mean_interval(values, self.level)
+        """The width of the values' interval over passes at ``level`` (the report's and the verdicts' own,
+        :func:`llmtrial.core.stats.pass_interval`: Student t on the logarithms) over their median (None below two)."""
+        ci = pass_interval(values, self.level)
         return ci.width_over(statistics.median(values)) if ci else None
 
     def verdict(self, values: list[float], ran: int, failed: bool) -> str | None:
