@@ -30,22 +30,23 @@ from llmtrial.compare.trials import TrialResults
 from llmtrial.core.comparison_model import ComparisonRecord, Difference, Row, Side, TrialRef
 from llmtrial.core.paths import TrialPaths
 from llmtrial.core.stats import DEFAULT_LEVEL, ONE_RUN_METHOD, RATIO_METHOD, pass_interval
-from llmtrial.export.reports import FIGURES, REPORT_SUFFIXES, STATED, Measured, report_measured, trial_measured
+from llmtrial.export.reports import FIGURES, REPORT_SUFFIXES, Measured, report_measured, trial_measured
 from llmtrial.report.cells import Settings
 from llmtrial.report.verdicts import judge
 
-#: Per stated key: (effect where the sides differ, effect where a side does not state it).
+#: What both sides state (:func:`llmtrial.export.reports.stated_of`), in the order checked: key -> (aspect, words,
+#: effect where the sides differ, effect where a side does not state it).
 RULES = {
-    "model": ("not comparable", "not comparable"),
-    "input_seq_len": ("not comparable", "not comparable"),
-    "output_seq_len": ("not comparable", "not comparable"),
-    "concurrency": ("not comparable", "not comparable"),
-    "rate_qps": ("not comparable", "not comparable"),
-    "output_served": ("not comparable", "noted"),
-    "accelerator": ("not comparable", "noted"),
-    "parallelism": ("not comparable", "noted"),
-    "engine": ("under test", "noted"),
-    "load_tool": ("noted", "noted"),
+    "model": ("model", "model", "not comparable", "not comparable"),
+    "input_seq_len": ("workload", "input length", "not comparable", "not comparable"),
+    "output_seq_len": ("workload", "output length", "not comparable", "not comparable"),
+    "concurrency": ("workload", "concurrency", "not comparable", "not comparable"),
+    "rate_qps": ("workload", "request rate", "not comparable", "not comparable"),
+    "output_served": ("workload", "output tokens served per request", "not comparable", "noted"),
+    "accelerator": ("hardware", "accelerator", "not comparable", "noted"),
+    "parallelism": ("hardware", "parallelism (tp, pp, dp)", "not comparable", "noted"),
+    "engine": ("vllm", "engine", "under test", "noted"),
+    "load_tool": ("measurement", "measured by", "noted", "noted"),
 }
 #: Keys a side may leave unstated when the other states the same: as fast as possible has no rate.
 UNSTATED_ALIKE = frozenset({"rate_qps"})
@@ -100,7 +101,7 @@ def _same(key: str, a: Any, b: Any) -> bool:
 def pair_differences(a: Measured, b: Measured) -> list[Difference]:
     """What A's workload and B's state differently, or one of them not at all (:data:`RULES`)."""
     out = []
-    for key, (differ, unstated) in RULES.items():
+    for key, (aspect, _words, differ, unstated) in RULES.items():
         va, vb = a.stated[key], b.stated[key]
         if va is None and vb is None and key in UNSTATED_ALIKE:
             continue
@@ -110,7 +111,7 @@ def pair_differences(a: Measured, b: Measured) -> list[Difference]:
             continue
         else:
             effect = differ
-        out.append(Difference(aspect=STATED[key][0], key=key, a=va, b=vb, effect=effect,
+        out.append(Difference(aspect=aspect, key=key, a=va, b=vb, effect=effect,
                               scope=f"{a.label} against {b.label}"))
     return out
 
@@ -121,7 +122,7 @@ def _other_load(a: Measured, b: Measured) -> bool:
 
 
 def _words(d: Difference) -> str:
-    name = STATED[d.key][1]
+    name = RULES[d.key][1]
     if d.a is None or d.b is None:
         return f"{name} (not stated by {'A' if d.a is None else 'B'})"
     return f"{name} ({_value(d.a)} against {_value(d.b)})"
@@ -221,7 +222,7 @@ def compare_against(x: str | Path, y: str | Path, *, level: float | None = None,
     return ComparisonRecord(
         a=a.ref, b=b.ref, level=lvl, method=method,
         workloads_match=bool(pairs) and not any(d.effect == "not comparable" for d in diffs), differences=diffs,
-        changes=sorted({f"{STATED[d.key][1]}: {_value(d.a)} in A, {_value(d.b)} in B"
+        changes=sorted({f"{RULES[d.key][1]}: {_value(d.a)} in A, {_value(d.b)} in B"
                         for d in diffs if d.effect == "under test"}),
         only_in_a=[u.label for u in ua if u.label not in paired_a],
         only_in_b=[u.label for u in ub if u.label not in paired_b], rows=rows, answers=[], sentences=said)

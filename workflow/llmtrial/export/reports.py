@@ -15,9 +15,10 @@ A side of reports is read from (:func:`read_reports`):
 A trial's side (:func:`trial_measured`) is each fixed scenario of each configuration as its own export states
 it (:func:`llmtrial.export.benchmark_report.benchmark_report`), one value per measured pass.
 
-What is compared (:data:`STATED`), each as a side states it, null where it does not: the model; the input and
-output length with their distribution; concurrency and request rate; the output tokens served per request; the
-accelerator, its count and the parallel sizes; the engine and its version; the tool that measured. The figures
+What a side states (:func:`stated_of`), null where it does not: the model; the input and output length with
+their distribution; concurrency and request rate; the output tokens served per request; the accelerator, its
+count and the parallel sizes; the engine and its version; the tool that measured
+(:data:`llmtrial.export.against.RULES` says what each must be). The figures
 (:data:`FIGURES`) are each run's: output tok/s (the mean rate over the run), and the median and p99 of the
 requests' latencies, in ms.
 """
@@ -50,19 +51,6 @@ from llmtrial.core.scenario_model import PassSummary
 from llmtrial.export.benchmark_report import benchmark_report, workloads
 from llmtrial.report.conclusions import is_sweep_entry
 
-#: What both sides must state alike, in the order checked: key -> (aspect, words).
-STATED = {
-    "model": ("model", "model"),
-    "input_seq_len": ("workload", "input length"),
-    "output_seq_len": ("workload", "output length"),
-    "concurrency": ("workload", "concurrency"),
-    "rate_qps": ("workload", "request rate"),
-    "output_served": ("workload", "output tokens served per request"),
-    "accelerator": ("hardware", "accelerator"),
-    "parallelism": ("hardware", "parallelism (tp, pp, dp)"),
-    "engine": ("vllm", "engine"),
-    "load_tool": ("measurement", "measured by"),
-}
 #: Figures compared: key, words, unit, whether higher is better, digits; each pass's figure in a trial; and the
 #: report's field (latency or throughput, the statistic, which value of it).
 FIGURES: tuple[tuple[str, str, str, bool, int, Callable[[PassSummary], float | None], tuple[str, str, str]], ...] = (
@@ -130,7 +118,7 @@ def _rate(value: float | None) -> float | None:
 
 
 def stated_of(report: BenchmarkReportV02) -> dict[str, Any]:
-    """What a report states about its work and its stack (:data:`STATED`), None where it does not."""
+    """What a report states about its work and its stack (module docstring), None where it does not."""
     load = report.scenario.load.standardized if report.scenario and report.scenario.load else None
     engine = _engine(report)
     acc = engine.accelerator if engine else None
