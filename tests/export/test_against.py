@@ -202,3 +202,17 @@ def test_the_command_writes_the_comparison_under_the_trial_and_a_yaml_report_rea
     assert (tmp_path / "both" / "comparison.json").is_file()
     assert main(["compare", str(trial), str(tmp_path / "nothing")]) == 2
     assert "nothing: no such file or folder" in capsys.readouterr().err
+
+
+def test_a_load_by_rate_with_no_limit_on_either_side_is_alike_and_another_rate_is_not_paired(trial, tmp_path):
+    data = exported(trial)
+    load = data["scenario"]["load"]["standardized"]
+    del load["concurrency"]
+    load["rate_qps"] = 2.0
+    mine = compare_against(report_file(tmp_path / "a", "r2.json", data), report_file(tmp_path / "b", "r2.json", data),
+                           level=0.95)
+    assert mine.workloads_match and {r.scenario for r in mine.rows} == {"2 req/s"}
+    assert not any(d.key == "concurrency" for d in mine.differences)
+    load["rate_qps"] = 4.0
+    other = compare_against(tmp_path / "a" / "r2.json", report_file(tmp_path / "c", "r4.json", data))
+    assert other.rows == [] and other.only_in_a == ["tp1/2 req/s"] and other.only_in_b == ["tp1/4 req/s"]

@@ -48,8 +48,9 @@ RULES = {
     "engine": ("vllm", "engine", "under test", "noted"),
     "load_tool": ("measurement", "measured by", "noted", "noted"),
 }
-#: Keys a side may leave unstated when the other states the same: as fast as possible has no rate.
-UNSTATED_ALIKE = frozenset({"rate_qps"})
+#: Keys both sides may leave unstated and still be alike: as fast as possible has no rate, and no limit on the
+#: requests in flight no concurrency.
+UNSTATED_ALIKE = frozenset({"rate_qps", "concurrency"})
 TOLERANCE = 0.01  # a measured length (a mean) within 1 % is the same length
 #: What both sides state and must share to be paired at all: the load, and the parallel sizes (a trial's tp2 is
 #: not set against another tool's tp1 runs).
