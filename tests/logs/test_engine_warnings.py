@@ -8,6 +8,7 @@ vLLM prints.
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from conftest import DATA
 from llmtrial.logs.engine_warnings import WARNINGS, engine_warnings
@@ -76,8 +77,8 @@ def _log(*lines: str) -> str:
          "(E=16,N=1536,device_name=NVIDIA_L40S,dtype=fp8_w8a8,block_shape=[128,128].json)"),
         (MOE_PATH, "untuned_moe_config", "(E=256,N=512,device_name=NVIDIA_GB10.json)"),
         (MOE_032, "untuned_moe_config", "(E=128,N=768,device_name=NVIDIA_H200.json)"),
-        (SEED_P2P, "p2p_unsupported", "no GPU peer-to-peer access"),
-        (P2P_032.format(r=0), "p2p_unsupported", "no GPU peer-to-peer access"),
+        (SEED_P2P, "custom_allreduce_disabled", "(because your platform lacks GPU P2P capability)"),
+        (P2P_032.format(r=0), "custom_allreduce_disabled", "(because your platform lacks GPU P2P capability"),
         (PCIE_032, "custom_allreduce_disabled", "(because it's not supported on more than two PCIe-only GPUs)"),
         (WORLD_032, "custom_allreduce_disabled", "(due to an unsupported world size: 3)"),
         (NCCL_SOCKET[2], "nccl_socket_transport", "TCP sockets"),
@@ -97,11 +98,29 @@ def test_the_advice_names_the_faster_kernel_and_the_seeds_measurement():
     assert "quantization=gptq_marlin" in w.advice and "10.4 times" in w.advice
 
 
+def test_custom_allreduce_off_for_want_of_p2p_gets_the_seeds_advice_and_for_other_reasons_nccls():
+    (p2p,) = engine_warnings(SEED_P2P)
+    (pcie,) = engine_warnings(PCIE_032)
+    assert p2p.name == pcie.name == "custom_allreduce_disabled"
+    assert "nvidia-smi topo -p2p r" in p2p.advice and "NCCL" in pcie.advice and "nvidia-smi" not in pcie.advice
+
+
+CORPUS_WARNED = sorted(p for p in (DATA / "vllm-logs").glob("*.yaml") if "warnings" in yaml.safe_load(p.read_text()))
+
+
+@pytest.mark.parametrize("case", CORPUS_WARNED, ids=[p.stem for p in CORPUS_WARNED])
+def test_the_warnings_real_logs_from_public_threads_show_are_read_with_their_line(case):
+    """tests/data/vllm-logs: each case's ``warnings`` as its reader wrote them (name, line) are what is found."""
+    want = [(w["name"], f"{case.stem}.log:{w['line']}") for w in yaml.safe_load(case.read_text())["warnings"]]
+    found = engine_warnings(read_log(case.with_suffix(".log")), source=f"{case.stem}.log")
+    assert [(w.name, w.source) for w in found] == want
+
+
 def test_ranks_printing_the_same_warning_make_one_entry_with_a_count_and_the_first_line():
     text = _log(P2P_032.format(r=0), P2P_032.format(r=1), *NCCL_SOCKET, "\x1b[33m" + MOE_PATH + "\x1b[0m")
     found = engine_warnings(text)
     assert [(w.name, w.count, w.source) for w in found] == [
-        ("p2p_unsupported", 2, "server.log:2"), ("nccl_socket_transport", 2, "server.log:6"),
+        ("custom_allreduce_disabled", 2, "server.log:2"), ("nccl_socket_transport", 2, "server.log:6"),
         ("untuned_moe_config", 1, "server.log:8")]
     assert found[0].process == "Worker_TP0" and found[0].line == P2P_032.format(r=0)
     assert found[2].line == MOE_PATH  # colour codes stripped
@@ -132,4 +151,4 @@ def test_a_compile_cache_that_could_not_be_loaded_is_a_warning_with_its_reason_o
 
 def test_the_warnings_are_named_once():
     names = [w.name for w in WARNINGS]
-    assert len(names) == len(set(names)) == 6
+    assert len(names) == len(set(names)) == 5

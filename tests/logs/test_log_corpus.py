@@ -164,3 +164,37 @@ def test_figures_and_crashes_read_across_the_corpus():
                           f"{d and (d['pattern'], d['source'])}")
     assert figures[True] >= 0.95 * sum(figures.values()), misses
     assert crashes[True] >= 0.90 * sum(crashes.values()), misses
+
+
+#: The third round's kinds and wordings (what the held-out logs showed the readers missing), each with the cases
+#: of the corpus that show it: a crash kind with its line and, for an out-of-memory error, the phase its
+#: signature names; or a start-up figure's key.
+THIRD_ROUND = {
+    "rpc_timeout (the message queue's bare TimeoutError)": ["timeout-mq-vllm-22479", "timeout-mq-vllm-23582",
+                                                           "timeout-mq-vllm-ascend-2264", "timeout-mq-mooncake-1458",
+                                                           "timeout-mq-sparkvllm-348"],
+    "engine_handshake_timeout": ["timeout-handshake-vllm-32116", "timeout-handshake-vllm-ascend-3977"],
+    "engine_start_failed": ["start-failed-vllm-23176", "start-failed-vllm-31940", "start-failed-gpustack-2723",
+                            "start-failed-rocm-5865-gfx1151"],
+    "runtime_oom in graph capture": ["oom-capture-vllm-19186-v1-backends-graph", "oom-capture-vllm-7593-v0-gemma2-capture-end",
+                                     "mem-vllm-6746-capture-cuda-error-oom"],
+    "torch_compile_seconds (\"took\")": ["fig-xpu-compile-b70cookbook-4", "fig-xpu-compile-b70cookbook-14"],
+    "gpu_memory_utilization (the engine's arguments)": ["fig-args-gpumemutil-llmscaler-578",
+                                                        "fig-args-gpumemutil-proxmoxved-2047",
+                                                        "v1-gguf-plugin-101-compose-apiserver-banner"],
+}
+
+
+@pytest.mark.parametrize("what", sorted(THIRD_ROUND))
+def test_the_third_rounds_kinds_and_wordings_each_read_right_on_logs_of_two_sources_or_more(what):
+    cases = [next(c for c in CASES if c.name == name) for name in THIRD_ROUND[what]]
+    assert len({c.meta["source"] for c in cases}) >= 2, "two threads at least"
+    for case in cases:
+        if case.failure:
+            d = _diagnosis(case)
+            assert (d["pattern"], d["source"]) == (case.failure["kind"], f"{case.name}.log:{case.failure['line']}")
+            assert d["pattern"] == what.split()[0]
+        else:
+            key = what.split()[0]
+            want = next(w for w in case.figures if w["key"] == key)
+            assert _read(case, want, parse_startup(case.text, source=f"{case.name}.log")) == "exact"

@@ -486,7 +486,8 @@ def test_failure_patterns_are_named_and_extensible():
     names = [p.name for p in FAILURE_PATTERNS]
     assert names[:7] == ["tp_divisibility", "gpus_too_few", "free_memory_below_utilization", "memory_profiling_error",
                          "runtime_oom", "weights_oom", "oom"]
-    assert names[-2:] == ["rpc_timeout", "shm_broadcast"]  # symptoms last
+    # symptoms last, and last of all an engine that failed to start with nothing else in its log
+    assert names[-4:] == ["engine_handshake_timeout", "rpc_timeout", "shm_broadcast", "engine_start_failed"]
     assert len(names) == len(set(names))
     assert all(p.diagnosis.endswith(".") for p in FAILURE_PATTERNS)
 
@@ -667,7 +668,7 @@ def test_a_missing_node_beats_the_collective_that_waited_for_it():
 
 def test_multi_node_patterns_come_before_the_shared_memory_symptom():
     names = [p.name for p in FAILURE_PATTERNS]
-    assert names[-1] == "shm_broadcast"
+    assert names[-2:] == ["shm_broadcast", "engine_start_failed"]
     assert names.index("node_version_mismatch") < names.index("node_not_joined") < names.index("ray_placement_group")
     assert names.index("ray_placement_group") < names.index("collective_timeout") < names.index("peer_lost")
 

@@ -257,8 +257,8 @@ class EngineWarning(RecordModel):
     """One warning the engine printed (:func:`llmtrial.logs.engine_warnings.engine_warnings`)."""
 
     name: str = Field(description=(
-        "untuned_moe_config, slower_quant_kernel, p2p_unsupported, custom_allreduce_disabled or "
-        "nccl_socket_transport."))
+        "untuned_moe_config, slower_quant_kernel, custom_allreduce_disabled (p2p_unsupported in records written "
+        "before), compile_cache_load_failure or nccl_socket_transport."))
     line: str = Field(description="The first log line that said it, ANSI-stripped.")
     source: str = Field(description="That line's file and number (server.log:123).")
     process: str | None = Field(None, description="The vLLM process that logged it, when the line's prefix names one.")

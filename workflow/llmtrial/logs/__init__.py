@@ -12,6 +12,7 @@ which start-up phase.
   vLLM source lines that show it.
 - :mod:`llmtrial.logs.lines`: A vLLM server's log as lines: read, cleaned, their prefixes told apart
   from their message.
+- :mod:`llmtrial.logs.phases`: Which start-up phase a vLLM function or a vLLM line belongs to.
 - :mod:`llmtrial.logs.signature`: A crash's signature: what was raised, where in vLLM, and in which
   start-up phase.
 - :mod:`llmtrial.logs.startup_log`: Start-up figures from a vLLM server's log, in the wordings of
@@ -21,4 +22,4 @@ which start-up phase.
 Imports from: core. (tests/test_structure.py holds the order.)
 """
 
-__all__ = ["across", "engine_warnings", "failures", "knob_phases", "lines", "signature", "startup_log", "startup_phases"]
+__all__ = ["across", "engine_warnings", "failures", "knob_phases", "lines", "phases", "signature", "startup_log", "startup_phases"]

@@ -2,7 +2,8 @@
 
 A server that starts can still start slower than it should: no tuned fused-MoE kernel for
 this GPU, a quantization kernel forced where a faster one was available, tensor-parallel
-all-reduce without GPU peer-to-peer access, NCCL moving collectives over TCP sockets. vLLM
+all-reduce without vLLM's custom kernel (GPU peer-to-peer access missing, or another reason), a compile
+cache that could not be loaded, NCCL moving collectives over TCP sockets. vLLM
 says so in its log and carries on; :func:`engine_warnings` collects those lines so the
 configuration record (and the report) carry them with their source line and what the seeds did
 about them.
@@ -52,6 +53,17 @@ def _moe_config_file(m: re.Match[str]) -> dict[str, str]:
     return {"file": re.split(r"[/\\]", last)[-1]}
 
 
+_P2P_ADVICE = ("The GPUs cannot read each other's memory (check `nvidia-smi topo -p2p r`), so every tensor-parallel "
+               "all-reduce detours through host RAM: measure the split before trusting it, as the seed did.")
+_NCCL_ADVICE = ("Tensor-parallel all-reduces fall back to NCCL, slower for decode's small messages: expect less from "
+                "more GPUs on this topology than on NVLink-connected ones.")
+
+
+def _allreduce_advice(m: re.Match[str]) -> dict[str, str]:
+    """What to do: the seed's where the GPUs lack peer-to-peer access, NCCL's fallback otherwise."""
+    return {"advice": _P2P_ADVICE if "P2P" in m["reason"] else _NCCL_ADVICE}
+
+
 #: The warnings known, most specific first: a line counts for the first one that matches.
 WARNINGS: tuple[WarningPattern, ...] = (
     WarningPattern(
@@ -76,22 +88,15 @@ WARNINGS: tuple[WarningPattern, ...] = (
         "awq_marlin 10.4 times faster than awq at batch 1 with identical output.",
     ),
     WarningPattern(
-        "p2p_unsupported",
-        # vllm/distributed/device_communicators/custom_all_reduce.py (CustomAllreduce.__init__, 0.32.0: line 286)
-        re.compile(r"Custom allreduce is disabled because your platform lacks GPU P2P capability"),
-        "vLLM found no GPU peer-to-peer access and disabled its custom all-reduce",
-        "The GPUs cannot read each other's memory (check `nvidia-smi topo -p2p r`), so every tensor-parallel "
-        "all-reduce detours through host RAM: measure the split before trusting it, as the seed did.",
-    ),
-    WarningPattern(
         "custom_allreduce_disabled",
-        # vllm/distributed/device_communicators/custom_all_reduce.py (0.32.0: lines 215, 235, 271); the
-        # INFO line "because of missing custom allreduce library" (a build without it, e.g. CPU) is left out
+        # vllm/distributed/device_communicators/custom_all_reduce.py (0.32.0: lines 215, 235, 271, 286; the P2P
+        # reason is seed 001's); the INFO line "because of missing custom allreduce library" (a build without
+        # it, e.g. CPU) is left out
         re.compile(r"Custom (?:allreduce is|collectives are) disabled "
                    r"(?P<reason>(?:because|due to) (?!of missing custom allreduce library)[^.]*)"),
         "vLLM disabled its custom all-reduce ({reason})",
-        "Tensor-parallel all-reduces fall back to NCCL, slower for decode's small messages: expect less "
-        "from more GPUs on this topology than on NVLink-connected ones.",
+        "{advice}",
+        details=_allreduce_advice,
     ),
     WarningPattern(
         "compile_cache_load_failure",

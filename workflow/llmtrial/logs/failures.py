@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmtrial.logs.lines import EXCEPTION, LogLine, continued, log_lines, spaced
+from llmtrial.logs.phases import METHOD, line_phase, phase_of_function, vllm_path
 
 __all__ = ["FAILURE_PATTERNS", "FRAME", "METHOD", "OOM_LINE", "TRACEBACK", "WRAPPER", "FailurePattern", "diagnose_failure",
            "oom_phase"]
@@ -94,48 +95,40 @@ OOM_LINE = _any(
 )
 #: Messages that name the load themselves: vLLM's load_model and its linear layers' create_weights.
 _LOAD_MESSAGE = re.compile(r"Failed to load model - not enough GPU memory|Failed to create \w+ (?:\w+ )?weights")
-#: V0's worker processes name the method they ran: "Exception in worker VllmWorkerProcess while processing
-#: method load_model: CUDA out of memory ...".
-METHOD = re.compile(r"while processing method (?P<func>\w+)")
 #: A traceback frame: ``File "<file>", line <line>, in <func>``.
 FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[\w<>]+)')
 #: The line that opens a Python traceback.
 TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
-#: vLLM functions that run once the weights are in: profiling and warm-up (V1 gpu_model_runner.py and
-#: gpu_worker.py, V0 worker.py and model_runner.py), the KV cache's allocation, CUDA-graph capture,
-#: and each step while serving.
-_RUNTIME_FRAMES = frozenset({
-    "profile_run", "_dummy_run", "_dummy_sampler_run", "_dummy_pooler_run", "determine_available_memory",
-    "determine_num_available_blocks", "_initialize_kv_caches", "initialize_cache", "_init_cache_engine",
-    "initialize_from_config", "initialize_kv_cache", "_allocate_kv_cache_tensors", "_allocate_kv_cache",
-    "capture_model", "compile_or_warm_up_model", "_warm_up_model", "execute_model", "sample_tokens", "run_busy_loop",
-})
-#: vLLM functions that load the weights (model loaders, the model runner's load_model, layers creating
-#: their weights while the model is built).
-_LOAD_FRAMES = frozenset({"load_model", "get_model", "load_weights", "process_weights_after_loading",
-                          "_initialize_model", "initialize_model", "create_weights", "weight_loader"})
-#: Lines that say the weights are all in (V1 and V0 wordings) or that the server is serving.
-_LOADED = _any(r"Model loading took", r"Loading model weights took", r"Application startup complete",
-               r"Memory profiling takes", r"KV cache size: [\d,]+ tokens", r"# (?:GPU|cuda|xpu) blocks: \d+")
-#: Lines that say the weights have started loading.
-_LOADING = _any(r"Starting to load model", r"Loading model from scratch",
-                r"Loading (?:safetensors|pt) checkpoint shards:", r"Loading weights with")
+#: The phases an out-of-memory error is told by (:mod:`llmtrial.logs.phases`): while the weights load (the
+#: loader, and the processing of the weights after it), or once they are in.
+_LOAD_PHASES = frozenset({"weight_loading", "post_load_processing"})
+_RUNTIME_PHASES = frozenset({"memory_profiling", "kv_allocation", "graph_capture_compile", "serving"})
+#: vLLM functions that run in more than one phase, each of them after the weights are in (profiling's and the
+#: capture's dummy runs, V0's execute_model, which profiling calls too).
+_AFTER_LOAD = frozenset({"_dummy_run", "_dummy_sampler_run", "_dummy_pooler_run", "execute_model", "sample_tokens",
+                         "initialize_cache"})
 
 
-def _known(func: str) -> bool:
-    return func in _RUNTIME_FRAMES or func in _LOAD_FRAMES
+def _side(function: str, file: str = "") -> str | None:
+    """``"load"`` or ``"runtime"``: what an out-of-memory error in ``function`` of vLLM's ``file`` ran after."""
+    phase = phase_of_function(function, file)
+    if phase in _LOAD_PHASES:
+        return "load"
+    if phase in _RUNTIME_PHASES or function in _AFTER_LOAD:
+        return "runtime"
+    return None
 
 
-def _innermost_frame(lines: list[LogLine], i: int) -> str | None:
-    """The innermost load or runtime function of the traceback the error on line ``i`` ends (read
-    back to its ``Traceback`` line, at most 400 lines), else of the traceback that follows it
-    (vLLM logs the error, then ``EngineCore failed to start.`` and the traceback), or None."""
+def _frames_side(lines: list[LogLine], i: int) -> str | None:
+    """What the innermost vLLM frame that tells it says, of the traceback the error on line ``i`` ends (read
+    back to its ``Traceback`` line, at most 400 lines), else of the traceback that follows it (vLLM logs the
+    error, then ``EngineCore failed to start.`` and the traceback), or None."""
     for line in reversed(lines[max(0, i - 400):i]):
         if TRACEBACK.search(line.text):
             break
         m = FRAME.search(line.text)
-        if m is not None and _known(m["func"]):
-            return m["func"]
+        if m is not None and (side := _side(m["func"], vllm_path(m["file"]) or "")) is not None:
+            return side
     after = lines[i + 1:i + 400]
     start = next((k for k, line in enumerate(after[:5]) if TRACEBACK.search(line.text)), None)
     if start is None:
@@ -144,7 +137,7 @@ def _innermost_frame(lines: list[LogLine], i: int) -> str | None:
     for line in after[start + 1:]:
         m = FRAME.search(line.text)
         if m is not None:
-            innermost = m["func"] if _known(m["func"]) else innermost
+            innermost = _side(m["func"], vllm_path(m["file"]) or "") or innermost
         elif EXCEPTION.search(line.message):
             break
     return innermost
@@ -154,28 +147,29 @@ def oom_phase(lines: list[LogLine], i: int, ready: bool = False) -> str:
     """``"load"``, ``"runtime"`` or ``"unknown"``: when the out-of-memory error on line ``i`` (0-based,
     of :func:`llmtrial.logs.lines.log_lines`) happened. Load when vLLM's message says so ("Failed to load
     model - not enough GPU memory", "Failed to create ... weights"); runtime when the server had
-    become ``ready``; else by the method a V0 worker names ("while processing method load_model"),
-    or the innermost vLLM frame of its traceback (``profile_run``,
-    ``_dummy_run``, ``capture_model``, ``execute_model``: runtime; ``load_weights``,
-    ``process_weights_after_loading``, ``load_model``: load); else by the log before it: runtime
-    after a line that says the weights were in (``Model loading took``), load after one that says
-    they started loading with none saying they were in. Without any of that, unknown: an excerpt
-    does not say, and a guess would send the operator the wrong way."""
+    become ``ready``; else by the phase (:mod:`llmtrial.logs.phases`) of the method a V0 worker names
+    ("while processing method load_model"), or of the innermost vLLM frame of its traceback that tells one
+    (``load_weights``, ``process_weights_after_loading``, a Marlin repack: load; ``profile_run``,
+    ``_dummy_run``, ``capture_model``, the compilation back end, ``execute_model``, the engine's loop:
+    runtime); else by vLLM's last start-up line before it (loading started, the weights loaded, graphs
+    being captured, the server serving). Without any of that, unknown: an excerpt does not say, and a guess
+    would send the operator the wrong way."""
     if _LOAD_MESSAGE.search(lines[i].text):
         return "load"
     if ready:
         return "runtime"
     method = METHOD.search(lines[i].text)
-    if method is not None and _known(method["func"]):
-        return "runtime" if method["func"] in _RUNTIME_FRAMES else "load"
-    func = _innermost_frame(lines, i)
-    if func is not None:
-        return "runtime" if func in _RUNTIME_FRAMES else "load"
+    if method is not None and (side := _side(method["func"])) is not None:
+        return side
+    side = _frames_side(lines, i)
+    if side is not None:
+        return side
     for line in reversed(lines[:i]):
-        if line.text and _LOADED.search(line.text):
-            return "runtime"
-        if line.text and _LOADING.search(line.text):
+        phase = line_phase(line)
+        if phase in _LOAD_PHASES:
             return "load"
+        if phase in _RUNTIME_PHASES:
+            return "runtime"
     return "unknown"
 
 
@@ -480,13 +474,28 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
     ),
     # Last of the known ones: symptoms (a rank hung or died), not causes of their own.
     FailurePattern(
+        "engine_handshake_timeout",
+        # vllm/v1/engine/core_client.py (the API server waits for the engines' first message) and
+        # vllm/v1/engine/core.py (startup_handshake: the engine waits for the front end); the one-word
+        # "sendinitial" is vLLM's own joined string (vllm#32116, vllm-ascend#3977)
+        _any(r"Timed out waiting for engines to send ?initial message on input socket",
+             r"Did not receive response from front-end process within \d+ minutes?",
+             r"Timed out waiting for engine core processes to start"),
+        "The API server and its engine core never finished their start-up handshake: the engine did not come up "
+        "within vLLM's limit (VLLM_ENGINE_READY_TIMEOUT_S), or, across nodes or data-parallel ranks, could not "
+        "reach the front end's address and ports; look for the engine's own error above or in each rank's log, "
+        "and check that every node can reach the others (data_parallel_address, the RPC port, firewalls).",
+    ),
+    FailurePattern(
         "rpc_timeout",
         # vllm/v1/executor/multiproc_executor.py (collective_rpc, 0.32.0: line 442): a worker did not
-        # answer within VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS
-        _any(r"RPC call to \w+ timed out", r"Timed out waiting for engine core processes to start"),
-        "The engine gave up waiting for a worker, which hung (stuck in a collective or a kernel); find the "
-        "first error or watchdog line of each rank, and raise VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS only when "
-        "a step is legitimately that slow.",
+        # answer within VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS; shm_broadcast.py's acquire_read raises a bare
+        # TimeoutError first (vllm#22479, #23582, vllm-ascend#2264, Mooncake#1458)
+        _any(r"RPC call to \w+ timed out", r"(?:^|\s)TimeoutError\s*$"),
+        "The engine gave up waiting for a worker over the shared-memory message queue: the worker hung (stuck in a "
+        "collective or a kernel) or died; find the first error or watchdog line of each rank, and raise "
+        "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS only when a step is legitimately that slow.",
+        accept=lambda lines, i, _ready: "RPC call" in lines[i].text or _raised_in_message_queue(lines, i),
     ),
     FailurePattern(
         "shm_broadcast",
@@ -494,6 +503,16 @@ FAILURE_PATTERNS: tuple[FailurePattern, ...] = (
         _any(r"No available shared memory broadcast block found", r"No available block found in \d+ seconds?"),
         "Workers stopped answering over shared memory, so one rank hung or died; look for "
         "its error earlier in the log and check /dev/shm size.",
+    ),
+    FailurePattern(
+        "engine_start_failed",
+        # vllm/v1/engine/utils.py (wait_for_engine_startup): the engine core process exited during start-up and
+        # this log names no failed process and holds no error of its own (vllm#23176, #31940, gpustack#2723)
+        _any(r"Engine core initialization failed\. See root cause above\. Failed core proc\(s\): \{\}"),
+        "The engine core exited while starting, and this log holds neither its error nor the process that failed "
+        "(\"Failed core proc(s): {}\"): its own output went elsewhere (another rank's or container's log, a "
+        "terminal) or it was killed (the kernel's OOM killer: check dmesg); rerun with its output kept.",
+        accept=lambda lines, _i, _ready: _only_wrappers(lines),
     ),
 )
 
@@ -506,6 +525,17 @@ WRAPPER = re.compile(r"See root cause above|Engine core initialization failed|Se
 
 _UNKNOWN = ("No known failure explains this log; this is the last error line it shows. Read the traceback and "
             "the lines above it for the cause.")
+
+
+def _raised_in_message_queue(lines: list[LogLine], i: int) -> bool:
+    """Whether the exception on line ``i`` was raised in vLLM's shared-memory message queue (a frame of
+    ``shm_broadcast.py`` among the few lines above it)."""
+    return any("shm_broadcast.py" in line.text for line in lines[max(0, i - 6):i])
+
+
+def _only_wrappers(lines: list[LogLine]) -> bool:
+    """Whether every exception line of the log only points elsewhere (:data:`WRAPPER`)."""
+    return all(WRAPPER.search(line.text) for line in lines if line.text and EXCEPTION.search(line.message))
 
 
 def _last_error(lines: list[LogLine]) -> int | None:

@@ -8,8 +8,10 @@ where the log does not show it, never guessed.
 The crash is the first exception line (``Type: message``) that is not a mere wrapper ("Engine core
 initialization failed. See root cause above"); without one, the first traceback. Its frames are
 those above it, or, where vLLM logs the exception before its traceback, the traceback the same
-process prints right after it. The phase (:data:`PHASES`) comes from the innermost vLLM frame that
-tells one (the function, or the call on its code line); where none does, from vLLM's own lines
+process prints right after it. The phase (:data:`PHASES`, :mod:`llmtrial.logs.phases`) comes from the
+innermost vLLM frame that tells one (the function, or the call on its code line), or, where its own frames
+tell none (a bare ``TimeoutError`` of the message queue), from the traceback it is chained to ("The above
+exception was the direct cause of ..."): where it was being handled; where none does, from vLLM's own lines
 before the crash: a check that names its phase, the method a V0 worker names, or the last
 start-up line (after "Model loading took" comes profiling, after "Available KV cache memory" the KV
 allocation, and so on). Frames win over lines: they are where it was.
@@ -23,17 +25,15 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import get_args
 
 from llmtrial.core.configuration_model import CrashFrame, Phase, Signature
-from llmtrial.logs.failures import FRAME, METHOD, OOM_LINE, TRACEBACK, WRAPPER
+from llmtrial.logs.failures import FRAME, OOM_LINE, TRACEBACK, WRAPPER
 from llmtrial.logs.lines import LogLine, log_lines
+from llmtrial.logs.phases import COMPILE_FUNCTIONS, PHASES, line_phase, phase_of_function, vllm_path
 
 __all__ = ["PHASES", "FailureSignature", "Phase", "failure_signature", "mask", "phase_of_function",
            "signature_of_lines", "signature_record"]
 
-#: The phases in start-up order (serving last).
-PHASES: tuple[Phase, ...] = get_args(Phase)
 
 _HEX = re.compile(r"0x[0-9A-Fa-f]+")
 _NUMBER = re.compile(r"\d+(?:\.\d+)*")
@@ -78,88 +78,6 @@ class FailureSignature:
     def phase_line(self) -> int | None:
         """The 1-based line that shows the phase, or ``None`` without a phase."""
         return None if self.phase_index is None else self.phase_index + 1
-
-
-# ------------------------------------------------------------------ the phase a function tells
-
-_FUNCTION_PHASES: dict[str, Phase] = {
-    **dict.fromkeys(("init_device", "init_worker_distributed_environment", "init_distributed_environment",
-                     "initialize_model_parallel", "ensure_model_parallel_initialized", "ncclCommInitRank"),
-                    "device_init"),
-    **dict.fromkeys(("load_model", "get_model", "load_weights", "_load_weights", "_initialize_model",
-                     "initialize_model", "create_weights", "weight_loader", "download_model"), "weight_loading"),
-    **dict.fromkeys(("process_weights_after_loading",), "post_load_processing"),
-    **dict.fromkeys(("profile_run", "determine_available_memory", "determine_num_available_blocks",
-                     "profile_cudagraph_memory"), "memory_profiling"),
-    **dict.fromkeys(("initialize_kv_cache", "initialize_from_config", "_allocate_kv_cache",
-                     "_allocate_kv_cache_tensors", "initialize_kv_cache_tensors", "_reshape_kv_cache_tensors",
-                     "get_kv_cache_config", "get_kv_cache_configs", "get_kv_cache_config_from_groups",
-                     "check_enough_kv_cache_memory", "_check_enough_kv_cache_memory", "raise_if_cache_size_invalid",
-                     "_init_cache_engine"), "kv_allocation"),
-    **dict.fromkeys(("capture_model", "_capture_cudagraphs", "capture", "compile_or_warm_up_model", "_warm_up_model",
-                     "warming_up_model"), "graph_capture_compile"),
-    **dict.fromkeys(("step", "step_async", "step_with_batch_queue", "run_busy_loop", "_process_engine_step",
-                     "engine_step", "run_engine_loop", "execute_dummy_batch", "start_worker_execution_loop"),
-                    "serving"),
-}
-#: Compilation by torch (Dynamo tracing, Inductor code generation): these frames run only while compiling.
-_COMPILE_FUNCTIONS = frozenset({"compile_fx", "compile_fx_inner", "_compile_fx_inner", "fx_codegen_and_compile",
-                                "codegen_and_compile", "compile_to_module", "call_user_compiler",
-                                "_call_user_compiler", "compile_and_call_fx_graph", "compile_inner"})
-#: vLLM's compilation back end, which runs only while compiling (not the wrappers a compiled model runs through).
-_COMPILE_FILES = ("vllm/compilation/backends.py", "vllm/compilation/compiler_interface.py")
-
-
-def phase_of_function(function: str, file: str = "") -> Phase | None:
-    """The phase a vLLM function (``file`` from ``vllm/`` on) runs in only, or ``None`` when it runs in
-    several (``forward``, ``_dummy_run``, V0's ``execute_model``, which profiling calls too).
-    ``execute_model`` of V1 (``vllm/v1/``) runs only in the engine's serving steps; a quantization
-    repack (``gptq_marlin_repack``, ``prepare_fp8_layer_for_marlin``) only after the weights loaded."""
-    if file in _COMPILE_FILES:
-        return "graph_capture_compile"
-    if function in _FUNCTION_PHASES:
-        return _FUNCTION_PHASES[function]
-    if function in ("execute_model", "sample_tokens") and file.startswith("vllm/v1/"):
-        return "serving"
-    if "repack" in function or (function.startswith("prepare_") and "marlin" in function):
-        return "post_load_processing"
-    return None
-
-
-# ------------------------------------------------------------------ vLLM's own lines
-
-#: vLLM's lines that show how far start-up got, each with the phase a crash after it is in.
-_PHASE_LINES: tuple[tuple[re.Pattern[str], Phase], ...] = (
-    # checks that name their phase (vllm/v1/worker/utils.py request_memory; the platform's dtype check)
-    (re.compile(r"Free memory on device .* on startup is less than desired|"
-                r"Bfloat16 is only supported on GPUs with compute capability"), "device_init"),
-    (re.compile(r"Starting to load model|Loading model from scratch|Loading (?:safetensors|pt) checkpoint shards:"
-                r"|Loading weights with"), "weight_loading"),
-    # the loader's load_weights, before process_weights_after_loading (model_loader/default_loader.py)
-    (re.compile(r"Loading weights took"), "post_load_processing"),
-    (re.compile(r"Model loading took|Loading model weights took|torch\.compile takes .* in total"), "memory_profiling"),
-    (re.compile(r"Dynamo bytecode transform time|Compiling a graph for dynamic shape|Directly load the compiled graph"),
-     "graph_capture_compile"),
-    (re.compile(r"Available KV cache memory|Memory profiling takes|Memory profiling results|reserved for KV Cache is"),
-     "kv_allocation"),
-    # logged while the KV cache is set up, before its tensors are allocated (V1 kv_cache_utils, V0 llm_engine)
-    (re.compile(r"KV cache size: [\d,]+ tokens|# (?:GPU|cuda|xpu) blocks: \d+|Maximum concurrency for"),
-     "kv_allocation"),
-    (re.compile(r"Capturing (?:CUDA graph|cudagraph|the model for CUDA graphs)|Graph capturing finished"),
-     "graph_capture_compile"),
-    (re.compile(r"init engine \(profile, create kv cache, warmup model\) took|Starting vLLM API server"
-                r"|Application startup complete|Avg prompt throughput"), "serving"),
-)
-
-
-def _line_phase(line: LogLine) -> Phase | None:
-    """The phase line ``line`` shows: one of :data:`_PHASE_LINES`, or the method a V0 worker names."""
-    if not line.text:
-        return None
-    method = METHOD.search(line.text)
-    if method is not None and phase_of_function(method["func"]) is not None:
-        return phase_of_function(method["func"])
-    return next((phase for regex, phase in _PHASE_LINES if regex.search(line.text)), None)
 
 
 # ------------------------------------------------------------------ the crash and its traceback
@@ -270,19 +188,23 @@ def _exception_frames(lines: list[LogLine], e: int) -> list[_Shown]:
     return []
 
 
-def _vllm_path(file: str) -> str | None:
-    """``file`` from its last ``vllm/`` folder on, or ``None`` outside the vLLM package (a virtual
-    environment or site-packages below a folder named vllm is not it)."""
-    parts = file.replace("\\", "/").split("/")
-    if "vllm" not in parts[:-1]:
-        return None
-    path = "/".join(parts[len(parts) - 1 - parts[::-1].index("vllm"):])
-    return None if "-packages/" in path or "/." in path else path
+def _chained_frames(lines: list[LogLine], e: int) -> list[_Shown]:
+    """The frames of the traceback the same process chains right after the exception on line ``e`` ("The above
+    exception was the direct cause of the following exception"): where the exception was being handled."""
+    chained = False
+    for t in range(e + 1, min(len(lines), e + 8)):
+        line = lines[t]
+        if _other_process(line, lines[e]):
+            continue
+        chained = chained or bool(_CHAIN.search(line.text))
+        if chained and TRACEBACK.search(line.text):
+            return _frames_after(lines, t)
+    return []
 
 
 def _innermost(frames: list[_Shown]) -> tuple[CrashFrame | None, int | None]:
     for shown in reversed(frames):
-        path = _vllm_path(shown.file)
+        path = vllm_path(shown.file)
         if path is not None:
             return CrashFrame(file=path, function=shown.function, line=shown.line), shown.index
     return None, None
@@ -292,9 +214,9 @@ def _frame_phase(lines: list[LogLine], frames: list[_Shown]) -> tuple[Phase, int
     """The phase of the innermost frame that tells one: a vLLM function, the call on its code line,
     or torch compiling; with the index of that line."""
     for shown in reversed(frames):
-        path = _vllm_path(shown.file)
+        path = vllm_path(shown.file)
         if path is None:
-            compiling = shown.function in _COMPILE_FUNCTIONS and re.search(r"torch/_(?:dynamo|inductor)/", shown.file)
+            compiling = shown.function in COMPILE_FUNCTIONS and re.search(r"torch/_(?:dynamo|inductor)/", shown.file)
             if compiling:
                 return "graph_capture_compile", shown.index
             continue
@@ -312,7 +234,7 @@ def _frame_phase(lines: list[LogLine], frames: list[_Shown]) -> tuple[Phase, int
 def _lines_phase(lines: list[LogLine], crash: int) -> tuple[Phase, int] | None:
     """The phase the last of vLLM's phase lines up to the crash shows, with its index."""
     for k in range(crash, -1, -1):
-        phase = _line_phase(lines[k])
+        phase = line_phase(lines[k])
         if phase is not None:
             return phase, k
     return None
@@ -341,7 +263,8 @@ def signature_of_lines(lines: list[LogLine]) -> FailureSignature | None:
     i, m = crash
     frames = _exception_frames(lines, i) if m is not None else _frames_after(lines, i)
     frame, frame_index = _innermost(frames)
-    phase, phase_index = _frame_phase(lines, frames) or _lines_phase(lines, i) or (None, None)
+    phase, phase_index = (_frame_phase(lines, frames) or (m is not None and _frame_phase(lines, _chained_frames(lines, i)))
+                          or _lines_phase(lines, i) or (None, None))
     said = [lines[i]] if m is not None else lines[max(0, i - 3):i + 1]
     return FailureSignature(
         exception=m["type"] if m is not None else None,

@@ -112,7 +112,12 @@ STARTUP_LINES: tuple[StartupLine, ...] = (
                     _sec("engine_init_seconds")),
     StartupLine.one(rf"Graph capturing finished in (?P<sec>{_NUM}) secs?(?:, took (?P<v>{_NUM}) GiB)?",
                     _sec("cuda_graph_capture_seconds"), _gib("cuda_graph_capture_gib")),
-    StartupLine.one(rf"torch\.compile takes? (?P<sec>{_NUM}) s in total", _sec("torch_compile_seconds")),
+    # "takes" through 0.2x; "took" since (the XPU start-ups of intel-arc-pro-b70-inference-cookbook#4 and #14)
+    StartupLine.one(rf"torch\.compile (?:takes?|took) (?P<sec>{_NUM}) s in total", _sec("torch_compile_seconds")),
+    # the engine's arguments as vLLM prints them ("non-default args: {..., 'gpu_memory_utilization': 0.85, ...}",
+    # vllm/entrypoints/utils.py) or as a launcher prints them (Namespace(...), EngineArgs(...))
+    StartupLine.one(rf"(?:non-default args: \{{|args: Namespace\(|EngineArgs\().*?\bgpu_memory_utilization'?(?::\s*|=)"
+                    rf"(?P<u>{_NUM})", Figure("gpu_memory_utilization", "u")),
     StartupLine.one(rf"Memory profiling takes (?P<sec>{_NUM}) seconds", _sec("memory_profiling_seconds")),
     StartupLine.one(r"Using max model len (?P<len>[\d,]+)", Figure("max_model_len", "len", _int, "tokens")),
     # "vLLM API server version X" (older), the banner's "... version X" (0.2x and later), the engine's own
