@@ -11,10 +11,12 @@ pairs get a verdict, by which test, and what makes a pair not comparable; never 
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,12 +58,15 @@ def harness_args(output_len: int) -> str:
             "--num-prompts 12 --max-concurrency 1")
 
 
-def convert(raw: Path, report: Path, output_len: int, work: Path) -> None:
+def convert(raw: Path, report: Path, output_len: int, span: tuple[float, float], work: Path) -> None:
     """llm-d's package CLI on one result file, in llm-d-benchmark's harness environment (run-only: the run's
-    metadata file names the model and the benchmark's arguments; no cluster)."""
+    metadata file names the model, the benchmark's arguments and when it ran; no cluster)."""
     meta = work / f"meta-{raw.stem}"
     meta.mkdir()
-    (meta / "run_metadata.yaml").write_text(yaml.safe_dump({"model": SERVED, "harness_args": harness_args(output_len)}))
+    start, end = (datetime.datetime.fromtimestamp(t, tz=datetime.UTC).isoformat() for t in span)
+    (meta / "run_metadata.yaml").write_text(yaml.safe_dump({
+        "model": SERVED, "harness_args": harness_args(output_len), "harness_start": start, "harness_stop": end,
+        "harness_delta": f"PT{span[1] - span[0]:.3f}S"}))
     env = {**os.environ, "LLMDBENCH_MAGIC_ENVAR": "1", "LLMDBENCH_RUN_EXPERIMENT_RESULTS_DIR": str(meta)}
     report.parent.mkdir(parents=True, exist_ok=True)
     done = subprocess.run([str(BIN / "benchmark-report"), str(raw), str(report), "-w", "vllm-benchmark", "-b", "0.2"],
@@ -81,13 +86,16 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     with ServerProcess(argv, host="127.0.0.1", port=port, log_path=work / "server.log",
                        env={"VLLM_CPU_KVCACHE_SPACE": "1"}) as server:
         server.wait_ready(timeout=600)
+        spans = {}
         for name, (output_len, seed) in RUNS.items():
+            start = time.time()
             done = subprocess.run(bench_argv(port, model, raw, name, output_len, seed), capture_output=True, text=True,
                                   timeout=600)
+            spans[name] = (start, time.time())
             assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     folders = {"raw": raw, "out32": work / "reports-out32", "out16": work / "reports-out16"}
     for name, (output_len, _seed) in RUNS.items():
-        convert(raw / f"{name}.json", folders[f"out{output_len}"] / f"{name}.yaml", output_len, work)
+        convert(raw / f"{name}.json", folders[f"out{output_len}"] / f"{name}.yaml", output_len, spans[name], work)
     trial = work / "demo"
     subprocess.run(["cp", "-r", str(DEMO), str(trial)], check=True)
     return {**folders, "trial": trial}
@@ -121,12 +129,12 @@ def test_two_runs_of_the_same_workload_get_a_verdict_tested_over_runs(runs):
     found = rows(record)
     assert set(found) >= {"output_tok_s", "ttft_median_ms", "itl_median_ms", "e2el_median_ms"}
     out = found["output_tok_s"]
-    assert out["against"] == "tp1/c1" and len(out["a"]["values"]) == 6 and len(out["b"]["values"]) == 2
+    assert out["against"] == "reports-out32/c1" and len(out["a"]["values"]) == 6 and len(out["b"]["values"]) == 2
     assert out["verdict"] in ("faster", "slower", "no detectable difference", "unresolved")
     assert out["test"].startswith("over runs, 6 in A against 2 in B")
     assert out["low"] is not None and out["low"] <= out["ratio"] <= out["high"]
     page = (runs["trial"] / "comparison" / "reports-out32" / "comparison.html").read_text()
-    assert "against B's tp1/c1" in page and "test: over runs, 6 in A against 2 in B" in page
+    assert "against B's reports-out32/c1" in page and "test: over runs, 6 in A against 2 in B" in page
 
 
 def test_one_run_gets_a_verdict_that_says_it_rests_on_the_trials_spread(runs):

@@ -258,8 +258,10 @@ def add_comparison_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--level", type=float, help="confidence level (default: the later trial's statistics.level)")
     p.add_argument("--tool", choices=sorted(CONVERTERS),
                    help="the tool of a result file that is not recognised by its keys")
-    p.add_argument("--configuration", help="compare only the workloads of this configuration (a side's label)")
-    p.add_argument("--scenario", help="compare only the workloads of this scenario (c1, or a report's load: c4)")
+    p.add_argument("--configuration", help=("compare only the workloads of this configuration (tp1), on each side "
+                                            "that has one of that name"))
+    p.add_argument("--scenario", help=("compare only the workloads of this scenario (c1, or a report's load: c4), on "
+                                       "each side that has one of that name"))
     p.add_argument("--out", help="the folder the record and page go to (needed where neither side is a trial)")
     p.add_argument("--json", action="store_true", help="print the comparison record")
     p.add_argument("--no-write", action="store_true", help="print only; write no record or page")

@@ -174,7 +174,13 @@ def pair_rows(a: Measured, b: Measured, blocked: list[Difference], level: float)
 
 
 def _selected(units: list[Measured], configuration: str | None, scenario: str | None) -> list[Measured]:
-    return [u for u in units if configuration in (None, u.configuration) and scenario in (None, u.scenario)]
+    """A side's workloads of that configuration and scenario, each filter applied only where the side has a
+    workload of that name (a trial's tp1 picked, reports labelled otherwise kept whole)."""
+    if configuration is not None and any(u.configuration == configuration for u in units):
+        units = [u for u in units if u.configuration == configuration]
+    if scenario is not None and any(u.scenario == scenario for u in units):
+        units = [u for u in units if u.scenario == scenario]
+    return units
 
 
 def pair_sentence(rows: list[Row], level: float) -> str:
@@ -194,8 +200,8 @@ def pair_sentence(rows: list[Row], level: float) -> str:
 def compare_against(x: str | Path, y: str | Path, *, level: float | None = None, tool: str | None = None,
                     configuration: str | None = None, scenario: str | None = None) -> ComparisonRecord:
     """The comparison record of A (``x``) and B (``y``), either a trial's results folder or reports; ``tool``
-    names the tool of a result file that is not recognised, ``configuration`` and ``scenario`` keep A's and B's
-    workloads of that name."""
+    names the tool of a result file that is not recognised, ``configuration`` and ``scenario`` keep each side's
+    workloads of that name, where it has any (:func:`_selected`)."""
     a, b = side_of(x, tool), side_of(y, tool)
     settings = a.settings or b.settings
     lvl = level if level is not None else settings.level if settings else DEFAULT_LEVEL

@@ -248,13 +248,13 @@ def _key(stated: dict[str, Any]) -> str:
     return json.dumps(stated, sort_keys=True)
 
 
-def _unit_names(stated: dict[str, Any], report: BenchmarkReportV02, source: str) -> tuple[str, str]:
-    """A report's runs named as a trial's workloads: the engine's label, else its tensor parallel size, else the
-    file; and the load (``c4``, ``2 req/s``)."""
+def _unit_names(stated: dict[str, Any], report: BenchmarkReportV02, name: str) -> tuple[str, str]:
+    """A report's runs named as a trial's workloads: the engine's label, else its tensor parallel size, else
+    ``name`` (the folder's or the file's); and the load (``c4``, ``2 req/s``)."""
     stack = report.scenario.stack if report.scenario else None
     label = stack[0].metadata.label if stack and _engine(report) is not None else ""
     sizes = stated["parallelism"]
-    configuration = label or (f"tp{sizes['tp']}" if sizes else Path(source.split("#")[0]).stem)
+    configuration = label or (f"tp{sizes['tp']}" if sizes else name)
     rate = stated["rate_qps"]
     scenario = (f"c{stated['concurrency']}" if stated["concurrency"] is not None else f"{rate:g} req/s" if rate
                 else "load unstated")
@@ -273,7 +273,8 @@ def report_measured(path: str | Path, tool: str | None = None) -> tuple[list[Mea
         stated = stated_of(runs[0][1])
         figures = [figures_of_report(r) for _, r in runs]
         values = {key: [v for f in figures if (v := f[key]) is not None] for key, *_ in FIGURES}
-        out.append(Measured(*_unit_names(stated, runs[0][1], runs[0][0]), stated=stated, values=values,
+        name = Path(path).name if Path(path).is_dir() else Path(path).stem
+        out.append(Measured(*_unit_names(stated, runs[0][1], name), stated=stated, values=values,
                             sources=tuple(s for s, _ in runs)))
     return out, converters
 
