@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 
 from llmtrial.core.configuration_model import StartupPhase
+from llmtrial.logs.engine_warnings import WARNINGS
 from llmtrial.logs.lines import LogLine, log_lines
 
 _STAMP = re.compile(r"\b(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+(\d\d)-(\d\d)\s+(\d\d):(\d\d):(\d\d)\b")
@@ -133,7 +134,7 @@ def startup_phases(text: str, source: str = "server.log", ready_seconds: float |
 
 
 _LOADED = re.compile(r"Directly load (?:the compiled graph|AOT compilation)")
-_FAILED = re.compile(r"Compiling model again due to a load failure from \S+, reason: (?P<why>.+)$")
+_FAILED = next(w.regex for w in WARNINGS if w.name == "compile_cache_load_failure")  # the engine warning's own
 _SAVED = re.compile(r"saved AOT compiled function|torch\.compile (?:takes|took) [\d.]+ s in total|Dynamo bytecode transform time")
 
 
