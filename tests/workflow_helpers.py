@@ -18,6 +18,15 @@ from llmtrial.core.paths import TrialPaths
 
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 
+#: Two configurations that need no vLLM: the planner rejects one (skipped, never launched); the
+#: other's server cannot even start its interpreter (a failure record, like any server that exits).
+NO_VLLM = {
+    "noenc": {"description": "The server's Python finds no standard library: it exits at startup.",
+              "args": {"tensor_parallel_size": 1}, "env": {"PYTHONHOME": "/nonexistent-llmtrial-home"}},
+    "tp3": {"description": "4 heads do not divide over 3 ranks: the planner rejects it.",
+            "args": {"tensor_parallel_size": 3}},
+}
+
 
 def write_config(workdir: Path, config: dict) -> Path:
     """The trial file at <workdir>/config/config.yaml, where the Snakefile looks by default."""

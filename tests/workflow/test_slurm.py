@@ -7,6 +7,13 @@ the middle of demo-b's configuration its snakemake is killed (-9, the login sess
 allocation cancelled (scancel), so nothing but `snakemake cleanup` from the "login node" (this
 machine, not SLURM node llmtrial-n1) can give the node back: it sends the cleanup to the node the
 ledger names, through srun. Real vLLM (CPU build): about two minutes.
+
+Then two trials that need no vLLM (their one configuration's server cannot start its interpreter):
+the first's quiet stage is killed on the node while it stops a service (its job's process, as the
+OOM killer would), with the second submitted behind it. The first's allocation gives the node back
+before it ends, so the second never waits for the host lock: sent from the submitting side after the
+allocation, that cleanup would queue behind the second's allocation, which waits for the lock only
+the cleanup releases.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from llmtrial.lifecycle.cleanup import outstanding
 from llmtrial.patch.patchdata import file_hash
 from llmtrial.patch.patching import revert_patches
 from slurm_cluster import SlurmCluster
-from workflow_helpers import SNAKEMAKE, default_config
+from workflow_helpers import NO_VLLM, SNAKEMAKE, default_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
 
@@ -297,3 +304,96 @@ def test_seed_003_asks_one_allocation_of_four_gpus_for_four_configurations_and_i
     assert "--exclusive" in argv and "-p" in argv and argv[argv.index("-p") + 1] == "trials"
     entries = Ledger(tmp_path / "results" / "seed003-qwen3-235b" / "ledger.jsonl").entries()
     assert {e.action for e in entries} <= {"cleanup_start", "cleanup_done"}  # onerror's; nothing changed
+
+
+#: The first no-vLLM trial's stop command for its service, found by its argv on the node and killed with its job.
+STUCK_STOP = ["sleep", "613"]
+
+
+def no_vllm_trial(work: Path, name: str, stop: list[str]) -> Path:
+    """A trial of one configuration whose server exits at start-up and one command service, ``gate``: up
+    while the file gate.up exists; started with touch, stopped with ``stop``; the host lock a file of the
+    test's own, waited on 240 s at most."""
+    config = default_config()
+    flag = str(work / "gate.up")
+    gate = {"kind": "command", "status": ["test", "-e", flag], "stopped_exit_codes": [1], "stop": stop,
+            "start": ["touch", flag], "timeouts": {"stop_s": 700}}
+    config.update(trial=name, services={"gate": gate}, patches={}, configurations={"noenc": NO_VLLM["noenc"]})
+    config["host_lock"] = {"path": str(work / "host-lock.json"), "wait_s": 240}
+    config["slurm"] = {"runtime_min": 20, "setup_runtime_min": 10}
+    path = work / f"{name}.yaml"
+    path.write_text(json.dumps(config))
+    return path
+
+
+@dataclass
+class Stuck:
+    """What the two no-vLLM trials did: each one's exit status and output, and every SLURM job name seen."""
+
+    rc: dict[str, int] = field(default_factory=dict)
+    out: dict[str, str] = field(default_factory=dict)
+    names: set[str] = field(default_factory=set)
+    killed: str = ""
+
+
+@pytest.fixture(scope="module")
+def killed_then_next(slurm: SlurmCluster, tmp_path_factory) -> tuple[Path, Stuck]:
+    work = tmp_path_factory.mktemp("slurm-stuck")
+    (work / "gate.up").touch()
+    stuck = Stuck()
+    first = submit(work, slurm, no_vllm_trial(work, "stuck", STUCK_STOP))
+    pump(first, work / "stuck.out")
+    names = {"stuck": run_name(work, "stuck")}
+
+    def stopping() -> psutil.Process | None:
+        stuck.names |= {row["name"] for row in slurm.jobs()}
+        return next((p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == STUCK_STOP), None)
+    try:
+        stop = wait_until(stopping, "the quiet stage stopping gate on the node", timeout=300, poll=0.5)
+        second = submit(work, slurm, no_vllm_trial(work, "next", ["rm", "-f", str(work / "gate.up")]))
+        pump(second, work / "next.out")
+        names["next"] = run_name(work, "next")
+        wait_until(lambda: states(slurm, names).get("next") == "PENDING", "the second trial's job pending", timeout=120)
+        script = stop.parent()  # the quiet stage's script, a process of the first trial's job
+        stuck.killed = " ".join(script.cmdline())
+        script.kill()
+        for name, proc in (("stuck", first), ("next", second)):
+            deadline = time.monotonic() + 600
+            while proc.poll() is None:
+                assert time.monotonic() < deadline, f"{name} not done in 600 s: {slurm.jobs()}"
+                stuck.names |= {row["name"] for row in slurm.jobs()}
+                time.sleep(1)
+            stuck.rc[name] = proc.returncode
+            stuck.out[name] = (work / f"{name}.out").read_text()
+        yield work, stuck
+    finally:
+        for proc in psutil.process_iter(["cmdline"]):
+            if proc.info["cmdline"] == STUCK_STOP:
+                proc.kill()
+
+
+def test_a_job_killed_on_the_node_is_cleaned_up_there_before_its_allocation_ends(killed_then_next):
+    work, stuck = killed_then_next
+    assert "quiet_services" in stuck.killed, stuck.killed
+    assert stuck.rc["stuck"] != 0
+    record = load_record(work / "results" / "stuck" / "cleanup" / "at-allocation-end.json", "cleanup")
+    assert record.restored and [s.name for s in record.services_restored] == ["gate"]
+    assert [row.outcome for row in record.host_lock] == ["released"]
+    entries = ledger(work, "stuck")
+    assert {e.machine for e in entries if e.action in ("cleanup_start", "cleanup_done")} == {"llmtrial-n1"}
+    # the submitting side's onerror found the node given back: it says so, and sent nothing to the node
+    assert "llmtrial cleanup after error: host restored: yes (gate running and healthy)" in stuck.out["stuck"]
+    assert "llmtrial-cleanup-stuck" not in stuck.names, stuck.names  # (squeue shows the first module's for 300 s)
+    assert outstanding_kinds(entries).keys() <= {"weights"}  # kept for the rerun, as after any failed job
+
+
+def test_the_trial_behind_it_gets_the_node_with_the_host_lock_free(killed_then_next):
+    work, stuck = killed_then_next
+    assert stuck.rc["next"] == 0, stuck.out["next"][-4000:]
+    assert "waiting for the host" not in stuck.out["next"]
+    given_back = max(e.t for e in ledger(work, "stuck") if e.action == "cleanup_done")
+    [locked] = [e for e in ledger(work, "next") if e.action == "host_locked"]
+    assert locked.t > given_back and locked.earlier is None
+    cleanup = load_record(work / "results" / "next" / "cleanup" / "record.json", "cleanup")
+    assert cleanup.restored and [row.outcome for row in cleanup.host_lock] == ["released"]
+    assert (work / "gate.up").exists() and not (work / "host-lock.json").exists()

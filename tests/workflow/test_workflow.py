@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workflow_helpers import default_config, job_counts, snakemake, write_config
+from workflow_helpers import NO_VLLM, default_config, job_counts, snakemake, write_config
 
 
 @pytest.mark.workflow
@@ -168,16 +168,6 @@ def test_a_service_whose_state_is_unknown_stops_the_trial_before_any_server(tmp_
     assert all(v["matches"] for v in verify_files(["vllm/v1/worker/cpu_worker.py"]))  # the demo patch's target
     record = json.loads((tmp_path / "results/demo/cleanup/on-error.json").read_text())
     assert record["restored"] and record["services"] == []
-
-
-#: Two configurations that need no vLLM: the planner rejects one (skipped, never launched); the
-#: other's server cannot even start its interpreter (a failure record, like any server that exits).
-NO_VLLM = {
-    "noenc": {"description": "The server's Python finds no standard library: it exits at startup.",
-              "args": {"tensor_parallel_size": 1}, "env": {"PYTHONHOME": "/nonexistent-llmtrial-home"}},
-    "tp3": {"description": "4 heads do not divide over 3 ranks: the planner rejects it.",
-            "args": {"tensor_parallel_size": 3}},
-}
 
 
 @pytest.mark.workflow

@@ -1,5 +1,6 @@
 # Config loading, validation and target helpers. No rules here.
 
+import atexit
 import json
 import os
 import re
@@ -7,11 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-from llmtrial.lifecycle.cleanup import cleanup_with_record, host_lines, restore_after_run
+from llmtrial.lifecycle.cleanup import cleanup_with_record, give_back_before_allocation_ends, host_lines, restore_after_run
 from llmtrial.core.hostlock import LOCK_ENV, PID_ENV, PID_HOST_ENV, RUN_LOCK_ENV, WAIT_ENV, this_host
 from llmtrial.core.ledger import NODE_ENV, RUN_ENV, new_run_id
 from llmtrial.host.nodes import spanned_nodes, this_node_name
 from llmtrial.host.services import services_on_nodes
+from llmtrial.host.slurm_hosts import in_batch_step
 from llmtrial.patch.patchdata import patch_inputs
 from llmtrial.plan.allocation import cleanup_submit, rule_resources
 from llmtrial.provenance import COMMAND_ENV
@@ -167,6 +169,21 @@ def cleanup_on_error():
     )
     for line in host_lines(TRIAL_PATHS.root, record):
         print(f"llmtrial cleanup after error: {line}")
+
+
+def cleanup_at_allocation_end():
+    record = give_back_before_allocation_ends(TRIAL_PATHS.root, ports=trial_ports(), host=config["serving"]["host"],
+                                              submit=cleanup_submit(TRIAL_CONFIG))
+    if record is not None:
+        for line in host_lines(TRIAL_PATHS.root, record):
+            print(f"llmtrial cleanup at the allocation's end: {line}", file=sys.stderr)
+
+
+# Under SLURM the host group's snakemake runs in the allocation's batch script with no hooks
+# (onerror runs on the submitting side, after the allocation ended): the node is given back before
+# the allocation ends, so that no cleanup queues behind the next trial's allocation.
+if workflow.remote_exec and in_batch_step():
+    atexit.register(cleanup_at_allocation_end)
 
 
 def cleanup_if_unfinished():

@@ -188,7 +188,8 @@ class HostAfter(RecordModel):
 
 class CleanupRecord(RecordModel):
     """What a cleanup gave back (results/<trial>/cleanup/record.json; on-demand.json for `snakemake cleanup` and
-    `llmtrial cleanup`; on-error.json after a failed job; on-success.json after a partial run). Written by
+    `llmtrial cleanup`; on-error.json after a failed job; on-success.json after a partial run; under SLURM
+    at-allocation-end.json, by an allocation that ended with changes open on its node). Written by
     llmtrial.lifecycle.cleanup from the ledger alone; read by the report. What this run changed is kept apart from
     what earlier runs left."""
 

@@ -82,6 +82,11 @@ class TrialPaths:
         return self.root / "cleanup" / "on-success.json"
 
     @property
+    def cleanup_at_allocation_end(self) -> Path:
+        """Under SLURM: the cleanup the allocation ran on its node before it ended with changes open."""
+        return self.root / "cleanup" / "at-allocation-end.json"
+
+    @property
     def report(self) -> Path:
         return self.root / "report.html"
 

@@ -7,18 +7,27 @@ compressed host list form (``gpu[07-08,11],login2``), which :func:`expand_hostli
 as a step of the running allocation (``srun --jobid=<id> --overlap``, beside the step that runs the
 trial), or, from outside the allocation (a cleanup from the login node, after the allocation
 ended), as a job of its own on that host (``srun --nodelist=<host>``).
+
+An allocation's batch script (the process sbatch starts: where Snakemake's SLURM executor runs the
+group's own snakemake) has ``SLURM_JOB_ID`` but no ``SLURM_STEP_ID``, which srun sets in each step it
+starts (:func:`in_batch_step`); :func:`job_state` reads a job's state from squeue (``RUNNING``, or
+``CANCELLED`` at once after scancel while its processes are still being killed).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
 from collections.abc import Mapping, Sequence
 
-__all__ = ["JOB_ENV", "NODELIST_ENV", "expand_hostlist", "allocation_hosts", "srun_argv", "srun_options"]
+__all__ = ["JOB_ENV", "NODELIST_ENV", "STEP_ENV", "expand_hostlist", "allocation_hosts", "in_batch_step", "job_state",
+           "srun_argv", "srun_options"]
 
 JOB_ENV = "SLURM_JOB_ID"
 NODELIST_ENV = "SLURM_JOB_NODELIST"
+STEP_ENV = "SLURM_STEP_ID"
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
@@ -67,6 +76,27 @@ def allocation_hosts(env: Mapping[str, str] | None = None) -> list[str]:
     """The hosts of the allocation this process runs in, in SLURM's order; [] outside one."""
     env = os.environ if env is None else env
     return expand_hostlist(env[NODELIST_ENV]) if env.get(NODELIST_ENV) else []
+
+
+def in_batch_step(env: Mapping[str, str] | None = None) -> bool:
+    """True in an allocation's batch script and what it starts without srun; False in a step srun
+    started and outside SLURM."""
+    env = os.environ if env is None else env
+    return bool(env.get(JOB_ENV)) and not env.get(STEP_ENV)
+
+
+def job_state(job: str, timeout: float = 30.0) -> str | None:
+    """Job ``job``'s state as squeue shows it (``RUNNING``, ``CANCELLED``, ``TIMEOUT``, ...); None
+    where squeue is missing, fails or no longer knows the job."""
+    if shutil.which("squeue") is None:
+        return None
+    try:
+        done = subprocess.run(["squeue", "--noheader", "--states=all", f"--jobs={job}", "--format=%T"],
+                              capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return None
+    states = done.stdout.split() if done.returncode == 0 else []
+    return states[0] if states else None
 
 
 def srun_options(partition: str | None, account: str | None) -> list[str]:

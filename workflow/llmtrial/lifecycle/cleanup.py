@@ -39,7 +39,7 @@ from llmtrial.core.cleanup_model import (
     Undo,
     WeightsOutcome,
 )
-from llmtrial.core.hostlock import read_holder, this_host
+from llmtrial.core.hostlock import read_holder, tell, this_host
 from llmtrial.core.hostlock import release as release_lock
 from llmtrial.core.ledger import Action, Entry, Ledger, replay
 from llmtrial.core.paths import TrialPaths
@@ -48,6 +48,7 @@ from llmtrial.core.records import as_written, load_record, write_record
 from llmtrial.host.gpus import recheck_failed
 from llmtrial.host.process_groups import group_members, port_open, stop_group, stop_recorded_groups
 from llmtrial.host.services import Restored, check_running, restore
+from llmtrial.host.slurm_hosts import JOB_ENV, in_batch_step, job_state
 from llmtrial.lifecycle.ledger_tables import group_rows, job_rows, patches_table, server_rows, services_table
 from llmtrial.lifecycle.on_node import cleanup_there, hosts_to_reach
 from llmtrial.patch.patching import Reverted, group_patches, revert_patches
@@ -315,11 +316,19 @@ def cleanup_with_record(results_dir: Path, record_path: Path | None = None, *, p
     """Run cleanup and write its record (default ``<results>/cleanup/on-demand.json``): on each other
     host with a change still open (a SLURM node; llmtrial.lifecycle.on_node, ``submit``: srun's further
     options), then here. When only other hosts had changes, the record is the last one's; a host
-    that could not be reached is a residue of the record written here."""
+    that could not be reached is a residue of the record written here. Without ``weights`` (a cleanup
+    that leaves the staged weights to the rerun), a host whose only open change is its weights is not
+    reached; when another host already gave everything back (an allocation that cleaned its node
+    before it ended), that cleanup's record is the answer and nothing runs here."""
     paths = TrialPaths(Path(results_dir))
     path = Path(record_path or paths.cleanup_on_demand)
+    entries = Ledger(paths.ledger).entries()
+    besides = () if weights else ("weights",)
+    nodes = hosts_to_reach(entries, besides)
+    if not nodes and _given_back_elsewhere(entries, besides) and (done := last_cleanup(paths.root)) is not None:
+        return done
     elsewhere, unreached = None, []
-    for node in hosts_to_reach(Ledger(paths.ledger).entries()):
+    for node in nodes:
         there = cleanup_there(node, Path(results_dir), path, ports=ports, host=host, stop_timeout=stop_timeout,
                               weights=weights, submit=submit)
         if isinstance(there, CleanupRecord):
@@ -336,6 +345,44 @@ def cleanup_with_record(results_dir: Path, record_path: Path | None = None, *, p
     return record
 
 
+def _given_back_elsewhere(entries: list[Entry], besides: Iterable[str]) -> bool:
+    """True when the ledger's last cleanup ran on another host and nothing (of the kinds not in
+    ``besides``) is open anywhere: that host gave the trial's changes back itself."""
+    done = [e for e in entries if e.action == Action.CLEANUP_DONE]
+    return bool(done) and done[-1].machine != this_host() and not replay(entries).any_open(besides=besides)
+
+
+def changes_open(entries: list[Entry]) -> bool:
+    """True when a cleanup is due: a change to the host is open (:func:`unfinished`) or the host's
+    lock is still taken (a partial run gives it back too)."""
+    return unfinished(entries) or bool(replay(entries).open("locks"))
+
+
+def give_back_before_allocation_ends(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1",
+                                     submit: Sequence[str] = ()) -> CleanupRecord | None:
+    """Under SLURM, in the allocation's batch script as its snakemake exits (the host group done, failed
+    or stopped early): undo what the trial still has open on this node while the allocation holds it
+    (record ``cleanup/at-allocation-end.json``). Sent from the submitting side after the allocation
+    ended, the cleanup would be a job of its own that queues for the node, behind the next trial's
+    allocation, which waits for the host lock only this cleanup releases. Not when the job is no longer
+    RUNNING (scancel, its time limit: SLURM is killing it; the cleanup is then `snakemake cleanup`'s).
+    None when it did not run."""
+    if not in_batch_step():
+        return None
+    paths = TrialPaths(Path(results_dir))
+    if not paths.ledger.exists() or not changes_open(Ledger(paths.ledger, only_host=this_host()).entries()):
+        return None
+    job = os.environ[JOB_ENV]
+    state = job_state(job)
+    if state not in (None, "RUNNING"):
+        tell(f"llmtrial cleanup: SLURM job {job} is {state}: the trial's changes on {this_host()} are left to "
+             f"`snakemake cleanup`")
+        return None
+    tell(f"llmtrial cleanup: the allocation (SLURM job {job}) ends with the trial's changes open on {this_host()}: "
+         f"giving them back there before it ends")
+    return cleanup_with_record(paths.root, paths.cleanup_at_allocation_end, ports=ports, host=host, submit=submit)
+
+
 def restore_after_run(results_dir: Path, *, ports: Iterable[int] = (), host: str = "127.0.0.1",
                       submit: Sequence[str] = ()) -> CleanupRecord | None:
     """After a successful workflow run: give back what a partial run left changed (recorded
@@ -344,7 +391,7 @@ def restore_after_run(results_dir: Path, *, ports: Iterable[int] = (), host: str
     results = Path(results_dir)
     entries = Ledger(TrialPaths(results).ledger).entries()
     record = None
-    if unfinished(entries) or replay(entries).open("locks"):  # a partial run gives the host's lock back too
+    if changes_open(entries):
         record = cleanup_with_record(results, TrialPaths(results).cleanup_on_success, ports=ports, host=host,
                                      submit=submit)
         entries = Ledger(TrialPaths(results).ledger).entries()
@@ -359,7 +406,8 @@ def last_cleanup(results_dir: Path) -> CleanupRecord | None:
     """The trial's latest cleanup record (its own, after an error, after a partial run, or on demand), or None."""
     paths = TrialPaths(Path(results_dir))
     records = [load_record(p, "cleanup") for p in (paths.cleanup, paths.cleanup_on_error, paths.cleanup_on_success,
-                                                   paths.cleanup_on_demand) if p.exists()]
+                                                   paths.cleanup_on_demand, paths.cleanup_at_allocation_end)
+               if p.exists()]
     return max(records, key=lambda r: r.finished, default=None)
 
 

@@ -6,13 +6,16 @@ names that node (``machine``: :func:`llmtrial.core.hostlock.this_host`). ``onerr
 :func:`hosts_to_reach` finds the hosts other than this one with a change still open, and
 :func:`cleanup_there` runs ``llmtrial cleanup`` on each of them through ``srun --nodelist=<node>``
 (an argv list, waiting for the node like any job; the results folder is on the shared file
-system, as the workflow's own jobs need), then reads back the cleanup record it wrote. A node that
+system, as the workflow's own jobs need), then reads back the cleanup record it wrote. From inside
+an allocation, a node of that allocation is reached as a step of it (``srun --jobid --overlap``): a
+job of its own would wait for the node this allocation holds. A node that
 cannot be reached is a residue that names it, and what it changed is left alone here: undoing a
 node's services or patches on another machine would change the wrong host.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -24,18 +27,20 @@ from llmtrial.core.hostlock import tell, this_host
 from llmtrial.core.ledger import Entry, replay
 from llmtrial.core.record_base import Residue
 from llmtrial.core.records import load_record
-from llmtrial.host.slurm_hosts import srun_argv
+from llmtrial.host.slurm_hosts import JOB_ENV, allocation_hosts, srun_argv
 
 #: How long the cleanup sent to a node may take, waiting for the node included.
 SUBMIT_TIMEOUT_S = 1800.0
 
 
-def hosts_to_reach(entries: list[Entry]) -> list[str]:
+def hosts_to_reach(entries: list[Entry], besides: Iterable[str] = ()) -> list[str]:
     """The hosts other than this one that made a change still open in the ledger (a taking of the
-    host's lock too: the lock file is the node's), in the order they first appear."""
+    host's lock too: the lock file is the node's), in the order they first appear; ``besides``:
+    kinds of change not counted (the staged weights, for a cleanup that leaves them to the rerun)."""
     state = replay(entries)
-    here = this_host()
-    hosts = [e.machine for changes in state.outstanding.values() for e in changes.values() if e.machine != here]
+    here, skip = this_host(), set(besides)
+    hosts = [e.machine for kind, changes in state.outstanding.items() if kind not in skip
+             for e in changes.values() if e.machine != here]
     return list(dict.fromkeys(hosts))
 
 
@@ -47,6 +52,8 @@ def cleanup_argv(node: str, results_dir: Path, record_path: Path, *, ports: Iter
     cmd = [sys.executable, "-m", "llmtrial.cli", "cleanup", str(Path(results_dir).resolve()),
            "--record", str(Path(record_path).resolve()), "--host", host, "--stop-timeout", str(stop_timeout),
            *[arg for port in ports for arg in ("--port", str(port))], *([] if weights else ["--keep-weights"])]
+    if node in allocation_hosts():
+        return srun_argv(node, cmd, os.environ[JOB_ENV])
     return srun_argv(node, cmd, None, [f"--job-name=llmtrial-cleanup-{trial}", *submit])
 
 
