@@ -54,9 +54,24 @@ def config(name: str) -> dict:
     ("Mistral-7B-Instruct-v0.3", 7.25e9, 0.005e9),
     # https://oss.report/models/google/gemma-3-27b-it: 25.6B non-embedding, 1.4B embedding, a ~400M SigLIP tower
     ("gemma-3-27b-it", 27.4e9, 0.05e9),
+    # https://docs.sglang.io/cookbook/autoregressive/Qwen/Qwen3.5: "397B total / 17B active" (seed 000: "a
+    # 397-billion-parameter mixture-of-experts"), the vision tower included, the MTP layer apart (vLLM drops its
+    # weights unless it drafts)
+    ("Qwen3.5-397B-A17B", 397e9, 0.5e9),
 ])
 def test_parameter_count_matches_the_published_total(name, published, within):
     assert sum(parameter_parts(config(name)).values()) == pytest.approx(published, abs=within)
+
+
+def test_qwen3_5_counts_as_transformers_builds_it():
+    """transformers 5.19's Qwen3_5MoeForConditionalGeneration, built from this config.json on the meta device,
+    has 396,802,360,816 parameters, 456,010,480 of them in its vision tower (model.visual); its routed experts
+    are 60 layers x 512 experts x gate, up and down of 4,096 x 1,024."""
+    parts = parameter_parts(config("Qwen3.5-397B-A17B"))
+    assert sum(parts.values()) == 396_802_360_816
+    assert parts["vision"] == 456_010_480
+    assert parts["experts"] == 60 * 512 * 3 * 4096 * 1024
+    assert parts["lm_head"] == parts["embed"] == 248_320 * 4096  # tie_word_embeddings false, at the top level
 
 
 def test_gemma2_ties_its_head_and_has_four_norms_a_layer():

@@ -185,52 +185,8 @@ class TestSeedsFromConfigAlone:
         assert p.facts["weights_bytes"]["kind"] == "unknown"
 
 
-#: Seed 000's model as its report describes it (397B MoE, 17B active, a hybrid KV cache, FP8),
-#: written in Qwen3-Next's config schema; the weight size is the report's safetensors index.
-SEED_000 = {**real_config("Qwen3-Next-80B-A3B-Instruct"), "hidden_size": 4096, "num_hidden_layers": 60,
-            "num_attention_heads": 32, "num_key_value_heads": 2, "num_experts": 512, "moe_intermediate_size": 1024,
-            "shared_expert_intermediate_size": 1024, "linear_num_value_heads": 64, "vocab_size": 248320,
-            "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
-                                    "activation_scheme": "dynamic"}}
-SEED_000_ARGS = {"tensor_parallel_size": 1, "pipeline_parallel_size": 3, "gpu_memory_utilization": 0.92,
-                 "max_model_len": 2048, "max_num_seqs": 4, "max_num_batched_tokens": 8192, "kv_cache_dtype": "fp8",
-                 "enforce_eager": True}
-
-
-class TestSeed000:
-    weights = WeightsSize(int(378.23 * GiB), "measured", "model.safetensors.index.json total_size")
-    gpus = HardwareInputs(gpus=3, gpu_memory_gib=97.9)
-
-    def test_the_model_is_the_size_the_report_gives(self):
-        from llmtrial.plan.checkpoint import parameter_parts
-        assert sum(parameter_parts(SEED_000).values()) == pytest.approx(397e9, rel=0.01)
-
-    def test_pp3_with_64_gib_of_experts_offloaded_per_gpu_fits_with_offload(self):
-        args = ServingArgs.from_config({**SEED_000_ARGS, "cpu_offload_gb": 64, "cpu_offload_params": "experts"})
-        p = plan(SEED_000, self.gpus, args, weights=self.weights)
-        assert p.verdict == "fits_with_offload", p.reasons
-        assert p.data["stage_layers"] == [20, 20, 20]
-        assert p.facts["offload_bytes_per_rank"]["value"] == [64 * GiB] * 3
-        stage = [w / GiB for w in p.data["weights_bytes_per_rank"]]
-        assert all(60 < w < 64 for w in stage)  # a third of 378.23 GiB, less 64 GiB of experts
-        assert min(p.data["available_kv_bytes_per_rank"]) > 20 * GiB
-        assert p.data["max_concurrency"] >= 4
-
-    def test_without_the_offload_it_does_not_fit_and_names_the_shortfall(self):
-        p = plan(SEED_000, self.gpus, ServingArgs.from_config(SEED_000_ARGS), weights=self.weights)
-        assert p.verdict == "does_not_fit"
-        reason = next(r for r in p.reasons if "No memory left" in r)
-        assert "exceed the budget of 90.07 GiB (97.9 GiB x gpu_memory_utilization 0.92)" in reason
-        weights = float(reason.split(": ")[1].split(" GiB")[0])
-        short = float(reason.split(" by ")[1].split(" GiB")[0])
-        assert 126 < weights < 128  # a third of 378.23 GiB, the first stage with the embeddings
-        assert 36 < short < 40
-
-    def test_offload_restricted_to_experts_cannot_exceed_them(self):
-        args = ServingArgs.from_config({**SEED_000_ARGS, "cpu_offload_gb": 200, "cpu_offload_params": "experts"})
-        p = plan(SEED_000, self.gpus, args, weights=self.weights)
-        assert max(p.facts["offload_bytes_per_rank"]["value"]) < 126 * GiB
-        assert any("Expert weights on stage" in r for r in p.reasons)
+# Seed 000 (Qwen3.5-397B-A17B's FP8 checkpoint on three GPUs) is planned from its real config.json and
+# its trial file in tests/plan/test_seed000.py.
 
 
 class TestSeed002:

@@ -19,8 +19,11 @@ from hub_server import HubServer
 from llmtrial.config import check_config, configuration_spec, load_config, scenario_contexts
 from llmtrial.core.preflight_model import Gpus
 from llmtrial.core.trial_config import HardwareBlock, PlanBlock, SourceBlock
+from llmtrial.host.nodes import configuration_nodes
 from llmtrial.plan.checkpoint import WeightsSize
+from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.plan.planner import plan_record
+from llmtrial.serve.server import vllm_flags
 from llmtrial.weights.model_source import model_config_for, planned_weights
 from workflow_helpers import default_config, demo_service, job_counts, snakemake, write_config
 
@@ -29,6 +32,7 @@ TRIALS = REPO / "config" / "trials"
 SEED_003 = TRIALS / "seed003-qwen3-235b-4gpu.yaml"
 SEED_002 = TRIALS / "seed002-deepseek-v4-flash-pp3.yaml"
 SEED_001 = TRIALS / "seed001-qwen2.5-7b-awq-1gpu.yaml"
+SEED_000 = TRIALS / "seed000-qwen3.5-397b-fp8-pp3.yaml"  # planned in tests/plan/test_seed000.py
 NO_GPUS_HERE = Gpus(present=False, count=0, devices=[])  # the trial files say what the GPUs are
 
 #: Seed 002 publishes no config.json of its model. A stand-in with the report's shape: 43 layers,
@@ -78,7 +82,7 @@ def plans(trial: Path) -> dict[str, dict]:
 
 def test_every_trial_file_is_valid_and_says_what_it_reproduces():
     files = sorted(TRIALS.glob("*.yaml"))
-    assert {SEED_003, SEED_002, SEED_001} <= set(files)
+    assert {SEED_003, SEED_002, SEED_001, SEED_000} <= set(files)
     for path in files:
         config = load_config(path)
         assert path.read_text().startswith("# "), path  # the comments say what the trial reproduces
@@ -174,11 +178,32 @@ def test_seed_002_three_cards_do_not_start_at_utilization_0_85():
     assert any("No memory left for the KV cache" in r for r in record.reasons), record.reasons
 
 
+def test_seed_000_pins_nccl_to_one_interface_with_infiniband_off_and_offloads_only_the_experts():
+    """Both configurations span the two nodes through Ray; every rank's NCCL takes its node's interface and
+    no InfiniBand; the offload reaches vLLM as --cpu-offload-gb 64 --cpu-offload-params experts."""
+    trial = check_config(load_config(SEED_000))
+    for name in trial.configurations:
+        spec = configuration_spec(trial, name)
+        assert spec.launch == "ray" and list(spec.nodes) == ["a", "b"] and spec.env["NCCL_IB_DISABLE"] == "1"
+        for node in configuration_nodes(trial, name):
+            interface = trial.nodes[node.name].interface
+            assert interface and node.rank_env()["NCCL_SOCKET_IFNAME"] == interface
+        flags = vllm_flags(ServingArgs.from_config(spec.args, spec.env))
+        assert {"--language-model-only", "--enforce-eager"} <= set(flags)
+        assert flags[flags.index("--kv-cache-dtype") + 1] == "fp8"
+        assert flags[flags.index("--pipeline-parallel-size") + 1] == "3"
+    offload = vllm_flags(ServingArgs.from_config(configuration_spec(trial, "pp3-offload").args))
+    assert offload[offload.index("--cpu-offload-gb") + 1] == "64"
+    params = offload[offload.index("--cpu-offload-params") + 1:]
+    assert params[0] == "experts" and (len(params) == 1 or params[1].startswith("--"))  # the experts alone
+    assert "--cpu-offload-gb" not in vllm_flags(ServingArgs.from_config(configuration_spec(trial, "pp3-no-offload").args))
+
+
 # --------------------------------------------------------------------------- through snakemake
 
 
 @pytest.mark.workflow
-@pytest.mark.parametrize("trial", [SEED_003, SEED_002, SEED_001], ids=lambda p: p.stem)
+@pytest.mark.parametrize("trial", [SEED_003, SEED_002, SEED_001, SEED_000], ids=lambda p: p.stem)
 def test_each_trial_file_dry_runs_clean(tmp_path, trial):
     config = load_config(trial)
     out = snakemake(tmp_path, "-n", configfile=trial)
@@ -243,3 +268,27 @@ def test_a_trial_file_given_with_configfile_is_the_whole_trial(tmp_path):
     assert quieted["services"] == []
     ledger = (tmp_path / "results" / "solo" / "ledger.jsonl")
     assert "demo-web" not in (ledger.read_text() if ledger.exists() else "")
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("b_reach", ["ssh", "slurm"])
+def test_seed_000_dry_runs_under_the_slurm_profile(tmp_path, b_reach):
+    """Under --profile profiles/slurm the host stages are one group job whose configurations ask the trial's
+    3 GPUs; node b over ssh stays outside the allocation, node b as the allocation's second host (reach:
+    slurm) makes it ask two nodes."""
+    config = yaml.safe_load(SEED_000.read_text())
+    if b_reach == "slurm":
+        b = config["nodes"]["b"]
+        config["nodes"]["b"] = {"reach": "slurm", **{k: b[k] for k in ("python", "staging_dir", "interface")}}
+        del config["nodes"]["a"]["address"]  # a local node of a SLURM trial: the allocation's first host
+    path = tmp_path / "seed000.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    out = snakemake(tmp_path, "--profile", str(REPO / "profiles" / "slurm"), "-n", configfile=path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout + out.stderr
+    assert text.count("Group job host") == 1
+    trials = [line for line in text.splitlines() if "resources:" in line and "serving=1" in line]
+    assert len(trials) == len(config["configurations"])
+    for line in trials:
+        assert f"gpu={config['hardware']['gpus']}" in line and f"runtime={config['slurm']['runtime_min']}" in line
+        assert ("nodes=2" in line) == (b_reach == "slurm")

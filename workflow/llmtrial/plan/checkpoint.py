@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmtrial.plan.hf_config import HFConfig, QuantizationConfig, first_set, need
+from llmtrial.plan.hf_config import HFConfig, QuantizationConfig, VisionConfig, first_set, need
 from llmtrial.plan.shape import DTYPE_BYTES, layer_kinds
 
 #: Parts a quantization method converts (linear layers), unless the config lists them as not converted.
@@ -197,11 +197,29 @@ def _phi(cfg: HFConfig) -> dict[str, int]:
     return parts
 
 
+def _qwen3_5_vision(vc: VisionConfig) -> int:
+    """Parameters of Qwen3.5's vision tower (transformers' ``Qwen3_5MoeVisionModel``): a Conv3d patch embedding
+    with a bias, learned positions, ``depth`` blocks (two LayerNorms, a fused qkv and an output projection, a
+    two-matrix MLP, every linear with a bias), and the merger of ``spatial_merge_size``² patches (a LayerNorm,
+    then two linears with biases into the language model's width, ``out_hidden_size``)."""
+    h, inter = int(need(vc.hidden_size, "hidden_size")), int(need(vc.intermediate_size, "intermediate_size"))
+    patch, frames = int(need(vc.patch_size, "patch_size")), int(need(vc.temporal_patch_size, "temporal_patch_size"))
+    merged = h * int(need(vc.spatial_merge_size, "spatial_merge_size")) ** 2
+    out = int(need(vc.out_hidden_size, "out_hidden_size"))
+    embed = int(vc.in_channels or 3) * frames * patch * patch * h + h + int(
+        need(vc.num_position_embeddings, "num_position_embeddings")) * h
+    block = 2 * 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * inter + inter) + (inter * h + h)
+    merger = 2 * h + (merged * merged + merged) + (merged * out + out)
+    return embed + int(need(vc.depth, "depth")) * block + merger
+
+
 def _vision(config: HFConfig, text_h: int) -> int:
     """Parameters of the vision tower vLLM loads with the language model, and of its projector:
-    Llama 4's (class token, patch linear, pixel-shuffle adapter into the text model's width) and Gemma 3's
-    SigLIP (no pooling head)."""
+    Llama 4's (class token, patch linear, pixel-shuffle adapter into the text model's width), Gemma 3's
+    SigLIP (no pooling head) and Qwen3.5's (:func:`_qwen3_5_vision`)."""
     vc = need(config.vision_config, "vision_config")
+    if vc.model_type == "qwen3_5_moe":
+        return _qwen3_5_vision(vc)
     vh, inter = int(need(vc.hidden_size, "hidden_size")), int(need(vc.intermediate_size, "intermediate_size"))
     layers, patch = int(need(vc.num_hidden_layers, "num_hidden_layers")), int(need(vc.patch_size, "patch_size"))
     image, channels = int(need(vc.image_size, "image_size")), int(vc.num_channels)
@@ -243,7 +261,8 @@ ARCHITECTURES: dict[str, Callable[[HFConfig], dict[str, int]]] = {
 }
 #: Multimodal architectures, counted from the whole config.json: language model and vision tower.
 MULTIMODAL: dict[str, Callable[[HFConfig], dict[str, int]]] = {
-    a: _multimodal for a in ("Llama4ForConditionalGeneration", "Gemma3ForConditionalGeneration")}
+    a: _multimodal for a in ("Llama4ForConditionalGeneration", "Gemma3ForConditionalGeneration",
+                             "Qwen3_5MoeForConditionalGeneration")}
 
 
 def parameter_parts(config: HFConfig | Mapping[str, Any]) -> dict[str, int]:

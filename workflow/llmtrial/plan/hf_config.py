@@ -119,6 +119,13 @@ class VisionConfig(ForeignJson):
     projector_output_dim: int | None = None
     vision_output_dim: int | None = None
     vision_use_head: bool | None = None
+    # Qwen3.5's vision tower
+    depth: int | None = None
+    in_channels: int | None = 3
+    temporal_patch_size: int | None = None
+    spatial_merge_size: int | None = None
+    num_position_embeddings: int | None = None
+    out_hidden_size: int | None = None
 
 
 class HFConfig(ForeignJson):

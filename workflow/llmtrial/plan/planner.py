@@ -251,16 +251,33 @@ def _kv_memory(hardware: HardwareInputs, args: ServingArgs, shape: ConfigShape, 
     return avail, kind, "gpu_budget_bytes - weights per rank - non_torch_bytes - peak_activation_bytes - cuda_graph_bytes"
 
 
-def _shortfall(facts: dict[str, dict[str, Any]], weights_per_rank: list[float], avail: list[float]) -> str:
+def _beyond_gpus(size: WeightsSize, hardware: HardwareInputs, args: ServingArgs) -> str:
+    """Where the checkpoint's weights are more than the memory of all the configuration's GPUs together (data x
+    tensor x pipeline parallel of them, each with the usable memory given), a sentence saying how many times:
+    no split fits them. "" where they are not, or on a CPU host."""
+    gpus = args.gpus_asked
+    whole = gpus * (hardware.gpu_memory_gib or 0.0) * GiB
+    if hardware.is_cpu or not whole or size.bytes <= whole:
+        return ""
+    return (f" The checkpoint's {size.bytes / GiB:,.2f} GiB of weights are {size.bytes / whole:.2f}x the memory of the "
+            f"{gpus} GPU{'s' if gpus > 1 else ''} ({gpus} x {hardware.gpu_memory_gib:g} GiB = {whole / GiB:,.2f} GiB): "
+            "no split fits them without offloading weights to CPU memory (cpu_offload_gb; cpu_offload_params experts "
+            "keeps every other weight on the GPUs) or a smaller quantization.")
+
+
+def _shortfall(facts: dict[str, dict[str, Any]], weights_per_rank: list[float], avail: list[float],
+               beyond: str = "") -> str:
+    """Why no memory is left for the KV cache, on the stage that lacks the most; ``beyond``: the sentence of
+    :func:`_beyond_gpus`, appended."""
     worst = min(range(len(avail)), key=lambda i: avail[i])
     if "gpu_budget_bytes" not in facts:
-        return f"No memory left for the KV cache on stage {worst}."
+        return f"No memory left for the KV cache on stage {worst}.{beyond}"
     total = facts["gpu_budget_bytes"]
     lost = budget.overhead(facts)
     return (f"No memory left for the KV cache on stage {worst}: {weights_per_rank[worst] / GiB:.2f} GiB of weights per "
             f"rank and {lost / GiB:.2f} GiB of non-torch memory, activations and CUDA graphs exceed the budget of "
             f"{total['value'] / GiB:.2f} GiB ({total['source']}) by {-avail[worst] / GiB:.2f} GiB; add GPUs (TP/PP), "
-            "quantize, or offload with cpu_offload_gb.")
+            f"quantize, or offload with cpu_offload_gb.{beyond}")
 
 
 def _partition(shape: ConfigShape, pp: int, tp: int, lay: Layout, extras: Extras, reasons: list[str]) -> list[int] | None:
@@ -383,8 +400,9 @@ def plan(config: HFConfig | Mapping[str, Any], hardware: HardwareInputs, args: S
         reasons.append(warning)
     block_size = _block_size(shape, hardware, args)
     max_len = args.max_model_len or shape.max_position_embeddings
+    beyond = _beyond_gpus(size, hardware, args)
     blocks, tokens, concurrency = _capacity(avail, per_token_rank, block_size, max_len, blocking,
-                                            lambda: _shortfall(facts, weights_per_rank, avail))
+                                            lambda: _shortfall(facts, weights_per_rank, avail, beyond))
     verdict = _verdict(blocking, hardware, offload, reasons)
     recommended = _partition(shape, pp, tp, lay, extras, reasons)
     facts.update(_figures(size, weights_per_rank, offload, per_token_whole, per_token_rank, avail, avail_kind,
