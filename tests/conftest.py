@@ -481,11 +481,13 @@ def sweep(tmp_path_factory) -> dict:
         return sweep_with_workloads(tmp_path_factory)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def slurm() -> Iterator[SlurmCluster]:
-    """The session's one-node SLURM (tests/slurm_cluster.py), with its /etc/slurm links; skipped (with
-    the reason) where this machine cannot run one. Its tests are hostwide or e2e, so one pytest-xdist
-    worker holds it. On teardown nothing of it may be left (processes, /etc/slurm links, folder)."""
+    """A module's one-node SLURM (tests/slurm_cluster.py, up in about 1.5 s), with its /etc/slurm links;
+    skipped (with the reason) where this machine cannot run one. Its tests are hostwide or e2e, so one
+    pytest-xdist worker holds it; one module's at a time, so that the two-node cluster of
+    tests/workflow/test_slurm_two_nodes.py can link /etc/slurm in its turn. On teardown nothing of it
+    may be left (processes, /etc/slurm links, folder)."""
     with contextlib.ExitStack() as stack:
         try:
             cluster = stack.enter_context(slurm_cluster())

@@ -1,4 +1,7 @@
-"""A real one-node SLURM on this machine, for the tests of the SLURM profile.
+"""A real SLURM on this machine, for the tests of the SLURM profile: one node by default, or one node
+per host of tests/hosts.py (:class:`SlurmNode`: each slurmd started in its host's network namespace,
+``NodeAddr`` its address, the controller and the clients on the first node's host; the slurmd's
+spool, pid file and log named with ``%n``, its node name).
 
 :func:`slurm_cluster` brings up Debian's SLURM 22.05 (packages munge, slurmctld, slurmd and
 slurm-client, which it installs with apt when missing, as root, with ``/usr/sbin/policy-rc.d``
@@ -6,8 +9,8 @@ denying every service start for the duration) as one cluster of one node, in abo
 
 * a folder ``/run/llmtrial-slurm-<pid>-<n>-<random>`` (0755: munged wants every parent of its
   socket traversable, which pytest's 0700 tmp dirs are not) holding everything: the munge key,
-  socket, seed and log; ``slurm.conf`` and ``gres.conf``; the controller's state, slurmd's spool,
-  the pid files and the daemons' logs (``<daemon>.log``, written by the daemon, and
+  socket, seed and log; ``slurm.conf`` and ``gres.conf``; the controller's state, each slurmd's spool
+  (``spool-<node>``), the pid files and the daemons' logs (``<daemon>.log``, written by the daemon, and
   ``<daemon>.out``, its stderr, where a start-up failure shows);
 * munged with its own key and socket (``AuthInfo=socket=...`` in slurm.conf: the clients read it
   from there too, no munged listens on the default socket), slurmctld and slurmd on two free
@@ -66,7 +69,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,16 +106,37 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SQUEUE_"))}
 
 
+@dataclass(frozen=True)
+class SlurmNode:
+    """A node of the test cluster: its SLURM name, the address slurmctld and the other nodes reach its slurmd
+    at, and the argv prefix that runs a command on its host (``ip netns exec <ns>`` for a host of
+    tests/hosts.py; none for this machine)."""
+
+    name: str = NODE
+    address: str = "127.0.0.1"
+    via: tuple[str, ...] = ()
+
+
 @dataclass
 class SlurmCluster:
     root: Path
     conf: Path
-    node: str = NODE
+    nodes: list[SlurmNode] = field(default_factory=lambda: [SlurmNode()])
     partition: str = PARTITION
     links: list[Path] = field(default_factory=list, repr=False)
     daemons: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
     setup_s: float = 0.0
     teardown_s: float = 0.0
+
+    @property
+    def node(self) -> str:
+        """The first node's name (the one node of the default cluster)."""
+        return self.nodes[0].name
+
+    @property
+    def via(self) -> list[str]:
+        """The argv prefix of the controller's host, where the clients run: the first node's."""
+        return list(self.nodes[0].via)
 
     def env(self) -> dict[str, str]:
         """os.environ without inherited ``SLURM_*``/``SBATCH_*``/``SRUN_*``/``SALLOC_*``/``SQUEUE_*``
@@ -121,7 +145,7 @@ class SlurmCluster:
 
     def run(self, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         """A SLURM client command (``sbatch ...``) with :meth:`env`; its output as text, unchecked."""
-        return subprocess.run(list(argv), env=self.env(), capture_output=True, text=True, timeout=timeout,
+        return subprocess.run([*self.via, *argv], env=self.env(), capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
 
     def jobs(self) -> list[dict[str, str]]:
@@ -142,15 +166,18 @@ class SlurmCluster:
                 raise TimeoutError(f"jobs still active after {timeout} s: {active}")
             time.sleep(0.2)
 
-    def job_processes(self, job_id: str) -> list[psutil.Process]:
+    def job_processes(self, job_id: str, besides: Collection[int] = ()) -> list[psutil.Process]:
         """The live processes of this cluster's job ``job_id`` (by SLURM_JOB_ID and SLURM_CONF in their
-        environment: what slurmd started for the job and what those started)."""
+        environment: what slurmd started for the job and what those started), but those in the process
+        groups ``besides`` (a trial's servers: its cleanup's to stop, not SLURM's)."""
         found = []
         for proc in psutil.process_iter(["environ", "status"]):
             env = proc.info["environ"] or {}
             if (env.get("SLURM_JOB_ID") == job_id and env.get("SLURM_CONF") == str(self.conf)
                     and proc.info["status"] != psutil.STATUS_ZOMBIE):
-                found.append(proc)
+                with contextlib.suppress(ProcessLookupError):
+                    if os.getpgid(proc.pid) not in besides:
+                        found.append(proc)
         return found
 
     def log_tail(self, chars: int = 1500) -> str:
@@ -300,17 +327,20 @@ def _topology() -> str:
 def _write_config(c: SlurmCluster) -> None:
     host = socket.gethostname().split(".")[0]
     ctld_port, slurmd_port = free_ports(2)
-    for sub in ("state", "spool"):
-        (c.root / sub).mkdir()
+    (c.root / "state").mkdir()
+    for node in c.nodes:
+        (c.root / f"spool-{node.name}").mkdir()
     (c.root / "plugstack.conf").write_text("")  # none of /etc/slurm/plugstack.conf's plugins
     (c.root / "gres.conf").write_text("AutoDetect=off\nName=gpu File=/dev/null\n")
+    names = ",".join(node.name for node in c.nodes)
     c.conf.write_text("\n".join([
-        "ClusterName=llmtrial", f"SlurmctldHost={host}(127.0.0.1)", "SlurmUser=root", "SlurmdUser=root",
+        "ClusterName=llmtrial", f"SlurmctldHost={host}({c.nodes[0].address})", "SlurmUser=root", "SlurmdUser=root",
         f"SlurmctldPort={ctld_port}", f"SlurmdPort={slurmd_port}",
         "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={c.root / 'munge.socket'}",
-        f"StateSaveLocation={c.root / 'state'}", f"SlurmdSpoolDir={c.root / 'spool'}",
-        f"SlurmctldPidFile={c.root / 'slurmctld.pid'}", f"SlurmdPidFile={c.root / 'slurmd.pid'}",
-        f"SlurmctldLogFile={c.root / 'slurmctld.log'}", f"SlurmdLogFile={c.root / 'slurmd.log'}",
+        # %n: each slurmd's node name (several slurmd on this machine, each in its host's namespace)
+        f"StateSaveLocation={c.root / 'state'}", f"SlurmdSpoolDir={c.root / 'spool-%n'}",
+        f"SlurmctldPidFile={c.root / 'slurmctld.pid'}", f"SlurmdPidFile={c.root / 'slurmd-%n.pid'}",
+        f"SlurmctldLogFile={c.root / 'slurmctld.log'}", f"SlurmdLogFile={c.root / 'slurmd-%n.log'}",
         f"PlugStackConfig={c.root / 'plugstack.conf'}", "MailProg=/bin/true",
         "ProctrackType=proctrack/pgid", "TaskPlugin=task/none", "MpiDefault=none",
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
@@ -318,8 +348,9 @@ def _write_config(c: SlurmCluster) -> None:
         "JobCompType=jobcomp/none", "ReturnToService=2", f"MinJobAge={MIN_JOB_AGE}", f"KillWait={KILL_WAIT}",
         "InactiveLimit=0", "SchedulerType=sched/backfill", "SchedulerParameters=sched_interval=1,bf_interval=1",
         "GresTypes=gpu",
-        f"NodeName={c.node} NodeAddr=127.0.0.1 NodeHostname={host} {_topology()} Gres=gpu:1 State=UNKNOWN",
-        f"PartitionName={c.partition} Nodes={c.node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO",
+        *(f"NodeName={node.name} NodeAddr={node.address} NodeHostname={host} {_topology()} Gres=gpu:1 State=UNKNOWN"
+          for node in c.nodes),
+        f"PartitionName={c.partition} Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO",
         "",
     ]))
 
@@ -341,10 +372,11 @@ def _link_etc(c: SlurmCluster) -> None:
         c.links.append(link)
 
 
-def _popen(c: SlurmCluster, name: str, argv: list[str]) -> None:
+def _popen(c: SlurmCluster, name: str, argv: list[str], via: tuple[str, ...] = ()) -> None:
+    """Start daemon ``name`` (``via``: on that host; ``ip netns exec`` execs it, keeping the pid)."""
     with open(c.root / f"{name}.out", "ab") as out:
-        c.daemons[name] = subprocess.Popen(argv, cwd=c.root, env=c.env(), stdin=subprocess.DEVNULL, stdout=out,
-                                           stderr=subprocess.STDOUT, start_new_session=True)
+        c.daemons[name] = subprocess.Popen([*via, *argv], cwd=c.root, env=c.env(), stdin=subprocess.DEVNULL,
+                                           stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _wait(c: SlurmCluster, what: str, ready: Callable[[], bool], timeout: float = 30) -> None:
@@ -357,9 +389,10 @@ def _wait(c: SlurmCluster, what: str, ready: Callable[[], bool], timeout: float 
         time.sleep(0.1)
 
 
-def _node_idle(c: SlurmCluster) -> bool:
+def _nodes_idle(c: SlurmCluster) -> bool:
+    names = ",".join(node.name for node in c.nodes)
     with contextlib.suppress(subprocess.TimeoutExpired):
-        return c.run("sinfo", "-h", "-n", c.node, "-o", "%T", timeout=10).stdout.strip() == "idle"
+        return c.run("sinfo", "-h", "-N", "-n", names, "-o", "%T", timeout=10).stdout.split() == ["idle"] * len(c.nodes)
     return False
 
 
@@ -372,9 +405,10 @@ def _start(c: SlurmCluster) -> None:
                          "--pid-file", str(c.root / "munged.pid"), "--log-file", str(c.root / "munged.log"),
                          "--seed-file", str(c.root / "munged.seed")])
     _wait(c, "munged made no socket", (c.root / "munge.socket").exists)
-    _popen(c, "slurmctld", [sbin["slurmctld"], "-D", "-f", str(c.conf)])
-    _popen(c, "slurmd", [sbin["slurmd"], "-D", "-f", str(c.conf), "-N", c.node])
-    _wait(c, f"node {c.node} not idle", lambda: _node_idle(c))
+    _popen(c, "slurmctld", [sbin["slurmctld"], "-D", "-f", str(c.conf)], c.nodes[0].via)
+    for node in c.nodes:
+        _popen(c, f"slurmd-{node.name}", [sbin["slurmd"], "-D", "-f", str(c.conf), "-N", node.name], node.via)
+    _wait(c, f"node(s) {', '.join(n.name for n in c.nodes)} not idle", lambda: _nodes_idle(c))
 
 
 def _stop(proc: subprocess.Popen | None) -> None:
@@ -394,7 +428,7 @@ def _teardown(c: SlurmCluster) -> None:
         with contextlib.suppress(OSError, subprocess.SubprocessError, RuntimeError, TimeoutError):
             c.run("scancel", f"--partition={c.partition}", timeout=15)
             c.wait_idle(timeout=KILL_WAIT + 10)
-    for name in ("slurmd", "slurmctld", "munged"):
+    for name in (*(f"slurmd-{node.name}" for node in c.nodes), "slurmctld", "munged"):
         _stop(c.daemons.get(name))
     _kill(_processes(_naming(c.root)))
     for link in c.links:
@@ -404,10 +438,12 @@ def _teardown(c: SlurmCluster) -> None:
 
 
 @contextlib.contextmanager
-def slurm_cluster(node: str = NODE, partition: str = PARTITION, link_etc: bool = True) -> Iterator[SlurmCluster]:
-    """A one-node SLURM (node ``node``, partition ``partition``) on this machine, removed on exit;
-    ``link_etc`` links /etc/slurm's slurm.conf and gres.conf to its own. Raises
-    :class:`SlurmUnavailable` (with the daemons' logs) when it cannot be installed or brought up."""
+def slurm_cluster(nodes: Sequence[SlurmNode] = (SlurmNode(),), partition: str = PARTITION,
+                  link_etc: bool = True) -> Iterator[SlurmCluster]:
+    """A SLURM of ``nodes`` (default one, ``llmtrial-n1`` on this machine's loopback) in partition
+    ``partition``, removed on exit; the controller runs on the first node's host. ``link_etc`` links
+    /etc/slurm's slurm.conf and gres.conf to its own. Raises :class:`SlurmUnavailable` (with the
+    daemons' logs) when it cannot be installed or brought up."""
     started = time.monotonic()
     if os.geteuid() != 0:
         raise SlurmUnavailable("the SLURM test cluster needs root (SlurmUser=root, /etc/slurm links)")
@@ -415,7 +451,7 @@ def slurm_cluster(node: str = NODE, partition: str = PARTITION, link_etc: bool =
     clean_stale()
     root = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-{next(_RUNS)}-", dir=PARENT))
     root.chmod(0o755)
-    cluster = SlurmCluster(root=root, conf=root / "slurm.conf", node=node, partition=partition)
+    cluster = SlurmCluster(root=root, conf=root / "slurm.conf", nodes=list(nodes), partition=partition)
     try:
         _write_config(cluster)
         if link_etc:

@@ -18,7 +18,6 @@ the cleanup releases.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -127,17 +126,6 @@ def run_name(work: Path, trial: str, timeout: float = 300) -> str:
     raise AssertionError(f"{trial}: no SLURM run id in {log}")
 
 
-def job_processes(slurm: SlurmCluster, job: str, besides: set[int]) -> list[int]:
-    """The live processes of SLURM job ``job`` outside the process groups ``besides`` (the servers the ledger
-    names: cleanup's to stop, not SLURM's)."""
-    found = []
-    for proc in slurm.job_processes(job):
-        with contextlib.suppress(ProcessLookupError):
-            if os.getpgid(proc.pid) not in besides:
-                found.append(proc.pid)
-    return found
-
-
 def described(pids: list[int]) -> str:
     """Each process as ``pid (pgid, parent pid): command line``, for a failure's message."""
     out = []
@@ -219,7 +207,7 @@ def _run_both(work: Path, slurm: SlurmCluster, seen: Seen) -> None:
     left: list[int] = []
 
     def gone() -> bool:
-        left[:] = job_processes(slurm, job, set(seen.b_pgids))
+        left[:] = [p.pid for p in slurm.job_processes(job, set(seen.b_pgids))]
         return not left
 
     try:

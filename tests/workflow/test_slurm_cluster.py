@@ -106,7 +106,7 @@ def test_a_failed_bring_up_says_why_and_leaves_nothing(monkeypatch: pytest.Monke
         message = str(exc)
     if "not idle" not in message:
         pytest.skip(message)  # this machine cannot make any cluster
-    assert re.search(r"slurm(ctld|d) exited 1", message) and "RealMemory value (lots) is not a valid number" in message
+    assert re.search(r"slurm(ctld|d-llmtrial-n1) exited 1", message) and "RealMemory value (lots) is not a valid number" in message
     root = Path(re.search(rf"/run/{PREFIX}\S+", message).group(0).rstrip(":"))
     assert leftovers(root) == []
 
