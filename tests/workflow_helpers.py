@@ -178,3 +178,11 @@ def assert_snakemake_report_bundles(workdir: Path, zip_path: Path, trial: str, c
     assert sorted(categories["Charts"]["Other"]) == [str(c.relative_to(workdir)) for c in charts]
     assert bundled["rulegraph"] == RULES, bundled["rulegraph"]
     return bundled
+
+
+def open_pass(telemetry_csv: Path) -> str | None:
+    """The pass whose telemetry window is open (its start mark written, its end not yet): the benchmark in flight."""
+    marks = [line.split(",")[2] for line in (telemetry_csv.read_text().splitlines() if telemetry_csv.exists() else [])
+             if line.count(",") == 3 and line.split(",")[1] == "window"]
+    return next((m.removesuffix(":start") for m in marks if m.endswith(":start")
+                 and f"{m.removesuffix(':start')}:end" not in marks), None)

@@ -14,7 +14,15 @@ import pytest
 from conftest import REPO, SNAKEFILE
 from llmtrial.config import check_config, load_config
 from llmtrial.host.nodes import Node, NodeError, configuration_nodes
-from llmtrial.host.slurm_hosts import expand_hostlist
+from llmtrial.host.slurm_hosts import (
+    JOB_ENV,
+    NODELIST_ENV,
+    STEP_ENV,
+    allocation_hosts,
+    expand_hostlist,
+    own_job_env,
+    remember_allocation,
+)
 from llmtrial.plan.allocation import allocation_nodes, rule_resources
 from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve.multinode import headless_argv, launch_args
@@ -96,4 +104,33 @@ def test_the_two_node_trial_dry_runs_as_one_group_on_two_hosts_under_the_slurm_p
     out = run.stdout + run.stderr
     assert out.count("Group job host") == 1
     [trial] = [line for line in out.splitlines() if "resources:" in line and "serving=1" in line]
-    assert "nodes=2" in trial and "cpus_per_task=-1" in trial
+    assert "nodes=2" in trial and "tasks=2" in trial and "cpus_per_task=-1" in trial  # 1 task would cut it to 1 node
+
+
+def test_a_step_of_the_allocation_reads_the_hosts_its_batch_script_noted():
+    """Snakemake's jobstep plugin drops SLURM_JOB_NODELIST before each step's srun, which then names the step's one
+    node (seen on the two-node test SLURM: ``llmtrial-a`` of ``llmtrial-a,llmtrial-b``)."""
+    batch = {JOB_ENV: "7", NODELIST_ENV: "gpu[07-08]"}
+    remember_allocation(batch)
+    step = {**{k: v for k, v in batch.items() if not k.startswith("SLURM_")}, JOB_ENV: "7", NODELIST_ENV: "gpu07",
+            STEP_ENV: "0"}
+    assert allocation_hosts(step) == ["gpu07", "gpu08"]
+    assert allocation_hosts({**step, JOB_ENV: "8"}) == ["gpu07"]  # another job's: its own list
+    in_a_step = {**step}
+    remember_allocation(in_a_step)  # only the batch script notes it
+    assert in_a_step == step
+
+
+def test_a_job_of_its_own_is_started_without_the_job_srun_runs_in(monkeypatch):
+    """From inside a job (a cleanup sent to node a reaching node b), srun would take the inherited SLURM_JOB_ID for the
+    job to make a step of, and refuse b ("Unable to create step for job 5: Requested node configuration is not
+    available", seen on the two-node test SLURM)."""
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu07")
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/slurm.conf")
+    b = Node.from_reach("b", {"name": "b", "reach": "slurm", "slurm": {"host": "gpu08", "job": "1"}})
+    assert b.slurm_job is None  # the recorded allocation ended: gpu08 is not a host of job 5
+    env = b.local_env({"LLMTRIAL_X": "1"})
+    assert "SLURM_JOB_ID" not in env and "SLURM_JOB_NODELIST" not in env
+    assert env["SLURM_CONF"] == "/etc/slurm/slurm.conf" and env["LLMTRIAL_X"] == "1"
+    assert own_job_env({"SLURM_JOBID": "5", "PATH": "/bin"}) == {"PATH": "/bin"}

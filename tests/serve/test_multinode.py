@@ -40,7 +40,7 @@ from hosts import INTERFACE
 from llmtrial.core.ledger import Entry, Ledger
 from llmtrial.host.nodes import Node, NodeDefaults
 from llmtrial.host.process_groups import group_alive, group_members, port_open
-from workflow_helpers import SNAKEMAKE, snakemake, write_config
+from workflow_helpers import SNAKEMAKE, open_pass, snakemake, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
 
@@ -100,14 +100,6 @@ def groups_on_b(trial, entries, run=None) -> list[int]:
 def b_rank(entry: Entry, configuration: str) -> bool:
     """Whether a ledger entry is about ``configuration``'s headless rank on B (its group's label)."""
     return entry.node == "b" and entry.label == f"two-hosts/{configuration} rank 1"
-
-
-def open_pass(telemetry_csv) -> str | None:
-    """The pass whose telemetry window is open (its start mark written, its end not yet): the benchmark in flight."""
-    marks = [line.split(",")[2] for line in (telemetry_csv.read_text().splitlines() if telemetry_csv.exists() else [])
-             if line.count(",") == 3 and line.split(",")[1] == "window"]
-    return next((m.removesuffix(":start") for m in marks if m.endswith(":start")
-                 and f"{m.removesuffix(':start')}:end" not in marks), None)
 
 
 def kill_b_rank_mid_benchmark(results, done: threading.Event, killed: dict) -> None:

@@ -13,7 +13,7 @@ from llmtrial.core.hostlock import LOCK_ENV, PID_ENV, PID_HOST_ENV, RUN_LOCK_ENV
 from llmtrial.core.ledger import NODE_ENV, RUN_ENV, new_run_id
 from llmtrial.host.nodes import spanned_nodes, this_node_name
 from llmtrial.host.services import services_on_nodes
-from llmtrial.host.slurm_hosts import in_batch_step
+from llmtrial.host.slurm_hosts import in_batch_step, remember_allocation
 from llmtrial.patch.patchdata import patch_inputs
 from llmtrial.plan.allocation import cleanup_submit, rule_resources
 from llmtrial.provenance import COMMAND_ENV
@@ -184,6 +184,7 @@ def cleanup_at_allocation_end():
 # the allocation ends, so that no cleanup queues behind the next trial's allocation.
 if workflow.remote_exec and in_batch_step():
     atexit.register(cleanup_at_allocation_end)
+    remember_allocation()  # the group's steps see one node in SLURM_JOB_NODELIST
 
 
 def cleanup_if_unfinished():

@@ -41,7 +41,7 @@ from llmtrial.core.fileio import sha256_file
 from llmtrial.core.record_base import error_lines
 from llmtrial.core.trial_checks import option_key
 from llmtrial.core.trial_config import NodeBlock, SshBlock, TrialConfig
-from llmtrial.host.slurm_hosts import JOB_ENV, allocation_hosts, srun_argv
+from llmtrial.host.slurm_hosts import JOB_ENV, allocation_hosts, own_job_env, srun_argv
 from llmtrial.onnode import file_hashes, node_probe
 
 __all__ = [
@@ -216,9 +216,16 @@ class Node:
             if not _ENV_NAME.match(key):
                 raise ValueError(f"{self.label()}: {key!r} is not an environment variable name")
         if self.is_local or self.reach == "slurm":  # srun passes this process's environment on
-            return self.argv(cmd), ({**os.environ, **env} if env else None)
+            return self.argv(cmd), self.local_env(env)
         prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
         return self.argv([*prefix, *cmd]), None
+
+    def local_env(self, env: Mapping[str, str] | None = None) -> dict[str, str] | None:
+        """The environment of the process that runs :meth:`argv` here (None: this one's): a SLURM node reached
+        as a job of its own gets this process's without the job it may run in (:func:`own_job_env`)."""
+        if self.reach == "slurm" and not self.slurm_job:
+            return {**own_job_env(), **(env or {})}
+        return {**os.environ, **env} if env else None
 
     def run(self, cmd: Sequence[str], timeout: float, check: bool = False, env: Mapping[str, str] | None = None,
             input: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -299,7 +306,8 @@ class Node:
     def _send_tar(self, members: list[tuple[Path, str]], dest: str, timeout: float) -> None:
         cmd = ["tar", "-x", "-f", "-", "-C", dest, "--no-same-owner"]
         with tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(self.argv(cmd), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err)
+            proc = subprocess.Popen(self.argv(cmd), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err,
+                                    env=self.local_env())
             expired = threading.Event()
             watchdog = threading.Timer(timeout, lambda: (expired.set(), proc.kill()))
             watchdog.start()

@@ -20,14 +20,16 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 
-__all__ = ["JOB_ENV", "NODELIST_ENV", "STEP_ENV", "expand_hostlist", "allocation_hosts", "in_batch_step", "job_state",
-           "srun_argv", "srun_options"]
+__all__ = ["ALLOCATION_ENV", "JOB_ENV", "NODELIST_ENV", "STEP_ENV", "expand_hostlist", "allocation_hosts", "in_batch_step",
+           "job_state", "own_job_env", "remember_allocation", "srun_argv", "srun_options"]
 
 JOB_ENV = "SLURM_JOB_ID"
 NODELIST_ENV = "SLURM_JOB_NODELIST"
 STEP_ENV = "SLURM_STEP_ID"
+#: ``<job id>:<node list>``, set by the allocation's batch script for the steps it starts (:func:`remember_allocation`).
+ALLOCATION_ENV = "LLMTRIAL_SLURM_ALLOCATION"
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
@@ -73,9 +75,23 @@ def expand_hostlist(text: str) -> list[str]:
 
 
 def allocation_hosts(env: Mapping[str, str] | None = None) -> list[str]:
-    """The hosts of the allocation this process runs in, in SLURM's order; [] outside one."""
+    """The hosts of the allocation this process runs in, in SLURM's order; [] outside one. The node list
+    the batch script noted for this job (:data:`ALLOCATION_ENV`) comes first: in a step that Snakemake's
+    jobstep plugin starts, ``SLURM_JOB_NODELIST`` names the step's one node, not the allocation's."""
     env = os.environ if env is None else env
-    return expand_hostlist(env[NODELIST_ENV]) if env.get(NODELIST_ENV) else []
+    job, _, noted = env.get(ALLOCATION_ENV, "").partition(":")
+    text = noted if noted and job == env.get(JOB_ENV) else env.get(NODELIST_ENV)
+    return expand_hostlist(text) if text else []
+
+
+def remember_allocation(env: MutableMapping[str, str] | None = None) -> None:
+    """In an allocation's batch script, note its job id and node list in :data:`ALLOCATION_ENV` for every
+    process it starts: Snakemake's jobstep plugin drops each ``SLURM_*`` variable but the job's id before
+    its steps' srun, which then sets ``SLURM_JOB_NODELIST`` to the step's own node (a two-node job's
+    steps would see one host)."""
+    env = os.environ if env is None else env
+    if in_batch_step(env) and env.get(NODELIST_ENV):
+        env[ALLOCATION_ENV] = f"{env[JOB_ENV]}:{env[NODELIST_ENV]}"
 
 
 def in_batch_step(env: Mapping[str, str] | None = None) -> bool:
@@ -97,6 +113,14 @@ def job_state(job: str, timeout: float = 30.0) -> str | None:
         return None
     states = done.stdout.split() if done.returncode == 0 else []
     return states[0] if states else None
+
+
+def own_job_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for an srun that starts a job of its own (``srun --nodelist=<host>``, no ``--jobid``):
+    this process's, without the ``SLURM_*`` variables of a job it may run in (srun takes an inherited
+    ``SLURM_JOB_ID`` for a job to make a step of, and refuses a host outside it); ``SLURM_CONF`` kept."""
+    env = os.environ if env is None else env
+    return {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
 
 
 def srun_options(partition: str | None, account: str | None) -> list[str]:

@@ -27,7 +27,7 @@ from llmtrial.core.hostlock import tell, this_host
 from llmtrial.core.ledger import Entry, replay
 from llmtrial.core.record_base import Residue
 from llmtrial.core.records import load_record
-from llmtrial.host.slurm_hosts import JOB_ENV, allocation_hosts, srun_argv
+from llmtrial.host.slurm_hosts import JOB_ENV, allocation_hosts, own_job_env, srun_argv
 
 #: How long the cleanup sent to a node may take, waiting for the node included.
 SUBMIT_TIMEOUT_S = 1800.0
@@ -73,7 +73,8 @@ def cleanup_there(node: str, results_dir: Path, record_path: Path, *, ports: Ite
          f"({' '.join(argv[:5])} …)")
     Path(record_path).unlink(missing_ok=True)
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S, check=False)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S, check=False,
+                              env=None if "--overlap" in argv else own_job_env())
     except subprocess.TimeoutExpired:
         return unreached(f"no answer in {SUBMIT_TIMEOUT_S:.0f} s")
     for line in (done.stdout + done.stderr).splitlines():

@@ -71,6 +71,16 @@ def iface_addrs(name: str) -> list:
         return []
 
 
+def iface_exists(name: str) -> bool:
+    """Whether this process's network namespace has interface ``name``, asked of the kernel (a /sys mounted
+    for another namespace, as a process entered into one with nsenter keeps, lists that one's)."""
+    try:
+        socket.if_nametoindex(name)
+        return True
+    except OSError:
+        return False
+
+
 def route_dev(ip: str) -> str | None:
     try:
         out = subprocess.run(["ip", "-o", "route", "get", ip], capture_output=True, text=True,
@@ -216,8 +226,7 @@ def facts(given: dict) -> dict:
     out = {"hostname": socket.gethostname(), "python": sys.executable, "python_version": platform.python_version(),
            **installed()}
     addrs = iface_addrs(iface) if iface else []
-    out["interface"] = {"name": iface, "exists": bool(iface) and os.path.exists("/sys/class/net/" + iface),
-                        "addresses": addrs}
+    out["interface"] = {"name": iface, "exists": bool(iface) and iface_exists(iface), "addresses": addrs}
     out["master"] = reach(iface, addrs, given["master_addr"], given["master_port"], given["connect_timeout"])
     out["dev_shm"] = dev_shm()
     out["stale"] = stale(given["markers"], given["cmdline_chars"])

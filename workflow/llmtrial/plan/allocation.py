@@ -101,6 +101,8 @@ def rule_resources(config: TrialConfig, rule: str) -> dict[str, str | int]:
         out["mem_mb"] = slurm.mem_mb
     if (hosts := allocation_nodes(config)) > 1:
         out["nodes"] = hosts
+        if not gpus:  # the plugin asks --ntasks=1 without it, and SLURM then cuts the nodes down to one
+            out["tasks"] = hosts
     return out
 
 

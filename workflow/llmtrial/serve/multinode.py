@@ -270,7 +270,8 @@ class MultiNodeServer(ServerProcess):
     def ranks_down(self) -> str | None:
         self.gone = self.gone or self.ranks.dead()
         what = "Ray" if isinstance(self.ranks, RayCluster) else "the headless rank"
-        return f"{what} on node {', '.join(self.gone)} exited" if self.gone else None
+        where = [n.label() for n in self.ranks.members() if n.name in self.gone]  # node b (SLURM host gpu08)
+        return f"{what} on {', '.join(where)} exited" if self.gone else None
 
     def wait_ready(self, timeout: float, poll: float = 0.5, watch: Any = None, watch_every: float = 5.0,
                    progress: Any = None) -> float:

@@ -7,12 +7,14 @@ other nodes' ranks (headless vLLM ranks or a Ray cluster), and what ran on each 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from llmtrial.core.configuration_model import CollectiveSummary, Launch, SpanNode
+from llmtrial.core.hostlock import SLURM_NODE_ENV
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.record_models import ManifestRecord
 from llmtrial.host.nodes import Node
@@ -80,8 +82,10 @@ class Spread:
         launch = Launch(**{"kind": self.launch, "nnodes": len(self.nodes), "master_addr": self.nodes[0].address,
                            "master_port": self.master_port, **ray})
         roles = ("api server, ray head", "ray worker") if self.launch == "ray" else ("api server", "headless")
+        here = os.environ.get(SLURM_NODE_ENV)  # this host's SLURM name, inside an allocation
         nodes = [SpanNode(name=n.name, rank=i, role=roles[bool(i)], address=n.address, reach=n.reach,
-                          interface=n.interface, model_dir=model_dirs[n.name], env_keys=sorted(n.rank_env()))
+                          slurm_host=n.slurm_host or (here if n.is_local else None), interface=n.interface,
+                          model_dir=model_dirs[n.name], env_keys=sorted(n.rank_env()))
                  for i, n in enumerate(self.nodes)]
         log.info("%s: sanity check across nodes %s", self.name, ", ".join(n.name for n in self.nodes))
         check = sanity_check(self.nodes, port=self.port + SANITY_PORT_OFFSET, backend="nccl" if gpus else "gloo")

@@ -1,0 +1,346 @@
+"""A real two-node SLURM on this machine: one slurmd in each host of tests/hosts.py.
+
+Host A and host B are two network namespaces joined by a veth pair. The cluster's controller and
+node ``llmtrial-a``'s slurmd run on host A (``NodeAddr`` its address), node ``llmtrial-b``'s slurmd
+on host B; one munge key, one partition (tests/slurm_cluster.py with two :class:`SlurmNode`). Every
+SLURM client runs on host A, the cluster's login node too, as the trial's snakemake does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, SNAKEFILE, alone_with_the_stale_check, free_base_port, wait_until
+from hosts import INTERFACE, SSHD, TwoHosts, two_hosts
+from llmtrial.core.ledger import Entry, Ledger
+from llmtrial.core.records import load_record
+from llmtrial.host.nodes import Node
+from llmtrial.host.process_groups import group_members
+from llmtrial.lifecycle.cleanup import outstanding
+from slurm_cluster import SlurmCluster, SlurmNode, SlurmUnavailable, leftovers, slurm_cluster
+from workflow_helpers import SNAKEMAKE, open_pass
+
+pytestmark = pytest.mark.hostwide  # a SLURM of this machine's, with its /etc/slurm links and daemons
+
+NODES = ("llmtrial-a", "llmtrial-b")
+
+
+def inside(ns: str) -> tuple[str, ...]:
+    """The argv prefix that runs a command in network namespace ``ns`` and nothing else of it: slurmd needs this
+    machine's /sys/fs/cgroup, which ``ip netns exec``'s fresh /sys mount hides."""
+    return ("nsenter", f"--net=/run/netns/{ns}")
+
+
+@contextlib.contextmanager
+def two_node_slurm(subnet: str = "10.231.9", port: int = 2229,
+                   link_etc: bool = True) -> Iterator[tuple[TwoHosts, SlurmCluster]]:
+    """Hosts A and B (tests/hosts.py) with a SLURM of one node on each, removed on exit (the cluster first,
+    then the hosts), also when the body raised; ``link_etc`` as :func:`slurm_cluster`'s."""
+    with two_hosts(subnet=subnet, port=port) as h:
+        nodes = [SlurmNode(NODES[0], h.addr_a, inside(h.ns_a)), SlurmNode(NODES[1], h.addr_b, inside(h.ns_b))]
+        with slurm_cluster(nodes=nodes, link_etc=link_etc) as c:
+            yield h, c
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[tuple[TwoHosts, SlurmCluster]]:
+    if not SSHD.is_file():
+        pytest.skip(f"{SSHD} is missing: `make test` installs openssh-server (as root)")
+    try:
+        with two_node_slurm() as made:
+            yield made
+    except SlurmUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def test_each_node_runs_its_tasks_in_its_own_host(cluster, tmp_path: Path):
+    h, c = cluster
+    out = tmp_path / "where"
+    show = f"echo $SLURMD_NODENAME $(ip -4 -o addr show {INTERFACE} | awk '{{print $4}}') >> {out}.$SLURM_PROCID"
+    run = c.run("srun", "--nodes=2", "--ntasks=2", "bash", "-c", show, timeout=60)
+    assert run.returncode == 0, run.stderr + c.log_tail()
+    assert sorted((tmp_path / f"where.{rank}").read_text().split() for rank in (0, 1)) == [
+        [NODES[0], f"{h.addr_a}/24"], [NODES[1], f"{h.addr_b}/24"]]
+
+
+def test_a_step_of_a_two_node_allocation_reaches_its_second_node(cluster, tmp_path: Path):
+    """As the trial's host group does from its first node: a step on the second node of its own allocation."""
+    _, c = cluster
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n"
+                      f"echo $SLURMD_NODENAME $SLURM_JOB_NODELIST > {tmp_path}/batch\n"
+                      f"srun --jobid=$SLURM_JOB_ID --overlap --nodes=1 --ntasks=1 --nodelist={NODES[1]} "
+                      f"bash -c 'echo $SLURMD_NODENAME' > {tmp_path}/step\n")
+    run = c.run("sbatch", "--wait", "--nodes=2", "--exclusive", f"--output={tmp_path}/out", str(script), timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr + (tmp_path / "out").read_text() + c.log_tail()
+    assert (tmp_path / "batch").read_text().split() == [NODES[0], ",".join(NODES)]
+    assert (tmp_path / "step").read_text().split() == [NODES[1]]
+
+
+def test_the_two_node_cluster_leaves_nothing_behind_even_when_the_body_raised():
+    if not SSHD.is_file():
+        pytest.skip(f"{SSHD} is missing")
+    with pytest.raises(RuntimeError, match="the body failed"), two_node_slurm(
+            subnet="10.231.10", port=2230, link_etc=False) as (h, c):  # beside the module's cluster
+        root, namespaces = c.root, (h.ns_a, h.ns_b)
+        assert c.run("sbatch", "--nodes=2", "--wrap", "sleep 600").returncode == 0
+        raise RuntimeError("the body failed")
+    assert leftovers(root) == []
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert not [ns for ns in namespaces if ns in listed]
+
+
+# ---- the two-node trial served through the profile (real vLLM, CPU build)
+
+TRIAL_FILE = REPO / "config" / "trials" / "two-nodes-slurm.yaml"
+CONFIGURATION = "tp2-two-nodes"
+KILLED = "tp2-two-nodes-b-killed"  # the same again, its rank on node b killed mid-benchmark
+PROFILE = str(REPO / "profiles" / "slurm")
+#: Faster status checks than the profile's (MinJobAge is 300 s here, so squeue still sees ended jobs).
+QUICK = ("--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2")
+
+
+def gate(flag: Path, node: str) -> dict:
+    """A command service on ``node``: up while ``flag`` exists."""
+    return {"kind": "command", "node": node, "status": ["test", "-e", str(flag)], "stopped_exit_codes": [1],
+            "stop": ["rm", "-f", str(flag)], "start": ["touch", str(flag)]}
+
+
+def trial_config(h: TwoHosts, work: Path) -> dict:
+    """config/trials/two-nodes-slurm.yaml on the two hosts: node a the allocation's first host (address and
+    interface on the veth pair), node b its second; one service to quiet on each; this test's ports."""
+    config = yaml.safe_load(TRIAL_FILE.read_text())
+    config["staging_dir"] = str(work / "staging")
+    config["serving"]["base_port"] = free_base_port(18900, 1)
+    config["nodes"]["a"].update(address=h.addr_a, interface=INTERFACE, env={"VLLM_CPU_OMP_THREADS_BIND": "0"})
+    config["nodes"]["b"].update(address=h.addr_b, interface=INTERFACE, python=sys.executable,
+                                staging_dir=str(h.staging_b), env={"VLLM_CPU_OMP_THREADS_BIND": "1"})
+    config["configurations"][KILLED] = {**config["configurations"][CONFIGURATION],
+                                        "description": "The same, its rank on node b killed mid-benchmark."}
+    config["services"] = {f"gate-{n}": gate(work / f"gate-{n}.up", n) for n in ("a", "b")}
+    config["slurm"] = {"runtime_min": 20, "setup_runtime_min": 10}
+    return config
+
+
+@dataclass
+class Served:
+    """The trial's run as the login side saw it."""
+
+    run: subprocess.CompletedProcess[str] | None = None
+    wall_s: float = 0.0
+    shown: str = ""  # `scontrol show job` of the allocation while it ran
+    killed: str = ""  # the pass in flight when the KILLED configuration's rank on b was killed
+    squeue: list[dict[str, str]] = field(default_factory=list)  # its squeue row while it ran
+
+
+def submit_and_watch(h: TwoHosts, c: SlurmCluster, work: Path, config_path: Path, seen: Served) -> None:
+    cmd = h.on_a([SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(work), "--profile", PROFILE,
+                  "--configfile", str(config_path), *QUICK, "--verbose"])
+    started = time.monotonic()
+    with subprocess.Popen(cmd, cwd=REPO, env=c.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:
+        out: list[str] = []
+        reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
+        reader.start()
+        while proc.poll() is None:
+            assert time.monotonic() - started < 1500, f"not done in 1500 s: {c.jobs()}"
+            seen.killed = seen.killed or kill_b_rank_in_flight(work)
+            running = [r for r in c.jobs() if r["state"] == "RUNNING" and not r["name"].startswith("llmtrial-")]
+            if running and not seen.shown:
+                seen.squeue = running
+                seen.shown = c.run("scontrol", "show", "job", running[0]["id"]).stdout
+            time.sleep(1)
+        reader.join(timeout=30)
+    seen.wall_s = time.monotonic() - started
+    seen.run = subprocess.CompletedProcess(cmd, proc.returncode, "".join(out), "")
+
+
+def kill_b_rank_in_flight(work: Path) -> str:
+    """SIGKILL the KILLED configuration's rank on node b (its process group, from the ledger) once one of its passes
+    is in flight, whatever the machine's speed; the pass's name, or "" while none is."""
+    results = work / "results" / "two-nodes-slurm"
+    if not (results / "ledger.jsonl").exists():
+        return ""
+    rank = [e for e in entries_of(work) if e.action == "group_started" and e.label == f"two-nodes-slurm/{KILLED} rank 1"]
+    running = open_pass(results / "configs" / KILLED / "telemetry.csv") if rank else None
+    if running is None:
+        return ""
+    os.killpg(rank[-1].pgid, signal.SIGKILL)
+    return running
+
+
+@pytest.fixture(scope="module")
+def served(cluster, tmp_path_factory) -> Iterator[tuple[Path, Served]]:
+    h, c = cluster
+    work = tmp_path_factory.mktemp("slurm-two-nodes")
+    for n in ("a", "b"):
+        (work / f"gate-{n}.up").touch()
+    path = work / "trial.yaml"
+    path.write_text(json.dumps(trial_config(h, work)))
+    seen = Served()
+    with alone_with_the_stale_check():  # its preflight checks both hosts for stale vLLM and rank processes
+        submit_and_watch(h, c, work, path, seen)
+    print(f"two-node SLURM trial took {seen.wall_s:.0f} s; squeue: {seen.squeue}", file=sys.stderr)
+    yield work, seen
+
+
+def entries_of(work: Path) -> list[Entry]:
+    return Ledger(work / "results" / "two-nodes-slurm" / "ledger.jsonl").entries()
+
+
+@pytest.mark.e2e
+@pytest.mark.workflow
+def test_the_two_node_trial_is_served_in_one_allocation_of_both_nodes(served):
+    work, seen = served
+    [call] = [line for line in seen.run.stdout.splitlines() if line.startswith("sbatch call: ")]
+    assert {"--nodes=2", "--ntasks=2"} <= set(call.split(" --wrap=")[0].split()), call
+    assert seen.run.returncode == 0, seen.run.stdout[-5000:]
+    assert "NumNodes=2" in seen.shown and f"NodeList={','.join(NODES)}" in seen.shown, seen.shown
+    assert [r["nodes"] for r in seen.squeue] == [",".join(NODES)]
+    results = work / "results" / "two-nodes-slurm"
+    record = load_record(results / "configs" / CONFIGURATION / "record.json", "configuration")
+    assert record.status == "ok", record.failure
+    assert [(n.name, n.role, n.reach, n.slurm_host) for n in record.nodes] == [
+        ("a", "api server", "local", NODES[0]), ("b", "headless", "slurm", NODES[1])]
+    assert record.collective.ok and [len(s.pass_results) for s in record.scenarios] == [2]  # c2, two passes
+    assert (results / "report.html").exists()
+
+
+@pytest.mark.e2e
+@pytest.mark.workflow
+def test_each_change_names_its_node_and_cleanup_undid_each_on_its_node(served):
+    work, _ = served
+    entries = entries_of(work)
+    # the host group on the allocation's first node wrote the ledger; each change on b names b's SLURM host
+    assert {e.machine for e in entries} == {NODES[0]}
+    on_b = {e.action: Node.from_reach("b", e.reach).slurm_host for e in entries if e.node == "b" and e.reach}
+    assert on_b == {action: NODES[1] for action in ("weights_staged", "service_quiet", "patch_plugin_copy",
+                                                    "group_launch")}, on_b
+    ranks = [e for e in entries if e.action == "group_launch" and e.node == "b"]
+    assert sorted(e.label for e in ranks) == sorted(f"two-nodes-slurm/{name}{what}" for name in (CONFIGURATION, KILLED)
+                                                    for what in (" rank 1", "/telemetry"))
+    assert {kind: changes for kind, changes in outstanding(entries).items() if changes} == {}
+    cleanup = load_record(work / "results" / "two-nodes-slurm" / "cleanup" / "record.json", "cleanup")
+    assert cleanup.restored and cleanup.residues == []
+    assert sorted(s.name for s in cleanup.services_restored) == ["gate-a", "gate-b"]
+    assert (work / "gate-a.up").exists() and (work / "gate-b.up").exists()
+
+
+@pytest.mark.e2e
+@pytest.mark.workflow
+def test_node_bs_rank_killed_mid_benchmark_fails_its_configuration_naming_the_node(served):
+    work, seen = served
+    assert seen.killed, "no pass of the killed configuration was in flight"
+    results = work / "results" / "two-nodes-slurm"
+    record = load_record(results / "configs" / KILLED / "record.json", "configuration")
+    assert record.status == "failed" and record.failure.phase == "benchmark"
+    assert f"node b (SLURM host {NODES[1]})" in record.failure.message, record.failure.message
+    assert f"during scenario c2 ({seen.killed})" in record.failure.message
+    entries = entries_of(work)
+    killed = [e for e in entries if e.action == "group_launch" and KILLED in e.label]
+    undone = {e.undoes for e in entries if e.action == "group_stopped"}
+    assert {e.node for e in killed} == {"a", "b"} and all(e.id in undone for e in killed)
+    assert load_record(results / "configs" / CONFIGURATION / "record.json", "configuration").status == "ok"
+
+
+@dataclass
+class Cancelled:
+    """The second run: its login snakemake killed and its allocation cancelled mid-configuration, then the
+    submitting side's `snakemake cleanup`."""
+
+    job: str = ""
+    pgids: list[int] = field(default_factory=list)  # the run's server and ranks, by the ledger
+    cleanup: subprocess.CompletedProcess[str] | None = None
+
+
+@pytest.fixture(scope="module")
+def cancelled(cluster, served) -> Iterator[tuple[Path, Cancelled]]:
+    h, c = cluster
+    work, _ = served
+    config = json.loads((work / "trial.yaml").read_text())
+    del config["configurations"][KILLED]
+    path = work / "again.yaml"
+    path.write_text(json.dumps(config))
+    before = len(entries_of(work))
+    argv = [SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(work), "--profile", PROFILE,
+            "--configfile", str(path), *QUICK]
+    seen = Cancelled()
+    with alone_with_the_stale_check():  # its preflight checks both hosts for stale vLLM and rank processes
+        with open(work / "again.out", "w") as out:  # all again: the first run's cleanup deleted the weights on both nodes
+            proc = subprocess.Popen(h.on_a([*argv, "--forceall"]), cwd=REPO, env=c.env(),
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+        def serving() -> list[Entry]:
+            assert proc.poll() is None, (work / "again.out").read_text()[-3000:]
+            return [e for e in entries_of(work)[before:] if e.action == "group_started" and e.label.endswith("rank 1")]
+        wait_until(serving, "the second run's rank on node b", timeout=600, poll=1)
+        seen.job = next(r["id"] for r in c.jobs() if r["state"] == "RUNNING" and not r["name"].startswith("llmtrial-"))
+        os.killpg(proc.pid, signal.SIGKILL)  # the login session is lost: no onerror
+        proc.wait(timeout=30)
+        assert c.run("scancel", seen.job).returncode == 0
+        new = entries_of(work)[before:]
+        seen.pgids = [int(e.pgid) for e in new if e.action in ("server_started", "group_started")]
+        wait_until(lambda: not c.job_processes(seen.job, seen.pgids),
+                   f"SLURM's kill of job {seen.job}'s processes (the servers aside)", timeout=180, poll=1)
+        seen.cleanup = subprocess.run(h.on_a([*argv, "cleanup"]), cwd=REPO, env=c.env(), capture_output=True, text=True,
+                                      timeout=600)
+    yield work, seen
+
+
+@pytest.mark.e2e
+@pytest.mark.workflow
+def test_scancel_mid_configuration_then_snakemake_cleanup_leaves_nothing_on_either_node(cancelled):
+    work, seen = cancelled
+    done = seen.cleanup
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    said = done.stdout + done.stderr
+    assert f"made on node {NODES[0]}: sending the cleanup there (srun --nodes=1 --ntasks=1 --nodelist={NODES[0]}" in said
+    record = load_record(work / "results" / "two-nodes-slurm" / "cleanup" / "on-demand.json", "cleanup")
+    assert record.restored and record.residues == []
+    assert sorted(s.name for s in record.left_behind.services) == ["gate-a", "gate-b"]
+    assert all(s.restored_by_run == record.run for s in record.left_behind.services)
+    assert seen.pgids and all(group_members(pgid) == [] for pgid in seen.pgids)  # API server on a, ranks on b
+    assert {kind: changes for kind, changes in outstanding(entries_of(work)).items() if changes} == {}
+    assert (work / "gate-a.up").exists() and (work / "gate-b.up").exists()
+
+
+#: A second Python of this machine, of another patch level than the venv's (Debian's).
+OTHER_PYTHON = "/usr/bin/python3"
+
+
+@pytest.mark.workflow
+def test_the_preflight_in_the_allocation_refuses_a_node_with_another_python_naming_it(cluster, tmp_path: Path):
+    """Seed 000: Ray refused a worker of another Python patch level. The preflight of both nodes, in the allocation,
+    stops the trial before anything on either node changed."""
+    h, c = cluster
+    other = subprocess.run([OTHER_PYTHON, "-c", "import platform; print(platform.python_version())"],
+                           capture_output=True, text=True, check=False).stdout.strip()
+    mine = ".".join(map(str, sys.version_info[:3]))
+    if not other or other == mine:
+        pytest.skip(f"no second Python of another patch level than {mine} at {OTHER_PYTHON}")
+    config = trial_config(h, tmp_path)
+    config["nodes"]["b"]["python"] = OTHER_PYTHON
+    del config["configurations"][KILLED]
+    path = tmp_path / "trial.yaml"
+    path.write_text(json.dumps(config))
+    run = subprocess.run(h.on_a([SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(tmp_path), "--profile",
+                                 PROFILE, "--configfile", str(path), *QUICK]), cwd=REPO, env=c.env(),
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode != 0
+    log = (tmp_path / "results" / "two-nodes-slurm" / "logs" / "preflight.log").read_text()
+    assert f"nodes: python_patch_level: Python differs across nodes: a {mine}, b {other};" in log, log[-2000:]
+    changed = {e.action for e in Ledger(tmp_path / "results" / "two-nodes-slurm" / "ledger.jsonl").entries()}
+    assert changed <= {"cleanup_start", "cleanup_done"}  # the submitting side's onerror; nothing changed
