@@ -4,6 +4,12 @@ Host A and host B are two network namespaces joined by a veth pair. The cluster'
 node ``llmtrial-a``'s slurmd run on host A (``NodeAddr`` its address), node ``llmtrial-b``'s slurmd
 on host B; one munge key, one partition (tests/slurm_cluster.py with two :class:`SlurmNode`). Every
 SLURM client runs on host A, the cluster's login node too, as the trial's snakemake does.
+
+On it, config/trials/two-nodes-slurm.yaml (tensor parallel 2, one rank per node, real vLLM, CPU
+build) runs through profiles/slurm three times in one results folder: served to its report beside a
+copy whose rank on b is killed mid-benchmark; again, its login snakemake killed and its allocation
+cancelled once b's rank serves, then `snakemake cleanup` from host A; and with node b on another
+Python, which the preflight in the allocation refuses. About four and a half minutes here.
 """
 
 from __future__ import annotations
