@@ -199,14 +199,27 @@ def _kv_per_token(shape: ConfigShape, args: ServingArgs, stages: list[int], reas
     return per_token_whole, per_token_rank
 
 
-def _moe_bytes_per_token(config: HFConfig, shape: ConfigShape, tp: int) -> int:
-    """Bytes of fused-MoE intermediates one token costs a rank: its top-k experts' gate and up outputs."""
+def moe_workspace_per_token(config: HFConfig, shape: ConfigShape, moe_tp: int) -> int:
+    """Bytes per batched token of the fused-MoE workspace vLLM 0.19 allocates in its profiling run and
+    keeps (``FusedMoEModularKernel._allocate_buffers`` through the persistent ``WorkspaceManager``,
+    one buffer for all layers), for the Triton experts its unquantized backend takes on CUDA
+    (``TritonExperts.workspace_shapes``, ``fused_moe.py``): M tokens x top-k x max(I, H) for the
+    activation's output (shared with the M x H output, never larger) and M x top-k x max(2I, H) for
+    the gate/up output and then the down projection's, I the experts' width over ``moe_tp`` (the TP
+    size, 1 under expert parallel), H the hidden size, in the model's dtype; each part is rounded up
+    to 256 B, nothing at a multiple of 128 tokens. 0 for MXFP4 experts: on Hopper and Blackwell vLLM
+    prefers monolithic kernels for them (``OAITritonMxfp4ExpertsMonolithic`` on Hopper, FlashInfer's
+    TRT-LLM one on Blackwell), which take no workspace from the manager. Other kernels (DeepGEMM,
+    CUTLASS, Marlin) and data parallel's gathered tokens are not derived: the Triton figure stands
+    for them."""
     cfg = config.text()
     topk = first_set(cfg.num_experts_per_tok, cfg.moe_topk, cfg.top_k_experts)
     inter = shape.moe_intermediate_size or (shape.intermediate_size if shape.num_experts else None)
-    if not shape.num_experts or not topk or not inter:
+    quant = config.quantization()
+    if not shape.num_experts or not topk or not inter or (quant and quant.quant_method == "mxfp4"):
         return 0
-    return int(topk) * 2 * int(inter) * shape.dtype_bytes // tp
+    width, hidden = int(inter) // moe_tp, shape.hidden_size
+    return int(topk) * (max(width, hidden) + max(2 * width, hidden)) * shape.dtype_bytes
 
 
 def _custom_all_reduce(hardware: HardwareInputs, args: ServingArgs) -> bool | None:
@@ -219,7 +232,7 @@ def _custom_all_reduce(hardware: HardwareInputs, args: ServingArgs) -> bool | No
 
 def _kv_memory(hardware: HardwareInputs, args: ServingArgs, shape: ConfigShape, weights_per_rank: list[float],
                weights_kind: str, available_kv_gib: float | None, memory: MemoryTerms,
-               facts: dict[str, dict[str, Any]], *, moe_bytes_per_token: int = 0,
+               facts: dict[str, dict[str, Any]], *, moe_per_token: int = 0,
                vllm_version: str | None = None, layers_per_rank: int = 0) -> tuple[list[float], str, str]:
     """KV memory per rank of each stage, its kind and its source; GPU terms go into ``facts``."""
     pp = len(weights_per_rank)
@@ -242,7 +255,9 @@ def _kv_memory(hardware: HardwareInputs, args: ServingArgs, shape: ConfigShape, 
                        vocab_size=shape.vocab_size, dtype_bytes=shape.dtype_bytes,
                        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                        enforce_eager=args.enforce_eager, cudagraphs_in_budget=args.cudagraphs_in_budget, given=memory,
-                       moe_bytes_per_token=moe_bytes_per_token, vllm_version=vllm_version,
+                       moe_workspace_per_token=moe_per_token,
+                       mlp_intermediate_size=0 if shape.num_experts else shape.intermediate_size or 0,
+                       vllm_version=vllm_version,
                        custom_all_reduce=_custom_all_reduce(hardware, args), layers_per_rank=layers_per_rank)
     facts.update(gpu)
     lost = budget.overhead(gpu)
@@ -394,7 +409,8 @@ def plan(config: HFConfig | Mapping[str, Any], hardware: HardwareInputs, args: S
                                         "rope_cache_bytes": fact(rope, rope_source, kind="predicted", unit="B")}
     avail, avail_kind, avail_source = _kv_memory(hardware, args, shape, weights_per_rank, size.kind, available_kv_gib,
                                                  memory or MemoryTerms(), facts, vllm_version=vllm_version,
-                                                 moe_bytes_per_token=_moe_bytes_per_token(config, shape, tp),
+                                                 moe_per_token=moe_workspace_per_token(
+                                                     config, shape, 1 if args.enable_expert_parallel else tp),
                                                  layers_per_rank=max(stages))
     if warning := budget.headroom_warning(facts, hardware.gpu_memory_gib or 0.0, args.gpu_memory_utilization):
         reasons.append(warning)
