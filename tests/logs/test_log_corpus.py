@@ -26,6 +26,7 @@ import yaml
 from conftest import DATA
 from llmtrial.logs.failures import FAILURE_PATTERNS, diagnose_failure
 from llmtrial.logs.lines import read_log
+from llmtrial.logs.signature import failure_signature
 from llmtrial.logs.startup_log import STARTUP_LINES, parse_startup
 
 CORPUS = DATA / "vllm-logs"
@@ -178,10 +179,24 @@ THIRD_ROUND = {
                             "start-failed-rocm-5865-gfx1151"],
     "runtime_oom in graph capture": ["oom-capture-vllm-19186-v1-backends-graph", "oom-capture-vllm-7593-v0-gemma2-capture-end",
                                      "mem-vllm-6746-capture-cuda-error-oom"],
+    "weights_oom in post-load weight processing (a quantization repack)": [
+        "more-club3090-60-cuda-driver-oom-marlin", "oom-postload-club3090-60-marlin-repack-timxx",
+        "oom-postload-vllm-backport-34-mxfp4-marlin-repack"],
+    "runtime_oom while serving (the engine's execute-model loop)": ["oom-serving-vllm-9290-v0-mq-engine-step",
+                                                                    "oom-serving-vllm-13067-v0-added-request"],
     "torch_compile_seconds (\"took\")": ["fig-xpu-compile-b70cookbook-4", "fig-xpu-compile-b70cookbook-14"],
     "gpu_memory_utilization (the engine's arguments)": ["fig-args-gpumemutil-llmscaler-578",
                                                         "fig-args-gpumemutil-proxmoxved-2047",
                                                         "v1-gguf-plugin-101-compose-apiserver-banner"],
+}
+
+
+#: The phase an out-of-memory entry of :data:`THIRD_ROUND` is in, which the signature names where the excerpt
+#: shows an exception line or a traceback (an excerpt without one shows its phase by the kind alone).
+THIRD_ROUND_OOM_PHASES = {
+    "runtime_oom in graph capture": "graph_capture_compile",
+    "weights_oom in post-load weight processing (a quantization repack)": "post_load_processing",
+    "runtime_oom while serving (the engine's execute-model loop)": "serving",
 }
 
 
@@ -194,6 +209,9 @@ def test_the_third_rounds_kinds_and_wordings_each_read_right_on_logs_of_two_sour
             d = _diagnosis(case)
             assert (d["pattern"], d["source"]) == (case.failure["kind"], f"{case.name}.log:{case.failure['line']}")
             assert d["pattern"] == what.split()[0]
+            if what in THIRD_ROUND_OOM_PHASES and "signature" in case.meta:
+                assert case.meta["signature"]["phase"] == THIRD_ROUND_OOM_PHASES[what], case.name
+                assert failure_signature(case.text).phase == THIRD_ROUND_OOM_PHASES[what], case.name
         else:
             key = what.split()[0]
             want = next(w for w in case.figures if w["key"] == key)

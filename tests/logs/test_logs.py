@@ -744,6 +744,9 @@ def test_without_a_traceback_the_phase_comes_from_the_log_or_from_readiness():
     assert diagnose_failure(bare + "\n", ready=True)["pattern"] == "runtime_oom"  # the server had served
     served = "INFO:     Application startup complete.\n" + bare + "\n"
     assert diagnose_failure(served)["pattern"] == "runtime_oom"
+    # the engine had taken a request in (vllm-project/vllm#13067): serving
+    added = "INFO 02-10 18:06:30 engine.py:275] Added request cmpl-30aaf466904d4d148c2e17a584f448e0-0.\n"
+    assert diagnose_failure(added + bare + "\n")["pattern"] == "runtime_oom"
     # vLLM's own load-time message (seed 003) is a load one, and the first out-of-memory line decides
     seed003 = ("ERROR [gpu_model_runner.py:5403] Failed to load model - not enough GPU memory. (original error: "
                "CUDA out of memory. Tried to allocate 768.00 MiB.)")

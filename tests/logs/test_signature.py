@@ -91,6 +91,8 @@ def test_a_log_without_a_traceback_or_an_exception_line_has_no_signature(case):
 @pytest.mark.parametrize(("name", "phase"), [
     ("mem-vllm-6746-capture-cuda-error-oom", "graph_capture_compile"),  # CUDA-graph capture at warm-up
     ("more-club3090-60-cuda-driver-oom-marlin", "post_load_processing"),  # the Marlin repack after loading
+    ("oom-postload-vllm-backport-34-mxfp4-marlin-repack", "post_load_processing"),  # an MXFP4 MoE Marlin repack
+    ("oom-serving-vllm-9290-v0-mq-engine-step", "serving"),  # V0's engine loop stepping
     ("more-axolotl-1971-v0-worker-load-model-oom", "weight_loading"),  # V0 prints no type, names load_model
     ("mem-vllm-28143-create-weights-oom", "weight_loading"),  # vLLM's own error line before the traceback
     ("mem-vllm-12529-v1-oom-no-frames", None),  # the excerpt does not show it
@@ -137,6 +139,10 @@ def test_without_frames_the_last_start_up_line_tells_the_phase_and_frames_win_ov
     ready = "(APIServer pid=1) INFO:     Application startup complete."
     assert failure_signature(f"{loaded}\n{oom}\n").phase == "memory_profiling"
     assert failure_signature(f"{loaded}\n{ready}\n{oom}\n").phase == "serving"
+    # the engine taking a request in (vllm-project/vllm#13067's V0 line) is serving too
+    added = "INFO 02-10 18:06:30 engine.py:275] Added request cmpl-30aaf466904d4d148c2e17a584f448e0-0."
+    sig = failure_signature(f"{loaded}\n{added}\n{oom}\n")
+    assert (sig.phase, sig.phase_line) == ("serving", 2)
     capture = _case("mem-vllm-6746-capture-cuda-error-oom").text
     sig = failure_signature(f"{loaded}\n{capture}")
     assert (sig.phase, sig.phase_line) == ("graph_capture_compile", 8)

@@ -96,8 +96,9 @@ _PHASE_LINES: tuple[tuple[re.Pattern[str], Phase], ...] = (
      "kv_allocation"),
     (re.compile(r"Capturing (?:CUDA graph|cudagraph|the model for CUDA graphs)|Graph capturing finished"),
      "graph_capture_compile"),
+    # the server up, or the engine taking a request in ("Added request cmpl-...", V0's MQLLMEngine and V1's AsyncLLM)
     (re.compile(r"init engine \(profile, create kv cache, warmup model\) took|Starting vLLM API server"
-                r"|Application startup complete|Avg prompt throughput"), "serving"),
+                r"|Application startup complete|Avg prompt throughput|\bAdded request \S"), "serving"),
 )
 
 
