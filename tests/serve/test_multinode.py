@@ -11,12 +11,12 @@ CPU build of vLLM refuses at start-up.
 One module-scoped sequence of runs in one results folder serves every test here:
 
 1. the full trial: preflight on both hosts, the weights copied to B and verified, a gloo
-   sanity check across the hosts, serving and benchmarking, cleanup on both, the report; beside
-   the trial file's two configurations a copy of the native one whose B rank is killed
-   mid-benchmark (one run serves the three: no second preflight, staging and cleanup);
+   sanity check across the hosts, serving and benchmarking, cleanup on both, the report (a rank
+   killed mid-benchmark on the second node is shown on the two-node SLURM, through the same code:
+   tests/workflow/test_slurm_two_nodes.py);
 2. the native configuration alone again (``--forcerun stage_model trial``: the first run's
-   cleanup deleted the weights on both hosts, as the trial file asks; the Ray one and the copy are
-   taken out of the trial file), ``kill -9`` of snakemake once B's rank runs, then ``snakemake cleanup``.
+   cleanup deleted the weights on both hosts, as the trial file asks; the Ray one is taken out of
+   the trial file), ``kill -9`` of snakemake once B's rank runs, then ``snakemake cleanup``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -39,22 +38,19 @@ from conftest import REPO, SNAKEFILE, alone_with_the_stale_check, free_base_port
 from hosts import INTERFACE
 from llmtrial.core.ledger import Entry, Ledger
 from llmtrial.host.nodes import Node, NodeDefaults
-from llmtrial.host.process_groups import group_alive, group_members, port_open
-from workflow_helpers import SNAKEMAKE, open_pass, snakemake, write_config
+from llmtrial.host.process_groups import group_alive, group_members
+from workflow_helpers import SNAKEMAKE, snakemake, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
 
 TRIAL_FILE = REPO / "config" / "trials" / "two-hosts-cpu.yaml"
 CONFIGURATION = "tp2-two-hosts"
 RAY = "tp2-two-hosts-ray"
-KILLED = "tp2-two-hosts-b-killed"  # the native configuration again, its B rank killed mid-benchmark
 
 
 def trial_config(h, work) -> dict:
     config = yaml.safe_load(TRIAL_FILE.read_text())
     config["configurations"] = {name: config["configurations"][name] for name in (CONFIGURATION, RAY)}
-    config["configurations"][KILLED] = {**config["configurations"][CONFIGURATION],
-                                        "description": "The native configuration, its rank on host b killed mid-benchmark."}
     config["staging_dir"] = str(work / "staging")
     config["serving"]["base_port"] = free_base_port(18700, 3)
     config["nodes"]["a"]["address"] = h.addr_a
@@ -102,20 +98,6 @@ def b_rank(entry: Entry, configuration: str) -> bool:
     return entry.node == "b" and entry.label == f"two-hosts/{configuration} rank 1"
 
 
-def kill_b_rank_mid_benchmark(results, done: threading.Event, killed: dict) -> None:
-    """SIGKILL the KILLED configuration's headless rank on B (by its group, read from the ledger) while one of
-    its benchmark passes is in flight, whatever the machine's speed; ``killed`` gets that pass's name."""
-    telemetry = results / "configs" / KILLED / "telemetry.csv"
-    while not done.is_set():
-        fresh = [e for e in ledger(results) if e.action == "group_started" and b_rank(e, KILLED)]
-        running = open_pass(telemetry) if fresh else None
-        if running is not None:
-            os.killpg(fresh[-1].pgid, signal.SIGKILL)
-            killed["pass"] = running
-            return
-        time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def two_host_trial(hosts, tmp_path_factory):
     work = tmp_path_factory.mktemp("two-hosts")
@@ -124,24 +106,15 @@ def two_host_trial(hosts, tmp_path_factory):
     results = work / "results" / config["trial"]
     out = {"work": work, "config": config, "results": results, "hosts": hosts}
     t0 = time.time()
-    done = threading.Event()
-    out["killed"] = {}
-    killer = threading.Thread(target=kill_b_rank_mid_benchmark, args=(results, done, out["killed"]), daemon=True)
-    killer.start()
-    try:
-        with alone_with_the_stale_check():  # its preflight checks both hosts for stale vLLM, Ray and rank processes
-            out["first"] = on_a(hosts, work, "--cores", "all", timeout=1200)
-    finally:
-        done.set()
+    with alone_with_the_stale_check():  # its preflight checks both hosts for stale vLLM, Ray and rank processes
+        out["first"] = on_a(hosts, work, "--cores", "all", timeout=1200)
     out["first_s"] = time.time() - t0
     print(f"two-host trial took {out['first_s']:.0f} s", file=sys.stderr)
     if out["first"].returncode == 0:
         out["first_record"] = record_of(results)
         out["ray_record"] = record_of(results, RAY)
-        out["killed_record"] = record_of(results, KILLED)
         out["first_cleanup"] = json.loads((results / "cleanup" / "record.json").read_text())
-    for name in (RAY, KILLED):  # the run after the first reruns the native configuration alone
-        del config["configurations"][name]
+    del config["configurations"][RAY]  # the run after the first reruns the native configuration alone
     write_config(work, config)
     yield out
     stop_everything(hosts, results)
@@ -258,23 +231,6 @@ def test_cleanup_left_nothing_on_either_host(two_host_trial):
     assert {e.node for e in entries} == {"a", "b"}
     for server in (e for e in entries if e.action == "server_started"):
         assert group_members(server.pgid, not_before=server.launched_at) == []
-
-
-def test_b_killed_mid_benchmark_gives_a_failure_record_and_a_clean_host(two_host_trial):
-    record = two_host_trial["killed_record"]
-    assert record["status"] == "failed" and record["failure"]["phase"] == "benchmark"
-    # killed while that pass was in flight: the pass found B's rank gone, and the scenario stopped there
-    killed = two_host_trial["killed"]["pass"]
-    assert "node b" in record["failure"]["message"] and f"during scenario c2 ({killed})" in record["failure"]["message"]
-    assert record["failure"]["error_line"]["pattern"] == "peer_lost"
-    assert two_host_trial["first_record"]["status"] == "ok"  # the other configurations of the run are untouched
-    entries = ledger(two_host_trial["results"])
-    killed = [e for e in entries if e.action == "group_launch" and KILLED in e.label]
-    undone = {e.undoes for e in entries if e.action == "group_stopped"}
-    assert {e.node for e in killed} == {"a", "b"} and all(e.id in undone for e in killed)
-    assert two_host_trial["first_cleanup"]["restored"], two_host_trial["first_cleanup"]["residues"]
-    assert groups_on_b(two_host_trial, entries) == []
-    assert not port_open("127.0.0.1", record["server"]["port"])
 
 
 def test_kill_9_of_snakemake_then_cleanup_stops_bs_rank_from_the_ledger(two_host_trial):

@@ -34,7 +34,7 @@ from hosts import INTERFACE, SSHD, TwoHosts, two_hosts
 from llmtrial.core.ledger import Entry, Ledger
 from llmtrial.core.records import load_record
 from llmtrial.host.nodes import Node
-from llmtrial.host.process_groups import group_members
+from llmtrial.host.process_groups import group_members, port_open
 from llmtrial.lifecycle.cleanup import outstanding
 from slurm_cluster import SlurmCluster, SlurmNode, SlurmUnavailable, leftovers, slurm_cluster
 from workflow_helpers import SNAKEMAKE, open_pass
@@ -255,6 +255,8 @@ def test_node_bs_rank_killed_mid_benchmark_fails_its_configuration_naming_the_no
     assert record.status == "failed" and record.failure.phase == "benchmark"
     assert f"node b (SLURM host {NODES[1]})" in record.failure.message, record.failure.message
     assert f"during scenario c2 ({seen.killed})" in record.failure.message
+    assert record.failure.error_line.pattern == "peer_lost"  # what the API server on a logged of its lost peer
+    assert not port_open("127.0.0.1", record.server.port)
     entries = entries_of(work)
     killed = [e for e in entries if e.action == "group_launch" and KILLED in e.label]
     undone = {e.undoes for e in entries if e.action == "group_stopped"}
