@@ -137,6 +137,9 @@ def trial_config(h: TwoHosts, work: Path) -> dict:
     config["configurations"][KILLED] = {**config["configurations"][CONFIGURATION],
                                         "description": "The same, its rank on node b killed mid-benchmark."}
     config["services"] = {f"gate-{n}": gate(work / f"gate-{n}.up", n) for n in ("a", "b")}
+    # passes of several seconds, so that the kill lands inside one whatever the machine's speed (the trial file's 8
+    # prompts can end between two polls)
+    config["scenarios"]["c2"]["num_prompts"] = 48
     config["slurm"] = {"runtime_min": 20, "setup_runtime_min": 10}
     return config
 
@@ -168,7 +171,7 @@ def submit_and_watch(h: TwoHosts, c: SlurmCluster, work: Path, config_path: Path
             if running and not seen.shown:
                 seen.squeue = running
                 seen.shown = c.run("scontrol", "show", "job", running[0]["id"]).stdout
-            time.sleep(1)
+            time.sleep(0.25)
         reader.join(timeout=30)
     seen.wall_s = time.monotonic() - started
     seen.run = subprocess.CompletedProcess(cmd, proc.returncode, "".join(out), "")

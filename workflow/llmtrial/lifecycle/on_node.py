@@ -74,7 +74,7 @@ def cleanup_there(node: str, results_dir: Path, record_path: Path, *, ports: Ite
     Path(record_path).unlink(missing_ok=True)
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S, check=False,
-                              env=None if "--overlap" in argv else own_job_env())
+                              env=None if node in allocation_hosts() else own_job_env())  # a step, or a job of its own
     except subprocess.TimeoutExpired:
         return unreached(f"no answer in {SUBMIT_TIMEOUT_S:.0f} s")
     for line in (done.stdout + done.stderr).splitlines():
