@@ -345,7 +345,9 @@ def _write_config(c: SlurmCluster) -> None:
         "ProctrackType=proctrack/pgid", "TaskPlugin=task/none", "MpiDefault=none",
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
         "AccountingStorageType=accounting_storage/none", "JobAcctGatherType=jobacct_gather/none",
-        "JobCompType=jobcomp/none", "ReturnToService=2", f"MinJobAge={MIN_JOB_AGE}", f"KillWait={KILL_WAIT}",
+        # ReturnToService=1: a node set DOWN by `scontrol update` stays down until `state=resume` (one that stopped
+        # responding comes back when its slurmd registers again); with 2 it came back at its slurmd's next registration
+        "JobCompType=jobcomp/none", "ReturnToService=1", f"MinJobAge={MIN_JOB_AGE}", f"KillWait={KILL_WAIT}",
         "InactiveLimit=0", "SchedulerType=sched/backfill", "SchedulerParameters=sched_interval=1,bf_interval=1",
         "GresTypes=gpu",
         *(f"NodeName={node.name} NodeAddr={node.address} NodeHostname={host} {_topology()} Gres=gpu:1 State=UNKNOWN"

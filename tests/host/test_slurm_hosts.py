@@ -18,10 +18,12 @@ from llmtrial.host.slurm_hosts import (
     JOB_ENV,
     NODELIST_ENV,
     STEP_ENV,
+    HostState,
     allocation_hosts,
     expand_hostlist,
     own_job_env,
     remember_allocation,
+    srun_argv,
 )
 from llmtrial.plan.allocation import allocation_nodes, rule_resources
 from llmtrial.plan.plan_inputs import ServingArgs
@@ -134,3 +136,29 @@ def test_a_job_of_its_own_is_started_without_the_job_srun_runs_in(monkeypatch):
     assert "SLURM_JOB_ID" not in env and "SLURM_JOB_NODELIST" not in env
     assert env["SLURM_CONF"] == "/etc/slurm/slurm.conf" and env["LLMTRIAL_X"] == "1"
     assert own_job_env({"SLURM_JOBID": "5", "PATH": "/bin"}) == {"PATH": "/bin"}
+
+
+#: States as scontrol prints them (slurm.conf(5) and scontrol(1): a base state and its flags joined by "+";
+#: sinfo marks a host that does not respond with "*"): whether SLURM would start a job of its own there now.
+STATES = [("IDLE", True), ("MIXED", True), ("ALLOCATED", True), ("IDLE+COMPLETING", True), ("IDLE+CLOUD", True),
+          ("DOWN", False), ("DOWN+NOT_RESPONDING", False), ("IDLE+DRAIN", False), ("ALLOCATED+DRAIN", False),
+          ("IDLE+NOT_RESPONDING", False), ("idle*", False), ("IDLE+POWERED_DOWN", False), ("FUTURE", False),
+          ("down*", False), ("drained", False)]
+
+
+@pytest.mark.parametrize("state,available", STATES)
+def test_a_host_down_drained_or_silent_takes_no_job_of_its_own(state, available):
+    host = HostState(host="gpu08", state=state, reason="disk" if not available else None)
+    assert host.available is available
+    assert host.describe() == f"SLURM has host gpu08 {state}" + ("" if available else " (reason: disk)")
+
+
+def test_a_job_of_its_own_waits_for_its_host_at_most_its_timeout_and_a_step_never_queues():
+    """srun killed by a timeout would leave its request queued, to run once the host came free; with
+    --immediate srun withdraws it itself."""
+    assert srun_argv("gpu08", ["true"], None, ["--job-name=x"], wait_s=60.5) == [
+        "srun", "--nodes=1", "--ntasks=1", "--nodelist=gpu08", "--immediate=60", "--job-name=x", "true"]
+    assert srun_argv("gpu08", ["true"], "5", wait_s=60) == [
+        "srun", "--jobid=5", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=gpu08", "true"]
+    b = Node(name="b", reach="slurm", slurm_host="gpu08")
+    assert "--immediate=30" in b.argv(["true"], wait_s=30) and "--immediate=30" not in b.argv(["true"])

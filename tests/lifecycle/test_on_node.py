@@ -50,9 +50,9 @@ def test_a_nodes_changes_are_left_to_that_node_and_a_node_out_of_reach_is_a_resi
 def test_the_cleanup_sent_to_a_node_is_one_argv_naming_the_node_the_trial_and_its_record(tmp_path):
     argv = cleanup_argv("gpu-n7", tmp_path / "results" / "demo", tmp_path / "r.json", ports=[8100, 8101],
                         host="127.0.0.1", stop_timeout=30.0, weights=False, submit=["--partition=h100"])
-    assert argv[:6] == ["srun", "--nodes=1", "--ntasks=1", "--nodelist=gpu-n7", "--job-name=llmtrial-cleanup-demo",
-                        "--partition=h100"]
-    assert argv[7:10] == ["-m", "llmtrial.cli", "cleanup"] and argv[-1] == "--keep-weights"
+    assert argv[:7] == ["srun", "--nodes=1", "--ntasks=1", "--nodelist=gpu-n7", "--immediate=1800",
+                        "--job-name=llmtrial-cleanup-demo", "--partition=h100"]  # waits for its node, bounded
+    assert argv[8:11] == ["-m", "llmtrial.cli", "cleanup"] and argv[-1] == "--keep-weights"
     assert argv[argv.index("--record") + 1] == str(tmp_path / "r.json")
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--port"] == ["8100", "8101"]
 

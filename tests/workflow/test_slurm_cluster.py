@@ -202,3 +202,27 @@ def test_slurm_reads_the_host_lists_as_the_workflow_does(slurm: SlurmCluster):
         assert shown.returncode == 0 and shown.stdout.split() == expand_hostlist(text), (text, shown.stderr)
     refused = slurm.run("scontrol", "show", "hostnames", "n[001-003]-ib")
     assert "Invalid hostlist" in refused.stderr and not refused.stdout  # a suffix: tests/host/test_slurm_hosts.py refuses it too
+
+
+def test_a_host_slurm_has_down_is_named_with_its_reason_and_sent_no_job(slurm: SlurmCluster,
+                                                                          monkeypatch: pytest.MonkeyPatch):
+    """A cleanup reaching a SLURM node as a job of its own (outside the allocation) asks SLURM for the host's state
+    first: srun would queue a job for a down host until it came back, and run it then, unasked."""
+    from llmtrial.host.nodes import Node, NodeError
+    from llmtrial.host.slurm_hosts import node_state
+
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    node = Node(name="b", reach="slurm", slurm_host=slurm.node)
+    assert node_state(slurm.node).available and node.unavailable() is None
+    reason = "llmtrial test: set down"
+    assert slurm.run("scontrol", "update", f"nodename={slurm.node}", "state=down", f"reason={reason}").returncode == 0
+    try:
+        state = node_state(slurm.node)
+        assert state.state.startswith("DOWN") and state.reason.startswith(reason) and not state.available, state
+        with pytest.raises(NodeError, match=f"node b \\(SLURM host {slurm.node}\\): SLURM has host {slurm.node} DOWN"):
+            node.run(["true"], timeout=60)
+        assert not [j for j in slurm.jobs() if j["state"] == "PENDING"]  # nothing queued for the down host
+    finally:
+        assert slurm.run("scontrol", "update", f"nodename={slurm.node}", "state=resume").returncode == 0
+    until("the host back", lambda: node_state(slurm.node).available)
+    assert node.run(["sh", "-c", "echo $SLURMD_NODENAME"], timeout=60).stdout.split() == [slurm.node]

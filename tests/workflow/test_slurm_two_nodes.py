@@ -31,6 +31,7 @@ import yaml
 
 from conftest import REPO, SNAKEFILE, alone_with_the_stale_check, free_base_port, wait_until
 from hosts import INTERFACE, SSHD, TwoHosts, two_hosts
+from llmtrial.core.cleanup_model import CleanupRecord
 from llmtrial.core.ledger import Entry, Ledger
 from llmtrial.core.records import load_record
 from llmtrial.host.nodes import Node
@@ -323,6 +324,91 @@ def test_scancel_mid_configuration_then_snakemake_cleanup_leaves_nothing_on_eith
     assert record.restored and record.residues == []
     assert sorted(s.name for s in record.left_behind.services) == ["gate-a", "gate-b"]
     assert all(s.restored_by_run == record.run for s in record.left_behind.services)
+    assert seen.pgids and all(group_members(pgid) == [] for pgid in seen.pgids)  # API server on a, ranks on b
+    assert {kind: changes for kind, changes in outstanding(entries_of(work)).items() if changes} == {}
+    assert (work / "gate-a.up").exists() and (work / "gate-b.up").exists()
+
+
+@dataclass
+class NodeLost:
+    """The third run: node b set down in SLURM while its configuration runs, then, once b is back, the
+    submitting side's `snakemake cleanup`."""
+
+    run: subprocess.CompletedProcess[str] | None = None  # the login snakemake's, its onerror's cleanup included
+    down: str = ""  # `scontrol show node` of b while it was down
+    on_error: CleanupRecord | None = None  # the cleanup that ran while b was down
+    pgids: list[int] = field(default_factory=list)  # the run's server and ranks, by the ledger
+    cleanup: subprocess.CompletedProcess[str] | None = None  # `snakemake cleanup` once b was back
+
+
+@pytest.fixture(scope="module")
+def node_lost(cluster, cancelled) -> Iterator[tuple[Path, NodeLost]]:
+    h, c = cluster
+    work, _ = cancelled
+    before = len(entries_of(work))
+    argv = [SNAKEMAKE, "--snakefile", str(SNAKEFILE), "--directory", str(work), "--profile", PROFILE,
+            "--configfile", str(work / "again.yaml"), *QUICK]
+    seen = NodeLost()
+    with alone_with_the_stale_check():  # its preflight checks both hosts for stale vLLM and rank processes
+        with open(work / "lost.out", "w") as out:  # all again: the last cleanup deleted the weights on both nodes
+            # --rerun-incomplete: the second run's login snakemake was killed with its jobs' outputs marked incomplete
+            proc = subprocess.Popen(h.on_a([*argv, "--forceall", "--rerun-incomplete"]), cwd=REPO, env=c.env(),
+                                    stdout=out, stderr=subprocess.STDOUT, text=True)
+
+        def serving() -> list[Entry]:
+            assert proc.poll() is None, (work / "lost.out").read_text()[-3000:]
+            return [e for e in entries_of(work)[before:] if e.action == "group_started" and e.label.endswith("rank 1")]
+        wait_until(serving, "the third run's rank on node b", timeout=600, poll=1)
+        try:
+            assert c.run("scontrol", "update", f"nodename={NODES[1]}", "state=down", f"reason={LOST}").returncode == 0
+            seen.down = c.run("scontrol", "--oneliner", "show", "node", NODES[1]).stdout
+            proc.wait(timeout=900)  # the job fails with its node; the login side's onerror cleans up
+            seen.run = subprocess.CompletedProcess(proc.args, proc.returncode, (work / "lost.out").read_text(), "")
+            seen.on_error = load_record(work / "results" / "two-nodes-slurm" / "cleanup" / "on-error.json", "cleanup")
+        finally:
+            c.run("scontrol", "update", f"nodename={NODES[1]}", "state=resume")
+        new = entries_of(work)[before:]
+        seen.pgids = [int(e.pgid) for e in new if e.action in ("server_started", "group_started")]
+        wait_until(lambda: "IDLE" in c.run("sinfo", "--noheader", "--nodes", NODES[1], "--format=%T").stdout.upper(),
+                   f"{NODES[1]} back in SLURM", timeout=120, poll=1)
+        seen.cleanup = subprocess.run(h.on_a([*argv, "cleanup"]), cwd=REPO, env=c.env(), capture_output=True, text=True,
+                                      timeout=600)
+    yield work, seen
+
+
+#: The reason node b is set down with.
+LOST = "llmtrial test: node lost mid-configuration"
+
+
+@pytest.mark.e2e
+@pytest.mark.workflow
+def test_node_b_lost_mid_configuration_keeps_its_changes_as_residues_naming_it(node_lost):
+    """Cleanup of node a still runs; what the trial changed on b stays in the ledger, each a residue that
+    names b and says SLURM has it down."""
+    work, seen = node_lost
+    assert "State=DOWN" in seen.down, seen.down
+    assert seen.run.returncode != 0
+    record = seen.on_error
+    assert not record.restored
+    on_b = [r for r in record.residues if r.node == "b"]
+    assert on_b and on_b == record.residues, record.residues
+    assert {r.kind for r in on_b} >= {"process", "file", "service"}, on_b  # b's rank, plugin folder, gate-b
+    assert all(f"SLURM has host {NODES[1]} DOWN" in r.seen and LOST in r.seen for r in on_b), on_b
+    assert f"on b: node b (SLURM host {NODES[1]}): SLURM has host {NODES[1]} DOWN" in seen.run.stdout
+    # gate-a started again on a; gate-b not started (its node is down), nothing waited for it
+    assert sorted((s.name, s.healthy) for s in record.services_restored) == [("gate-a", True), ("gate-b", False)]
+    assert (work / "gate-a.up").exists()
+
+
+@pytest.mark.e2e
+@pytest.mark.workflow
+def test_a_cleanup_once_node_b_is_back_finishes_its_changes_and_leaves_nothing(node_lost):
+    work, seen = node_lost
+    done = seen.cleanup
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = load_record(work / "results" / "two-nodes-slurm" / "cleanup" / "on-demand.json", "cleanup")
+    assert record.restored and record.residues == []
+    assert "gate-b" in [s.name for s in [*record.services_restored, *record.left_behind.services]]
     assert seen.pgids and all(group_members(pgid) == [] for pgid in seen.pgids)  # API server on a, ranks on b
     assert {kind: changes for kind, changes in outstanding(entries_of(work)).items() if changes} == {}
     assert (work / "gate-a.up").exists() and (work / "gate-b.up").exists()

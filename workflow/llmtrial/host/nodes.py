@@ -41,7 +41,7 @@ from llmtrial.core.fileio import sha256_file
 from llmtrial.core.record_base import error_lines
 from llmtrial.core.trial_checks import option_key
 from llmtrial.core.trial_config import NodeBlock, SshBlock, TrialConfig
-from llmtrial.host.slurm_hosts import JOB_ENV, allocation_hosts, own_job_env, srun_argv
+from llmtrial.host.slurm_hosts import JOB_ENV, allocation_hosts, node_state, own_job_env, srun_argv
 from llmtrial.onnode import file_hashes, node_probe
 
 __all__ = [
@@ -194,9 +194,10 @@ class Node:
         chosen = [o for o in defaults if option_key(o) not in given] + list(self.options)
         return [arg for option in chosen for arg in ("-o", option)]
 
-    def argv(self, cmd: Sequence[str]) -> list[str]:
+    def argv(self, cmd: Sequence[str], wait_s: float | None = None) -> list[str]:
         """The argv that runs ``cmd`` on this node: ``cmd`` itself on a local node, else ssh
-        with the command quoted so the remote shell splits it back into exactly ``cmd``."""
+        with the command quoted so the remote shell splits it back into exactly ``cmd``; a SLURM
+        node reached as a job of its own waits at most ``wait_s`` for its host (srun's ``--immediate``)."""
         cmd = [str(c) for c in cmd]
         if not cmd:
             raise ValueError("empty command")
@@ -205,20 +206,32 @@ class Node:
         if self.reach == "slurm":
             if not self.slurm_host:
                 raise NodeError(f"{self.label()}: no SLURM allocation names its host here ({JOB_ENV} unset)")
-            return [*self.via, *srun_argv(self.slurm_host, cmd, self.slurm_job)]
+            return [*self.via, *srun_argv(self.slurm_host, cmd, self.slurm_job, wait_s=wait_s)]
         key = ["-i", self.identity_file] if self.identity_file else []
         return [*self.via, "ssh", *key, "-p", str(self.port), *self.ssh_options(), self._target(), "--",
                 shlex.join(cmd)]
 
-    def _command(self, cmd: Sequence[str], env: Mapping[str, str] | None) -> tuple[list[str], dict[str, str] | None]:
+    def _command(self, cmd: Sequence[str], env: Mapping[str, str] | None,
+                 wait_s: float | None = None) -> tuple[list[str], dict[str, str] | None]:
         """(argv to run here, environment for it): a remote ``env`` becomes ``env K=V ...``."""
         for key in env or {}:
             if not _ENV_NAME.match(key):
                 raise ValueError(f"{self.label()}: {key!r} is not an environment variable name")
         if self.is_local or self.reach == "slurm":  # srun passes this process's environment on
-            return self.argv(cmd), self.local_env(env)
+            return self.argv(cmd, wait_s), self.local_env(env)
         prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
         return self.argv([*prefix, *cmd]), None
+
+    def unavailable(self) -> str | None:
+        """Why a command cannot reach this node now, without trying: a SLURM host reached as a job of its own
+        (outside the allocation: a cleanup) that SLURM has down, drained or not responding, where srun would
+        wait in the queue until the host came back. None otherwise."""
+        if self.reach != "slurm" or self.slurm_job or not self.slurm_host:
+            return None
+        state = node_state(self.slurm_host)
+        if state is None or state.available:
+            return None
+        return f"{self.label()}: {state.describe()}: not reached (run the cleanup again once the host is back)"
 
     def local_env(self, env: Mapping[str, str] | None = None) -> dict[str, str] | None:
         """The environment of the process that runs :meth:`argv` here (None: this one's): a SLURM node reached
@@ -235,7 +248,9 @@ class Node:
         ignores the hang-up may go on). With ``check``, a non-zero exit raises NodeError naming
         the node, the command and the end of its stderr.
         """
-        argv, local_env = self._command(cmd, env)
+        if (why := self.unavailable()) is not None:
+            raise NodeError(why)
+        argv, local_env = self._command(cmd, env, wait_s=timeout)
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=local_env,
                                   input=input, stdin=None if input is not None else subprocess.DEVNULL)

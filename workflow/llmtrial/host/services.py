@@ -314,7 +314,8 @@ def quiet(services: list[Service], ledger: Ledger, runner: Runner = run_argv) ->
         down, down_seen, took = _wait(lambda svc=svc: _down(svc, runner), svc.stop_timeout_s)
         if not down:
             residues.append(Residue(kind="service", what=svc.name, tried=" ".join(svc.argv("stop")),
-                                    seen=f"still up after {svc.stop_timeout_s:g} s: {down_seen} ({stop_seen})"))
+                                    seen=f"still up after {svc.stop_timeout_s:g} s: {down_seen} ({stop_seen})",
+                                    **svc.named()))
         ledger.append(Action.SERVICE_STOPPED, name=svc.name, down=down, quiet=entry.id,
                       **svc.named())
         if down:
@@ -371,6 +372,12 @@ def restore(entries: list[Entry], ledger: Ledger, runner: Runner = run_argv,
             done.services.append(RestoredService(**head, healthy=False, held_by_gpu=failed.gpu, health_seen="not started"))
             done.residues.append(_held_back(svc, failed))
             continue
+        lost = svc.node.unavailable() if svc.node is not None else None
+        if lost is not None:  # its node is down: nothing to start there, nor to wait for
+            done.services.append(RestoredService(**head, healthy=False, health_seen=f"not started: {lost}"))
+            done.residues.append(Residue(kind="service", what=svc.name, tried=f"start it on node {svc.node.name}",
+                                         seen=lost, **svc.named()))
+            continue
         state, seen = svc.state(runner)
         started = {}
         if state != RUNNING:
@@ -384,7 +391,8 @@ def restore(entries: list[Entry], ledger: Ledger, runner: Runner = run_argv,
                           **svc.named())
         else:
             done.residues.append(Residue(kind="service", what=svc.name, tried=" ".join(svc.argv("start")),
-                                         seen=f"not running and healthy after {svc.health_timeout_s:g} s: {seen_after}"))
+                                         seen=f"not running and healthy after {svc.health_timeout_s:g} s: {seen_after}",
+                                         **svc.named()))
         log.info("restored %s: healthy=%s (%s)", svc.name, ok, seen_after)
     return done
 
@@ -400,7 +408,7 @@ def _held_back(svc: Service, failed: HeldGpu) -> Residue:
     return Residue(kind="service", what=svc.name, tried="not started: it runs on a GPU that failed its health check",
                    seen=f"GPU {failed.gpu} failed its health check after {failed.label} failed ({failed.evidence}); "
                         f"start it once the GPU is sound (`snakemake cleanup` checks the GPU again), or set "
-                        f"services.{svc.name}.start_on_failed_gpu")
+                        f"services.{svc.name}.start_on_failed_gpu", **svc.named())
 
 
 def check_running(quiet_ids: list[str], entries: list[Entry], runner: Runner = run_argv) -> list[HostService]:

@@ -11,7 +11,9 @@ ended), as a job of its own on that host (``srun --nodelist=<host>``).
 An allocation's batch script (the process sbatch starts: where Snakemake's SLURM executor runs the
 group's own snakemake) has ``SLURM_JOB_ID`` but no ``SLURM_STEP_ID``, which srun sets in each step it
 starts (:func:`in_batch_step`); :func:`job_state` reads a job's state from squeue (``RUNNING``, or
-``CANCELLED`` at once after scancel while its processes are still being killed).
+``CANCELLED`` at once after scancel while its processes are still being killed), and
+:func:`node_state` a host's from scontrol: a host that is down, drained or not responding takes no job
+of its own, and an srun asking it for one would wait in the queue until the host came back.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import re
 import shutil
 import subprocess
 from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
 
-__all__ = ["ALLOCATION_ENV", "JOB_ENV", "NODELIST_ENV", "STEP_ENV", "expand_hostlist", "allocation_hosts", "in_batch_step",
-           "job_state", "own_job_env", "remember_allocation", "srun_argv", "srun_options"]
+__all__ = ["ALLOCATION_ENV", "JOB_ENV", "NODELIST_ENV", "STEP_ENV", "HostState", "expand_hostlist", "allocation_hosts",
+           "in_batch_step", "job_state", "node_state", "own_job_env", "remember_allocation", "srun_argv", "srun_options"]
 
 JOB_ENV = "SLURM_JOB_ID"
 NODELIST_ENV = "SLURM_JOB_NODELIST"
@@ -115,6 +118,51 @@ def job_state(job: str, timeout: float = 30.0) -> str | None:
     return states[0] if states else None
 
 
+#: The parts of a host's state (``scontrol``'s ``State=``, its flags joined by ``+``) under which it takes no
+#: new job: down, drained or draining, failed or failing, not responding, powered down, not there yet.
+UNAVAILABLE = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING", "POWERED_DOWN",
+                         "POWERING_DOWN", "POWER_DOWN", "FUTURE", "UNKNOWN", "INVAL"})
+#: The marks sinfo appends to a state (not responding, powered off, powering up, ...).
+SINFO_MARKS = "*~#!%$@^-"
+
+
+@dataclass(frozen=True)
+class HostState:
+    """A SLURM host's state as scontrol shows it: ``state`` (``IDLE``, ``DOWN+NOT_RESPONDING``, ...) and the
+    ``reason`` an administrator or slurmctld gave (None without one)."""
+
+    host: str
+    state: str
+    reason: str | None = None
+
+    @property
+    def available(self) -> bool:
+        """False when SLURM would not start a job on the host now (:data:`UNAVAILABLE`, or sinfo's marks of a
+        host not responding, powered off or powering down: ``*``, ``~``, ``!``, ``%``)."""
+        parts = self.state.upper().split("+")
+        return not ({p.rstrip(SINFO_MARKS) for p in parts} & UNAVAILABLE or any(p[-1:] in "*~!%" for p in parts if p))
+
+    def describe(self) -> str:
+        return f"SLURM has host {self.host} {self.state}" + (f" (reason: {self.reason})" if self.reason else "")
+
+
+def node_state(host: str, timeout: float = 30.0) -> HostState | None:
+    """Host ``host``'s state from ``scontrol show node``; None where scontrol is missing, fails or does
+    not know the host (then only trying it tells)."""
+    if shutil.which("scontrol") is None:
+        return None
+    try:
+        done = subprocess.run(["scontrol", "--oneliner", "show", "node", host], capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return None
+    state = re.search(r"(?:^|\s)State=(\S+)", done.stdout) if done.returncode == 0 else None
+    if state is None:
+        return None
+    reason = re.search(r"(?:^|\s)Reason=(.*?)\s*(?=\s[A-Za-z]+=|$)", done.stdout.strip())
+    return HostState(host=host, state=state.group(1), reason=reason.group(1) if reason else None)
+
+
 def own_job_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for an srun that starts a job of its own (``srun --nodelist=<host>``, no ``--jobid``):
     this process's, without the ``SLURM_*`` variables of a job it may run in (srun takes an inherited
@@ -128,8 +176,12 @@ def srun_options(partition: str | None, account: str | None) -> list[str]:
     return [f"--{key}={value}" for key, value in (("partition", partition), ("account", account)) if value]
 
 
-def srun_argv(host: str, cmd: Sequence[str], job: str | None, options: Sequence[str] = ()) -> list[str]:
+def srun_argv(host: str, cmd: Sequence[str], job: str | None, options: Sequence[str] = (),
+              wait_s: float | None = None) -> list[str]:
     """The argv that runs ``cmd`` on ``host``: a step of allocation ``job`` beside the running ones,
-    or, without one, a job of its own on that host (``options``: srun's further ones)."""
+    or, without one, a job of its own on that host (``options``: srun's further ones); ``wait_s``: how
+    long a job of its own may wait for the host (srun's ``--immediate``), so that srun gives up its
+    request itself instead of being killed with it still queued, to run later unasked."""
     within = [f"--jobid={job}", "--overlap"] if job else []
-    return ["srun", *within, "--nodes=1", "--ntasks=1", f"--nodelist={host}", *options, *cmd]
+    immediate = [f"--immediate={max(1, int(wait_s))}"] if wait_s is not None and not job else []
+    return ["srun", *within, "--nodes=1", "--ntasks=1", f"--nodelist={host}", *immediate, *options, *cmd]

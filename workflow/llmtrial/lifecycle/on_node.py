@@ -8,9 +8,10 @@ names that node (``machine``: :func:`llmtrial.core.hostlock.this_host`). ``onerr
 (an argv list, waiting for the node like any job; the results folder is on the shared file
 system, as the workflow's own jobs need), then reads back the cleanup record it wrote. From inside
 an allocation, a node of that allocation is reached as a step of it (``srun --jobid --overlap``): a
-job of its own would wait for the node this allocation holds. A node that
-cannot be reached is a residue that names it, and what it changed is left alone here: undoing a
-node's services or patches on another machine would change the wrong host.
+job of its own would wait for the node this allocation holds. A node that cannot be reached
+(SLURM has it down, drained or not responding; srun failed) is a residue that names it, and what
+it changed is left alone here: undoing a node's services or patches on another machine would
+change the wrong host.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from llmtrial.core.hostlock import tell, this_host
 from llmtrial.core.ledger import Entry, replay
 from llmtrial.core.record_base import Residue
 from llmtrial.core.records import load_record
-from llmtrial.host.slurm_hosts import JOB_ENV, allocation_hosts, own_job_env, srun_argv
+from llmtrial.host.slurm_hosts import JOB_ENV, allocation_hosts, node_state, own_job_env, srun_argv
 
 #: How long the cleanup sent to a node may take, waiting for the node included.
 SUBMIT_TIMEOUT_S = 1800.0
@@ -54,7 +55,7 @@ def cleanup_argv(node: str, results_dir: Path, record_path: Path, *, ports: Iter
            *[arg for port in ports for arg in ("--port", str(port))], *([] if weights else ["--keep-weights"])]
     if node in allocation_hosts():
         return srun_argv(node, cmd, os.environ[JOB_ENV])
-    return srun_argv(node, cmd, None, [f"--job-name=llmtrial-cleanup-{trial}", *submit])
+    return srun_argv(node, cmd, None, [f"--job-name=llmtrial-cleanup-{trial}", *submit], wait_s=SUBMIT_TIMEOUT_S)
 
 
 def cleanup_there(node: str, results_dir: Path, record_path: Path, *, ports: Iterable[int], host: str,
@@ -69,6 +70,9 @@ def cleanup_there(node: str, results_dir: Path, record_path: Path, *, ports: Ite
 
     if shutil.which("srun") is None:
         return unreached(f"no srun on {this_host()}: run `llmtrial cleanup {results_dir}` on {node}")
+    state = node_state(node)
+    if state is not None and not state.available:  # srun would queue the cleanup until the host came back
+        return unreached(f"{state.describe()}: run the cleanup again once it is back")
     tell(f"llmtrial cleanup: the ledger's changes were made on node {node}: sending the cleanup there "
          f"({' '.join(argv[:5])} …)")
     Path(record_path).unlink(missing_ok=True)
