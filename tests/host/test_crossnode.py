@@ -8,8 +8,11 @@ processes they plant.
 
 from __future__ import annotations
 
+import base64
 import copy
 import dataclasses
+import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -54,6 +57,7 @@ SEED_FACTS = {
                    "ok": True, "error": None},
         "dev_shm": {"size_bytes": 256 * GiB, "free_bytes": 256 * GiB, "min_bytes": GiB},
         "stale": {"source": "psutil", "processes": []},
+        "vllm_files": {"distribution": "vllm", "checked": 2642, "changed_count": 0, "changed": []},
     },
 }
 SEED_FACTS["node-b"] = {
@@ -93,16 +97,17 @@ def test_seed_000s_python_patch_mismatch_fails_naming_both_versions():
     assert python["status"] == "fail"
     assert python["detail"].startswith("Python differs across nodes: node-a 3.12.3, node-b 3.12.13; Ray refuses")
     assert python["versions"] == {"node-a": "3.12.3", "node-b": "3.12.13"}
-    assert [c["status"] for n, c in checks.items() if n != "python_patch_level"] == ["ok"] * 7
+    assert [c["status"] for n, c in checks.items() if n != "python_patch_level"] == ["ok"] * 8
 
 
 def test_equal_versions_are_ok_on_every_check():
     checks = checks_of(seed(), uses_ray=True)
     assert [(c["name"], c["status"]) for c in checks] == [
-        ("python_patch_level", "ok"), ("vllm_version", "ok"), ("torch_version", "ok"), ("nccl_version", "ok"),
-        ("ray_version", "ok"), ("node_interface", "ok"), ("node_dev_shm", "ok"), ("stale_processes", "ok")]
+        ("python_patch_level", "ok"), ("vllm_version", "ok"), ("vllm_files", "ok"), ("torch_version", "ok"),
+        ("nccl_version", "ok"), ("ray_version", "ok"), ("node_interface", "ok"), ("node_dev_shm", "ok"),
+        ("stale_processes", "ok")]
     assert by_name(checks)["python_patch_level"]["detail"] == "Python 3.12.3 on every node (node-a, node-b)"
-    assert "node-b: fabric200g (10.200.0.2/24) reaches the master 10.200.0.1 (on its subnet)" in checks[5]["detail"]
+    assert "node-b: fabric200g (10.200.0.2/24) reaches the master 10.200.0.1 (on its subnet)" in checks[6]["detail"]
 
 
 @pytest.mark.parametrize(("key", "value", "name", "text"), [
@@ -114,6 +119,50 @@ def test_equal_versions_are_ok_on_every_check():
 def test_a_version_differing_on_one_node_fails_naming_it(key, value, name, text):
     check = by_name(checks_of(seed(**{key: value}), uses_ray=True))[name]
     assert check["status"] == "fail" and text in check["detail"]
+
+
+#: Seed 000's local patch, in the file it changed (GPUModelRunner.may_reinitialize_input_batch), on node A only.
+RUNNER = "vllm/v1/worker/gpu_model_runner.py"
+
+
+def test_a_vllm_file_patched_on_one_node_only_fails_naming_the_node_and_the_file():
+    facts = seed()
+    facts["node-a"]["vllm_files"] = {"distribution": "vllm", "checked": 2642, "changed_count": 1, "changed": [RUNNER]}
+    check = by_name(checks_of(facts))["vllm_files"]
+    assert check["status"] == "fail"
+    assert check["detail"].startswith(f"vLLM's files differ across nodes: node-a 1 changed from RECORD ({RUNNER}); "
+                                      "node-b none; every rank must run the same engine code")
+    assert check["changed"] == {"node-a": [RUNNER], "node-b": []}
+    facts["node-b"]["vllm_files"] = facts["node-a"]["vllm_files"]  # the same change on both: the same code
+    same = by_name(checks_of(facts))["vllm_files"]
+    assert same["status"] == "ok" and f"the same files changed: node-a 1 changed from RECORD ({RUNNER})" in same["detail"]
+
+
+def test_the_node_program_names_the_vllm_files_that_differ_from_record(tmp_path: Path):
+    """The fact program on a distribution of its own (site-packages of a dist-info and its RECORD, first on the
+    path), one file edited after install, one removed."""
+    site = tmp_path / "site"
+    files = {"vllm/__init__.py": b"", "vllm/engine.py": b"x = 1\n", "vllm/gone.py": b"y = 2\n"}
+    lines = []
+    for rel, data in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_bytes(data)
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        lines.append(f"{rel},sha256={digest},{len(data)}")
+    info = site / "vllm-9.9.9.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 9.9.9\n")
+    (info / "RECORD").write_text("\n".join([*lines, "vllm-9.9.9.dist-info/RECORD,,"]) + "\n")
+    run = [sys.executable, "-c", "import json, llmtrial.onnode.node_facts as f; print(json.dumps(f.vllm_files()))"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+    def reported() -> dict:
+        return json.loads(subprocess.run(run, env=env, capture_output=True, text=True, check=True).stdout)
+    assert reported() == {"distribution": "vllm", "checked": 3, "changed_count": 0, "changed": []}
+    (site / "vllm" / "engine.py").write_bytes(b"x = 2\n")
+    (site / "vllm" / "gone.py").unlink()
+    assert reported() == {"distribution": "vllm", "checked": 3, "changed_count": 2,
+                          "changed": ["vllm/engine.py", "vllm/gone.py (missing)"]}
 
 
 def test_ray_missing_on_one_node_fails_only_when_the_configuration_uses_ray():

@@ -231,8 +231,9 @@ def test_matching_nodes_pass_and_the_record_carries_every_nodes_facts(hosts, tmp
     nodes = out["record"]["nodes"]
     assert nodes["master"]["address"] == hosts.addr_a and list(nodes["nodes"]) == ["a", "b"]
     statuses = {c["name"]: c["status"] for c in nodes["checks"] if c["name"] != "ray_version"}  # Ray: not used
-    assert statuses == {"node_reachable": "ok", "python_patch_level": "ok", "vllm_version": "ok", "torch_version": "ok",
-                        "nccl_version": "skip", "node_interface": "ok", "node_dev_shm": "ok", "stale_processes": "ok"}
+    assert statuses == {"node_reachable": "ok", "python_patch_level": "ok", "vllm_version": "ok", "vllm_files": "ok",
+                        "torch_version": "ok", "nccl_version": "skip", "node_interface": "ok", "node_dev_shm": "ok",
+                        "stale_processes": "ok"}
     check_record(out["record"], "preflight")
 
 

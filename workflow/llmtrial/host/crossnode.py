@@ -183,6 +183,26 @@ def check_versions(facts: Mapping[str, NodeReport], *, uses_ray: bool = False) -
     ]
 
 
+def check_vllm_files(facts: Mapping[str, NodeReport]) -> Check:
+    """The same vLLM code on every node: the Python files that differ from RECORD (a file patch, an edit by hand)
+    are the same on each. Seed 000 patched node A's vLLM by hand; a rank on a node without the patch runs
+    other code than its peers."""
+    found = {n: f.vllm_files for n, f in facts.items()}
+    if any(v is None for v in found.values()):
+        missing = ", ".join(n for n, v in found.items() if v is None)
+        return check("vllm_files", "skip", f"not reported by {missing} (an older node program)", changed={})
+    changed = {n: v.changed for n, v in found.items()}
+    shown = {n: ("none" if not v.changed_count else f"{v.changed_count} changed from RECORD "
+                 f"({', '.join(v.changed[:5])}{', ...' if v.changed_count > 5 else ''})") for n, v in found.items()}
+    listing = "; ".join(f"{n} {text}" for n, text in shown.items())
+    if len({(v.changed_count, tuple(v.changed)) for v in found.values()}) > 1:
+        return check("vllm_files", "fail", f"vLLM's files differ across nodes: {listing}; every rank must run the same "
+                     "engine code: revert the change, or make it on every node (a patch in mode plugin is carried to "
+                     "each)", changed=changed)
+    what = "every file matches RECORD" if not any(changed.values()) else f"the same files changed: {listing}"
+    return check("vllm_files", "ok", f"vLLM's Python files on every node ({', '.join(found)}): {what}", changed=changed)
+
+
 def _interface_problem(name: str, f: NodeReport) -> tuple[str, str]:
     """(status, sentence) for one node's interface and its way to the master."""
     iface, master = InterfaceFacts.model_validate(f.interface), MasterFacts.model_validate(f.master)
@@ -252,7 +272,8 @@ def cross_checks(facts: Mapping[str, NodeReport], *, uses_ray: bool = False) -> 
     answered = _answered(facts)
     if not answered:
         return [check("cross_node", "fail", "no node answered: nothing to compare")]
-    return [check_python(answered), *check_versions(answered, uses_ray=uses_ray), check_interfaces(answered),
+    versions = check_versions(answered, uses_ray=uses_ray)
+    return [check_python(answered), versions[0], check_vllm_files(answered), *versions[1:], check_interfaces(answered),
             check_dev_shm(answered), check_stale(answered)]
 
 

