@@ -57,8 +57,9 @@ def by_old_schema(data: dict) -> tuple[dict, list[str]]:
     return data, [old_key(e) for e in BEFORE.iter_errors(data)]
 
 
-#: Trial file keys added after the model replaced the schema (dotted under a block): the old schema knows none of them.
-ADDED_SINCE = ("failures", "serving.idle_watch_s")
+#: Trial file keys added after the model replaced the schema (dotted under a block, ``*`` any name of a block's
+#: entries): the old schema knows none of them.
+ADDED_SINCE = ("failures", "serving.idle_watch_s", "patches.*.nodes")
 
 
 def without_added(config: dict) -> dict:
@@ -66,10 +67,11 @@ def without_added(config: dict) -> dict:
     out = copy.deepcopy(config)
     for key in ADDED_SINCE:
         *blocks, last = key.split(".")
-        node = out
+        nodes = [out]
         for block in blocks:
-            node = node.get(block, {})
-        node.pop(last, None)
+            nodes = [v for n in nodes for v in n.values()] if block == "*" else [n.get(block, {}) for n in nodes]
+        for node in nodes:
+            node.pop(last, None)
     return out
 
 

@@ -23,7 +23,8 @@ from llmtrial.lifecycle.cleanup import outstanding
 from llmtrial.lifecycle.ledger_tables import patches_table
 from llmtrial.patch.node_patches import PLUGIN_FOLDER, carry_plugin, plugin_files
 from llmtrial.patch.patchdata import PLUGIN_GROUP, PatchError, entry_point_name, load_patch
-from llmtrial.patch.patching import apply_patches, ensure_patched, live_patches, node_plugin_env
+from llmtrial.patch.patching import apply_patches, ensure_patched, live_patches
+from llmtrial.patch.plugin import node_plugin_env
 
 DEMO = "demo-worker-log"
 FLAG = "LLMTRIAL_DEMO_WORKER_LOG"
@@ -74,7 +75,8 @@ def test_the_plugin_is_carried_to_node_b_verified_reused_on_its_path_and_removed
 
     (Path(there) / next(rel for rel in files if rel.endswith(".py") and "__init__" not in rel)).write_text("# changed")
     patches = [load_patch(DEMO).enabled("plugin")]
-    env = node_plugin_env(ledger, [hosts.node_a(), b], str(plugin), patches, {FLAG: "1"}, trial="t1")
+    env = node_plugin_env(ledger, [hosts.node_a(), b], str(plugin), patches, {FLAG: "1"}, trial="t1",
+                          work_dir=tmp_path / "patches").envs
     assert len(of(ledger, Action.PATCH_PLUGIN_COPY)) == 2  # B's copy no longer verified: copied again
     on_b = b.sha256([f"{there}/{rel}" for rel in files])
     assert {rel: on_b[f"{there}/{rel}"] for rel in files} == files
@@ -97,6 +99,38 @@ def test_the_plugin_is_carried_to_node_b_verified_reused_on_its_path_and_removed
     assert {(r["node"], r["revert_outcome"]) for r in record["patches"]} == {("b", "removed"), ("local", "removed")}
     assert outstanding(ledger.entries())["patches"] == []
     assert hosts.python_on_a(CLEANUP, str(tmp_path), current_run())["patches_reverted"] == []  # nothing left
+
+
+@pytest.mark.slow
+def test_a_patch_in_mode_file_here_is_a_plugin_written_for_node_b_alone_and_carried_there(hosts, tmp_path):
+    """Seed 000: the patch in mode file on node A (the patch stage's, not applied here: this test changes no
+    installed file) and as a plugin on node B, whose site-packages the serving user could not write. A's servers
+    get no plugin; B's ranks get a folder written for B alone, which is not live here and is removed by cleanup."""
+    ledger = Ledger(TrialPaths(tmp_path).ledger)
+    block = PatchBlock(mode="file", nodes={"b": "plugin"})
+    [patch] = [load_patch(DEMO).enabled("file", default=block.mode, nodes=block.nodes)]
+    assert (patch.mode, patch.on("b").mode, patch.on("c").mode) == ("file", "plugin", "file")
+    b = node_b(hosts)
+    served = node_plugin_env(ledger, [hosts.node_a(), b], None, [patch], {FLAG: "1"}, trial="t4",
+                             work_dir=tmp_path / "patches")
+    env = served.envs
+    assert env["a"] == {FLAG: "1"}  # no plugin on A: the file patch is its change
+    assert [(p.name, p.mode) for p in served.patches["b"]] == [(DEMO, "plugin")]
+    there = env["b"]["PYTHONPATH"]
+    [written] = of(ledger, Action.PATCH_PLUGIN)
+    assert (written.for_node, written.patches, written.dir) == ("b", [DEMO], str(tmp_path / "patches" / "plugin-for-b"))
+    [copy] = of(ledger, Action.PATCH_PLUGIN_COPY)
+    assert (copy.node, copy.source, copy.dir) == ("b", written.dir, there)
+    found = b.run([b.python, "-c", ENTRY_POINTS, PLUGIN_GROUP], timeout=60, check=True, env=env["b"])
+    assert entry_point_name(DEMO) in json.loads(found.stdout)
+    assert live_patches(ledger.entries()) == {}  # B's folder is not a patch of this host's
+
+    again = node_plugin_env(ledger, [hosts.node_a(), b], None, [patch], {FLAG: "1"}, trial="t4",
+                            work_dir=tmp_path / "patches")
+    assert again.envs == env and len(of(ledger, Action.PATCH_PLUGIN)) == 1  # the folder and its copy reused
+    record = hosts.python_on_a(CLEANUP, str(tmp_path), current_run())
+    assert [(p.get("node"), p["action"]) for p in record["patches_reverted"]] == [("b", "removed"), (None, "removed")]
+    assert not Path(written.dir).exists() and not Path(there).exists() and outstanding(ledger.entries())["patches"] == []
 
 
 @pytest.mark.slow

@@ -40,10 +40,10 @@ from llmtrial.patch.patching import (
     parse_diff,
     prepare_file_patches,
     revert_patches,
-    server_env,
     verify_files,
     vllm_distribution,
 )
+from llmtrial.patch.plugin import server_env
 from served_trials import DEMO, FLAG, SITE, read_only_site_packages, tree_state
 from workflow_helpers import default_config, snakemake, write_config
 
@@ -470,5 +470,6 @@ def test_no_patches_is_no_change(work):
     record = apply_patches({}, ledger=work.ledger, work_dir=work.dir)
     assert written(record) == {"started": record.started, "reverted_first": [], "vllm": None, "patches": [],
                                "finished": record.finished, "apply_seconds": round(record.finished - record.started, 4)}
-    assert ensure_patched({}, ledger=work.ledger, work_dir=work.dir) == Patched(reapplied=False, patches=[], plugin_dir=None)
+    assert ensure_patched({}, ledger=work.ledger, work_dir=work.dir) == Patched(reapplied=False, patches=[], plugin_dir=None,
+                                                                                   work_dir=work.dir)
     assert work.ledger.entries() == []

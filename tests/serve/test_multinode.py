@@ -39,6 +39,7 @@ from hosts import INTERFACE
 from llmtrial.core.ledger import Entry, Ledger
 from llmtrial.host.nodes import Node, NodeDefaults
 from llmtrial.host.process_groups import group_alive, group_members
+from llmtrial.patch.patching import verify_files
 from workflow_helpers import SNAKEMAKE, snakemake, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
@@ -143,13 +144,18 @@ def test_the_trial_is_served_across_both_hosts_benchmarked_and_reported(two_host
     # B's own log, fetched from B: its worker joined A's rendezvous as rank 1 of 2
     b_log = (two_host_trial["results"] / "configs" / CONFIGURATION / b["log"]).read_text()
     assert "world_size=2 rank=1" in b_log and f"tcp://{two_host_trial['hosts'].addr_a}:" in b_log
-    # the demo patch, a plugin carried to B: its line in each host's worker log, rank 0 on A, rank 1 on B
+    # the demo patch as seed 000 gave its own: mode file on A, a plugin on B. The two hosts share this machine's
+    # file system, so B reads the file A patched: B gets no plugin (it would apply the change twice), and the patch's
+    # line shows once in each host's worker log, rank 0 on A, rank 1 on B
     [on_a] = record["patches"]["patches"]
     [on_b] = b["patches"]
+    assert (on_a["mode"], on_b["mode"]) == ("file", "file")
     assert on_a["flag_on"] and [re.search(r"CPU worker rank (\d+)", x["line"])[1] for x in on_a["lines"]] == ["0"]
     assert on_b["flag_on"] and [re.search(r"CPU worker rank (\d+)", x["line"])[1] for x in on_b["lines"]] == ["1"]
-    copies = [e for e in ledger(two_host_trial["results"]) if e.action == "patch_plugin_copy"]
-    assert [e.node for e in copies] == ["b"]
+    entries = ledger(two_host_trial["results"])
+    assert [e.path for e in entries if e.action == "patch_file"] == ["vllm/v1/worker/cpu_worker.py"]
+    assert not [e for e in entries if e.action in ("patch_plugin", "patch_plugin_copy")]
+    assert "PYTHONPATH" not in record["server"]["env"] and "PYTHONPATH" not in b["env_keys"]
     report = (two_host_trial["results"] / "report.html").read_text()
     assert "Nodes" in report and f"{CONFIGURATION} spans nodes a and b" in report
 
@@ -229,6 +235,9 @@ def test_cleanup_left_nothing_on_either_host(two_host_trial):
     assert set(deleted) == {"a", "b"} and not any(os.path.exists(p) for p in deleted.values())
     # every entry names the node it changed: A by the trial's own name for it
     assert {e.node for e in entries} == {"a", "b"}
+    # vLLM's file restored from its backup, matching RECORD again
+    assert all(f["matches"] for f in verify_files(["vllm/v1/worker/cpu_worker.py"]))
+    assert [r["path"] for r in cleanup["patches_reverted"]] == ["vllm/v1/worker/cpu_worker.py"]
     for server in (e for e in entries if e.action == "server_started"):
         assert group_members(server.pgid, not_before=server.launched_at) == []
 

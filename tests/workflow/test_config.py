@@ -212,22 +212,29 @@ def test_the_report_block_has_defaults_and_its_baseline_must_name_a_configuratio
         validate_config({**minimal(), "report": {"baseline": "tp9"}})
 
 
-def test_a_file_patch_is_refused_when_a_configuration_spans_nodes_and_a_plugin_patch_is_not():
+def test_a_file_patch_is_refused_on_another_node_of_a_configuration_and_a_plugin_there_is_not():
     config = minimal()
     config["nodes"] = {"a": {}, "b": {"reach": "ssh", "ssh": {"address": "10.0.0.2"}}}
     config["configurations"]["a"]["nodes"] = ["a", "b"]
-    for entry in ({"mode": "file"}, {}):  # file is the default mode
-        config["patches"] = {"demo-worker-log": entry}
-        with pytest.raises(ConfigError, match=r"key 'patches\.demo-worker-log\.mode': mode file changes this host's "
-                                              r"vLLM only, and configuration 'a' spans more than one node: "
-                                              r"use mode plugin"):
+    refused = (r"mode file changes the vLLM of the host the workflow runs on only, and configuration 'a' spans node "
+               r"'b': give the patch mode plugin there \(nodes: \{b: plugin\}\)")
+    for entry, key in (({"mode": "file"}, "mode"), ({}, "mode"), ({"mode": "plugin", "nodes": {"b": "file"}}, "nodes.b")):
+        config["patches"] = {"demo-worker-log": entry}  # file is the default mode
+        with pytest.raises(ConfigError, match=rf"key 'patches\.demo-worker-log\.{key}': {refused}"):
             validate_config(copy.deepcopy(config))
     config["patches"] = {"demo-worker-log": {"mode": "plugin"}}
     validate_config(copy.deepcopy(config))
+    # seed 000: mode file on node a, the host the workflow runs on, and a plugin on node b
+    config["patches"] = {"demo-worker-log": {"mode": "file", "nodes": {"b": "plugin"}}}
+    assert validate_config(copy.deepcopy(config))["patches"]["demo-worker-log"]["nodes"] == {"b": "plugin"}
+    config["patches"] = {"demo-worker-log": {"mode": "plugin", "nodes": {"c": "file"}}}
+    with pytest.raises(ConfigError, match=r"key 'patches\.demo-worker-log\.nodes\.c': 'c' is not a node of this trial "
+                                          r"\(a, b\)"):
+        validate_config(copy.deepcopy(config))
     config["configurations"]["a"]["nodes"] = ["a"]  # one node: a file patch reaches it
     config["patches"] = {"demo-worker-log": {"mode": "file"}}
     validate_config(copy.deepcopy(config))
-    assert load_config(REPO / "config" / "config.yaml")["patches"] == {"demo-worker-log": {"mode": "file"}}
+    assert load_config(REPO / "config" / "config.yaml")["patches"] == {"demo-worker-log": {"mode": "file", "nodes": {}}}
 
 
 def test_a_misspelled_key_is_named_with_the_key_it_resembles():

@@ -216,6 +216,8 @@ class Entry(BaseModel):
     hunks: list[Any] | None = None
     dir: str | None = None
     entry_points: dict[str, Any] | None = None
+    for_node: str | None = Field(None, description="patch_plugin, patch_applied: the node a plugin folder was written "
+                                 "for alone (a patch in mode file here, plugin there); not live here.")
     mode: str | None = None
     files: list[str] | dict[str, str] | None = None
     source: str | None = None

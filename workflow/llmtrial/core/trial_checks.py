@@ -7,7 +7,7 @@ that read a block's fields are beside the blocks.
 
 The model checks what a trial file says alone: arguments spelled twice, a sweep's lists, a passes rule, an
 SLO with no target, a cost without its price, nodes and services naming nodes the trial lacks, refused ssh
-options, a pinned CUDA_VISIBLE_DEVICES, a file patch across nodes, the report's baseline, prefix caching
+options, a pinned CUDA_VISIBLE_DEVICES, a file patch on a node other than this host, the report's baseline, prefix caching
 across nodes. What needs the disk (a prompt file, the task set) is checked by the loader after the model
 (:func:`llmtrial.config.validate_config`).
 """

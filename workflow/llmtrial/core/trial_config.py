@@ -258,7 +258,8 @@ class ServiceBlock(ConfigModel):
 class PatchBlock(ConfigModel):
     """One patch."""
 
-    mode: Literal['file', 'plugin'] = Field(default='file', description="file: apply the patch's diff to the installed vLLM files (each checked against the distribution's RECORD first, originals backed up, all files or none); plugin: leave site-packages alone and load the patch's hook in every vLLM process through a vllm.general_plugins entry point in a folder of the trial's own, put on the servers' PYTHONPATH (for a site-packages that is not writable), and carried to every node of a configuration spanning several (which refuses mode file).")
+    mode: Literal['file', 'plugin'] = Field(default='file', description="file: apply the patch's diff to the installed vLLM files (each checked against the distribution's RECORD first, originals backed up, all files or none); plugin: leave site-packages alone and load the patch's hook in every vLLM process through a vllm.general_plugins entry point in a folder of the trial's own, put on the servers' PYTHONPATH (for a site-packages that is not writable), and carried to every node of a configuration spanning several. Mode file changes the vLLM of the host the workflow runs on only: on the other nodes of such a configuration give the patch mode plugin (under nodes).")
+    nodes: Annotated[dict[str, Literal['file', 'plugin']], keys('^[A-Za-z0-9][A-Za-z0-9_.-]*$')] = Field(default={}, description="The mode on each node named here, by the node's name under the trial's nodes, over mode: e.g. mode file on node a, the host the workflow runs on, and plugin on node b, whose site-packages the serving user cannot write (seed 000). Mode file only on the node reached locally.")
 
 
 class HealthCheckBlock(ConfigModel):
@@ -544,8 +545,27 @@ def node_problems(trial: TrialConfig) -> list[Problem]:
     for cname, entry in trial.configurations.items():
         problems += [(("configurations", cname, "nodes"), f"{node!r} is not a node of this trial ({known})")
                      for node in entry.nodes if node not in trial.nodes]
+    problems += [(("patches", pname, "nodes", node), f"{node!r} is not a node of this trial ({known})")
+                 for pname, patch in trial.patches.items() for node in patch.nodes if node not in trial.nodes]
     return problems + [(("services", sname, "node"), f"{entry.node!r} is not a node of this trial ({known})")
                        for sname, entry in trial.services.items() if entry.node is not None and entry.node not in trial.nodes]
+
+
+def file_patches_elsewhere(trial: TrialConfig, spread: list[str]) -> list[Problem]:
+    """A patch in mode file on a node of a configuration spanning nodes (``spread``) other than the one the
+    workflow runs on (reached locally): mode file rewrites this host's vLLM only."""
+    here = {name for name, block in trial.nodes.items() if block.reach == "local"}
+    problems: list[Problem] = []
+    for pname, patch in trial.patches.items():
+        elsewhere = [(c, n) for c in spread for n in trial.configurations[c].nodes
+                     if n not in here and patch.nodes.get(n, patch.mode) == "file"]
+        if elsewhere:
+            config, node = elsewhere[0]
+            where = ("patches", pname, "nodes", node) if node in patch.nodes else ("patches", pname, "mode")
+            problems.append((where, f"mode file changes the vLLM of the host the workflow runs on only, and "
+                             f"configuration {config!r} spans node {node!r}: give the patch mode plugin there "
+                             f"(nodes: {{{node}: plugin}}), which is carried to the node"))
+    return problems
 
 
 def placement_problems(trial: TrialConfig) -> list[Problem]:
@@ -561,10 +581,7 @@ def placement_problems(trial: TrialConfig) -> list[Problem]:
                       "them (by UUID): leave CUDA_VISIBLE_DEVICES out of the env") for key, env in envs
                      if "CUDA_VISIBLE_DEVICES" in env]
     spread = [name for name, entry in trial.configurations.items() if len(entry.nodes) > 1]
-    if spread:
-        problems += [(("patches", name, "mode"), f"mode file changes this host's vLLM only, and configuration "
-                      f"{spread[0]!r} spans more than one node: use mode plugin, which is carried to every node")
-                     for name, entry in trial.patches.items() if entry.mode == "file"]
+    problems += file_patches_elsewhere(trial, spread)
     cached = [name for name, spec in trial.scenarios.items() if spec.dataset == PREFIX_DATASET]
     for name in spread if cached else []:
         try:

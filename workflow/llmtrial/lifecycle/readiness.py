@@ -20,7 +20,8 @@ from llmtrial.core.trial_config import PatchBlock
 from llmtrial.host.gpus import launch_check, visible_devices_env
 from llmtrial.host.services import quiet_host, quiet_needed
 from llmtrial.lifecycle.cleanup import restore_first
-from llmtrial.patch.patching import Patched, ensure_patched, server_env
+from llmtrial.patch.patching import Patched, ensure_patched
+from llmtrial.patch.plugin import server_env
 
 log = logging.getLogger(__name__)
 

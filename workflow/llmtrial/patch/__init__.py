@@ -8,8 +8,10 @@ carried to other nodes, reverted.
   are checked against.
 - :mod:`llmtrial.patch.patching`: Patch vLLM behind a flag, reversibly: patches as data, two ways
   in, one way out.
+- :mod:`llmtrial.patch.plugin`: Mode plugin: a patch's hook in a folder of the trial's own, loaded by
+  every vLLM process, and each node of a configuration spanning several given the patches in its mode.
 
 Imports from: core, logs, host, plan, weights. (tests/test_structure.py holds the order.)
 """
 
-__all__ = ["node_patches", "patchdata", "patching"]
+__all__ = ["node_patches", "patchdata", "patching", "plugin"]

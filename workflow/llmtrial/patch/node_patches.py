@@ -19,9 +19,10 @@ it), and write ``patch_plugin_copy_removed`` naming the node. A node that cannot
 or a folder that is not a plugin folder, is a residue naming the node; the entry stays
 outstanding.
 
-Mode ``file`` cannot reach another node (it rewrites this host's site-packages only):
-the trial file's model refuses it where a configuration spans nodes
-(:func:`llmtrial.core.trial_checks.placement_problems`).
+Mode ``file`` cannot reach another node (it rewrites this host's site-packages only): the trial
+file's model refuses it on any other node of a configuration spanning nodes
+(:func:`llmtrial.core.trial_config.file_patches_elsewhere`); such a patch is a plugin there
+(:func:`llmtrial.patch.plugin.node_plugin_env`).
 """
 
 from __future__ import annotations

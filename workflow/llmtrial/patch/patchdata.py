@@ -13,7 +13,7 @@ import importlib.metadata as md
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +21,7 @@ import yaml
 from pydantic import Field, ValidationError
 
 from llmtrial.core.fileio import file_digest
+from llmtrial.core.ledger import current_node
 from llmtrial.core.patch_model import PatchFile
 from llmtrial.core.record_base import Maybe, RecordModel, error_lines
 from llmtrial.core.resources import PATCHES
@@ -69,9 +70,12 @@ class Patch:
     def files(self) -> list[Path]:
         return [self.folder / "patch.yaml", *(p for p in (self.diff, self.hook) if p is not None)]
 
-    def enabled(self, mode: PatchMode) -> EnabledPatch:
-        """The patch as a trial enables it, in ``mode``."""
-        return EnabledPatch(name=self.name, mode=mode, flag=self.flag, evidence=self.evidence)
+    def enabled(self, mode: PatchMode, *, default: PatchMode | None = None,
+                nodes: Mapping[str, PatchMode] | None = None) -> EnabledPatch:
+        """The patch as a trial enables it, in ``mode`` here; on the trial's other nodes in ``nodes``' mode for
+        the node, else ``default`` (the block's ``mode``; ``mode`` when not given)."""
+        return EnabledPatch(name=self.name, mode=mode, flag=self.flag, evidence=self.evidence,
+                            default=default or mode, nodes=tuple(sorted((nodes or {}).items())))
 
 
 #: How a patch is applied: its diff to the installed files, or its hook as a vLLM plugin.
@@ -86,6 +90,12 @@ class EnabledPatch:
     mode: PatchMode
     flag: str
     evidence: str
+    default: PatchMode | None = None  # the mode on a node ``nodes`` does not name (None: ``mode``)
+    nodes: tuple[tuple[str, PatchMode], ...] = ()  # the trial file's mode per node, where it names one
+
+    def on(self, node: str) -> EnabledPatch:
+        """The patch as it is on ``node``, another node of a configuration spanning several."""
+        return replace(self, mode=dict(self.nodes).get(node, self.default or self.mode))
 
 
 def entry_point_name(name: str) -> str:
@@ -122,9 +132,11 @@ def load_patch(name: str, patches_dir: Path = PATCHES_DIR) -> Patch:
                  flag=meta.flag, evidence=meta.evidence, diff=parts["diff"], hook=parts["hook"])
 
 
-def patch_modes(patches_cfg: Mapping[str, PatchBlock]) -> dict[str, PatchMode]:
-    """Each patch the trial enables (``patches`` of the trial file), by name, with its mode (file or plugin)."""
-    return {name: block.mode for name, block in patches_cfg.items()}
+def patch_modes(patches_cfg: Mapping[str, PatchBlock], here: str | None = None) -> dict[str, PatchMode]:
+    """Each patch the trial enables (``patches`` of the trial file), by name, with its mode (file or plugin) on
+    node ``here`` (default this process's node in the trial file, :func:`llmtrial.core.ledger.current_node`)."""
+    node = here or current_node()
+    return {name: block.nodes.get(node, block.mode) for name, block in patches_cfg.items()}
 
 
 def patch_inputs(names: Iterable[str], patches_dir: Path = PATCHES_DIR) -> list[str]:
@@ -274,20 +286,20 @@ def apply_file_diff(fd: FileDiff, original: str, label: str) -> tuple[str, list[
 # ------------------------------------------------------------------ the installed vLLM and its RECORD
 
 
-def _record_form(sha256: bytes) -> str:
+def record_form(sha256: bytes) -> str:
     """``sha256=<urlsafe base64, no padding>``, the form of a RECORD line."""
     return "sha256=" + base64.urlsafe_b64encode(sha256).rstrip(b"=").decode("ascii")
 
 
 def record_hash(data: bytes) -> str:
     """The RECORD-form sha256 of ``data``."""
-    return _record_form(hashlib.sha256(data).digest())
+    return record_form(hashlib.sha256(data).digest())
 
 
 def file_hash(path: str | os.PathLike[str]) -> str | None:
     """The RECORD-form sha256 of the file at ``path``, or None when it is missing."""
     try:
-        return _record_form(file_digest(path).digest())
+        return record_form(file_digest(path).digest())
     except FileNotFoundError:
         return None
 

@@ -19,10 +19,10 @@ unpatched; a serving configuration sets the flag in its env.
   ``PYTHONPATH``. vLLM loads general plugins in every process it starts (API server, engine
   core, workers; under Ray each worker through ``WorkerWrapperBase.init_worker``), and each
   hook logs ``llmtrial patch <name>: hook installed in pid N``. A plugin that fails to load
-  is only logged by vLLM, so the trial job reads the log (:func:`evidence`). A configuration
-  spanning several nodes carries the folder to each other node and puts that node's copy on
-  its ranks' PYTHONPATH (:func:`node_plugin_env`, :mod:`llmtrial.patch.node_patches`); mode file
-  changes this host only, so the config loader refuses it for such a trial.
+  is only logged by vLLM, so the trial job reads the log (:func:`evidence`). The folder and what
+  a configuration spanning several nodes carries to each other node: :mod:`llmtrial.patch.plugin`.
+  Mode file changes this host only: a patch may be in mode file here and a plugin on the other
+  nodes (``nodes:`` of its block), never a file patch on another node.
 * Revert, from the ledger alone: restore each backup when the file still holds what the
   patch wrote, then verify it against ``RECORD`` again; a mismatch is a residue naming the
   file, never forced. The plugin folder is removed, here and on every node it was carried
@@ -51,18 +51,13 @@ from llmtrial.core.configuration_model import PatchSeen
 from llmtrial.core.fileio import atomic_write_bytes
 from llmtrial.core.ledger import Action, Entry, Ledger, OpenChange, by_target, replay
 from llmtrial.core.record_base import Residue
-from llmtrial.core.record_models import PatchApplied, PatchedFile, PatchesRecord, Plugin, VllmDistribution
+from llmtrial.core.record_models import PatchApplied, PatchedFile, PatchesRecord, VllmDistribution
 from llmtrial.core.records import as_written
 from llmtrial.core.trial_config import PatchBlock
-from llmtrial.host.nodes import Node
 from llmtrial.logs.lines import find_lines
-from llmtrial.patch.node_patches import carry_plugin, remove_copies
+from llmtrial.patch.node_patches import remove_copies
 from llmtrial.patch.patchdata import (
     PATCHES_DIR,
-    PLUGIN_GROUP,
-    PLUGIN_MARK,
-    PLUGIN_PACKAGE,
-    PLUGIN_VERSION,
     EnabledPatch,
     FileDiff,
     HunkPlace,
@@ -71,7 +66,6 @@ from llmtrial.patch.patchdata import (
     apply_file_diff,
     available_patches,
     check_version,
-    entry_point_name,
     file_hash,
     hook_pattern,
     load_patch,
@@ -83,6 +77,7 @@ from llmtrial.patch.patchdata import (
     verify_files,
     vllm_distribution,
 )
+from llmtrial.patch.plugin import install_plugin, is_plugin_dir
 
 log = logging.getLogger(__name__)
 
@@ -191,71 +186,6 @@ def write_file_patches(prepared: list[PreparedFile], ledger: Ledger, backup_dir:
     return written
 
 
-# ------------------------------------------------------------------ mode plugin
-
-
-def _is_plugin_dir(path: Path) -> bool:
-    return (path / PLUGIN_MARK).is_file()
-
-
-def ray_runtime_env(plugin_dir: str, flags: Iterable[str]) -> dict[str, Any]:
-    """How the plugin would reach Ray workers (not exercised here: Ray is not installed).
-
-    Ray workers start with the raylet's environment, not the server's, and vLLM copies only
-    some variables to them after they started, too late for PYTHONPATH. So the folder must
-    be on every node at the same path, and either on PYTHONPATH before ``ray start`` or in
-    the job's runtime_env (vLLM passes ``ParallelConfig.ray_runtime_env`` to ``ray.init``).
-    """
-    flags = sorted(set(flags))
-    return {
-        "runtime_env": {"env_vars": {"PYTHONPATH": plugin_dir}},
-        "env_to_copy": {"VLLM_RAY_EXTRA_ENV_VARS_TO_COPY": ",".join(flags)},
-        "note": ("Ray workers inherit the raylet's environment: put this folder at the same path on every node and "
-                 "on PYTHONPATH before `ray start`, or pass runtime_env through ParallelConfig.ray_runtime_env; "
-                 "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY carries the flags, which are read at call time. "
-                 "vLLM loads general plugins in each Ray worker (WorkerWrapperBase.init_worker)."),
-    }
-
-
-def install_plugin(patches: list[Patch], ledger: Ledger, plugin_dir: Path) -> Plugin:
-    """Write the plugin folder (ledger first) and check that its entry points are found."""
-    plugin_dir = plugin_dir.resolve()
-    entry_points = {p.entry_point: f"{PLUGIN_PACKAGE}.{p.module}:register" for p in patches}
-    names = [p.name for p in patches]
-    ledger.append(Action.PATCH_PLUGIN, patches=names, dir=str(plugin_dir), entry_points=entry_points)
-    try:
-        tmp = plugin_dir.with_name(f".{plugin_dir.name}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        package = tmp / PLUGIN_PACKAGE
-        package.mkdir(parents=True)
-        (package / "__init__.py").write_text('"""vLLM patches of one llmtrial trial (generated; cleanup removes it)."""\n')
-        for p in patches:
-            assert p.hook is not None
-            shutil.copyfile(p.hook, package / f"{p.module}.py")
-        info = tmp / f"{PLUGIN_PACKAGE}-{PLUGIN_VERSION}.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {PLUGIN_PACKAGE}\nVersion: {PLUGIN_VERSION}\n"
-                                       "Summary: vLLM patches of one llmtrial trial, as general plugins\n")
-        (info / "entry_points.txt").write_text(f"[{PLUGIN_GROUP}]\n" + "".join(
-            f"{name} = {value}\n" for name, value in entry_points.items()))
-        if plugin_dir.exists():
-            if not _is_plugin_dir(plugin_dir):
-                raise PatchError(f"{plugin_dir} exists and is not a plugin folder of llmtrial: not replaced")
-            shutil.rmtree(plugin_dir)
-        os.replace(tmp, plugin_dir)
-        found = {ep.name: ep.value for d in md.distributions(path=[str(plugin_dir)]) for ep in d.entry_points
-                 if ep.group == PLUGIN_GROUP}
-        if found != entry_points:
-            raise PatchError(f"{plugin_dir}: entry points found {found}, expected {entry_points}")
-    except BaseException:
-        revert_patches(ledger)
-        raise
-    ledger.append(Action.PATCH_APPLIED, mode="plugin", patches=names, dir=str(plugin_dir))
-    log.info("plugin folder %s: entry points %s", plugin_dir, entry_points)
-    return Plugin(dir=str(plugin_dir), entry_points=entry_points,
-                  ray=ray_runtime_env(str(plugin_dir), [p.flag for p in patches]))
-
-
 def check_patches(names: Iterable[str] | None = None, *, patches_dir: Path = PATCHES_DIR,
                   dist: md.Distribution | None = None) -> list[dict[str, Any]]:
     """Without changing anything: per patch, whether the installed vLLM is in its range,
@@ -288,16 +218,18 @@ def check_patches(names: Iterable[str] | None = None, *, patches_dir: Path = PAT
 
 
 def apply_patches(patches_cfg: Mapping[str, PatchBlock], *, ledger: Ledger, work_dir: Path,
-                  patches_dir: Path = PATCHES_DIR, dist: md.Distribution | None = None) -> PatchesRecord:
+                  patches_dir: Path = PATCHES_DIR, dist: md.Distribution | None = None,
+                  here: str | None = None) -> PatchesRecord:
     """The patch stage: revert what an earlier run left patched, then apply every patch named
-    in ``patches_cfg`` (the trial file's ``patches``: each block's mode, file or plugin). Returns the patches record;
-    raises PatchError with nothing left changed when a patch cannot be applied."""
+    in ``patches_cfg`` (the trial file's ``patches``: each block's mode on this host, file or plugin; ``here``:
+    this host's node name in the trial file). Returns the patches record; raises PatchError with nothing left
+    changed when a patch cannot be applied."""
     started = time.time()
     leftover = revert_patches(ledger)
     if leftover.residues:
         raise PatchError("an earlier patch could not be reverted: " + "; ".join(
             f"{r.what}: {r.seen}" for r in leftover.residues) + "; fix it, then run `snakemake cleanup`")
-    chosen = [(load_patch(name, patches_dir), mode) for name, mode in patch_modes(patches_cfg).items()]
+    chosen = [(load_patch(name, patches_dir), mode) for name, mode in patch_modes(patches_cfg, here).items()]
     vllm, applied = _apply_chosen(chosen, ledger, Path(work_dir), dist or vllm_distribution()) if chosen else (None, [])
     finished = time.time()
     return PatchesRecord(started=started, reverted_first=leftover.items, vllm=vllm, patches=applied,
@@ -330,9 +262,12 @@ def _apply_chosen(chosen: list[tuple[Patch, str]], ledger: Ledger, work_dir: Pat
 
 
 def live_patches(entries: list[Entry]) -> dict[str, Entry]:
-    """Patches applied and not reverted since, by name: the ``patch_applied`` entry (its mode, its folder)."""
+    """Patches applied here and not reverted since, by name: the ``patch_applied`` entry (its mode, its folder).
+    A plugin folder written for another node alone (``for_node``) is not live here."""
     live: dict[str, Entry] = {}
     for e in entries:
+        if e.for_node:
+            continue
         if e.action == Action.PATCH_APPLIED:
             for name in e.patches or []:
                 live[name] = e
@@ -350,23 +285,26 @@ class Patched:
     reapplied: bool
     patches: list[EnabledPatch]
     plugin_dir: str | None
+    work_dir: Path  # where a plugin folder for another node is written (llmtrial.patch.plugin.node_plugin_env)
 
 
 def ensure_patched(patches_cfg: Mapping[str, PatchBlock], *, ledger: Ledger, work_dir: Path,
-                   patches_dir: Path = PATCHES_DIR) -> Patched:
-    """Before a configuration's server starts: make the live patches what the config asks for
-    (a configuration rerun on its own after cleanup reverted them applies them again)."""
-    want = patch_modes(patches_cfg)
+                   patches_dir: Path = PATCHES_DIR, here: str | None = None) -> Patched:
+    """Before a configuration's server starts: make the live patches what the config asks for on this host
+    (``here``: its node name in the trial file; a configuration rerun on its own after cleanup reverted them
+    applies them again)."""
+    want = patch_modes(patches_cfg, here)
     live = live_patches(ledger.entries())
     reapplied = False
     if {n: v.mode for n, v in live.items()} != want or _outstanding_unapplied(ledger.entries()):
         log.info("applying patches %s first (live: %s)", want, {n: v.mode for n, v in live.items()})
-        apply_patches(patches_cfg, ledger=ledger, work_dir=work_dir, patches_dir=patches_dir)
+        apply_patches(patches_cfg, ledger=ledger, work_dir=work_dir, patches_dir=patches_dir, here=here)
         live = live_patches(ledger.entries())
         reapplied = True
     dirs = sorted({v.dir for v in live.values() if v.mode == "plugin" and v.dir})
-    patches = [load_patch(name, patches_dir).enabled(mode) for name, mode in want.items()]
-    return Patched(reapplied=reapplied, patches=patches, plugin_dir=dirs[0] if dirs else None)
+    patches = [load_patch(name, patches_dir).enabled(mode, default=patches_cfg[name].mode,
+                                                     nodes=patches_cfg[name].nodes) for name, mode in want.items()]
+    return Patched(reapplied=reapplied, patches=patches, plugin_dir=dirs[0] if dirs else None, work_dir=Path(work_dir))
 
 
 def _outstanding_unapplied(entries: list[Entry]) -> bool:
@@ -374,42 +312,6 @@ def _outstanding_unapplied(entries: list[Entry]) -> bool:
     state = outstanding(entries)
     applied = set(live_patches(entries))
     return any(not set(o.entry.patches or []) <= applied for o in [*state["files"].values(), *state["plugins"].values()])
-
-
-def server_env(env: Mapping[str, str], plugin_dir: str | None, patches: Sequence[EnabledPatch], *,
-               inherited: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The server's environment with the plugin folder first on PYTHONPATH (mode plugin) and
-    the plugins added to a VLLM_PLUGINS allow-list when one is set. ``env`` is added to
-    ``inherited``, what the server inherits (default this process's environment; for a
-    rank on another node, what its node adds)."""
-    out = dict(env)
-    if not plugin_dir:
-        return out
-    inherited = os.environ if inherited is None else inherited
-    path = out.get("PYTHONPATH", inherited.get("PYTHONPATH", ""))
-    out["PYTHONPATH"] = os.pathsep.join([plugin_dir, *([path] if path else [])])
-    allow = out.get("VLLM_PLUGINS", inherited.get("VLLM_PLUGINS"))
-    if allow is not None:
-        names = [n for n in allow.split(",") if n]
-        wanted = [entry_point_name(p.name) for p in patches if p.mode == "plugin"]
-        out["VLLM_PLUGINS"] = ",".join(names + [n for n in wanted if n not in names])
-    return out
-
-
-def node_plugin_env(ledger: Ledger, nodes: list[Node], plugin_dir: str | None, patches: Sequence[EnabledPatch],
-                    spec_env: Mapping[str, str], *, trial: str) -> dict[str, dict[str, str]]:
-    """Each node's serving environment, by node name, for a configuration spanning ``nodes``
-    (the first one this host): the plugin folder ``plugin_dir`` (mode plugin; None for none)
-    carried to every other node (:func:`llmtrial.patch.node_patches.carry_plugin`, ledger first)
-    and put first on that node's PYTHONPATH, with the patches' allow-list, as
-    :func:`server_env` does here; ``spec_env`` (the patches' flags) on every node. A rank's
-    environment is added to its node's own ``env``, so that is what it inherits."""
-    first, *others = nodes
-    out = {first.name: server_env(spec_env, plugin_dir, patches)}
-    for node in others:
-        there = carry_plugin(ledger, node, Path(plugin_dir), trial=trial) if plugin_dir else None
-        out[node.name] = server_env(spec_env, there, patches, inherited=dict(node.env))
-    return out
 
 
 _PID = re.compile(r"\bin pid (\d+)")
@@ -546,7 +448,7 @@ def _remove_plugin(directory: str, change: OpenChange, ledger: Ledger, residues:
     path, head = Path(directory), {"dir": directory, "patches": e.patches, "run": e.run}
     if not path.exists():
         action = "none (already gone)"
-    elif _is_plugin_dir(path):
+    elif is_plugin_dir(path):
         shutil.rmtree(path)
         action = "removed"
     else:

@@ -21,7 +21,8 @@ from llmtrial.host.nodes import Node
 from llmtrial.logs import failures
 from llmtrial.logs.lines import read_log
 from llmtrial.patch.patchdata import EnabledPatch
-from llmtrial.patch.patching import Patched, evidence, node_plugin_env
+from llmtrial.patch.patching import Patched, evidence
+from llmtrial.patch.plugin import NodePatches, node_plugin_env
 from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve.multinode import (
     MASTER_PORT_OFFSET,
@@ -104,13 +105,15 @@ class Spread:
             out[node.name] = copies[node.name].model_dir
         return out
 
-    def envs(self, ledger: Ledger, patched: Patched, env: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    def envs(self, ledger: Ledger, patched: Patched, env: Mapping[str, str]) -> NodePatches:
         """Every node's serving environment: the configuration's ``env`` with the patches' plugin
-        folder, carried to every other node (ledger first), and its rank environment."""
-        envs = node_plugin_env(ledger, list(self.nodes), patched.plugin_dir, patched.patches, env,
-                               trial=self.trial)
+        folder, carried to every other node (ledger first), and its rank environment; and the patches in
+        the mode each node has them."""
+        found = node_plugin_env(ledger, list(self.nodes), patched.plugin_dir, patched.patches, env,
+                                trial=self.trial, work_dir=patched.work_dir)
         ray = {"RAY_ADDRESS": self.ray_address} if self.launch == "ray" else {}
-        return {n.name: {**envs[n.name], **n.rank_env(), **ray} for n in self.nodes}
+        return NodePatches(envs={n.name: {**found.envs[n.name], **n.rank_env(), **ray} for n in self.nodes},
+                           patches=found.patches)
 
     def server(self, argv: list[str], ledger: Ledger, envs: Mapping[str, Mapping[str, str]],
                args: ServingArgs, **kwargs: Any) -> MultiNodeServer:
@@ -126,13 +129,13 @@ class Spread:
 
 
 def node_outcomes(nodes: Sequence[SpanNode], *, ranks: Mapping[str, Mapping[str, Any]], server_log: str,
-                  failed: bool, ready: bool, patches: Sequence[EnabledPatch], envs: Mapping[str, Mapping[str, str]],
-                  out_dir: Path) -> list[SpanNode]:
+                  failed: bool, ready: bool, served: NodePatches, out_dir: Path) -> list[SpanNode]:
     """Each node's entry with what ran there (``ranks``: the server's, by node) and its log and, from
     that log, the patches' evidence and (``failed``: the configuration failed; ``ready``: its server
     had answered /health) the line that explains the failure."""
     return [_node_outcome(node, ranks.get(node.name, {"log": server_log}), failed=failed, ready=ready,
-                          patches=patches, env=envs[node.name], out_dir=out_dir) for node in nodes]
+                          patches=served.patches[node.name], env=served.envs[node.name], out_dir=out_dir)
+            for node in nodes]
 
 
 def _node_outcome(node: SpanNode, ran: Mapping[str, Any], *, failed: bool, ready: bool, patches: Sequence[EnabledPatch],

@@ -38,6 +38,7 @@ from llmtrial.host.nodes import Node
 from llmtrial.lifecycle.readiness import Readiness, host_env, ready_host
 from llmtrial.logs.lines import read_log
 from llmtrial.logs.signature import signature_record
+from llmtrial.patch.plugin import NodePatches
 from llmtrial.plan.plan_inputs import ServingArgs
 from llmtrial.serve import log_review
 from llmtrial.serve.answers_job import job_answers, patch_flags
@@ -148,8 +149,8 @@ class TrialJob:
                            allow_processes=self.hardware.allow_processes)
         parts: dict[str, Any] = {} if ready.requieted is None else {"services_requieted": ready.requieted}
         spread = self.spread
-        envs = spread.envs(ledger, ready.patched, self.spec.env) if spread else \
-            {"": host_env(self.gpus, self.spec.env, ready.patched)}
+        served_with = spread.envs(ledger, ready.patched, self.spec.env) if spread else None
+        envs = served_with.envs if served_with else {"": host_env(self.gpus, self.spec.env, ready.patched)}
         env = envs[self.nodes[0].name] if spread else envs[""]
         parts["gpu_census"] = ready.census
         if ready.busy:
@@ -167,14 +168,14 @@ class TrialJob:
                                  patches=ready.patched.patches, server=functools.partial(self._flags_off_server, ledger),
                                  log_rel=self.paths.rel(self.paths.flags_off_log),
                                  startup_timeout_s=self.spec.startup_timeout_s))
-        record = self._confirmed(self._served(job_start, argv, served, ledger=ledger, ready=ready, env=env, envs=envs,
-                                              parts=parts), ledger, ready)
+        record = self._confirmed(self._served(job_start, argv, served, ledger=ledger, ready=ready, env=env,
+                                              served_with=served_with, parts=parts), ledger, ready)
         write_record(self.paths.record, record, schema="configuration")
         ledger.append(Action.JOB_FINISHED, label=self.label, pid=os.getpid(), undoes=job.id)
         return record
 
     def _served(self, job_start: float, argv: list[str], served: Served, *, ledger: Ledger, ready: Readiness,
-                env: Mapping[str, str], envs: Mapping[str, Mapping[str, str]], parts: dict[str, Any]) -> ConfigurationRecord:
+                env: Mapping[str, str], served_with: NodePatches | None, parts: dict[str, Any]) -> ConfigurationRecord:
         """The record of a configuration whose server was launched: the measurement's parts, what the log
         explains (the failure's line, the GPUs' health, each node's outcome) and the figures beside the plan."""
         job_end = time.time()
@@ -191,10 +192,10 @@ class TrialJob:
                                          kernel_baseline=self.kernel_baseline, label=self.label,
                                          health_check=self.hardware.health_check)
             failure, health = found.failure, {"gpu_health": found.gpu_health}
-        if "nodes" in parts:
+        if "nodes" in parts and served_with is not None:
             parts["nodes"] = node_outcomes(parts["nodes"], ranks=served.server.ranks or {}, server_log=source,
-                                           failed=failure is not None, ready=served.ready,
-                                           patches=ready.patched.patches, envs=envs, out_dir=self.paths.out_dir)
+                                           failed=failure is not None, ready=served.ready, served=served_with,
+                                           out_dir=self.paths.out_dir)
         if failure is not None:
             ranks = [n.log for n in parts.get("nodes") or [] if n.rank and n.log]  # each fetched from its node
             logs = [(source, text), *((name, read_log(self.paths.out_dir / name)) for name in ranks
