@@ -316,17 +316,23 @@ def cancelled(cluster, served) -> Iterator[tuple[Path, Cancelled]]:
 @pytest.mark.workflow
 def test_scancel_mid_configuration_then_snakemake_cleanup_leaves_nothing_on_either_node(cancelled):
     work, seen = cancelled
-    done = seen.cleanup
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    said = done.stdout + done.stderr
+    record = nothing_left(work, seen.cleanup, seen.pgids)
+    said = seen.cleanup.stdout + seen.cleanup.stderr
     assert f"made on node {NODES[0]}: sending the cleanup there (srun --nodes=1 --ntasks=1 --nodelist={NODES[0]}" in said
-    record = load_record(work / "results" / "two-nodes-slurm" / "cleanup" / "on-demand.json", "cleanup")
-    assert record.restored and record.residues == []
     assert sorted(s.name for s in record.left_behind.services) == ["gate-a", "gate-b"]
     assert all(s.restored_by_run == record.run for s in record.left_behind.services)
-    assert seen.pgids and all(group_members(pgid) == [] for pgid in seen.pgids)  # API server on a, ranks on b
+
+
+def nothing_left(work: Path, done: subprocess.CompletedProcess[str], pgids: list[int]) -> CleanupRecord:
+    """The on-demand cleanup ``done`` gave everything back: its record restored and without residues, the run's
+    server and ranks (``pgids``) gone, nothing open in the ledger, both services up. Its record."""
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = load_record(work / "results" / "two-nodes-slurm" / "cleanup" / "on-demand.json", "cleanup")
+    assert record.restored and record.residues == []
+    assert pgids and all(group_members(pgid) == [] for pgid in pgids)  # API server on a, ranks on b
     assert {kind: changes for kind, changes in outstanding(entries_of(work)).items() if changes} == {}
     assert (work / "gate-a.up").exists() and (work / "gate-b.up").exists()
+    return record
 
 
 @dataclass
@@ -404,14 +410,8 @@ def test_node_b_lost_mid_configuration_keeps_its_changes_as_residues_naming_it(n
 @pytest.mark.workflow
 def test_a_cleanup_once_node_b_is_back_finishes_its_changes_and_leaves_nothing(node_lost):
     work, seen = node_lost
-    done = seen.cleanup
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    record = load_record(work / "results" / "two-nodes-slurm" / "cleanup" / "on-demand.json", "cleanup")
-    assert record.restored and record.residues == []
+    record = nothing_left(work, seen.cleanup, seen.pgids)
     assert "gate-b" in [s.name for s in [*record.services_restored, *record.left_behind.services]]
-    assert seen.pgids and all(group_members(pgid) == [] for pgid in seen.pgids)  # API server on a, ranks on b
-    assert {kind: changes for kind, changes in outstanding(entries_of(work)).items() if changes} == {}
-    assert (work / "gate-a.up").exists() and (work / "gate-b.up").exists()
 
 
 #: A second Python of this machine, of another patch level than the venv's (Debian's).
