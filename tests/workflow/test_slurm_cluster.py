@@ -208,12 +208,12 @@ def test_a_host_slurm_has_down_is_named_with_its_reason_and_sent_no_job(slurm: S
                                                                           monkeypatch: pytest.MonkeyPatch):
     """A cleanup reaching a SLURM node as a job of its own (outside the allocation) asks SLURM for the host's state
     first: srun would queue a job for a down host until it came back, and run it then, unasked."""
-    from llmtrial.host.nodes import Node, NodeError
+    from llmtrial.host.nodes import Node, NodeError, unavailable
     from llmtrial.host.slurm_hosts import node_state
 
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
     node = Node(name="b", reach="slurm", slurm_host=slurm.node)
-    assert node_state(slurm.node).available and node.unavailable() is None
+    assert node_state(slurm.node).available and unavailable(node) is None
     reason = "llmtrial test: set down"
     assert slurm.run("scontrol", "update", f"nodename={slurm.node}", "state=down", f"reason={reason}").returncode == 0
     try:

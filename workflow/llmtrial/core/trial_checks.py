@@ -2,8 +2,8 @@
 what its checks across keys share (:mod:`llmtrial.core.trial_config` runs them as its model's
 validators): each check returns its problems as (key path under the block it checks, message), and
 :func:`raise_problems` hands them to pydantic at those keys, so the loader lists them with every other
-error of the file. The checks that need no model are here (arguments, ssh options, a cost's price); those
-that read a block's fields are beside the blocks.
+error of the file. The checks that need no model are here (arguments, ssh options, a cost's price, where a
+file patch may go); those that read a block's fields are beside the blocks.
 
 The model checks what a trial file says alone: arguments spelled twice, a sweep's lists, a passes rule, an
 SLO with no target, a cost without its price, nodes and services naming nodes the trial lacks, refused ssh
@@ -15,7 +15,7 @@ across nodes. What needs the disk (a prompt file, the task set) is checked by th
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -131,3 +131,20 @@ def cost_problems(price: float | None, currency: str | None) -> list[Problem]:
     wanted = {"price": (price, "the price of one accelerator-hour or host-hour, a number above 0"),
               "currency": (currency, "the currency of the price, an ISO 4217 code such as USD or EUR")}
     return [((key,), f"missing: give {what}") for key, (value, what) in wanted.items() if value is None]
+
+
+def file_patches_elsewhere(modes: Mapping[str, tuple[str, Mapping[str, str]]], spans: Mapping[str, Sequence[str]],
+                           here: set[str]) -> list[Problem]:
+    """A patch in mode file on a node of a configuration spanning nodes other than the one the workflow runs on
+    (``here``: the nodes reached locally): mode file rewrites this host's vLLM only. ``modes``: each patch's mode
+    and its modes by node; ``spans``: each configuration spanning nodes, with its nodes."""
+    problems: list[Problem] = []
+    for pname, (mode, by_node) in modes.items():
+        elsewhere = [(c, n) for c, nodes in spans.items() for n in nodes if n not in here and by_node.get(n, mode) == "file"]
+        if elsewhere:
+            config, node = elsewhere[0]
+            where = ("patches", pname, "nodes", node) if node in by_node else ("patches", pname, "mode")
+            problems.append((where, f"mode file changes the vLLM of the host the workflow runs on only, and "
+                             f"configuration {config!r} spans node {node!r}: give the patch mode plugin there "
+                             f"(nodes: {{{node}: plugin}}), which is carried to the node"))
+    return problems

@@ -29,6 +29,7 @@ from llmtrial.core.trial_checks import (
     args_problems,
     canonical_args,
     cost_problems,
+    file_patches_elsewhere,
     keys,
     option_problem,
     raise_problems,
@@ -551,23 +552,6 @@ def node_problems(trial: TrialConfig) -> list[Problem]:
                        for sname, entry in trial.services.items() if entry.node is not None and entry.node not in trial.nodes]
 
 
-def file_patches_elsewhere(trial: TrialConfig, spread: list[str]) -> list[Problem]:
-    """A patch in mode file on a node of a configuration spanning nodes (``spread``) other than the one the
-    workflow runs on (reached locally): mode file rewrites this host's vLLM only."""
-    here = {name for name, block in trial.nodes.items() if block.reach == "local"}
-    problems: list[Problem] = []
-    for pname, patch in trial.patches.items():
-        elsewhere = [(c, n) for c in spread for n in trial.configurations[c].nodes
-                     if n not in here and patch.nodes.get(n, patch.mode) == "file"]
-        if elsewhere:
-            config, node = elsewhere[0]
-            where = ("patches", pname, "nodes", node) if node in patch.nodes else ("patches", pname, "mode")
-            problems.append((where, f"mode file changes the vLLM of the host the workflow runs on only, and "
-                             f"configuration {config!r} spans node {node!r}: give the patch mode plugin there "
-                             f"(nodes: {{{node}: plugin}}), which is carried to the node"))
-    return problems
-
-
 def placement_problems(trial: TrialConfig) -> list[Problem]:
     """An env that sets CUDA_VISIBLE_DEVICES while hardware.gpus lists the GPUs (the census and telemetry
     would watch other GPUs than the server used); a file patch while a configuration spans nodes (it
@@ -581,7 +565,9 @@ def placement_problems(trial: TrialConfig) -> list[Problem]:
                       "them (by UUID): leave CUDA_VISIBLE_DEVICES out of the env") for key, env in envs
                      if "CUDA_VISIBLE_DEVICES" in env]
     spread = [name for name, entry in trial.configurations.items() if len(entry.nodes) > 1]
-    problems += file_patches_elsewhere(trial, spread)
+    problems += file_patches_elsewhere({n: (p.mode, p.nodes) for n, p in trial.patches.items()},
+                                       {c: trial.configurations[c].nodes for c in spread},
+                                       {n for n, block in trial.nodes.items() if block.reach == "local"})
     cached = [name for name, spec in trial.scenarios.items() if spec.dataset == PREFIX_DATASET]
     for name in spread if cached else []:
         try:

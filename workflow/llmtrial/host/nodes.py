@@ -45,7 +45,7 @@ from llmtrial.host.slurm_hosts import JOB_ENV, allocation_hosts, node_state, own
 from llmtrial.onnode import file_hashes, node_probe
 
 __all__ = [
-    "LOCAL_NAME", "NodeError", "Node", "NodeDefaults", "NodeReach", "local_node", "this_node_name", "trial_nodes", "all_nodes", "configuration_nodes", "spec_nodes",
+    "LOCAL_NAME", "NodeError", "Node", "unavailable", "NodeDefaults", "NodeReach", "local_node", "this_node_name", "trial_nodes", "all_nodes", "configuration_nodes", "spec_nodes",
     "spanned_nodes", "number_slurm_nodes", "program_argv", "last_json_object",
 ]
 
@@ -222,16 +222,6 @@ class Node:
         prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
         return self.argv([*prefix, *cmd]), None
 
-    def unavailable(self) -> str | None:
-        """Why a command cannot reach this node now, without trying: a SLURM host reached as a job of its own
-        (outside the allocation: a cleanup) that SLURM has down, drained or not responding, where srun would
-        wait in the queue until the host came back. None otherwise."""
-        if self.reach != "slurm" or self.slurm_job or not self.slurm_host:
-            return None
-        state = node_state(self.slurm_host)
-        if state is None or state.available:
-            return None
-        return f"{self.label()}: {state.describe()}: not reached (run the cleanup again once the host is back)"
 
     def local_env(self, env: Mapping[str, str] | None = None) -> dict[str, str] | None:
         """The environment of the process that runs :meth:`argv` here (None: this one's): a SLURM node reached
@@ -248,7 +238,7 @@ class Node:
         ignores the hang-up may go on). With ``check``, a non-zero exit raises NodeError naming
         the node, the command and the end of its stderr.
         """
-        if (why := self.unavailable()) is not None:
+        if (why := unavailable(self)) is not None:
             raise NodeError(why)
         argv, local_env = self._command(cmd, env, wait_s=timeout)
         try:
@@ -354,6 +344,18 @@ class Node:
         return NodeReach(name=self.name, reach=self.reach, address=self.address, python=self.python,
                          staging_dir=self.staging_dir, interface=self.interface, env_keys=[k for k, _ in self.env],
                          **parts).model_dump(exclude_unset=True)
+
+
+def unavailable(node: Node) -> str | None:
+    """Why a command cannot reach ``node`` now, without trying: a SLURM host reached as a job of its own
+    (outside the allocation: a cleanup) that SLURM has down, drained or not responding, where srun would
+    wait in the queue until the host came back. None otherwise."""
+    if node.reach != "slurm" or node.slurm_job or not node.slurm_host:
+        return None
+    state = node_state(node.slurm_host)
+    if state is None or state.available:
+        return None
+    return f"{node.label()}: {state.describe()}: not reached (run the cleanup again once the host is back)"
 
 
 def node_block(name: str, block: NodeBlock | Mapping[str, Any]) -> NodeBlock:

@@ -47,7 +47,7 @@ from llmtrial.core.paths import TrialPaths
 from llmtrial.core.record_base import HeldGpu, Residue
 from llmtrial.core.trial_config import HealthBlock, ServiceBlock, TrialConfig
 from llmtrial.host.gpus import held_gpus
-from llmtrial.host.nodes import Node, NodeError, all_nodes, local_node
+from llmtrial.host.nodes import Node, NodeError, all_nodes, local_node, unavailable
 from llmtrial.host.telemetry_sources import NvmlSource
 from llmtrial.onnode import service_health
 
@@ -372,7 +372,7 @@ def restore(entries: list[Entry], ledger: Ledger, runner: Runner = run_argv,
             done.services.append(RestoredService(**head, healthy=False, held_by_gpu=failed.gpu, health_seen="not started"))
             done.residues.append(_held_back(svc, failed))
             continue
-        lost = svc.node.unavailable() if svc.node is not None else None
+        lost = unavailable(svc.node) if svc.node is not None else None
         if lost is not None:  # its node is down: nothing to start there, nor to wait for
             done.services.append(RestoredService(**head, healthy=False, health_seen=f"not started: {lost}"))
             done.residues.append(Residue(kind="service", what=svc.name, tried=f"start it on node {svc.node.name}",

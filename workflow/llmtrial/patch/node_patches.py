@@ -21,7 +21,7 @@ outstanding.
 
 Mode ``file`` cannot reach another node (it rewrites this host's site-packages only): the trial
 file's model refuses it on any other node of a configuration spanning nodes
-(:func:`llmtrial.core.trial_config.file_patches_elsewhere`); such a patch is a plugin there
+(:func:`llmtrial.core.trial_checks.file_patches_elsewhere`); such a patch is a plugin there
 (:func:`llmtrial.patch.plugin.node_plugin_env`).
 """
 
