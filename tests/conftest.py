@@ -155,10 +155,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 #: host's: each test one in its tmp_path (a test that leaves a residue on purpose keeps its lock, and no
 #: other test waits for it), the module and session fixtures one for the whole session: set in the
 #: controller, inherited by both pytest-xdist workers, so that a trial of the serial chain and one of the
-#: other worker's (mark ``aside``) never serve at once. Two vLLM servers on this machine's two cores took
-#: more CPU than one after the other (their threads spin while they wait): with a lock per worker the
-#: suite took 34:34 instead of about 26 minutes, 29.5 minutes of CPU instead of 21. The workflow reads it;
-#: the library in the test process takes no lock.
+#: other worker's (mark ``aside``) never serve at once on this machine's two cores (the chain's trials then
+#: wait for the other worker's). Whether a lock per worker makes the suite shorter is not measured: the one
+#: run with it (34:34) and the next without it (36:16) both ran on a machine slower than that day's earlier
+#: runs (about 26 minutes). The workflow reads it; the library in the test process takes no lock.
 os.environ.setdefault(LOCK_ENV, str(Path(tempfile.mkdtemp(prefix="llmtrial-lock-")) / "host.json"))
 
 
