@@ -59,7 +59,7 @@ def by_old_schema(data: dict) -> tuple[dict, list[str]]:
 
 #: Trial file keys added after the model replaced the schema (dotted under a block, ``*`` any name of a block's
 #: entries): the old schema knows none of them.
-ADDED_SINCE = ("failures", "serving.idle_watch_s", "patches.*.nodes")
+ADDED_SINCE = ("failures", "serving.idle_watch_s", "patches.*.nodes", "nodes.*.gpus")
 
 
 def without_added(config: dict) -> dict:
@@ -127,3 +127,68 @@ def test_a_required_key_left_out_is_refused_by_both_naming_it(keys):
     assert where in by_old_schema(copy.deepcopy(data))[1]
     with pytest.raises(ConfigError, match=f"config key '{re.escape(where)}': missing: a required key"):
         validate_config(copy.deepcopy(data), source="config")
+
+
+# --- the GPUs each node gives (nodes.<name>.gpus) ----------------------------------------------------
+
+SEED_000 = REPO / "config" / "trials" / "seed000-qwen3.5-397b-fp8-pp3.yaml"
+
+
+def test_seed_000_gives_two_gpus_on_node_a_and_one_on_node_b_adding_up_to_its_three():
+    config = validate_config(raw(SEED_000), source=str(SEED_000))
+    counts = {name: block["gpus"] for name, block in config["nodes"].items()}
+    assert counts == {"a": 2, "b": 1} and sum(counts.values()) == config["hardware"]["gpus"] == 3
+
+
+def test_a_trial_whose_nodes_give_no_count_keeps_them_uncounted():
+    config = validate_config(raw(REPO / "config" / "trials" / "two-hosts-cpu.yaml"))
+    assert [block["gpus"] for block in config["nodes"].values()] == [None, None]
+
+
+def refused(data: dict) -> str:
+    with pytest.raises(ConfigError) as err:
+        validate_config(data, source=str(SEED_000))
+    return str(err.value)
+
+
+@pytest.mark.parametrize("a, b", [(1, 1), (2, 2), (4, 0)])
+def test_nodes_counts_that_do_not_add_up_to_hardware_gpus_are_refused_naming_the_key_and_file(a, b):
+    data = raw(SEED_000)
+    data["nodes"]["a"]["gpus"], data["nodes"]["b"]["gpus"] = a, b
+    message = refused(data)
+    assert f"{SEED_000} key 'hardware.gpus': 3 GPUs, but the nodes' gpus add up to {a + b} (a {a} + b {b})" in message
+
+
+@pytest.mark.parametrize("gpus", [None, [0, 1, 2]])
+def test_with_nodes_counts_hardware_gpus_must_be_the_trials_count(gpus):
+    data = raw(SEED_000)
+    data["hardware"]["gpus"] = gpus
+    assert f"{SEED_000} key 'hardware.gpus': {gpus!r} names GPUs of this host alone; give the trial's count, 3 " \
+           "(the nodes' gpus: a 2 + b 1)" in refused(data)
+
+
+def test_a_count_on_one_node_only_is_refused_naming_the_node_without_it():
+    data = raw(SEED_000)
+    del data["nodes"]["b"]["gpus"]
+    message = refused(data)
+    assert f"{SEED_000} key 'nodes.b.gpus': missing: node(s) a give their GPUs, so every node must" in message
+    assert "nodes.a.gpus" not in message
+
+
+def test_a_configuration_whose_nodes_give_fewer_gpus_than_its_ranks_is_refused_unless_forced():
+    data = raw(SEED_000)  # pipeline parallel 3 (serving.args) on node a alone, which gives 2
+    data["configurations"]["pp3-offload"]["nodes"] = ["a"]
+    message = refused(copy.deepcopy(data))
+    assert (f"{SEED_000} key 'configurations.pp3-offload.nodes': its ranks occupy 3 GPUs (tensor x pipeline x data "
+            "parallel size), its nodes give 2 (a 2)") in message
+    assert "pp3-no-offload" not in message  # still on both nodes: 2 + 1 = 3
+    data["configurations"]["pp3-offload"]["force"] = True  # launched anyway, to reproduce a crash
+    assert validate_config(data)["configurations"]["pp3-offload"]["nodes"] == ["a"]
+
+
+def test_a_node_giving_no_gpu_to_a_configuration_on_gpus_is_refused():
+    data = raw(SEED_000)
+    data["nodes"]["a"]["gpus"], data["nodes"]["b"]["gpus"] = 3, 0
+    data["hardware"]["gpus"] = 3
+    assert (f"{SEED_000} key 'configurations.pp3-offload.nodes': node(s) b give no GPU (gpus: 0) to a configuration "
+            "whose ranks run on GPUs") in refused(data)

@@ -33,6 +33,7 @@ from llmtrial.host.crossnode import (
     node_facts,
     preflight_nodes,
     same_files,
+    select_node_gpus,
 )
 from llmtrial.host.nodes import local_node, program_argv
 from llmtrial.host.probes import probe_argv
@@ -241,6 +242,67 @@ def test_a_program_is_known_by_the_module_it_runs_not_by_what_its_docstring_ment
     assert stale(rank) == ["llmtrial.host.collective"]
     assert stale(program_argv("python3", headless_serve, "{}")) == ["llmtrial.onnode.headless_serve"]
     assert stale(["bash", "-c", "sleep 1\nvllm serve /models/x"]) == ["vllm serve"]  # only Python's -c is cut
+
+
+# --- each node's GPUs (nodes.<name>.gpus) ----------------------------------------------------
+
+def gpu_inventory(*names: str) -> dict:
+    """A node's GPUs as its fact program lists them from NVML, one per name; a double's figures (this machine
+    has no NVML): the seed names neither the cards' UUIDs nor their memory."""
+    return {"present": bool(names), "count": len(names), "source": "nvml double (test facts)", "reason": None,
+            "devices": [{"index": i, "name": name, "uuid": f"GPU-{i}{len(names)}", "memory_total_bytes": 98 * GiB}
+                        for i, name in enumerate(names)]}
+
+
+#: Seed 000's GPUs: two on node A, one (the Max-Q card) on node B.
+SEED_GPUS = {"node-a": gpu_inventory("RTX PRO 6000", "RTX PRO 6000"), "node-b": gpu_inventory("RTX PRO 6000 Max-Q")}
+NO_NVML = {"present": False, "count": 0, "source": "nvml", "reason": "NVML unavailable: Driver Not Loaded",
+           "devices": []}
+
+
+def gpu_reports(**gpus: dict | None) -> dict[str, NodeReport]:
+    """Seed 000's node facts (each node on node A's Python) with ``gpus`` as each node's inventory."""
+    return {name: NodeReport.model_validate({"node": {"name": name}, **f, **({"gpus": gpus[name]} if gpus[name] else {})})
+            for name, f in seed().items()}
+
+
+def test_each_node_selects_its_own_count_among_its_own_gpus():
+    facts = gpu_reports(**SEED_GPUS)
+    check = select_node_gpus(facts, {"node-a": 2, "node-b": 1})
+    assert check.status == "ok"
+    assert check.detail == ("node node-a: nodes.node-a.gpus 2: GPU 0 (RTX PRO 6000), 1 (RTX PRO 6000) of its 2; "
+                            "node node-b: nodes.node-b.gpus 1: GPU 0 (RTX PRO 6000 Max-Q) of its 1")
+    assert check.nodes == {"node-a": {"status": "ok", "count": 2, "selected": [0, 1]},
+                           "node-b": {"status": "ok", "count": 1, "selected": [0]}}
+    for name, given in SEED_GPUS.items():  # each node's report carries its selection, by the node's own UUIDs
+        assert [g.uuid for g in facts[name].gpus.selected_gpus] == [d["uuid"] for d in given["devices"]]
+
+
+def test_a_node_with_fewer_gpus_than_its_count_fails_naming_the_node_and_its_count():
+    facts = gpu_reports(**SEED_GPUS)
+    label = "node node-b (ssh 192.0.2.2:22)"
+    check = select_node_gpus(facts, {"node-a": 2, "node-b": 2}, labels={"node-b": label})
+    assert check.status == "fail"
+    assert check.detail == (f"nodes.node-b.gpus: 2 GPUs asked for, {label} has 1: give nodes.node-b.gpus at most 1, "
+                            "or free the node's GPUs for the trial")
+    assert check.nodes["node-b"] == {"status": "fail", "count": 2, "selected": []}
+    assert check.nodes["node-a"]["selected"] == [0, 1]
+
+
+def test_a_node_whose_nvml_lists_no_gpu_has_its_count_assumed_with_the_reason():
+    check = select_node_gpus(gpu_reports(**{**SEED_GPUS, "node-b": NO_NVML}), {"node-a": 2, "node-b": 1})
+    assert check.status == "warn"
+    assert check.detail == ("node node-b: nodes.node-b.gpus 1 assumed, not checked: the node lists no GPU (NVML "
+                            "unavailable: Driver Not Loaded)")
+
+
+def test_a_node_that_did_not_answer_or_listed_no_inventory_is_not_selected_on():
+    facts = gpu_reports(**{**SEED_GPUS, "node-b": None})  # an older fact program: no gpus
+    facts["node-c"] = NodeReport(node={"name": "node-c"}, error="node node-c: gone")
+    check = select_node_gpus(facts, {"node-a": 2, "node-b": 1, "node-c": 1})
+    assert check.status == "warn" and set(check.nodes) == {"node-a", "node-b"}
+    assert check.detail == ("node node-b: nodes.node-b.gpus 1 not checked: the node reported no GPU inventory (an "
+                            "older node program)")
 
 
 # --- two hosts on this machine ----------------------------------------------------------------

@@ -66,7 +66,7 @@ def test_node_defaults_are_filled_and_resolved():
     cfg = validate_config(config(staging_dir="/srv/staging"))
     assert cfg["nodes"]["b"] == {
         "reach": "ssh", "slurm_index": None, "python": None, "staging_dir": None, "interface": None, "address": None,
-        "env": {},
+        "env": {}, "gpus": None,
         "ssh": {"user": "root", "address": "10.0.0.2", "port": 22, "identity_file": None, "options": []},
     }
     assert cfg["nodes"]["a"]["reach"] == "local"

@@ -21,6 +21,7 @@ from llmtrial.core.preflight_model import PreflightRecord
 from llmtrial.core.records import check_record
 from llmtrial.core.redact import redact_env
 from llmtrial.core.trial_config import DiskBlock, SourceBlock
+from llmtrial.host import crossnode
 from llmtrial.host.checks import check_allocator, check_open_files
 from llmtrial.host.disk import disk_headroom
 from llmtrial.host.nodes import spanned_nodes
@@ -258,6 +259,59 @@ def test_a_trial_without_nodes_has_no_nodes_in_its_preflight_record(tmp_path):
     record = run_preflight(source=TINY, staging_dir=tmp_path, disk=DiskBlock(reserve_fraction=0.0, reserve_min_gib=0),
                            nodes=spanned, nvml=NvmlDouble())
     assert "nodes" not in written(record) and record.nodes is None
+
+
+#: Seed 000's node B card, as node B's NVML lists it (the GPU double, tests/gpu_double.py).
+MAX_Q = {"uuid": "GPU-5eed0000-b", "name": "NVIDIA RTX PRO 6000 Blackwell Max-Q", "memory_gib": 96}
+
+
+def two_node_preflight(tmp_path, monkeypatch, a: int, b: int) -> tuple[PreflightRecord, str | None]:
+    """Seed 000's split of GPUs over two nodes of this machine, both reached locally on loopback: node a this
+    host, whose NVML is ``NvmlDouble`` (two H200s), node b a second local node whose fact program's NVML is
+    the GPU double listing one card (``MAX_Q``). Node a's program reads that double too: its count is
+    selected among this host's inventory, not its program's. Returns the record, and why preflight stopped
+    (None where it passed)."""
+    scenario = tmp_path / "scenario.json"
+    scenario.write_text(json.dumps({"gpus": [MAX_Q]}))
+    monkeypatch.setenv("LLMTRIAL_GPU_DOUBLE", str(Path(__file__).parents[1] / "gpu_double.py"))
+    monkeypatch.setenv("GPU_DOUBLE_SCENARIO", str(scenario))
+    for marker in list(crossnode.STALE_MARKERS):  # this machine's other work may run vLLM: no marker of it
+        monkeypatch.delitem(crossnode.STALE_MARKERS, marker)
+    monkeypatch.setitem(crossnode.STALE_MARKERS, "llmtrial-test-" + "no-such-process", "nothing")
+    node = {"reach": "local", "address": "127.0.0.1", "interface": "lo"}
+    config = check_config({"trial": "t", "nodes": {"a": {**node, "gpus": a}, "b": {**node, "gpus": b}},
+                           "hardware": {"gpus": a + b}, "model": {"name": "m", "source": {"kind": "tiny"}},
+                           "scenarios": {"s": {}}, "configurations": {"pp": {"nodes": ["a", "b"]}}})
+    try:
+        return run_preflight(source=TINY, staging_dir=tmp_path / "staging", nvml=NvmlDouble(),
+                             disk=DiskBlock(reserve_fraction=0.0, reserve_min_gib=0), nodes=spanned_nodes(config)), None
+    except PreflightError as err:
+        return err.record, str(err)
+
+
+def test_each_node_selects_its_count_among_its_own_gpus_node_a_among_this_hosts(tmp_path, monkeypatch):
+    record, stopped = two_node_preflight(tmp_path, monkeypatch, a=2, b=1)
+    assert stopped is None
+    gpus = {c.name: c for c in record.nodes.checks}["node_gpus"]
+    assert gpus.status == "ok", gpus.detail
+    assert gpus.nodes == {"a": {"status": "ok", "count": 2, "selected": [0, 1]},
+                          "b": {"status": "ok", "count": 1, "selected": [0]}}
+    assert record.environment.gpus.selected == [0, 1]  # this host's two, which the planner and the census use
+    assert [g.uuid for g in record.nodes.nodes["a"].gpus.selected_gpus] == ["GPU-0", "GPU-1"]  # NvmlDouble's
+    assert [g.uuid for g in record.nodes.nodes["b"].gpus.selected_gpus] == [MAX_Q["uuid"]]
+    assert "gpu_selection" not in {c.name for c in record.checks}
+    check_record(written(record), "preflight")
+
+
+def test_a_node_with_fewer_gpus_than_its_count_stops_preflight_naming_the_node_and_count(tmp_path, monkeypatch):
+    record, stopped = two_node_preflight(tmp_path, monkeypatch, a=2, b=2)
+    detail = ("nodes.b.gpus: 2 GPUs asked for, node b (this host) has 1: give nodes.b.gpus at most 1, or free the "
+              "node's GPUs for the trial")
+    assert stopped == "preflight failed: nodes: node_gpus: " + detail  # the only failed check
+    gpus = {c.name: c for c in record.nodes.checks}["node_gpus"]
+    assert gpus.status == "fail" and gpus.detail == detail
+    assert gpus.nodes == {"a": {"status": "ok", "count": 2, "selected": [0, 1]},
+                          "b": {"status": "fail", "count": 2, "selected": []}}
 
 
 @pytest.mark.workflow

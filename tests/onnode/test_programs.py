@@ -15,7 +15,7 @@ from types import ModuleType
 
 import pytest
 
-from conftest import wait_until
+from conftest import REPO, wait_until
 from llmtrial import onnode
 from llmtrial.host.nodes import last_json_object, program_argv
 from llmtrial.onnode import (
@@ -35,9 +35,12 @@ PROGRAMS = [file_hashes, gpu_health, headless_serve, node_facts, node_probe, plu
             service_health, telemetry_sampler, weights_folder]
 #: What a program may import beyond the standard library: what its node has by then (vLLM's serving
 #: environment, torch for the GPU check) or what it uses where present (psutil).
-BEYOND_STDLIB = {"gpu_health": {"torch"}, "headless_serve": {"vllm"}, "node_facts": {"psutil", "torch"}}
+BEYOND_STDLIB = {"gpu_health": {"torch"}, "headless_serve": {"vllm"}, "node_facts": {"psutil", "torch", "pynvml"}}
 #: A Python with no site-packages, as on a node without this project's venv.
 BARE = [sys.executable, "-I", "-S"]
+#: What the node facts program reads on stdin, with no stale-process marker.
+FACTS_INPUTS = {"interface": None, "master_addr": "127.0.0.1", "master_port": None, "connect_timeout": 3,
+                "markers": {}, "cmdline_chars": 240}
 
 
 def imported(module: ModuleType) -> set[str]:
@@ -145,9 +148,7 @@ def test_node_facts_read_processes_from_proc_where_psutil_is_missing():
     named = subprocess.Popen([sys.executable, "-c", f"# {marker}\nimport time; time.sleep(60)"])
     mentions = subprocess.Popen([sys.executable, "-c", f"# other\n'Mentions {marker}.'\nimport time; time.sleep(60)"])
     try:
-        facts = run_bare(node_facts, inputs={"interface": None, "master_addr": "127.0.0.1", "master_port": None,
-                                             "connect_timeout": 3, "markers": {marker: "a test marker"},
-                                             "cmdline_chars": 240})
+        facts = run_bare(node_facts, inputs={**FACTS_INPUTS, "markers": {marker: "a test marker"}})
     finally:
         for proc in (holder, named, mentions):
             proc.kill()
@@ -156,6 +157,26 @@ def test_node_facts_read_processes_from_proc_where_psutil_is_missing():
     assert sorted(p["pid"] for p in facts["stale"]["processes"]) == sorted([holder.pid, named.pid])
     assert facts["python_version"] == ".".join(map(str, sys.version_info[:3]))
     assert facts["vllm"] is None and facts["torch"] is None  # -S: the packages are not there to find
+
+
+def test_node_facts_list_the_gpus_nvml_lists_on_the_node(tmp_path, monkeypatch):
+    """The node's NVML played by the test double (tests/gpu_double.py): seed 000's node B with its one card."""
+    card = {"uuid": "GPU-5eed0000-b", "name": "NVIDIA RTX PRO 6000 Blackwell Max-Q", "memory_gib": 96}
+    scenario = tmp_path / "scenario.json"
+    scenario.write_text(json.dumps({"gpus": [card]}))
+    double = str(REPO / "tests" / "gpu_double.py")
+    monkeypatch.setenv("LLMTRIAL_GPU_DOUBLE", double)
+    monkeypatch.setenv("GPU_DOUBLE_SCENARIO", str(scenario))
+    assert run_bare(node_facts, inputs=FACTS_INPUTS)["gpus"] == {
+        "present": True, "count": 1, "source": f"nvml double ({double})", "reason": None,
+        "devices": [{"index": 0, "name": card["name"], "uuid": card["uuid"], "memory_total_bytes": 96 * 2**30}]}
+
+
+def test_node_facts_without_nvml_list_no_gpu_and_say_why(monkeypatch):
+    monkeypatch.delenv("LLMTRIAL_GPU_DOUBLE", raising=False)
+    gpus = run_bare(node_facts, inputs=FACTS_INPUTS)["gpus"]  # -S: no pynvml to import
+    assert (gpus["present"], gpus["count"], gpus["devices"]) == (False, 0, [])
+    assert gpus["reason"].startswith("nvidia-ml-py (pynvml) is not installed: ")
 
 
 def test_the_sampler_writes_rows_until_told_to_stop(tmp_path):

@@ -90,7 +90,8 @@ def test_every_trial_file_is_valid_and_says_what_it_reproduces():
             continue  # a trial for this machine (the CPU sweep), run end to end by its own test
         assert config["model"]["source"]["kind"] == "hub"
         assert config["hardware"]["gpus"] and config["hardware"]["gpu_memory_gib"]
-        assert config["services"] == {} and config["patches"] == {}  # nothing of the default trial
+        own = {"seed000-offload-reinit"} if path == SEED_000 else set()  # the seed's own patch, none other
+        assert config["services"] == {} and set(config["patches"]) == own  # nothing of the default trial
 
 
 def test_seed_003_tp4_fits_with_the_logged_weights_and_kv_tokens(hub):
@@ -279,7 +280,7 @@ def test_seed_000_dry_runs_under_the_slurm_profile(tmp_path, b_reach):
     config = yaml.safe_load(SEED_000.read_text())
     if b_reach == "slurm":
         b = config["nodes"]["b"]
-        config["nodes"]["b"] = {"reach": "slurm", **{k: b[k] for k in ("python", "staging_dir", "interface")}}
+        config["nodes"]["b"] = {"reach": "slurm", **{k: b[k] for k in ("python", "staging_dir", "interface", "gpus")}}
         del config["nodes"]["a"]["address"]  # a local node of a SLURM trial: the allocation's first host
     path = tmp_path / "seed000.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))

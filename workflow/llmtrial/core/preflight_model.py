@@ -48,8 +48,8 @@ class Gpus(RecordModel):
     source: Maybe[str] = Field(None, description=(
         "Where the figures came from: nvml, or the test double that played the host's NVML (named with its file)."))
     selected: Maybe[list[NonNegInt]] = Field(None, description=(
-        "The NVML indexes of the GPUs hardware.gpus selects: the planner, the servers' CUDA_VISIBLE_DEVICES "
-        "and telemetry use exactly these."))
+        "The NVML indexes of the GPUs hardware.gpus (or this host's nodes.<name>.gpus) selects: the planner, the "
+        "servers' CUDA_VISIBLE_DEVICES and telemetry use exactly these."))
     selected_gpus: Maybe[list[SelectedGpu]] = Field(None, description="The selected GPUs (index, uuid, name, pci_bus_id).")
     reason: str | None = Field(None, description="Why there is no GPU (NVML missing or failing); null when there is.")
     driver_version: str | None = Field(None, description="The NVIDIA driver's version.")
@@ -148,6 +148,10 @@ class NodeReport(RecordModel):
     dev_shm: Maybe[dict[str, Any]] = Field(None, description="/dev/shm's size and free bytes, and the least wanted.")
     stale: Maybe[dict[str, Any]] = Field(None, description="Processes of an earlier trial (vLLM, Ray, a rank, a "
                                          "benchmark client) and where the list came from.")
+    gpus: Maybe[Gpus] = Field(None, description=(
+        "The GPUs NVML lists on the node (index, name, UUID, memory), or why none; where the trial counts GPUs per "
+        "node (nodes.<name>.gpus), the ones preflight selected there. On the node reached locally: this host's "
+        "inventory as environment.gpus has it."))
 
 
 class CrossNode(RecordModel):
@@ -160,7 +164,8 @@ class CrossNode(RecordModel):
         "carries error instead."))
     checks: list[Check] = Field(description=(
         "node_reachable, then the comparisons: python_patch_level, vllm_version, vllm_files, torch_version, "
-        "nccl_version, ray_version, node_interface, node_dev_shm, stale_processes."))
+        "nccl_version, ray_version, node_interface, node_dev_shm, stale_processes; node_gpus where the trial counts "
+        "GPUs per node (each node's selection among its own GPUs)."))
 
 
 class KernelLog(RecordModel):

@@ -7,13 +7,14 @@ file patch may go); those that read a block's fields are beside the blocks.
 
 The model checks what a trial file says alone: arguments spelled twice, a sweep's lists, a passes rule, an
 SLO with no target, a cost without its price, nodes and services naming nodes the trial lacks, refused ssh
-options, a pinned CUDA_VISIBLE_DEVICES, a file patch on a node other than this host, the report's baseline, prefix caching
+options, the nodes' GPU counts against the trial's and each configuration's, a pinned CUDA_VISIBLE_DEVICES, a file patch on a node other than this host, the report's baseline, prefix caching
 across nodes. What needs the disk (a prompt file, the task set) is checked by the loader after the model
 (:func:`llmtrial.config.validate_config`).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -113,6 +114,18 @@ def args_problems(args: Mapping[str, Any]) -> list[Problem]:
     return []
 
 
+def world_size(*blocks: Mapping[str, Any]) -> int | None:
+    """GPUs a configuration's ranks occupy: tensor x pipeline x data parallel size of its args ``blocks``
+    (serving.args, then its own: later over earlier, each read by :func:`canonical_args`); None where a
+    size is not an integer."""
+    merged = {k: v for block in blocks for k, v in canonical_args(block).items()}
+    try:
+        return math.prod(int(merged.get(k, 1)) for k in ("tensor_parallel_size", "pipeline_parallel_size",
+                                                           "data_parallel_size"))
+    except (TypeError, ValueError):
+        return None
+
+
 def option_key(option: str) -> str:
     """An ssh option's key as ssh compares them (``Key=value``: the key, lowercase)."""
     return option.split("=", 1)[0].strip().lower()
@@ -124,6 +137,15 @@ def option_problem(option: str) -> str | None:
         return f"{option!r} is not Key=value"
     reason = REFUSED_OPTIONS.get(option_key(option))
     return f"{option.split('=', 1)[0]} {reason}" if reason else None
+
+
+def reach_problems(reach: str, address: str | None, options: Sequence[str]) -> list[Problem]:
+    """A node reached over ssh without an address (``ssh.address``), a refused ssh option (``ssh.options``)."""
+    problems: list[Problem] = []
+    if reach == "ssh" and not address:
+        problems.append((("ssh", "address"), "a node reached over ssh needs an address"))
+    return problems + [(("ssh", "options", i), f"ssh option {problem}")
+                       for i, option in enumerate(options) if (problem := option_problem(option))]
 
 
 def cost_problems(price: float | None, currency: str | None) -> list[Problem]:
@@ -147,4 +169,36 @@ def file_patches_elsewhere(modes: Mapping[str, tuple[str, Mapping[str, str]]], s
             problems.append((where, f"mode file changes the vLLM of the host the workflow runs on only, and "
                              f"configuration {config!r} spans node {node!r}: give the patch mode plugin there "
                              f"(nodes: {{{node}: plugin}}), which is carried to the node"))
+    return problems
+
+
+def gpu_count_problems(counts: Mapping[str, int | None], gpus: int | Sequence[int | str] | None,
+                       spans: Mapping[str, tuple[Sequence[str], int | None]]) -> list[Problem]:
+    """The GPUs each node gives the trial (``counts``: each node's ``gpus``, None where not given) against the
+    trial's (``gpus``: hardware.gpus) and each configuration's (``spans``: its nodes, and its world size, None where
+    not checked: a forced configuration). A count on some nodes only, a hardware.gpus other than their sum, a
+    configuration whose nodes give fewer GPUs than its ranks occupy or one of them none. Nothing when no node
+    gives a count."""
+    given = {n: c for n, c in counts.items() if c is not None}
+    if not given:
+        return []
+    shown = " + ".join(f"{n} {c}" for n, c in given.items())
+    problems: list[Problem] = [(("nodes", n, "gpus"), f"missing: node(s) {', '.join(given)} give their GPUs, so every "
+                                "node must (0 for a node without)") for n, c in counts.items() if c is None]
+    total = sum(given.values())
+    if not isinstance(gpus, int) or gpus != total:
+        why = (f"{gpus} GPUs, but the nodes' gpus add up to {total} ({shown})" if isinstance(gpus, int) else
+               f"{gpus!r} names GPUs of this host alone; give the trial's count, {total} (the nodes' gpus: {shown})")
+        problems.append((("hardware", "gpus"), why))
+    for name, (nodes, world) in spans.items() if len(given) == len(counts) else ():
+        have = sum(given.get(n, 0) for n in nodes)
+        parts = " + ".join(f"{n} {given[n]}" for n in nodes if n in given)
+        if world is not None and world > have:
+            problems.append((("configurations", name, "nodes"), f"its ranks occupy {world} GPUs (tensor x pipeline x "
+                             f"data parallel size), its nodes give {have} ({parts}): lower a parallel size, span "
+                             "more nodes, or set force: true to launch it anyway"))
+        idle = [n for n in nodes if given.get(n) == 0]
+        if total and len(nodes) > 1 and idle:
+            problems.append((("configurations", name, "nodes"), f"node(s) {', '.join(idle)} give no GPU (gpus: 0) to "
+                             "a configuration whose ranks run on GPUs: leave them out of its nodes"))
     return problems

@@ -30,9 +30,11 @@ from llmtrial.core.trial_checks import (
     canonical_args,
     cost_problems,
     file_patches_elsewhere,
+    gpu_count_problems,
     keys,
-    option_problem,
     raise_problems,
+    reach_problems,
+    world_size,
 )
 
 
@@ -61,10 +63,11 @@ class NodeBlock(ConfigModel):
     interface: Annotated[str, StringConstraints(pattern='^[A-Za-z0-9_.@:-]+$')] | None = Field(default=None, description='Network interface for NCCL and gloo traffic on the node (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME); null lets them choose.')
     address: Annotated[str, StringConstraints(pattern='^[A-Za-z0-9_.:%-]+$')] | None = Field(default=None, description="The address other nodes reach this node at (null is ssh.address, the SLURM host's name with reach slurm, or 127.0.0.1 for a local node; a local node of a trial with slurm nodes: the allocation's first host).")
     env: Annotated[dict[str, str], keys('^[A-Za-z_][A-Za-z0-9_]*$')] = Field(default={}, description="Environment for every process the trial starts on this node (its serving rank, the sanity check's rank), over the configuration's env: e.g. the core a CPU rank binds to (VLLM_CPU_OMP_THREADS_BIND). GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME (from interface) and VLLM_HOST_IP (from address) are set unless given here.")
+    gpus: Annotated[int, Field(ge=0)] | None = Field(default=None, description="How many of the trial's GPUs this node gives: preflight selects the first N that NVML lists on the node (this host's inventory on the node reached locally, what the node reports on the others) and stops the trial, naming the node, where it has fewer. Give it on every node or on none; the nodes' counts add up to hardware.gpus, and the nodes of each configuration give at least its tensor x pipeline x data parallel size (unless it is forced). null: not counted per node (hardware.gpus is then this host's).")
 
     @model_validator(mode="after")
     def _checked(self) -> NodeBlock:
-        raise_problems("node", reach_problems(self))
+        raise_problems("node", reach_problems(self.reach, self.ssh.address, self.ssh.options))
         return self
 
 
@@ -530,17 +533,8 @@ def scenario_problems(spec: ScenarioBlock) -> list[Problem]:
     return problems
 
 
-def reach_problems(block: NodeBlock) -> list[Problem]:
-    """An ssh node without an address, a refused ssh option."""
-    problems: list[Problem] = []
-    if block.reach == "ssh" and not block.ssh.address:
-        problems.append((("ssh", "address"), "a node reached over ssh needs an address"))
-    return problems + [(("ssh", "options", i), f"ssh option {problem}")
-                       for i, option in enumerate(block.ssh.options) if (problem := option_problem(option))]
-
-
 def node_problems(trial: TrialConfig) -> list[Problem]:
-    """A configuration or a service naming a node the trial lacks."""
+    """A configuration or a service naming a node the trial lacks; the nodes' GPU counts (:func:`gpu_count_problems`)."""
     problems: list[Problem] = []
     known = ", ".join(trial.nodes) if trial.nodes else "the trial lists no nodes"
     for cname, entry in trial.configurations.items():
@@ -548,8 +542,11 @@ def node_problems(trial: TrialConfig) -> list[Problem]:
                      for node in entry.nodes if node not in trial.nodes]
     problems += [(("patches", pname, "nodes", node), f"{node!r} is not a node of this trial ({known})")
                  for pname, patch in trial.patches.items() for node in patch.nodes if node not in trial.nodes]
-    return problems + [(("services", sname, "node"), f"{entry.node!r} is not a node of this trial ({known})")
-                       for sname, entry in trial.services.items() if entry.node is not None and entry.node not in trial.nodes]
+    problems += [(("services", sname, "node"), f"{entry.node!r} is not a node of this trial ({known})")
+                 for sname, entry in trial.services.items() if entry.node is not None and entry.node not in trial.nodes]
+    spans = {c: (e.nodes or list(trial.nodes)[:1], None if e.force else world_size(trial.serving.args, e.args))
+             for c, e in trial.configurations.items()}
+    return problems + gpu_count_problems({n: b.gpus for n, b in trial.nodes.items()}, trial.hardware.gpus, spans)
 
 
 def placement_problems(trial: TrialConfig) -> list[Problem]:

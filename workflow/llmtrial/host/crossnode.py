@@ -6,10 +6,11 @@ shell) and returns what the nodes must agree on: Python, vLLM, torch, Ray and NC
 the interface named in the node's config with its IPv4 addresses and whether the master
 address is reachable from it, the size of ``/dev/shm``, and processes of an earlier trial
 (vLLM servers, Ray daemons and workers, llmtrial's own ranks) that would hold ports, shared
-memory or GPUs. Nothing is killed here.
+memory or GPUs, and the GPUs NVML lists there. Nothing is killed here.
 
 :func:`cross_checks` is a pure function of those facts, with checks shaped as the
-single-host preflight's (:func:`llmtrial.host.checks.check`); :func:`same_files` compares the
+single-host preflight's (:func:`llmtrial.host.checks.check`); :func:`select_node_gpus` selects, where the
+trial counts GPUs per node, each node's count among that node's own GPUs; :func:`same_files` compares the
 staged model files' hashes across nodes; :func:`preflight_nodes` gathers the facts of every
 node in parallel and returns the record (:class:`llmtrial.core.preflight_model.CrossNode`).
 
@@ -25,14 +26,15 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from llmtrial.core.preflight_model import CrossNode, Master, NodeReport
+from llmtrial.core.preflight_model import CrossNode, Gpus, Master, NodeReport
 from llmtrial.core.record_base import Check, RecordModel
 from llmtrial.core.units import GiB
 from llmtrial.host.checks import MIN_SHM_BYTES, check
+from llmtrial.host.gpus import SelectionError, select
 from llmtrial.host.nodes import Node, NodeError
 from llmtrial.onnode import node_facts as onnode_facts
 
-__all__ = ["STALE_MARKERS", "node_facts", "cross_checks", "same_files", "preflight_nodes"]
+__all__ = ["STALE_MARKERS", "node_facts", "cross_checks", "select_node_gpus", "same_files", "preflight_nodes"]
 
 #: Substrings of a command line that mark a process of an earlier trial, with what it is.
 #: They reach the node on stdin, never in the program's argv, so the fact program and the
@@ -277,6 +279,41 @@ def cross_checks(facts: Mapping[str, NodeReport], *, uses_ray: bool = False) -> 
             check_dev_shm(answered), check_stale(answered)]
 
 
+def _node_selection(name: str, count: int, inventory: Gpus | None, label: str) -> tuple[str, str]:
+    """(status, sentence) of node ``name``'s ``count`` GPUs selected among ``inventory``, which gets the selection."""
+    key = f"nodes.{name}.gpus"
+    if inventory is None:
+        return "warn", f"{label}: {key} {count} not checked: the node reported no GPU inventory (an older node program)"
+    devices = inventory.devices or []
+    try:
+        chosen = select(count, devices, key=key, host=label)
+    except SelectionError as exc:
+        inventory.selected, inventory.selected_gpus = [], []
+        return "fail", f"{exc}: give {key} at most {len(devices)}, or free the node's GPUs for the trial"
+    inventory.selected, inventory.selected_gpus = [g.index for g in chosen], chosen
+    if count and not devices:
+        return "warn", (f"{label}: {key} {count} assumed, not checked: the node lists no GPU "
+                        f"({inventory.reason or 'NVML lists none'})")
+    listing = ", ".join(f"{g.index} ({g.name or g.uuid})" for g in chosen) or "none"
+    return "ok", f"{label}: {key} {count}: GPU {listing} of its {len(devices)}"
+
+
+def select_node_gpus(facts: Mapping[str, NodeReport], counts: Mapping[str, int],
+                     labels: Mapping[str, str] | None = None) -> Check:
+    """Each node's ``counts`` (its ``nodes.<name>.gpus``) selected among that node's own GPUs (its facts' ``gpus``,
+    which get the selection): ok naming what each node selected, fail naming a node with fewer GPUs than its count,
+    warn for a node that lists none (its count is then assumed, as on a host without NVML). A node that did not
+    answer is left out (``node_reachable`` fails it). ``labels``: how messages name each node."""
+    found = {name: _node_selection(name, count, facts[name].gpus, (labels or {}).get(name, f"node {name}"))
+             for name, count in counts.items() if name in facts and not facts[name].error}
+    status = _worst([s for s, _ in found.values()], default="skip")
+    shown = [t for s, t in found.values() if s == status] if status != "ok" else [t for _, t in found.values()]
+    selected = {name: (facts[name].gpus or Gpus(present=False, count=0)).selected for name in found}
+    return check("node_gpus", status, "; ".join(shown) or "no node that gives GPUs answered",
+                 nodes={name: {"status": s, "count": counts[name], "selected": selected[name]}
+                        for name, (s, _) in found.items()})
+
+
 def same_files(manifests: Mapping[str, Mapping[str, str | None]], *, show: int = 5) -> Check:
     """The staged model files hash the same on every node.
 
@@ -325,11 +362,16 @@ def check_answered(facts: Mapping[str, NodeReport]) -> Check:
 
 def preflight_nodes(nodes: Sequence[Node], *, master_addr: str | None = None, master_port: int | None = None,
                     shm_min_bytes: int = MIN_SHM_BYTES, uses_ray: bool = False, timeout: float = FACTS_TIMEOUT_S,
-                    markers: Mapping[str, str] = STALE_MARKERS) -> CrossNode:
+                    markers: Mapping[str, str] = STALE_MARKERS, gpus: Mapping[str, int] | None = None,
+                    here: Mapping[str, Gpus] | None = None) -> CrossNode:
     """The cross-node preflight record of ``nodes`` (the first one the master unless
     ``master_addr`` is given): every node's facts, gathered in parallel with ``timeout``
     seconds each, and the checks. A node that does not answer is a failed
-    ``node_reachable`` check naming it with ssh's error; the other checks compare the rest."""
+    ``node_reachable`` check naming it with ssh's error; the other checks compare the rest.
+
+    ``gpus`` (each node's ``nodes.<name>.gpus``, where the trial counts GPUs per node) adds the ``node_gpus``
+    check (:func:`select_node_gpus`); ``here`` gives a node's inventory in place of what its program listed
+    (the node reached locally: this host's, as preflight took it)."""
     if not nodes:
         raise ValueError("no nodes to check")
     master = master_addr or nodes[0].address
@@ -338,5 +380,10 @@ def preflight_nodes(nodes: Sequence[Node], *, master_addr: str | None = None, ma
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
         futures = {node.name: pool.submit(_facts_or_error, node, **kwargs) for node in nodes}
         facts = {name: future.result() for name, future in futures.items()}
+    for name, inventory in (here or {}).items():
+        if name in facts and not facts[name].error:
+            facts[name].gpus = inventory.model_copy(deep=True)
     checks = [check_answered(facts), *cross_checks(facts, uses_ray=uses_ray)]
+    if gpus:
+        checks.append(select_node_gpus(facts, gpus, {node.name: node.label() for node in nodes}))
     return CrossNode(master=Master(address=master, port=master_port), nodes=facts, checks=checks)

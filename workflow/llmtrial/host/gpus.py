@@ -57,7 +57,7 @@ XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]+)\): (?P<code>\d+)
 
 
 class SelectionError(ValueError):
-    """``hardware.gpus`` names a GPU this host does not have."""
+    """``hardware.gpus`` (or a node's ``gpus``) names a GPU its host does not have."""
 
 
 # --------------------------------------------------------------------------- the GPU stack
@@ -99,26 +99,27 @@ def kernel_log_command() -> list[str]:
 # --------------------------------------------------------------------------- selection
 
 
-def select(setting: int | Sequence[int | str] | None, devices: Sequence[GpuDevice]) -> list[SelectedGpu]:
-    """The GPUs ``hardware.gpus`` selects among ``devices`` (preflight's inventory): every
-    GPU for null, the first N for a count (none on a host NVML shows no GPU: the count is
-    then the planner's assumption), or each listed NVML index or UUID. Raises
-    SelectionError naming the entry this host lacks."""
+def select(setting: int | Sequence[int | str] | None, devices: Sequence[GpuDevice], *, key: str = "hardware.gpus",
+           host: str = "this host") -> list[SelectedGpu]:
+    """The GPUs ``setting`` (the trial file's ``key``: hardware.gpus, or a node's gpus) selects among
+    ``devices`` (the inventory of ``host``): every GPU for null, the first N for a count (none on a host
+    NVML shows no GPU: the count is then the planner's assumption), or each listed NVML index or UUID.
+    Raises SelectionError naming the key, the host and the entry it lacks."""
     if setting is None:
         chosen = list(devices)
     elif isinstance(setting, int):
         chosen = list(devices[:setting]) if devices else []
         if devices and setting > len(devices):
-            raise SelectionError(f"hardware.gpus: {setting} GPUs asked for, this host has {len(devices)}")
+            raise SelectionError(f"{key}: {setting} GPUs asked for, {host} has {len(devices)}")
     else:
         chosen = []
         for i, want in enumerate(setting):
             found = [d for d in devices if d.index == want or (isinstance(want, str) and d.uuid in (want, f"GPU-{want}"))]
             if not found:
                 have = ", ".join(f"{d.index} ({d.uuid})" for d in devices) or "none"
-                raise SelectionError(f"hardware.gpus[{i}]: no GPU {want!r} on this host (it has {have})")
+                raise SelectionError(f"{key}[{i}]: no GPU {want!r} on {host} (it has {have})")
             if found[0] in chosen:
-                raise SelectionError(f"hardware.gpus[{i}]: GPU {want!r} is listed twice")
+                raise SelectionError(f"{key}[{i}]: GPU {want!r} is listed twice")
             chosen.append(found[0])
     return [SelectedGpu(index=d.index, uuid=d.uuid, name=d.name, pci_bus_id=d.pci_bus_id) for d in chosen]
 

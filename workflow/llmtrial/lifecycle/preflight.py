@@ -40,7 +40,7 @@ from llmtrial.host.checks import check, check_allocator, check_nccl_interfaces, 
 from llmtrial.host.crossnode import preflight_nodes
 from llmtrial.host.disk import headroom_by_filesystem, headroom_message
 from llmtrial.host.gpus import SelectionError, kernel_log, nvml_module, select
-from llmtrial.host.nodes import Node, trial_nodes
+from llmtrial.host.nodes import Node, node_block, trial_nodes
 from llmtrial.host.probes import link_checks, run_probes, selected_gpus
 from llmtrial.weights.model_source import staged_size_estimate
 
@@ -249,22 +249,32 @@ def disk_check(disk: Disk) -> Check:
                  "or lower disk.reserve_* (the default keeps the kubelet's 10 % eviction threshold)")
 
 
-def nodes_preflight(nodes: Sequence[Node], *, uses_ray: bool) -> CrossNode | None:
+def nodes_preflight(nodes: Sequence[Node], *, uses_ray: bool, gpus: Mapping[str, int] | None = None,
+                    here: Mapping[str, Gpus] | None = None) -> CrossNode | None:
     """The cross-node preflight (:func:`llmtrial.host.crossnode.preflight_nodes`) of the nodes any
     configuration spans, the first node's address the master (``uses_ray``: the Ray versions must
-    agree too); None when the trial lists no nodes."""
+    agree too; ``gpus``: each node's count, selected on that node, ``here`` the inventory of the node
+    reached locally); None when the trial lists no nodes."""
     if not nodes:
         return None
-    return preflight_nodes(list(nodes), master_addr=nodes[0].address, uses_ray=uses_ray)
+    return preflight_nodes(list(nodes), master_addr=nodes[0].address, uses_ray=uses_ray, gpus=gpus, here=here)
 
 
-def select_gpus(environment: dict[str, Any], hardware: HardwareBlock) -> str | None:
-    """Resolve ``hardware.gpus`` against the inventory into ``environment.gpus.selected`` (NVML
-    indexes) and ``selected_gpus`` (index, UUID, name, PCI bus id); the reason it cannot be,
-    or None."""
+def node_gpu_counts(spanned: Mapping[str, Any] | None) -> dict[str, int]:
+    """Each spanned node's ``gpus`` (``spanned``: :func:`llmtrial.host.nodes.spanned_nodes`), by node; {} where
+    the trial counts no GPUs per node (``hardware.gpus`` is then this host's alone)."""
+    blocks = {name: node_block(name, block) for name, block in spanned["nodes"].items()} if spanned else {}
+    return {name: block.gpus for name, block in blocks.items() if block.gpus is not None}
+
+
+def select_gpus(environment: dict[str, Any], setting: int | Sequence[int | str] | None,
+                key: str = "hardware.gpus") -> str | None:
+    """Resolve ``setting`` (the trial file's ``key``: hardware.gpus, or this host's node's gpus) against the
+    inventory into ``environment.gpus.selected`` (NVML indexes) and ``selected_gpus`` (index, UUID, name,
+    PCI bus id); the reason it cannot be, or None."""
     gpus = environment["gpus"]
     try:
-        chosen = select(hardware.gpus, [GpuDevice.model_validate(d) for d in gpus.get("devices") or []])
+        chosen = select(setting, [GpuDevice.model_validate(d) for d in gpus.get("devices") or []], key=key)
     except SelectionError as exc:
         gpus.update(selected=[], selected_gpus=[])
         return str(exc)
@@ -290,6 +300,11 @@ def run_preflight(*, source: SourceBlock, staging_dir: str | Path, disk: DiskBlo
     versions that differ, an interface, ``/dev/shm``, a stale process) stops the trial as
     a failed host check does, its message naming the check and the node.
 
+    Where the nodes count their GPUs (``nodes.<name>.gpus``), each node's count is selected among that
+    node's own GPUs (the cross-node check ``node_gpus``, naming a node that has fewer), the count of
+    the node reached locally among this host's (``environment.gpus.selected``); otherwise
+    ``hardware.gpus`` is selected among this host's GPUs (``gpu_selection``), as on one host.
+
     ``probes`` (the trial file's ``probes`` block): the bandwidth probes run on the selected
     GPUs and the record carries them under ``probes``, their link checks (``pcie_link``,
     ``link_bandwidth``) appended to ``checks``; None runs no probe. Peer access between the
@@ -300,15 +315,20 @@ def run_preflight(*, source: SourceBlock, staging_dir: str | Path, disk: DiskBlo
     headroom = headroom_by_filesystem([("staging", staging_dir, needed, files)], disk)[0]
     checks = [check_allocator(host), check_shm(), check_open_files(), check_nccl_interfaces(host), disk_check(headroom)]
     environment = environment_record(nvml, sysfs)
-    unselectable = select_gpus(environment, hardware or HardwareBlock())
-    if unselectable:
+    spanned = list(trial_nodes(nodes).values()) if nodes and nodes["nodes"] else []
+    counts = node_gpu_counts(nodes)
+    here = next((node.name for node in spanned if node.is_local and node.name in counts), None)
+    if counts:  # this host's node's count, here; every node's selection is the cross-node check node_gpus
+        select_gpus(environment, counts.get(here, 0), f"nodes.{here}.gpus")
+    elif unselectable := select_gpus(environment, (hardware or HardwareBlock()).gpus):
         checks.append(check("gpu_selection", "fail", unselectable))
     gpus = environment["gpus"]
     # the kernel log on a GPU host: the baseline a health check after a failure compares with
     baseline = kernel_log() if gpus["present"] else None
-    probed, link = probes_part(probes, Gpus.model_validate(gpus)) if probes is not None else (None, [])
-    spanned = list(trial_nodes(nodes).values()) if nodes and nodes["nodes"] else []
-    across = nodes_preflight(spanned, uses_ray=bool(nodes and nodes["uses_ray"]))
+    inventory = Gpus.model_validate(gpus)
+    probed, link = probes_part(probes, inventory) if probes is not None else (None, [])
+    across = nodes_preflight(spanned, uses_ray=bool(nodes and nodes["uses_ray"]), gpus=counts,
+                             here={here: inventory} if here else None)
     parts = {"kernel_log": baseline, "probes": probed, "nodes": across}
     record = PreflightRecord(environment=environment, checks=[*checks, *link], disk=headroom,
                              **{name: part for name, part in parts.items() if part is not None})

@@ -1,14 +1,17 @@
 """On a node of a multi-node trial: what preflight compares across nodes (Python 3.8 or later; the
 standard library only, psutil where installed). Reads {"interface", "master_addr", "master_port",
 "connect_timeout", "markers", "cmdline_chars"} on stdin and prints one JSON object: the installed
-vLLM, torch, CUDA, NCCL and Ray; vLLM's Python files that differ from its distribution's RECORD (a file
+vLLM, torch, CUDA, NCCL and Ray; the GPUs NVML lists (nvidia-ml-py's pynvml where the node's Python has it, or
+the test double ``LLMTRIAL_GPU_DOUBLE`` names); vLLM's Python files that differ from its distribution's RECORD (a file
 patch, an edit by hand); the interface and whether the master address is reached through it; /dev/shm;
 processes whose command line holds a stale-process marker."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
+import importlib.util
 import ipaddress
 import json
 import os
@@ -251,6 +254,52 @@ def vllm_files() -> dict:
     return {"distribution": None, "checked": 0, "changed_count": 0, "changed": []}
 
 
+def nvml_text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def nvml_module():
+    """(pynvml, or the test double ``LLMTRIAL_GPU_DOUBLE`` names that stands in for it; where the figures come
+    from). Raises ImportError where neither is there."""
+    double = os.environ.get("LLMTRIAL_GPU_DOUBLE")
+    if not double:
+        import pynvml
+
+        return pynvml, "nvml"
+    spec = importlib.util.spec_from_file_location("llmtrial_gpu_double", double)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"LLMTRIAL_GPU_DOUBLE={double}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, f"nvml double ({double})"
+
+
+def gpus() -> dict:
+    """The GPUs NVML lists on this node (index, name, UUID, memory), as preflight's inventory has them; none,
+    with the reason, where NVML is not there or fails."""
+    out = {"present": False, "count": 0, "source": "nvml", "reason": None, "devices": []}
+    try:
+        nvml, out["source"] = nvml_module()
+    except ImportError as e:
+        return {**out, "reason": f"nvidia-ml-py (pynvml) is not installed: {e}"}
+    try:
+        nvml.nvmlInit()
+    except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        return {**out, "reason": f"NVML unavailable: {e}"}
+    try:
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            out["devices"].append({"index": i, "name": nvml_text(nvml.nvmlDeviceGetName(h)),
+                                   "uuid": nvml_text(nvml.nvmlDeviceGetUUID(h)),
+                                   "memory_total_bytes": nvml.nvmlDeviceGetMemoryInfo(h).total})
+    except Exception as e:  # whatever NVML raises is the reason
+        return {**out, "devices": [], "reason": f"NVML failed: {e}"}
+    finally:
+        with contextlib.suppress(Exception):  # nothing to give back
+            nvml.nvmlShutdown()
+    return {**out, "present": bool(out["devices"]), "count": len(out["devices"])}
+
+
 def dev_shm() -> dict:
     try:
         st = os.statvfs("/dev/shm")
@@ -262,7 +311,7 @@ def dev_shm() -> dict:
 def facts(given: dict) -> dict:
     iface = given["interface"]
     out = {"hostname": socket.gethostname(), "python": sys.executable, "python_version": platform.python_version(),
-           **installed(), "vllm_files": vllm_files()}
+           **installed(), "vllm_files": vllm_files(), "gpus": gpus()}
     addrs = iface_addrs(iface) if iface else []
     out["interface"] = {"name": iface, "exists": bool(iface) and iface_exists(iface), "addresses": addrs}
     out["master"] = reach(iface, addrs, given["master_addr"], given["master_port"], given["connect_timeout"])

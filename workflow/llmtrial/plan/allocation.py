@@ -17,7 +17,7 @@ one sbatch command line it runs through a shell.
 
 from __future__ import annotations
 
-from llmtrial.core.trial_checks import canonical_args
+from llmtrial.core.trial_checks import world_size
 from llmtrial.core.trial_config import TrialConfig
 from llmtrial.core.vllm_install import find_vllm
 from llmtrial.host.slurm_hosts import srun_options
@@ -47,11 +47,7 @@ def allocation_gpus(config: TrialConfig) -> int:
         return len(used) if isinstance(used, list) else int(used)
     if vllm_is_cpu_build():
         return 0
-    sizes = []
-    for entry in config.configurations.values():
-        args = {**canonical_args(config.serving.args), **canonical_args(entry.args)}
-        sizes.append(int(args.get("tensor_parallel_size", 1)) * int(args.get("pipeline_parallel_size", 1))
-                     * int(args.get("data_parallel_size", 1)))
+    sizes = [world_size(config.serving.args, entry.args) or 0 for entry in config.configurations.values()]
     return max(sizes, default=0)
 
 
