@@ -384,7 +384,8 @@ def test_malformed_diffs_are_rejected():
 
 
 def test_an_unknown_or_invalid_patch_is_named(tmp_path):
-    with pytest.raises(PatchError, match=r"no patch named 'nope'.*available: demo-postload-raise, demo-second-token, demo-worker-log"):
+    with pytest.raises(PatchError, match=r"no patch named 'nope'.*available: demo-postload-raise, demo-second-token, demo-worker-log, "
+                       r"seed000-offload-reinit"):
         load_patch("nope")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "patch.yaml").write_text("description: x\nvllm: '>=0'\n")
