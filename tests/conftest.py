@@ -97,6 +97,13 @@ def is_serial(item: pytest.Item) -> bool:
     return not item.get_closest_marker(ASIDE) and any(item.get_closest_marker(mark) for mark in SERIAL_MARKS)
 
 
+#: The mark of the serial tests whose runs want no vLLM anywhere on this machine (a multi-node trial's
+#: stale-process check on both hosts, :func:`alone_with_the_stale_check`): they wait until no ``aside``
+#: module runs, so they run last in the chain, once the other worker's aside modules are done, instead of
+#: waiting for one in the middle of the chain.
+STALE_CHECK = "stale_check"
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
@@ -104,6 +111,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(ASIDE))
         elif is_serial(item):
             item.add_marker(pytest.mark.xdist_group("serial"))
+    # a stable sort: each group keeps its order, the stale checks' modules whole, at the chain's end
+    items.sort(key=lambda item: is_serial(item) and item.get_closest_marker(STALE_CHECK) is not None)
 
 
 #: What the trials the tests run write beside the weights they stage (logs, records, results, a bytecode
@@ -153,13 +162,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 #: The trials the tests run take a host lock of their own (llmtrial.core.hostlock) in place of this
 #: host's: each test one in its tmp_path (a test that leaves a residue on purpose keeps its lock, and no
-#: other test waits for it), the module and session fixtures one for the whole session: set in the
-#: controller, inherited by both pytest-xdist workers, so that a trial of the serial chain and one of the
-#: other worker's (mark ``aside``) never serve at once on this machine's two cores (the chain's trials then
-#: wait for the other worker's). Whether a lock per worker makes the suite shorter is not measured: the one
-#: run with it (34:34) and the next without it (36:16) both ran on a machine slower than that day's earlier
-#: runs (about 26 minutes). The workflow reads it; the library in the test process takes no lock.
-os.environ.setdefault(LOCK_ENV, str(Path(tempfile.mkdtemp(prefix="llmtrial-lock-")) / "host.json"))
+#: other test waits for it), the module and session fixtures one per pytest process, so that the other
+#: worker's trials (mark ``aside``: their servers at SCHED_IDLE, in the CPU time the chain leaves) run
+#: beside the chain's instead of making the chain wait for each of them (one lock shared by both workers
+#: made a chain trial wait for a whole aside trial: 136 s for the plugin trial). Set in every process,
+#: not inherited from the controller. The workflow reads it; the library in the test process takes no lock.
+os.environ[LOCK_ENV] = str(Path(tempfile.mkdtemp(prefix="llmtrial-lock-")) / "host.json")
 
 
 @pytest.fixture(autouse=True)

@@ -140,6 +140,7 @@ def test_a_trial_without_nodes_keeps_its_manifest_as_it_is(tmp_path):
 
 @pytest.mark.workflow
 @pytest.mark.hostwide  # its stale-process check sees every vLLM this machine runs
+@pytest.mark.stale_check
 def test_snakemake_stages_on_both_hosts_and_its_cleanup_deletes_node_bs_copy(hosts, tmp_path):
     config = default_config()
     config["trial"] = "mn"
