@@ -2,12 +2,8 @@
 
 Each test runs a one-configuration trial with a resident demo service and breaks it: a
 server crash mid-benchmark, SIGTERM to snakemake mid-trial, ``kill -9`` of snakemake
-followed by ``snakemake cleanup``. Each must end with the service restored and healthy,
-the demo patch's plugin folder removed and no trial process left.
-
-The trials patch vLLM in mode plugin (the default trial's file patch is served by
-tests/workflow/test_rerun.py and test_e2e.py), quiet a service of their own and serve on
-ports of their own: the module runs beside the serial chain (mark ``aside``).
+followed by ``snakemake cleanup``. Each must end with the service restored and healthy
+and no trial process left.
 """
 
 from __future__ import annotations
@@ -17,17 +13,17 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from conftest import SNAKEFILE, free_ports, wait_until
 from llmtrial.core.ledger import Entry, Ledger
 from llmtrial.host.process_groups import group_members, port_open
+from llmtrial.patch.patching import revert_patches, verify_files
 from llmtrial.serve.telemetry import read_samples
 from workflow_helpers import SNAKEMAKE, default_config, demo_service, snakemake, write_config
 
-pytestmark = [pytest.mark.e2e, pytest.mark.workflow, pytest.mark.aside]  # patches in mode plugin, ports of its own
+pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
 
 
 @pytest.fixture
@@ -39,13 +35,13 @@ def small_trial(tmp_path):
     config["scenarios"] = {"c1": {"concurrency": 1, "num_prompts": 200, "input_len": 64, "output_len": 64, "passes": 1}}
     config["serving"]["base_port"] = server_port
     config["serving"]["args"]["enforce_eager"] = True  # no torch.compile at start-up: these tests are about faults
-    config["patches"] = {"demo-worker-log": {"mode": "plugin"}}  # nothing written into the installed vLLM
     config["services"] = {"demo-web": demo_service(tmp_path / "demo", demo_port)}
     subprocess.run(config["services"]["demo-web"]["start"], check=True, timeout=60)
     write_config(tmp_path, config)
     yield {"work": tmp_path, "results": tmp_path / "results" / "demo", "config": config, "demo_port": demo_port,
            "server_port": server_port}
     subprocess.run(config["services"]["demo-web"]["stop"], timeout=60)
+    revert_patches(Ledger(tmp_path / "results" / "demo" / "ledger.jsonl"))  # never leave vLLM patched
 
 
 def start_workflow(trial) -> subprocess.Popen:
@@ -79,14 +75,14 @@ def started(trial, action: str) -> Entry | None:
     return next((e for e in ledger_entries(trial) if e.action == action), None)
 
 
-def plugin_dirs(trial) -> list[Path]:
-    """The plugin folders the trial's demo patch (mode plugin) wrote, by the ledger."""
-    return sorted({Path(e.dir) for e in ledger_entries(trial) if e.action == "patch_plugin"})
+def patched_files(trial) -> list[str]:
+    """The vLLM files the trial's demo patch (mode file, from the default trial) changed."""
+    return sorted({e.path for e in ledger_entries(trial) if e.action == "patch_file"})
 
 
 def assert_host_given_back(trial) -> None:
-    assert plugin_dirs(trial), "the demo patch was never applied"
-    assert not any(d.exists() for d in plugin_dirs(trial)), "the plugin folder was left"
+    assert patched_files(trial), "the demo patch was never applied"
+    assert all(f["matches"] for f in verify_files(patched_files(trial))), "vLLM left patched"
     status = subprocess.run(trial["config"]["services"]["demo-web"]["status"], timeout=30)
     assert status.returncode == 0 and port_open("127.0.0.1", trial["demo_port"]), "demo service not restored"
     server = started(trial, "server_started")
@@ -175,7 +171,7 @@ def test_kill_9_of_snakemake_then_snakemake_cleanup_gives_the_host_back(small_tr
         if wf.poll() is None:
             wf.kill()
     assert not port_open("127.0.0.1", small_trial["demo_port"])  # still quieted
-    assert all(d.exists() for d in plugin_dirs(small_trial))  # still patched
+    assert not any(f["matches"] for f in verify_files(patched_files(small_trial)))  # still patched
     out = snakemake(small_trial["work"], "cleanup", "--cores", "1", timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     record = json.loads((small_trial["results"] / "cleanup" / "on-demand.json").read_text())
