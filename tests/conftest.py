@@ -183,9 +183,22 @@ def written(record) -> dict:
     return json.loads(json.dumps(as_written(record), default=str))
 
 
+#: How far apart the port ranges of two pytest-xdist workers lie: each worker looks for its trials' and servers'
+#: ports from ``start + WORKER_PORTS * <worker number>`` up, so that two tests of two workers never settle on
+#: one port between their check and their server's bind (a trial's cleanup once found the other worker's vLLM on
+#: the port its own configuration would have had, and reported it as a residue).
+WORKER_PORTS = 5000
+
+
+def worker_number() -> int:
+    """This pytest-xdist worker's number (gw1: 1); 0 outside pytest-xdist."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+
+
 def free_base_port(start: int, count: int) -> int:
-    """The first of ``count`` consecutive loopback ports, from ``start`` up in steps of ten, none open."""
-    port = start
+    """The first of ``count`` consecutive loopback ports, from ``start`` (in this worker's range: see
+    :data:`WORKER_PORTS`) up in steps of ten, none open."""
+    port = start + WORKER_PORTS * worker_number()
     while any(port_open("127.0.0.1", port + i) for i in range(count)):
         port += 10
     return port

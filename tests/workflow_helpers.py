@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -40,13 +39,12 @@ def default_config(*, patch_off: bool = False) -> dict:
     """The default trial (config/config.yaml) as the tests serve it: its task set is asked of each
     server, but not again of a tp1 launched with the demo patch's flag off unless ``patch_off``
     (a launch of its own, about 40 s here; tests/answers/test_smollm2_e2e.py shows that launch). Its servers
-    get ports of their own, free when asked, in a range of this pytest-xdist worker's: the README's trial, run as
+    get ports of their own, free when asked, in a range of this pytest-xdist worker's (conftest.free_base_port): the README's trial, run as
     README shows it, serves on the default ones (8100-8101) meanwhile, and a trial's cleanup checks its ports."""
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     if config.get("outputs") and not patch_off:
         config["outputs"]["patch_off"] = False
-    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
-    config["serving"]["base_port"] = free_base_port(18100 + 500 * worker, len(config["configurations"]))
+    config["serving"]["base_port"] = free_base_port(18100, len(config["configurations"]))
     return config
 
 
