@@ -23,6 +23,7 @@ from llmtrial.core.records import as_written
 from llmtrial.host.process_groups import port_open
 from llmtrial.serve.server import ServerProcess
 from llmtrial.serve.telemetry import Sampler
+from llmtrial.weights.tiny_cache import CACHE_ENV
 from slurm_cluster import SlurmCluster, SlurmUnavailable, leftovers, slurm_cluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -168,6 +169,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 #: made a chain trial wait for a whole aside trial: 136 s for the plugin trial). Set in every process,
 #: not inherited from the controller. The workflow reads it; the library in the test process takes no lock.
 os.environ[LOCK_ENV] = str(Path(tempfile.mkdtemp(prefix="llmtrial-lock-")) / "host.json")
+
+#: The tiny models the trials generate are kept in a cache of this pytest run's (the controller makes it, its
+#: workers and every trial they start inherit it): the first staging of a model generates it, the others copy
+#: it (llmtrial.weights.tiny_cache), as an operator's reruns do, and no run reads what an earlier one kept.
+os.environ.setdefault(CACHE_ENV, tempfile.mkdtemp(prefix="llmtrial-cache-"))
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,8 @@ Source kinds (``model.source`` of the trial file, :class:`llmtrial.core.trial_co
     A small Llama-architecture model generated locally and deterministically from a
     seed (random weights, a byte-level BPE tokenizer trained on a pseudo-word corpus).
     Needs no network and no download; same seed gives byte-identical files: see
-    :mod:`llmtrial.weights.tiny`.
+    :mod:`llmtrial.weights.tiny`. A generation is kept and copied by the next staging of the
+    same model (:mod:`llmtrial.weights.tiny_cache`).
 ``local``
     An existing Hugging Face-format folder, checked and manifested in place (no copy).
 ``hub``
@@ -61,7 +62,8 @@ from llmtrial.weights.manifest import (
 )
 from llmtrial.weights.model_source import check_local_model
 from llmtrial.weights.policy import copy_verified, find_archive
-from llmtrial.weights.tiny import generate_tiny_model, tiny_parameters
+from llmtrial.weights.tiny import tiny_parameters
+from llmtrial.weights.tiny_cache import generate_or_copy
 
 logger = logging.getLogger(__name__)
 
@@ -262,7 +264,7 @@ def _stage_tiny(source: SourceBlock, folder: Path, *, weights: WeightsBlock | No
         logger.info("reusing staged tiny model in %s (manifest verifies): done in %.1f s",
                     folder, time.monotonic() - started)
         return reused
-    generate_tiny_model(folder, **generator)
+    generate_or_copy(folder, generator)
     manifest = build_manifest(folder, source=source, generator=generator)
     write_record(manifest_path, manifest, schema="manifest")
     logger.info("staged tiny model in %s: done in %.1f s", folder, time.monotonic() - started)
@@ -313,7 +315,8 @@ def stage_model(source: SourceBlock, staging_dir: Path, *, ledger: Ledger | None
 
     Dispatches on ``source.kind``:
 
-    * ``"tiny"``: generate with :func:`llmtrial.weights.tiny.generate_tiny_model` into ``staging_dir`` from
+    * ``"tiny"``: generate with :func:`llmtrial.weights.tiny.generate_tiny_model` (or copy a kept
+      generation, :mod:`llmtrial.weights.tiny_cache`) into ``staging_dir`` from
       ``source.seed`` and the sizes in ``source.tiny``, then write the manifest to
       ``staging_dir / MANIFEST_NAME``. A model already staged there is reused, without
       regenerating, when that manifest came from the same source and still verifies.
