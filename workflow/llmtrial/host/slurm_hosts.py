@@ -22,11 +22,12 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["ALLOCATION_ENV", "JOB_ENV", "NODELIST_ENV", "STEP_ENV", "HostState", "expand_hostlist", "allocation_hosts",
-           "in_batch_step", "job_state", "node_state", "own_job_env", "remember_allocation", "srun_argv", "srun_options"]
+           "STATUS_CHECK_MAX_S", "cap_status_checks", "in_batch_step", "job_state", "node_state", "own_job_env", "remember_allocation", "srun_argv", "srun_options"]
 
 JOB_ENV = "SLURM_JOB_ID"
 NODELIST_ENV = "SLURM_JOB_NODELIST"
@@ -185,3 +186,31 @@ def srun_argv(host: str, cmd: Sequence[str], job: str | None, options: Sequence[
     within = [f"--jobid={job}", "--overlap"] if job else []
     immediate = [f"--immediate={max(1, int(wait_s))}"] if wait_s is not None and not job else []
     return ["srun", *within, "--nodes=1", "--ntasks=1", f"--nodelist={host}", *immediate, *options, *cmd]
+
+
+#: The longest wait between two status checks of the login side's snakemake under SLURM (seconds).
+STATUS_CHECK_MAX_S = 20
+
+
+def cap_status_checks(executor: type, most_s: float = STATUS_CHECK_MAX_S) -> None:
+    """Cap the wait between the status checks of Snakemake's SLURM executor class ``executor`` at ``most_s``
+    seconds, or at the run's ``--seconds-between-status-checks`` where that is longer.
+
+    The executor (snakemake-executor-plugin-slurm 2.8.0) adds 10 s to its wait after every check that finds
+    no job finished, up to 180 s, and has no setting for it: a trial's host group is one long job, so the
+    login side noticed its end up to three minutes late (47 s after a two-node trial's cleanup had finished,
+    here), and the report with it. A few jobs a trial keep checks every 20 s light for slurmctld. Applied once
+    per class; the executor's own checks are unchanged."""
+    original = executor.check_active_jobs
+    if getattr(original, "capped_at", None) is not None:
+        return
+
+    async def check_active_jobs(self: Any, active_jobs: list[Any]) -> AsyncIterator[Any]:
+        async for job in original(self, active_jobs):
+            yield job
+        asked = getattr(self.workflow.remote_execution_settings, "seconds_between_status_checks", None) or 0
+        self.next_seconds_between_status_checks = min(self.next_seconds_between_status_checks, max(most_s, asked))
+
+    check_active_jobs.capped_at = most_s  # type: ignore[attr-defined]
+    check_active_jobs.__doc__ = original.__doc__
+    executor.check_active_jobs = check_active_jobs
