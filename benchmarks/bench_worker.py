@@ -6,7 +6,7 @@ Runs PASSES (default 4) small passes of vLLM's serving benchmark (4 prompts of 1
 in, 8 out) against the loopback completions double of the tests (tests/conftest.py),
 first each as its own ``python -m llmtrial.serve.vllm_bench`` process (the way passes ran
 before the worker: ``fresh_pass`` below), then
-all through one bench.BenchWorker, with a tiny model's tokenizer. Prints each pass's
+all through one bench_worker.BenchWorker, with a tiny model's tokenizer. Prints each pass's
 wall time, the worker's import time, and the mean per pass of both ways.
 """
 
@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import CompletionsDouble, loopback  # noqa: E402
-from llmtrial.serve.bench import BenchWorker, bench_argv  # noqa: E402
+from llmtrial.serve.bench import bench_argv  # noqa: E402
+from llmtrial.serve.bench_worker import BenchWorker  # noqa: E402
 from llmtrial.weights.tiny import generate_tiny_model  # noqa: E402
 
 SCENARIO = {"input_len": 16, "output_len": 8, "num_prompts": 4, "concurrency": 2, "request_rate": "inf"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import stat
@@ -15,11 +16,12 @@ import psutil
 import pytest
 
 from conftest import DATA, CompletionsDouble, loopback, wait_until
+from llmtrial.core.ledger import Ledger
 from llmtrial.core.records import check_record, read_record
 from llmtrial.core.trial_config import ScenarioBlock
-from llmtrial.host.process_groups import group_members
+from llmtrial.host.nodes import local_node
+from llmtrial.host.process_groups import group_members, stop_recorded_groups
 from llmtrial.serve.bench import (
-    BenchWorker,
     bench_argv,
     first_request,
     output_rate,
@@ -30,6 +32,7 @@ from llmtrial.serve.bench import (
     stall_flag,
     summarize_result,
 )
+from llmtrial.serve.bench_worker import BenchWorker, SharedWorker
 from llmtrial.serve.datasets import JobScenario, PassLoad
 from llmtrial.serve.scenarios import RequestDetail
 from llmtrial.weights.tiny import generate_tiny_model
@@ -345,3 +348,107 @@ def test_a_worker_mid_pass_ends_when_the_job_that_started_it_is_killed(tokenizer
             job.wait(timeout=30)
         with held:  # open, unanswered, until the worker is gone: its pass would wait on it for hours
             wait_until(lambda: gone(pid), "the orphaned worker's end", timeout=60)
+
+
+# --------------------------------------------------------------------------- one worker for a trial's configurations
+
+
+def shared_spec(tmp_path: Path, owner: int) -> SharedWorker:
+    """A trial's shared worker, as a configuration's job describes it: its socket, the trial's ledger, this host."""
+    return SharedWorker(name=f"llmtrial-bench-test-{os.getpid()}-{tmp_path.name}", ledger=Ledger(tmp_path / "ledger.jsonl"),
+                        node=local_node(), label="t/benchmark worker", owner=owner,
+                        log_path=tmp_path / "logs" / "benchmark-worker.log")
+
+
+def cleanup_stops(spec: SharedWorker) -> list[str]:
+    """What the trial's cleanup does with the worker's ledger entry: stop its group; each outcome."""
+    launches = [e for e in spec.ledger.entries() if e.action == "group_launch"]
+    residues: list = []
+    stopped = stop_recorded_groups(launches, spec.ledger, 10.0, residues)
+    assert residues == []
+    return [row["action"] for row in stopped]
+
+
+@pytest.mark.slow
+def test_two_configurations_run_their_passes_in_one_shared_worker_that_cleanup_stops(double, tokenizer, tmp_path):
+    spec = shared_spec(tmp_path, os.getpid())
+    jobs = [BenchWorker(log_path=tmp_path / name / "worker.log", shared=spec) for name in ("tp1", "tp2")]
+    runs = []
+    for name, job in zip(("tp1", "tp2"), jobs, strict=True):
+        with job:  # each configuration's job closes it at its end
+            runs.append(job.run(small_argv(double, tokenizer, tmp_path, name), log_path=tmp_path / f"{name}.log",
+                                timeout=120))
+    assert [(r.returncode, r.timed_out) for r in runs] == [(0, False), (0, False)]
+    assert all(json.loads((tmp_path / f"{n}.json").read_text())["completed"] == 4 for n in ("tp1", "tp2"))
+    assert (jobs[0].starts, jobs[1].starts) == (1, 0) and jobs[0].import_s > 0 and jobs[1].import_s is None
+    [pid] = jobs[0].pids
+    assert jobs[1].pids == [pid] and not gone(pid)  # left listening for the next configuration
+    [launch] = [e for e in spec.ledger.entries() if e.action == "group_launch"]  # written before it started
+    assert launch.label == "t/benchmark worker" and launch.argv[-2:] == ["--listen", spec.name]
+    assert cleanup_stops(spec) == ["stopped"]
+    wait_until(lambda: gone(pid), "the stopped worker reaped (its parent is init's)", timeout=60)
+
+
+@pytest.mark.slow
+def test_a_shared_pass_past_its_timeout_kills_the_worker_and_the_next_configuration_starts_one(double, tokenizer,
+                                                                                             tmp_path):
+    spec = shared_spec(tmp_path, os.getpid())
+    with BenchWorker(log_path=tmp_path / "worker.log", shared=spec) as first:
+        assert first.run(small_argv(double, tokenizer, tmp_path, "warm"), log_path=tmp_path / "warm.log",
+                         timeout=120).returncode == 0
+        [pid] = first.pids
+        with socket.socket() as silent:  # accepts connections (the kernel does) and never answers
+            silent.bind(("127.0.0.1", 0))
+            silent.listen(16)
+            hung = first.run(small_argv(silent.getsockname(), tokenizer, tmp_path, "hung"),
+                             log_path=tmp_path / "hung.log", timeout=5)
+    assert (hung.returncode, hung.timed_out) == (None, True)
+    wait_until(lambda: gone(pid), "the killed worker reaped (its parent is init's)", timeout=60)
+    assert f"its worker (process group {pid}) was killed" in (tmp_path / "hung.log").read_text()
+    with BenchWorker(log_path=tmp_path / "worker.log", shared=spec) as second:
+        after = second.run(small_argv(double, tokenizer, tmp_path, "after"), log_path=tmp_path / "after.log",
+                           timeout=120)
+    assert after.returncode == 0 and second.starts == 1 and second.pids != [pid]
+    assert cleanup_stops(spec) == ["stopped", "none (already gone)"]  # newest first: the second, then the killed one
+
+
+@pytest.mark.slow
+def test_a_shared_worker_ends_once_its_owner_the_runs_snakemake_has_ended(double, tokenizer, tmp_path):
+    owner = subprocess.Popen(["sleep", "600"])
+    try:
+        spec = shared_spec(tmp_path, owner.pid)
+        with BenchWorker(log_path=tmp_path / "worker.log", shared=spec) as job:
+            assert job.run(small_argv(double, tokenizer, tmp_path, "one"), log_path=tmp_path / "one.log",
+                           timeout=120).returncode == 0
+            [pid] = job.pids
+        assert not gone(pid)
+    finally:
+        owner.kill()
+        owner.wait(timeout=30)  # reaped: a zombie owner counts as ended too, but its pid could not be reused
+    wait_until(lambda: gone(pid), "the shared worker's end after its owner's", timeout=60)
+    assert f"its owner {owner.pid} ended" in spec.log_path.read_text()
+    assert cleanup_stops(spec) == ["none (already gone)"]
+
+
+def test_a_shared_worker_mid_pass_ends_when_the_configurations_job_is_killed(tokenizer, tmp_path):
+    """The shared worker outlives the jobs that use it, so it does not die with the one that started it; but one
+    killed mid-pass leaves a pass benchmarking a server that is going away: the worker ends then, and the next
+    configuration starts a fresh one."""
+    spec = shared_spec(tmp_path, os.getpid())
+    with socket.socket() as silent:  # accepts the pass's connection (the kernel does) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        argv = small_argv(silent.getsockname(), tokenizer, tmp_path, "hung")
+        job = subprocess.Popen([sys.executable, str(JOB_WITH_A_WORKER), str(tmp_path / "worker.log"), json.dumps(argv),
+                                spec.name, str(spec.ledger.path)], stdout=subprocess.PIPE, text=True)
+        try:
+            pid = int(job.stdout.readline())
+            silent.settimeout(120)
+            held, _ = silent.accept()  # the pass has reached the server: the worker is mid-pass
+        finally:
+            job.kill()
+            job.wait(timeout=30)
+        with held:
+            wait_until(lambda: gone(pid), "the shared worker's end after its job's", timeout=60)
+    assert f"the pass's client {job.pid} ended mid-pass" in (tmp_path / "pass.log").read_text()  # the pass's output
+    assert cleanup_stops(spec) == ["none (already gone)"]

@@ -22,6 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 from browser import PNG_MAGIC, chromium_available, visit
@@ -236,6 +237,25 @@ def test_the_first_run_served_each_configuration_as_planned(work, name, kv_token
     [patch] = rec["patches"]["patches"]
     assert patch["flag_on"] is flag and patch["observed"] is flag and patch["as_expected"]
     assert rec["server"]["stop"]["port_closed"] and rec["server"]["stop"]["survivors"] == []
+
+
+def test_the_first_runs_configurations_ran_their_passes_in_one_benchmark_process(work):
+    """tp1 and tp2 (two jobs, one after the other) used one benchmark worker: the first to run started it,
+    written to the ledger, the other found it listening and paid no import; cleanup stopped it from the ledger."""
+    results = work / "results" / "demo"
+    timing = {name: json.loads((results / "configs" / name / "record.json").read_text())["timing"]
+              for name in ("tp1", "tp2")}
+    assert sorted(t["bench_workers"] for t in timing.values()) == [0, 1], timing
+    assert timing["tp1"]["bench_worker_pids"] == timing["tp2"]["bench_worker_pids"] and \
+        len(timing["tp1"]["bench_worker_pids"]) == 1
+    [reused] = [t for t in timing.values() if t["bench_workers"] == 0]
+    assert reused["bench_import_s"] is None
+    entries = Ledger(results / "ledger.jsonl").entries()
+    [launch] = [e for e in entries if e.action == "group_launch"]
+    [started] = [e for e in entries if e.action == "group_started" and e.launch == launch.id]
+    assert launch.label == "demo/benchmark worker" and [started.pid] == timing["tp1"]["bench_worker_pids"]
+    assert [e.outcome for e in entries if e.action == "group_stopped" and e.undoes == launch.id] == ["stopped"]
+    assert not psutil.pid_exists(started.pid) or psutil.Process(started.pid).create_time() != started.create_time
 
 
 #: Where the second run finds the first run's results: a copy the test makes of results/demo before the

@@ -411,12 +411,18 @@ class Timing(RecordModel):
     bench_s: Maybe[float] = Field(None, description=(
         "The benchmark passes' wall time, summed (each pass's end minus start)."))
     bench_import_s: float | None = Field(None, description=(
-        "Seconds the benchmark worker(s) took to import vLLM's benchmark, summed over bench_workers; paid within "
+        "Seconds the benchmark worker(s) this configuration started took to import vLLM's benchmark, summed over "
+        "bench_workers; paid within "
         "the passes, so part of bench_s. Null when no worker got that far; absent in records from before the "
         "worker."))
     bench_workers: Maybe[int] = Field(None, description=(
-        "Benchmark worker processes started for the passes: 1, plus one after each pass that timed out or whose "
-        "worker died."))
+        "Benchmark worker processes this configuration started for its passes: 1 where it started the trial's "
+        "worker, 0 where it used the one an earlier configuration of the run started, plus one after each pass "
+        "that timed out or whose worker died."))
+    bench_worker_pids: Maybe[list[int]] = Field(None, description=(
+        "The benchmark worker processes (pids) that ran this configuration's passes, in order: a pid another "
+        "configuration's record of the same run names is one worker shared by both. Absent in records from "
+        "before the shared worker."))
 
 
 # --------------------------------------------------------------------------- the plan beside the measurement

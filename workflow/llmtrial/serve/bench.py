@@ -8,25 +8,18 @@ Server-side counters around each pass come from the telemetry's /metrics series
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import selectors
-import signal
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from llmtrial.core.record_base import Number
 from llmtrial.core.scenario_model import PassSummary, RequestSpread
-from llmtrial.serve import vllm_bench
 from llmtrial.serve.datasets import JobScenario, PassLoad, dataset_flags
 from llmtrial.serve.scenarios import RequestDetail, goodput_flags
 
@@ -184,164 +177,6 @@ def stall_flag(mean: float | None, median: float | None, ratio: float = 1.5) -> 
     if mean is None or median is None or median <= 0 or math.isnan(mean):
         return False
     return mean > ratio * median
-
-
-@dataclass(frozen=True)
-class PassRun:
-    """How one benchmark pass ran: its start and end (Unix seconds), its exit code (None when it timed out) and
-    whether it ran past its timeout."""
-
-    start: float
-    end: float
-    returncode: int | None
-    timed_out: bool
-
-
-class BenchWorker:
-    """vLLM's serving benchmark in one long-lived process (``python -m llmtrial.serve.vllm_bench
-    --worker``), so the passes of a configuration import it once instead of once a pass.
-
-    :meth:`run` takes a pass's standalone argv (:func:`bench_argv`) and returns what a
-    standalone run would have: the worker runs the same code with the same flags and
-    writes the same result file, the pass's output going to the pass's own log. The
-    worker starts on the first pass (or on :meth:`start`), in its own session, with its
-    stderr (anything printed outside a pass) appended to ``log_path``. A pass that times
-    out kills the worker's process group and a worker that died is reaped; either way the
-    next pass starts a fresh one. ``starts`` counts the workers started and ``import_s``
-    sums the seconds they took to import vLLM's benchmark (None before any was ready).
-    """
-
-    def __init__(self, *, log_path: Path, python: str = sys.executable, close_timeout: float = 10.0) -> None:
-        self.log_path = Path(log_path)
-        self.python = python
-        self.close_timeout = close_timeout
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-        self.import_s: float | None = None
-        self._ready = False
-        self._busy = False  # a pass sent and its reply not yet read
-        self._buf = b""
-
-    def start(self) -> None:
-        """Start a worker unless one is running; it imports while the caller goes on (the
-        first :meth:`run` waits for it). A configuration's job starts it as its server
-        launches: vLLM's start-up runs one process at a time (API server, engine core,
-        then its workers), each importing on one core, and the worker's import (about
-        7 s on a CPU core) then takes a core that start-up leaves idle."""
-        if self.proc is not None:
-            return
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            # the worker dies with this process (vllm_bench.die_with_parent): the thread that starts it must
-            # live as long as the worker is wanted, as the job's main thread does
-            self.proc = subprocess.Popen([self.python, "-m", vllm_bench.MODULE, vllm_bench.WORKER_FLAG],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                         start_new_session=True,
-                                         env={**os.environ, vllm_bench.PARENT_ENV: str(os.getpid())})
-        self.starts += 1
-        self._ready, self._busy, self._buf = False, False, b""
-
-    def run(self, argv: list[str], *, log_path: Path, timeout: float) -> PassRun:
-        """One pass: when it started and ended (Unix seconds), its exit code and whether it timed out.
-        The timeout covers the whole pass, including the start of a worker it needed."""
-        if argv[1:3] != ["-m", vllm_bench.MODULE]:
-            raise ValueError(f"not a benchmark pass argv: {argv[:3]}")
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        start = time.time()
-        try:
-            rc: int | None = self._pass(argv[3:], log_path, time.monotonic() + timeout)
-            timed_out = False
-        except TimeoutError:
-            pid = self.proc.pid if self.proc else None
-            self._stop(grace=0.0)
-            _note(log_path, f"benchmark pass timed out after {timeout:g} s: its worker (process group {pid}) was killed")
-            rc, timed_out = None, True
-        return PassRun(start=start, end=time.time(), returncode=rc, timed_out=timed_out)
-
-    def _pass(self, flags: list[str], log_path: Path, deadline: float) -> int | None:
-        self.start()
-        assert self.proc is not None and self.proc.stdin is not None
-        if not self._ready:
-            message = self._read(deadline)
-            if message is None:
-                return self._died(log_path)
-            self.import_s = (self.import_s or 0.0) + float(message["import_s"])
-            self._ready = True
-        try:
-            self.proc.stdin.write(vllm_bench.request(flags, log_path))
-            self.proc.stdin.flush()
-        except BrokenPipeError:
-            return self._died(log_path)
-        self._busy = True
-        message = self._read(deadline)
-        self._busy = False
-        return self._died(log_path) if message is None else int(message["returncode"])
-
-    def _read(self, deadline: float) -> dict[str, Any] | None:
-        """The worker's next message; None at the end of its output (it exited).
-        Raises TimeoutError when none is complete by ``deadline`` (monotonic)."""
-        assert self.proc is not None and self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        with selectors.DefaultSelector() as selector:
-            selector.register(fd, selectors.EVENT_READ)
-            while b"\n" not in self._buf:
-                left = deadline - time.monotonic()
-                if left <= 0 or not selector.select(left):
-                    raise TimeoutError
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    return None
-                self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        return vllm_bench.decode(line)
-
-    def _died(self, log_path: Path) -> int | None:
-        code = self._stop(grace=self.close_timeout)
-        _note(log_path, f"benchmark worker exited with code {code} (its own output: {self.log_path})")
-        return code
-
-    def _stop(self, grace: float) -> int | None:
-        """End the worker: its stdin closed, ``grace`` seconds to exit, then its process
-        group killed (while its exited leader is not yet reaped, so the group id is still
-        its own) and the leader reaped. Its exit code, or None without a worker."""
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return None
-        assert proc.stdin is not None and proc.stdout is not None
-        with contextlib.suppress(OSError):
-            proc.stdin.close()
-        deadline = time.monotonic() + grace
-        while not _exited(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        code = proc.wait()
-        proc.stdout.close()
-        return code
-
-    def close(self) -> None:
-        """Stop the worker: an idle one gets EOF on its stdin and up to ``close_timeout`` s to exit, then its
-        group is killed; one still importing or in the middle of a pass (the job stopped early: SIGTERM, a
-        failed start-up) has nothing to finish, and its group is killed at once."""
-        idle = self._ready and not self._busy
-        self._stop(grace=self.close_timeout if idle else 0.0)
-
-    def __enter__(self) -> BenchWorker:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _exited(pid: int) -> bool:
-    """Whether child ``pid`` has exited, without reaping it."""
-    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-
-
-def _note(log_path: Path, text: str) -> None:
-    """A line of the workflow's own in a pass's log."""
-    with open(log_path, "a", encoding="utf-8") as log:
-        log.write(f"llmtrial: {text}\n")
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from llmtrial.host.telemetry_sources import HostSource, MetricsSource, job_sourc
 from llmtrial.logs import startup_log
 from llmtrial.logs.lines import read_log
 from llmtrial.serve import bench
+from llmtrial.serve.bench_worker import BenchWorker, SharedWorker
 from llmtrial.serve.datasets import JobScenario, needs_prefix_caching
 from llmtrial.serve.idle import watch_idle
 from llmtrial.serve.multinode import MultiNodeServer
@@ -109,9 +110,11 @@ class Served:
     scenarios: list[Scenario]
     #: The sampler's own figures, its sources, the start-up window and (across nodes) every node's telemetry.
     telemetry: Telemetry
-    #: The benchmark worker's import time (None: none got that far) and how many workers ran (the record's timing).
+    #: The benchmark workers' import time (None: none started here got that far), how many were started here and
+    #: every worker that ran a pass (pids), as the record's timing has them.
     bench_import_s: float | None
     bench_workers: int
+    bench_worker_pids: list[int]
     #: The first phase that failed, or None.
     failure: FailureRecord | None
     #: The task set asked after the passes (``outputs``), or None when none was asked.
@@ -203,7 +206,9 @@ class Measurement:
         windows: list[Timed] = []
         failure: PhaseFailure | None = None
         answers: AnswerRun | None = None
-        worker = bench.BenchWorker(log_path=self.paths.bench_dir / "worker.log")  # every pass of this job
+        root = self.paths.trial.root  # one worker for every configuration of the trial in this run
+        worker = BenchWorker(log_path=self.paths.bench_dir / "worker.log",
+                             shared=SharedWorker.of_trial(ledger, root, trial=root.name))
         per_node = (NodeTelemetry(ledger, self.nodes, label=self.label, out_csv=self.paths.node_telemetry,
                                   interval=self.workload.telemetry_interval) if len(self.nodes) > 1 else contextlib.nullcontext())
         with sigterm_as_exit(), per_node, Sampler(self.paths.telemetry, sources, interval=self.workload.telemetry_interval) as sampler, \
@@ -246,7 +251,7 @@ class Measurement:
         order = list(self.workload.scenarios)  # the record keeps the trial file's order
         return Served(server=dataclasses.replace(stopped, times=times), startup=startup, cold_start=cold,
                       scenarios=sorted(scenarios, key=lambda e: order.index(e.name)), telemetry=telemetry,
-                      bench_import_s=worker.import_s, bench_workers=worker.starts,
+                      bench_import_s=worker.import_s, bench_workers=worker.starts, bench_worker_pids=worker.pids,
                       failure=failure.as_record() if failure is not None else None, answers=answers,
                       relaunch=relaunched[0] if relaunched else None,
                       found_down_at=failure.found_down_at if failure is not None else None)

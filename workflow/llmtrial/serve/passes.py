@@ -18,6 +18,7 @@ from llmtrial.core.scenario_model import Agreement, Pass, Repetition, Scenario, 
 from llmtrial.core.trial_config import BenchBlock
 from llmtrial.host.telemetry_sources import RAPL_SOURCE
 from llmtrial.serve import bench
+from llmtrial.serve.bench_worker import BenchWorker
 from llmtrial.serve.datasets import JobScenario, PassLoad
 from llmtrial.serve.progress import pass_line, say, stopped_line
 from llmtrial.serve.scenarios import RepetitionRule, RequestDetail, goodput, is_sweep, spread_of
@@ -69,7 +70,7 @@ class Passes:
     level: float
     paths: JobPaths
     sampler: Sampler
-    worker: bench.BenchWorker
+    worker: BenchWorker
     windows: list[Timed]
     out: list[Scenario]
 

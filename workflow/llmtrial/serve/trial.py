@@ -181,6 +181,7 @@ class TrialJob:
         job_end = time.time()
         ready_seconds = served.cold_start.ready_seconds
         timing = Timing(job_start=job_start, bench_import_s=served.bench_import_s, bench_workers=served.bench_workers,
+                        bench_worker_pids=served.bench_worker_pids,
                         job_end=job_end, wall_s=job_end - job_start,
                         startup_s=ready_seconds.value if ready_seconds else None,
                         bench_s=sum(p.end - p.start for s in served.scenarios for _, p in s.runs()))

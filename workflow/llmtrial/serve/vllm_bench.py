@@ -12,6 +12,15 @@ fd 2 sent to that pass's log, and answers ``{"returncode": N}`` (with ``"error"`
 is not 0). Its own stdout is the reply channel only: anything else the process prints
 outside a pass goes to its stderr. It exits 0 at the end of stdin. Each pass is the same
 code with the same flags as the standalone run (which stays the way to rerun one pass).
+
+``python -m llmtrial.serve.vllm_bench --worker --listen NAME`` is the same worker shared by
+every configuration of a trial (:class:`llmtrial.serve.bench_worker.BenchWorker` with a
+:class:`~llmtrial.serve.bench_worker.SharedWorker`): it listens on the abstract Unix socket ``NAME``
+(bound before it imports, so a configuration that connects while it imports waits for its ready
+line), serves one connection at a time with the protocol above (the ready line first on each),
+accepts only its own user's processes, and exits once the process ``LLMTRIAL_BENCH_OWNER`` names
+(the run's snakemake) has ended. A pass whose request names its ``client`` (pid) ends the worker
+if that process ends mid-pass: the configuration's job was killed, and its server with it.
 """
 
 from __future__ import annotations
@@ -23,7 +32,10 @@ import gc
 import json
 import os
 import signal
+import socket
+import struct
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -36,6 +48,12 @@ WORKER_FLAG = "--worker"
 PARENT_ENV = "LLMTRIAL_BENCH_PARENT"
 #: prctl's option that sends a signal when the parent dies (linux/prctl.h).
 PR_SET_PDEATHSIG = 1
+#: The flag that makes a worker a shared one, listening on the abstract Unix socket named after it.
+LISTEN_FLAG = "--listen"
+#: The environment variable that carries the pid whose end ends a shared worker.
+OWNER_ENV = "LLMTRIAL_BENCH_OWNER"
+#: Seconds between a shared worker's looks at its owner (and, mid-pass, at the pass's client).
+WATCH_S = 0.5
 
 
 # The worker's protocol: one JSON object per line, both ways.
@@ -53,14 +71,16 @@ def decode(line: bytes) -> dict[str, Any]:
     return message
 
 
-def request(flags: Sequence[str], log: str | os.PathLike[str]) -> bytes:
-    """A pass for the worker: ``vllm bench serve`` flags and the pass's log file."""
-    return encode({"flags": list(flags), "log": os.fspath(log)})
+def request(flags: Sequence[str], log: str | os.PathLike[str], client: int | None = None) -> bytes:
+    """A pass for the worker: ``vllm bench serve`` flags, the pass's log file and the pid of the process
+    that asks (a shared worker ends when it ends mid-pass)."""
+    return encode({"flags": list(flags), "log": os.fspath(log), **({} if client is None else {"client": client})})
 
 
 def ready(import_s: float) -> bytes:
-    """The worker's first line: it has imported vLLM's benchmark, in ``import_s`` seconds."""
-    return encode({"ready": True, "import_s": round(import_s, 3)})
+    """The worker's first line (on each connection of a shared one): it has imported vLLM's benchmark, in
+    ``import_s`` seconds; and its pid."""
+    return encode({"ready": True, "import_s": round(import_s, 3), "pid": os.getpid()})
 
 
 def reply(returncode: int, error: str | None = None) -> bytes:
@@ -81,6 +101,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == [WORKER_FLAG, LISTEN_FLAG] and len(argv) == 3:
+        return shared_worker(argv[2], int(os.environ[OWNER_ENV]))
     if argv[:1] == [WORKER_FLAG]:
         return worker(sys.stdin.buffer)
     from vllm.benchmarks.serve import main as bench_main
@@ -113,17 +135,92 @@ def worker(lines: Iterable[bytes]) -> int:
 
     parser = _parser()
     control.write(ready(time.perf_counter() - t0))
+    serve(lines, control.write, parser, bench_main)
+    return 0
+
+
+def serve(lines: Iterable[bytes], write: Callable[[bytes], Any], parser: argparse.ArgumentParser,
+          bench_main: Callable[[argparse.Namespace], Any]) -> None:
+    """Run each pass read from ``lines``, writing its reply with ``write``."""
     for line in lines:
         if not line.strip():
             continue
         message = decode(line)
         try:
-            with _redirected(Path(message["log"])):
+            with _redirected(Path(message["log"])), _ends_with(message.get("client")):
                 returncode, error = run_one(parser, bench_main, message["flags"])
         except OSError as exc:  # the pass's log could not be opened
             returncode, error = 1, f"{type(exc).__name__}: {exc}"
             print(f"benchmark pass not run: {error}", file=sys.stderr, flush=True)
-        control.write(reply(returncode, error))
+        write(reply(returncode, error))
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (exists and is not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+@contextlib.contextmanager
+def _ends_with(client: int | None) -> Iterator[None]:
+    """While the block runs, end this process (exit 3) as soon as ``client`` has ended (None: nothing watched)."""
+    if client is None:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(WATCH_S):
+            if not alive(client):
+                print(f"benchmark worker: the pass's client {client} ended mid-pass; exiting", file=sys.stderr,
+                      flush=True)
+                os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[2]
+
+
+def shared_worker(name: str, owner: int) -> int:
+    """A worker shared by a trial's configurations on the abstract socket ``name``, until ``owner`` ends."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind("\0" + name)
+    except OSError as exc:  # another worker of the run took the name first: the configuration uses that one
+        print(f"benchmark worker: {name} is taken ({exc}); exiting", file=sys.stderr, flush=True)
+        return 0
+    listener.listen(8)
+    listener.settimeout(WATCH_S)
+    t0 = time.perf_counter()
+    from vllm.benchmarks.serve import main as bench_main
+
+    parser = _parser()
+    import_s = time.perf_counter() - t0
+    print(f"benchmark worker {os.getpid()} on {name}: imported vLLM's benchmark in {import_s:.2f} s", file=sys.stderr,
+          flush=True)
+    while alive(owner):
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            continue
+        with conn:
+            if _peer_uid(conn) != os.getuid():
+                continue
+            conn.settimeout(None)
+            conn.sendall(ready(import_s))
+            with contextlib.suppress(OSError):  # the configuration's job ended: the next one connects anew
+                serve(conn.makefile("rb"), conn.sendall, parser, bench_main)
+    print(f"benchmark worker {os.getpid()}: its owner {owner} ended; exiting", file=sys.stderr, flush=True)
     return 0
 
 
