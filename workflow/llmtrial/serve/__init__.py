@@ -7,6 +7,8 @@ sweeps and their datasets, telemetry, multi-node serving, and the trial job in i
   ``failures.confirm``).
 - :mod:`llmtrial.serve.bench`: Benchmark scenarios: vLLM's serving benchmark per pass, and the cold
   first request.
+- :mod:`llmtrial.serve.bench_worker`: The process that runs vLLM's serving benchmark for the passes:
+  one a configuration, or one a trial (started by its first configuration, stopped by its cleanup).
 - :mod:`llmtrial.serve.datasets`: What a scenario's benchmark sends, mapped onto vLLM bench's own
   dataset flags: vLLM's random dataset (with its range ratio), the operator's own prompts (a
   ``custom`` JSONL file or a ShareGPT JSON file), or vLLM's ``prefix_repetition`` dataset.
@@ -52,4 +54,4 @@ Imports from: core, logs, host, plan, weights, patch, lifecycle. (tests/test_str
 order.)
 """
 
-__all__ = ["answers_job", "bench", "confirm", "datasets", "energy", "idle", "log_review", "measure", "multinode", "multinode_job", "nodetelemetry", "onset", "passes", "progress", "scenarios", "server", "telemetry", "trial", "vllm_bench"]
+__all__ = ["answers_job", "bench", "bench_worker", "confirm", "datasets", "energy", "idle", "log_review", "measure", "multinode", "multinode_job", "nodetelemetry", "onset", "passes", "progress", "scenarios", "server", "telemetry", "trial", "vllm_bench"]

@@ -17,8 +17,10 @@ the keep / archive / delete policy after a trial.
   place and describe it.
 - :mod:`llmtrial.weights.tiny`: The tiny model: a small Llama-architecture model generated locally
   from a seed.
+- :mod:`llmtrial.weights.tiny_cache`: Generated tiny models kept for the next staging that asks for
+  the same one.
 
 Imports from: core, logs, host, plan. (tests/test_structure.py holds the order.)
 """
 
-__all__ = ["gguf", "hub", "manifest", "model_source", "node_weights", "policy", "staging", "tiny"]
+__all__ = ["gguf", "hub", "manifest", "model_source", "node_weights", "policy", "staging", "tiny", "tiny_cache"]
