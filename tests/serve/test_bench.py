@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -177,6 +179,15 @@ def small_argv(address, tokenizer, out, name, **flags):
     return a
 
 
+@contextlib.contextmanager
+def silent_server() -> Iterator[socket.socket]:
+    """A loopback server that accepts connections (the kernel does) and never answers."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        yield silent
+
+
 def gone(pid):
     return not psutil.pid_exists(pid) and not group_members(pid)
 
@@ -232,9 +243,7 @@ def test_a_pass_past_its_timeout_kills_the_worker_and_the_next_starts_a_fresh_on
     warm = worker.run(small_argv(double, tokenizer, tmp_path, "warm"), log_path=tmp_path / "warm.log", timeout=120)
     assert warm.returncode == 0  # the worker has imported: the timeout below is the pass's own
     pid, starts = worker.proc.pid, worker.starts
-    with socket.socket() as silent:  # accepts connections (the kernel does) and never answers
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(16)
+    with silent_server() as silent:
         hung = worker.run(small_argv(silent.getsockname(), tokenizer, tmp_path, "hung"),
                           log_path=tmp_path / "hung.log", timeout=5)
     assert (hung.returncode, hung.timed_out) == (None, True)
@@ -333,12 +342,16 @@ def test_a_worker_mid_pass_ends_when_the_job_that_started_it_is_killed(tokenizer
     """In its own session the worker is out of the job's process group, so a kill of the job does not reach
     it, and mid-pass it does not read the stdin whose end would tell it; it ends with the job all the same
     (it asked the kernel for SIGTERM when its parent dies)."""
-    with socket.socket() as silent:  # accepts the pass's connection (the kernel does) and never answers
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(16)
+    kill_job_mid_pass(tokenizer, tmp_path)
+
+
+def kill_job_mid_pass(tokenizer, tmp_path: Path, *shared: str) -> int:
+    """Run tests/programs/job_with_a_worker.py (``shared``: its socket name and ledger) until its pass reaches a
+    server that never answers, kill -9 the job, and wait for its worker's end; the job's pid."""
+    with silent_server() as silent:
         argv = small_argv(silent.getsockname(), tokenizer, tmp_path, "hung")
-        job = subprocess.Popen([sys.executable, str(JOB_WITH_A_WORKER), str(tmp_path / "worker.log"), json.dumps(argv)],
-                               stdout=subprocess.PIPE, text=True)
+        job = subprocess.Popen([sys.executable, str(JOB_WITH_A_WORKER), str(tmp_path / "worker.log"), json.dumps(argv),
+                                *shared], stdout=subprocess.PIPE, text=True)
         try:
             pid = int(job.stdout.readline())
             silent.settimeout(120)
@@ -347,7 +360,8 @@ def test_a_worker_mid_pass_ends_when_the_job_that_started_it_is_killed(tokenizer
             job.kill()
             job.wait(timeout=30)
         with held:  # open, unanswered, until the worker is gone: its pass would wait on it for hours
-            wait_until(lambda: gone(pid), "the orphaned worker's end", timeout=60)
+            wait_until(lambda: gone(pid), "the worker's end after its job's", timeout=60)
+    return job.pid
 
 
 # --------------------------------------------------------------------------- one worker for a trial's configurations
@@ -397,9 +411,7 @@ def test_a_shared_pass_past_its_timeout_kills_the_worker_and_the_next_configurat
         assert first.run(small_argv(double, tokenizer, tmp_path, "warm"), log_path=tmp_path / "warm.log",
                          timeout=120).returncode == 0
         [pid] = first.pids
-        with socket.socket() as silent:  # accepts connections (the kernel does) and never answers
-            silent.bind(("127.0.0.1", 0))
-            silent.listen(16)
+        with silent_server() as silent:
             hung = first.run(small_argv(silent.getsockname(), tokenizer, tmp_path, "hung"),
                              log_path=tmp_path / "hung.log", timeout=5)
     assert (hung.returncode, hung.timed_out) == (None, True)
@@ -435,20 +447,6 @@ def test_a_shared_worker_mid_pass_ends_when_the_configurations_job_is_killed(tok
     killed mid-pass leaves a pass benchmarking a server that is going away: the worker ends then, and the next
     configuration starts a fresh one."""
     spec = shared_spec(tmp_path, os.getpid())
-    with socket.socket() as silent:  # accepts the pass's connection (the kernel does) and never answers
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(16)
-        argv = small_argv(silent.getsockname(), tokenizer, tmp_path, "hung")
-        job = subprocess.Popen([sys.executable, str(JOB_WITH_A_WORKER), str(tmp_path / "worker.log"), json.dumps(argv),
-                                spec.name, str(spec.ledger.path)], stdout=subprocess.PIPE, text=True)
-        try:
-            pid = int(job.stdout.readline())
-            silent.settimeout(120)
-            held, _ = silent.accept()  # the pass has reached the server: the worker is mid-pass
-        finally:
-            job.kill()
-            job.wait(timeout=30)
-        with held:
-            wait_until(lambda: gone(pid), "the shared worker's end after its job's", timeout=60)
-    assert f"the pass's client {job.pid} ended mid-pass" in (tmp_path / "pass.log").read_text()  # the pass's output
+    job = kill_job_mid_pass(tokenizer, tmp_path, spec.name, str(spec.ledger.path))
+    assert f"the pass's client {job} ended mid-pass" in (tmp_path / "pass.log").read_text()  # the pass's output
     assert cleanup_stops(spec) == ["none (already gone)"]
