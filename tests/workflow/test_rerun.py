@@ -22,14 +22,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-import psutil
 import pytest
 
 from browser import PNG_MAGIC, chromium_available, visit
 from conftest import REPO, SNAKEFILE
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.records import load_record
-from llmtrial.host.process_groups import port_open
+from llmtrial.host.process_groups import group_members, port_open
 from llmtrial.lifecycle.cleanup import outstanding
 from llmtrial.patch.patching import revert_patches
 from workflow_helpers import SNAKEMAKE, assert_stopped_as_its_passes_say, default_config
@@ -256,7 +255,7 @@ def test_the_first_runs_configurations_ran_their_passes_in_one_benchmark_process
     [mark] = [e for e in entries if e.action == "group_started" and e.launch == launch.id]
     assert launch.label == "demo/benchmark worker" and [mark.pid] == timing["tp1"]["bench_worker_pids"]
     assert [e.outcome for e in entries if e.action == "group_stopped" and e.undoes == launch.id] == ["stopped"]
-    assert not psutil.pid_exists(mark.pid) or psutil.Process(mark.pid).create_time() != mark.create_time
+    assert group_members(mark.pid, not_before=mark.create_time) == []  # nothing of it runs (a zombie is not left)
 
 
 #: Where the second run finds the first run's results: a copy the test makes of results/demo before the
