@@ -42,6 +42,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from llmtrial.onnode import process_group
+
 MODULE = "llmtrial.serve.vllm_bench"
 WORKER_FLAG = "--worker"
 #: The environment variable that carries the pid of the process that started a worker.
@@ -156,12 +158,9 @@ def serve(lines: Iterable[bytes], write: Callable[[bytes], Any], parser: argpars
 
 
 def alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (exists and is not a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
+    """Whether process ``pid`` runs (exists and is neither a zombie nor dead)."""
+    found = process_group.stat(pid, 0.0)
+    return found is not None and found[0] not in ("Z", "X")
 
 
 @contextlib.contextmanager

@@ -89,6 +89,8 @@ def _keep(dest: Path, kept: Path) -> None:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     except OSError as exc:
+        if _intact(kept):  # another staging kept the same generation first
+            return
         logger.warning("tiny model not kept in %s (%s): the next staging generates it again", kept, exc)
 
 
