@@ -7,6 +7,7 @@ import fcntl
 import http.server
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -173,7 +174,15 @@ os.environ[LOCK_ENV] = str(Path(tempfile.mkdtemp(prefix="llmtrial-lock-")) / "ho
 #: The tiny models the trials generate are kept in a cache of this pytest run's (the controller makes it, its
 #: workers and every trial they start inherit it): the first staging of a model generates it, the others copy
 #: it (llmtrial.weights.tiny_cache), as an operator's reruns do, and no run reads what an earlier one kept.
-os.environ.setdefault(CACHE_ENV, tempfile.mkdtemp(prefix="llmtrial-cache-"))
+_MADE_CACHE = None if CACHE_ENV in os.environ else tempfile.mkdtemp(prefix="llmtrial-cache-")
+if _MADE_CACHE is not None:
+    os.environ[CACHE_ENV] = _MADE_CACHE
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The process that made the run's cache removes it when the run ends (the controller, after its workers)."""
+    if _MADE_CACHE is not None:
+        shutil.rmtree(_MADE_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
