@@ -18,7 +18,6 @@ import os
 import selectors
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -77,15 +76,11 @@ class SharedWorker:
 def _connect(name: str) -> socket.socket | None:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        conn.connect("\0" + name)
+        conn.connect(vllm_bench.address(name))
     except OSError:  # nobody listens: no worker yet, or it ended
         conn.close()
         return None
     return conn
-
-
-def _peer_pid(conn: socket.socket) -> int:
-    return struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
 
 
 class BenchWorker:
@@ -164,7 +159,7 @@ class BenchWorker:
                 if time.monotonic() >= deadline:
                     raise TimeoutError
                 time.sleep(0.05)
-        self.conn, self._peer = conn, _peer_pid(conn)
+        self.conn, self._peer = conn, vllm_bench.peer(conn)[0]
 
     def run(self, argv: list[str], *, log_path: Path, timeout: float) -> PassRun:
         """One pass: when it started and ended (Unix seconds), its exit code and whether it timed out.

@@ -185,16 +185,22 @@ def _ends_with(client: int | None) -> Iterator[None]:
         done.set()
 
 
-def _peer_uid(conn: socket.socket) -> int:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[2]
+def address(name: str) -> str:
+    """The abstract Unix socket address of a shared worker named ``name`` (outside the filesystem)."""
+    return "\0" + name
+
+
+def peer(conn: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket connection (SO_PEERCRED)."""
+    pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid, gid
 
 
 def shared_worker(name: str, owner: int) -> int:
     """A worker shared by a trial's configurations on the abstract socket ``name``, until ``owner`` ends."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        listener.bind("\0" + name)
+        listener.bind(address(name))
     except OSError as exc:  # another worker of the run took the name first: the configuration uses that one
         print(f"benchmark worker: {name} is taken ({exc}); exiting", file=sys.stderr, flush=True)
         return 0
@@ -213,7 +219,7 @@ def shared_worker(name: str, owner: int) -> int:
         except TimeoutError:
             continue
         with conn:
-            if _peer_uid(conn) != os.getuid():
+            if peer(conn)[1] != os.getuid():
                 continue
             conn.settimeout(None)
             conn.sendall(ready(import_s))

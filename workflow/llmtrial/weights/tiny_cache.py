@@ -67,6 +67,13 @@ def _hashes(folder: Path) -> dict[str, str]:
             for p in sorted(folder.iterdir()) if p.is_file() and p.name != HASHES}
 
 
+def _copy_files(source: Path, into: Path) -> None:
+    """The model's files of ``source`` (not its hash list) copied into ``into``."""
+    for f in sorted(source.iterdir()):
+        if f.is_file() and f.name != HASHES:
+            shutil.copy2(f, into / f.name)
+
+
 def _intact(kept: Path) -> bool:
     """Whether every file a kept folder lists is there with its hash, and no other."""
     try:
@@ -81,9 +88,7 @@ def _keep(dest: Path, kept: Path) -> None:
     try:
         tmp = sibling_dir(kept, "tmp")
         try:
-            for f in sorted(dest.iterdir()):
-                if f.is_file():
-                    shutil.copy2(f, tmp / f.name)
+            _copy_files(dest, tmp)
             (tmp / HASHES).write_text(json.dumps(_hashes(tmp), sort_keys=True))
             os.rename(tmp, kept)  # fails when another staging kept the same generation first: theirs stays
         finally:
@@ -104,9 +109,7 @@ def generate_or_copy(dest: Path, params: Mapping[str, int]) -> Path | None:
         if _intact(kept):
             tmp = sibling_dir(dest, "tmp")
             try:
-                for f in sorted(kept.iterdir()):
-                    if f.name != HASHES:
-                        shutil.copy2(f, tmp / f.name)
+                _copy_files(kept, tmp)
                 replace_dir(tmp, dest)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
