@@ -54,9 +54,22 @@ def svg_of(fig: Figure, name: str) -> str:
     return re.sub(r'href="#([^"]+)"', lambda m: f'href="#{name}-{m[1]}"', text)
 
 
+#: The room between panels, in inches: a panel's title and the tick labels above it, a y label and its ticks
+#: beside it. Fixed rather than worked out by matplotlib's constrained layout, which measures every text on
+#: every draw (a quarter of a trial's report time); ``bbox_inches="tight"`` crops the outer margins.
+PANEL_GAP_IN = (0.55, 0.75)
+
+
 def new_figure(width: float, height: float, rows: int = 1, cols: int = 1) -> tuple[Figure, Any]:
+    """A figure of ``rows`` x ``cols`` panels, :data:`PANEL_GAP_IN` apart."""
+    left, right, bottom, top = 0.08, 0.98, 0.12, 0.94
+    panel_h = (top - bottom) * height / (rows + 0.0)
+    panel_w = (right - left) * width / (cols + 0.0)
     with matplotlib.rc_context(STYLE):
-        fig = Figure(figsize=(width, height), layout="constrained")
+        fig = Figure(figsize=(width, height))
+        fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top,
+                            hspace=PANEL_GAP_IN[0] / max(panel_h - PANEL_GAP_IN[0], 0.1),
+                            wspace=PANEL_GAP_IN[1] / max(panel_w - PANEL_GAP_IN[1], 0.1))
         axes = fig.subplots(rows, cols, squeeze=False)
     return fig, axes
 
