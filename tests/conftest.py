@@ -21,10 +21,10 @@ import pytest
 from hosts import SSHD, TwoHosts, free_ports, two_hosts
 from llmtrial.core.hostlock import LOCK_ENV
 from llmtrial.core.records import as_written
+from llmtrial.core.resources import CACHE_ENV
 from llmtrial.host.process_groups import port_open
 from llmtrial.serve.server import ServerProcess
 from llmtrial.serve.telemetry import Sampler
-from llmtrial.weights.tiny_cache import CACHE_ENV
 from slurm_cluster import SlurmCluster, SlurmUnavailable, leftovers, slurm_cluster
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from llmtrial.core.resources import CACHE_ENV
 from llmtrial.core.trial_config import SourceBlock
 from llmtrial.weights import tiny, tiny_cache
 from llmtrial.weights.staging import stage_model
@@ -25,7 +26,7 @@ def files(folder: Path) -> dict[str, str]:
 @pytest.fixture
 def generations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """A cache of the test's own, and the folders the generator really wrote (every call of it)."""
-    monkeypatch.setenv(tiny_cache.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     calls: list[Path] = []
     generate = tiny.generate_tiny_model
 
@@ -84,7 +85,7 @@ def test_a_kept_model_changed_on_disk_is_removed_and_generated_again(tmp_path, g
 
 def test_a_cache_that_cannot_be_written_does_not_fail_staging(tmp_path, generations, monkeypatch, caplog):
     (tmp_path / "a-file").write_text("not a folder")
-    monkeypatch.setenv(tiny_cache.CACHE_ENV, str(tmp_path / "a-file" / "cache"))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "a-file" / "cache"))
     source = SourceBlock.model_validate(ONE_LAYER)
     with caplog.at_level(logging.WARNING, logger="llmtrial.weights.tiny_cache"):
         manifest = stage_model(source, tmp_path / "a")

@@ -7,14 +7,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import jinja2
-
 from llmtrial.core.comparison_model import ComparisonRecord, Row
 from llmtrial.core.fileio import atomic_write_text
 from llmtrial.core.records import write_record
 from llmtrial.core.resources import TEMPLATES
 from llmtrial.report.charts import Chart, new_figure, svg_of
 from llmtrial.report.conclusions import FIGURES
+from llmtrial.report.templates import template_environment
 
 RECORD_NAME, PAGE_NAME = "comparison.json", "comparison.html"
 A_COLOUR, B_COLOUR = "#57606a", "#1f6feb"
@@ -60,9 +59,7 @@ def figure_chart(rows: Sequence[Row], key: str, label: str, unit: str) -> Chart 
 
 
 def render_page(record: ComparisonRecord, template_dir: Path = TEMPLATES) -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_dir)), undefined=jinja2.StrictUndefined,
-                             autoescape=jinja2.select_autoescape(["html", "j2"], default=True),
-                             trim_blocks=True, lstrip_blocks=True)
+    env = template_environment(template_dir)
     charts = [c for c in (figure_chart(record.rows, key, label, unit) for key, label, unit, *_ in FIGURES) if c]
     return env.get_template("comparison.html.j2").render(c=record, charts=charts)
 

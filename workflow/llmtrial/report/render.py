@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import jinja2
+from jinja2 import Environment
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
@@ -81,6 +81,7 @@ from llmtrial.report.sections import (
     SourceRow,
 )
 from llmtrial.report.sweeps import SweepTable, sweep_gaps, sweep_tables
+from llmtrial.report.templates import template_environment
 from llmtrial.report.why_failed import why_failed
 from llmtrial.serve.energy import ENERGY_TOLERANCE
 from llmtrial.serve.telemetry import read_samples
@@ -365,16 +366,15 @@ def findings_text(context: ReportContext) -> str:
     return "\n".join([outcome_summary(context), *(f"- {f.text}" for f in findings(context))]) + "\n"
 
 
-def render_report(context: ReportContext, template_dir: Path = TEMPLATES) -> str:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(template_dir)),
-        autoescape=jinja2.select_autoescape(["html", "j2"], default=True),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
+def report_environment(template_dir: Path = TEMPLATES) -> Environment:
+    """The templates with the report's filters."""
+    env = template_environment(template_dir)
     env.filters.update(num=fmt_num, bytes=fmt_bytes, time=fmt_time, pct=fmt_pct, workload=workload_text)
-    return env.get_template("report.html.j2").render(**vars(context), findings=findings(context),
+    return env
+
+
+def render_report(context: ReportContext, template_dir: Path = TEMPLATES) -> str:
+    return report_environment(template_dir).get_template("report.html.j2").render(**vars(context), findings=findings(context),
                                                      outcome_summary=outcome_summary(context))
 
 
