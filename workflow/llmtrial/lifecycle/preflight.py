@@ -214,9 +214,9 @@ def _nvidia_smi_topology() -> str | None:
 def environment_record(nvml: Any | None = None, sysfs: Path = SYSFS) -> dict[str, Any]:
     packages = {}
     for dist in md.distributions():
-        name = dist.metadata["Name"]
-        if name:
-            packages[name] = dist.version
+        meta = dist.metadata  # parsed on each access: once, for the name and the version (what dist.version reads)
+        if meta["Name"]:
+            packages[meta["Name"]] = meta["Version"]
     packages = dict(sorted(packages.items(), key=lambda kv: kv[0].lower()))
     lowered = {k.lower().replace("_", "-"): v for k, v in packages.items()}
     key = {name: lowered.get(name.lower().replace("_", "-")) for name in KEY_PACKAGES}
