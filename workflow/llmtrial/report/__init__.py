@@ -22,6 +22,8 @@
   template reads by attribute, and the context itself.
 - :mod:`llmtrial.report.sweeps`: What the trial's sweeps show, worked out from the configuration
   records alone.
+- :mod:`llmtrial.report.templates`: The Jinja environment the report and the comparison page render with,
+  its compiled templates kept in the user's cache folder.
 - :mod:`llmtrial.report.verdicts`: Verdicts between two sets of pass values, in the words the report
   and the comparison page use.
 - :mod:`llmtrial.report.why_failed`: The report's "Why it failed" section: the failed configurations
@@ -32,4 +34,4 @@ the order.)
 """
 
 __all__ = ["answers", "cells", "charts", "conclusions", "costs", "multinode", "render", "run_summary", "sections", "sweeps",
-           "verdicts", "why_failed"]
+           "templates", "verdicts", "why_failed"]
