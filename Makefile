@@ -34,8 +34,11 @@ stop-demo-service: $(STAMP)
 	$(VENV_PATH) $(DEMO) stop
 
 # The tests serve the default trial on its own ports: a demo service `make run` left running is
-# stopped for them and started again after, whatever the tests' outcome.
+# stopped for them and started again after, whatever the tests' outcome. The library is compiled
+# to bytecode first: the suite's hundreds of Python processes (snakemake jobs, node programs) then
+# load it, also where PYTHONDONTWRITEBYTECODE keeps each of them from writing it (0.3 s each here).
 test: $(STAMP) chromium sshd
+	@$(PY) -m compileall -q workflow/llmtrial >/dev/null
 	@resident=; if $(VENV_PATH) $(DEMO) status >/dev/null 2>&1; then resident=1; \
 		echo "make test: stopping the demo service on 127.0.0.1:8190 for the tests (started again after)"; \
 		$(VENV_PATH) $(DEMO) stop; fi; \

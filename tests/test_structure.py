@@ -9,6 +9,7 @@ cannot hide a cycle.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import importlib.util
 import sys
@@ -23,6 +24,16 @@ LIBRARY = REPO / "workflow" / PACKAGE
 #: The library's packages, bottom first: each may import only those before it. The modules at
 #: the top (the trial file, provenance, the command line) may import any package; none imports them.
 PACKAGES = ("onnode", "core", "answers", "logs", "host", "plan", "weights", "patch", "lifecycle", "serve", "report", "compare", "export")
+
+
+@functools.cache
+def _parse(source: str, filename: str) -> ast.Module:
+    return ast.parse(source, filename=filename)
+
+
+def parsed(path: Path) -> ast.Module:
+    """The file's syntax tree, parsed once per source for every test of this module (callers only read it)."""
+    return _parse(path.read_text(encoding="utf-8"), str(path))
 
 
 def module_name(path: Path, root: Path = LIBRARY) -> str:
@@ -45,7 +56,7 @@ def _resolve(node: ast.ImportFrom, importer: str, is_package: bool) -> str:
 
 def imports_of(path: Path, importer: str, known: set[str]) -> list[tuple[str, int, bool]]:
     """(imported library module, line, inside a function) for every import in ``path``."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = parsed(path)
     is_package = path.name == "__init__.py"
     found: list[tuple[str, int, bool]] = []
 
@@ -147,7 +158,7 @@ def programs_in_strings(root: Path = LIBRARY) -> list[str]:
     statement in it: a program no linter, type check or structure test would read."""
     found = []
     for path in sorted(root.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parsed(path)):
             if not (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.count("\n") > 1):
                 continue
             try:
@@ -177,7 +188,7 @@ def test_one_class_per_name_in_the_library() -> None:
     for path in sorted(LIBRARY.rglob("*.py")):
         if "patches" in path.relative_to(LIBRARY).parts:
             continue
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        for node in parsed(path).body:
             if isinstance(node, ast.ClassDef):
                 where.setdefault(node.name, []).append(str(path.relative_to(LIBRARY)))
     assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}

@@ -338,6 +338,7 @@ def test_a_job_stopped_early_kills_its_worker_without_waiting_out_the_grace(tmp_
 JOB_WITH_A_WORKER = Path(__file__).parents[1] / "programs" / "job_with_a_worker.py"
 
 
+@pytest.mark.slow  # a real worker: it imports vLLM's benchmark code
 def test_a_worker_mid_pass_ends_when_the_job_that_started_it_is_killed(tokenizer, tmp_path):
     """In its own session the worker is out of the job's process group, so a kill of the job does not reach
     it, and mid-pass it does not read the stdin whose end would tell it; it ends with the job all the same
@@ -442,6 +443,7 @@ def test_a_shared_worker_ends_once_its_owner_the_runs_snakemake_has_ended(double
     assert cleanup_stops(spec) == ["none (already gone)"]
 
 
+@pytest.mark.slow  # a real worker: it imports vLLM's benchmark code
 def test_a_shared_worker_mid_pass_ends_when_the_configurations_job_is_killed(tokenizer, tmp_path):
     """The shared worker outlives the jobs that use it, so it does not die with the one that started it; but one
     killed mid-pass leaves a pass benchmarking a server that is going away: the worker ends then, and the next
