@@ -63,8 +63,8 @@ PANEL_GAP_IN = (0.55, 0.75)
 def new_figure(width: float, height: float, rows: int = 1, cols: int = 1) -> tuple[Figure, Any]:
     """A figure of ``rows`` x ``cols`` panels, :data:`PANEL_GAP_IN` apart."""
     left, right, bottom, top = 0.08, 0.98, 0.12, 0.94
-    panel_h = (top - bottom) * height / (rows + 0.0)
-    panel_w = (right - left) * width / (cols + 0.0)
+    panel_h = (top - bottom) * height / rows
+    panel_w = (right - left) * width / cols
     with matplotlib.rc_context(STYLE):
         fig = Figure(figsize=(width, height))
         fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top,
