@@ -23,6 +23,7 @@ function (Numerical Recipes' continued fraction), the quantile from bisection on
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import statistics
@@ -86,6 +87,7 @@ def t_cdf(t: float, df: float) -> float:
     return 1.0 - tail if t >= 0 else tail
 
 
+@functools.lru_cache(maxsize=1024)  # a pure function asked the same few (level, passes) pairs over and over
 def t_quantile(p: float, df: float) -> float:
     """The t value below which a share ``p`` of Student's t with ``df`` degrees of freedom lies."""
     if not 0.0 < p < 1.0:
