@@ -58,3 +58,15 @@ def test_a_cache_folder_that_cannot_be_made_leaves_rendering_as_it_was(tmp_path,
     assert env.get_template("page.html.j2").render(x="<i>") == "<p>&lt;i&gt;</p>"
     with pytest.raises(jinja2.UndefinedError):  # an undefined name stays an error, as with the cache
         env.get_template("page.html.j2").render()
+
+
+def test_a_compiled_template_that_cannot_be_written_is_a_warning_and_the_page_renders(cache, tmp_path, monkeypatch,
+                                                                                         caplog):
+    def full(self, bucket):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(jinja2.FileSystemBytecodeCache, "dump_bytecode", full)
+    folder = tmp_path / "templates"
+    folder.mkdir()
+    (folder / "page.html.j2").write_text("<p>{{ x }}</p>")
+    assert template_environment(folder).get_template("page.html.j2").render(x=3) == "<p>3</p>"
+    assert "was not kept" in caplog.text and "No space left on device" in caplog.text
