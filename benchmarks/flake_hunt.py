@@ -1,6 +1,6 @@
 """A flake hunt: run chosen test files N times, optionally with CPU cores kept busy, and count each test's passes.
 
-    python benchmarks/flake_hunt.py [--runs N] [--busy K] [--workers W] [--mark EXPR] [--out DIR] [FILE ...]
+    python benchmarks/flake_hunt.py [--runs N] [--busy K] [--workers W] [--mark EXPR] [--out DIR] [--resume] [FILE ...]
 
 With no FILE, the files are every test file that holds a test marked ``e2e``, ``workflow`` or
 ``hostwide`` (the real-vLLM trials, every test that runs snakemake, and those that change or watch
@@ -12,6 +12,14 @@ also when it is interrupted (Ctrl-C or SIGTERM: the running pytest gets SIGINT, 
 fixtures tear down what they set up, and every process still below it is then stopped) or a run fails. Prints every test with its pass count (those that ever
 failed first, each with the runs it failed in and the first line of its failure) and exits 1 when any
 test failed once.
+
+Each run also writes ``run-N.json``: the commit it ran at, the files, ``--busy``, ``--workers``, ``--mark``
+and how long it took. A hunt longer than one sitting goes on with ``--resume``: the runs already in DIR
+count, and only the rest are run. It is refused, naming the run and what differs, when a run in DIR
+hunted other files or under other settings, or ran code that differs from this checkout's (the tests,
+the library, the requirement sets: ``git diff`` between its commit and this checkout), and where it or
+this checkout has such changes not committed. A hunt without ``--resume`` starts afresh and removes the
+runs in DIR first.
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 HOG = "while True: pass"
+#: What a run's outcome depends on: a resumed hunt counts an earlier run only where none of these differ.
+TESTED = ("tests", "workflow", "envs", "pyproject.toml", "Makefile")
 
 
 @dataclass
@@ -124,6 +134,54 @@ def outcomes(junit: Path) -> dict[str, tuple[str, str]]:
     return found
 
 
+def git(*argv: str) -> str:
+    return subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, check=True).stdout
+
+
+def checkout() -> tuple[str, list[str]]:
+    """This checkout's commit, and the tested files it has changed without committing them."""
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", *TESTED)
+    return git("rev-parse", "HEAD").strip(), [line[3:] for line in dirty.splitlines()]
+
+
+def settings(files: list[str], args: argparse.Namespace) -> dict:
+    """What makes two runs the same hunt: a run's record holds these, its commit and its own figures."""
+    return {"files": files, "busy": args.busy, "workers": args.workers, "mark": args.mark}
+
+
+def earlier_runs(out: Path, wanted: dict, commit: str, uncommitted: list[str]) -> list[dict]:
+    """The runs a resumed hunt counts, in order (``run-1.json`` ...); refused, naming the run, where one
+    hunted otherwise or ran other code than ``commit``, and where a run or this checkout had tested files
+    changed without a commit (what ran could not be told)."""
+    if uncommitted:
+        raise SystemExit(f"flake_hunt: --resume needs the tested code committed: {', '.join(uncommitted)}")
+    runs = []
+    while (meta := out / f"run-{len(runs) + 1}.json").exists():
+        run = json.loads(meta.read_text())
+        for key, value in wanted.items():
+            if run[key] != value:
+                raise SystemExit(f"flake_hunt: {meta} ran with {key}={run[key]!r}, this hunt with {value!r}: "
+                                 "start afresh (without --resume) or hunt as it did")
+        if run["uncommitted"]:
+            raise SystemExit(f"flake_hunt: {meta} ran with uncommitted changes ({', '.join(run['uncommitted'])}): "
+                             "start afresh (without --resume)")
+        changed = git("diff", "--name-only", run["commit"], commit, "--", *TESTED).split()
+        if changed:
+            raise SystemExit(f"flake_hunt: {meta} ran at {run['commit'][:12]}, whose tested code differs from "
+                             f"this checkout's ({commit[:12]}): {', '.join(changed)}")
+        if not (out / f"run-{run['index']}.xml").exists():
+            raise SystemExit(f"flake_hunt: {meta} has no run-{run['index']}.xml beside it")
+        runs.append(run)
+    return runs
+
+
+def fresh(out: Path) -> None:
+    """A hunt without --resume: the runs an earlier hunt left in ``out`` are removed, never counted."""
+    for old in out.glob("run-*"):
+        if old.suffix in (".xml", ".log", ".json"):
+            old.unlink()
+
+
 def run_once(index: int, files: list[str], args: argparse.Namespace) -> tuple[dict[str, tuple[str, str]], float, int]:
     junit = args.out / f"run-{index}.xml"
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "junit_family=xunit1", "--durations=30",
@@ -162,31 +220,58 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2, help="pytest-xdist workers, as make test runs (0: one process)")
     p.add_argument("--mark", default="", help="a -m expression passed to each run (default: every test in the files)")
     p.add_argument("--out", type=Path, default=REPO / "flake-hunt", help="where each run's JUnit XML and log go")
+    p.add_argument("--resume", action="store_true", help="count the runs already in --out and run only the rest")
     return p.parse_args(argv)
+
+
+def tally_run(tallies: dict[str, Tally], index: int, found: dict[str, tuple[str, str]]) -> int:
+    """Add one run's outcomes; how many of its tests failed."""
+    for test, (state, message) in found.items():
+        tally = tallies.setdefault(test, Tally())
+        tally.outcomes.append(state)
+        if state in ("failed", "error"):
+            tally.failures.append((index, message))
+    return sum(1 for state, _ in found.values() if state in ("failed", "error"))
+
+
+def run_line(run: dict, bad: int, tests: int) -> str:
+    changes = f" with uncommitted changes to {len(run['uncommitted'])} files" if run["uncommitted"] else ""
+    return (f"run {run['index']}: {tests} tests, {bad} failed, pytest exit {run['exit']}, {run['minutes']:.1f} min, "
+            f"at {run['commit'][:12]}{changes}, started {run['started']}")
 
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
     signal.signal(signal.SIGTERM, as_exit)
     args.out.mkdir(parents=True, exist_ok=True)
+    commit, uncommitted = checkout()
     files = args.files or marked_files("e2e or workflow or hostwide")
-    print(f"flake hunt: {len(files)} files, {args.runs} runs, {args.busy} core(s) busy, -n {args.workers}", flush=True)
+    wanted = settings(files, args)
+    done = earlier_runs(args.out, wanted, commit, uncommitted) if args.resume else []
+    if not args.resume:
+        fresh(args.out)
+    print(f"flake hunt: {len(files)} files, {args.runs} runs ({len(done)} already in {args.out}), "
+          f"{args.busy} core(s) busy, -n {args.workers}", flush=True)
     tallies: dict[str, Tally] = {}
+    runs = []
+    for run in done:
+        found = outcomes(args.out / f"run-{run['index']}.xml")
+        print(run_line(run, tally_run(tallies, run["index"], found), len(found)) + " (counted)", flush=True)
+        runs.append(run)
     with busy_cores(args.busy):
-        for index in range(1, args.runs + 1):
+        for index in range(len(done) + 1, args.runs + 1):
+            started = time.strftime("%Y-%m-%d %H:%M:%S")
             found, took, rc = run_once(index, files, args)
-            for test, (state, message) in found.items():
-                tally = tallies.setdefault(test, Tally())
-                tally.outcomes.append(state)
-                if state in ("failed", "error"):
-                    tally.failures.append((index, message))
-            bad = sum(1 for state, _ in found.values() if state in ("failed", "error"))
-            print(f"run {index}: {len(found)} tests, {bad} failed, pytest exit {rc}, {took / 60:.1f} min", flush=True)
-    lines = report(tallies, args.runs)
+            run = {**wanted, "index": index, "commit": commit, "uncommitted": uncommitted, "started": started,
+                   "minutes": round(took / 60, 1), "exit": rc}
+            (args.out / f"run-{index}.json").write_text(json.dumps(run, indent=1))
+            print(run_line(run, tally_run(tallies, index, found), len(found)), flush=True)
+            runs.append(run)
+    lines = report(tallies, len(runs))
     print("\n".join(lines))
     summary = {test: {"outcomes": t.outcomes, "failures": t.failures} for test, t in tallies.items()}
-    (args.out / "summary.json").write_text(json.dumps({"files": files, "runs": args.runs, "busy": args.busy,
-                                                       "tests": summary}, indent=1))
+    (args.out / "summary.json").write_text(json.dumps({**wanted, "runs": [{k: r[k] for k in ("index", "commit", "uncommitted",
+                                                       "started", "minutes", "exit")} for r in runs], "tests": summary}, indent=1))
     return 1 if any(t.failures for t in tallies.values()) else 0
 
 
