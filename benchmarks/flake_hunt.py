@@ -6,7 +6,9 @@ With no FILE, the files are every test file that holds a test marked ``e2e``, ``
 ``hostwide`` (the real-vLLM trials, every test that runs snakemake, and those that change or watch
 the whole machine: its SLURM, its network namespaces, the installed vLLM), as pytest collects them. Each run is one pytest
 process over all the files (``-n W`` pytest-xdist workers as ``make test`` runs them, default 2), its
-outcomes read from the JUnit XML file pytest writes into DIR. With ``--busy K``, K plain CPU hogs
+outcomes read from the JUnit XML file pytest writes into DIR. After each run, every process still running
+below the hunt once pytest has ended (and a settling moment more) is listed and stopped: the hunt is the
+subreaper of what it starts, so a server whose parent died is found too; a run that left one fails the hunt. With ``--busy K``, K plain CPU hogs
 (``while True: pass``, each its own process group) run for the whole hunt and are stopped at its end,
 also when it is interrupted (Ctrl-C or SIGTERM: the running pytest gets SIGINT, as Ctrl-C, so its
 fixtures tear down what they set up, and every process still below it is then stopped) or a run fails. Prints every test with its pass count (those that ever
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -70,26 +73,60 @@ def busy_cores(count: int) -> Iterator[list[int]]:
             hog.wait()
 
 
-def stop_tree(pid: int, grace: float = 10.0, teardown: float = 180.0) -> None:
+#: prctl(2)'s PR_SET_CHILD_SUBREAPER (linux/prctl.h).
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def adopt_orphans() -> None:
+    """Make this process the reaper of every process orphaned below it (Linux): a server or a snakemake whose
+    parent a run's end killed is reparented here, not to init, so :func:`left_below` still finds it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def left_below(keep: set[int], settle: float) -> list[psutil.Process]:
+    """This process's descendants (those orphaned below it included) but ``keep`` that are still there after
+    ``settle`` seconds: a benchmark worker ends by itself a moment after its snakemake, say."""
+    deadline = time.monotonic() + settle
+    while True:
+        below = [proc for proc in psutil.Process().children(recursive=True) if proc.pid not in keep]
+        running = [proc for proc in below if proc.status() != psutil.STATUS_ZOMBIE]
+        psutil.wait_procs([proc for proc in below if proc not in running], timeout=0)  # reap the ended
+        if not running or time.monotonic() >= deadline:
+            return running
+        time.sleep(0.5)
+
+
+def describe(proc: psutil.Process) -> str:
+    with contextlib.suppress(psutil.Error):
+        return f"pid {proc.pid}: {' '.join(proc.cmdline())[:160]}"
+    return f"pid {proc.pid} (ended)"
+
+
+def stop_tree(pid: int, keep: set[int], grace: float = 10.0, teardown: float = 180.0, settle: float = 15.0) -> list[str]:
     """Stop a pytest run in its own process group and every process below it (servers in sessions of their
-    own included): SIGINT to the group first, as Ctrl-C in a terminal, so the controller and its xdist
-    workers run their fixtures' teardowns (a SLURM cluster, network namespaces, a patched vLLM are
-    undone by the fixture that made them) for up to ``teardown`` seconds; then SIGTERM to what is left,
-    and SIGKILL after ``grace`` seconds."""
-    try:
+    own, and what was orphaned below this process, included); what was still running after pytest ended
+    (and ``settle`` seconds more), as ``pid: argv`` lines. A pytest still running gets SIGINT to its group first,
+    as Ctrl-C in a terminal, so the controller and its xdist workers run their fixtures' teardowns (a SLURM
+    cluster, network namespaces, a patched vLLM are undone by the fixture that made them) for up to
+    ``teardown`` seconds; then everything left gets SIGTERM, and SIGKILL after ``grace`` seconds."""
+    with contextlib.suppress(psutil.Error):
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGINT)
-    alive = psutil.wait_procs(procs, timeout=teardown)[1]
-    for proc in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGINT)
+        with contextlib.suppress(psutil.TimeoutExpired):
+            root.wait(teardown)
+    left = left_below(keep, settle)
+    found = [describe(proc) for proc in left]
+    for proc in left:
         with contextlib.suppress(psutil.Error):
             proc.terminate()
-    for proc in psutil.wait_procs(alive, timeout=grace)[1]:
+    for proc in psutil.wait_procs(left, timeout=grace)[1]:
         with contextlib.suppress(psutil.Error):
             proc.kill()
+    psutil.wait_procs(left, timeout=grace)
+    return found
 
 
 def as_exit(signum: int, _frame: object) -> None:
@@ -182,7 +219,18 @@ def fresh(out: Path) -> None:
             old.unlink()
 
 
-def run_once(index: int, files: list[str], args: argparse.Namespace) -> tuple[dict[str, tuple[str, str]], float, int]:
+@dataclass
+class Run:
+    """One run's outcomes (test id: state, first line of its failure), minutes, pytest's exit status and the
+    processes still running below the hunt after pytest ended (``pid: argv``; stopped since)."""
+
+    found: dict[str, tuple[str, str]]
+    minutes: float
+    rc: int
+    left: list[str]
+
+
+def run_once(index: int, files: list[str], args: argparse.Namespace, keep: set[int]) -> Run:
     junit = args.out / f"run-{index}.xml"
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "junit_family=xunit1", "--durations=30",
             f"--junitxml={junit}", "-n", str(args.workers), *files]
@@ -194,11 +242,14 @@ def run_once(index: int, files: list[str], args: argparse.Namespace) -> tuple[di
         try:
             rc = pytest.wait()
         finally:
-            stop_tree(pytest.pid)  # an interrupted hunt leaves no pytest, snakemake or vLLM server behind
+            left = stop_tree(pytest.pid, keep)  # the hunt leaves no pytest, snakemake or vLLM server behind
+            if left:
+                print(f"run {index}: {len(left)} processes still running after pytest ended, stopped:",
+                      *left, sep="\n    ", flush=True)
     took = time.monotonic() - started
     if not junit.exists():
         raise SystemExit(f"flake_hunt: run {index} wrote no {junit} (pytest exit {rc}); see {junit.with_suffix('.log')}")
-    return outcomes(junit), took, rc
+    return Run(outcomes(junit), round(took / 60, 1), rc, left)
 
 
 def report(tallies: dict[str, Tally], runs: int) -> list[str]:
@@ -236,8 +287,10 @@ def tally_run(tallies: dict[str, Tally], index: int, found: dict[str, tuple[str,
 
 def run_line(run: dict, bad: int, tests: int) -> str:
     changes = f" with uncommitted changes to {len(run['uncommitted'])} files" if run["uncommitted"] else ""
+    left = run.get("left_running")  # absent from the runs of a hunt before the hunt looked
+    after = "not looked for" if left is None else str(len(left))
     return (f"run {run['index']}: {tests} tests, {bad} failed, pytest exit {run['exit']}, {run['minutes']:.1f} min, "
-            f"at {run['commit'][:12]}{changes}, started {run['started']}")
+            f"at {run['commit'][:12]}{changes}, started {run['started']}; processes left running: {after}")
 
 
 def main(argv: list[str]) -> int:
@@ -258,21 +311,25 @@ def main(argv: list[str]) -> int:
         found = outcomes(args.out / f"run-{run['index']}.xml")
         print(run_line(run, tally_run(tallies, run["index"], found), len(found)) + " (counted)", flush=True)
         runs.append(run)
-    with busy_cores(args.busy):
+    adopt_orphans()
+    with busy_cores(args.busy) as hogs:
         for index in range(len(done) + 1, args.runs + 1):
             started = time.strftime("%Y-%m-%d %H:%M:%S")
-            found, took, rc = run_once(index, files, args)
+            result = run_once(index, files, args, set(hogs))
             run = {**wanted, "index": index, "commit": commit, "uncommitted": uncommitted, "started": started,
-                   "minutes": round(took / 60, 1), "exit": rc}
+                   "minutes": result.minutes, "exit": result.rc, "left_running": result.left}
             (args.out / f"run-{index}.json").write_text(json.dumps(run, indent=1))
-            print(run_line(run, tally_run(tallies, index, found), len(found)), flush=True)
+            print(run_line(run, tally_run(tallies, index, result.found), len(result.found)), flush=True)
             runs.append(run)
     lines = report(tallies, len(runs))
     print("\n".join(lines))
     summary = {test: {"outcomes": t.outcomes, "failures": t.failures} for test, t in tallies.items()}
-    (args.out / "summary.json").write_text(json.dumps({**wanted, "runs": [{k: r[k] for k in ("index", "commit", "uncommitted",
-                                                       "started", "minutes", "exit")} for r in runs], "tests": summary}, indent=1))
-    return 1 if any(t.failures for t in tallies.values()) else 0
+    (args.out / "summary.json").write_text(json.dumps({**wanted, "runs": [{k: r.get(k) for k in ("index", "commit", "uncommitted",
+                                                       "started", "minutes", "exit", "left_running")} for r in runs], "tests": summary}, indent=1))
+    left = [run["index"] for run in runs if run.get("left_running")]
+    if left:
+        print(f"runs that left processes running after pytest ended: {', '.join(map(str, left))}")
+    return 1 if left or any(t.failures for t in tallies.values()) else 0
 
 
 if __name__ == "__main__":
