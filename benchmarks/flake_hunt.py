@@ -85,16 +85,23 @@ def adopt_orphans() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
 
 
+def running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def left_below(keep: set[int], settle: float) -> list[psutil.Process]:
     """This process's descendants (those orphaned below it included) but ``keep`` that are still there after
     ``settle`` seconds: a benchmark worker ends by itself a moment after its snakemake, say."""
     deadline = time.monotonic() + settle
     while True:
         below = [proc for proc in psutil.Process().children(recursive=True) if proc.pid not in keep]
-        running = [proc for proc in below if proc.status() != psutil.STATUS_ZOMBIE]
-        psutil.wait_procs([proc for proc in below if proc not in running], timeout=0)  # reap the ended
-        if not running or time.monotonic() >= deadline:
-            return running
+        live = [proc for proc in below if running(proc)]
+        psutil.wait_procs([proc for proc in below if proc not in live], timeout=0)  # reap the ended
+        if not live or time.monotonic() >= deadline:
+            return live
         time.sleep(0.5)
 
 
@@ -104,28 +111,50 @@ def describe(proc: psutil.Process) -> str:
     return f"pid {proc.pid} (ended)"
 
 
-def stop_tree(pid: int, keep: set[int], grace: float = 10.0, teardown: float = 180.0, settle: float = 15.0) -> list[str]:
+def terminate(procs: list[psutil.Process], wait: float) -> list[psutil.Process]:
+    """SIGTERM each; those still running after ``wait`` seconds."""
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    return psutil.wait_procs(procs, timeout=wait)[1]
+
+
+def is_snakemake(proc: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return any(Path(arg).name == "snakemake" for arg in proc.cmdline()[:3])
+    return False
+
+
+def stop_tree(pid: int, keep: set[int], grace: float = 10.0, teardown: float = 180.0, settle: float = 15.0,
+              cleanup: float = 180.0) -> list[str]:
     """Stop a pytest run in its own process group and every process below it (servers in sessions of their
     own, and what was orphaned below this process, included); what was still running after pytest ended
-    (and ``settle`` seconds more), as ``pid: argv`` lines. A pytest still running gets SIGINT to its group first,
-    as Ctrl-C in a terminal, so the controller and its xdist workers run their fixtures' teardowns (a SLURM
-    cluster, network namespaces, a patched vLLM are undone by the fixture that made them) for up to
-    ``teardown`` seconds; then everything left gets SIGTERM, and SIGKILL after ``grace`` seconds."""
+    (and ``settle`` seconds more), as ``pid: argv`` lines.
+
+    A pytest still running gets SIGINT to its group first, as Ctrl-C in a terminal, so the controller and its
+    xdist workers run their fixtures' teardowns (a SLURM cluster, network namespaces, a patched vLLM are
+    undone by the fixture that made them) for up to ``teardown`` seconds. An xdist worker goes on with the
+    tests already sent to it, so a pytest still there after that is stopped itself (SIGTERM), before it starts
+    another trial. Then each snakemake left gets SIGTERM and up to ``cleanup`` seconds: a trial's snakemake
+    stopped so gives its host back (servers stopped, patches reverted, services restored); killing it
+    instead left vLLM patched for the runs after. Everything still left then gets SIGTERM, and SIGKILL after
+    ``grace`` seconds."""
     with contextlib.suppress(psutil.Error):
         root = psutil.Process(pid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGINT)
-        with contextlib.suppress(psutil.TimeoutExpired):
+        try:
             root.wait(teardown)
+        except psutil.TimeoutExpired:
+            terminate([root, *root.children()], grace)  # the controller and its workers
     left = left_below(keep, settle)
     found = [describe(proc) for proc in left]
-    for proc in left:
-        with contextlib.suppress(psutil.Error):
-            proc.terminate()
-    for proc in psutil.wait_procs(left, timeout=grace)[1]:
+    terminate([proc for proc in left if is_snakemake(proc)], cleanup)
+    rest = left_below(keep, 0)
+    for proc in terminate(rest, grace):
         with contextlib.suppress(psutil.Error):
             proc.kill()
-    psutil.wait_procs(left, timeout=grace)
+    psutil.wait_procs(rest, timeout=grace)
     return found
 
 
