@@ -8,7 +8,9 @@ the whole machine: its SLURM, its network namespaces, the installed vLLM), as py
 process over all the files (``-n W`` pytest-xdist workers as ``make test`` runs them, default 2), its
 outcomes read from the JUnit XML file pytest writes into DIR. After each run, every process still running
 below the hunt once pytest has ended (and a settling moment more) is listed and stopped: the hunt is the
-subreaper of what it starts, so a server whose parent died is found too; a run that left one fails the hunt. With ``--busy K``, K plain CPU hogs
+subreaper of what it starts, so a server whose parent died is found too; a run that left one fails the hunt.
+The installed vLLM's files are checked against its RECORD before the hunt and after each run: a run that
+left a patch applied fails the hunt and ends it (the runs after would fail on it, not on their own). With ``--busy K``, K plain CPU hogs
 (``while True: pass``, each its own process group) run for the whole hunt and are stopped at its end,
 also when it is interrupted (Ctrl-C or SIGTERM: the running pytest gets SIGINT, as Ctrl-C, so its
 fixtures tear down what they set up, and every process still below it is then stopped) or a run fails. Prints every test with its pass count (those that ever
@@ -200,6 +202,17 @@ def outcomes(junit: Path) -> dict[str, tuple[str, str]]:
     return found
 
 
+def vllm_changed() -> list[str]:
+    """The installed vLLM's Python files that differ from its RECORD: a patch a run left applied, which every
+    run after would fail on (the trial's `snakemake cleanup`, from its ledger, reverts it)."""
+    from llmtrial.patch.patchdata import file_hash, record_of, site_root, vllm_distribution
+
+    dist = vllm_distribution()
+    root = site_root(dist)
+    return sorted(path for path, expected in record_of(dist).items()
+                  if expected and path.endswith(".py") and file_hash(root / path) != expected)
+
+
 def git(*argv: str) -> str:
     return subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, check=True).stdout
 
@@ -340,24 +353,31 @@ def main(argv: list[str]) -> int:
         found = outcomes(args.out / f"run-{run['index']}.xml")
         print(run_line(run, tally_run(tallies, run["index"], found), len(found)) + " (counted)", flush=True)
         runs.append(run)
+    if changed := vllm_changed():
+        raise SystemExit(f"flake_hunt: the installed vLLM differs from its RECORD before the hunt: {', '.join(changed)}")
     adopt_orphans()
     with busy_cores(args.busy) as hogs:
         for index in range(len(done) + 1, args.runs + 1):
             started = time.strftime("%Y-%m-%d %H:%M:%S")
             result = run_once(index, files, args, set(hogs))
+            changed = vllm_changed()
             run = {**wanted, "index": index, "commit": commit, "uncommitted": uncommitted, "started": started,
-                   "minutes": result.minutes, "exit": result.rc, "left_running": result.left}
+                   "minutes": result.minutes, "exit": result.rc, "left_running": result.left, "vllm_changed": changed}
             (args.out / f"run-{index}.json").write_text(json.dumps(run, indent=1))
             print(run_line(run, tally_run(tallies, index, result.found), len(result.found)), flush=True)
             runs.append(run)
+            if changed:  # the runs after would fail on it, not on their own
+                print(f"run {index} left the installed vLLM differing from its RECORD: {', '.join(changed)}; "
+                      "the hunt stops here", flush=True)
+                break
     lines = report(tallies, len(runs))
     print("\n".join(lines))
     summary = {test: {"outcomes": t.outcomes, "failures": t.failures} for test, t in tallies.items()}
     (args.out / "summary.json").write_text(json.dumps({**wanted, "runs": [{k: r.get(k) for k in ("index", "commit", "uncommitted",
                                                        "started", "minutes", "exit", "left_running")} for r in runs], "tests": summary}, indent=1))
-    left = [run["index"] for run in runs if run.get("left_running")]
+    left = [run["index"] for run in runs if run.get("left_running") or run.get("vllm_changed")]
     if left:
-        print(f"runs that left processes running after pytest ended: {', '.join(map(str, left))}")
+        print(f"runs that left processes running or vLLM changed: {', '.join(map(str, left))}")
     return 1 if left or any(t.failures for t in tallies.values()) else 0
 
 
