@@ -218,12 +218,11 @@ def outcomes(junit: Path) -> dict[str, tuple[str, str]]:
 def vllm_changed() -> list[str]:
     """The installed vLLM's Python files that differ from its RECORD: a patch a run left applied, which every
     run after would fail on (the trial's `snakemake cleanup`, from its ledger, reverts it)."""
-    from llmtrial.patch.patchdata import file_hash, record_of, site_root, vllm_distribution
+    from llmtrial.patch.patchdata import record_of, verify_files, vllm_distribution
 
     dist = vllm_distribution()
-    root = site_root(dist)
-    return sorted(path for path, expected in record_of(dist).items()
-                  if expected and path.endswith(".py") and file_hash(root / path) != expected)
+    python = [path for path, expected in record_of(dist).items() if expected and path.endswith(".py")]
+    return sorted(f["path"] for f in verify_files(python, dist) if not f["matches"])
 
 
 def git(*argv: str) -> str:
