@@ -169,7 +169,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 #: beside the chain's instead of making the chain wait for each of them (one lock shared by both workers
 #: made a chain trial wait for a whole aside trial: 136 s for the plugin trial). Set in every process,
 #: not inherited from the controller. The workflow reads it; the library in the test process takes no lock.
-os.environ[LOCK_ENV] = str(Path(tempfile.mkdtemp(prefix="llmtrial-lock-")) / "host.json")
+_LOCK_DIR = Path(tempfile.mkdtemp(prefix="llmtrial-lock-"))
+os.environ[LOCK_ENV] = str(_LOCK_DIR / "host.json")
 
 #: The tiny models the trials generate are kept in a cache of this pytest run's (the controller makes it, its
 #: workers and every trial they start inherit it): the first staging of a model generates it, the others copy
@@ -180,9 +181,11 @@ if _MADE_CACHE is not None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """The process that made the run's cache removes it when the run ends (the controller, after its workers)."""
+    """The process that made the run's cache removes it when the run ends (the controller, after its workers);
+    each process removes the folder of its own host lock (one a pytest process: 71 were left here in a day)."""
     if _MADE_CACHE is not None:
         shutil.rmtree(_MADE_CACHE, ignore_errors=True)
+    shutil.rmtree(_LOCK_DIR, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
