@@ -231,10 +231,14 @@ def free_port() -> int:
 #: child process in its group (like vLLM's engine core), and that ignores SIGTERM when
 #: asked to (to exercise the SIGKILL path).
 SERVER_SCRIPT = r"""
-import http.server, os, signal, subprocess, sys, time
+import http.server, os, signal, socket, subprocess, sys, tempfile, time, uuid
 port, delay, stubborn = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1"
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 print(f"child {child.pid}", flush=True)
+# an IPC socket where vLLM makes its own (ZMQ ipc://), left there when the group is stopped, as vLLM's are
+rpc = os.path.join(os.environ.get("VLLM_RPC_BASE_PATH", tempfile.gettempdir()), str(uuid.uuid4()))
+socket.socket(socket.AF_UNIX).bind(rpc)
+print(f"rpc {rpc}", flush=True)
 if stubborn:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 time.sleep(delay)
@@ -264,12 +268,17 @@ def wait_until(predicate: Callable[[], object], what: str, timeout: float = 60.0
     return value
 
 
-def child_pid(log: Path) -> int:
-    def reported() -> int | None:
-        lines = [line for line in log.read_text().splitlines() if line.startswith("child ")]
-        return int(lines[0].split()[1]) if lines else None
+def reported(log: Path, what: str) -> str:
+    """The first value the fake server printed as ``<what> <value>``, waited for."""
+    def first() -> str | None:
+        lines = [line for line in log.read_text().splitlines() if line.startswith(what + " ")]
+        return lines[0].split(maxsplit=1)[1] if lines else None
 
-    return wait_until(reported, "the fake server reports its child")
+    return wait_until(first, f"the fake server reports its {what}")
+
+
+def child_pid(log: Path) -> int:
+    return int(reported(log, "child"))
 
 
 class CompletionsDouble(http.server.BaseHTTPRequestHandler):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
-from conftest import child_pid, fake_server, written
+from conftest import child_pid, fake_server, reported, written
 from llmtrial.cli import main as cli_main
 from llmtrial.core.cleanup_model import CleanupRecord, QuietRecord
 from llmtrial.core.ledger import Ledger
@@ -24,6 +25,7 @@ def abandoned_server(tmp_path, port, run=None):
 def test_cleanup_stops_a_server_left_running_and_is_idempotent(tmp_path, free_port):
     server = abandoned_server(tmp_path, free_port)
     child = child_pid(server.log_path)
+    assert Path(reported(server.log_path, "rpc")).parent == server.scratch
     record = written(run_cleanup(tmp_path, ports=[free_port], stop_timeout=5))
     server.proc.poll()  # reap the leader in this (parent) process
     assert record["restored"] and record["residues"] == []
@@ -31,6 +33,8 @@ def test_cleanup_stops_a_server_left_running_and_is_idempotent(tmp_path, free_po
     assert entry["action"] == "stopped" and child in entry["alive_pids"]
     assert entry["stop"]["port_closed"] and not port_open("127.0.0.1", free_port)
     assert group_members(server.pgid) == []
+
+    assert not server.scratch.exists()  # its IPC sockets' folder, named in the ledger
 
     again = written(run_cleanup(tmp_path, ports=[free_port]))
     assert again["restored"] and again["servers"][0]["action"] == "stopped"  # by the first cleanup

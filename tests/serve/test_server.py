@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import child_pid, fake_server
+from conftest import child_pid, fake_server, reported
 from llmtrial.core.ledger import Ledger
 from llmtrial.host.process_groups import group_members, port_open
 from llmtrial.plan.plan_inputs import ServingArgs
@@ -67,6 +68,27 @@ class TestLifecycle:
         actions = [e.action for e in ledger.entries()]
         assert actions == ["server_launch", "server_started", "server_stopped"]
         assert ledger.entries()[1].pgid == server.pgid
+
+    def test_its_ipc_sockets_go_to_a_folder_of_its_own_named_in_the_ledger_and_removed_with_it(self, tmp_path, free_port):
+        ledger = Ledger(tmp_path / "ledger.jsonl")
+        with fake_server(tmp_path, free_port, ledger=ledger) as server:
+            server.wait_ready(timeout=60, poll=0.1)
+            rpc = Path(reported(server.log_path, "rpc"))
+            launch, started = ledger.entries()
+            assert launch.scratch == started.scratch == str(server.scratch) == str(rpc.parent)
+            assert rpc.parent.name.startswith("llmtrial-vllm-") and rpc.is_socket()
+            assert len(str(rpc)) < 108  # what a unix socket's path may hold
+        assert not rpc.parent.exists()
+
+    def test_an_operators_own_ipc_folder_is_left_as_it_is(self, tmp_path, free_port):
+        own = tmp_path / "ipc"
+        own.mkdir()
+        ledger = Ledger(tmp_path / "ledger.jsonl")
+        with fake_server(tmp_path, free_port, ledger=ledger, env={"VLLM_RPC_BASE_PATH": str(own)}) as server:
+            server.wait_ready(timeout=60, poll=0.1)
+            rpc = Path(reported(server.log_path, "rpc"))
+        assert rpc.parent == own and rpc.is_socket()
+        assert server.scratch is None and all(e.scratch is None for e in ledger.entries())
 
     def test_a_server_ignoring_sigterm_gets_sigkill(self, tmp_path, free_port):
         server = fake_server(tmp_path, free_port, stubborn=True, stop_timeout=1.0)

@@ -14,6 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -347,6 +348,7 @@ def test_cleanup_left_nothing_running(trial):
     for e in started:
         assert group_members(e.pgid, not_before=e.launched_at) == []
         assert not port_open("127.0.0.1", e.port)
+        assert e.scratch and not Path(e.scratch).exists()  # the folder its IPC sockets went to, named in the ledger
 
 
 def test_the_resident_service_was_quieted_during_the_trial_and_restored(trial):

@@ -47,6 +47,7 @@ from llmtrial.core.record_base import HeldGpu, LockRow, Residue
 from llmtrial.core.records import as_written, load_record, write_record
 from llmtrial.host.gpus import recheck_failed
 from llmtrial.host.process_groups import group_members, port_open, stop_group, stop_recorded_groups
+from llmtrial.host.scratch import remove_scratch
 from llmtrial.host.services import Restored, check_running, restore
 from llmtrial.host.slurm_hosts import JOB_ENV, in_batch_step, job_state
 from llmtrial.lifecycle.ledger_tables import group_rows, job_rows, patches_table, server_rows, services_table
@@ -202,6 +203,7 @@ def stop_servers(servers: list[Entry], ledger: Ledger, host: str, timeout: float
                 residues.append(Residue(kind="process", what=f"server {entry.label} pgid {pgid}",
                                         tried=", ".join(stop["signals"]), seen=f"pids {stop['survivors']} still alive"))
         if item.action != "would not stop":
+            remove_scratch(entry.scratch)  # its IPC sockets' folder (llmtrial.host.scratch)
             ledger.append(Action.SERVER_STOPPED, label=entry.label, pgid=pgid, port=port, undoes=entry.id,
                           outcome=item.action)
         out.append(item)

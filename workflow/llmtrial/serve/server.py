@@ -23,6 +23,7 @@ from typing import Any
 from llmtrial.core.configuration_model import ServerStop
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.host.process_groups import port_open, stop_group
+from llmtrial.host.scratch import RPC_ENV, make_scratch, remove_scratch, scratch_folder
 from llmtrial.plan.plan_inputs import ServingArgs
 
 log = logging.getLogger(__name__)
@@ -126,15 +127,20 @@ class ServerProcess:
         self.ready_at: float | None = None
         self.stop_result: ServerStop | None = None
         self.started_id: str | None = None  # the ledger entry of the launch, which the stop undoes
+        self.scratch: Path | None = None  # the folder of its IPC sockets (llmtrial.host.scratch)
 
     # lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
         if port_open(self.host, self.port):
             raise ServerStartError("port_in_use", f"port {self.host}:{self.port} is already in use before launch")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.scratch = scratch_folder(self.env)
+        scratch = {"scratch": str(self.scratch)} if self.scratch else {}
         if self.ledger:
             self.ledger.append(Action.SERVER_LAUNCH, label=self.label, host=self.host, port=self.port,
-                               argv=[str(a) for a in self.argv], env_keys=sorted(self.env))
+                               argv=[str(a) for a in self.argv], env_keys=sorted(self.env), **scratch)
+        if self.scratch:
+            make_scratch(self.scratch)
         logfile = open(self.log_path, "ab")  # noqa: SIM115 - handed to the server process, closed once it is started
         self.launched_at = time.time()
         try:
@@ -143,15 +149,18 @@ class ServerProcess:
                 stdout=logfile,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.env},
+                env={**os.environ, **({RPC_ENV: str(self.scratch)} if self.scratch else {}), **self.env},
                 start_new_session=True,
             )
+        except BaseException:
+            remove_scratch(self.scratch)
+            raise
         finally:
             logfile.close()
         self.pgid = self.proc.pid  # session leader: its pid is the group id
         if self.ledger:
             self.started_id = self.ledger.append(Action.SERVER_STARTED, label=self.label, pid=self.proc.pid, pgid=self.pgid,
-                               host=self.host, port=self.port, launched_at=self.launched_at).id
+                               host=self.host, port=self.port, launched_at=self.launched_at, **scratch).id
         log.info("started %s pid=%d on %s:%d", self.label, self.proc.pid, self.host, self.port)
 
     def alive(self) -> bool:
@@ -213,6 +222,8 @@ class ServerProcess:
         stopped = stop_group(self.pgid, host=self.host, port=self.port, timeout=self.stop_timeout,
                              not_before=self.launched_at, leader=self.proc)
         stopped["returncode"] = self.proc.poll()
+        if not stopped["survivors"]:  # a survivor may still use its sockets: the folder stays with the open change
+            remove_scratch(self.scratch)
         if self.ledger:
             self.ledger.append(Action.SERVER_STOPPED, label=self.label, pgid=self.pgid, port=self.port,
                                **({"undoes": self.started_id} if self.started_id and not stopped["survivors"] else {}),
