@@ -5,25 +5,43 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
+
 from conftest import child_pid, fake_server, reported, written
 from llmtrial.cli import main as cli_main
 from llmtrial.core.cleanup_model import CleanupRecord, QuietRecord
 from llmtrial.core.ledger import Ledger
 from llmtrial.core.paths import TrialPaths
-from llmtrial.host.process_groups import group_members, port_open
+from llmtrial.host.process_groups import group_members, port_open, stop_group
+from llmtrial.host.scratch import remove_scratch
 from llmtrial.lifecycle.cleanup import cleanup_with_record, host_lines, run_cleanup
+from llmtrial.serve.server import ServerProcess
 
 
-def abandoned_server(tmp_path, port, run=None):
-    """A server started through the ledger whose job then vanished without stopping it."""
-    server = fake_server(tmp_path, port, ledger=Ledger(TrialPaths(tmp_path).ledger, run=run))
-    server.start()
-    server.wait_ready(timeout=60, poll=0.1)
-    return server
+@pytest.fixture
+def abandoned_server(tmp_path):
+    """Starts a server through the ledger whose job then vanished without stopping it. Only the cleanup under test
+    stops it, so whatever the test did, its group is stopped at the end: an assertion that fails before the
+    cleanup would otherwise leave the server running."""
+    started: list[ServerProcess] = []
+
+    def start(port: int, run: str | None = None) -> ServerProcess:
+        server = fake_server(tmp_path, port, ledger=Ledger(TrialPaths(tmp_path).ledger, run=run))
+        started.append(server)
+        server.start()
+        server.wait_ready(timeout=60, poll=0.1)
+        return server
+
+    yield start
+    for server in started:
+        if server.pgid is not None:
+            stop_group(server.pgid, host=server.host, port=server.port, timeout=5, not_before=server.launched_at,
+                       leader=server.proc)
+        remove_scratch(server.scratch)
 
 
-def test_cleanup_stops_a_server_left_running_and_is_idempotent(tmp_path, free_port):
-    server = abandoned_server(tmp_path, free_port)
+def test_cleanup_stops_a_server_left_running_and_is_idempotent(tmp_path, free_port, abandoned_server):
+    server = abandoned_server(free_port)
     child = child_pid(server.log_path)
     assert Path(reported(server.log_path, "rpc")).parent == server.scratch
     record = written(run_cleanup(tmp_path, ports=[free_port], stop_timeout=5))
@@ -96,7 +114,7 @@ def test_cleanup_restores_quieted_services_and_records_them(tmp_path, free_port)
         subprocess.run(svc["stop"], timeout=30)
 
 
-def test_a_new_run_restores_what_a_crashed_run_left_before_quieting(tmp_path, free_port):
+def test_a_new_run_restores_what_a_crashed_run_left_before_quieting(tmp_path, free_port, abandoned_server):
     import os
 
     import psutil
@@ -105,7 +123,7 @@ def test_a_new_run_restores_what_a_crashed_run_left_before_quieting(tmp_path, fr
     from llmtrial.lifecycle.cleanup import restore_first, unfinished
 
     ledger = Ledger(TrialPaths(tmp_path).ledger, run="crashed")
-    server = abandoned_server(tmp_path, free_port, run="crashed")  # a crashed run's server, still up
+    server = abandoned_server(free_port, run="crashed")  # a crashed run's server, still up
     ledger.append("job_started", label="demo/tp1", pid=os.getpid() + 10**6, create_time=psutil.Process().create_time())
     assert unfinished(ledger.entries())
     assert quiet_needed(tmp_path, {}) == "an earlier run left it changed"
@@ -192,8 +210,8 @@ def test_a_runs_last_lines_say_the_host_was_not_restored_naming_each_residue(tmp
     assert lines[1:] == [f"  port {residue.what}: {residue.seen} (tried: {residue.tried})"]
 
 
-def test_a_runs_last_lines_say_changes_still_open_then_restored_after_cleanup(tmp_path, free_port):
-    server = abandoned_server(tmp_path, free_port)  # the ledger holds a server no entry stopped
+def test_a_runs_last_lines_say_changes_still_open_then_restored_after_cleanup(tmp_path, free_port, abandoned_server):
+    server = abandoned_server(free_port)  # the ledger holds a server no entry stopped
     assert host_lines(tmp_path) == [
         f"host restored: NO, changes still open in {TrialPaths(tmp_path).ledger}; run `snakemake cleanup`"]
     cleanup_with_record(tmp_path, ports=[free_port], stop_timeout=5)
