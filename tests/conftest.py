@@ -235,10 +235,13 @@ import http.server, os, signal, socket, subprocess, sys, tempfile, time, uuid
 port, delay, stubborn = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1"
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 print(f"child {child.pid}", flush=True)
-# an IPC socket where vLLM makes its own (ZMQ ipc://), left there when the group is stopped, as vLLM's are
+# an IPC socket where vLLM makes its own (ZMQ ipc://), and a store file where its engine makes one (torch's file
+# store, vllm_dist_<hex>), both left there when the group is stopped, as vLLM's are
 rpc = os.path.join(os.environ.get("VLLM_RPC_BASE_PATH", tempfile.gettempdir()), str(uuid.uuid4()))
 socket.socket(socket.AF_UNIX).bind(rpc)
 print(f"rpc {rpc}", flush=True)
+with open(os.path.join(tempfile.gettempdir(), f"vllm_dist_{uuid.uuid4().hex}"), "wb") as store:
+    print(f"store {store.name}", flush=True)
 if stubborn:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 time.sleep(delay)

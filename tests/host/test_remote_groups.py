@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import written
+from conftest import wait_until, written
 from hosts import cleanup_on_a, entries, kill_planted
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.core.paths import TrialPaths
@@ -25,6 +26,10 @@ from llmtrial.lifecycle.cleanup import outstanding, run_cleanup
 #: A leader that starts one child; both sleep (a server and its engine core, say).
 PAIR = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); " \
        "time.sleep(600)"
+
+#: A leader that makes a file in its temporary folder (as vLLM's engine its store file), then sleeps with a child.
+TEMP_PAIR = "import os, tempfile; os.close(tempfile.mkstemp(prefix='vllm_dist_')[0]); " + PAIR
+
 
 def gone(pid: int) -> bool:
     try:
@@ -44,8 +49,8 @@ def members(node: Node, pgid: int, not_before: float | None, n: int = 2, wait: f
 def test_a_group_started_over_ssh_survives_the_session_and_cleanup_stops_it_on_its_node(hosts, tmp_path):
     node = hosts.node_b()
     ledger = Ledger(TrialPaths(tmp_path).ledger)
-    group = start_group(ledger, node, [node.python, "-c", PAIR], label="tp2/rank1",
-                        log_path=str(hosts.staging_b / "rank1.log"))
+    group = start_group(ledger, node, [node.python, "-c", TEMP_PAIR], label="tp2/rank1",
+                        log_path=str(hosts.staging_b / "rank1.log"), scratch=True)
     pids = []
     try:
         assert group["node"] == "b" and group["pgid"] == group["pid"]
@@ -53,8 +58,14 @@ def test_a_group_started_over_ssh_survives_the_session_and_cleanup_stops_it_on_i
         pids = members(node, group["pgid"], group["create_time"])
         assert len(pids) == 2 and group["pid"] in pids and not any(gone(p) for p in pids)
         assert os.getpgid(pids[0]) == os.getpgid(pids[1]) == group["pgid"] != os.getpgid(0)
+        folder = Path(group["scratch"])  # its temporary folder on node b, named in the ledger before the start
+        assert folder.parent == Path("/tmp") and folder.name.startswith("llmtrial-vllm-")
+        env = psutil.Process(group["pid"]).environ()  # the hosts share this machine's process table
+        assert env["TMPDIR"] == env["VLLM_RPC_BASE_PATH"] == str(folder) and folder.stat().st_mode & 0o777 == 0o700
+        wait_until(lambda: list(folder.glob("vllm_dist_*")), "the group makes its file")
         [launch] = [e for e in entries(tmp_path) if e.action == Action.GROUP_LAUNCH]
         assert launch.node == "b" and launch.reach == node.describe() and "via" not in launch.reach
+        assert launch.scratch == str(folder) and launch.env_keys == []  # the operator's keys, none here
         assert Node.from_reach("b", launch.reach) == node
 
         # the trial is killed (nothing stops the group): cleanup on host A, from the ledger alone
@@ -68,6 +79,7 @@ def test_a_group_started_over_ssh_survives_the_session_and_cleanup_stops_it_on_i
         assert all(gone(p) for p in pids) and group_alive(node, group["pgid"], group["create_time"]) == []
         [undo] = [e for e in entries(tmp_path) if e.action == Action.GROUP_STOPPED]
         assert undo.node == "b" and undo.undoes == launch.id and undo.outcome == "stopped"
+        assert not folder.exists()  # removed on node b by the stop, from the ledger's name for it
 
         again = cleanup_on_a(hosts, tmp_path)  # nothing left to do
         assert again["restored"] and again["groups"] == again["left_behind"]["groups"] == []
@@ -129,8 +141,10 @@ def test_a_node_cleanup_cannot_reach_is_a_residue_naming_it_and_stays_outstandin
 def test_a_failed_start_leaves_its_launch_for_cleanup_which_finds_nothing(hosts, tmp_path):
     ledger = Ledger(TrialPaths(tmp_path).ledger)
     with pytest.raises(NodeError, match="node b.*cannot start /nonexistent/python"):
-        start_group(ledger, hosts.node_b(), ["/nonexistent/python"], label="x", log_path=str(hosts.staging_b / "x.log"))
-    assert len(outstanding(entries(tmp_path))["groups"]) == 1
+        start_group(ledger, hosts.node_b(), ["/nonexistent/python"], label="x", log_path=str(hosts.staging_b / "x.log"),
+                    scratch=True)
+    [launch] = outstanding(entries(tmp_path))["groups"]
+    assert launch.scratch and not Path(launch.scratch).exists()  # made for the start, removed when it failed
     record = cleanup_on_a(hosts, tmp_path)
     assert record["restored"] and record["left_behind"]["groups"][0]["action"] == "none (already gone)"
     assert outstanding(entries(tmp_path))["groups"] == []
@@ -158,11 +172,13 @@ def test_a_group_stopped_by_its_trial_is_undone_in_the_ledger(hosts, tmp_path):
 
     node = hosts.node_b()
     ledger = Ledger(TrialPaths(tmp_path).ledger)
-    group = start_group(ledger, node, [node.python, "-c", PAIR], label="tp2/rank1",
-                        log_path=str(hosts.staging_b / "finished.log"))
+    group = start_group(ledger, node, [node.python, "-c", TEMP_PAIR], label="tp2/rank1",
+                        log_path=str(hosts.staging_b / "finished.log"), scratch=True)
     pids = members(node, group["pgid"], group["create_time"])
     try:
+        wait_until(lambda: list(Path(group["scratch"]).glob("vllm_dist_*")), "the group makes its file")
         result = finish_group(ledger, node, group, timeout=5)
+        assert not Path(group["scratch"]).exists()
         assert sorted(result["alive_pids"]) == sorted(pids) and result["survivors"] == [] and all(map(gone, pids))
         [undo] = [e for e in entries(tmp_path) if e.action == Action.GROUP_STOPPED]
         assert (undo.node, undo.undoes, undo.outcome) == ("b", group["launch"], "stopped")

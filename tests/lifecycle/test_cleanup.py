@@ -43,7 +43,7 @@ def abandoned_server(tmp_path):
 def test_cleanup_stops_a_server_left_running_and_is_idempotent(tmp_path, free_port, abandoned_server):
     server = abandoned_server(free_port)
     child = child_pid(server.log_path)
-    assert Path(reported(server.log_path, "rpc")).parent == server.scratch
+    assert Path(reported(server.log_path, "rpc")).parent == Path(reported(server.log_path, "store")).parent == server.scratch
     record = written(run_cleanup(tmp_path, ports=[free_port], stop_timeout=5))
     server.proc.poll()  # reap the leader in this (parent) process
     assert record["restored"] and record["residues"] == []
@@ -52,7 +52,7 @@ def test_cleanup_stops_a_server_left_running_and_is_idempotent(tmp_path, free_po
     assert entry["stop"]["port_closed"] and not port_open("127.0.0.1", free_port)
     assert group_members(server.pgid) == []
 
-    assert not server.scratch.exists()  # its IPC sockets' folder, named in the ledger
+    assert not server.scratch.exists()  # its temporary folder, named in the ledger
 
     again = written(run_cleanup(tmp_path, ports=[free_port]))
     assert again["restored"] and again["servers"][0]["action"] == "stopped"  # by the first cleanup

@@ -230,6 +230,8 @@ def test_cleanup_left_nothing_on_either_host(two_host_trial):
     undone = {e.undoes for e in entries if e.action == "group_stopped"}
     assert {e.node for e in launches} == {"a", "b"} and all(e.id in undone for e in launches)
     assert groups_on_b(two_host_trial, entries) == []
+    ranks = [e for e in launches if " rank " in e.label]  # each with a temporary folder of its own on B, removed
+    assert ranks and all(e.node == "b" and e.scratch and not os.path.exists(e.scratch) for e in ranks)
     # the trial file deletes the weights after the trial: on A, and B's verified copy on B
     deleted = {e.node: e.path for e in entries if e.action == "weights_done" and e.outcome == "deleted"}
     assert set(deleted) == {"a", "b"} and not any(os.path.exists(p) for p in deleted.values())
@@ -264,8 +266,10 @@ def test_kill_9_of_snakemake_then_cleanup_stops_bs_rank_from_the_ledger(two_host
     finally:
         if wf.poll() is None:
             wf.kill()
-    run = {e.run for e in ledger(results)} - earlier
-    assert groups_on_b(two_host_trial, ledger(results), run=run.pop()), "B's rank should still run"
+    [run] = {e.run for e in ledger(results)} - earlier
+    assert groups_on_b(two_host_trial, ledger(results), run=run), "B's rank should still run"
+    [rank] = [e for e in ledger(results) if e.action == "group_launch" and e.run == run and b_rank(e, CONFIGURATION)]
+    assert os.path.isdir(rank.scratch)  # left on B with the rank
     out = on_a(h, work, "cleanup", "--cores", "1", timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     record = json.loads((results / "cleanup" / "on-demand.json").read_text())
@@ -275,3 +279,4 @@ def test_kill_9_of_snakemake_then_cleanup_stops_bs_rank_from_the_ledger(two_host
     assert set(stopped) == {f"two-hosts/{CONFIGURATION} rank 1", f"two-hosts/{CONFIGURATION}/telemetry"}
     assert all(g["undone_by_run"] == record["run"] and g["action"] == "stopped" for g in stopped.values())
     assert groups_on_b(two_host_trial, ledger(results)) == []
+    assert not os.path.exists(rank.scratch)  # removed on B by the cleanup, from the ledger's name for it

@@ -69,14 +69,15 @@ class TestLifecycle:
         assert actions == ["server_launch", "server_started", "server_stopped"]
         assert ledger.entries()[1].pgid == server.pgid
 
-    def test_its_ipc_sockets_go_to_a_folder_of_its_own_named_in_the_ledger_and_removed_with_it(self, tmp_path, free_port):
+    def test_its_sockets_and_temporary_files_go_to_a_folder_of_its_own_named_in_the_ledger_and_removed_with_it(
+            self, tmp_path, free_port):
         ledger = Ledger(tmp_path / "ledger.jsonl")
         with fake_server(tmp_path, free_port, ledger=ledger) as server:
             server.wait_ready(timeout=60, poll=0.1)
-            rpc = Path(reported(server.log_path, "rpc"))
+            rpc, store = Path(reported(server.log_path, "rpc")), Path(reported(server.log_path, "store"))
             launch, started = ledger.entries()
-            assert launch.scratch == started.scratch == str(server.scratch) == str(rpc.parent)
-            assert rpc.parent.name.startswith("llmtrial-vllm-") and rpc.is_socket()
+            assert launch.scratch == started.scratch == str(server.scratch) == str(rpc.parent) == str(store.parent)
+            assert rpc.parent.name.startswith("llmtrial-vllm-") and rpc.is_socket() and store.is_file()
             assert len(str(rpc)) < 108  # what a unix socket's path may hold
         assert not rpc.parent.exists()
 
@@ -86,8 +87,19 @@ class TestLifecycle:
         ledger = Ledger(tmp_path / "ledger.jsonl")
         with fake_server(tmp_path, free_port, ledger=ledger, env={"VLLM_RPC_BASE_PATH": str(own)}) as server:
             server.wait_ready(timeout=60, poll=0.1)
-            rpc = Path(reported(server.log_path, "rpc"))
-        assert rpc.parent == own and rpc.is_socket()
+            rpc, store = Path(reported(server.log_path, "rpc")), Path(reported(server.log_path, "store"))
+            assert rpc.parent == own and store.parent == server.scratch  # its temporary files still in its own
+        assert rpc.is_socket() and not store.exists()
+
+    def test_an_operators_own_temporary_and_ipc_folders_are_left_as_they_are(self, tmp_path, free_port):
+        own = tmp_path / "tmp"
+        own.mkdir()
+        ledger = Ledger(tmp_path / "ledger.jsonl")
+        env = {"VLLM_RPC_BASE_PATH": str(own), "TMPDIR": str(own)}
+        with fake_server(tmp_path, free_port, ledger=ledger, env=env) as server:
+            server.wait_ready(timeout=60, poll=0.1)
+            rpc, store = Path(reported(server.log_path, "rpc")), Path(reported(server.log_path, "store"))
+        assert rpc.parent == store.parent == own and rpc.is_socket() and store.is_file()
         assert server.scratch is None and all(e.scratch is None for e in ledger.entries())
 
     def test_a_server_ignoring_sigterm_gets_sigkill(self, tmp_path, free_port):

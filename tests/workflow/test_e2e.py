@@ -345,10 +345,15 @@ def test_cleanup_left_nothing_running(trial):
     assert {p["port"] for p in cleanup["ports"]} == {trial["config"]["serving"]["base_port"] + i for i in range(n)}
     started = [e for e in Ledger(trial["results"] / "ledger.jsonl").entries() if e.action == "server_started"]
     assert sorted(e.label for e in started) == sorted(f"demo/{c}" for c in LAUNCHED)
+    stores = {}  # the file each start-up's engine met its workers through, as its log names it
     for e in started:
         assert group_members(e.pgid, not_before=e.launched_at) == []
         assert not port_open("127.0.0.1", e.port)
-        assert e.scratch and not Path(e.scratch).exists()  # the folder its IPC sockets went to, named in the ledger
+        assert e.scratch and not Path(e.scratch).exists()  # its temporary folder, named in the ledger
+        log = trial["results"] / "configs" / e.label.removeprefix("demo/") / "server.log"
+        stores[e.label] = re.findall(r"distributed_init_method=file://(\S+)", log.read_text() if log.exists() else "")
+        assert all(Path(store).parent == Path(e.scratch) for store in stores[e.label]), (e.scratch, stores[e.label])
+    assert len(stores["demo/pp2"]) == 2 and len(set(stores["demo/pp2"])) == 1  # its two ranks name its one store file
 
 
 def test_the_resident_service_was_quieted_during_the_trial_and_restored(trial):

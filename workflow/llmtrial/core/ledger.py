@@ -185,8 +185,9 @@ class Entry(BaseModel):
     argv: list[str] | None = None
     env_keys: list[str] | None = None
     launched_at: float | None = None
-    scratch: str | None = Field(None, description="server_launch, server_started: the server's folder for vLLM's "
-                                                  "IPC sockets (llmtrial.host.scratch), removed with the server.")
+    scratch: str | None = Field(None, description="server_launch, server_started, group_launch: the server's or the "
+                                                  "group's temporary folder, on its node, for vLLM's IPC sockets and "
+                                                  "store file (llmtrial.host.scratch), removed with it.")
     log_path: str | None = None
     token: str | None = None
     launch: str | None = Field(None, description="group_started: the id of its group_launch.")

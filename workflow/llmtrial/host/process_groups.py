@@ -43,6 +43,7 @@ import psutil
 from llmtrial.core.ledger import Action, Entry, Ledger
 from llmtrial.core.record_base import Residue
 from llmtrial.host.nodes import Node, NodeError
+from llmtrial.host.scratch import NODE_TMP, scratch_env, scratch_folder
 from llmtrial.onnode import process_group
 
 __all__ = ["GROUP_ENV", "port_open", "group_members", "stop_group", "spawn_group", "group_alive", "stop_remote_group", "start_group", "finish_group",
@@ -63,16 +64,18 @@ def _call(node: Node, op: str, answer_within: float, **inputs: Any) -> dict[str,
 
 
 def spawn_group(node: Node, argv: Sequence[str], *, log_path: str | os.PathLike[str],
-                env: Mapping[str, str] | None = None, token: str | None = None,
+                env: Mapping[str, str] | None = None, token: str | None = None, scratch: str | None = None,
                 timeout: float = ANSWER_TIMEOUT_S) -> dict[str, Any]:
     """Start ``argv`` on ``node`` in its own session, output appended to ``log_path`` (a
     path on the node), with ``env`` added to the node's environment (and ``token`` as
-    :data:`GROUP_ENV`); return at once ``{"pid", "pgid", "create_time", "node"}``, the start
-    time on the node's clock. Raises :class:`NodeError` naming the node when it cannot start."""
+    :data:`GROUP_ENV`), the folder ``scratch`` (a path on the node) made for it first; return at once
+    ``{"pid", "pgid", "create_time", "node"}``, the start time on the node's clock. Raises
+    :class:`NodeError` naming the node when it cannot start."""
     argv = [str(a) for a in argv]
     if not argv:
         raise ValueError("empty command")
-    answer = _call(node, "spawn", timeout, argv=argv, log_path=str(log_path), env=dict(env or {}), token=token)
+    answer = _call(node, "spawn", timeout, argv=argv, log_path=str(log_path), env=dict(env or {}), token=token,
+                   scratch=scratch or "")
     if answer.get("error"):
         raise NodeError(f"{node.label()}: cannot start {argv[0]}: {answer['error']}")
     return {"pid": answer["pid"], "pgid": answer["pgid"], "create_time": answer["create_time"], "node": node.name}
@@ -86,36 +89,43 @@ def group_alive(node: Node, pgid: int | None, not_before: float | None, *, token
 
 
 def stop_remote_group(node: Node, pgid: int | None, *, not_before: float | None, timeout: float,
-                      token: str | None = None) -> dict[str, Any]:
+                      token: str | None = None, scratch: str | None = None) -> dict[str, Any]:
     """SIGTERM the members of group ``pgid`` on ``node`` (those :func:`group_alive` lists),
-    wait up to ``timeout`` seconds, SIGKILL what is left; return ``alive_pids`` (before),
-    ``signals`` sent, ``stop_seconds`` and ``survivors``, as seen on the node."""
+    wait up to ``timeout`` seconds, SIGKILL what is left, and remove its folder ``scratch`` once none
+    is; return ``alive_pids`` (before), ``signals`` sent, ``stop_seconds`` and ``survivors``, as seen
+    on the node."""
     return _call(node, "stop", timeout + KILL_GRACE_S + ANSWER_TIMEOUT_S, pgid=pgid, not_before=not_before,
-                 token=token, term_grace=timeout, kill_grace=KILL_GRACE_S)
+                 token=token, term_grace=timeout, kill_grace=KILL_GRACE_S, scratch=scratch or "")
 
 
 def start_group(ledger: Ledger, node: Node, argv: Sequence[str], *, label: str, log_path: str | os.PathLike[str],
-                env: Mapping[str, str] | None = None, timeout: float = ANSWER_TIMEOUT_S) -> dict[str, Any]:
+                env: Mapping[str, str] | None = None, scratch: bool = False,
+                timeout: float = ANSWER_TIMEOUT_S) -> dict[str, Any]:
     """Start a group on ``node`` through the ledger: ``group_launch`` (node, reach, argv,
-    environment keys, log, token) is written before the start, ``group_started`` (pid,
+    environment keys, log, token, and with ``scratch`` the folder on the node that is its temporary
+    folder, :mod:`llmtrial.host.scratch`) is written before the start, ``group_started`` (pid,
     pgid, start time) after. Returns :func:`spawn_group`'s answer with ``label``, ``launch``
-    (the change's id) and ``token``. When the start fails the launch stays outstanding:
+    (the change's id), ``token`` and ``scratch``. When the start fails the launch stays outstanding:
     cleanup looks for its token on the node."""
+    env = dict(env or {})
     token = secrets.token_hex(8)
+    folder = scratch_folder(env, environ={}, base=NODE_TMP) if scratch else None
     launch = ledger.append(Action.GROUP_LAUNCH, node=node.name, label=label, reach=node.describe(),
-                           argv=[str(a) for a in argv], env_keys=sorted(env or {}), log_path=str(log_path), token=token)
-    started = spawn_group(node, argv, log_path=log_path, env=env, token=token, timeout=timeout)
+                           argv=[str(a) for a in argv], env_keys=sorted(env), log_path=str(log_path), token=token,
+                           **({"scratch": str(folder)} if folder else {}))
+    started = spawn_group(node, argv, log_path=log_path, env={**scratch_env(folder, env, environ={}), **env},
+                          token=token, scratch=folder and str(folder), timeout=timeout)
     ledger.append(Action.GROUP_STARTED, node=node.name, label=label, launch=launch.id, pid=started["pid"],
                   pgid=started["pgid"], create_time=started["create_time"])
     log.info("started %s on %s: pid %s", label, node.label(), started["pid"])
-    return {**started, "label": label, "launch": launch.id, "token": token}
+    return {**started, "label": label, "launch": launch.id, "token": token, "scratch": launch.scratch}
 
 
 def finish_group(ledger: Ledger, node: Node, group: Mapping[str, Any], *, timeout: float) -> dict[str, Any]:
     """Stop a group :func:`start_group` started, and write ``group_stopped`` undoing its
     launch unless a member survived (cleanup then tries again)."""
     result = stop_remote_group(node, group["pgid"], not_before=group["create_time"], timeout=timeout,
-                               token=group.get("token"))
+                               token=group.get("token"), scratch=group.get("scratch"))
     if not result["survivors"]:
         ledger.append(Action.GROUP_STOPPED, node=node.name, label=group["label"], pgid=group["pgid"],
                       undoes=group["launch"], outcome="stopped" if result["alive_pids"] else "none (already gone)")
@@ -131,7 +141,8 @@ def _stop_one(launch: Entry, mark: Entry | None, ledger: Ledger, timeout: float,
     what = f"group {label} (pgid {pgid if pgid is not None else 'never confirmed'}) on node {name}"
     try:
         node = Node.from_reach(name, launch.reach)
-        result = stop_remote_group(node, pgid, not_before=since, timeout=timeout, token=launch.token)
+        result = stop_remote_group(node, pgid, not_before=since, timeout=timeout, token=launch.token,
+                                   scratch=launch.scratch)
     except (NodeError, ValueError, KeyError, TypeError) as err:
         item.update(action="not reached", error=str(err))
         residues.append(Residue(kind="process", what=what, node=name, tried=f"stop it on node {name} from the ledger",

@@ -203,7 +203,7 @@ def stop_servers(servers: list[Entry], ledger: Ledger, host: str, timeout: float
                 residues.append(Residue(kind="process", what=f"server {entry.label} pgid {pgid}",
                                         tried=", ".join(stop["signals"]), seen=f"pids {stop['survivors']} still alive"))
         if item.action != "would not stop":
-            remove_scratch(entry.scratch)  # its IPC sockets' folder (llmtrial.host.scratch)
+            remove_scratch(entry.scratch)  # its temporary folder (llmtrial.host.scratch)
             ledger.append(Action.SERVER_STOPPED, label=entry.label, pgid=pgid, port=port, undoes=entry.id,
                           outcome=item.action)
         out.append(item)

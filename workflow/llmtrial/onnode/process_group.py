@@ -3,13 +3,16 @@
 
 A group's members are the processes of its process group that started no earlier than ``not_before``
 (a pid reused by another group is not one), and every process carrying the group's token in the
-environment variable ``env_name`` (those that left the process group)."""
+environment variable ``env_name`` (those that left the process group). A group may have a folder of its own
+(``scratch``, its temporary files' and sockets'): made just before the start, removed when the start fails or
+when a stop leaves no member alive."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +40,7 @@ class Given:
     env: dict = field(default_factory=dict)
     term_grace: float = 0.0
     kill_grace: float = 0.0
+    scratch: str = ""
 
 
 def boot_time() -> float:
@@ -87,17 +91,22 @@ def spawn(given: Given) -> dict:
     try:
         if folder:
             os.makedirs(folder, exist_ok=True)
+        if given.scratch:
+            os.mkdir(given.scratch, 0o700)  # the group's own: one that exists is an error, never shared
         with open(given.log_path, "ab") as log:
             proc = subprocess.Popen(given.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     env=env, start_new_session=True)
     except (OSError, ValueError) as e:
+        if given.scratch and not isinstance(e, FileExistsError):
+            shutil.rmtree(given.scratch, ignore_errors=True)
         return {"error": f"{type(e).__name__}: {e}"}
     st = stat(proc.pid, boot_time())
     return {"pid": proc.pid, "pgid": st[1] if st else proc.pid, "create_time": st[2] if st else None}
 
 
 def stop(given: Given) -> dict:
-    """SIGTERM to every member, ``term_grace`` seconds, then SIGKILL to those left, ``kill_grace`` seconds."""
+    """SIGTERM to every member, ``term_grace`` seconds, then SIGKILL to those left, ``kill_grace`` seconds; the
+    group's folder removed once none is left."""
     t0, sent = time.monotonic(), []
     alive = members(given)
     for sig, grace in ((signal.SIGTERM, given.term_grace), (signal.SIGKILL, given.kill_grace)):
@@ -111,8 +120,11 @@ def stop(given: Given) -> dict:
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and members(given):
             time.sleep(POLL_S)
+    survivors = members(given)
+    if given.scratch and not survivors:  # a survivor may still use it: it stays with the open change
+        shutil.rmtree(given.scratch, ignore_errors=True)
     return {"alive_pids": alive, "signals": sent, "stop_seconds": round(time.monotonic() - t0, 3),
-            "survivors": members(given)}
+            "survivors": survivors}
 
 
 def answer(given: Given) -> dict:

@@ -90,6 +90,9 @@ class NodeGroups:
     log_key = "log"
     #: Seconds a group gets after SIGTERM at most (None: the configuration's stop timeout).
     stop_grace: float | None = None
+    #: Whether each group gets a temporary folder of its own on its node (vLLM's sockets and store file,
+    #: :mod:`llmtrial.host.scratch`), removed with it.
+    scratch = False
 
     def __init__(self, ledger: Ledger, nodes: Sequence[Node], *, label: str) -> None:
         self.ledger, self.nodes, self.label = ledger, list(nodes), label
@@ -117,7 +120,8 @@ class NodeGroups:
         path = self.remote_log(node)
         node.run(["mkdir", "-p", posixpath.dirname(path)], timeout=60, check=True)
         node.run(["rm", "-f", path], timeout=60, check=True)
-        self.groups[node.name] = start_group(self.ledger, node, self.argv(node), label=label, log_path=path, env=env)
+        self.groups[node.name] = start_group(self.ledger, node, self.argv(node), label=label, log_path=path, env=env,
+                                             scratch=self.scratch)
 
     def dead(self) -> list[str]:
         """Nodes whose group has no live process left (or cannot be asked)."""
@@ -174,6 +178,8 @@ class NodeGroups:
 class HeadlessRanks(NodeGroups):
     """The headless ranks (node 1 onwards) of a configuration with vLLM's native launch; the
     record's ``args`` of a rank are the serving flags after :mod:`llmtrial.onnode.headless_serve`."""
+
+    scratch = True  # a rank's own sockets and store file, as the API server's
 
     def __init__(self, ledger: Ledger, nodes: Sequence[Node], *, label: str, model_dirs: Mapping[str, str],
                  args: ServingArgs, envs: Mapping[str, Mapping[str, str]], master_port: int) -> None:

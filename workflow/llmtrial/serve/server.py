@@ -23,7 +23,7 @@ from typing import Any
 from llmtrial.core.configuration_model import ServerStop
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.host.process_groups import port_open, stop_group
-from llmtrial.host.scratch import RPC_ENV, make_scratch, remove_scratch, scratch_folder
+from llmtrial.host.scratch import make_scratch, remove_scratch, scratch_env, scratch_folder
 from llmtrial.plan.plan_inputs import ServingArgs
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class ServerProcess:
         self.ready_at: float | None = None
         self.stop_result: ServerStop | None = None
         self.started_id: str | None = None  # the ledger entry of the launch, which the stop undoes
-        self.scratch: Path | None = None  # the folder of its IPC sockets (llmtrial.host.scratch)
+        self.scratch: Path | None = None  # its temporary folder, for its IPC sockets (llmtrial.host.scratch)
 
     # lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -149,7 +149,7 @@ class ServerProcess:
                 stdout=logfile,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **({RPC_ENV: str(self.scratch)} if self.scratch else {}), **self.env},
+                env={**os.environ, **scratch_env(self.scratch, self.env), **self.env},
                 start_new_session=True,
             )
         except BaseException:
