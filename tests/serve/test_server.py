@@ -7,7 +7,10 @@ in for vLLM here, so the lifecycle is tested in seconds; the end-to-end test run
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -52,6 +55,15 @@ class TestArgs:
         assert "a b; rm -rf /" in argv
 
 
+@pytest.fixture
+def own() -> Iterator[Path]:
+    """An operator's folder for a server's sockets, of a short path as such a folder must be (a socket's path holds
+    at most 107 bytes, and a test's own folder under pytest's is longer than that with a socket's name)."""
+    folder = Path(tempfile.mkdtemp(prefix="llmt-own-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 class TestLifecycle:
     def test_ready_then_stop_kills_the_whole_group_and_closes_the_port(self, tmp_path, free_port):
         ledger = Ledger(tmp_path / "ledger.jsonl")
@@ -81,9 +93,7 @@ class TestLifecycle:
             assert len(str(rpc)) < 108  # what a unix socket's path may hold
         assert not rpc.parent.exists()
 
-    def test_an_operators_own_ipc_folder_is_left_as_it_is(self, tmp_path, free_port):
-        own = tmp_path / "ipc"
-        own.mkdir()
+    def test_an_operators_own_ipc_folder_is_left_as_it_is(self, tmp_path, free_port, own):
         ledger = Ledger(tmp_path / "ledger.jsonl")
         with fake_server(tmp_path, free_port, ledger=ledger, env={"VLLM_RPC_BASE_PATH": str(own)}) as server:
             server.wait_ready(timeout=60, poll=0.1)
@@ -91,9 +101,7 @@ class TestLifecycle:
             assert rpc.parent == own and store.parent == server.scratch  # its temporary files still in its own
         assert rpc.is_socket() and not store.exists()
 
-    def test_an_operators_own_temporary_and_ipc_folders_are_left_as_they_are(self, tmp_path, free_port):
-        own = tmp_path / "tmp"
-        own.mkdir()
+    def test_an_operators_own_temporary_and_ipc_folders_are_left_as_they_are(self, tmp_path, free_port, own):
         ledger = Ledger(tmp_path / "ledger.jsonl")
         env = {"VLLM_RPC_BASE_PATH": str(own), "TMPDIR": str(own)}
         with fake_server(tmp_path, free_port, ledger=ledger, env=env) as server:
