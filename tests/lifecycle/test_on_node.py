@@ -52,7 +52,8 @@ def test_the_cleanup_sent_to_a_node_is_one_argv_naming_the_node_the_trial_and_it
                         host="127.0.0.1", stop_timeout=30.0, weights=False, submit=["--partition=h100"])
     assert argv[:7] == ["srun", "--nodes=1", "--ntasks=1", "--nodelist=gpu-n7", "--immediate=1800",
                         "--job-name=llmtrial-cleanup-demo", "--partition=h100"]  # waits for its node, bounded
-    assert argv[8:11] == ["-m", "llmtrial.cli", "cleanup"] and argv[-1] == "--keep-weights"
+    assert argv[8:13] == ["-m", "llmtrial.cli", "cleanup", str(tmp_path / "results" / "demo"), "--here-only"]
+    assert argv[-1] == "--keep-weights"  # the node undoes its own changes and sends none on (it would send one back)
     assert argv[argv.index("--record") + 1] == str(tmp_path / "r.json")
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--port"] == ["8100", "8101"]
 

@@ -110,6 +110,41 @@ def test_the_two_node_cluster_leaves_nothing_behind_even_when_the_body_raised():
     assert not [ns for ns in namespaces if ns in listed]
 
 
+#: Quiets the services given as JSON (argv 2) for the trial at argv 1, on the node SLURM runs it on.
+QUIET_HERE = ("import json, sys; from pathlib import Path; from llmtrial.host.services import quiet_host; "
+              "quiet_host(Path(sys.argv[1]), json.loads(sys.argv[2]))")
+
+
+def test_a_cleanup_of_changes_both_nodes_made_undoes_each_on_its_node_and_sends_none_on(cluster, tmp_path: Path):
+    """A trial's jobs run on whichever node of the allocation SLURM gives each (a quiet on b, the rest on a, in one
+    run here), so both nodes can have changes open. The cleanup from the login side sends one cleanup to each node,
+    which undoes that node's own and sends none on: sent on, a's would send one to b, b's one back to a, without end
+    (a run of the flake hunt had 450 of them when it was stopped, the machine's memory spent)."""
+    h, c = cluster
+    results = tmp_path / "results" / "both"
+    for n, node in zip("ab", NODES, strict=True):
+        flag = tmp_path / f"gate-{n}.up"
+        flag.touch()
+        service = {k: v for k, v in gate(flag, n).items() if k != "node"}  # on the node the quiet runs on
+        quiet = c.run("srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", sys.executable, "-c", QUIET_HERE,
+                      str(results), json.dumps({f"gate-{n}": service}), timeout=120)
+        assert quiet.returncode == 0 and not flag.exists(), quiet.stdout + quiet.stderr
+    quieted = [e for e in entries_of_results(results) if e.action == "service_quiet"]
+    assert sorted((e.machine, e.service["name"]) for e in quieted) == [(NODES[0], "gate-a"), (NODES[1], "gate-b")]
+    try:
+        done = subprocess.run(h.on_a([sys.executable, "-m", "llmtrial.cli", "cleanup", str(results)]), cwd=REPO,
+                              env=c.env(), capture_output=True, text=True, timeout=300)
+    finally:
+        c.run("scancel", "--name=llmtrial-cleanup-both")  # what a cleanup that never ends would have left queued
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-3000:]
+    assert said.count("sending the cleanup there") == 2, said[-3000:]  # to a and to b, and from neither on
+    restored = [e for e in entries_of_results(results) if e.action == "service_restored"]
+    assert sorted((e.machine, e.undoes) for e in restored) == sorted((e.machine, e.id) for e in quieted)
+    assert (tmp_path / "gate-a.up").exists() and (tmp_path / "gate-b.up").exists()
+    assert {kind: changes for kind, changes in outstanding(entries_of_results(results)).items() if changes} == {}
+
+
 # ---- the two-node trial served through the profile (real vLLM, CPU build)
 
 TRIAL_FILE = REPO / "config" / "trials" / "two-nodes-slurm.yaml"
@@ -207,8 +242,12 @@ def served(cluster, tmp_path_factory) -> Iterator[tuple[Path, Served]]:
     yield work, seen
 
 
+def entries_of_results(results: Path) -> list[Entry]:
+    return Ledger(results / "ledger.jsonl").entries()
+
+
 def entries_of(work: Path) -> list[Entry]:
-    return Ledger(work / "results" / "two-nodes-slurm" / "ledger.jsonl").entries()
+    return entries_of_results(work / "results" / "two-nodes-slurm")
 
 
 @pytest.mark.e2e
@@ -234,8 +273,9 @@ def test_the_two_node_trial_is_served_in_one_allocation_of_both_nodes(served):
 def test_each_change_names_its_node_and_cleanup_undid_each_on_its_node(served):
     work, _ = served
     entries = entries_of(work)
-    # the host group on the allocation's first node wrote the ledger; each change on b names b's SLURM host
-    assert {e.machine for e in entries} == {NODES[0]}
+    # the host group's jobs wrote the ledger, each naming the node SLURM ran it on (either: the allocation has both);
+    # each change on b names b's SLURM host
+    assert {e.machine for e in entries} <= set(NODES)
     on_b = {e.action: Node.from_reach("b", e.reach).slurm_host for e in entries if e.node == "b" and e.reach}
     assert on_b == {action: NODES[1] for action in ("weights_staged", "service_quiet", "patch_plugin_copy",
                                                     "group_launch")}, on_b

@@ -58,7 +58,7 @@ def _parse_log(args: argparse.Namespace) -> int:
 def _cleanup(args: argparse.Namespace) -> int:
     record = cleanup_with_record(Path(args.results_dir), args.record, ports=args.port, host=args.host,
                                  stop_timeout=args.stop_timeout, weights=not args.keep_weights,
-                                 submit=srun_options(args.partition, args.account))
+                                 submit=srun_options(args.partition, args.account), elsewhere_too=not args.here_only)
     for s in record.servers:
         print(f"server {s.label} (pgid {s.pgid}, port {s.port}): {s.action}")
     for g in record.groups:
@@ -296,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--record", type=Path, help="where to write the cleanup record (default <results>/cleanup/on-demand.json)")
     p.add_argument("--partition", help="SLURM: the partition of the node the ledger names, for srun")
     p.add_argument("--account", help="SLURM: the account to send the cleanup to that node under, for srun")
+    p.add_argument("--here-only", action="store_true",
+                   help="undo only the changes this host made, sending none to other nodes (what a cleanup sends to a node)")
     p.set_defaults(func=_cleanup)
 
     p = sub.add_parser("plan", help="will it fit? memory arithmetic before launch")

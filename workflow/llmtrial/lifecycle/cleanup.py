@@ -314,20 +314,23 @@ def run_cleanup(results_dir: Path, *, ports: Iterable[int] = (), host: str = "12
 
 def cleanup_with_record(results_dir: Path, record_path: Path | None = None, *, ports: Iterable[int] = (),
                         host: str = "127.0.0.1", stop_timeout: float = 30.0, weights: bool = False,
-                        submit: Sequence[str] = ()) -> CleanupRecord:
+                        submit: Sequence[str] = (), elsewhere_too: bool = True) -> CleanupRecord:
     """Run cleanup and write its record (default ``<results>/cleanup/on-demand.json``): on each other
     host with a change still open (a SLURM node; llmtrial.lifecycle.on_node, ``submit``: srun's further
     options), then here. When only other hosts had changes, the record is the last one's; a host
     that could not be reached is a residue of the record written here. Without ``weights`` (a cleanup
     that leaves the staged weights to the rerun), a host whose only open change is its weights is not
     reached; when another host already gave everything back (an allocation that cleaned its node
-    before it ended), that cleanup's record is the answer and nothing runs here."""
+    before it ended), that cleanup's record is the answer and nothing runs here. Without
+    ``elsewhere_too`` (the cleanup another host sent here) only this host's changes are undone: sent on
+    again, each node's cleanup would send one back to the other while both had changes open, without end."""
     paths = TrialPaths(Path(results_dir))
     path = Path(record_path or paths.cleanup_on_demand)
     entries = Ledger(paths.ledger).entries()
     besides = () if weights else ("weights",)
-    nodes = hosts_to_reach(entries, besides)
-    if not nodes and _given_back_elsewhere(entries, besides) and (done := last_cleanup(paths.root)) is not None:
+    nodes = hosts_to_reach(entries, besides) if elsewhere_too else []
+    if (elsewhere_too and not nodes and _given_back_elsewhere(entries, besides)
+            and (done := last_cleanup(paths.root)) is not None):
         return done
     elsewhere, unreached = None, []
     for node in nodes:

@@ -47,10 +47,11 @@ def hosts_to_reach(entries: list[Entry], besides: Iterable[str] = ()) -> list[st
 
 def cleanup_argv(node: str, results_dir: Path, record_path: Path, *, ports: Iterable[int], host: str,
                  stop_timeout: float, weights: bool, submit: Sequence[str] = ()) -> list[str]:
-    """``srun`` on ``node`` of this Python's ``llmtrial cleanup`` for the trial at ``results_dir``;
-    ``submit`` are further srun options (the trial's partition and account)."""
+    """``srun`` on ``node`` of this Python's ``llmtrial cleanup --here-only`` for the trial at ``results_dir``
+    (the node's own changes; it sends none on); ``submit`` are further srun options (the trial's partition and
+    account)."""
     trial = Path(results_dir).name
-    cmd = [sys.executable, "-m", "llmtrial.cli", "cleanup", str(Path(results_dir).resolve()),
+    cmd = [sys.executable, "-m", "llmtrial.cli", "cleanup", str(Path(results_dir).resolve()), "--here-only",
            "--record", str(Path(record_path).resolve()), "--host", host, "--stop-timeout", str(stop_timeout),
            *[arg for port in ports for arg in ("--port", str(port))], *([] if weights else ["--keep-weights"])]
     if node in allocation_hosts():
