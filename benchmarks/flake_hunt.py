@@ -350,6 +350,9 @@ def run_line(run: dict, bad: int, tests: int) -> str:
 def main(argv: list[str]) -> int:
     args = parse(argv)
     signal.signal(signal.SIGTERM, as_exit)
+    # Ctrl-C as Python's own, also where the hunt was started in the background of a shell without job control,
+    # which starts it with SIGINT ignored: ignored, SIGINT would be ignored by the pytest it starts too
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     args.out.mkdir(parents=True, exist_ok=True)
     commit, uncommitted = checkout()
     files = args.files or marked_files("e2e or workflow or hostwide")
