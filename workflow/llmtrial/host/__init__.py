@@ -22,6 +22,7 @@ environment.
   with the serving torch.
 - :mod:`llmtrial.host.process_groups`: Process groups on any node: started in their own session, found, and
   stopped there.
+- :mod:`llmtrial.host.scratch`: A vLLM server's own temporary folder, removed with the server.
 - :mod:`llmtrial.host.services`: The host's other services: quiet them before a trial, give them
   back after it.
 - :mod:`llmtrial.host.slurm_hosts`: The hosts of the SLURM allocation a job runs in, and the argv
@@ -32,4 +33,4 @@ environment.
 Imports from: core, logs. (tests/test_structure.py holds the order.)
 """
 
-__all__ = ["checks", "collective", "crossnode", "demo_service", "disk", "gpus", "nodes", "probe_program", "probes", "process_groups", "services", "slurm_hosts", "telemetry_sources"]
+__all__ = ["checks", "collective", "crossnode", "demo_service", "disk", "gpus", "nodes", "probe_program", "probes", "process_groups", "scratch", "services", "slurm_hosts", "telemetry_sources"]
