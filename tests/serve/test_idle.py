@@ -115,8 +115,11 @@ def test_the_idle_watch_holds_a_server_that_stays_up_and_marks_its_window(tmp_pa
 def test_a_server_that_exits_while_held_idle_ends_the_configuration_in_the_idle_phase(tmp_path, sampler):
     server = process(tmp_path, "import time, sys; time.sleep(0.5); sys.exit(3)")
     before = time.time()
-    with pytest.raises(PhaseFailure) as raised:
-        watch_idle(server, 600.0, sampler, "tp1")  # ends when it exits, not after the 600 s
+    try:
+        with pytest.raises(PhaseFailure) as raised:
+            watch_idle(server, 600.0, sampler, "tp1")  # ends when it exits, not after the 600 s
+    finally:
+        server.stop()  # as the trial stops it: its folder removed
     failure = raised.value
     assert (failure.phase, failure.reason, failure.returncode) == ("idle", "exited", 3)
     assert "server exited with code 3 while held idle after the passes" in failure.message
