@@ -43,7 +43,7 @@ import psutil
 from llmtrial.core.ledger import Action, Entry, Ledger
 from llmtrial.core.record_base import Residue
 from llmtrial.host.nodes import Node, NodeError
-from llmtrial.host.scratch import NODE_TMP, scratch_env, scratch_folder
+from llmtrial.host.scratch import NODE_TMP, scratch_for
 from llmtrial.onnode import process_group
 
 __all__ = ["GROUP_ENV", "port_open", "group_members", "stop_group", "spawn_group", "group_alive", "stop_remote_group", "start_group", "finish_group",
@@ -109,11 +109,11 @@ def start_group(ledger: Ledger, node: Node, argv: Sequence[str], *, label: str, 
     cleanup looks for its token on the node."""
     env = dict(env or {})
     token = secrets.token_hex(8)
-    folder = scratch_folder(env, environ={}, base=NODE_TMP) if scratch else None
+    folder, scratch_vars = scratch_for(env, environ={}, base=NODE_TMP) if scratch else (None, {})
     launch = ledger.append(Action.GROUP_LAUNCH, node=node.name, label=label, reach=node.describe(),
                            argv=[str(a) for a in argv], env_keys=sorted(env), log_path=str(log_path), token=token,
                            **({"scratch": str(folder)} if folder else {}))
-    started = spawn_group(node, argv, log_path=log_path, env={**scratch_env(folder, env, environ={}), **env},
+    started = spawn_group(node, argv, log_path=log_path, env={**scratch_vars, **env},
                           token=token, scratch=folder and str(folder), timeout=timeout)
     ledger.append(Action.GROUP_STARTED, node=node.name, label=label, launch=launch.id, pid=started["pid"],
                   pgid=started["pgid"], create_time=started["create_time"])

@@ -4,9 +4,9 @@ vLLM's processes talk over ZMQ ``ipc://`` sockets made in ``VLLM_RPC_BASE_PATH``
 meets its workers through a ``vllm_dist_<hex>`` file (torch's file store); both go to the system
 temporary folder by default, and a server stopped by its process group, as every trial stops one,
 leaves them there: seven socket files and one store file a start-up of the CPU build, none ever
-removed. Each server the trial starts gets a folder of its own instead (:func:`scratch_folder`,
+removed. Each server the trial starts gets a folder of its own instead (:func:`scratch_for`,
 named in the ledger before it is made), given to it as its ``TMPDIR`` and its
-``VLLM_RPC_BASE_PATH`` (:func:`scratch_env`), and removed once the server is stopped, by the job
+``VLLM_RPC_BASE_PATH``, and removed once the server is stopped, by the job
 or, from the ledger alone, by cleanup (:func:`remove_scratch`). A headless rank on another node
 gets one there (:data:`NODE_TMP`), made and removed by the program that starts and stops its
 group (:mod:`llmtrial.onnode.process_group`). vLLM keeps nothing it reuses there:
@@ -41,23 +41,17 @@ def _chosen(env: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, boo
     return {TMP_ENV: TMP_ENV in env, RPC_ENV: RPC_ENV in env or RPC_ENV in environ}
 
 
-def scratch_folder(env: Mapping[str, str], *, environ: Mapping[str, str] = os.environ,
-                   base: str | None = None) -> Path | None:
-    """The folder a server gets, not yet made: in ``base``, this host's temporary folder by default (on another
-    node, :data:`NODE_TMP`). ``env`` is its configuration's ``env``, ``environ`` the environment it starts in
-    besides. None where the operator chose both where its temporary files and its sockets go."""
-    if all(_chosen(env, environ).values()):
-        return None
-    return Path(base or tempfile.gettempdir()) / f"{PREFIX}{secrets.token_hex(4)}"
-
-
-def scratch_env(folder: Path | None, env: Mapping[str, str], *,
-                environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The variables that send a server's temporary files and sockets to ``folder``, those the operator did not
-    choose (as :func:`scratch_folder` reads ``env`` and ``environ``)."""
-    if folder is None:
-        return {}
-    return {name: str(folder) for name, chosen in _chosen(env, environ).items() if not chosen}
+def scratch_for(env: Mapping[str, str], *, environ: Mapping[str, str] = os.environ,
+                base: str | None = None) -> tuple[Path | None, dict[str, str]]:
+    """The folder a server gets, not yet made, in ``base`` (this host's temporary folder by default; on another
+    node, :data:`NODE_TMP`), and the variables that send its temporary files and sockets there: those the
+    operator did not choose. ``env`` is its configuration's ``env``, ``environ`` the environment it starts in
+    besides. No folder where the operator chose both."""
+    chosen = _chosen(env, environ)
+    if all(chosen.values()):
+        return None, {}
+    folder = Path(base or tempfile.gettempdir()) / f"{PREFIX}{secrets.token_hex(4)}"
+    return folder, {name: str(folder) for name, set_already in chosen.items() if not set_already}
 
 
 def make_scratch(folder: Path) -> None:

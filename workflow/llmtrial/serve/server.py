@@ -23,7 +23,7 @@ from typing import Any
 from llmtrial.core.configuration_model import ServerStop
 from llmtrial.core.ledger import Action, Ledger
 from llmtrial.host.process_groups import port_open, stop_group
-from llmtrial.host.scratch import make_scratch, remove_scratch, scratch_env, scratch_folder
+from llmtrial.host.scratch import make_scratch, remove_scratch, scratch_for
 from llmtrial.plan.plan_inputs import ServingArgs
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ class ServerProcess:
         if port_open(self.host, self.port):
             raise ServerStartError("port_in_use", f"port {self.host}:{self.port} is already in use before launch")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.scratch = scratch_folder(self.env)
+        self.scratch, scratch_vars = scratch_for(self.env)
         scratch = {"scratch": str(self.scratch)} if self.scratch else {}
         if self.ledger:
             self.ledger.append(Action.SERVER_LAUNCH, label=self.label, host=self.host, port=self.port,
@@ -149,7 +149,7 @@ class ServerProcess:
                 stdout=logfile,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **scratch_env(self.scratch, self.env), **self.env},
+                env={**os.environ, **scratch_vars, **self.env},
                 start_new_session=True,
             )
         except BaseException:
