@@ -87,8 +87,13 @@ def trial(tmp_path_factory):
     results = work / "results" / "demo"
     print(f"default trial took {elapsed:.0f} s", file=sys.stderr)
     yield {"work": work, "run": run, "results": results, "config": config, "demo_port": demo_port}
-    subprocess.run(config["services"]["demo-web"]["stop"], timeout=60)
-    revert_patches(Ledger(results / "ledger.jsonl"))  # whatever happened, vLLM is not left patched
+    try:  # the service the fixture started is stopped by it, and nothing else holds its port
+        stop = subprocess.run(config["services"]["demo-web"]["stop"], capture_output=True, text=True, timeout=60)
+        assert stop.returncode == 0, stop.stderr
+        assert subprocess.run(config["services"]["demo-web"]["status"], timeout=60).returncode == 3
+        assert not port_open("127.0.0.1", demo_port), f"port {demo_port} still answers after the demo service's stop"
+    finally:
+        revert_patches(Ledger(results / "ledger.jsonl"))  # whatever happened, vLLM is not left patched
 
 
 def record(trial, name):
