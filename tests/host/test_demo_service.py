@@ -133,3 +133,14 @@ def test_a_clock_set_between_start_and_stop_does_not_lose_the_instance(service, 
     assert demo_service.main(["status", "--port", str(port), "--state", str(state)]) == 0
     assert demo_service.main(["stop", "--port", str(port), "--state", str(state)]) == 0
     assert gone(pid) and not port_open("127.0.0.1", port)
+
+
+def test_an_instance_recorded_by_an_older_version_is_still_known_and_stopped(service):
+    """A resident service `make run` started before an upgrade: its state file keeps the start on the wall clock."""
+    state, port = service
+    assert demo(state, port, "start").returncode == 0
+    pid = recorded_pid(state, port)
+    (state / f"demo-service-{port}.json").write_text(json.dumps({"pid": pid, "create_time": psutil.Process(pid).create_time()}))
+    assert demo(state, port, "status").returncode == 0 and demo(state, port, "start").returncode == 0
+    assert demo(state, port, "stop").returncode == 0
+    assert gone(pid) and not port_open("127.0.0.1", port)

@@ -57,7 +57,11 @@ def _running(state: Path, port: int) -> psutil.Process | None:
     try:
         info = json.loads(_pidfile(state, port).read_text())
         proc = psutil.Process(int(info["pid"]))
-        if _identity(proc.pid) == info["start"] and proc.status() != psutil.STATUS_ZOMBIE:
+        if "start" in info:
+            same = _identity(proc.pid) == info["start"]
+        else:  # a state file of an older version, which kept the start on the wall clock
+            same = abs(proc.create_time() - float(info["create_time"])) < 1.0
+        if same and proc.status() != psutil.STATUS_ZOMBIE:
             return proc
     except (OSError, ValueError, KeyError, IndexError, psutil.Error):
         pass
