@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import wait_until
 from llmtrial.host import demo_service
 from llmtrial.host.process_groups import port_open
 
@@ -114,7 +115,7 @@ def test_stop_with_a_recorded_instance_already_gone_forgets_it(service):
     assert demo(state, port, "start").returncode == 0
     pid = recorded_pid(state, port)
     psutil.Process(pid).kill()
-    psutil.wait_procs([psutil.Process(pid)], timeout=10) if not gone(pid) else None
+    wait_until(lambda: gone(pid), f"the killed instance {pid} gone")
     assert demo(state, port, "status").returncode == 3
     assert demo(state, port, "stop").returncode == 0
     assert not (state / f"demo-service-{port}.json").exists()
