@@ -95,8 +95,11 @@ def kind_of(comm: str, cmdline: list[str]) -> tuple[str, str]:
         return "vLLM worker", "worker"
     if "chrom" in comm:
         return "Chromium", comm
+    if cmdline and cmdline[0].startswith("[pytest-xdist"):  # a worker's title, as pytest-xdist sets it
+        return "pytest", "pytest"
     exe = cmdline[0].rsplit("/", 1)[-1] if cmdline else ""
-    if exe == "snakemake" or (exe in PYTHON_NAMES and cmdline[1:2] and cmdline[1].endswith("/snakemake")):
+    if exe == "snakemake" or (exe in PYTHON_NAMES and (cmdline[1:2] and cmdline[1].endswith("/snakemake")
+                                                       or cmdline[1:3] == ["-m", "snakemake"])):
         return "snakemake", "snakemake"
     if exe.startswith("python"):
         return _python_kind(cmdline[1:])

@@ -127,6 +127,8 @@ def test_a_process_is_charged_by_what_it_runs(profiler):
     assert kind_of("python", [py, "/work/x/.venv/bin/snakemake", "--cores", "all"])[0] == "snakemake"
     assert kind_of("python", [py, "/t/w/.snakemake/scripts/tmpab12cd34.run_trial.py"]) == (
         "snakemake job script", "run_trial.py")
+    assert kind_of("python", [py, "-m", "snakemake", "--snakefile", "Snakefile"])[0] == "snakemake"
     assert kind_of("python", [py, "-c", "import sys;exec(eval(sys.stdin.readline()))"])[0] == "pytest"
+    assert kind_of("[pytest-xdist r", ["[pytest-xdist running] tests/x.py::test_y"])[0] == "pytest"
     assert kind_of("cc1plus", ["/usr/lib/gcc/x86_64-linux-gnu/12/cc1plus", "-quiet", "-I",
                                "/usr/include/python3.11"]) == ("other", "cc1plus")
