@@ -36,6 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "workflow"))  # the node programs it reads /proc with are stdlib only: any python3 runs it
+
+from llmtrial.onnode.process_group import boot_time  # noqa: E402
+from llmtrial.onnode.telemetry_sampler import cpu as machine_ticks  # noqa: E402
+
 TICK = os.sysconf("SC_CLK_TCK")
 PYTHON_NAMES = ("python", "python3", "python3.11")
 
@@ -243,18 +248,6 @@ class Account:
             parent = self.alive.get(rec.ppid) or (self.gone.get(rec.ppid) or [None])[-1]
             below = parent.kind[0] if parent is not None else "a process not seen"
             self.add(("ended before a read", f"{rec.comm} (started by {below})"), rec.ticks)
-
-
-def boot_time() -> float:
-    line = next(line for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
-    return float(line.split()[1])
-
-
-def machine_ticks() -> tuple[int, int]:
-    """The machine's busy and total CPU ticks since boot (``/proc/stat``'s first line; idle and iowait are idle)."""
-    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = values[3] + values[4]
-    return sum(values[:8]) - idle, sum(values[:8])
 
 
 def profile(command: list[str], interval: float) -> tuple[int, Account, dict]:
