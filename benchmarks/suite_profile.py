@@ -15,9 +15,10 @@ seconds in all and as a share of the machine's cores, each kind's CPU seconds an
 the same figures in a file. Exits with the command's exit code.
 
 It accounts the whole machine, not only the command's descendants (a trial's second host is a process of sshd's,
-not of pytest's): run it with nothing else on the machine. A process that lives less than one interval can end
-between two reads; the CPU it spent is missed, and the figures say how much of the machine's own count
-(``/proc/stat``) the processes seen account for.
+not of pytest's): run it with nothing else on the machine. What a process spent after its last read (all of it, for
+one that ended before any read) is charged from the kernel's process accounting (``acct(2)``, as root); without
+it that CPU is missed. The figures say how much of the machine's own count (``/proc/stat``) the processes charged
+account for.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from llmtrial.onnode.process_group import boot_time  # noqa: E402
 from llmtrial.onnode.telemetry_sampler import cpu as machine_ticks  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
-PYTHON_NAMES = ("python", "python3", "python3.11")
 
 
 @dataclass(frozen=True)
@@ -83,8 +83,6 @@ def _python_kind(argv: list[str]) -> tuple[str, str]:
     script = next((a for a in argv if ".snakemake/scripts/" in a), None)
     if script is not None:  # tmpXXXXXXXX.<name>.py: the job's script, by its name
         return "snakemake job script", script.rsplit("/", 1)[-1].split(".", 1)[-1]
-    if any(a.endswith("/snakemake") or a == "snakemake" for a in argv[:1]):
-        return "snakemake", "snakemake"
     if argv[:1] == ["-m"] and len(argv) > 1:
         return "other Python", f"-m {argv[1]}"
     if argv[:1] == ["-c"] and len(argv) > 1:
@@ -103,8 +101,8 @@ def kind_of(comm: str, cmdline: list[str]) -> tuple[str, str]:
     if cmdline and cmdline[0].startswith("[pytest-xdist"):  # a worker's title, as pytest-xdist sets it
         return "pytest", "pytest"
     exe = cmdline[0].rsplit("/", 1)[-1] if cmdline else ""
-    if exe == "snakemake" or (exe in PYTHON_NAMES and (cmdline[1:2] and cmdline[1].endswith("/snakemake")
-                                                       or cmdline[1:3] == ["-m", "snakemake"])):
+    if exe == "snakemake" or (exe.startswith("python") and (cmdline[1:2] and cmdline[1].endswith("/snakemake")
+                                                            or cmdline[1:3] == ["-m", "snakemake"])):
         return "snakemake", "snakemake"
     if exe.startswith("python"):
         return _python_kind(cmdline[1:])
@@ -162,6 +160,7 @@ class ProcessAccounting:
             self.libc.acct(None)
 
     def ended(self) -> list[Ended]:
+        """What the kernel recorded (nothing, where accounting could not be switched on); the file is removed."""
         try:
             return read_accounting(self.path.read_bytes())
         finally:
@@ -184,14 +183,20 @@ class Account:
     """CPU ticks by kind and label, and the vLLM servers seen start."""
 
     began: float = field(default_factory=time.monotonic)
-    ticks: Counter = field(default_factory=Counter)
     labels: Counter = field(default_factory=Counter)
     servers: list[float] = field(default_factory=list)
     alive: dict[int, Seen] = field(default_factory=dict)
     gone: dict[int, list[Seen]] = field(default_factory=dict)
 
+    @property
+    def ticks(self) -> Counter:
+        """CPU ticks by kind (the sum of its labels')."""
+        by_kind: Counter = Counter()
+        for (kind, _), ticks in self.labels.items():
+            by_kind[kind] += ticks
+        return by_kind
+
     def add(self, kind: tuple[str, str], ticks: int) -> None:
-        self.ticks[kind[0]] += ticks
         self.labels[kind] += ticks
 
     def charge(self, pid: int, now: Sample, baseline: bool) -> None:
@@ -204,10 +209,9 @@ class Account:
             seen = None
         if seen is None:
             kind = kind_of(now.comm, now.cmdline)
-            self.alive[pid] = Seen(now, kind, 0, now.ticks if baseline else 0)
+            self.alive[pid] = Seen(now, kind, 0 if baseline else now.ticks, now.ticks if baseline else 0)
             if not baseline:
                 self.add(kind, now.ticks)
-                self.alive[pid].counted = now.ticks
                 if kind[0] == "vLLM server":
                     self.servers.append(time.monotonic() - self.began)
             return
@@ -270,7 +274,7 @@ def profile(command: list[str], interval: float) -> tuple[int, Account, dict]:
                 minutes.append((now[0] - minute_mark[0]) / max(1, now[1] - minute_mark[1]))
                 minute_mark = now
         account.read_all(own)
-    account.settle(accounting.ended() if accounting.on else [], boot_time())
+    account.settle(accounting.ended(), boot_time())
     busy1, total1 = machine_ticks()
     return proc.returncode, account, {"wall_s": time.monotonic() - started, "busy_cpu_s": (busy1 - busy0) / TICK,
                                       "busy_share": (busy1 - busy0) / max(1, total1 - total0),
@@ -279,9 +283,10 @@ def profile(command: list[str], interval: float) -> tuple[int, Account, dict]:
 
 def figures(account: Account, machine: dict) -> dict:
     """What the profile found, as plain data (the ``--json`` file and what :func:`report` prints)."""
-    seen = sum(account.ticks.values()) / TICK
+    by_kind = account.ticks
+    seen = sum(by_kind.values()) / TICK
     return {**machine, "cores": os.cpu_count(), "seen_cpu_s": seen,
-            "kinds": {k: v / TICK for k, v in account.ticks.most_common() if v > 0},
+            "kinds": {k: v / TICK for k, v in by_kind.most_common() if v > 0},
             "labels": [[k, label, v / TICK] for (k, label), v in account.labels.most_common(40) if v > 0],
             "vllm_servers_started_at_s": [round(t, 1) for t in account.servers]}
 

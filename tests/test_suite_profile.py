@@ -80,11 +80,11 @@ def test_a_process_that_ends_between_two_reads_is_still_charged_from_the_kernels
     assert cpu(found, label="short burner") + cpu(found, label="short-burner") >= SPEND - 0.05
 
 
-def test_the_figures_add_up(found):
-    kinds = found["kinds"]
-    assert sum(kinds.values()) == pytest.approx(found["seen_cpu_s"])
-    assert sum(s for _, _, s in found["labels"]) <= found["seen_cpu_s"] + 1e-6
-    assert found["vllm_servers_started_at_s"] == [] and found["cores"] == os.cpu_count()
+def test_the_cpu_charged_is_the_childrens_and_no_more_than_the_machine_was_busy(found):
+    """Charging a process twice (a rename moved without taking it off its first name, the kernel's record added on
+    top of the reads) would charge more than the machine spent; missing the children, less than they spent."""
+    assert 2 * SPEND - 0.1 <= found["seen_cpu_s"] <= found["busy_cpu_s"] + 0.2  # 0.2 s: the two counts' ticks
+    assert found["vllm_servers_started_at_s"] == []  # no vLLM server here: none counted
 
 
 @pytest.fixture(scope="module")
