@@ -28,6 +28,7 @@ from llmtrial.core.records import load_record
 from llmtrial.core.vllm_install import VLLM_CLI
 from llmtrial.serve.server import ServerProcess
 from llmtrial.weights.tiny import generate_tiny_model
+from workflow_helpers import default_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.aside]  # a server and ports of its own; nothing on the host changes
 
@@ -79,7 +80,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
             "--dtype", "bfloat16", "--enforce-eager"]
     raw = work / "raw"
     with ServerProcess(argv, host="127.0.0.1", port=port, log_path=work / "server.log",
-                       env={"VLLM_CPU_KVCACHE_SPACE": "1"}) as server:
+                       env=default_config()["serving"]["env"]) as server:
         server.wait_ready(timeout=600)
         spans = {}
         for name, (output_len, seed) in RUNS.items():
