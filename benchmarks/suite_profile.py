@@ -111,7 +111,10 @@ def kind_of(comm: str, cmdline: list[str]) -> tuple[str, str]:
 
 #: BSD process accounting, version 3 (``struct acct_v3`` of linux/acct.h): the kernel writes one 64-byte record for
 #: each process that ends, with its pid, its parent's, its start (seconds since the epoch), its CPU time in clock
-#: ticks (as ``comp_t``: 13 bits of mantissa, 3 of base-8 exponent) and its name.
+#: ticks (as ``comp_t``: 13 bits of mantissa, 3 of base-8 exponent) and its name. That CPU time is the ticks at
+#: which the process was found running, not the time /proc/<pid>/stat reports (scaled to what the scheduler
+#: measured): with the cores busy it can fall short (23 ticks for a process /proc read at 38 here, two CPU hogs
+#: beside it), so it adds to what the reads saw and never takes from it.
 ACCT_V3 = struct.Struct("<BBHIIIIIIfHHHHHHHH16s")
 
 
@@ -238,7 +241,8 @@ class Account:
 
     def settle(self, ended: list[Ended], boot: float) -> None:
         """Charge what the kernel recorded of the processes that ended: the rest of a process seen (what it spent
-        after its last read), and the whole of one that ended before any read, by its name and its parent's kind."""
+        after its last read, where the kernel's sampled ticks exceed what the reads charged), and the whole of one
+        that ended before any read, by its name and its parent's kind."""
         def match(pid: int, began: int) -> Seen | None:
             return next((s for s in [*self.gone.get(pid, []), self.alive.get(pid)]
                          if s is not None and abs(boot + s.last.start / TICK - began) <= 2), None)
@@ -246,8 +250,9 @@ class Account:
         for rec in ended:
             seen = match(rec.pid, rec.began)
             if seen is not None:
-                self.add(seen.kind, rec.ticks - seen.before - seen.counted)
-                seen.counted = rec.ticks - seen.before
+                rest = max(0, rec.ticks - seen.before - seen.counted)
+                self.add(seen.kind, rest)
+                seen.counted += rest
                 continue
             parent = self.alive.get(rec.ppid) or (self.gone.get(rec.ppid) or [None])[-1]
             below = parent.kind[0] if parent is not None else "a process not seen"

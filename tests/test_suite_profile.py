@@ -2,8 +2,8 @@
 
 The command profiled starts two Python children that spend CPU on purpose, each until its own CPU clock has
 counted a set amount, whatever the machine's speed: one names itself as vLLM's spawned workers do
-(``VLLM::Worker``) half-way and then waits long enough to be read, the other ends at once. What is asserted is
-where their CPU went, never how fast anything ran.
+(``VLLM::Worker``) half-way and then waits long enough to be read (ten reads' time), the other ends at once. What
+is asserted is where their CPU went, never how fast anything ran.
 """
 
 from __future__ import annotations
@@ -29,16 +29,17 @@ def burn(seconds):
     while time.process_time() < end:
         pass
 """
-#: Spends half, names itself as vLLM's spawned workers do, spends the rest, then waits two reads.
+#: Spends half, names itself as vLLM's spawned workers do, spends the rest, then waits ten reads' time.
 WORKER = f"""# worker double
 {BURN}
 import ctypes
 burn({SPEND / 2})
 ctypes.CDLL(None).prctl(15, b"VLLM::Worker", 0, 0, 0)  # PR_SET_NAME, as setproctitle sets it
 burn({SPEND / 2})
-time.sleep(1.5)
+time.sleep(3)
 """
-#: Spends its share and ends at once: a read may see it or not; the kernel's accounting has it either way.
+#: Spends its share and ends at once: a read may see it or not; the kernel's accounting has it either way (as the
+#: ticks it was found running at: with the cores busy, fewer than /proc would have read).
 SHORT = f"""# short burner
 {BURN}
 import ctypes
@@ -76,8 +77,10 @@ def test_a_process_that_names_itself_a_vllm_worker_is_charged_there_with_all_it_
 @pytest.mark.skipif(os.geteuid() != 0, reason="process accounting (acct(2)) needs root")
 def test_a_process_that_ends_between_two_reads_is_still_charged_from_the_kernels_accounting(found):
     assert found["process_accounting"] is True
-    # read while it ran ("-c # short burner"), or only in the kernel's record of its end ("short-burner ...")
-    assert cpu(found, label="short burner") + cpu(found, label="short-burner") >= SPEND - 0.05
+    # read while it ran ("-c # short burner"), or only in the kernel's record of its end ("short-burner ..."), whose
+    # ticks are samples: under two CPU hogs the kernel recorded 23 ticks of a process /proc read at 38
+    assert cpu(found, label="short burner") + cpu(found, label="short-burner") >= SPEND / 4
+    assert cpu(found, "ended before a read", label="short-burner") == cpu(found, label="short-burner")
 
 
 def test_the_cpu_charged_is_the_childrens_and_no_more_than_the_machine_was_busy(found):
@@ -112,6 +115,10 @@ def test_what_a_process_spent_is_charged_once_to_the_kind_of_its_last_name(profi
                     Ended(pid=11, ppid=10, began=int(boot + 11), ticks=4, comm="sh")], boot)
     assert account.ticks["vLLM worker"] == 65  # the ticks after its last read, from the kernel's record
     assert account.labels[("ended before a read", "sh (started by vLLM worker)")] == 4
+    # the kernel's ticks are samples and can fall short of what the reads charged (the cores busy): nothing is taken
+    # back from what was read, and the process is not charged a second time under its name
+    account.settle([Ended(pid=7, ppid=1, began=int(boot + 1200 / profiler["TICK"]), ticks=1, comm="python")], boot)
+    assert account.labels[("other Python", "-m y")] == 3 and account.ticks["ended before a read"] == 4
 
 
 def test_a_process_is_charged_by_what_it_runs(profiler):
