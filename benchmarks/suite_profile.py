@@ -17,7 +17,10 @@ the same figures in a file. Exits with the command's exit code.
 It accounts the whole machine, not only the command's descendants (a trial's second host is a process of sshd's,
 not of pytest's): run it with nothing else on the machine. What a process spent after its last read (all of it, for
 one that ended before any read) is charged from the kernel's process accounting (``acct(2)``, as root); without
-it that CPU is missed. The figures say how much of the machine's own count (``/proc/stat``) the processes charged
+it that CPU is missed. The kernel keeps one accounting file for the whole machine: a profile run inside another
+(the suite's own test of this script, under a profiled ``make test``) takes it for its run and gives it back to the
+outer one's file after (named to the command in ``LLMTRIAL_PROFILE_ACCT``), so the outer one misses only what ended
+during the inner run. The figures say how much of the machine's own count (``/proc/stat``) the processes charged
 account for.
 """
 
@@ -145,21 +148,27 @@ def read_accounting(data: bytes) -> list[Ended]:
     return ended
 
 
+#: The accounting file of the profile a command runs under, in the command's environment.
+ACCT_ENV = "LLMTRIAL_PROFILE_ACCT"
+
+
 class ProcessAccounting:
     """The kernel's accounting of every process that ends (``acct(2)``; root only, one file for the whole
-    machine) switched on into a file of its own for the ``with`` block; :attr:`on` says whether it could be."""
+    machine) switched on into a file of its own for the ``with`` block, then given back to the file of the profile
+    this one runs under (:data:`ACCT_ENV`), or switched off; :attr:`on` says whether it could be switched on."""
 
     def __init__(self) -> None:
         self.path = Path(tempfile.mkstemp(prefix="suite-profile-", suffix=".acct")[1])
         self.libc = ctypes.CDLL(None, use_errno=True)
         self.on = False
+        self.outer = os.environ.get(ACCT_ENV)
 
     def __enter__(self) -> ProcessAccounting:
         self.on = self.libc.acct(str(self.path).encode()) == 0
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.on:
+        if self.on and not (self.outer and os.path.isfile(self.outer) and self.libc.acct(self.outer.encode()) == 0):
             self.libc.acct(None)
 
     def ended(self) -> list[Ended]:
@@ -259,6 +268,15 @@ class Account:
             self.add(("ended before a read", f"{rec.comm} (started by {below})"), rec.ticks)
 
 
+def ended_within(proc: subprocess.Popen, seconds: float) -> bool:
+    """Whether ``proc`` ends within ``seconds`` (waited for, so the profile ends with its command)."""
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
 def profile(command: list[str], interval: float) -> tuple[int, Account, dict]:
     """Run ``command`` and read every process each ``interval`` seconds until it has ended, then charge what the
     kernel's accounting recorded of the processes that ended; the command's exit code, the account and the
@@ -270,9 +288,8 @@ def profile(command: list[str], interval: float) -> tuple[int, Account, dict]:
     minute_mark, minutes = (busy0, total0), []
     started = time.monotonic()
     with ProcessAccounting() as accounting:
-        proc = subprocess.Popen(command)
-        while proc.poll() is None:
-            time.sleep(interval)
+        proc = subprocess.Popen(command, env={**os.environ, ACCT_ENV: str(accounting.path)} if accounting.on else None)
+        while not ended_within(proc, interval):
             account.read_all(own)
             if time.monotonic() - started >= 60 * (len(minutes) + 1):
                 now = machine_ticks()
@@ -292,7 +309,7 @@ def figures(account: Account, machine: dict) -> dict:
     seen = sum(by_kind.values()) / TICK
     return {**machine, "cores": os.cpu_count(), "seen_cpu_s": seen,
             "kinds": {k: v / TICK for k, v in by_kind.most_common() if v > 0},
-            "labels": [[k, label, v / TICK] for (k, label), v in account.labels.most_common(40) if v > 0],
+            "labels": [[k, label, v / TICK] for (k, label), v in account.labels.most_common() if v > 0],
             "vllm_servers_started_at_s": [round(t, 1) for t in account.servers]}
 
 

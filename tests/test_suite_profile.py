@@ -90,6 +90,34 @@ def test_the_cpu_charged_is_the_childrens_and_no_more_than_the_machine_was_busy(
     assert found["vllm_servers_started_at_s"] == []  # no vLLM server here: none counted
 
 
+#: Ends once it has spent its share, after the profile it follows gave the kernel's accounting back.
+AFTER = f"""# after the inner profile
+{BURN}
+import ctypes
+ctypes.CDLL(None).prctl(15, b"after-inner", 0, 0, 0)
+burn({SPEND})
+"""
+NESTED = f"""
+import subprocess, sys
+subprocess.run([sys.executable, {str(SCRIPT)!r}, "--interval", "0.3", "--json", sys.argv[1], "--", sys.executable, "-c",
+                "pass"], check=True, stdout=subprocess.DEVNULL)
+subprocess.run([sys.executable, "-c", {AFTER!r}], check=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="process accounting (acct(2)) needs root")
+def test_a_profile_run_inside_another_gives_the_kernels_accounting_back_to_it(tmp_path):
+    """The outer profile reads no process while its command runs (its interval outlasts it): what the command's
+    processes spent reaches it only through the kernel's accounting, also after the inner profile has ended."""
+    inner, outer = tmp_path / "inner.json", tmp_path / "outer.json"
+    run = subprocess.run([sys.executable, str(SCRIPT), "--interval", "600", "--json", str(outer), "--",
+                          sys.executable, "-c", NESTED, str(inner)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    found = json.loads(outer.read_text())
+    assert found["process_accounting"] is True and json.loads(inner.read_text())["process_accounting"] is True
+    assert cpu(found, "ended before a read", label="after-inner (started by") > 0  # its parent ended unread too
+
+
 @pytest.fixture(scope="module")
 def profiler() -> dict:
     """The script's names, as ``python benchmarks/suite_profile.py`` defines them."""
