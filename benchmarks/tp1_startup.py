@@ -24,7 +24,8 @@ import psutil
 import yaml
 
 from llmtrial.host.collective import free_port
-from llmtrial.serve.server import SERVER_MODULE, ServerProcess
+from llmtrial.plan.plan_inputs import ServingArgs
+from llmtrial.serve.server import ServerProcess, build_server_argv
 from llmtrial.weights.tiny import generate_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,15 +48,14 @@ def tree_cpu(pid: int) -> tuple[float, int]:
 
 def one_start(model: Path, work: Path, setting: str, serving: dict) -> dict:
     port = free_port(18900, 19000)
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in serving["args"].items()]
-    argv = [sys.executable, "-m", SERVER_MODULE, "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
-            "--enforce-eager", *flags]
     env = {**serving["env"], KNOB: setting}
+    argv = build_server_argv(model_dir=str(model), served_model_name="tiny", host="127.0.0.1", port=port,
+                             args=ServingArgs.from_config({**serving["args"], "enforce_eager": True}, env))
     with ServerProcess(argv, host="127.0.0.1", port=port, log_path=work / f"server-{setting}-{time.time_ns()}.log",
                        env=env) as server:
         ready_s = server.wait_ready(timeout=600)
         cpu_s, processes = tree_cpu(server.proc.pid)
-        body = json.dumps({"model": str(model), "prompt": "hello", "max_tokens": 4}).encode()
+        body = json.dumps({"model": "tiny", "prompt": "hello", "max_tokens": 4}).encode()
         request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=120) as resp:
@@ -65,7 +65,6 @@ def one_start(model: Path, work: Path, setting: str, serving: dict) -> dict:
 
 def main(rounds: int) -> None:
     serving = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["serving"]
-    serving["args"].pop("enforce_eager", None)
     with tempfile.TemporaryDirectory(prefix="tp1-startup-") as tmp:
         work = Path(tmp)
         model = generate_tiny_model(work / "model", seed=0)
