@@ -80,7 +80,6 @@ def test_a_process_that_ends_between_two_reads_is_still_charged_from_the_kernels
     # read while it ran ("-c # short burner"), or only in the kernel's record of its end ("short-burner ..."), whose
     # ticks are samples: under two CPU hogs the kernel recorded 23 ticks of a process /proc read at 38
     assert cpu(found, label="short burner") + cpu(found, label="short-burner") >= SPEND / 4
-    assert cpu(found, "ended before a read", label="short-burner") == cpu(found, label="short-burner")
 
 
 def test_the_cpu_charged_is_the_childrens_and_no_more_than_the_machine_was_busy(found):
