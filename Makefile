@@ -1,4 +1,5 @@
-# Two commands: `make run` runs the default trial, `make test` runs the tests.
+# Two commands: `make run` runs the default trial, `make test` runs the tests but the long trials
+# (mark `long`), which `make test-long` runs; CI (.ci/run) runs both.
 # Both build the venv first when it is missing or older than the requirement sets.
 #
 # VENV      the virtual environment to use (default .venv, created when missing)
@@ -21,7 +22,7 @@ WORKERS ?= 2
 DEMO := python -m llmtrial.host.demo_service --port 8190 --state .demo-service
 VENV_PATH := PATH="$(abspath $(VENV))/bin:$$PATH"
 
-.PHONY: run test lint lock chromium sshd clean-venv demo-service stop-demo-service
+.PHONY: run test test-long lint lock chromium sshd clean-venv demo-service stop-demo-service
 
 # The default trial quiets and restores a resident demo service: start it when it is not running.
 run: $(STAMP) demo-service
@@ -37,12 +38,16 @@ stop-demo-service: $(STAMP)
 # stopped for them and started again after, whatever the tests' outcome. The library is compiled
 # to bytecode first: the suite's hundreds of Python processes (snakemake jobs, node programs) then
 # load it, also where PYTHONDONTWRITEBYTECODE keeps each of them from writing it (0.3 s each here).
-test: $(STAMP) chromium sshd
+# `make test` runs every test but those marked `long` (the trials on two hosts or two SLURM nodes, under
+# SLURM, three runs in one folder, the sweep and the real model: pyproject.toml); `make test-long` runs those.
+test: MARK = not long
+test-long: MARK = long
+test test-long: $(STAMP) chromium sshd
 	@$(PY) -m compileall -q workflow/llmtrial >/dev/null
 	@resident=; if $(VENV_PATH) $(DEMO) status >/dev/null 2>&1; then resident=1; \
 		echo "make test: stopping the demo service on 127.0.0.1:8190 for the tests (started again after)"; \
 		$(VENV_PATH) $(DEMO) stop; fi; \
-	$(PY) -m pytest -n $(WORKERS) $(PYTEST_ARGS); rc=$$?; \
+	$(PY) -m pytest -n $(WORKERS) -m "$(MARK)" $(PYTEST_ARGS); rc=$$?; \
 	if [ -n "$$resident" ]; then $(VENV_PATH) $(DEMO) start; fi; exit $$rc
 
 lint: $(STAMP)

@@ -26,7 +26,7 @@ from llmtrial.core.records import load_record
 from llmtrial.patch.patching import revert_patches
 from workflow_helpers import snakemake, write_config
 
-pytestmark = [pytest.mark.e2e, pytest.mark.workflow, pytest.mark.aside]  # patches in mode plugin, ports of its own
+pytestmark = [pytest.mark.e2e, pytest.mark.workflow, pytest.mark.aside, pytest.mark.long]  # patches in mode plugin, ports of its own
 
 TRIAL_FILE = REPO / "config" / "trials" / "smollm2-cpu.yaml"
 SECOND = "LLMTRIAL_DEMO_SECOND_TOKEN"

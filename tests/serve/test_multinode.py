@@ -42,7 +42,7 @@ from llmtrial.host.process_groups import group_alive, group_members
 from llmtrial.patch.patching import verify_files
 from workflow_helpers import SNAKEMAKE, snakemake, write_config
 
-pytestmark = [pytest.mark.e2e, pytest.mark.workflow, pytest.mark.stale_check]
+pytestmark = [pytest.mark.e2e, pytest.mark.workflow, pytest.mark.stale_check, pytest.mark.long]
 
 TRIAL_FILE = REPO / "config" / "trials" / "two-hosts-cpu.yaml"
 CONFIGURATION = "tp2-two-hosts"

@@ -17,7 +17,7 @@ import pytest
 from llmtrial.logs.lines import read_log
 from llmtrial.serve.telemetry import read_samples
 
-pytestmark = [pytest.mark.e2e, pytest.mark.workflow, pytest.mark.aside]  # no patch, ports of its own
+pytestmark = [pytest.mark.e2e, pytest.mark.workflow, pytest.mark.aside, pytest.mark.long]  # no patch, ports of its own
 
 
 def scenario(sweep, name):

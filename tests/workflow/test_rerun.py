@@ -33,7 +33,7 @@ from llmtrial.lifecycle.cleanup import outstanding
 from llmtrial.patch.patching import revert_patches
 from workflow_helpers import SNAKEMAKE, assert_stopped_as_its_passes_say, default_config
 
-pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
+pytestmark = [pytest.mark.e2e, pytest.mark.workflow, pytest.mark.long]
 
 DEMO_PORT = 8190  # the default trial's, unchanged
 

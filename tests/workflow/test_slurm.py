@@ -34,7 +34,7 @@ from llmtrial.patch.patching import revert_patches
 from slurm_cluster import SlurmCluster
 from workflow_helpers import NO_VLLM, SNAKEMAKE, default_config
 
-pytestmark = [pytest.mark.e2e, pytest.mark.workflow]
+pytestmark = [pytest.mark.e2e, pytest.mark.workflow, pytest.mark.long]
 
 DEMO_PORT = 8190
 PROFILE = str(REPO / "profiles" / "slurm")

@@ -40,7 +40,7 @@ from llmtrial.lifecycle.cleanup import outstanding
 from slurm_cluster import SlurmCluster, SlurmNode, SlurmUnavailable, leftovers, slurm_cluster
 from workflow_helpers import SNAKEMAKE, open_pass
 
-pytestmark = [pytest.mark.hostwide, pytest.mark.stale_check]  # a SLURM of this machine's, with its /etc/slurm links and daemons
+pytestmark = [pytest.mark.hostwide, pytest.mark.stale_check, pytest.mark.long]  # a SLURM of this machine's, with its /etc/slurm links and daemons
 
 NODES = ("llmtrial-a", "llmtrial-b")
 

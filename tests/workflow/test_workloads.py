@@ -19,7 +19,7 @@ from llmtrial.core.records import load_record
 from served_trials import PREFIX_LEN, PROMPTS, WORKLOADS, write_prompts
 from workflow_helpers import job_counts, snakemake, write_config
 
-pytestmark = [pytest.mark.workflow, pytest.mark.aside]  # the sweep trial's worker: no patch, ports of its own
+pytestmark = [pytest.mark.workflow, pytest.mark.aside, pytest.mark.long]  # the sweep trial's worker: no patch, ports of its own
 
 BASE_PORT = 18420
 
