@@ -39,7 +39,7 @@ stop-demo-service: $(STAMP)
 # to bytecode first: the suite's hundreds of Python processes (snakemake jobs, node programs) then
 # load it, also where PYTHONDONTWRITEBYTECODE keeps each of them from writing it (0.3 s each here).
 # `make test` runs every test but those marked `long` (the trials on two hosts or two SLURM nodes, under
-# SLURM, three runs in one folder, the sweep and the real model: pyproject.toml); `make test-long` runs those.
+# SLURM and its cluster, three runs in one folder, the sweep and the real model: pyproject.toml); `make test-long` runs those.
 test: MARK = not long
 test-long: MARK = long
 test test-long: $(STAMP) chromium sshd

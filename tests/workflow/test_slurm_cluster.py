@@ -28,7 +28,7 @@ from slurm_cluster import (
     slurm_cluster,
 )
 
-pytestmark = pytest.mark.hostwide  # a SLURM of this machine's, with its /etc/slurm links and daemons
+pytestmark = [pytest.mark.hostwide, pytest.mark.long]  # a SLURM of this machine's, with its /etc/slurm links and daemons
 
 
 def until(what: str, check: Callable[[], object], timeout: float = 60) -> object:
