@@ -5,7 +5,7 @@
 # VENV      the virtual environment to use (default .venv, created when missing)
 # SERVING   cpu or cuda: which serving set to install (default: cuda when nvidia-smi
 #           lists a GPU, else cpu)
-# WORKERS   pytest-xdist workers for `make test` (default 2: the real-vLLM tests on one, one
+# WORKERS   pytest-xdist workers for `make test` and `make test-long` (default 2: the real-vLLM tests on one, one
 #           after another, the others spread over both; 0 runs every test in this process)
 # ARGS      extra snakemake arguments for `make run`, e.g. ARGS="--configfile config/trials/seed001-qwen2.5-7b-awq-1gpu.yaml"
 
@@ -45,7 +45,7 @@ test-long: MARK = long
 test test-long: $(STAMP) chromium sshd
 	@$(PY) -m compileall -q workflow/llmtrial >/dev/null
 	@resident=; if $(VENV_PATH) $(DEMO) status >/dev/null 2>&1; then resident=1; \
-		echo "make test: stopping the demo service on 127.0.0.1:8190 for the tests (started again after)"; \
+		echo "make $@: stopping the demo service on 127.0.0.1:8190 for the tests (started again after)"; \
 		$(VENV_PATH) $(DEMO) stop; fi; \
 	$(PY) -m pytest -n $(WORKERS) -m "$(MARK)" $(PYTEST_ARGS); rc=$$?; \
 	if [ -n "$$resident" ]; then $(VENV_PATH) $(DEMO) start; fi; exit $$rc
