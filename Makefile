@@ -38,8 +38,7 @@ stop-demo-service: $(STAMP)
 # stopped for them and started again after, whatever the tests' outcome. The library is compiled
 # to bytecode first: the suite's hundreds of Python processes (snakemake jobs, node programs) then
 # load it, also where PYTHONDONTWRITEBYTECODE keeps each of them from writing it (0.3 s each here).
-# `make test` runs every test but those marked `long` (the trials on two hosts or two SLURM nodes, under
-# SLURM and its cluster, three runs in one folder, the sweep and the real model: pyproject.toml); `make test-long` runs those.
+# `make test` runs every test but those marked `long` (pyproject.toml's markers say which); `make test-long` runs those.
 test: MARK = not long
 test-long: MARK = long
 test test-long: $(STAMP) chromium sshd
